@@ -1,0 +1,5 @@
+"""``python -m snet.cli`` is the ``snet`` command."""
+
+from .main import main
+
+raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""``snet server`` and ``snet worker``: build the configuration, run the process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from snet.client.config import WorkerConfig
+from snet.client.worker import Worker
+from snet.server.app import SnetServer
+from snet.server.config import ServerConfig
+
+from .runtime import loop_name, run, setup_logging
+from .settings import build_job, merge, read_toml
+
+SERVER_FIELDS = (
+    "host",
+    "port",
+    "http_host",
+    "http_port",
+    "name",
+    "token",
+    "out_dir",
+    "ready_file",
+    "trace_file",
+    "pool_size",
+    "max_frame_mb",
+    "heartbeat_seconds",
+    "worker_timeout_seconds",
+    "linger_seconds",
+    "log_level",
+)
+JOB_FLAGS = (
+    "mode",
+    "epochs",
+    "network",
+    "activation",
+    "bunch_size",
+    "learning_rates",
+    "momentum",
+    "updates_per_step",
+    "chunk_frames",
+    "seed",
+    "source",
+    "context",
+)
+WORKER_FIELDS = (
+    "server",
+    "name",
+    "token",
+    "threads",
+    "heartbeat_seconds",
+    "retry_seconds",
+    "max_frame_mb",
+    "log_level",
+)
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """Flags > SNET_* environment > TOML [server]/[job] > defaults."""
+    document = read_toml(getattr(args, "config", None))
+    job_flags = {k: v for k in JOB_FLAGS if (v := getattr(args, k, None)) is not None}
+    job = build_job(document.get("job", {}), job_flags)
+    flags = {name: getattr(args, name, None) for name in SERVER_FIELDS}
+    return merge(ServerConfig, document.get("server", {}), "SNET_", flags, job=job)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    config = server_config(args)
+    setup_logging(config.log_level)
+
+    async def serve() -> str:
+        server = SnetServer(config)
+        server.install_signal_handlers()
+        return await server.serve()
+
+    logging.getLogger("snet.server").info("event loop: %s", loop_name())
+    reason = run(serve())
+    return 0 if reason in ("trained",) or reason.startswith("signal") else 1
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    document = read_toml(getattr(args, "config", None))
+    flags = {name: getattr(args, name, None) for name in WORKER_FIELDS}
+    if flags["token"] is None and os.environ.get("SNET_TOKEN"):
+        flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
+    config = merge(WorkerConfig, document.get("worker", {}), "SNET_WORKER_", flags)
+    setup_logging(config.log_level)
+    return run(Worker(config).run())

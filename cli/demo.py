@@ -1,0 +1,111 @@
+"""``snet demo``: a server in this process and N worker processes on 127.0.0.1.
+
+It trains the default job on the bundled data, prints each epoch's cross-validation
+accuracy as it comes, says where the status page is, and exits 0 once training is done
+and every worker has left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+
+from snet.server.app import SnetServer
+from snet.server.config import ServerConfig
+
+from .commands import JOB_FLAGS
+from .runtime import loop_name, run, setup_logging
+from .settings import build_job
+
+WORKER_EXIT_SECONDS = 30.0
+
+
+async def _progress(server: SnetServer, started: float) -> None:
+    """Print each epoch once its cross-validation result is in."""
+    printed: set[int] = set()
+    while True:
+        for record in server.coordinator.stats.epochs:
+            row = record.as_dict()
+            if row["cv_accuracy"] is None or record.epoch in printed:
+                continue
+            printed.add(record.epoch)
+            print(
+                f"epoch {record.epoch + 1:>2}/{server.coordinator.job.epochs}  "
+                f"lr {row['learning_rate']:<7g} train {100 * (row['train_accuracy'] or 0):6.2f}%  "
+                f"CV {100 * row['cv_accuracy']:6.2f}%  ({time.monotonic() - started:5.1f} s)",
+                flush=True,
+            )
+        await asyncio.sleep(0.2)
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    job_flags = {k: v for k in JOB_FLAGS if (v := getattr(args, k, None)) is not None}
+    job = build_job({}, job_flags)
+    config = ServerConfig(
+        port=0,
+        http_port=args.http_port,
+        out_dir=args.out_dir,
+        job=job,
+        name="snet-demo",
+        log_level="warning",
+    )
+    server = SnetServer(config)
+    server.install_signal_handlers()
+    await server.startup()
+    url = f"http://127.0.0.1:{server.http_port}"
+    print(
+        f"snet demo: {job.mode} mode, {args.workers} workers, network {job.network.describe()}, "
+        f"{job.epochs} epochs, bunch {job.bunch_size} per worker, {loop_name()} loop\n"
+        f"status page: {url}/status  (or: snet status --url {url})",
+        flush=True,
+    )
+    started = time.monotonic()
+    workers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "snet.cli",
+            "worker",
+            "--server",
+            f"127.0.0.1:{server.port}",
+            "--name",
+            f"demo-worker-{i + 1}",
+            "--log-level",
+            "warning",
+        )
+        for i in range(args.workers)
+    ]
+    progress = asyncio.get_running_loop().create_task(_progress(server, started))
+    try:
+        reason = await server.run_until_stopped()
+    finally:
+        await asyncio.sleep(0.3)
+        progress.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await progress
+        for process in workers:
+            try:
+                await asyncio.wait_for(process.wait(), WORKER_EXIT_SECONDS)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+    final = server.coordinator.stats.latest("cv_accuracy")
+    codes = [p.returncode for p in workers]
+    print(
+        f"done ({reason}) in {time.monotonic() - started:.1f} s: final CV frame accuracy "
+        f"{100 * (final or 0):.2f}%, {server.coordinator.stats.updates_applied} updates, "
+        f"weights in {config.out_dir}/weights.npz; worker exit codes {codes}",
+        flush=True,
+    )
+    return 0 if reason == "trained" and all(code == 0 for code in codes) else 1
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        print("snet: --workers must be at least 1", file=sys.stderr)
+        return 2
+    setup_logging("warning")
+    return run(_demo(args))

@@ -1,0 +1,118 @@
+"""``snet``: server, worker, status and demo subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .runtime import limit_blas_threads
+
+
+def _add_job_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("job (what to train; also [job] in the TOML file)")
+    group.add_argument("--mode", choices=("sync", "async"))
+    group.add_argument("--epochs", type=int)
+    group.add_argument("--network", help='layer sizes, e.g. "117:512:10"')
+    group.add_argument("--activation", choices=("sigmoid", "tanh", "relu"))
+    group.add_argument(
+        "--bunch-size", dest="bunch_size", type=int, help="patterns per worker update"
+    )
+    group.add_argument(
+        "--learning-rates",
+        dest="learning_rates",
+        help="comma-separated rate per epoch (the last one repeats)",
+    )
+    group.add_argument("--momentum", type=float)
+    group.add_argument(
+        "--updates-per-step",
+        dest="updates_per_step",
+        type=int,
+        help="async: updates per step (0: one per live worker)",
+    )
+    group.add_argument("--chunk-frames", dest="chunk_frames", type=int)
+    group.add_argument("--seed", type=int)
+    group.add_argument("--data", dest="source", help='"fsdd" or an .npz with X, y, lengths')
+    group.add_argument("--context", type=int, help="frames of context either side")
+
+
+def _add_server_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--http-host", dest="http_host")
+    parser.add_argument("--http-port", dest="http_port", type=int)
+    parser.add_argument("--name")
+    parser.add_argument("--token", help="shared secret workers must prove (or SNET_TOKEN)")
+    parser.add_argument("--out-dir", dest="out_dir")
+    parser.add_argument("--ready-file", dest="ready_file")
+    parser.add_argument("--trace-file", dest="trace_file")
+    parser.add_argument("--pool-size", dest="pool_size", type=int)
+    parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
+    parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
+    parser.add_argument("--worker-timeout-seconds", dest="worker_timeout_seconds", type=float)
+    parser.add_argument("--linger-seconds", dest="linger_seconds", type=float)
+    parser.add_argument("--log-level", dest="log_level")
+    parser.add_argument("--config", help="TOML file with [server] and [job] tables")
+    _add_job_flags(parser)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="snet", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    server = commands.add_parser("server", help="run the server daemon")
+    _add_server_flags(server)
+
+    worker = commands.add_parser("worker", help="attach a worker to a server")
+    worker.add_argument("--server", help="HOST:PORT of the server")
+    worker.add_argument("--name")
+    worker.add_argument("--token")
+    worker.add_argument("--threads", type=int, help="BLAS threads (default 1)")
+    worker.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
+    worker.add_argument("--retry-seconds", dest="retry_seconds", type=float)
+    worker.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
+    worker.add_argument("--log-level", dest="log_level")
+    worker.add_argument("--config", help="TOML file with a [worker] table")
+
+    status = commands.add_parser("status", help="show a server's training status")
+    status.add_argument(
+        "--url", default=None, help="HTTP address (default SNET_URL or http://127.0.0.1:7080)"
+    )
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
+    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--http-port", dest="http_port", type=int, default=0)
+    demo.add_argument("--out-dir", dest="out_dir", default="snet-out")
+    _add_job_flags(demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "worker":
+        limit_blas_threads(args.threads or 1)
+    from snet.protocol.errors import ConfigError, DataError
+
+    try:
+        if args.command == "server":
+            from .commands import run_server
+
+            return run_server(args)
+        if args.command == "worker":
+            from .commands import run_worker
+
+            return run_worker(args)
+        if args.command == "status":
+            from .status import run_status
+
+            return run_status(args)
+        from .demo import run_demo
+
+        return run_demo(args)
+    except (ConfigError, DataError) as exc:
+        print(f"snet: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""Process-wide choices made in one small place: the event loop, logging, BLAS threads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def limit_blas_threads(threads: int) -> None:
+    """Pin the BLAS thread count; effective only before numpy is first imported."""
+    for name in _BLAS_VARIABLES:
+        os.environ.setdefault(name, str(threads))
+
+
+def loop_name() -> str:
+    """``uvloop`` when installed (unless SNET_LOOP=asyncio), else ``asyncio``."""
+    if os.environ.get("SNET_LOOP", "").lower() == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` on uvloop when available, falling back to plain asyncio."""
+    if loop_name() == "uvloop":
+        import uvloop
+
+        return uvloop.run(coroutine)
+    return asyncio.run(coroutine)
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr with time, level and source, as a service manager expects."""
+    numeric = getattr(logging, level.upper(), None)
+    if not isinstance(numeric, int):
+        raise SystemExit(f"snet: unknown log level {level!r}")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=numeric,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )

@@ -1,0 +1,109 @@
+"""The worker's two element queues, as in SNet v2.
+
+``WeightsBox`` receives weights: incoming copies land in free preallocated elements; at
+each bunch boundary the compute side takes the newest and the older ones go back to the
+free queue. ``SendBuffers`` holds the update elements the compute side fills; an element
+is reused only once the transport has handed all of it to the kernel (the transport may
+keep a reference to the buffer instead of copying it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from snet.protocol.framing import ArrayInfo
+from snet.protocol.network import ELEMENT_DTYPE, ElementLayout
+
+
+@dataclass
+class WeightsCopy:
+    version: int
+    epoch: int
+    learning_rate: float
+    settled: int  # this worker's updates the server had applied or refused by then
+    flat: np.ndarray
+
+
+class WeightsBox:
+    """Newest-wins queue of received weights over a few preallocated elements."""
+
+    def __init__(self, layout: ElementLayout, wake: asyncio.Event, slots: int = 3) -> None:
+        self.layout = layout
+        self.wake = wake
+        self._free: deque[np.ndarray] = deque(layout.allocate() for _ in range(slots))
+        self._pending: WeightsCopy | None = None
+        self.current: WeightsCopy | None = None
+        self.received = 0
+        self.skipped = 0  # copies replaced by a newer one before they were used
+
+    def payload_target(
+        self, message_type: str, arrays: tuple[ArrayInfo, ...], payload_bytes: int
+    ) -> tuple[memoryview, object] | None:
+        """``PayloadSink`` hook: weights of the job's layout land in a free element."""
+        fits = (
+            message_type == "weights"
+            and len(arrays) == 1
+            and arrays[0].dtype == ELEMENT_DTYPE.str
+            and arrays[0].shape == (self.layout.size,)
+        )
+        if not fits:
+            return None
+        flat = self._free.popleft() if self._free else self.layout.allocate()
+        return flat.data.cast("B"), flat
+
+    def put(self, copy: WeightsCopy) -> None:
+        self.received += 1
+        if self._pending is not None:
+            self.skipped += 1
+            self._free.append(self._pending.flat)
+        self._pending = copy
+        self.wake.set()
+
+    def take_newest(self) -> WeightsCopy | None:
+        """Switch to the newest copy (if a newer one came) and free the previous one."""
+        if self._pending is not None:
+            if self.current is not None:
+                self._free.append(self.current.flat)
+            self.current, self._pending = self._pending, None
+        return self.current
+
+    @property
+    def settled(self) -> int:
+        """This worker's updates applied or refused, as of the newest copy received."""
+        newest = self._pending or self.current
+        return newest.settled if newest else 0
+
+    @property
+    def newest_version(self) -> int:
+        newest = self._pending or self.current
+        return newest.version if newest else -1
+
+
+class SendBuffers:
+    """Update elements: free, or in flight until the transport has written them out."""
+
+    def __init__(self, layout: ElementLayout, count: int = 2) -> None:
+        self._free: deque[np.ndarray] = deque(layout.allocate() for _ in range(count))
+        self._in_flight: list[np.ndarray] = []
+        self._available = asyncio.Event()
+        self._available.set()
+
+    async def acquire(self) -> np.ndarray:
+        while not self._free:
+            self._available.clear()
+            await self._available.wait()
+        return self._free.popleft()
+
+    def mark_in_flight(self, buffer: np.ndarray) -> None:
+        """``buffer`` is about to be written; it is not free until all_flushed()."""
+        self._in_flight.append(buffer)
+
+    def all_flushed(self) -> None:
+        """Everything written so far has left the process: in-flight buffers are free."""
+        self._free.extend(self._in_flight)
+        self._in_flight.clear()
+        self._available.set()

@@ -1,0 +1,40 @@
+"""``WorkerConfig``: every setting of a worker process (the job comes from the server)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from snet.protocol.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Settings of one worker; each field is a flag, a TOML key under [worker], an env var."""
+
+    server: str = "127.0.0.1:7000"
+    name: str = ""  # empty: hostname-pid
+    token: str = ""
+    threads: int = 1  # BLAS threads for this worker's compute
+    heartbeat_seconds: float = 5.0
+    retry_seconds: float = 30.0  # how long to keep trying to (re)connect before giving up
+    max_frame_mb: int = 512
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        self.address()  # validates
+        if self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if self.retry_seconds < 0:
+            raise ConfigError("retry_seconds must be >= 0")
+
+    def address(self) -> tuple[str, int]:
+        host, sep, port = self.server.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"server must be HOST:PORT, got {self.server!r}")
+        return host.strip("[]"), int(port)
+
+    def worker_name(self) -> str:
+        import os
+
+        return self.name or f"{socket.gethostname()}-{os.getpid()}"

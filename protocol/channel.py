@@ -1,0 +1,87 @@
+"""``Channel``: the sans-IO core of one connection, shared by server and worker.
+
+It owns the ``FrameDecoder`` for incoming bytes and orders outgoing frames. The transport
+around it (an ``asyncio.BufferedProtocol``) only forwards ``get_buffer``/``buffer_updated``
+and the transport's ``pause_writing``/``resume_writing`` signals; the channel calls the
+``write`` function it was given once per frame piece (scatter/gather: the header and each
+array buffer separately, never joined).
+
+While the peer is slow (writing paused), frames wait in a backlog in order; only the
+newest ``Weights`` is kept there, because a worker always wants the newest weights and
+an older copy still queued would cost bandwidth for nothing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from .decoder import FrameDecoder
+from .framing import FrameLimits, PayloadSink, encode
+from .messages import Message, Weights
+
+WriteFunction = Callable[[bytes | memoryview], None]
+
+
+class Channel:
+    """Decoding, ordering, coalescing and counting for one connection."""
+
+    def __init__(
+        self,
+        write: WriteFunction,
+        limits: FrameLimits | None = None,
+        sink: PayloadSink | None = None,
+    ) -> None:
+        self._write = write
+        self.decoder = FrameDecoder(limits, sink)
+        self._backlog: deque[Message] = deque()
+        self._paused = False
+        self.frames_sent = 0
+        self.bytes_sent = 0
+        self.weights_coalesced = 0
+
+    # -- incoming
+
+    def get_buffer(self) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> list[Message]:
+        """Record received bytes; returns the messages they completed (may raise FrameError)."""
+        self.decoder.buffer_updated(nbytes)
+        return self.decoder.messages()
+
+    # -- outgoing
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def backlog(self) -> int:
+        return len(self._backlog)
+
+    def send(self, message: Message) -> None:
+        """Send now, or queue behind earlier frames while the peer is slow."""
+        if self._paused or self._backlog:
+            if isinstance(message, Weights):
+                before = len(self._backlog)
+                self._backlog = deque(m for m in self._backlog if not isinstance(m, Weights))
+                self.weights_coalesced += before - len(self._backlog)
+            self._backlog.append(message)
+            return
+        self._emit(message)
+
+    def writing_paused(self) -> None:
+        self._paused = True
+
+    def writing_resumed(self) -> None:
+        self._paused = False
+        while self._backlog and not self._paused:
+            self._emit(self._backlog.popleft())
+
+    def _emit(self, message: Message) -> None:
+        pieces = encode(message)
+        self.frames_sent += 1
+        for piece in pieces:
+            self.bytes_sent += len(piece)
+            self._write(piece)

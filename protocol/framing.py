@@ -1,0 +1,240 @@
+"""Frames: a fixed prefix, a msgpack header, then the arrays as raw buffers.
+
+::
+
+    offset  size  field
+    0       2     magic b"SN"
+    2       1     protocol version (1)
+    3       1     flags (0; reserved)
+    4       4     header length H, unsigned big-endian
+    8       8     payload length P, unsigned big-endian
+    16      H     header: a msgpack map {"type": str, "arrays": [...], <fields>}
+    16+H    P     payload: the arrays' raw bytes, one after another
+
+Each entry of "arrays" is a map {"dtype": "<f4", "shape": [n, ...], "codec": "none",
+"nbytes": n}; the payload is exactly the sum of their nbytes. Sizes are checked against
+``FrameLimits`` before anything is allocated. Arrays are never passed through msgpack:
+``encode`` returns the header bytes and the arrays' own buffers for scatter/gather
+sending, and ``FrameDecoder`` can receive a payload straight into a buffer that a
+``PayloadSink`` provides (a free element of a pool) and hands out numpy views of it.
+"""
+
+from __future__ import annotations
+
+import struct
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+import msgpack
+import numpy as np
+
+from . import PROTOCOL_VERSION
+from .errors import MalformedFrame, UnknownMessage
+from .messages import MESSAGE_TYPES, Message
+
+MAGIC = b"SN"
+PREFIX = struct.Struct(">2sBBIQ")
+PREFIX_SIZE = PREFIX.size  # 16
+ALLOWED_DTYPES = frozenset({"<f4", "<f2", "<f8", "<i4", "<i8", "|u1", "|i1"})
+CODEC_NONE = "none"
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """The largest frame a decoder accepts. Everything over is refused before allocation."""
+
+    max_header_bytes: int = 64 * 1024
+    max_payload_bytes: int = 512 * 1024 * 1024
+    max_arrays: int = 64
+    max_ndim: int = 8
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """One entry of a header's "arrays" list, checked."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+    nbytes: int
+
+
+class PayloadSink(Protocol):
+    """Supplies the buffer a payload is received into (e.g. a free pooled element).
+
+    Return ``(buffer, token)`` with ``len(buffer) == payload_bytes`` to receive in place,
+    or ``None`` to let the decoder allocate. The token comes back in the message's
+    ``slot`` field, or from ``FrameDecoder.abandon()`` if the frame never completes.
+    """
+
+    def payload_target(
+        self, message_type: str, arrays: tuple[ArrayInfo, ...], payload_bytes: int
+    ) -> tuple[memoryview, object] | None: ...
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _array_info(array: np.ndarray) -> dict[str, Any]:
+    return {
+        "dtype": array.dtype.str,
+        "shape": list(array.shape),
+        "codec": CODEC_NONE,
+        "nbytes": array.nbytes,
+    }
+
+
+def encode(message: Message) -> list[bytes | memoryview]:
+    """The frame as pieces for ``transport.writelines``: prefix+header, then each array.
+
+    The array pieces are memoryviews of the message's own arrays (no copy): the caller
+    must not change those arrays until the transport has sent them.
+    """
+    header: dict[str, Any] = {"type": message.TYPE}
+    for f in fields(message):
+        if f.name in message.ARRAYS or f.name == "slot":
+            continue
+        value = getattr(message, f.name)
+        header[f.name] = list(value) if isinstance(value, tuple) else value
+    arrays = []
+    for name in message.ARRAYS:
+        array = getattr(message, name)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        arrays.append(array)
+    header["arrays"] = [_array_info(a) for a in arrays]
+    header_bytes = msgpack.packb(header, use_bin_type=True)
+    payload_len = sum(a.nbytes for a in arrays)
+    prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header_bytes), payload_len)
+    pieces: list[bytes | memoryview] = [prefix + header_bytes]
+    pieces.extend(memoryview(a).cast("B") for a in arrays if a.nbytes)
+    return pieces
+
+
+def encode_bytes(message: Message) -> bytes:
+    """The whole frame as one bytes object (convenient for tests and small messages)."""
+    return b"".join(bytes(piece) for piece in encode(message))
+
+
+# ---------------------------------------------------------------- header checks
+
+
+def _checker(annotation: Any) -> tuple[str, Any]:
+    origin = typing.get_origin(annotation)
+    if origin is tuple:
+        return ("tuple_str", None)
+    if origin is dict or annotation is dict:
+        return ("dict", None)
+    return ("plain", annotation)
+
+
+_SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {}
+for _name, _cls in MESSAGE_TYPES.items():
+    _hints = typing.get_type_hints(_cls)
+    _SCHEMAS[_name] = {
+        f.name: _checker(_hints[f.name])
+        for f in fields(_cls)
+        if f.name not in _cls.ARRAYS and f.name != "slot"
+    }
+
+
+def _check_field(type_name: str, name: str, kind: str, expected: Any, value: Any) -> Any:
+    bad = MalformedFrame(f"{type_name}.{name}: unexpected value {value!r:.60}")
+    if kind == "tuple_str":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad
+        return tuple(value)
+    if kind == "dict":
+        if not isinstance(value, dict):
+            raise bad
+        return value
+    if expected is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad
+        return float(value)
+    if expected is int and isinstance(value, bool):
+        raise bad
+    if not isinstance(value, expected):
+        raise bad
+    return value
+
+
+def parse_header(data: bytes | memoryview, limits: FrameLimits) -> tuple[str, dict[str, Any]]:
+    """Decode and check a header; returns (message type, header map)."""
+    try:
+        header = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise MalformedFrame(f"header is not valid msgpack: {exc}") from exc
+    if not isinstance(header, dict):
+        raise MalformedFrame("header is not a msgpack map")
+    type_name = header.get("type")
+    if not isinstance(type_name, str):
+        raise MalformedFrame("header has no 'type' string")
+    if type_name not in MESSAGE_TYPES:
+        raise UnknownMessage(f"unknown message type {type_name!r:.40}")
+    return type_name, header
+
+
+def parse_arrays(
+    type_name: str, header: dict[str, Any], payload_len: int, limits: FrameLimits
+) -> tuple[ArrayInfo, ...]:
+    """Check the header's array list against the message type and the payload length."""
+    raw = header.get("arrays", [])
+    expected = len(MESSAGE_TYPES[type_name].ARRAYS)
+    if not isinstance(raw, list) or len(raw) != expected or len(raw) > limits.max_arrays:
+        raise MalformedFrame(f"{type_name} must carry {expected} array(s)")
+    infos = []
+    for entry in raw:
+        if not isinstance(entry, dict):
+            raise MalformedFrame("array descriptor is not a map")
+        dtype, shape = entry.get("dtype"), entry.get("shape")
+        codec, nbytes = entry.get("codec", CODEC_NONE), entry.get("nbytes")
+        if dtype not in ALLOWED_DTYPES:
+            raise MalformedFrame(f"array dtype {dtype!r:.20} is not allowed")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > limits.max_ndim
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+        ):
+            raise MalformedFrame(f"bad array shape {shape!r:.60}")
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise MalformedFrame("array nbytes must be a non-negative integer")
+        if codec != CODEC_NONE:
+            raise MalformedFrame(f"unknown array codec {codec!r:.20}")
+        if int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize != nbytes:
+            raise MalformedFrame(f"array nbytes {nbytes} does not match {dtype} {shape}")
+        infos.append(ArrayInfo(dtype, tuple(shape), codec, nbytes))
+    if sum(i.nbytes for i in infos) != payload_len:
+        raise MalformedFrame(
+            f"arrays need {sum(i.nbytes for i in infos)} bytes, payload has {payload_len}"
+        )
+    return tuple(infos)
+
+
+def build_message(
+    type_name: str,
+    header: dict[str, Any],
+    arrays: tuple[ArrayInfo, ...],
+    payload: memoryview,
+    slot: object,
+) -> Message:
+    """Construct the message object, with numpy views over ``payload`` for its arrays."""
+    cls = MESSAGE_TYPES[type_name]
+    schema = _SCHEMAS[type_name]
+    extra = set(header) - set(schema) - {"type", "arrays"}
+    if extra:
+        raise MalformedFrame(f"{type_name} has unknown field(s) {sorted(extra)}")
+    values: dict[str, Any] = {}
+    for name, (kind, expected) in schema.items():
+        if name not in header:
+            raise MalformedFrame(f"{type_name} lacks field {name!r}")
+        values[name] = _check_field(type_name, name, kind, expected, header[name])
+    position = 0
+    for name, info in zip(cls.ARRAYS, arrays, strict=True):
+        chunk = payload[position : position + info.nbytes]
+        values[name] = np.frombuffer(chunk, dtype=info.dtype).reshape(info.shape)
+        position += info.nbytes
+    if "slot" in {f.name for f in fields(cls)}:
+        values["slot"] = slot
+    return typing.cast(Message, cls(**values))

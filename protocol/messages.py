@@ -1,0 +1,195 @@
+"""The messages of snet's protocol, as frozen dataclasses.
+
+Every message has a ``TYPE`` name on the wire, scalar fields that travel in the msgpack
+header, and, for some, array fields (``ARRAYS``) that travel as raw buffers after it.
+Array fields are excluded from ``==``; compare them with numpy.
+
+Conversation (see README.md): server -> ServerHello; worker -> Hello (with the token
+proof); server -> Welcome (the job), Weights, Lease...; worker -> Update...; either side ->
+Heartbeat, ErrorMessage, Goodbye. The server may ask a worker to Evaluate a copy of the
+weights on the cross-validation set; the worker answers with EvalResult.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+def _no_array() -> np.ndarray:
+    return np.zeros(0, dtype="<f4")
+
+
+# Array fields are compared with numpy, not ==. ``slot`` is the pool token of the buffer
+# a received element landed in; it is not on the wire.
+
+
+@dataclass(frozen=True)
+class ServerHello:
+    """First message on every connection, from the server: who it is, and the nonce the
+    worker must prove the shared token against (HMAC-SHA256) when ``auth_required``."""
+
+    TYPE: ClassVar[str] = "server_hello"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    protocol_version: int
+    server_name: str
+    nonce: bytes
+    auth_required: bool
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The worker's answer: its name, backend kind and capabilities (e.g. codecs), and
+    ``proof`` = HMAC-SHA256(token, nonce) when the server requires a token (else b"")."""
+
+    TYPE: ClassVar[str] = "hello"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    protocol_version: int
+    worker_name: str
+    backend: str
+    capabilities: tuple[str, ...]
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """The server accepts the worker: its id and the whole job (``JobSpec.to_dict()``)."""
+
+    TYPE: ClassVar[str] = "welcome"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    worker_id: int
+    job: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A copy of the network at ``version`` (an element), with the epoch and rate in force,
+    and ``settled``: how many of the receiving worker's updates the server has applied or
+    refused in this connection (the worker's flow control counts on it)."""
+
+    TYPE: ClassVar[str] = "weights"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("element",)
+    version: int
+    epoch: int
+    learning_rate: float
+    settled: int
+    element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    slot: object = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Frames for the worker to train on: global frame indices, in the order to use them."""
+
+    TYPE: ClassVar[str] = "lease"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("indices",)
+    lease_id: int
+    epoch: int
+    indices: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Update:
+    """The summed gradient of ``patterns`` patterns (an element), computed against weights
+    ``base_version``, on frames ``offset:offset+patterns`` of lease ``lease_id``."""
+
+    TYPE: ClassVar[str] = "update"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("element",)
+    base_version: int
+    lease_id: int
+    offset: int
+    patterns: int
+    loss_sum: float
+    correct: int
+    compute_seconds: float
+    element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    slot: object = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    """Asks the worker to score weights ``version`` on the cross-validation frames."""
+
+    TYPE: ClassVar[str] = "evaluate"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("element",)
+    version: int
+    epoch: int
+    element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    slot: object = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Cross-validation frame accuracy and summed loss of weights ``version``."""
+
+    TYPE: ClassVar[str] = "eval_result"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    version: int
+    epoch: int
+    frames: int
+    correct: int
+    loss_sum: float
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Liveness, sent by either side when it has been quiet for a while."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    """A refusal: ``code`` is machine-readable (e.g. ``update_rejected``), ``text`` is not.
+    ``fatal`` says whether the sender closes the connection after it."""
+
+    TYPE: ClassVar[str] = "error"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    code: str
+    text: str
+    fatal: bool
+
+
+@dataclass(frozen=True)
+class Goodbye:
+    """The sender closes the connection on purpose (``reason`` says why)."""
+
+    TYPE: ClassVar[str] = "goodbye"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    reason: str
+
+
+Message = (
+    ServerHello
+    | Hello
+    | Welcome
+    | Weights
+    | Lease
+    | Update
+    | Evaluate
+    | EvalResult
+    | Heartbeat
+    | ErrorMessage
+    | Goodbye
+)
+
+MESSAGE_TYPES: dict[str, type[Any]] = {
+    cls.TYPE: cls
+    for cls in (
+        ServerHello,
+        Hello,
+        Welcome,
+        Weights,
+        Lease,
+        Update,
+        Evaluate,
+        EvalResult,
+        Heartbeat,
+        ErrorMessage,
+        Goodbye,
+    )
+}

@@ -1,0 +1,1 @@
+"""The snet server daemon: connections, element pool, update rules, modes, HTTP API."""

@@ -1,0 +1,52 @@
+"""``ServerConfig``: every setting of the server process, in one frozen dataclass.
+
+Each field maps to one command-line flag (``--http-port`` -> ``http_port``), one key in
+the TOML file's ``[server]`` table, and one environment variable (``SNET_HTTP_PORT``);
+flags win over the environment, which wins over the file. The job (what to train)
+is a ``JobSpec`` in the same file's ``[job]`` table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one server daemon."""
+
+    host: str = "127.0.0.1"
+    port: int = 7000
+    http_host: str = ""  # empty: the same as host
+    http_port: int = 7080
+    name: str = "snet"
+    token: str = ""  # shared secret workers must prove; empty: no token required
+    out_dir: str = "snet-out"
+    ready_file: str = ""  # written as JSON with the bound ports once both listen
+    trace_file: str = ""  # JSON lines, one per step: which frames each update covered
+    pool_size: int = 32
+    max_frame_mb: int = 512
+    heartbeat_seconds: float = 5.0
+    worker_timeout_seconds: float = 60.0
+    linger_seconds: float = 0.0  # keep serving HTTP this long after training ends
+    log_level: str = "info"
+    job: JobSpec = field(default_factory=JobSpec)
+
+    def __post_init__(self) -> None:
+        for name in ("port", "http_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise ConfigError(f"{name} must be a TCP port (0-65535), got {value}")
+        if self.pool_size < 2:
+            raise ConfigError(f"pool_size must be at least 2, got {self.pool_size}")
+        if self.max_frame_mb < 1:
+            raise ConfigError("max_frame_mb must be at least 1")
+        if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
+            raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
+
+    @property
+    def http_bind_host(self) -> str:
+        return self.http_host or self.host

@@ -1,0 +1,223 @@
+"""``WorkerConnection``: one worker's TCP connection, as an ``asyncio.BufferedProtocol``.
+
+The transport receives straight into the buffers the ``Channel``'s decoder hands out
+(update payloads into free pooled elements). The conversation is checked here: the first
+message must be a ``Hello`` with the right protocol version and token proof; after that,
+updates, evaluation results, heartbeats and goodbyes go to the ``Coordinator``.
+
+A frame that cannot be decoded closes this connection with an ``ErrorMessage`` and never
+affects the server; a refused update is answered with a non-fatal ``ErrorMessage``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from snet.protocol import PROTOCOL_VERSION, auth
+from snet.protocol.channel import Channel
+from snet.protocol.errors import AuthError, ProtocolError, RejectedUpdate, VersionMismatch
+from snet.protocol.framing import FrameLimits
+from snet.protocol.messages import (
+    ErrorMessage,
+    EvalResult,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Message,
+    ServerHello,
+    Update,
+)
+
+from .pool import PooledElement
+from .session import WorkerSession
+from .training import Coordinator
+
+log = logging.getLogger("snet.server")
+
+HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coalesce
+LOW_WATER = 1024 * 1024
+
+
+class ConnectionCounters:
+    """Server-wide counts of refused connections and frames, for /status."""
+
+    def __init__(self) -> None:
+        self.frames_refused = 0
+        self.handshakes_refused = 0
+        self.connections = 0
+
+
+class WorkerConnection(asyncio.BufferedProtocol):
+    """Transport glue between one socket, its ``Channel`` and the ``Coordinator``."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        limits: FrameLimits,
+        token: str | None,
+        server_name: str,
+        next_id: Callable[[], int],
+        counters: ConnectionCounters,
+        connections: set[WorkerConnection],
+    ) -> None:
+        self.coordinator = coordinator
+        self.limits = limits
+        self.token = token
+        self.server_name = server_name
+        self.next_id = next_id
+        self.counters = counters
+        self.connections = connections
+        self.transport: asyncio.Transport | None = None
+        self.channel: Channel | None = None
+        self.session: WorkerSession | None = None
+        self.nonce = os.urandom(auth.NONCE_BYTES)
+        self.peer = "?"
+        self.closing = False
+
+    # ------------------------------------------------------------ transport events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self.transport = typing.cast(asyncio.Transport, transport)
+        transport = self.transport
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        peer: Any = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.channel = Channel(transport.write, self.limits, self.coordinator.pool)
+        self.connections.add(self)
+        self.counters.connections += 1
+        self.channel.send(
+            ServerHello(PROTOCOL_VERSION, self.server_name, self.nonce, self.token is not None)
+        )
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        assert self.channel is not None
+        return self.channel.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self.channel is not None
+        try:
+            messages = self.channel.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            self.counters.frames_refused += 1
+            self.fail(exc.code, str(exc))
+            return
+        for message in messages:
+            if self.closing:
+                self._release(message)
+                continue
+            try:
+                self.dispatch(message)
+            except RejectedUpdate as exc:
+                log.warning("refused update from %s: %s", self.describe(), exc)
+                self.send(ErrorMessage(exc.code, str(exc), False))
+            except (ProtocolError, AuthError) as exc:
+                self.fail(exc.code, str(exc))
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost does the cleanup
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)
+        if self.channel is not None:
+            slot = self.channel.decoder.abandon()
+            if isinstance(slot, PooledElement):
+                self.coordinator.pool.release(slot)
+        if self.session is not None:
+            reason = "closed" if self.closing else f"connection lost ({exc or 'eof'})"
+            self.coordinator.remove_worker(self.session, reason)
+            self.session = None
+
+    def pause_writing(self) -> None:
+        if self.channel is not None:
+            self.channel.writing_paused()
+
+    def resume_writing(self) -> None:
+        if self.channel is not None:
+            self.channel.writing_resumed()
+
+    # ------------------------------------------------------------ conversation
+
+    def dispatch(self, message: Message) -> None:
+        if self.session is None:
+            if not isinstance(message, Hello):
+                raise ProtocolError(f"expected hello, got {message.TYPE}")
+            self._handshake(message)
+            return
+        self.session.touch()
+        if isinstance(message, Update):
+            self.coordinator.on_update(self.session, message)
+        elif isinstance(message, EvalResult):
+            self.coordinator.on_eval_result(self.session, message)
+        elif isinstance(message, Heartbeat):
+            pass
+        elif isinstance(message, Goodbye):
+            self.close(f"goodbye: {message.reason}")
+        elif isinstance(message, ErrorMessage):
+            log.warning("worker %s reports %s: %s", self.describe(), message.code, message.text)
+        else:
+            raise ProtocolError(f"a worker may not send {message.TYPE}")
+
+    def _handshake(self, hello: Hello) -> None:
+        if hello.protocol_version != PROTOCOL_VERSION:
+            self.counters.handshakes_refused += 1
+            raise VersionMismatch(
+                f"worker speaks protocol {hello.protocol_version}, server {PROTOCOL_VERSION}"
+            )
+        if self.token is not None and not auth.verify(self.token, self.nonce, hello.proof):
+            self.counters.handshakes_refused += 1
+            raise AuthError("wrong or missing token proof")
+        self.session = WorkerSession(
+            worker_id=self.next_id(),
+            name=hello.worker_name[:64] or f"worker-{self.peer}",
+            address=self.peer,
+            backend=hello.backend[:32],
+            capabilities=hello.capabilities,
+            send=self.send,
+            close=self.close,
+        )
+        self.coordinator.add_worker(self.session)
+
+    def _release(self, message: Message) -> None:
+        slot = getattr(message, "slot", None)
+        if isinstance(slot, PooledElement):
+            self.coordinator.pool.release(slot)
+
+    # ------------------------------------------------------------ sending and closing
+
+    def describe(self) -> str:
+        return self.session.name if self.session else self.peer
+
+    def send(self, message: Message) -> None:
+        if self.channel is not None and self.transport is not None and not self.closing:
+            self.channel.send(message)
+
+    def fail(self, code: str, text: str) -> None:
+        """Refuse this peer: tell it why, close this connection only."""
+        log.warning("closing connection from %s: %s: %s", self.describe(), code, text)
+        self.send(ErrorMessage(code, text, True))
+        self.close(f"{code}: {text}")
+
+    def close(self, reason: str) -> None:
+        if self.closing or self.transport is None:
+            return
+        self.closing = True
+        if self.session is not None:
+            self.coordinator.remove_worker(self.session, reason)
+            self.session = None
+        if self.channel is not None:
+            self.channel.writing_resumed()  # hand the backlog (e.g. the error) to the transport
+        self.transport.close()  # flushes what is queued, then connection_lost
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()

@@ -1,0 +1,167 @@
+"""``LeaseBook``: the division of each epoch's training frames among the workers.
+
+Each epoch the training frames are shuffled (seeded by the job's seed and the epoch) and
+cut into chunks. A worker holds leases on chunks and trains on a lease's frames in order,
+bunch by bunch; each update names its lease and offset, so the book knows exactly which
+frames every update used. Frames a worker never delivered (it died, disconnected, or an
+update was refused) go back to the front of the queue as a new chunk. The ledger counts,
+per epoch, how often each training frame was applied: every frame exactly once, whatever
+joins or leaves, is the invariant the tests and ``/status`` check.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from snet.protocol.errors import RejectedUpdate
+
+
+@dataclass
+class LeaseRecord:
+    """One chunk of frames leased to one worker."""
+
+    lease_id: int
+    epoch: int
+    worker_id: int
+    indices: np.ndarray
+    received: int = 0  # frames covered by accepted updates (updates arrive in order)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.indices) - self.received
+
+
+@dataclass
+class EpochLedger:
+    """How often each training frame was applied in one epoch."""
+
+    epoch: int
+    uses: np.ndarray
+    train_frames: np.ndarray
+    requeued_frames: int = 0
+    chunks: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        counts = self.uses[self.train_frames]
+        return {
+            "epoch": self.epoch,
+            "frames": len(self.train_frames),
+            "used_once": int((counts == 1).sum()),
+            "used_more": int((counts > 1).sum()),
+            "unused": int((counts == 0).sum()),
+            "requeued_frames": self.requeued_frames,
+            "chunks": self.chunks,
+        }
+
+
+@dataclass
+class LeaseBook:
+    """Chunks waiting, leases held, and the per-epoch ledger."""
+
+    train_frames: np.ndarray
+    total_frames: int
+    chunk_frames: int
+    seed: int
+    epoch: int = -1
+    _queue: deque[np.ndarray] = field(default_factory=deque)
+    _leases: dict[int, LeaseRecord] = field(default_factory=dict)
+    _next_id: int = 1
+    accepted_frames: int = 0
+    applied_frames: int = 0
+    ledgers: list[EpochLedger] = field(default_factory=list)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Shuffle the training frames for ``epoch`` and queue them as chunks."""
+        self.epoch = epoch
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.train_frames)
+        self._queue = deque(
+            order[start : start + self.chunk_frames]
+            for start in range(0, len(order), self.chunk_frames)
+        )
+        self.accepted_frames = self.applied_frames = 0
+        ledger = EpochLedger(epoch, np.zeros(self.total_frames, np.uint16), self.train_frames)
+        ledger.chunks = len(self._queue)
+        self.ledgers.append(ledger)
+
+    @property
+    def ledger(self) -> EpochLedger:
+        return self.ledgers[-1]
+
+    def grant(self, worker_id: int) -> LeaseRecord | None:
+        """Lease the next waiting chunk to ``worker_id``, or None when none is waiting."""
+        if not self._queue:
+            return None
+        lease = LeaseRecord(self._next_id, self.epoch, worker_id, self._queue.popleft())
+        self._next_id += 1
+        self._leases[lease.lease_id] = lease
+        return lease
+
+    def held_by(self, worker_id: int) -> list[LeaseRecord]:
+        return [lease for lease in self._leases.values() if lease.worker_id == worker_id]
+
+    def remaining_frames(self, worker_id: int) -> int:
+        """Frames leased to the worker for which no update has arrived yet."""
+        return sum(lease.remaining for lease in self.held_by(worker_id))
+
+    def accept(self, worker_id: int, lease_id: int, offset: int, patterns: int) -> np.ndarray:
+        """Check an update's claim against the lease; return the frames it covers."""
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id:
+            raise RejectedUpdate(f"lease {lease_id} is not held by this worker")
+        if offset != lease.received or patterns < 1 or offset + patterns > len(lease.indices):
+            raise RejectedUpdate(
+                f"lease {lease_id}: update covers {offset}:{offset + patterns}, "
+                f"next expected offset is {lease.received} of {len(lease.indices)}"
+            )
+        lease.received += patterns
+        self.accepted_frames += patterns
+        frames = lease.indices[offset : offset + patterns]
+        if lease.remaining == 0:
+            del self._leases[lease_id]
+        return frames
+
+    def skip(self, worker_id: int, lease_id: int, offset: int, patterns: int) -> None:
+        """An update for these frames was refused: the lease moves on, the frames requeue."""
+        frames = self.accept(worker_id, lease_id, offset, patterns)
+        self.accepted_frames -= patterns
+        self.requeue(frames)
+
+    def requeue(self, frames: np.ndarray) -> None:
+        if len(frames):
+            self._queue.appendleft(np.array(frames))
+            self.ledger.requeued_frames += len(frames)
+
+    def worker_gone(self, worker_id: int) -> int:
+        """Return the undelivered part of every lease of a worker to the queue."""
+        returned = 0
+        for lease in self.held_by(worker_id):
+            self.requeue(lease.indices[lease.received :])
+            returned += lease.remaining
+            del self._leases[lease.lease_id]
+        return returned
+
+    def record_applied(self, frames: np.ndarray) -> None:
+        self.ledger.uses[frames] += 1
+        self.applied_frames += len(frames)
+
+    @property
+    def epoch_complete(self) -> bool:
+        """Every chunk leased, every lease delivered, every delivered frame applied."""
+        return (
+            self.epoch >= 0
+            and not self._queue
+            and not self._leases
+            and self.applied_frames == self.accepted_frames
+        )
+
+    @property
+    def waiting_chunks(self) -> int:
+        return len(self._queue)
+
+    @property
+    def leases_out(self) -> int:
+        return len(self._leases)

@@ -1,0 +1,73 @@
+"""``WorkerSession``: what the server knows about one connected (or departed) worker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from snet.protocol.messages import Message
+
+
+@dataclass
+class WorkerSession:
+    """One worker as the coordinator sees it; the connection supplies send and close."""
+
+    worker_id: int
+    name: str
+    address: str
+    backend: str
+    capabilities: tuple[str, ...]
+    send: Callable[[Message], None]
+    close: Callable[[str], None]
+    joined_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+    last_seen_wall: float = field(default_factory=time.time)
+    state: str = "training"
+    left_reason: str = ""
+    updates_sent: int = 0
+    updates_settled: int = 0  # applied or refused: reported back to the worker in Weights
+    updates_rejected: int = 0
+    patterns: int = 0
+    compute_seconds: float = 0.0
+    staleness_last: int = 0
+    staleness_sum: int = 0
+    staleness_count: int = 0
+    weights_version_sent: int = -1
+    evaluations: int = 0
+
+    def touch(self) -> None:
+        self.last_seen = time.monotonic()
+        self.last_seen_wall = time.time()
+
+    def record_staleness(self, staleness: int) -> None:
+        self.staleness_last = staleness
+        self.staleness_sum += staleness
+        self.staleness_count += 1
+
+    def mcups(self, connections: int) -> float:
+        """Million connection updates per second of the worker's own compute time."""
+        if self.compute_seconds <= 0:
+            return 0.0
+        return connections * self.patterns / self.compute_seconds / 1e6
+
+    def row(self, connections: int) -> dict[str, Any]:
+        """The worker's row in /status."""
+        mean = self.staleness_sum / self.staleness_count if self.staleness_count else 0.0
+        return {
+            "id": self.worker_id,
+            "name": self.name,
+            "address": self.address,
+            "backend": self.backend,
+            "state": self.state,
+            "left_reason": self.left_reason,
+            "updates_sent": self.updates_sent,
+            "updates_rejected": self.updates_rejected,
+            "patterns": self.patterns,
+            "staleness_last": self.staleness_last,
+            "staleness_mean": round(mean, 3),
+            "mcups": round(self.mcups(connections), 2),
+            "last_seen": self.last_seen_wall,
+            "last_seen_ago": round(time.monotonic() - self.last_seen, 3),
+        }

@@ -1,0 +1,113 @@
+"""``TrainingStats``: the figures /status, /metrics and the demo report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EpochRecord:
+    """What happened in one epoch."""
+
+    epoch: int
+    learning_rate: float
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    end_version: int | None = None
+    train_patterns: int = 0
+    train_correct: int = 0
+    train_loss: float = 0.0
+    cv_frames: int = 0
+    cv_correct: int = 0
+    cv_loss: float = 0.0
+    ledger: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "learning_rate": self.learning_rate,
+            "seconds": round((self.ended or time.time()) - self.started, 3),
+            "end_version": self.end_version,
+            "train_patterns": self.train_patterns,
+            "train_accuracy": _ratio(self.train_correct, self.train_patterns),
+            "train_loss": _ratio(self.train_loss, self.train_patterns),
+            "cv_frames": self.cv_frames,
+            "cv_accuracy": _ratio(self.cv_correct, self.cv_frames),
+            "cv_loss": _ratio(self.cv_loss, self.cv_frames),
+            "ledger": self.ledger,
+        }
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 6) if denominator else None
+
+
+@dataclass
+class TrainingStats:
+    """Counters of the whole run and a record per epoch."""
+
+    epochs_planned: int
+    started: float = field(default_factory=time.time)
+    epochs: list[EpochRecord] = field(default_factory=list)
+    epochs_done: int = 0
+    steps: int = 0
+    updates_applied: int = 0
+    updates_rejected: int = 0
+    frames_rejected: int = 0
+    patterns_applied: int = 0
+    staleness_max: int = 0
+    staleness_sum: int = 0
+    staleness_count: int = 0
+    staleness_histogram: dict[int, int] = field(default_factory=dict)
+    step_seconds: float = 0.0
+
+    def start_epoch(self, epoch: int, learning_rate: float) -> None:
+        self.epochs.append(EpochRecord(epoch, learning_rate))
+
+    def _record(self, epoch: int) -> EpochRecord:
+        return next(r for r in self.epochs if r.epoch == epoch)
+
+    def record_train(self, patterns: int, correct: int, loss_sum: float) -> None:
+        current = self.epochs[-1]
+        current.train_patterns += patterns
+        current.train_correct += correct
+        current.train_loss += loss_sum
+
+    def record_staleness(self, staleness: int) -> None:
+        self.staleness_max = max(self.staleness_max, staleness)
+        self.staleness_sum += staleness
+        self.staleness_count += 1
+        self.staleness_histogram[staleness] = self.staleness_histogram.get(staleness, 0) + 1
+
+    def record_step(self, updates: int, patterns: int, seconds: float) -> None:
+        self.steps += 1
+        self.updates_applied += updates
+        self.patterns_applied += patterns
+        self.step_seconds += seconds
+
+    def end_epoch(self, epoch: int, version: int, ledger: dict[str, Any]) -> None:
+        record = self._record(epoch)
+        record.ended, record.end_version, record.ledger = time.time(), version, ledger
+        self.epochs_done += 1
+
+    def record_cv(self, epoch: int, frames: int, correct: int, loss_sum: float) -> None:
+        record = self._record(epoch)
+        record.cv_frames, record.cv_correct, record.cv_loss = frames, correct, loss_sum
+
+    def train_accuracy(self, epoch: int) -> float:
+        record = self._record(epoch)
+        return record.train_correct / record.train_patterns if record.train_patterns else 0.0
+
+    def latest(self, key: str) -> float | None:
+        """The newest epoch's value of ``train_accuracy`` or ``cv_accuracy`` that exists."""
+        for record in reversed(self.epochs):
+            value = record.as_dict()[key]
+            if value is not None:
+                return float(value)
+        return None
+
+    @property
+    def staleness_mean(self) -> float:
+        return self.staleness_sum / self.staleness_count if self.staleness_count else 0.0

@@ -1,0 +1,96 @@
+"""What the server reports: the /status document and the Prometheus /metrics text."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import SnetServer
+
+
+def status_document(server: SnetServer) -> dict[str, Any]:
+    """The JSON of GET /status."""
+    coordinator = server.coordinator
+    stats = coordinator.stats
+    connections = coordinator.connections
+    workers = [s.row(connections) for s in coordinator.sessions.values()]
+    workers += [s.row(connections) for s in coordinator.departed]
+    elapsed = time.time() - stats.started
+    return {
+        "server": server.config.name,
+        "state": server.state,
+        "mode": coordinator.job.mode,
+        "network": coordinator.job.network.describe(),
+        "connections_per_pattern": connections,
+        "weight_version": coordinator.version,
+        "steps": stats.steps,
+        "updates_applied": stats.updates_applied,
+        "updates_rejected": stats.updates_rejected,
+        "frames_refused": server.counters.frames_refused,
+        "handshakes_refused": server.counters.handshakes_refused,
+        "epoch": coordinator.epoch,
+        "epochs_planned": coordinator.job.epochs,
+        "epochs_done": stats.epochs_done,
+        "patterns_processed": stats.patterns_applied,
+        "learning_rate": coordinator.learning_rate,
+        "train_accuracy": stats.latest("train_accuracy"),
+        "cv_accuracy": stats.latest("cv_accuracy"),
+        "staleness_mean": round(stats.staleness_mean, 3),
+        "staleness_max": stats.staleness_max,
+        "staleness_histogram": {str(k): v for k, v in sorted(stats.staleness_histogram.items())},
+        "mcups": round(connections * stats.patterns_applied / max(elapsed, 1e-9) / 1e6, 2),
+        "elapsed_seconds": round(elapsed, 3),
+        "queues": coordinator.queues(),
+        "workers_live": len(coordinator.sessions),
+        "workers": workers,
+        "epochs": [record.as_dict() for record in stats.epochs],
+    }
+
+
+def _line(name: str, value: float, labels: dict[str, str] | None = None) -> str:
+    if labels:
+        rendered = ",".join(
+            f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+            for k, v in labels.items()
+        )
+        return f"snet_{name}{{{rendered}}} {value}"
+    return f"snet_{name} {value}"
+
+
+_METRICS = [
+    ("weight_version", "gauge", "Current weight version (steps applied)."),
+    ("updates_applied", "counter", "Updates applied to the weights."),
+    ("updates_rejected", "counter", "Updates refused (shape, NaN, lease)."),
+    ("frames_refused", "counter", "Connections closed for undecodable frames."),
+    ("patterns_processed", "counter", "Training patterns applied."),
+    ("epoch", "gauge", "Current epoch (0-based)."),
+    ("learning_rate", "gauge", "Learning rate in force."),
+    ("staleness_mean", "gauge", "Mean staleness of applied updates (versions)."),
+    ("workers_live", "gauge", "Connected workers."),
+    ("mcups", "gauge", "Million connection updates per second since start."),
+]
+
+
+def metrics_text(server: SnetServer) -> str:
+    """GET /metrics in the Prometheus text exposition format (version 0.0.4)."""
+    document = status_document(server)
+    lines: list[str] = []
+    for name, kind, text in _METRICS:
+        lines += [f"# HELP snet_{name} {text}", f"# TYPE snet_{name} {kind}"]
+        lines.append(_line(name, float(document[name])))
+    for key in ("train_accuracy", "cv_accuracy"):
+        if document[key] is not None:
+            lines += [f"# TYPE snet_{key} gauge", _line(key, float(document[key]))]
+    lines.append("# TYPE snet_queue_length gauge")
+    for queue, length in document["queues"].items():
+        lines.append(_line("queue_length", float(length), {"queue": queue}))
+    lines.append("# TYPE snet_worker_updates counter")
+    for row in document["workers"]:
+        labels = {"worker": row["name"], "backend": row["backend"], "state": row["state"]}
+        lines.append(_line("worker_updates", float(row["updates_sent"]), labels))
+    lines.append("# TYPE snet_worker_mcups gauge")
+    for row in document["workers"]:
+        labels = {"worker": row["name"], "backend": row["backend"], "state": row["state"]}
+        lines.append(_line("worker_mcups", float(row["mcups"]), labels))
+    return "\n".join(lines) + "\n"
