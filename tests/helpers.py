@@ -1,0 +1,216 @@
+"""Helpers that start real snet processes on 127.0.0.1 and always clean them up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from snet.protocol import PROTOCOL_VERSION
+from snet.protocol.decoder import FrameDecoder
+from snet.protocol.framing import encode_bytes
+from snet.protocol.messages import Hello, Message, ServerHello
+
+START_SECONDS = 30.0
+SMALL_JOB = ["--network", "117:64:10", "--chunk-frames", "4096"]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` every 50 ms until it returns something truthy, or fail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    http_port: int
+    out_dir: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            body: bytes = response.read()
+            return body
+
+    def status(self) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads(self.get("/status"))
+        return document
+
+    def final_status(self) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads((self.out_dir / "status.json").read_text())
+        return document
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"server did not exit in {timeout} s; log:\n{self.log.read_text()[-3000:]}"
+            ) from None
+
+
+@dataclass
+class Cluster:
+    """Starts servers and workers as real processes; kills whatever is left at teardown."""
+
+    tmp_path: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def _spawn(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+        handle = open(log, "wb")  # noqa: SIM115 - closed with the process at teardown
+        process = subprocess.Popen(
+            [sys.executable, "-m", "snet.cli", *args],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.tmp_path,
+        )
+        self.processes.append(process)
+        return process
+
+    def server(self, *args: str, name: str = "server") -> ServerProcess:
+        ready = self.tmp_path / f"{name}.ready"
+        out_dir = self.tmp_path / f"{name}-out"
+        log = self.tmp_path / f"{name}.log"
+        process = self._spawn(
+            [
+                "server",
+                "--port",
+                "0",
+                "--http-port",
+                "0",
+                "--ready-file",
+                str(ready),
+                "--out-dir",
+                str(out_dir),
+                "--log-level",
+                "info",
+                *args,
+            ],
+            log,
+        )
+
+        def started() -> dict[str, Any] | None:
+            if process.poll() is not None:
+                raise AssertionError(f"server exited early:\n{log.read_text()[-3000:]}")
+            return json.loads(ready.read_text()) if ready.exists() else None
+
+        info = wait_until(started, START_SECONDS, "the server's ready file")
+        return ServerProcess(process, info["port"], info["http_port"], out_dir, log)
+
+    def worker(self, server: ServerProcess, name: str, *args: str) -> subprocess.Popen[bytes]:
+        return self._spawn(
+            [
+                "worker",
+                "--server",
+                server.address,
+                "--name",
+                name,
+                "--log-level",
+                "info",
+                "--retry-seconds",
+                "5",
+                *args,
+            ],
+            self.tmp_path / f"{name}.log",
+        )
+
+    def log(self, name: str) -> str:
+        return (self.tmp_path / f"{name}.log").read_text()
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+            process.wait(10)
+
+
+class RawClient:
+    """A hand-driven worker on a blocking socket, for feeding the server bad input."""
+
+    def __init__(self, port: int, name: str = "raw") -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.decoder = FrameDecoder()
+        self.inbox: list[Message] = []
+        self.name = name
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, message: Message) -> None:
+        self.sock.sendall(encode_bytes(message))
+
+    def receive(self, kind: type[Any], timeout: float = 10.0) -> Any:
+        """The next message of ``kind`` (others are kept in ``inbox``); fails on EOF."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for index, message in enumerate(self.inbox):
+                if isinstance(message, kind):
+                    return self.inbox.pop(index)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {kind.__name__} within {timeout} s")
+            self.sock.settimeout(remaining)
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError(f"closed by the server while waiting for {kind.__name__}")
+            self.inbox.extend(self.decoder.feed(data))
+
+    def closed_by_peer(self, timeout: float = 10.0) -> bool:
+        """True once the server closes the connection (reading what is left)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(deadline - time.monotonic(), 0.01))
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                return True
+            if not data:
+                return True
+            self.inbox.extend(self.decoder.feed(data))
+        return False
+
+    def handshake(self) -> Any:
+        self.receive(ServerHello)
+        self.send(Hello(PROTOCOL_VERSION, self.name, "raw", (), b""))
+        from snet.protocol.messages import Welcome
+
+        return self.receive(Welcome)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def load_weights(path: Path) -> list[np.ndarray]:
+    with np.load(path) as data:
+        layers = len([k for k in data.files if k.startswith("W")])
+        return [data[f"{kind}{i}"] for i in range(layers) for kind in ("W", "b")]

@@ -1,0 +1,89 @@
+"""Configuration: flags over environment over the TOML file, with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from snet.cli.commands import server_config
+from snet.cli.main import _parser, main
+from snet.protocol.errors import ConfigError
+
+TOML = """
+[server]
+port = 7100
+http_port = 7180
+name = "from-file"
+
+[job]
+mode = "sync"
+network = "117:256:256:10"
+activation = "tanh"
+epochs = 4
+learning_rates = [0.5, 0.25]
+
+[job.data]
+context = 4
+"""
+
+
+def _config(argv: list[str]):  # type: ignore[no-untyped-def]
+    return server_config(_parser().parse_args(["server", *argv]))
+
+
+def test_toml_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "snet.toml"
+    path.write_text(TOML)
+    config = _config(["--config", str(path)])
+    assert (config.port, config.http_port, config.name) == (7100, 7180, "from-file")
+    assert config.job.mode == "sync" and config.job.epochs == 4
+    assert config.job.network.sizes == (117, 256, 256, 10)
+    assert config.job.network.activations == ("tanh", "tanh")
+    assert config.job.learning_rates == (0.5, 0.25)
+
+    monkeypatch.setenv("SNET_PORT", "7200")
+    monkeypatch.setenv("SNET_JOB_EPOCHS", "6")
+    config = _config(["--config", str(path)])
+    assert config.port == 7200 and config.job.epochs == 6
+
+    config = _config(
+        [
+            "--config",
+            str(path),
+            "--port",
+            "7300",
+            "--epochs",
+            "8",
+            "--learning-rates",
+            "0.1,0.05",
+            "--mode",
+            "async",
+        ]
+    )
+    assert config.port == 7300 and config.job.epochs == 8
+    assert config.job.learning_rates == (0.1, 0.05) and config.job.mode == "async"
+
+
+def test_defaults_are_the_default_job() -> None:
+    config = _config([])
+    assert config.host == "127.0.0.1" and config.port == 7000 and config.http_port == 7080
+    assert config.job.network.describe() == "117:512:10"
+    assert config.job.data.source == "fsdd" and config.job.mode == "async"
+
+
+def test_bad_settings_fail_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError, match="fsdd data with context 4 gives 117 inputs"):
+        _config(["--network", "100:10"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\nprot = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        _config(["--config", str(bad)])
+    monkeypatch.setenv("SNET_PORT", "seventy")
+    with pytest.raises(ConfigError, match="SNET_PORT"):
+        _config([])
+    monkeypatch.delenv("SNET_PORT")
+    assert main(["server", "--config", str(tmp_path / "missing.toml")]) == 2
+    assert "cannot read config file" in capsys.readouterr().err

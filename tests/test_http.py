@@ -1,0 +1,104 @@
+"""The HTTP API and ``snet status`` against a real training server."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+from helpers import SMALL_JOB, Cluster, wait_until
+
+STATUS_KEYS = {
+    "mode",
+    "weight_version",
+    "updates_applied",
+    "epoch",
+    "patterns_processed",
+    "learning_rate",
+    "train_accuracy",
+    "cv_accuracy",
+    "queues",
+    "workers",
+}
+WORKER_KEYS = {
+    "name",
+    "address",
+    "backend",
+    "updates_sent",
+    "staleness_last",
+    "staleness_mean",
+    "mcups",
+    "last_seen",
+}
+METRIC_LINE = re.compile(r'^snet_[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+-]+$')
+
+
+def test_status_metrics_weights_healthz_and_cli(cluster: Cluster) -> None:
+    server = cluster.server(
+        "--mode", "async", "--epochs", "2", "--linger-seconds", "60", *SMALL_JOB
+    )
+    workers = [cluster.worker(server, f"w{i}") for i in range(2)]
+    wait_until(lambda: server.status()["state"] == "trained", 90, "training to finish")
+
+    assert server.get("/healthz") == b"ok\n"
+
+    status = server.status()
+    assert set(status) >= STATUS_KEYS
+    assert status["mode"] == "async" and status["epochs_done"] == 2
+    assert status["updates_applied"] >= status["steps"] > 0
+    assert status["patterns_processed"] == 2 * status["epochs"][0]["ledger"]["frames"]
+    assert 0.5 < status["cv_accuracy"] <= 1 and 0.5 < status["train_accuracy"] <= 1
+    assert set(status["queues"]) >= {"free", "received"}
+    assert len(status["workers"]) == 2
+    for row in status["workers"]:
+        assert set(row) >= WORKER_KEYS
+        assert row["address"].startswith("127.0.0.1:") and row["mcups"] > 0
+    assert sum(row["updates_sent"] for row in status["workers"]) == status["updates_applied"]
+
+    metrics = server.get("/metrics").decode()
+    samples = [line for line in metrics.splitlines() if line and not line.startswith("#")]
+    assert all(METRIC_LINE.match(line) for line in samples), [
+        line for line in samples if not METRIC_LINE.match(line)
+    ]
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in samples}
+    assert values["snet_weight_version"] == status["weight_version"]
+    assert values["snet_updates_applied"] == status["updates_applied"]
+    assert "# TYPE snet_updates_applied counter" in metrics
+
+    with np.load(io.BytesIO(server.get("/weights"))) as npz:
+        assert list(npz["sizes"]) == [117, 64, 10]
+        assert npz["W0"].shape == (117, 64) and npz["b1"].shape == (10,)
+        assert int(npz["version"]) == status["weight_version"]
+        assert np.isfinite(npz["W0"]).all()
+
+    table = subprocess.run(
+        [sys.executable, "-m", "snet.cli", "status", "--url", server.url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    assert "async mode" in table and "w0" in table and "w1" in table
+    assert f"{100 * status['cv_accuracy']:.2f}%" in table
+    raw = subprocess.run(
+        [sys.executable, "-m", "snet.cli", "status", "--url", server.url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    assert json.loads(raw)["weight_version"] == status["weight_version"]
+
+    unreachable = subprocess.run(
+        [sys.executable, "-m", "snet.cli", "status", "--url", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert unreachable.returncode == 1 and "cannot read" in unreachable.stderr
+    for worker in workers:
+        worker.kill()

@@ -1,0 +1,141 @@
+"""End-to-end training with a real server and real worker processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from snet.client.data import load_corpus
+from snet.client.network import BunchNetwork
+from snet.protocol.job import DataSpec
+from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
+from snet.server.update_rule import UpdateRule
+
+from helpers import SMALL_JOB, Cluster, load_weights, wait_until
+
+
+def _replay_sequentially(trace: list[dict], spec: NetworkSpec, momentum: float) -> np.ndarray:
+    """Sequential bunch training on the union of each step's frames, in the same order."""
+    corpus = load_corpus(DataSpec(), spec.output_size)
+    rule = UpdateRule(initial_weights(spec, seed=1), momentum)
+    biggest = max(sum(len(u["frames"]) for u in step["updates"]) for step in trace)
+    network = BunchNetwork(spec, biggest)
+    gradient = ElementLayout.for_network(spec).allocate()
+    for step in trace:
+        frames = np.concatenate([np.array(u["frames"], dtype=np.int64) for u in step["updates"]])
+        network.gradient(rule.weights, corpus.windows(frames), corpus.labels[frames], gradient)
+        rule.step([gradient], len(frames), step["learning_rate"])
+    return rule.weights
+
+
+def test_sync_two_workers_equal_sequential_training(cluster: Cluster) -> None:
+    server = cluster.server(
+        "--mode",
+        "sync",
+        "--epochs",
+        "1",
+        "--momentum",
+        "0.9",
+        "--learning-rates",
+        "0.1",
+        "--trace-file",
+        str(cluster.tmp_path / "trace.jsonl"),
+        *SMALL_JOB,
+    )
+    workers = [cluster.worker(server, f"w{i}") for i in range(2)]
+    assert server.wait(120) == 0
+    assert [w.wait(30) for w in workers] == [0, 0]
+
+    trace = [json.loads(line) for line in (cluster.tmp_path / "trace.jsonl").open()]
+    assert len(trace) > 50
+    # Each synchronous step combines one update per worker computed on the same version.
+    two_worker_steps = [s for s in trace if len(s["updates"]) == 2]
+    assert len(two_worker_steps) > len(trace) // 2
+    for step in trace:
+        assert {u["base_version"] for u in step["updates"]} == {step["version"] - 1}
+        assert len({u["worker"] for u in step["updates"]}) == len(step["updates"])
+
+    spec = NetworkSpec.parse("117:64:10")
+    expected = _replay_sequentially(trace, spec, momentum=0.9)
+    got = np.concatenate([a.ravel() for a in load_weights(server.out_dir / "weights.npz")])
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+    assert np.abs(got - initial_weights(spec, seed=1)).max() > 0.05  # it really trained
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_async_three_workers_converge_with_staleness(cluster: Cluster, loop: str) -> None:
+    cluster.env["SNET_LOOP"] = loop
+    server = cluster.server("--mode", "async", "--epochs", "2", *SMALL_JOB)
+    workers = [cluster.worker(server, f"w{i}") for i in range(3)]
+    assert server.wait(120) == 0
+    assert [w.wait(30) for w in workers] == [0, 0, 0]
+    status = server.final_status()
+    assert status["mode"] == "async"
+    assert status["epochs_done"] == 2
+    assert status["cv_accuracy"] > 0.75, status["epochs"]
+    assert status["staleness_max"] > 0
+    assert sum(int(k) * v for k, v in status["staleness_histogram"].items()) > 0
+    rows = {row["name"]: row for row in status["workers"]}
+    assert set(rows) == {"w0", "w1", "w2"}
+    assert all(row["updates_sent"] > 10 and row["backend"] == "numpy" for row in rows.values())
+    for epoch in status["epochs"]:  # every training frame applied exactly once per epoch
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
+
+
+def test_worker_killed_mid_run_sync_mode_carries_on(cluster: Cluster) -> None:
+    server = cluster.server("--mode", "sync", "--epochs", "3", "--linger-seconds", "30", *SMALL_JOB)
+    workers = [cluster.worker(server, f"w{i}") for i in range(3)]
+    wait_until(
+        lambda: server.status()["workers_live"] == 3 and server.status()["steps"] > 20,
+        60,
+        "three workers training",
+    )
+    workers[1].send_signal(signal.SIGKILL)
+    killed_at = server.status()["weight_version"]
+
+    def gone() -> bool:
+        rows = {row["name"]: row for row in server.status()["workers"]}
+        return rows["w1"]["state"] == "gone"
+
+    wait_until(gone, 30, "/status to show the killed worker gone")
+    wait_until(
+        lambda: server.status()["weight_version"] > killed_at + 20,
+        60,
+        "training to continue after the kill",
+    )
+    wait_until(lambda: server.status()["state"] == "trained", 120, "training to finish")
+    status = server.status()
+    assert status["epochs_done"] == 3
+    assert status["workers_live"] == 2
+    assert {row["name"]: row["state"] for row in status["workers"]}["w1"] == "gone"
+    for epoch in status["epochs"]:  # nothing the dead worker held was lost
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"], ledger
+    assert (
+        status["epochs"][0]["ledger"]["requeued_frames"]
+        + sum(e["ledger"]["requeued_frames"] for e in status["epochs"][1:])
+        > 0
+    )
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert workers[0].wait(30) == 0 and workers[2].wait(30) == 0
+
+
+def test_sigterm_shuts_down_gracefully_and_writes_weights(cluster: Cluster) -> None:
+    server = cluster.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
+    worker = cluster.worker(server, "w0")
+    wait_until(lambda: server.status()["steps"] > 10, 60, "training to start")
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert worker.wait(30) == 0
+    weights = load_weights(server.out_dir / "weights.npz")
+    assert [w.shape for w in weights] == [(117, 64), (64,), (64, 10), (10,)]
+    final = server.final_status()
+    assert final["state"] == "stopping" and final["weight_version"] > 10
+    assert "goodbye" in cluster.log("w0") and time.time() > 0
