@@ -28,7 +28,7 @@ from snet.protocol.messages import Goodbye, Heartbeat
 from .config import ServerConfig
 from .connection import ConnectionCounters, WorkerConnection
 from .dataplan import training_frames
-from .export import weights_npz, write_weights
+from .export import weights_npz, write_atomically
 from .http import make_app
 from .training import Coordinator
 
@@ -105,7 +105,7 @@ class SnetServer:
         )
         if self.config.ready_file:
             ready = {"pid": os.getpid(), "port": self.port, "http_port": self.http_port}
-            Path(self.config.ready_file).write_text(json.dumps(ready))
+            write_atomically(Path(self.config.ready_file), json.dumps(ready).encode())
 
     async def serve(self) -> str:
         """Start, run until trained or stopped, shut down; returns why it stopped."""
@@ -158,10 +158,9 @@ class SnetServer:
             coordinator.version,
             coordinator.epoch,
         )
-        write_weights(path, payload)
-        (Path(self.config.out_dir) / "status.json").write_text(
-            json.dumps(self._final_status(), indent=1)
-        )
+        write_atomically(path, payload)
+        status = json.dumps(self._final_status(), indent=1).encode()
+        write_atomically(Path(self.config.out_dir) / "status.json", status)
         return path
 
     def _final_status(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def weights_npz(spec: NetworkSpec, flat: np.ndarray, version: int, epoch: int) -
     return buffer.getvalue()
 
 
-def write_weights(path: Path, payload: bytes) -> None:
+def write_atomically(path: Path, payload: bytes) -> None:
     """Write atomically: a reader never sees half a file, a crash never leaves one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(path.suffix + ".tmp")
