@@ -134,6 +134,17 @@ class EvalResult:
 
 
 @dataclass(frozen=True)
+class WorkerReport:
+    """Backend-specific figures a worker wants shown in /status (e.g. an emulated board's
+    modelled busy time, a codec's compression ratio): a msgpack map of plain values."""
+
+    TYPE: ClassVar[str] = "worker_report"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    sent_at: float
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     """Liveness, sent by either side when it has been quiet for a while."""
 
@@ -172,6 +183,7 @@ Message = (
     | Update
     | Evaluate
     | EvalResult
+    | WorkerReport
     | Heartbeat
     | ErrorMessage
     | Goodbye
@@ -188,6 +200,7 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
         Update,
         Evaluate,
         EvalResult,
+        WorkerReport,
         Heartbeat,
         ErrorMessage,
         Goodbye,

@@ -31,6 +31,7 @@ from snet.protocol.messages import (
     Message,
     ServerHello,
     Update,
+    WorkerReport,
 )
 
 from .pool import PooledElement
@@ -156,6 +157,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
             self.coordinator.on_eval_result(self.session, message)
         elif isinstance(message, Heartbeat):
             pass
+        elif isinstance(message, WorkerReport):
+            self.session.report = message.report
         elif isinstance(message, Goodbye):
             self.close(f"goodbye: {message.reason}")
         elif isinstance(message, ErrorMessage):

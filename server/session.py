@@ -36,6 +36,7 @@ class WorkerSession:
     staleness_count: int = 0
     weights_version_sent: int = -1
     evaluations: int = 0
+    report: dict[str, Any] = field(default_factory=dict)  # the worker's latest WorkerReport
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
@@ -70,4 +71,5 @@ class WorkerSession:
             "mcups": round(self.mcups(connections), 2),
             "last_seen": self.last_seen_wall,
             "last_seen_ago": round(time.monotonic() - self.last_seen, 3),
+            "report": self.report,
         }

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from snet.protocol.framing import MAGIC, PREFIX
-from snet.protocol.messages import ErrorMessage, Heartbeat, Lease, ServerHello, Update, Weights
+from snet.protocol.messages import (
+    ErrorMessage,
+    Heartbeat,
+    Lease,
+    ServerHello,
+    Update,
+    Weights,
+    WorkerReport,
+)
 from snet.protocol.network import ElementLayout, NetworkSpec
 
 from helpers import SMALL_JOB, Cluster, RawClient, wait_until
@@ -50,6 +58,7 @@ def test_bad_clients_are_refused_and_training_state_is_untouched(cluster: Cluste
     refusal = bad.receive(ErrorMessage)
     assert not refusal.fatal and "NaN" in refusal.text
     bad.send(Heartbeat(0.0))  # the connection survived both refusals
+    bad.send(WorkerReport(0.0, {"board": {"modelled_busy_seconds": 1.5}}))
     wait_until(lambda: server.status()["updates_rejected"] == 2, 10, "two refused updates")
 
     status = server.status()
@@ -58,6 +67,7 @@ def test_bad_clients_are_refused_and_training_state_is_untouched(cluster: Cluste
     assert server.get("/weights") == weights_before  # bit for bit
     rows = {row["name"]: row for row in status["workers"]}
     assert rows["bad-updates"]["updates_rejected"] == 2 and rows["bad-updates"]["state"] != "gone"
+    assert rows["bad-updates"]["report"] == {"board": {"modelled_busy_seconds": 1.5}}
     bad.close()  # its leases (and the refused frames) go back to the queue
 
     worker = cluster.worker(server, "good")
