@@ -59,7 +59,15 @@ def test_bad_clients_are_refused_and_training_state_is_untouched(cluster: Cluste
     assert not refusal.fatal and "NaN" in refusal.text
     bad.send(Heartbeat(0.0))  # the connection survived both refusals
     bad.send(WorkerReport(0.0, {"board": {"modelled_busy_seconds": 1.5}}))
-    wait_until(lambda: server.status()["updates_rejected"] == 2, 10, "two refused updates")
+    wait_until(
+        lambda: (
+            [r["report"] for r in server.status()["workers"] if r["name"] == "bad-updates"]
+            == [{"board": {"modelled_busy_seconds": 1.5}}]
+        ),
+        10,
+        "the worker report",
+    )
+    assert server.status()["updates_rejected"] == 2
 
     status = server.status()
     assert status["weight_version"] == 0 and status["updates_applied"] == 0
