@@ -50,6 +50,7 @@ WORKER_FIELDS = (
     "name",
     "token",
     "threads",
+    "backend",
     "heartbeat_seconds",
     "retry_seconds",
     "max_frame_mb",

@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--name")
     worker.add_argument("--token")
     worker.add_argument("--threads", type=int, help="BLAS threads (default 1)")
+    worker.add_argument("--backend", help="compute backend (default numpy)")
     worker.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
     worker.add_argument("--retry-seconds", dest="retry_seconds", type=float)
     worker.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)

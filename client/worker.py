@@ -35,20 +35,21 @@ from snet.protocol.messages import (
     Update,
     Weights,
     Welcome,
+    WorkerReport,
 )
 from snet.protocol.network import ElementLayout
 
+from .backend import ComputeBackend, make_backend
 from .buffers import SendBuffers, WeightsBox, WeightsCopy
 from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus, load_corpus
-from .network import BunchNetwork
 
 log = logging.getLogger("snet.worker")
 
-BACKEND = "numpy"
 CAPABILITIES = ("codec:none",)
 HANDSHAKE_SECONDS = 30.0
+REPORT_SECONDS = 1.0
 
 
 class ServerGone(Exception):
@@ -58,8 +59,9 @@ class ServerGone(Exception):
 class Worker:
     """One worker process's life: connect, handshake, train until told goodbye."""
 
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, backend: ComputeBackend | None = None) -> None:
         self.config = config
+        self.backend = backend or make_backend(config.backend)
         self.name = config.worker_name()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snet-compute")
         self._inbox: deque[Message] = deque()
@@ -72,9 +74,6 @@ class Worker:
         self._lost = False
         self.job: JobSpec | None = None
         self.corpus: Corpus | None = None
-        self.network: BunchNetwork | None = None
-        self._x = np.zeros((0, 0), dtype=np.float32)
-        self._cv_x = np.zeros((0, 0), dtype=np.float32)
         self.updates_sent = 0
         self._sent_this_session = 0  # the server's "settled" count starts anew per connection
 
@@ -198,7 +197,9 @@ class Worker:
                 if not self.config.token:
                     raise RemoteError("auth_failed", "the server requires a token (--token)")
                 proof = auth.proof(self.config.token, hello.nonce)
-            connection.send(Hello(PROTOCOL_VERSION, self.name, BACKEND, CAPABILITIES, proof))
+            connection.send(
+                Hello(PROTOCOL_VERSION, self.name, self.backend.name, CAPABILITIES, proof)
+            )
             welcome = await self._next_message()
             if not isinstance(welcome, Welcome):
                 raise ProtocolError(f"expected welcome, got {welcome.TYPE}")
@@ -221,7 +222,7 @@ class Worker:
         return True
 
     async def _prepare(self, job: JobSpec) -> None:
-        """Load the job's data and build the network (in the compute thread)."""
+        """Load the job's data and prepare the backend (in the compute thread)."""
         loop = asyncio.get_running_loop()
         corpus = await loop.run_in_executor(
             self.executor, load_corpus, job.data, job.network.output_size
@@ -232,10 +233,8 @@ class Worker:
                 f"the data gives {corpus.pattern_size} inputs per pattern, "
                 f"the network has {job.network.input_size}",
             )
+        await loop.run_in_executor(self.executor, self.backend.prepare, job, corpus)
         self.job, self.corpus = job, corpus
-        self.network = BunchNetwork(job.network, max(job.bunch_size, 1024))
-        self._x = np.empty((job.bunch_size, corpus.pattern_size), dtype=np.float32)
-        self._cv_x = corpus.windows(corpus.cv_frames)
 
     # ------------------------------------------------------------ computing
 
@@ -300,7 +299,7 @@ class Worker:
             gradient = await connection.send_buffers.acquire()
             started = time.perf_counter()
             loss, correct = await loop.run_in_executor(
-                self.executor, self._gradient, weights.flat, frames, gradient
+                self.executor, self.backend.gradient, weights.flat, frames, gradient
             )
             seconds = time.perf_counter() - started
             connection.send_buffers.mark_in_flight(gradient)
@@ -324,21 +323,19 @@ class Worker:
                 self._leases.popleft()
                 self._offset = 0
 
-    def _gradient(
-        self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
-    ) -> tuple[float, int]:
-        assert self.corpus is not None and self.network is not None
-        x = self.corpus.windows(frames, out=self._x[: len(frames)])
-        return self.network.gradient(weights, x, self.corpus.labels[frames], out)
-
     def _evaluate(self, request: Evaluate) -> EvalResult:
-        assert self.corpus is not None and self.network is not None
         weights = np.ascontiguousarray(request.element, dtype=np.float32)
-        labels = self.corpus.labels[self.corpus.cv_frames]
-        loss, correct = self.network.evaluate(weights, self._cv_x, labels)
-        return EvalResult(request.version, request.epoch, len(labels), correct, loss)
+        frames, correct, loss = self.backend.evaluate(weights)
+        return EvalResult(request.version, request.epoch, frames, correct, loss)
 
     async def _heartbeat(self, connection: ServerConnection) -> None:
+        """Liveness every ``heartbeat_seconds``; the backend's figures every second."""
+        last_beat = time.monotonic()
         while True:
-            await asyncio.sleep(self.config.heartbeat_seconds)
-            connection.send(Heartbeat(time.time()))
+            await asyncio.sleep(min(REPORT_SECONDS, self.config.heartbeat_seconds))
+            report = self.backend.report()
+            if report is not None:
+                connection.send(WorkerReport(time.time(), report))
+            elif time.monotonic() - last_beat >= self.config.heartbeat_seconds:
+                connection.send(Heartbeat(time.time()))
+                last_beat = time.monotonic()

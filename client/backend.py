@@ -1,0 +1,88 @@
+"""Compute backends: what turns (weights, frames) into a gradient on a worker.
+
+The worker's networking, flow control and leases are the same whatever computes the
+bunches; a backend only does the arithmetic. ``NumpyBackend`` is the reference; other
+backends (an emulated Spert board, PyTorch) implement the same ``ComputeBackend``
+protocol and are chosen with ``snet worker --backend``. The server cannot tell them apart
+except by the name each reports in its Hello.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from snet.protocol.job import JobSpec
+
+from .data import Corpus
+from .network import BunchNetwork
+
+
+class ComputeBackend(Protocol):
+    """The arithmetic of one worker. Every method runs in the worker's compute thread."""
+
+    name: str
+
+    def prepare(self, job: JobSpec, corpus: Corpus) -> None:
+        """Set up for ``job`` on ``corpus`` (allocate buffers, load the board, ...)."""
+
+    def gradient(
+        self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
+    ) -> tuple[float, int]:
+        """Write the summed gradient over the patterns centred on ``frames`` into ``out``;
+        return (summed loss, correctly classified patterns)."""
+
+    def evaluate(self, weights: np.ndarray) -> tuple[int, int, float]:
+        """Score ``weights`` on the CV frames: (frames, correct, summed loss)."""
+
+    def report(self) -> dict[str, Any] | None:
+        """Figures for /status (sent as a WorkerReport), or None when there are none."""
+
+
+class NumpyBackend:
+    """float32 bunch-mode training with numpy (the reference backend)."""
+
+    name = "numpy"
+
+    def __init__(self) -> None:
+        self._corpus: Corpus | None = None
+        self._network: BunchNetwork | None = None
+        self._x = np.zeros((0, 0), dtype=np.float32)
+        self._cv_x = np.zeros((0, 0), dtype=np.float32)
+
+    def prepare(self, job: JobSpec, corpus: Corpus) -> None:
+        self._corpus = corpus
+        self._network = BunchNetwork(job.network, max(job.bunch_size, 1024))
+        self._x = np.empty((job.bunch_size, corpus.pattern_size), dtype=np.float32)
+        self._cv_x = corpus.windows(corpus.cv_frames)
+
+    def gradient(
+        self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
+    ) -> tuple[float, int]:
+        assert self._corpus is not None and self._network is not None
+        x = self._corpus.windows(frames, out=self._x[: len(frames)])
+        return self._network.gradient(weights, x, self._corpus.labels[frames], out)
+
+    def evaluate(self, weights: np.ndarray) -> tuple[int, int, float]:
+        assert self._corpus is not None and self._network is not None
+        labels = self._corpus.labels[self._corpus.cv_frames]
+        loss, correct = self._network.evaluate(weights, self._cv_x, labels)
+        return len(labels), correct, loss
+
+    def report(self) -> dict[str, Any] | None:
+        return None
+
+
+BACKENDS: dict[str, type[Any]] = {"numpy": NumpyBackend}
+
+
+def make_backend(name: str) -> ComputeBackend:
+    """The backend called ``name`` (``snet worker --backend``)."""
+    from snet.protocol.errors import ConfigError
+
+    try:
+        backend: ComputeBackend = BACKENDS[name]()
+    except KeyError:
+        raise ConfigError(f"unknown backend {name!r}; known: {sorted(BACKENDS)}") from None
+    return backend
