@@ -66,6 +66,9 @@ class FrameDecoder:
         except ProtocolError:
             self._break()
             raise
+        except Exception as exc:  # a safety net: any surprise in a peer's bytes is its fault
+            self._break()
+            raise MalformedFrame(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
 
     def messages(self) -> list[Message]:
         """Take the messages completed so far."""
