@@ -44,6 +44,7 @@ JOB_FLAGS = (
     "seed",
     "source",
     "context",
+    "compress",
 )
 WORKER_FIELDS = (
     "server",
@@ -51,6 +52,8 @@ WORKER_FIELDS = (
     "token",
     "threads",
     "backend",
+    "compress",
+    "weights_codec",
     "heartbeat_seconds",
     "retry_seconds",
     "max_frame_mb",

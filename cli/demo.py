@@ -58,7 +58,8 @@ async def _demo(args: argparse.Namespace) -> int:
     url = f"http://127.0.0.1:{server.http_port}"
     print(
         f"snet demo: {job.mode} mode, {args.workers} workers, network {job.network.describe()}, "
-        f"{job.epochs} epochs, bunch {job.bunch_size} per worker, {loop_name()} loop\n"
+        f"{job.epochs} epochs, bunch {job.bunch_size} per worker, updates {job.compress}, "
+        f"{loop_name()} loop\n"
         f"status page: {url}/status  (or: snet status --url {url})",
         flush=True,
     )
@@ -75,6 +76,7 @@ async def _demo(args: argparse.Namespace) -> int:
             f"demo-worker-{i + 1}",
             "--log-level",
             "warning",
+            *(["--weights-codec", args.weights_codec] if args.weights_codec else []),
         )
         for i in range(args.workers)
     ]

@@ -33,6 +33,11 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int)
     group.add_argument("--data", dest="source", help='"fsdd" or an .npz with X, y, lengths')
     group.add_argument("--context", type=int, help="frames of context either side")
+    group.add_argument(
+        "--compress",
+        help="update codec of workers that choose none: none, fp16, int8, sign, topk:F, "
+        "powersgd:R (default none)",
+    )
 
 
 def _add_server_flags(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--token")
     worker.add_argument("--threads", type=int, help="BLAS threads (default 1)")
     worker.add_argument("--backend", help="compute backend (default numpy)")
+    worker.add_argument(
+        "--compress",
+        help="send updates in this codec with error feedback: none, fp16, int8, sign, "
+        "topk:F, powersgd:R (default: the job's)",
+    )
+    worker.add_argument(
+        "--weights-codec",
+        dest="weights_codec",
+        help="receive weights as none (float32), fp16, or delta:CODEC (default none)",
+    )
     worker.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
     worker.add_argument("--retry-seconds", dest="retry_seconds", type=float)
     worker.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
@@ -84,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=2)
     demo.add_argument("--http-port", dest="http_port", type=int, default=0)
     demo.add_argument("--out-dir", dest="out_dir", default="snet-out")
+    demo.add_argument(
+        "--weights-codec",
+        dest="weights_codec",
+        help="the workers' --weights-codec (none, fp16, delta:CODEC)",
+    )
     _add_job_flags(demo)
     return parser
 

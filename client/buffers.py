@@ -2,7 +2,9 @@
 
 ``WeightsBox`` receives weights: incoming copies land in free preallocated elements; at
 each bunch boundary the compute side takes the newest and the older ones go back to the
-free queue. ``SendBuffers`` holds the update elements the compute side fills; an element
+free queue. Compressed copies (fp16, or deltas from the newest copy held) are decoded
+into a free element on arrival, so the compute side always sees plain float32.
+``SendBuffers`` holds the update elements the compute side fills; an element
 is reused only once the transport has handed all of it to the kernel (the transport may
 keep a reference to the buffer instead of copying it).
 """
@@ -15,7 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from snet.protocol.codecs.weights import decode_weights
+from snet.protocol.errors import CodecError
 from snet.protocol.framing import ArrayInfo
+from snet.protocol.messages import Weights
 from snet.protocol.network import ELEMENT_DTYPE, ElementLayout
 
 
@@ -39,6 +44,8 @@ class WeightsBox:
         self.current: WeightsCopy | None = None
         self.received = 0
         self.skipped = 0  # copies replaced by a newer one before they were used
+        self.awaiting_full = False  # a Resync was sent: deltas are useless until a full copy
+        self.undecodable = 0  # compressed copies that could not be applied
 
     def payload_target(
         self, message_type: str, arrays: tuple[ArrayInfo, ...], payload_bytes: int
@@ -54,6 +61,42 @@ class WeightsBox:
             return None
         flat = self._free.popleft() if self._free else self.layout.allocate()
         return flat.data.cast("B"), flat
+
+    def receive(self, message: Weights) -> None:
+        """File a received ``Weights``: in place, copied, or decoded into a free element.
+
+        Raises ``CodecError`` when a compressed copy cannot be applied (a delta from a
+        version this worker does not hold, a malformed encoding); the caller then asks
+        the server for a full copy and sets ``awaiting_full``.
+        """
+        if message.encoded is None:
+            slot = message.slot
+            flat = slot if isinstance(slot, np.ndarray) else np.array(message.element, "<f4")
+            if flat.shape != (self.layout.size,):
+                raise CodecError(f"weights of shape {flat.shape}, need ({self.layout.size},)")
+            self.awaiting_full = False
+        else:
+            newest = self._pending or self.current
+            flat = self._free.popleft() if self._free else self.layout.allocate()
+            try:
+                decode_weights(
+                    self.layout,
+                    message,
+                    newest.flat if newest else None,
+                    newest.version if newest else -1,
+                    flat,
+                )
+            except CodecError:
+                self.undecodable += 1
+                self._free.append(flat)
+                raise
+            if message.delta_from < 0:
+                self.awaiting_full = False
+        self.put(
+            WeightsCopy(
+                message.version, message.epoch, message.learning_rate, message.settled, flat
+            )
+        )
 
     def put(self, copy: WeightsCopy) -> None:
         self.received += 1

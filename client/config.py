@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from snet.protocol.codecs import canonical
+from snet.protocol.codecs.weights import canonical_weights_form
 from snet.protocol.errors import ConfigError
 
 
@@ -17,6 +19,8 @@ class WorkerConfig:
     token: str = ""
     threads: int = 1  # BLAS threads for this worker's compute
     backend: str = "numpy"  # what computes the bunches (see client/backend.py)
+    compress: str = ""  # update codec (see protocol/codecs); empty: the job's choice
+    weights_codec: str = "none"  # how to receive weights: none, fp16 or delta:CODEC
     heartbeat_seconds: float = 5.0
     retry_seconds: float = 30.0  # how long to keep trying to (re)connect before giving up
     max_frame_mb: int = 512
@@ -28,6 +32,9 @@ class WorkerConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")
+        if self.compress:
+            object.__setattr__(self, "compress", canonical(self.compress))
+        object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))
 
     def address(self) -> tuple[str, int]:
         host, sep, port = self.server.rpartition(":")

@@ -12,14 +12,12 @@ import logging
 import typing
 from collections.abc import Callable
 
-import numpy as np
-
 from snet.protocol.channel import Channel
-from snet.protocol.errors import ProtocolError
+from snet.protocol.errors import CodecError, ProtocolError
 from snet.protocol.framing import FrameLimits
-from snet.protocol.messages import ErrorMessage, Message, Weights
+from snet.protocol.messages import ErrorMessage, Message, Resync, Weights
 
-from .buffers import SendBuffers, WeightsBox, WeightsCopy
+from .buffers import SendBuffers, WeightsBox
 
 log = logging.getLogger("snet.worker")
 
@@ -72,19 +70,21 @@ class ServerConnection(asyncio.BufferedProtocol):
             return
         for message in messages:
             if isinstance(message, Weights) and self.box is not None:
-                slot = message.slot
-                flat = slot if isinstance(slot, np.ndarray) else message.element.copy()
-                self.box.put(
-                    WeightsCopy(
-                        message.version,
-                        message.epoch,
-                        message.learning_rate,
-                        message.settled,
-                        flat,
-                    )
-                )
+                self.file_weights(self.box, message)
             else:
                 self.on_message(message)
+
+    def file_weights(self, box: WeightsBox, message: Weights) -> None:
+        """Put received weights in the box; ask for a full copy if they cannot be used."""
+        try:
+            box.receive(message)
+        except CodecError as exc:
+            if not box.awaiting_full:
+                log.warning(
+                    "cannot use weights %d (%s); asking for a full copy", message.version, exc
+                )
+                box.awaiting_full = True
+                self.send(Resync(str(exc)[:200]))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed.done():

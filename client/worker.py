@@ -19,10 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from snet.protocol import PROTOCOL_VERSION, auth
+from snet.protocol.codecs.handshake import worker_capabilities
 from snet.protocol.errors import ProtocolError, RemoteError
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    Encoded,
     ErrorMessage,
     EvalResult,
     Evaluate,
@@ -40,14 +42,14 @@ from snet.protocol.messages import (
 from snet.protocol.network import ElementLayout
 
 from .backend import ComputeBackend, make_backend
-from .buffers import SendBuffers, WeightsBox, WeightsCopy
+from .buffers import SendBuffers, WeightsBox
+from .compression import UpdateCompressor
 from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus, load_corpus
 
 log = logging.getLogger("snet.worker")
 
-CAPABILITIES = ("codec:none",)
 HANDSHAKE_SECONDS = 30.0
 REPORT_SECONDS = 1.0
 
@@ -76,6 +78,9 @@ class Worker:
         self.corpus: Corpus | None = None
         self.updates_sent = 0
         self._sent_this_session = 0  # the server's "settled" count starts anew per connection
+        self.codecs: dict[str, str] = {"update": "none", "weights": "none"}
+        # Kept across reconnections: the residual is owed to the weights whoever holds them.
+        self.compressor: UpdateCompressor | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -197,8 +202,9 @@ class Worker:
                 if not self.config.token:
                     raise RemoteError("auth_failed", "the server requires a token (--token)")
                 proof = auth.proof(self.config.token, hello.nonce)
+            capabilities = worker_capabilities(self.config.compress, self.config.weights_codec)
             connection.send(
-                Hello(PROTOCOL_VERSION, self.name, self.backend.name, CAPABILITIES, proof)
+                Hello(PROTOCOL_VERSION, self.name, self.backend.name, capabilities, proof)
             )
             welcome = await self._next_message()
             if not isinstance(welcome, Welcome):
@@ -212,14 +218,34 @@ class Worker:
         job = JobSpec.from_dict(welcome.job)
         if job != self.job or self.corpus is None:
             await self._prepare(job)
+        self._agree(welcome.codecs)
         log.info(
-            "joined %s as worker %d (%s mode, network %s)",
+            "joined %s as worker %d (%s mode, network %s, updates %s, weights %s)",
             hello.server_name,
             welcome.worker_id,
             job.mode,
             job.network.describe(),
+            self.codecs["update"],
+            self.codecs["weights"],
         )
         return True
+
+    def _agree(self, codecs: dict[str, object]) -> None:
+        """Use the codecs the server agreed to (a new compressor only if they changed)."""
+        assert self.job is not None
+        self.codecs = {
+            "update": str(codecs.get("update", "none")),
+            "weights": str(codecs.get("weights", "none")),
+        }
+        layout = ElementLayout.for_network(self.job.network)
+        if self.codecs["update"] == "none":
+            self.compressor = None
+        elif (
+            self.compressor is None
+            or self.compressor.name != self.codecs["update"]
+            or self.compressor.layout != layout
+        ):
+            self.compressor = UpdateCompressor(self.codecs["update"], layout)
 
     async def _prepare(self, job: JobSpec) -> None:
         """Load the job's data and prepare the backend (in the compute thread)."""
@@ -238,7 +264,7 @@ class Worker:
 
     # ------------------------------------------------------------ computing
 
-    def _file_inbox(self, box: WeightsBox) -> None:
+    def _file_inbox(self, connection: ServerConnection, box: WeightsBox) -> None:
         while self._inbox:
             message = self._inbox.popleft()
             if isinstance(message, Lease):
@@ -246,15 +272,7 @@ class Worker:
             elif isinstance(message, Evaluate):
                 self._evaluations.append(message)
             elif isinstance(message, Weights):  # arrived before the box was attached
-                box.put(
-                    WeightsCopy(
-                        message.version,
-                        message.epoch,
-                        message.learning_rate,
-                        message.settled,
-                        np.array(message.element, dtype=np.float32),
-                    )
-                )
+                connection.file_weights(box, message)
             elif isinstance(message, Goodbye):
                 self._goodbye = message.reason
             elif isinstance(message, ErrorMessage):
@@ -270,9 +288,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         sync = self.job.mode == "sync"
         last_base = -1
+        scratch = box.layout.allocate()
         while True:
             self._wake.clear()
-            self._file_inbox(box)
+            self._file_inbox(connection, box)
             if self._goodbye is not None or self._refused is not None:
                 return
             if self._lost:
@@ -296,13 +315,20 @@ class Worker:
             lease = self._leases[0]
             count = min(self.job.bunch_size, len(lease.indices) - self._offset)
             frames = lease.indices[self._offset : self._offset + count]
-            gradient = await connection.send_buffers.acquire()
             started = time.perf_counter()
-            loss, correct = await loop.run_in_executor(
-                self.executor, self.backend.gradient, weights.flat, frames, gradient
-            )
+            if self.compressor is None:
+                gradient = await connection.send_buffers.acquire()
+                loss, correct = await loop.run_in_executor(
+                    self.executor, self.backend.gradient, weights.flat, frames, gradient
+                )
+                connection.send_buffers.mark_in_flight(gradient)
+                encoded = None
+            else:  # the encoded parts are new arrays: one scratch gradient buffer will do
+                loss, correct, encoded = await loop.run_in_executor(
+                    self.executor, self._compressed_gradient, weights.flat, frames, scratch
+                )
+                gradient = np.zeros(0, dtype=np.float32)
             seconds = time.perf_counter() - started
-            connection.send_buffers.mark_in_flight(gradient)
             connection.send(
                 Update(
                     weights.version,
@@ -313,6 +339,7 @@ class Worker:
                     correct,
                     seconds,
                     gradient,
+                    encoded=encoded,
                 )
             )
             self.updates_sent += 1
@@ -322,6 +349,14 @@ class Worker:
             if self._offset >= len(lease.indices):
                 self._leases.popleft()
                 self._offset = 0
+
+    def _compressed_gradient(
+        self, weights: np.ndarray, frames: np.ndarray, scratch: np.ndarray
+    ) -> tuple[float, int, Encoded]:
+        """Compute thread: the gradient sum, then its encoding with error feedback."""
+        assert self.compressor is not None
+        loss, correct = self.backend.gradient(weights, frames, scratch)
+        return loss, correct, self.compressor.compress(scratch)
 
     def _evaluate(self, request: Evaluate) -> EvalResult:
         weights = np.ascontiguousarray(request.element, dtype=np.float32)
@@ -333,8 +368,10 @@ class Worker:
         last_beat = time.monotonic()
         while True:
             await asyncio.sleep(min(REPORT_SECONDS, self.config.heartbeat_seconds))
-            report = self.backend.report()
-            if report is not None:
+            report = dict(self.backend.report() or {})
+            if self.compressor is not None:
+                report["compression"] = self.compressor.figures()
+            if report:
                 connection.send(WorkerReport(time.time(), report))
             elif time.monotonic() - last_beat >= self.config.heartbeat_seconds:
                 connection.send(Heartbeat(time.time()))

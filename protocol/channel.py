@@ -8,7 +8,10 @@ array buffer separately, never joined).
 
 While the peer is slow (writing paused), frames wait in a backlog in order; only the
 newest ``Weights`` is kept there, because a worker always wants the newest weights and
-an older copy still queued would cost bandwidth for nothing.
+an older copy still queued would cost bandwidth for nothing. ``before_send``, when set,
+turns each message into the one actually written at the moment it is written (the
+server compresses weights there: a delta must be computed against what the worker will
+really have received, which coalescing decides).
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from .decoder import FrameDecoder
+from .decoder import FrameDecoder, TrafficCounters
 from .framing import FrameLimits, PayloadSink, encode
 from .messages import Message, Weights
 
 WriteFunction = Callable[[bytes | memoryview], None]
+Transform = Callable[[Message], Message]
 
 
 class Channel:
@@ -39,6 +43,12 @@ class Channel:
         self.frames_sent = 0
         self.bytes_sent = 0
         self.weights_coalesced = 0
+        self.sent = TrafficCounters()
+        self.before_send: Transform | None = None
+
+    @property
+    def received(self) -> TrafficCounters:
+        return self.decoder.received
 
     # -- incoming
 
@@ -80,8 +90,13 @@ class Channel:
             self._emit(self._backlog.popleft())
 
     def _emit(self, message: Message) -> None:
+        if self.before_send is not None:
+            message = self.before_send(message)
         pieces = encode(message)
         self.frames_sent += 1
+        size = 0
         for piece in pieces:
-            self.bytes_sent += len(piece)
+            size += len(piece)
             self._write(piece)
+        self.bytes_sent += size
+        self.sent.add(message.TYPE, size)

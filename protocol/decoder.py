@@ -30,6 +30,19 @@ from .messages import Message
 _PREFIX, _HEADER, _PAYLOAD, _BROKEN = range(4)
 
 
+class TrafficCounters:
+    """Frames and bytes (whole frames: prefix, header and payload) per message type, for
+    one direction of one connection: what the compression ledger counts."""
+
+    def __init__(self) -> None:
+        self.frames: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+
+    def add(self, message_type: str, nbytes: int) -> None:
+        self.frames[message_type] = self.frames.get(message_type, 0) + 1
+        self.bytes[message_type] = self.bytes.get(message_type, 0) + nbytes
+
+
 class FrameDecoder:
     """Decode a byte stream of frames into messages, checking every size first."""
 
@@ -44,9 +57,11 @@ class FrameDecoder:
         self._header: dict[str, Any] = {}
         self._arrays: tuple[ArrayInfo, ...] = ()
         self._payload_len = 0
+        self._header_len = 0
         self._slot: object = None
         self.frames_decoded = 0
         self.bytes_received = 0
+        self.received = TrafficCounters()
 
     # -- the BufferedProtocol side
 
@@ -129,6 +144,7 @@ class FrameDecoder:
                 f"payload of {payload_len} bytes (limit {self.limits.max_payload_bytes})"
             )
         self._payload_len = payload_len
+        self._header_len = header_len
         self._state = _HEADER
         self._buffer = memoryview(bytearray(header_len))
         self._filled = 0
@@ -160,6 +176,7 @@ class FrameDecoder:
             raise
         self._ready.append(message)
         self.frames_decoded += 1
+        self.received.add(self._type, PREFIX_SIZE + self._header_len + self._payload_len)
         self._state = _PREFIX
         self._buffer = memoryview(bytearray(PREFIX_SIZE))
         self._filled = 0

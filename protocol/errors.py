@@ -10,10 +10,14 @@
     │   │   ├── FrameTooLarge      declared sizes over the configured limits
     │   │   └── MalformedFrame     bad magic, bad msgpack, missing or mistyped fields
     │   ├── UnknownMessage         a message type this version does not know
+    │   ├── UnknownCodec           a worker asked for a codec the server does not know
     │   └── VersionMismatch        the peer speaks another protocol version
     ├── AuthError                  the shared-token proof is missing or wrong
-    ├── RejectedUpdate             an update that is refused (shape, NaN, stale lease);
-    │                              the connection survives, the update is not applied
+    ├── CodecError                 an encoded element that does not fit its codec and
+    │                              layout (part count or shape, index, NaN scale)
+    ├── RejectedUpdate             an update that is refused (shape, NaN, stale lease,
+    │                              bad encoding); the connection survives, the update
+    │                              is not applied
     └── RemoteError                the peer sent an Error message
 
 Errors are translated where they cross a layer: the transports turn socket errors into
@@ -66,6 +70,12 @@ class UnknownMessage(ProtocolError):
     code = "unknown_message"
 
 
+class UnknownCodec(ProtocolError):
+    """A worker asked, in its Hello, for a codec this server does not know."""
+
+    code = "unknown_codec"
+
+
 class VersionMismatch(ProtocolError):
     """The peer speaks a different protocol version."""
 
@@ -76,6 +86,13 @@ class AuthError(SnetError):
     """The shared-token proof is missing or wrong."""
 
     code = "auth_failed"
+
+
+class CodecError(SnetError):
+    """An encoded element that cannot be decoded: wrong number of parts, a part of the
+    wrong dtype or shape, an index out of range or out of order, a NaN scale."""
+
+    code = "bad_encoding"
 
 
 class RejectedUpdate(SnetError):

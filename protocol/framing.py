@@ -12,7 +12,11 @@
     16+H    P     payload: the arrays' raw bytes, one after another
 
 Each entry of "arrays" is a map {"dtype": "<f4", "shape": [n, ...], "codec": "none",
-"nbytes": n}; the payload is exactly the sum of their nbytes. Sizes are checked against
+"nbytes": n}; the payload is exactly the sum of their nbytes. A message whose element may
+travel compressed (``ENCODABLE``) carries instead one or more arrays, the codec's parts,
+whose descriptors all name the same codec (e.g. "topk:0.01"); the decoder gives it to the
+message as ``Encoded`` and the receiver decodes it against its layout (codecs/). Sizes are
+checked against
 ``FrameLimits`` before anything is allocated. Arrays are never passed through msgpack:
 ``encode`` returns the header bytes and the arrays' own buffers for scatter/gather
 sending, and ``FrameDecoder`` can receive a payload straight into a buffer that a
@@ -21,6 +25,7 @@ sending, and ``FrameDecoder`` can receive a payload straight into a buffer that 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import typing
@@ -31,14 +36,16 @@ import msgpack
 import numpy as np
 
 from . import PROTOCOL_VERSION
-from .errors import MalformedFrame, UnknownMessage
-from .messages import MESSAGE_TYPES, Message
+from .codecs import canonical
+from .errors import ConfigError, MalformedFrame, UnknownMessage
+from .messages import MESSAGE_TYPES, Encoded, Message
 
 MAGIC = b"SN"
 PREFIX = struct.Struct(">2sBBIQ")
 PREFIX_SIZE = PREFIX.size  # 16
-ALLOWED_DTYPES = frozenset({"<f4", "<f2", "<f8", "<i4", "<i8", "|u1", "|i1"})
+ALLOWED_DTYPES = frozenset({"<f4", "<f2", "<f8", "<i4", "<i8", "|u1", "|i1", "<u2", "<u4"})
 CODEC_NONE = "none"
+NOT_IN_HEADER = frozenset({"slot", "encoded"})  # message fields that are not header fields
 
 
 @dataclass(frozen=True)
@@ -77,11 +84,11 @@ class PayloadSink(Protocol):
 # ---------------------------------------------------------------- encoding
 
 
-def _array_info(array: np.ndarray) -> dict[str, Any]:
+def _array_info(array: np.ndarray, codec: str = CODEC_NONE) -> dict[str, Any]:
     return {
         "dtype": array.dtype.str,
         "shape": list(array.shape),
-        "codec": CODEC_NONE,
+        "codec": codec,
         "nbytes": array.nbytes,
     }
 
@@ -94,17 +101,19 @@ def encode(message: Message) -> list[bytes | memoryview]:
     """
     header: dict[str, Any] = {"type": message.TYPE}
     for f in fields(message):
-        if f.name in message.ARRAYS or f.name == "slot":
+        if f.name in message.ARRAYS or f.name in NOT_IN_HEADER:
             continue
         value = getattr(message, f.name)
         header[f.name] = list(value) if isinstance(value, tuple) else value
-    arrays = []
-    for name in message.ARRAYS:
-        array = getattr(message, name)
-        if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)
-        arrays.append(array)
-    header["arrays"] = [_array_info(a) for a in arrays]
+    encoded: Encoded | None = getattr(message, "encoded", None)
+    codec = encoded.codec if encoded is not None else CODEC_NONE
+    sources: list[Any] = (
+        list(encoded.parts)
+        if encoded is not None
+        else [getattr(message, n) for n in message.ARRAYS]
+    )
+    arrays: list[Any] = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in sources]
+    header["arrays"] = [_array_info(a, codec) for a in arrays]
     header_bytes = msgpack.packb(header, use_bin_type=True)
     payload_len = sum(a.nbytes for a in arrays)
     prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header_bytes), payload_len)
@@ -131,12 +140,17 @@ def _checker(annotation: Any) -> tuple[str, Any]:
 
 
 _SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {}
+_OPTIONAL: dict[str, set[str]] = {}  # fields added later, with defaults: may be left out
 for _name, _cls in MESSAGE_TYPES.items():
     _hints = typing.get_type_hints(_cls)
-    _SCHEMAS[_name] = {
-        f.name: _checker(_hints[f.name])
-        for f in fields(_cls)
-        if f.name not in _cls.ARRAYS and f.name != "slot"
+    _header_fields = [
+        f for f in fields(_cls) if f.name not in _cls.ARRAYS and f.name not in NOT_IN_HEADER
+    ]
+    _SCHEMAS[_name] = {f.name: _checker(_hints[f.name]) for f in _header_fields}
+    _OPTIONAL[_name] = {
+        f.name
+        for f in _header_fields
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
     }
 
 
@@ -182,15 +196,19 @@ def parse_arrays(
 ) -> tuple[ArrayInfo, ...]:
     """Check the header's array list against the message type and the payload length."""
     raw = header.get("arrays", [])
-    expected = len(MESSAGE_TYPES[type_name].ARRAYS)
-    if not isinstance(raw, list) or len(raw) != expected or len(raw) > limits.max_arrays:
+    cls = MESSAGE_TYPES[type_name]
+    expected = len(cls.ARRAYS)
+    if not isinstance(raw, list) or len(raw) > limits.max_arrays:
         raise MalformedFrame(f"{type_name} must carry {expected} array(s)")
+    codec = _frame_codec(type_name, raw)
+    if codec == CODEC_NONE and len(raw) != expected:
+        raise MalformedFrame(f"{type_name} must carry {expected} array(s)")
+    if codec != CODEC_NONE and not raw:
+        raise MalformedFrame(f"{type_name} encoded with {codec} carries no parts")
     infos = []
     for entry in raw:
-        if not isinstance(entry, dict):
-            raise MalformedFrame("array descriptor is not a map")
         dtype, shape = entry.get("dtype"), entry.get("shape")
-        codec, nbytes = entry.get("codec", CODEC_NONE), entry.get("nbytes")
+        nbytes = entry.get("nbytes")
         if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
             raise MalformedFrame(f"array dtype {dtype!r:.20} is not allowed")
         if (
@@ -201,8 +219,6 @@ def parse_arrays(
             raise MalformedFrame(f"bad array shape {shape!r:.60}")
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
             raise MalformedFrame("array nbytes must be a non-negative integer")
-        if codec != CODEC_NONE:
-            raise MalformedFrame(f"unknown array codec {codec!r:.20}")
         if math.prod(shape) * np.dtype(dtype).itemsize != nbytes:  # Python ints: no overflow
             raise MalformedFrame(f"array nbytes {nbytes} does not match {dtype} {shape}")
         infos.append(ArrayInfo(dtype, tuple(shape), codec, nbytes))
@@ -211,6 +227,32 @@ def parse_arrays(
             f"arrays need {sum(i.nbytes for i in infos)} bytes, payload has {payload_len}"
         )
     return tuple(infos)
+
+
+def _frame_codec(type_name: str, raw: list[Any]) -> str:
+    """The one codec every array descriptor of a frame names (checked), or "none"."""
+    codecs = set()
+    for entry in raw:
+        if not isinstance(entry, dict):
+            raise MalformedFrame("array descriptor is not a map")
+        codec = entry.get("codec", CODEC_NONE)
+        if not isinstance(codec, str):
+            raise MalformedFrame(f"array codec {codec!r:.20} is not a string")
+        codecs.add(codec)
+    if not codecs or codecs == {CODEC_NONE}:
+        return CODEC_NONE
+    if len(codecs) > 1:
+        raise MalformedFrame(f"arrays of one frame name several codecs: {sorted(codecs)!r:.80}")
+    codec = codecs.pop()
+    try:
+        known = canonical(codec)
+    except ConfigError:
+        known = ""
+    if known != codec:
+        raise MalformedFrame(f"unknown array codec {codec!r:.20}")
+    if not getattr(MESSAGE_TYPES[type_name], "ENCODABLE", False):
+        raise MalformedFrame(f"{type_name} cannot carry an element encoded with {codec}")
+    return codec
 
 
 def build_message(
@@ -229,13 +271,19 @@ def build_message(
     values: dict[str, Any] = {}
     for name, (kind, expected) in schema.items():
         if name not in header:
+            if name in _OPTIONAL[type_name]:
+                continue  # a field newer than the sender: the dataclass default applies
             raise MalformedFrame(f"{type_name} lacks field {name!r}")
         values[name] = _check_field(type_name, name, kind, expected, header[name])
-    position = 0
-    for name, info in zip(cls.ARRAYS, arrays, strict=True):
+    views, position = [], 0
+    for info in arrays:
         chunk = payload[position : position + info.nbytes]
-        values[name] = np.frombuffer(chunk, dtype=info.dtype).reshape(info.shape)
+        views.append(np.frombuffer(chunk, dtype=info.dtype).reshape(info.shape))
         position += info.nbytes
+    if arrays and arrays[0].codec != CODEC_NONE:
+        values["encoded"] = Encoded(arrays[0].codec, tuple(views))
+    else:
+        values.update(zip(cls.ARRAYS, views, strict=True))
     if "slot" in {f.name for f in fields(cls)}:
         values["slot"] = slot
     return typing.cast(Message, cls(**values))

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .codecs import canonical
 from .errors import ConfigError
 from .network import NetworkSpec
 
@@ -77,6 +78,7 @@ class JobSpec:
     max_in_flight: int = 2  # async: updates a worker may have sent but not yet seen applied
     chunk_frames: int = 2048
     seed: int = 1
+    compress: str = "none"  # the update codec of workers that do not choose their own
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -97,6 +99,7 @@ class JobSpec:
             raise ConfigError("max_in_flight must be >= 1")
         if self.updates_per_step < 0:
             raise ConfigError("updates_per_step must be >= 0")
+        object.__setattr__(self, "compress", canonical(self.compress))
         expected_input = 13 * self.data.window if self.data.source == "fsdd" else None
         if expected_input is not None and self.network.input_size != expected_input:
             raise ConfigError(

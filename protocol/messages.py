@@ -7,7 +7,12 @@ Array fields are excluded from ``==``; compare them with numpy.
 Conversation (see README.md): server -> ServerHello; worker -> Hello (with the token
 proof); server -> Welcome (the job), Weights, Lease...; worker -> Update...; either side ->
 Heartbeat, ErrorMessage, Goodbye. The server may ask a worker to Evaluate a copy of the
-weights on the cross-validation set; the worker answers with EvalResult.
+weights on the cross-validation set; the worker answers with EvalResult. A worker that
+receives compressed weights may ask for a full float32 copy with Resync.
+
+Message classes with ``ENCODABLE`` may carry their element ``encoded`` by a codec instead
+of as float32. Scalar fields added after version 1 have defaults and may be left out of a
+header; the decoder fills in the default.
 """
 
 from __future__ import annotations
@@ -24,6 +29,20 @@ def _no_array() -> np.ndarray:
 
 # Array fields are compared with numpy, not ==. ``slot`` is the pool token of the buffer
 # a received element landed in; it is not on the wire.
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """An element encoded by a codec (see codecs/): the codec's canonical name and its
+    parts. On the wire the parts replace the message's element array, each as a raw
+    array whose descriptor carries the codec's name."""
+
+    codec: str
+    parts: tuple[np.ndarray, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self.parts)
 
 
 @dataclass(frozen=True)
@@ -55,28 +74,37 @@ class Hello:
 
 @dataclass(frozen=True)
 class Welcome:
-    """The server accepts the worker: its id and the whole job (``JobSpec.to_dict()``)."""
+    """The server accepts the worker: its id, the whole job (``JobSpec.to_dict()``) and
+    the codecs agreed for this worker: ``{"update": ..., "weights": ...}``."""
 
     TYPE: ClassVar[str] = "welcome"
     ARRAYS: ClassVar[tuple[str, ...]] = ()
     worker_id: int
     job: dict[str, Any]
+    codecs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Weights:
     """A copy of the network at ``version`` (an element), with the epoch and rate in force,
     and ``settled``: how many of the receiving worker's updates the server has applied or
-    refused in this connection (the worker's flow control counts on it)."""
+    refused in this connection (the worker's flow control counts on it).
+
+    When the worker asked for compressed weights the element travels ``encoded``: a full
+    copy (``delta_from`` -1, e.g. in fp16) or the difference from the copy the worker
+    reconstructed of version ``delta_from``."""
 
     TYPE: ClassVar[str] = "weights"
     ARRAYS: ClassVar[tuple[str, ...]] = ("element",)
+    ENCODABLE: ClassVar[bool] = True
     version: int
     epoch: int
     learning_rate: float
     settled: int
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
     slot: object = field(default=None, compare=False, repr=False)
+    encoded: Encoded | None = field(default=None, compare=False, repr=False)
+    delta_from: int = -1
 
 
 @dataclass(frozen=True)
@@ -93,10 +121,12 @@ class Lease:
 @dataclass(frozen=True)
 class Update:
     """The summed gradient of ``patterns`` patterns (an element), computed against weights
-    ``base_version``, on frames ``offset:offset+patterns`` of lease ``lease_id``."""
+    ``base_version``, on frames ``offset:offset+patterns`` of lease ``lease_id``; or, in
+    compressed-update mode, that element ``encoded`` by the codec agreed at the handshake."""
 
     TYPE: ClassVar[str] = "update"
     ARRAYS: ClassVar[tuple[str, ...]] = ("element",)
+    ENCODABLE: ClassVar[bool] = True
     base_version: int
     lease_id: int
     offset: int
@@ -106,6 +136,7 @@ class Update:
     compute_seconds: float
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
     slot: object = field(default=None, compare=False, repr=False)
+    encoded: Encoded | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -142,6 +173,16 @@ class WorkerReport:
     ARRAYS: ClassVar[tuple[str, ...]] = ()
     sent_at: float
     report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Resync:
+    """The worker asks for a full float32 copy of the weights (its reconstruction of
+    compressed deltas is missing or suspect); the next ``Weights`` is one."""
+
+    TYPE: ClassVar[str] = "resync"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -184,6 +225,7 @@ Message = (
     | Evaluate
     | EvalResult
     | WorkerReport
+    | Resync
     | Heartbeat
     | ErrorMessage
     | Goodbye
@@ -201,6 +243,7 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
         Evaluate,
         EvalResult,
         WorkerReport,
+        Resync,
         Heartbeat,
         ErrorMessage,
         Goodbye,

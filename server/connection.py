@@ -20,7 +20,15 @@ from typing import Any
 
 from snet.protocol import PROTOCOL_VERSION, auth
 from snet.protocol.channel import Channel
-from snet.protocol.errors import AuthError, ProtocolError, RejectedUpdate, VersionMismatch
+from snet.protocol.codecs.handshake import agree_codecs
+from snet.protocol.codecs.weights import WeightsEncoder
+from snet.protocol.errors import (
+    AuthError,
+    ProtocolError,
+    RejectedUpdate,
+    UnknownCodec,
+    VersionMismatch,
+)
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import (
     ErrorMessage,
@@ -29,11 +37,13 @@ from snet.protocol.messages import (
     Heartbeat,
     Hello,
     Message,
+    Resync,
     ServerHello,
     Update,
     WorkerReport,
 )
 
+from .ledger import CompressionLedger
 from .pool import PooledElement
 from .session import WorkerSession
 from .training import Coordinator
@@ -158,7 +168,13 @@ class WorkerConnection(asyncio.BufferedProtocol):
         elif isinstance(message, Heartbeat):
             pass
         elif isinstance(message, WorkerReport):
-            self.session.report = message.report
+            report = dict(message.report)
+            figures = report.pop("compression", None)  # goes to the compression ledger
+            if self.session.ledger is not None:
+                self.session.ledger.absorb_report(figures)
+            self.session.report = report
+        elif isinstance(message, Resync):
+            self.coordinator.on_resync(self.session, message.reason)
         elif isinstance(message, Goodbye):
             self.close(f"goodbye: {message.reason}")
         elif isinstance(message, ErrorMessage):
@@ -175,6 +191,17 @@ class WorkerConnection(asyncio.BufferedProtocol):
         if self.token is not None and not auth.verify(self.token, self.nonce, hello.proof):
             self.counters.handshakes_refused += 1
             raise AuthError("wrong or missing token proof")
+        try:
+            codecs = agree_codecs(hello.capabilities, self.coordinator.job.compress)
+        except UnknownCodec:
+            self.counters.handshakes_refused += 1
+            raise
+        assert self.channel is not None
+        encoder = WeightsEncoder(codecs["weights"], self.coordinator.layout)
+        self.channel.before_send = encoder.prepare  # weights are encoded as they are written
+        ledger = CompressionLedger(
+            codecs["update"], encoder, self.channel.received, self.channel.sent
+        )
         self.session = WorkerSession(
             worker_id=self.next_id(),
             name=hello.worker_name[:64] or f"worker-{self.peer}",
@@ -183,6 +210,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
             capabilities=hello.capabilities,
             send=self.send,
             close=self.close,
+            ledger=ledger,
         )
         self.coordinator.add_worker(self.session)
 

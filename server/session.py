@@ -9,6 +9,8 @@ from typing import Any
 
 from snet.protocol.messages import Message
 
+from .ledger import CompressionLedger
+
 
 @dataclass
 class WorkerSession:
@@ -37,6 +39,7 @@ class WorkerSession:
     weights_version_sent: int = -1
     evaluations: int = 0
     report: dict[str, Any] = field(default_factory=dict)  # the worker's latest WorkerReport
+    ledger: CompressionLedger | None = None  # codecs agreed at the handshake, bytes, ratios
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
@@ -72,4 +75,5 @@ class WorkerSession:
             "last_seen": self.last_seen_wall,
             "last_seen_ago": round(time.monotonic() - self.last_seen, 3),
             "report": self.report,
+            "compression": self.ledger.row() if self.ledger is not None else None,
         }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from .ledger import ledger_totals
+
 if TYPE_CHECKING:
     from .app import SnetServer
 
@@ -43,6 +45,11 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "elapsed_seconds": round(elapsed, 3),
         "queues": coordinator.queues(),
         "workers_live": len(coordinator.sessions),
+        "compression": ledger_totals(
+            s.ledger
+            for s in [*coordinator.sessions.values(), *coordinator.departed]
+            if s.ledger is not None
+        ),
         "workers": workers,
         "epochs": [record.as_dict() for record in stats.epochs],
     }
@@ -93,4 +100,38 @@ def metrics_text(server: SnetServer) -> str:
     for row in document["workers"]:
         labels = {"worker": row["name"], "backend": row["backend"], "state": row["state"]}
         lines.append(_line("worker_mcups", float(row["mcups"]), labels))
+    lines += _compression_metrics(document)
     return "\n".join(lines) + "\n"
+
+
+def _compression_metrics(document: dict[str, Any]) -> list[str]:
+    """The compression ledger: bytes on the wire and as float32, ratios, worker figures."""
+    total = document["compression"]
+    lines = [
+        "# HELP snet_compression_bytes Element-carrying frames: wire bytes and float32 bytes.",
+        "# TYPE snet_compression_bytes counter",
+    ]
+    for direction in ("received", "sent"):
+        for kind, key in (("wire", f"{direction}_bytes"), ("float32", f"{direction}_raw_bytes")):
+            labels = {"direction": direction, "kind": kind}
+            lines.append(_line("compression_bytes", float(total[key]), labels))
+    lines.append("# TYPE snet_compression_ratio gauge")
+    for direction in ("received", "sent"):
+        if total[f"{direction}_ratio"] is not None:
+            value = float(total[f"{direction}_ratio"])
+            lines.append(_line("compression_ratio", value, {"direction": direction}))
+    figures: tuple[tuple[str, str, dict[str, str]], ...] = (
+        ("worker_compression_ratio", "received_ratio", {"direction": "received"}),
+        ("worker_compression_ratio", "sent_ratio", {"direction": "sent"}),
+        ("worker_residual_norm", "residual_norm", {}),
+        ("worker_update_cosine", "cosine_last", {}),
+    )
+    for name, key, extra in figures:
+        if extra.get("direction") != "sent":
+            lines.append(f"# TYPE snet_{name} gauge")
+        for row in document["workers"]:
+            ledger = row.get("compression") or {}
+            if ledger.get(key) is not None:
+                labels = {"worker": row["name"], "codec": ledger["update_codec"], **extra}
+                lines.append(_line(name, float(ledger[key]), labels))
+    return lines

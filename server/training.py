@@ -23,11 +23,12 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from snet.protocol.errors import RejectedUpdate
+from snet.protocol.codecs import ElementCodec, parse_codec
+from snet.protocol.errors import CodecError, RejectedUpdate
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import EvalResult, Evaluate, Lease, Update, Weights, Welcome
 from snet.protocol.network import ElementLayout, initial_weights
@@ -87,6 +88,7 @@ class Coordinator:
         self._received: deque[PendingUpdate] = deque()
         self._applying = False
         self._evals: dict[int, EvalJob] = {}
+        self._decoders: dict[str, ElementCodec] = {}  # decoding keeps no state: one per codec
         self.finished = asyncio.Event()
         self.on_finished: Callable[[], None] | None = None
         self.book.start_epoch(0)
@@ -106,7 +108,10 @@ class Coordinator:
         """A worker passed the handshake: send it the job, the weights and its frames."""
         self.sessions[session.worker_id] = session
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
-        session.send(Welcome(session.worker_id, self.job.to_dict()))
+        codecs = {"update": "none", "weights": "none"}
+        if session.ledger is not None:
+            codecs = {"update": session.ledger.update_codec, "weights": session.ledger.weights.form}
+        session.send(Welcome(session.worker_id, self.job.to_dict(), codecs))
         self._send_weights(session)
         if self.finished.is_set():
             return
@@ -140,6 +145,13 @@ class Coordinator:
             )
         )
 
+    def on_resync(self, session: WorkerSession, reason: str) -> None:
+        """The worker asks for a full float32 copy of the weights: send one now."""
+        log.info("worker %s asks for a full copy of the weights: %s", session.name, reason[:100])
+        if session.ledger is not None:
+            session.ledger.weights.request_full()
+        self._send_weights(session)
+
     def _fill_leases(self) -> None:
         for session in list(self.sessions.values()):
             while len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER:
@@ -151,9 +163,18 @@ class Coordinator:
     # ------------------------------------------------------------ updates
 
     def on_update(self, session: WorkerSession, message: Update) -> None:
-        """Check an update; queue it for the next step or refuse it (raises RejectedUpdate)."""
+        """Check an update; queue it for the next step or refuse it (raises RejectedUpdate).
+
+        A compressed update is decoded into a free pooled element first, so the update
+        rule only ever sees float32 elements; one that does not decode is refused.
+        """
         element = message.slot if isinstance(message.slot, PooledElement) else None
+        if session.ledger is not None:
+            payload = message.encoded.nbytes if message.encoded else message.element.nbytes
+            session.ledger.record_update(payload, self.layout.nbytes)
         try:
+            if message.encoded is not None:
+                element = self._decode_update(session, message)
             frames = self._check_update(session, message, element)
         except RejectedUpdate:
             if element is not None:
@@ -173,11 +194,44 @@ class Coordinator:
             self._fill_leases()
         self._maybe_step()
 
+    def _decode_update(self, session: WorkerSession, message: Update) -> PooledElement:
+        """The encoded update decoded into a pooled element (``RejectedUpdate`` if it can't)."""
+        assert message.encoded is not None
+        agreed = session.ledger.update_codec if session.ledger is not None else "none"
+        if message.encoded.codec != agreed:
+            self._refuse(
+                session, message, f"update encoded with {message.encoded.codec}, agreed {agreed}"
+            )
+        if agreed not in self._decoders:
+            self._decoders[agreed] = parse_codec(agreed)
+        element = self.pool.acquire()
+        try:
+            self._decoders[agreed].decode(self.layout, message.encoded, element.flat)
+        except CodecError as exc:
+            self.pool.release(element)
+            if session.ledger is not None:
+                session.ledger.undecodable += 1
+            self._refuse(session, message, f"undecodable update: {exc}")
+        return element
+
+    def _refuse(self, session: WorkerSession, message: Update, reason: str) -> NoReturn:
+        # The lease moves past these frames and they are queued again: nothing is lost.
+        # (skip() itself refuses a claim on frames the worker does not hold.)
+        self.book.skip(session.worker_id, message.lease_id, message.offset, message.patterns)
+        self._fill_leases()
+        raise RejectedUpdate(reason)
+
     def _check_update(
         self, session: WorkerSession, message: Update, element: PooledElement | None
     ) -> np.ndarray:
         reason = ""
-        if element is None:  # the pool only takes payloads of exactly the element's layout
+        if (
+            session.ledger is not None
+            and message.encoded is None
+            and (session.ledger.update_codec != "none")
+        ):
+            reason = f"update sent as float32, agreed codec is {session.ledger.update_codec}"
+        elif element is None:  # the pool only takes payloads of exactly the element's layout
             reason = (
                 f"update element has shape {tuple(message.element.shape)} "
                 f"{message.element.dtype}, the network needs ({self.layout.size},) float32"
@@ -189,11 +243,7 @@ class Coordinator:
         elif self.job.mode == "sync" and message.base_version != self.version:
             reason = f"sync mode: update on version {message.base_version}, round is {self.version}"
         if reason:
-            # The lease moves past these frames and they are queued again: nothing is lost.
-            # (skip() itself refuses a claim on frames the worker does not hold.)
-            self.book.skip(session.worker_id, message.lease_id, message.offset, message.patterns)
-            self._fill_leases()
-            raise RejectedUpdate(reason)
+            self._refuse(session, message, reason)
         return self.book.accept(
             session.worker_id, message.lease_id, message.offset, message.patterns
         )

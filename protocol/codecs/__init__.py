@@ -1,0 +1,48 @@
+"""Codecs for elements on the wire: pure numpy, no I/O.
+
+::
+
+    none        float32, exact
+    fp16        half precision                         2x fewer bytes
+    int8        blockwise int8, a scale per 256        ~4x
+    sign        1 bit per value, a scale per 512       ~28x
+    topk:F      largest fraction F, index + value      ~1/(1.5 F) (uint16 indices)
+    powersgd:R  rank-R factors of weight matrices      depends on the shapes
+
+``parse_codec("topk:0.01")`` makes a codec object (a fresh one per call: an encoder may
+keep state). Updates use any of them with error feedback on the worker; weights to a
+worker use ``weights.WEIGHTS_CODECS`` (full copies in fp16, or deltas in any codec).
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .base import ElementCodec, PartSpec
+from .quantize import Fp16Codec, Int8Codec, NoneCodec, SignCodec
+from .sparse import PowerSgdCodec, TopKCodec
+
+CODEC_FORMS = ("none", "fp16", "int8", "sign", "topk:F", "powersgd:R")
+FAMILIES = ("none", "fp16", "int8", "sign", "topk", "powersgd")
+
+__all__ = ["CODEC_FORMS", "FAMILIES", "ElementCodec", "PartSpec", "canonical", "parse_codec"]
+
+
+def parse_codec(text: str) -> ElementCodec:
+    """The codec a name describes; ``ConfigError`` (naming the known forms) when none does."""
+    family, _, argument = str(text).strip().partition(":")
+    simple = {"none": NoneCodec, "fp16": Fp16Codec, "int8": Int8Codec, "sign": SignCodec}
+    try:
+        if family in simple and not argument:
+            return simple[family]()
+        if family == "topk" and argument:
+            return TopKCodec(float(argument))
+        if family == "powersgd" and argument:
+            return PowerSgdCodec(int(argument))
+    except ValueError:
+        pass
+    raise ConfigError(f"unknown codec {text!r:.40}; known: {', '.join(CODEC_FORMS)}")
+
+
+def canonical(text: str) -> str:
+    """The canonical spelling of a codec name (``"topk:.010"`` -> ``"topk:0.01"``)."""
+    return parse_codec(text).name
