@@ -199,6 +199,9 @@ class SnetServer:
             for connection in list(self.connections):
                 session = connection.session
                 if session is None:
+                    waited = now - connection.connected_at
+                    if waited > self.config.worker_timeout_seconds:
+                        connection.fail("timeout", f"no hello in {waited:.0f} s")
                     continue
                 quiet = now - session.last_seen
                 if quiet > self.config.worker_timeout_seconds:
