@@ -43,6 +43,7 @@ from snet.protocol.messages import (
     Hello,
     Lease,
     Message,
+    Resync,
     ServerHello,
     Update,
     Weights,
@@ -70,6 +71,7 @@ def sample_messages() -> list[Message]:
         Heartbeat(1700000000.25),
         ErrorMessage("update_rejected", "NaN in update", False),
         Goodbye("done"),
+        Resync("delta from version 3, this worker holds 2"),
         WorkerReport(1700000001.5, {"busy_seconds": 1.25, "ratio": 4, "board": "spert-ii"}),
     ]
 
