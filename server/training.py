@@ -51,6 +51,11 @@ class PendingUpdate:
     frames: np.ndarray
     element: PooledElement | None
 
+    @property
+    def gradient(self) -> np.ndarray:
+        """The float32 element to apply: the pooled one (received into or decoded into)."""
+        return self.element.flat if self.element is not None else self.message.element
+
 
 @dataclass
 class EvalJob:
@@ -279,7 +284,7 @@ class Coordinator:
         started = time.perf_counter()
         try:
             snapshot = await loop.run_in_executor(
-                self.executor, self.rule.step, [p.message.element for p in batch], patterns, rate
+                self.executor, self.rule.step, [p.gradient for p in batch], patterns, rate
             )
         finally:
             for pending in batch:

@@ -199,9 +199,9 @@ class RawClient:
             self.inbox.extend(self.decoder.feed(data))
         return False
 
-    def handshake(self) -> Any:
+    def handshake(self, capabilities: tuple[str, ...] = ()) -> Any:
         self.receive(ServerHello)
-        self.send(Hello(PROTOCOL_VERSION, self.name, "raw", (), b""))
+        self.send(Hello(PROTOCOL_VERSION, self.name, "raw", capabilities, b""))
         from snet.protocol.messages import Welcome
 
         return self.receive(Welcome)

@@ -1,0 +1,176 @@
+"""Compressed updates and weights with a real server: malformed payloads are refused and
+never applied, codecs are agreed or refused at the handshake, a worker can always get a
+full float32 copy, and compressed training reports its ledger in /status and /metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from snet.protocol.codecs import parse_codec
+from snet.protocol.messages import (
+    Encoded,
+    ErrorMessage,
+    Heartbeat,
+    Hello,
+    Lease,
+    Resync,
+    ServerHello,
+    Update,
+    Weights,
+    WorkerReport,
+)
+from snet.protocol.network import ElementLayout, NetworkSpec
+
+from helpers import SMALL_JOB, Cluster, RawClient, load_weights, wait_until
+
+LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
+TOPK = "topk:0.01"
+
+
+def _update(lease: Lease, offset: int, encoded: Encoded, base: int = 0) -> Update:
+    return Update(base, lease.lease_id, offset, 128, 1.0, 0, 0.01, encoded=encoded)
+
+
+def _replaced(encoded: Encoded, index: int, part: np.ndarray) -> Encoded:
+    parts = list(encoded.parts)
+    parts[index] = part
+    return Encoded(encoded.codec, tuple(parts))
+
+
+def test_malformed_compressed_updates_are_refused_and_never_applied(cluster: Cluster) -> None:
+    server = cluster.server(
+        "--mode", "async", "--epochs", "1", "--linger-seconds", "30", *SMALL_JOB
+    )
+    weights_before = server.get("/weights")
+
+    unknown = RawClient(server.port, "unknown-codec")
+    unknown.receive(ServerHello)
+    unknown.send(Hello(1, "unknown-codec", "raw", ("compress:zstd",), b""))
+    refusal = unknown.receive(ErrorMessage)
+    assert refusal.fatal and refusal.code == "unknown_codec" and "topk:F" in refusal.text
+    assert unknown.closed_by_peer()
+
+    client = RawClient(server.port, "bad-encodings")
+    welcome = client.handshake(("codec:topk", f"compress:{TOPK}", "weights:delta:int8"))
+    assert welcome.codecs == {"update": TOPK, "weights": "delta:int8"}
+    first = client.receive(Weights)
+    assert first.encoded is None and first.delta_from == -1  # a whole float32 copy first
+    lease = client.receive(Lease)
+    good = parse_codec(TOPK).encode(LAYOUT, np.ones(LAYOUT.size, np.float32))
+    indices = good.parts[0].copy()
+    indices[-1] = 117 * 64  # one past the end of W0
+    swapped = good.parts[0].copy()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    nan_values = good.parts[1].copy()
+    nan_values[3] = np.nan
+    bad = [
+        (_replaced(good, 0, indices), "out of range"),
+        (_replaced(good, 0, swapped), "increasing"),
+        (_replaced(good, 1, nan_values), "NaN"),
+        (_replaced(good, 1, good.parts[1][:-1].copy()), "expected"),  # wrong length
+        (Encoded(TOPK, good.parts[:-1]), "part"),
+        (parse_codec("sign").encode(LAYOUT, np.ones(LAYOUT.size, np.float32)), "agreed"),
+    ]
+    offset = 0
+    for encoded, why in bad:
+        client.send(_update(lease, offset, encoded))
+        refusal = client.receive(ErrorMessage)
+        assert not refusal.fatal and refusal.code == "update_rejected", refusal
+        assert why in refusal.text, (why, refusal.text)
+        offset += 128
+    client.send(Update(0, lease.lease_id, offset, 128, 1.0, 0, 0.01, np.ones(LAYOUT.size, "f4")))
+    refusal = client.receive(ErrorMessage)
+    assert "float32, agreed codec is topk:0.01" in refusal.text
+    offset += 128
+
+    status = server.status()
+    assert status["updates_rejected"] == len(bad) + 1 and status["weight_version"] == 0
+    assert server.get("/weights") == weights_before  # bit for bit
+    row = next(r for r in status["workers"] if r["name"] == "bad-encodings")
+    assert row["compression"]["undecodable"] == len(bad) - 1  # the sign one was not decoded
+    assert row["compression"]["update_codec"] == TOPK
+
+    # A well-formed update after all that is applied, and the weights come as a delta.
+    client.send(_update(lease, offset, good))
+    wait_until(lambda: server.status()["weight_version"] == 1, 10, "the good update")
+    delta = client.receive(Weights)
+    while delta.version < 1:
+        delta = client.receive(Weights)
+    assert delta.encoded is not None and delta.encoded.codec == "delta:int8"[6:]
+    assert delta.delta_from == 0
+    client.send(Resync("testing"))  # a worker can always ask for a whole float32 copy
+    full = client.receive(Weights)
+    assert full.encoded is None and full.delta_from == -1 and full.version == 1
+    served = np.concatenate([a.ravel() for a in _npz(server.get("/weights"))])
+    assert np.array_equal(full.element, served)
+    client.send(Heartbeat(0.0))  # the connection survived everything
+    client.send(WorkerReport(0.0, {"compression": {"residual_norm": 2.5, "cosine_last": 0.9}}))
+    wait_until(
+        lambda: (
+            next(r for r in server.status()["workers"] if r["name"] == "bad-encodings")[
+                "compression"
+            ]["residual_norm"]
+            == 2.5
+        ),
+        10,
+        "the worker's compression figures",
+    )
+    client.close()
+
+
+def _npz(payload: bytes) -> list[np.ndarray]:
+    import io
+
+    with np.load(io.BytesIO(payload)) as data:
+        layers = len([k for k in data.files if k.startswith("W")])
+        return [data[f"{kind}{i}"] for i in range(layers) for kind in ("W", "b")]
+
+
+def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
+    server = cluster.server(
+        "--mode",
+        "async",
+        "--epochs",
+        "1",
+        "--compress",
+        "sign",
+        "--linger-seconds",
+        "12",
+        *SMALL_JOB,
+    )
+    workers = [
+        cluster.worker(server, "by-job"),  # takes the job's codec
+        cluster.worker(server, "own-codec", "--compress", TOPK, "--weights-codec", "delta:int8"),
+    ]
+    wait_until(lambda: server.status()["state"] == "trained", 90, "training to finish")
+
+    def reported() -> dict | None:
+        document = server.status()
+        rows = [r["compression"] for r in document["workers"]]
+        return document if all(r["residual_norm"] is not None for r in rows) else None
+
+    status = wait_until(reported, 10, "both workers' residual norms")
+    assert status["cv_accuracy"] > 0.5, status["epochs"]
+    ledger = status["epochs"][0]["ledger"]
+    assert ledger["used_once"] == ledger["frames"]
+    rows = {r["name"]: r["compression"] for r in status["workers"]}
+    assert rows["by-job"]["update_codec"] == "sign" and rows["by-job"]["weights_codec"] == "none"
+    assert rows["own-codec"]["update_codec"] == TOPK
+    assert rows["own-codec"]["weights_codec"] == "delta:int8"
+    assert rows["by-job"]["received_ratio"] > 15  # frames included; 117:64:10 is small
+    assert rows["own-codec"]["received_ratio"] > 25
+    assert rows["own-codec"]["sent_ratio"] > 2.5
+    for row in rows.values():
+        assert row["updates"] > 10 and row["undecodable"] == 0
+        assert row["residual_norm"] > 0 and 0.0 < row["cosine_mean"] <= 1.0
+    total = status["compression"]
+    assert total["updates"] == sum(r["updates"] for r in rows.values())
+    assert total["update_codecs"] == {"sign": 1, TOPK: 1}
+    assert total["received_raw_bytes"] > 15 * total["received_bytes"]
+    metrics = server.get("/metrics").decode()
+    assert 'snet_compression_ratio{direction="received"}' in metrics
+    assert 'snet_worker_residual_norm{worker="own-codec",codec="topk:0.01"}' in metrics
+    assert "snet_worker_update_cosine" in metrics
+    for worker in workers:
+        assert worker.wait(60) == 0
+    assert load_weights(server.out_dir / "weights.npz")
