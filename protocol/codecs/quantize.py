@@ -30,9 +30,24 @@ def _size(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape))
 
 
+# Byte value -> its 8 bits as -1.0 / +1.0, least significant bit first (sign decoding).
+_SIGNS = (
+    2.0 * np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little") - 1.0
+).astype(np.float32)
+
+
 def _per_value(scales: np.ndarray, block: int, size: int) -> np.ndarray:
     """Each block's scale repeated for its values (the last block may be short)."""
     return np.repeat(scales, block)[:size]
+
+
+def _scale_blocks(flat: np.ndarray, scales: np.ndarray, block: int) -> None:
+    """Multiply each block of ``flat`` by its scale, in place (no per-value copy)."""
+    full = flat.size // block
+    if full:
+        flat[: full * block].reshape(full, block)[...] *= scales[:full, None]
+    if flat.size % block:
+        flat[full * block :] *= scales[full]
 
 
 class NoneCodec(ElementCodec):
@@ -100,7 +115,8 @@ class Int8Codec(ElementCodec):
     def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
         scales, quantized = parts
         flat = out.reshape(-1)
-        np.multiply(quantized, _per_value(scales, INT8_BLOCK, flat.size), out=flat)
+        np.copyto(flat, quantized)
+        _scale_blocks(flat, scales, INT8_BLOCK)
 
 
 class SignCodec(ElementCodec):
@@ -133,6 +149,5 @@ class SignCodec(ElementCodec):
     def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
         scales, bits = parts
         flat = out.reshape(-1)
-        positive = np.unpackbits(bits, count=flat.size, bitorder="little").astype(bool)
-        magnitude = _per_value(scales, SIGN_BLOCK, flat.size)
-        np.copyto(flat, np.where(positive, magnitude, -magnitude))
+        np.copyto(flat, _SIGNS[bits].reshape(-1)[: flat.size])
+        _scale_blocks(flat, scales, SIGN_BLOCK)

@@ -1,0 +1,1 @@
+"""Benchmarks: measured, never assumed; each reports ratios measured in the same run."""
