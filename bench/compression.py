@@ -33,7 +33,7 @@ import numpy as np
 
 from .netns import SERVER_ADDRESS, SlowNetwork
 
-UPDATE_CODECS = ("none", "fp16", "int8", "sign", "topk:0.01", "powersgd:4")
+UPDATE_CODECS = tuple(__import__("os").environ.get("SNET_BENCH_CODECS", "none,fp16,int8,sign,topk:0.01,powersgd:4").split(","))
 SLOW_RUNS = (  # (update codec, weights form)
     ("none", "none"),
     ("sign", "none"),

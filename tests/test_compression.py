@@ -56,7 +56,10 @@ def test_malformed_compressed_updates_are_refused_and_never_applied(cluster: Clu
     first = client.receive(Weights)
     assert first.encoded is None and first.delta_from == -1  # a whole float32 copy first
     lease = client.receive(Lease)
-    good = parse_codec(TOPK).encode(LAYOUT, np.ones(LAYOUT.size, np.float32))
+    gradient = np.ones(LAYOUT.size, np.float32)
+    gradient[: 117 * 64] = 10.0  # top-k takes all its values from W0 (7488 values)
+    good = parse_codec(TOPK).encode(LAYOUT, gradient)
+    assert good.parts[0].size == 83 and all(p.size == 0 for p in good.parts[2:])
     indices = good.parts[0].copy()
     indices[-1] = 117 * 64  # one past the end of W0
     swapped = good.parts[0].copy()

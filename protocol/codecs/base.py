@@ -3,8 +3,10 @@
 A codec works layer array by layer array (W0, b0, W1, b1, ...: the element's *segments*,
 see ``network.ElementLayout``). Each segment becomes a fixed number of *parts*, numpy
 arrays whose dtype and shape follow from the segment's shape and the codec's parameters
-alone (``part_specs``). The parts of all segments, in order, travel as the arrays of one
-frame, each described with the codec's name (see protocol/README.md).
+alone (``part_specs``), except where a codec overrides ``encode`` and ``check_parts``
+(top-k chooses over the whole element, so its per-segment lengths vary). The parts of all
+segments, in order, travel as the arrays of one frame, each described with the codec's
+name (see protocol/README.md).
 
 Decoding trusts nothing: the number of parts, every part's dtype and shape, every index
 and every scale are checked before anything is written (``check_parts``, then
