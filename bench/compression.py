@@ -33,7 +33,7 @@ import numpy as np
 
 from .netns import SERVER_ADDRESS, SlowNetwork
 
-UPDATE_CODECS = tuple(__import__("os").environ.get("SNET_BENCH_CODECS", "none,fp16,int8,sign,topk:0.01,powersgd:4").split(","))
+UPDATE_CODECS = ("none", "fp16", "int8", "sign", "topk:0.01", "powersgd:4")
 SLOW_RUNS = (  # (update codec, weights form)
     ("none", "none"),
     ("sign", "none"),
@@ -105,10 +105,12 @@ def train(
 # ---------------------------------------------------------------- accuracy and bytes
 
 
-def accuracy(workdir: Path, repeats: int, epochs: int) -> str:
-    rows: dict[str, list[dict[str, Any]]] = {codec: [] for codec in UPDATE_CODECS}
+def accuracy(workdir: Path, repeats: int, epochs: int, codecs: list[str]) -> str:
+    """The table of bytes and CV accuracy per codec (``none`` first: the reference)."""
+    codecs = ["none", *(c for c in codecs if c != "none")]
+    rows: dict[str, list[dict[str, Any]]] = {codec: [] for codec in codecs}
     for repeat in range(repeats):
-        for codec in UPDATE_CODECS:
+        for codec in codecs:
             run = workdir / f"acc-{codec.replace(':', '_')}-{repeat}"
             job = ["--mode", "async", "--epochs", str(epochs), "--compress", codec]
             status = train(run, job, 4, [])
@@ -202,7 +204,10 @@ def slowlink(workdir: Path, epochs: int, rate: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("part", choices=("accuracy", "slowlink", "all"))
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="accuracy: runs per codec")
+    parser.add_argument(
+        "--codecs", default=",".join(UPDATE_CODECS), help="accuracy: comma-separated codecs"
+    )
     parser.add_argument("--epochs", type=int, default=10, help="accuracy: epochs per run")
     parser.add_argument("--slow-epochs", type=int, default=3, help="slowlink: epochs per run")
     parser.add_argument("--rate", default="100mbit", help="slowlink: tc tbf rate")
@@ -212,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(args.workdir or temporary)
         if args.part in ("accuracy", "all"):
             print(f"## Accuracy and bytes ({args.epochs} epochs, async, 4 workers)\n")
-            print(accuracy(workdir, args.repeats, args.epochs), flush=True)
+            codecs = args.codecs.split(",")
+            print(accuracy(workdir, args.repeats, args.epochs, codecs), flush=True)
         if args.part in ("slowlink", "all"):
             print(f"\n## Epoch time over a {args.rate} link (351:1262:45, async, 4 workers)\n")
             print(slowlink(workdir, args.slow_epochs, args.rate), flush=True)

@@ -22,6 +22,17 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
+def _compression_line(total: dict[str, Any] | None) -> list[str]:
+    """The compression ledger's totals in one line (none before any update)."""
+    if not total or not total.get("updates"):
+        return []
+    codecs = ", ".join(f"{codec} x{n}" for codec, n in total["update_codecs"].items())
+    return [
+        f"compression: updates {codecs}, {total['bytes_per_update']} B each, "
+        f"{total['received_ratio']}x fewer bytes received, {total['sent_ratio']}x sent"
+    ]
+
+
 def render(document: dict[str, Any]) -> str:
     """The status document as a few lines and two tables."""
     lines = [
@@ -35,6 +46,7 @@ def render(document: dict[str, Any]) -> str:
         f"staleness mean {document['staleness_mean']} max {document['staleness_max']}, "
         f"{document['mcups']} MCUPS",
         "queues: " + ", ".join(f"{k} {v}" for k, v in document["queues"].items()),
+        *_compression_line(document.get("compression")),
         "",
         f"{'epoch':>5} {'lr':>8} {'train':>8} {'cv':>8} {'seconds':>8}",
     ]

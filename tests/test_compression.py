@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from snet.cli.status import render
 from snet.protocol.codecs import parse_codec
 from snet.protocol.messages import (
     Encoded,
@@ -170,6 +171,7 @@ def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
     assert total["updates"] == sum(r["updates"] for r in rows.values())
     assert total["update_codecs"] == {"sign": 1, TOPK: 1}
     assert total["received_raw_bytes"] > 15 * total["received_bytes"]
+    assert "compression: updates sign x1, topk:0.01 x1" in render(status)  # snet status
     metrics = server.get("/metrics").decode()
     assert 'snet_compression_ratio{direction="received"}' in metrics
     assert 'snet_worker_residual_norm{worker="own-codec",codec="topk:0.01"}' in metrics
