@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections import deque
+from functools import partial
 
 import numpy as np
 
@@ -51,6 +52,7 @@ class _Reader(threading.Thread):
         self.lease_ready = threading.Event()
         self.hello: ServerHello | None = None
         self.hello_ready = threading.Event()
+        self.changed = threading.Condition()
         self.stop = False
 
     def run(self) -> None:
@@ -70,13 +72,19 @@ class _Reader(threading.Thread):
                 elif isinstance(message, Welcome):
                     self.welcome.set()
                 elif isinstance(message, Weights):
-                    self.version = message.version
+                    with self.changed:
+                        self.version = message.version
+                        self.changed.notify_all()
                 elif isinstance(message, Lease):
                     self.leases.append(message)
                     self.lease_ready.set()
 
 
-def push_snet(port: int, seconds: float, elements: int) -> dict[str, float]:
+def _newer(reader: _Reader, base: int) -> bool:
+    return reader.version > base
+
+
+def push_snet(port: int, seconds: float, elements: int, sync: bool = False) -> dict[str, float]:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = _Reader(sock)
@@ -100,6 +108,10 @@ def push_snet(port: int, seconds: float, elements: int) -> dict[str, float]:
         sock.sendmsg(encode(update))
         offset += 1
         sent += 1
+        if sync:  # a synchronous worker waits for the weights of the next version
+            base = update.base_version
+            with reader.changed:
+                reader.changed.wait_for(partial(_newer, reader, base), timeout=10)
     elapsed = time.perf_counter() - started
     reader.stop = True
     sock.close()
@@ -124,9 +136,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--elements", type=int, required=True, help="float32 values per element")
+    parser.add_argument("--sync", action="store_true", help="wait for new weights after each")
     args = parser.parse_args()
-    push = push_snet if args.target == "snet" else push_plain
-    print(json.dumps(push(args.port, args.seconds, args.elements)), flush=True)
+    if args.target == "snet":
+        result = push_snet(args.port, args.seconds, args.elements, args.sync)
+    else:
+        result = push_plain(args.port, args.seconds, args.elements)
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
