@@ -2,13 +2,14 @@
 
 The worker's networking, flow control and leases are the same whatever computes the
 bunches; a backend only does the arithmetic. ``NumpyBackend`` is the reference; other
-backends (an emulated Spert board, PyTorch) implement the same ``ComputeBackend``
-protocol and are chosen with ``snet worker --backend``. The server cannot tell them apart
-except by the name each reports in its Hello.
+backends (``spert``, the emulated Spert-II board of ``client/spert``) implement the
+same ``ComputeBackend`` protocol and are chosen with ``snet worker --backend``. The server
+cannot tell them apart except by the name each reports in its Hello.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -17,6 +18,7 @@ from snet.protocol.job import JobSpec
 
 from .data import Corpus
 from .network import BunchNetwork
+from .spert.backend import SpertBackend
 
 
 class ComputeBackend(Protocol):
@@ -74,7 +76,10 @@ class NumpyBackend:
         return None
 
 
-BACKENDS: dict[str, type[Any]] = {"numpy": NumpyBackend}
+BACKENDS: dict[str, Callable[[], ComputeBackend]] = {
+    "numpy": NumpyBackend,
+    "spert": SpertBackend,  # an emulated Spert-II board with default settings
+}
 
 
 def make_backend(name: str) -> ComputeBackend:
