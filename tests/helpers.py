@@ -142,6 +142,24 @@ class Cluster:
             self.tmp_path / f"{name}.log",
         )
 
+    def spert(self, server: ServerProcess, name: str, *args: str) -> subprocess.Popen[bytes]:
+        """An emulated Spert-II board worker (``snet spert``)."""
+        return self._spawn(
+            [
+                "spert",
+                "--server",
+                server.address,
+                "--name",
+                name,
+                "--log-level",
+                "info",
+                "--retry-seconds",
+                "5",
+                *args,
+            ],
+            self.tmp_path / f"{name}.log",
+        )
+
     def log(self, name: str) -> str:
         return (self.tmp_path / f"{name}.log").read_text()
 
