@@ -15,7 +15,8 @@ the board is then busy until the modelled end; ``wait`` and reads sleep until th
 is done. A call issued while the board is busy starts when it is free; one issued within
 ``SLACK_SECONDS`` of that is taken as back to back, so the emulator's own sleep jitter
 does not add up over a run. When the real computation takes longer than the model
-allows, the call ends late and is counted as *behind the model*.
+allows, or the emulator wakes up late from a wait, the call ends late and is counted as
+*behind the model*.
 """
 
 from __future__ import annotations
@@ -122,7 +123,16 @@ class BoardClock:
         self.busy_until = end
 
     def wait(self) -> None:
-        """Sleep until the board has finished everything issued so far."""
+        """Sleep until the board has finished everything issued so far.
+
+        Waking up late (a busy machine did not run this process in time) is the
+        emulator falling behind too: it is counted, and the board is free from then."""
         remaining = self.busy_until - self._clock()
-        if remaining > 0:
-            self._sleep(remaining)
+        if remaining <= 0:
+            return
+        self._sleep(remaining)
+        late = self._clock() - self.busy_until
+        if late > SLACK_SECONDS:
+            self.totals.behind_count += 1
+            self.totals.behind_seconds += late
+            self.busy_until += late
