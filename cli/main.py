@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="attach a worker to a server")
     _add_worker_flags(worker)
-    worker.add_argument("--backend", help="compute backend: numpy (default) or spert")
+    worker.add_argument("--backend", help="compute backend: auto (default), numpy, torch or spert")
 
     spert = commands.add_parser(
         "spert", help="attach an emulated Spert-II board as a worker (backend spert)"
@@ -90,6 +90,13 @@ def _parser() -> argparse.ArgumentParser:
         "--url", default=None, help="HTTP address (default SNET_URL or http://127.0.0.1:7080)"
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    bench = commands.add_parser("bench", help="run the benchmark suite")
+    bench.add_argument("--only", help="comma-separated sections: worker,server,round,scaling")
+    bench.add_argument("--quick", action="store_true", help="fewer configurations")
+    bench.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
+    bench.add_argument("--json", default="docs/benchmarks.json")
+    bench.add_argument("--markdown", default="docs/benchmarks.md")
 
     demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
     demo.add_argument("--workers", type=int, default=2, help="numpy worker processes")
@@ -128,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             from .spert import run_spert
 
             return run_spert(args)
+        if args.command == "bench":
+            from .bench import run_bench
+
+            return run_bench(args)
         if args.command == "status":
             from .status import run_status
 

@@ -2,14 +2,13 @@
 
 The worker's networking, flow control and leases are the same whatever computes the
 bunches; a backend only does the arithmetic. ``NumpyBackend`` is the reference; other
-backends (``spert``, the emulated Spert-II board of ``client/spert``) implement the
-same ``ComputeBackend`` protocol and are chosen with ``snet worker --backend``. The server
-cannot tell them apart except by the name each reports in its Hello.
+backends (``torch``; ``spert``, the emulated Spert-II board of ``client/spert``) implement
+the same ``ComputeBackend`` protocol and are chosen with ``snet worker --backend``. The
+server cannot tell them apart except by the name each reports in its Hello.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -76,18 +75,40 @@ class NumpyBackend:
         return None
 
 
-BACKENDS: dict[str, Callable[[], ComputeBackend]] = {
-    "numpy": NumpyBackend,
-    "spert": SpertBackend,  # an emulated Spert-II board with default settings
+def _torch_backend(threads: int) -> ComputeBackend:
+    from .torch_backend import TorchBackend
+
+    return TorchBackend(threads)
+
+
+def torch_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+BACKENDS: dict[str, Any] = {
+    "numpy": lambda threads: NumpyBackend(),
+    "torch": _torch_backend,
+    "spert": lambda threads: SpertBackend(),  # an emulated Spert-II board, default settings
 }
 
 
-def make_backend(name: str) -> ComputeBackend:
-    """The backend called ``name`` (``snet worker --backend``)."""
+def make_backend(name: str, threads: int = 1) -> ComputeBackend:
+    """The backend called ``name`` (``snet worker --backend``).
+
+    ``auto`` picks torch when it is installed (its MKL kernels measured faster here at
+    every bunch size) and numpy otherwise; numpy alone always works.
+    """
     from snet.protocol.errors import ConfigError
 
+    if name == "auto":
+        name = "torch" if torch_available() else "numpy"
+    factory = BACKENDS.get(name)
+    if factory is None:
+        raise ConfigError(f"unknown backend {name!r}; known: auto, {', '.join(sorted(BACKENDS))}")
     try:
-        backend: ComputeBackend = BACKENDS[name]()
-    except KeyError:
-        raise ConfigError(f"unknown backend {name!r}; known: {sorted(BACKENDS)}") from None
+        backend: ComputeBackend = factory(threads)
+    except ImportError as exc:
+        raise ConfigError(f"backend {name!r} needs a package that is missing: {exc}") from exc
     return backend

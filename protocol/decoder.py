@@ -66,6 +66,9 @@ class FrameDecoder:
         except ProtocolError:
             self._break()
             raise
+        except Exception as exc:  # a safety net: any surprise in a peer's bytes is its fault
+            self._break()
+            raise MalformedFrame(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
 
     def messages(self) -> list[Message]:
         """Take the messages completed so far."""
@@ -117,7 +120,11 @@ class FrameDecoder:
             raise VersionMismatch(
                 f"peer speaks protocol version {version}, this is {PROTOCOL_VERSION}"
             )
-        if header_len == 0 or header_len > self.limits.max_header_bytes:
+        if _flags != 0:
+            raise MalformedFrame(f"flags byte is {_flags}; version 1 defines none")
+        if header_len == 0:
+            raise MalformedFrame("empty header")
+        if header_len > self.limits.max_header_bytes:
             raise FrameTooLarge(
                 f"header of {header_len} bytes (limit {self.limits.max_header_bytes})"
             )
@@ -131,7 +138,7 @@ class FrameDecoder:
         self._filled = 0
 
     def _on_header(self) -> None:
-        self._type, self._header = parse_header(self._buffer, self.limits)
+        self._type, self._header = parse_header(self._buffer)
         self._arrays = parse_arrays(self._type, self._header, self._payload_len, self.limits)
         target = None
         if self.sink is not None and self._payload_len:

@@ -21,6 +21,7 @@ sending, and ``FrameDecoder`` can receive a payload straight into a buffer that 
 
 from __future__ import annotations
 
+import math
 import struct
 import typing
 from dataclasses import dataclass, fields
@@ -160,7 +161,7 @@ def _check_field(type_name: str, name: str, kind: str, expected: Any, value: Any
     return value
 
 
-def parse_header(data: bytes | memoryview, limits: FrameLimits) -> tuple[str, dict[str, Any]]:
+def parse_header(data: bytes | memoryview) -> tuple[str, dict[str, Any]]:
     """Decode and check a header; returns (message type, header map)."""
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True)
@@ -190,7 +191,7 @@ def parse_arrays(
             raise MalformedFrame("array descriptor is not a map")
         dtype, shape = entry.get("dtype"), entry.get("shape")
         codec, nbytes = entry.get("codec", CODEC_NONE), entry.get("nbytes")
-        if dtype not in ALLOWED_DTYPES:
+        if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
             raise MalformedFrame(f"array dtype {dtype!r:.20} is not allowed")
         if (
             not isinstance(shape, list)
@@ -202,7 +203,7 @@ def parse_arrays(
             raise MalformedFrame("array nbytes must be a non-negative integer")
         if codec != CODEC_NONE:
             raise MalformedFrame(f"unknown array codec {codec!r:.20}")
-        if int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize != nbytes:
+        if math.prod(shape) * np.dtype(dtype).itemsize != nbytes:  # Python ints: no overflow
             raise MalformedFrame(f"array nbytes {nbytes} does not match {dtype} {shape}")
         infos.append(ArrayInfo(dtype, tuple(shape), codec, nbytes))
     if sum(i.nbytes for i in infos) != payload_len:

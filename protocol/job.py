@@ -7,6 +7,7 @@ round-trips through ``to_dict``/``from_dict`` (msgpack-friendly).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -84,7 +85,9 @@ class JobSpec:
             raise ConfigError(f"bunch_size must be >= 1, got {self.bunch_size}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
-        if not self.learning_rates or any(lr <= 0 for lr in self.learning_rates):
+        if not self.learning_rates or any(
+            not (math.isfinite(lr) and lr > 0) for lr in self.learning_rates
+        ):
             raise ConfigError(f"learning rates must be positive, got {self.learning_rates}")
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
@@ -123,7 +126,7 @@ class JobSpec:
             values["data"] = DataSpec(**values["data"])
             values["learning_rates"] = tuple(float(x) for x in values["learning_rates"])
             return cls(**values)
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"bad job description: {exc}") from exc
 
 
