@@ -57,7 +57,7 @@ def test_a_network_over_8mb_is_refused_with_a_clear_message() -> None:
     message = str(refused.value)
     assert "117:10000:10" in message and "does not fit" in message and "8 MB" in message
     assert "weights 9.77" in message  # 2 copies x 4 bytes x 1,280,010 connections, in MiB
-    assert isinstance(refused.value, ConfigError)  # the CLI prints it and exits 2
+    assert isinstance(refused.value, ConfigError)  # the worker refuses the job with it
 
     plan = board.configure(NetworkSpec.parse("117:512:10"), 128)
     assert plan.weights == 8 * (117 * 512 + 512 + 512 * 10 + 10)
@@ -206,6 +206,7 @@ def test_wall_clock_follows_the_model_at_ten_times_real_time() -> None:
 def test_snet_spert_refuses_a_network_that_does_not_fit(cluster: Cluster) -> None:
     server = cluster.server("--network", "117:10000:10", "--epochs", "1", "--pool-size", "4")
     board = cluster.spert(server, "big")
-    assert board.wait(60) == 2
+    assert board.wait(60) == 1  # it tells the server why (bad_job) and leaves
     log = cluster.log("big")
     assert "does not fit the Spert board" in log and "Traceback" not in log
+    assert "does not fit the Spert board" in server.log.read_text()
