@@ -1,4 +1,4 @@
-"""``snet``: server, worker, status and demo subcommands."""
+"""``snet``: server, worker, spert, status and demo subcommands."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .runtime import limit_blas_threads
+from .spert import add_board_flags
 
 
 def _add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +61,28 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     _add_job_flags(parser)
 
 
+def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", help="HOST:PORT of the server")
+    parser.add_argument("--name")
+    parser.add_argument("--token")
+    parser.add_argument("--threads", type=int, help="BLAS threads (default 1)")
+    parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
+    parser.add_argument("--retry-seconds", dest="retry_seconds", type=float)
+    parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
+    parser.add_argument(
+        "--compress",
+        help="send updates in this codec with error feedback: none, fp16, int8, sign, "
+        "topk:F, powersgd:R (default: the job's)",
+    )
+    parser.add_argument(
+        "--weights-codec",
+        dest="weights_codec",
+        help="receive weights as none (float32), fp16, or delta:CODEC (default none)",
+    )
+    parser.add_argument("--log-level", dest="log_level")
+    parser.add_argument("--config", help="TOML file with a [worker] (and [spert]) table")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="snet", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -68,26 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_server_flags(server)
 
     worker = commands.add_parser("worker", help="attach a worker to a server")
-    worker.add_argument("--server", help="HOST:PORT of the server")
-    worker.add_argument("--name")
-    worker.add_argument("--token")
-    worker.add_argument("--threads", type=int, help="BLAS threads (default 1)")
-    worker.add_argument("--backend", help="compute backend (default numpy)")
-    worker.add_argument(
-        "--compress",
-        help="send updates in this codec with error feedback: none, fp16, int8, sign, "
-        "topk:F, powersgd:R (default: the job's)",
+    _add_worker_flags(worker)
+    worker.add_argument("--backend", help="compute backend: auto (default), numpy, torch or spert")
+
+    spert = commands.add_parser(
+        "spert", help="attach an emulated Spert-II board as a worker (backend spert)"
     )
-    worker.add_argument(
-        "--weights-codec",
-        dest="weights_codec",
-        help="receive weights as none (float32), fp16, or delta:CODEC (default none)",
-    )
-    worker.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
-    worker.add_argument("--retry-seconds", dest="retry_seconds", type=float)
-    worker.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
-    worker.add_argument("--log-level", dest="log_level")
-    worker.add_argument("--config", help="TOML file with a [worker] table")
+    _add_worker_flags(spert)
+    add_board_flags(spert)
 
     status = commands.add_parser("status", help="show a server's training status")
     status.add_argument(
@@ -95,8 +106,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
 
+    bench = commands.add_parser("bench", help="run the benchmark suite")
+    bench.add_argument("--only", help="comma-separated sections: worker,server,round,scaling")
+    bench.add_argument("--quick", action="store_true", help="fewer configurations")
+    bench.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
+    bench.add_argument("--json", default="docs/benchmarks.json")
+    bench.add_argument("--markdown", default="docs/benchmarks.md")
+
     demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
-    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--workers", type=int, default=2, help="numpy worker processes")
+    demo.add_argument(
+        "--spert", type=int, default=0, help="emulated Spert-II boards to add as workers"
+    )
+    demo.add_argument(
+        "--spert-time-scale",
+        dest="spert_time_scale",
+        type=float,
+        default=1.0,
+        help="how much faster than real time the demo's boards run",
+    )
     demo.add_argument("--http-port", dest="http_port", type=int, default=0)
     demo.add_argument("--out-dir", dest="out_dir", default="snet-out")
     demo.add_argument(
@@ -110,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "worker":
+    if args.command in ("worker", "spert"):
         limit_blas_threads(args.threads or 1)
     from snet.protocol.errors import ConfigError, DataError
 
@@ -123,6 +151,14 @@ def main(argv: list[str] | None = None) -> int:
             from .commands import run_worker
 
             return run_worker(args)
+        if args.command == "spert":
+            from .spert import run_spert
+
+            return run_spert(args)
+        if args.command == "bench":
+            from .bench import run_bench
+
+            return run_bench(args)
         if args.command == "status":
             from .status import run_status
 

@@ -18,7 +18,7 @@ class WorkerConfig:
     name: str = ""  # empty: hostname-pid
     token: str = ""
     threads: int = 1  # BLAS threads for this worker's compute
-    backend: str = "auto"  # what computes the bunches: auto, numpy, torch (client/backend.py)
+    backend: str = "auto"  # auto, numpy, torch or spert (client/backend.py)
     compress: str = ""  # update codec (see protocol/codecs); empty: the job's choice
     weights_codec: str = "none"  # how to receive weights: none, fp16 or delta:CODEC
     heartbeat_seconds: float = 5.0
