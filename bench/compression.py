@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="snet-bench-") as temporary:
         workdir = Path(args.workdir or temporary)
+        workdir.mkdir(parents=True, exist_ok=True)
         if args.part in ("accuracy", "all"):
             print(f"## Accuracy and bytes ({args.epochs} epochs, async, 4 workers)\n")
             codecs = args.codecs.split(",")

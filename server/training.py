@@ -27,7 +27,6 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from snet.protocol.codecs import ElementCodec, parse_codec
 from snet.protocol.errors import CodecError, RejectedUpdate
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
@@ -41,6 +40,7 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout, initial_weights
 
+from .decoding import UpdateDecoder
 from .leases import LeaseBook
 from .pool import ElementPool, PooledElement, is_finite
 from .session import WorkerSession
@@ -90,6 +90,7 @@ class Coordinator:
         self.connections = job.network.connections
         self.rule = UpdateRule(initial_weights(job.network, job.seed), job.momentum)
         self.pool = ElementPool(self.layout, pool_size)
+        self.decoder = UpdateDecoder(self.layout, self.pool)
         self.book = LeaseBook(train_frames, total_frames, job.chunk_frames, job.seed)
         self.executor = executor
         self.trace = trace
@@ -101,7 +102,6 @@ class Coordinator:
         self._received: deque[PendingUpdate] = deque()
         self._applying = False
         self._evals: dict[int, EvalJob] = {}
-        self._decoders: dict[str, ElementCodec] = {}  # decoding keeps no state: one per codec
         self.finished = asyncio.Event()
         self.closed = False  # set at shutdown: no new steps
         self.on_finished: Callable[[], None] | None = None
@@ -212,21 +212,12 @@ class Coordinator:
         """The encoded update decoded into a pooled element (``RejectedUpdate`` if it can't)."""
         assert message.encoded is not None
         agreed = session.ledger.update_codec if session.ledger is not None else "none"
-        if message.encoded.codec != agreed:
-            self._refuse(
-                session, message, f"update encoded with {message.encoded.codec}, agreed {agreed}"
-            )
-        if agreed not in self._decoders:
-            self._decoders[agreed] = parse_codec(agreed)
-        element = self.pool.acquire()
         try:
-            self._decoders[agreed].decode(self.layout, message.encoded, element.flat)
+            return self.decoder.decode(agreed, message.encoded)
         except CodecError as exc:
-            self.pool.release(element)
             if session.ledger is not None:
                 session.ledger.undecodable += 1
             self._refuse(session, message, f"undecodable update: {exc}")
-        return element
 
     def _refuse(self, session: WorkerSession, message: Update, reason: str) -> NoReturn:
         # The lease moves past these frames and they are queued again: nothing is lost.

@@ -91,7 +91,7 @@ def test_malformed_compressed_updates_are_refused_and_never_applied(cluster: Clu
     assert status["updates_rejected"] == len(bad) + 1 and status["weight_version"] == 0
     assert server.get("/weights") == weights_before  # bit for bit
     row = next(r for r in status["workers"] if r["name"] == "bad-encodings")
-    assert row["compression"]["undecodable"] == len(bad) - 1  # the sign one was not decoded
+    assert row["compression"]["undecodable"] == len(bad)
     assert row["compression"]["update_codec"] == TOPK
 
     # A well-formed update after all that is applied, and the weights come as a delta.
