@@ -163,9 +163,9 @@ def slowlink(workdir: Path, epochs: int, rate: str) -> str:
     data = workdir / "synthetic-351-45.npz"
     synthetic_frames(data)
     lines = [
-        "| updates | weights | update frame | weights frame | mean epoch time | "
-        "speed-up | final CV accuracy |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| updates | weights | update frame | weights frame | MB per epoch into / out of "
+        "the server | mean epoch time | speed-up | final CV accuracy |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     baseline = None
     with SlowNetwork(4, rate) as network:
@@ -189,13 +189,14 @@ def slowlink(workdir: Path, epochs: int, rate: str) -> str:
             epoch = statistics.mean(seconds)
             baseline = baseline or epoch
             total = status["compression"]
-            sent_frames = total["sent_bytes"] / max(
-                sum(r["compression"]["weights_sent"] for r in status["workers"]), 1
+            copies = max(sum(r["compression"]["weights_sent"] for r in status["workers"]), 1)
+            up, down = (
+                total[key] / len(status["epochs"]) / 1e6 for key in ("received_bytes", "sent_bytes")
             )
             lines.append(
                 f"| `{codec}` | `{weights}` | {total['bytes_per_update']:,} B | "
-                f"{sent_frames:,.0f} B | {epoch:.1f} s | {baseline / epoch:.1f}x | "
-                f"{100 * status['cv_accuracy']:.2f}% |"
+                f"{total['sent_bytes'] / copies:,.0f} B | {up:.0f} / {down:.0f} | "
+                f"{epoch:.1f} s | {baseline / epoch:.1f}x | {100 * status['cv_accuracy']:.2f}% |"
             )
             print(f"  {codec}/{weights}: {seconds}", file=sys.stderr, flush=True)
     return "\n".join(lines)
