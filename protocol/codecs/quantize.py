@@ -55,9 +55,10 @@ class NoneCodec(ElementCodec):
 
     family = "none"
     lossy = False
+    dtype = "<f4"
 
     def part_specs(self, shape: tuple[int, ...]) -> tuple[PartSpec, ...]:
-        return (PartSpec("<f4", (_size(shape),)),)
+        return (PartSpec(self.dtype, (_size(shape),)),)
 
     def encode_segment(self, index: int, segment: np.ndarray) -> tuple[np.ndarray, ...]:
         return (segment.reshape(-1).copy(),)
@@ -69,23 +70,16 @@ class NoneCodec(ElementCodec):
         out.reshape(-1)[...] = parts[0]
 
 
-class Fp16Codec(ElementCodec):
+class Fp16Codec(NoneCodec):
     """IEEE half precision (2x fewer bytes), clipped to its range."""
 
     family = "fp16"
-
-    def part_specs(self, shape: tuple[int, ...]) -> tuple[PartSpec, ...]:
-        return (PartSpec("<f2", (_size(shape),)),)
+    lossy = True
+    dtype = "<f2"
 
     def encode_segment(self, index: int, segment: np.ndarray) -> tuple[np.ndarray, ...]:
         clipped = np.clip(segment.reshape(-1), -FP16_MAX, FP16_MAX)
         return (clipped.astype("<f2"),)
-
-    def check_values(self, parts: Sequence[np.ndarray], shape: tuple[int, ...]) -> None:
-        require_finite(self.name, "values", parts[0])
-
-    def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
-        out.reshape(-1)[...] = parts[0]
 
 
 class Int8Codec(ElementCodec):
