@@ -20,6 +20,7 @@ import numpy as np
 
 from snet.protocol import PROTOCOL_VERSION, auth
 from snet.protocol.errors import ConfigError, DataError, ProtocolError, RemoteError
+from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
@@ -64,9 +65,11 @@ class Worker:
 
     def __init__(self, config: WorkerConfig, backend: ComputeBackend | None = None) -> None:
         self.config = config
-        self.backend = backend or make_backend(config.backend)
+        self.backend = backend or make_backend(config.backend, config.threads)
         self.name = config.worker_name()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snet-compute")
+        self.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="snet-compute", initializer=flush_denormals
+        )
         self._inbox: deque[Message] = deque()
         self._wake = asyncio.Event()
         self._leases: deque[Lease] = deque()

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from snet.protocol.errors import ListenError
+from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
 
@@ -45,7 +46,9 @@ class SnetServer:
         self.state = "starting"
         self.counters = ConnectionCounters()
         self.connections: set[WorkerConnection] = set()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snet-step")
+        self.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="snet-step", initializer=flush_denormals
+        )
         self._tcp: asyncio.Server | None = None
         self._http: web.AppRunner | None = None
         self._stop = asyncio.Event()

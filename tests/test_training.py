@@ -70,14 +70,16 @@ def test_sync_two_workers_equal_sequential_training(cluster: Cluster) -> None:
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_async_three_workers_converge_with_staleness(cluster: Cluster, loop: str) -> None:
     cluster.env["SNET_LOOP"] = loop
-    server = cluster.server("--mode", "async", "--epochs", "2", *SMALL_JOB)
+    server = cluster.server("--mode", "async", "--epochs", "3", *SMALL_JOB)
     workers = [cluster.worker(server, f"w{i}") for i in range(3)]
     assert server.wait(120) == 0
     assert [w.wait(30) for w in workers] == [0, 0, 0]
     status = server.final_status()
     assert status["mode"] == "async"
-    assert status["epochs_done"] == 2
-    assert status["cv_accuracy"] > 0.75, status["epochs"]
+    assert status["epochs_done"] == 3
+    epochs = status["epochs"]
+    assert status["cv_accuracy"] > 0.7, epochs
+    assert epochs[-1]["cv_loss"] < epochs[0]["cv_loss"], epochs
     assert status["staleness_max"] > 0
     assert sum(int(k) * v for k, v in status["staleness_histogram"].items()) > 0
     rows = {row["name"]: row for row in status["workers"]}
