@@ -32,7 +32,7 @@ from .connection import ConnectionCounters, WorkerConnection
 from .dataplan import training_frames
 from .export import weights_npz, write_atomically
 from .http import make_app
-from .pidfile import PidFile
+from .service import PidFile, notify
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
@@ -125,6 +125,7 @@ class SnetServer:
         if self.config.ready_file:
             ready = {"pid": os.getpid(), "port": self.port, "http_port": self.http_port}
             write_atomically(Path(self.config.ready_file), json.dumps(ready).encode())
+        notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
 
     def release(self) -> None:
         """Give back what startup took outside the event loop: ports and the pid file.
@@ -161,12 +162,11 @@ class SnetServer:
         """Say goodbye to every worker, stop listening, write the final weights."""
         self.state = "stopping"
         self.stopping.set()
+        notify("STOPPING=1")
         if self._tcp is not None:
             self._tcp.close()
         goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
-        for connection in list(self.connections):
-            connection.send(Goodbye(goodbye))
-            connection.close(f"server {reason}")
+        self._send_goodbyes(goodbye, f"server {reason}")
         path = self.write_final_weights()
         log.info("final weights (version %d) written to %s", self.coordinator.version, path)
         if self._http is not None:
@@ -206,6 +206,11 @@ class SnetServer:
     def _write_trace(self, record: dict[str, Any]) -> None:
         self._trace_handle.write(json.dumps(record) + "\n")
 
+    def _send_goodbyes(self, goodbye: str, reason: str) -> None:
+        for connection in list(self.connections):
+            connection.send(Goodbye(goodbye))
+            connection.close(reason)
+
     def _set_reading(self, on: bool) -> None:
         for connection in self.connections:
             if on:
@@ -216,8 +221,10 @@ class SnetServer:
     def _on_trained(self) -> None:
         self.state = "trained"
         log.info("training complete after %d epochs", self.coordinator.stats.epochs_done)
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.config.linger_seconds, self.request_stop, "trained")
+        self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # even while it lingers
+        if self.config.linger_seconds >= 0:  # negative: serve the results until stopped
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.config.linger_seconds, self.request_stop, "trained")
 
     async def _housekeeping(self) -> None:
         """Heartbeats to quiet workers; drop workers silent past the timeout."""

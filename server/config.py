@@ -32,7 +32,7 @@ class ServerConfig:
     max_frame_mb: int = 512
     heartbeat_seconds: float = 5.0
     worker_timeout_seconds: float = 60.0
-    linger_seconds: float = 0.0  # keep serving HTTP this long after training ends
+    linger_seconds: float = 0.0  # keep serving HTTP this long after training (< 0: until stopped)
     log_level: str = "info"
     job: JobSpec = field(default_factory=JobSpec)
 

@@ -29,7 +29,16 @@ import numpy as np
 
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.job import JobSpec
-from snet.protocol.messages import EvalResult, Evaluate, Lease, Update, Weights, Welcome
+from snet.protocol.messages import (
+    TRAINING_COMPLETE,
+    EvalResult,
+    Evaluate,
+    Goodbye,
+    Lease,
+    Update,
+    Weights,
+    Welcome,
+)
 from snet.protocol.network import ElementLayout, initial_weights
 
 from .leases import LeaseBook
@@ -108,7 +117,9 @@ class Coordinator:
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         session.send(Welcome(session.worker_id, self.job.to_dict()))
         self._send_weights(session)
-        if self.finished.is_set():
+        if self.finished.is_set():  # a latecomer (e.g. a restarted pod): nothing left to do
+            session.send(Goodbye(TRAINING_COMPLETE))
+            session.close(TRAINING_COMPLETE)
             return
         self._fill_leases()
         self._assign_evals()

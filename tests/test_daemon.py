@@ -40,10 +40,18 @@ def _ledger_exact(status: dict[str, object]) -> bool:
     return all(e["ledger"]["used_once"] == e["ledger"]["frames"] for e in epochs)
 
 
-def test_pid_file_and_exit_codes(cluster: Cluster, tmp_path: Path) -> None:
+def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> None:
     pid_file = tmp_path / "run" / "snet.pid"
+    systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # stands in for systemd
+    systemd.bind(str(tmp_path / "notify"))
+    systemd.settimeout(30)
+    cluster.env["NOTIFY_SOCKET"] = str(tmp_path / "notify")
     server = cluster.server("--mode", "async", "--epochs", "50", "--pid-file", str(pid_file))
+    del cluster.env["NOTIFY_SOCKET"]
     assert pid_file.read_text() == f"{server.process.pid}\n"
+    ready = systemd.recv(4096).decode().splitlines()  # sent once both ports listen
+    assert ready[:2] == ["READY=1", f"MAINPID={server.process.pid}"]
+    assert server.status()["state"] == "training"
 
     # A second daemon with the same pid file is refused (2: configuration) ...
     clash = _snet(cluster, "server", "--port", "0", "--http-port", "0", "--pid-file", str(pid_file))
@@ -61,6 +69,8 @@ def test_pid_file_and_exit_codes(cluster: Cluster, tmp_path: Path) -> None:
 
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
+    assert systemd.recv(4096) == b"STOPPING=1"
+    systemd.close()
     assert not pid_file.exists()
     assert "exiting with status 0 (signal SIGTERM)" in server.log.read_text()
 
@@ -146,3 +156,16 @@ def test_frozen_server_is_dropped_and_rejoined(cluster: Cluster) -> None:
     assert [row["name"] for row in rows] == ["w0", "w0"]  # the same worker, joined twice
     assert rows[0]["state"] == "gone" and rows[1]["updates_sent"] > 0
     assert final["epochs_done"] == 6 and _ledger_exact(final)
+
+
+def test_a_worker_joining_after_training_is_sent_home(cluster: Cluster) -> None:
+    server = cluster.server("--epochs", "1", "--linger-seconds", "-1", *SMALL_JOB)
+    first = cluster.worker(server, "first")
+    assert first.wait(60) == 0  # training complete; the server lingers (until stopped)
+    assert server.status()["state"] == "trained"
+    late = cluster.worker(server, "late")
+    assert late.wait(30) == 0
+    assert "server said goodbye (training complete)" in cluster.log("late")
+    assert server.process.poll() is None
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0

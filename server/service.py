@@ -1,14 +1,19 @@
-"""``PidFile``: the server's process id in a file, for service managers and scripts.
+"""What a service manager needs from the daemon: a pid file and readiness notices.
 
-Written (atomically) once the server listens, removed when it exits. A file that names
-another process which is still running means a second server was started with the same
-``--pid-file``: that is refused, so two daemons never fight over one file. A file left by
-a process that no longer exists (after a crash or SIGKILL) is simply replaced.
+``PidFile``: the process id, written (atomically) at startup and removed at exit. A file
+that names another process which is still running means a second server was started with
+the same ``--pid-file``: that is refused, so two daemons never fight over one file. A file
+left by a process that no longer exists (after a crash or SIGKILL) is simply replaced.
+
+``notify``: systemd's readiness protocol (``Type=notify``), a datagram such as
+``READY=1`` sent to the socket named in ``$NOTIFY_SOCKET``; a no-op without it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 from pathlib import Path
 
 from snet.protocol.errors import ConfigError
@@ -67,3 +72,19 @@ class PidFile:
                 self.path.unlink()
         except OSError:
             pass  # already gone or unreadable: nothing of ours to remove
+
+
+def notify(state: str) -> bool:
+    """Tell systemd ``state`` (e.g. ``"READY=1"``); True when there was someone to tell."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return False
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as channel:
+            channel.sendto(state.encode(), address)
+    except OSError as exc:  # never fatal: the service manager may be gone
+        logging.getLogger("snet.server").warning("cannot notify %s: %s", address, exc)
+        return False
+    return True
