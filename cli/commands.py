@@ -91,13 +91,18 @@ def run_server(args: argparse.Namespace) -> int:
     return status
 
 
-def run_worker(args: argparse.Namespace) -> int:
-    """Exit status: see ``Worker.run`` (0 done or stopped, 1 refused, 3 unreachable)."""
+def worker_config(args: argparse.Namespace) -> WorkerConfig:
+    """Flags > SNET_WORKER_* (and SNET_TOKEN) environment > TOML [worker] > defaults."""
     document = read_toml(getattr(args, "config", None))
     flags = {name: getattr(args, name, None) for name in WORKER_FIELDS}
     if flags["token"] is None and os.environ.get("SNET_TOKEN"):
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
-    config = merge(WorkerConfig, document.get("worker", {}), "SNET_WORKER_", flags)
+    return merge(WorkerConfig, document.get("worker", {}), "SNET_WORKER_", flags)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Exit status: see ``Worker.run`` (0 done or stopped, 1 refused, 3 unreachable)."""
+    config = worker_config(args)
     setup_logging(config.log_level)
 
     async def work() -> int:
