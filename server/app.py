@@ -163,6 +163,7 @@ class SnetServer:
         self.state = "stopping"
         self.stopping.set()
         notify("STOPPING=1")
+        self.coordinator.closed = True
         if self._tcp is not None:
             self._tcp.close()
         goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
