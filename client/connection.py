@@ -11,6 +11,7 @@ unreachable (not started yet, restarting, or behind a cut link).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -136,6 +137,20 @@ class ServerConnection(asyncio.BufferedProtocol):
         """Close after writing what is queued (e.g. a goodbye)."""
         if self.transport is not None:
             self.transport.close()
+
+    async def leave(self, goodbye: Message, timeout: float = 2.0) -> None:
+        """Send ``goodbye`` and wait (up to ``timeout``) for the server to close.
+
+        Closing at once could lose the goodbye: a socket closed with unread data in it
+        (weights keep coming) resets the connection, and the server drops what it had
+        not read yet."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.send(goodbye)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.closed), timeout)
 
     def abort(self) -> None:
         """Drop the connection now: on a dead link, queued data would never drain."""

@@ -198,7 +198,7 @@ class Worker:
             raise
         finally:
             if self._stop_reason is not None:
-                connection.send(Goodbye(f"worker stopped ({self._stop_reason})"))
+                await connection.leave(Goodbye(f"worker stopped ({self._stop_reason})"))
             connection.close()
 
     # ------------------------------------------------------------ receiving

@@ -65,6 +65,9 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
     # ... and a bad setting is a configuration error (2).
     bad = _snet(cluster, "server", "--port", "70000")
     assert bad.returncode == 2 and "port must be a TCP port" in bad.stderr
+    lonely = _snet(cluster, "worker", "--server", f"127.0.0.1:{_free_port()}", "--retry-seconds=1")
+    assert lonely.returncode == 3  # no server at all: 3, after retrying
+    assert "cannot reach the server" in lonely.stderr and "gave up after" in lonely.stderr
     assert pid_file.read_text() == f"{server.process.pid}\n"  # untouched by the refusals
 
     server.process.send_signal(signal.SIGTERM)
@@ -76,59 +79,68 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
 
     # A stale pid file (its process is gone) is simply replaced.
     pid_file.write_text("999999999\n")
-    again = cluster.server("--epochs", "1", "--pid-file", str(pid_file), *SMALL_JOB, name="again")
+    again = cluster.server(
+        *("--epochs", "1", "--linger-seconds", "-1", "--pid-file", str(pid_file), *SMALL_JOB),
+        name="again",
+    )
     assert pid_file.read_text() == f"{again.process.pid}\n"
     worker = cluster.worker(again, "w0")
-    assert again.wait(60) == 0 and worker.wait(30) == 0
+    assert worker.wait(60) == 0  # sent home once trained, while the server lingers
+    assert again.status()["state"] == "trained"
+    late = cluster.worker(again, "late")  # a latecomer is sent home at once
+    assert late.wait(30) == 0
+    assert "server said goodbye (training complete)" in cluster.log("late")
+    assert again.process.poll() is None  # lingering until stopped
+    again.process.send_signal(signal.SIGTERM)
+    assert again.wait(30) == 0
     assert not pid_file.exists()
 
 
-def test_worker_started_first_waits_then_a_sigterm_makes_it_leave(cluster: Cluster) -> None:
+def test_workers_started_first_survive_server_restart_and_crash(cluster: Cluster) -> None:
     port = _free_port()
-    early = cluster._spawn(
-        ["worker", "--server", f"127.0.0.1:{port}", "--name", "early", "--retry-seconds", "60"],
-        cluster.tmp_path / "early.log",
+    workers = [
+        cluster._spawn(
+            ["worker", "--server", f"127.0.0.1:{port}", "--name", name, "--retry-seconds", "60"],
+            cluster.tmp_path / f"{name}.log",
+        )
+        for name in ("w0", "w1", "w2")
+    ]
+    wait_until(lambda: "retrying with backoff" in cluster.log("w0"), 30, "a retry log line")
+    assert all(w.poll() is None for w in workers)  # waiting for a server, not crashed
+
+    args = ("--port", str(port), "--mode", "async", *SMALL_JOB)
+    first = cluster.server(*args, "--epochs", "50", name="first")
+    wait_until(
+        lambda: (s := first.status())["workers_live"] == 3 and s["steps"] > 10,
+        60,
+        "all three training on the first server",
     )
-    wait_until(lambda: "retrying with backoff" in cluster.log("early"), 30, "a retry log line")
-    assert early.poll() is None
-
-    server = cluster.server("--port", str(port), "--epochs", "50", *SMALL_JOB)
-    wait_until(lambda: server.status()["steps"] > 5, 60, "the early worker to train")
-    assert "reached the server" in cluster.log("early")
-
-    early.send_signal(signal.SIGTERM)  # leaves politely: the server hears a goodbye
-    assert early.wait(30) == 0
-    rows = wait_until(
-        lambda: [r for r in server.status()["workers"] if r["state"] == "gone"], 10, "goodbye"
-    )
-    assert rows[0]["left_reason"] == "goodbye: worker stopped (signal SIGTERM)"
-
-    unreachable = _snet(
-        cluster, "worker", "--server", f"127.0.0.1:{_free_port()}", "--retry-seconds", "1"
-    )
-    assert unreachable.returncode == 3
-    assert "cannot reach the server" in unreachable.stderr and "gave up after" in unreachable.stderr
-
-
-def test_workers_survive_server_restart_and_crash(cluster: Cluster) -> None:
-    first = cluster.server("--mode", "async", "--epochs", "50", *SMALL_JOB, name="first")
-    workers = [cluster.worker(first, f"w{i}", "--retry-seconds", "60") for i in range(2)]
-    wait_until(lambda: first.status()["steps"] > 10, 60, "training on the first server")
-
+    assert "reached the server" in cluster.log("w0")
     first.process.send_signal(signal.SIGTERM)  # a restart, as `systemctl restart` does it
     assert first.wait(30) == 0
-    args = ("--port", str(first.port), "--mode", "async", *SMALL_JOB)
-    second = cluster.server(*args, "--epochs", "50", name="second")
-    wait_until(lambda: second.status()["workers_live"] == 2, 60, "both workers to rejoin")
-    wait_until(lambda: second.status()["steps"] > 10, 60, "training on the second server")
 
+    second = cluster.server(*args, "--epochs", "50", name="second")
+    wait_until(lambda: second.status()["workers_live"] == 3, 60, "the workers to rejoin")
+    workers[2].send_signal(signal.SIGTERM)  # a worker leaves politely: it says goodbye
+    assert workers[2].wait(30) == 0
+    rows = wait_until(
+        lambda: [r for r in second.status()["workers"] if r["state"] == "gone"], 10, "goodbye"
+    )
+    assert [(r["name"], r["left_reason"]) for r in rows] == [
+        ("w2", "goodbye: worker stopped (signal SIGTERM)")
+    ]
+    wait_until(lambda: second.status()["steps"] > 10, 60, "training on the second server")
     second.process.send_signal(signal.SIGKILL)  # a crash: no goodbye at all
     second.wait(30)
-    third = cluster.server(*args, "--epochs", "2", name="third")
-    assert third.wait(90) == 0
-    assert [w.wait(30) for w in workers] == [0, 0]
+
+    # One epoch may be over before a worker's backoff ends: lingering, the server sends
+    # such a latecomer home with "training complete" too.
+    third = cluster.server(*args, "--epochs", "1", "--linger-seconds", "-1", name="third")
+    assert [w.wait(60) for w in workers[:2]] == [0, 0]
+    third.process.send_signal(signal.SIGTERM)
+    assert third.wait(30) == 0
     final = third.final_status()
-    assert final["epochs_done"] == 2 and _ledger_exact(final)
+    assert final["epochs_done"] == 1 and _ledger_exact(final)
     assert {row["name"] for row in final["workers"]} == {"w0", "w1"}
     for name in ("w0", "w1"):
         log = cluster.log(name)
@@ -139,10 +151,11 @@ def test_workers_survive_server_restart_and_crash(cluster: Cluster) -> None:
 
 def test_frozen_server_is_dropped_and_rejoined(cluster: Cluster) -> None:
     server = cluster.server(
-        "--mode", "async", "--epochs", "6", "--heartbeat-seconds", "0.5", *SMALL_JOB
+        "--mode", "async", "--epochs", "2", "--heartbeat-seconds", "0.5", *SMALL_JOB
     )
     worker = cluster.worker(server, "w0", "--retry-seconds", "60", "--server-timeout-seconds", "2")
     wait_until(lambda: server.status()["steps"] > 10, 60, "training to start")
+    assert server.status()["epoch"] == 0
     os.kill(server.process.pid, signal.SIGSTOP)  # the server hangs mid-bunch: no FIN, no RST
     try:
         wait_until(
@@ -155,17 +168,4 @@ def test_frozen_server_is_dropped_and_rejoined(cluster: Cluster) -> None:
     rows = sorted(final["workers"], key=lambda row: row["id"])
     assert [row["name"] for row in rows] == ["w0", "w0"]  # the same worker, joined twice
     assert rows[0]["state"] == "gone" and rows[1]["updates_sent"] > 0
-    assert final["epochs_done"] == 6 and _ledger_exact(final)
-
-
-def test_a_worker_joining_after_training_is_sent_home(cluster: Cluster) -> None:
-    server = cluster.server("--epochs", "1", "--linger-seconds", "-1", *SMALL_JOB)
-    first = cluster.worker(server, "first")
-    assert first.wait(60) == 0  # training complete; the server lingers (until stopped)
-    assert server.status()["state"] == "trained"
-    late = cluster.worker(server, "late")
-    assert late.wait(30) == 0
-    assert "server said goodbye (training complete)" in cluster.log("late")
-    assert server.process.poll() is None
-    server.process.send_signal(signal.SIGTERM)
-    assert server.wait(30) == 0
+    assert final["epochs_done"] == 2 and _ledger_exact(final)

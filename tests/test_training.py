@@ -135,7 +135,8 @@ def test_worker_killed_mid_run_sync_mode_carries_on(cluster: Cluster) -> None:
 
 def test_sigterm_shuts_down_gracefully_and_writes_weights(cluster: Cluster) -> None:
     server = cluster.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
-    worker = cluster.worker(server, "w0")
+    # It waits --retry-seconds for a stopped server to come back before it exits 0.
+    worker = cluster.worker(server, "w0", "--retry-seconds", "1")
     wait_until(lambda: server.status()["steps"] > 10, 60, "training to start")
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
