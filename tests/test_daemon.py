@@ -166,6 +166,6 @@ def test_frozen_server_is_dropped_and_rejoined(cluster: Cluster) -> None:
     assert server.wait(90) == 0 and worker.wait(30) == 0
     final = server.final_status()
     rows = sorted(final["workers"], key=lambda row: row["id"])
-    assert [row["name"] for row in rows] == ["w0", "w0"]  # the same worker, joined twice
-    assert rows[0]["state"] == "gone" and rows[1]["updates_sent"] > 0
+    assert len(rows) >= 2 and {row["name"] for row in rows} == {"w0"}  # it joined again
+    assert rows[0]["state"] == "gone" and rows[-1]["updates_sent"] > 0
     assert final["epochs_done"] == 2 and _ledger_exact(final)

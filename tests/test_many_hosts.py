@@ -122,15 +122,15 @@ def test_three_workers_on_their_own_hosts_one_link_cut_and_mended(
     rejoined = wait_until(
         lambda: (
             (s := status())
-            and len(rows := _rows(s, CUT)) == 2
-            and rows[1]["state"] == "training"
-            and rows[1]["updates_sent"] > 50
+            and len(rows := _rows(s, CUT)) >= 2
+            and rows[-1]["state"] == "training"
+            and rows[-1]["updates_sent"] > 50
             and s
         ),
         90,
         "the cut worker to rejoin and train",
     )
-    again = _rows(rejoined, CUT)[1]
+    again = _rows(rejoined, CUT)[-1]
     assert again["id"] > before["id"] and again["address"].startswith(worker_ips[CUT] + ":")
 
     for process in workers.values():  # leave politely, then stop the server
@@ -147,7 +147,7 @@ def test_three_workers_on_their_own_hosts_one_link_cut_and_mended(
     assert sum(e["ledger"]["requeued_frames"] for e in done) > 0
     assert final["cv_accuracy"] > 0.5
     worker_log = log.read_text()
-    assert "lost the server" in worker_log and worker_log.count("joined snet") == 2
+    assert "lost the server" in worker_log and worker_log.count("joined snet") >= 2
     with capsys.disabled():
         print(
             f"many hosts: {CUT} cut at version {cut_at}, dropped by the server at version "
