@@ -72,18 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--threads", type=int, help="BLAS threads (default 1)")
     worker.add_argument("--backend", help="compute backend (default numpy)")
     worker.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
-    worker.add_argument(
-        "--retry-seconds",
-        dest="retry_seconds",
-        type=float,
-        help="keep trying to (re)connect this long (default 30)",
-    )
-    worker.add_argument(
-        "--server-timeout-seconds",
-        dest="server_timeout_seconds",
-        type=float,
-        help="drop and redo a connection silent this long (default 30)",
-    )
+    retry_help = "keep trying to (re)connect this long (default 30)"
+    worker.add_argument("--retry-seconds", type=float, help=retry_help)
+    silence_help = "drop and redo a connection silent this long (default 30)"
+    worker.add_argument("--server-timeout-seconds", type=float, help=silence_help)
     worker.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
     worker.add_argument("--log-level", dest="log_level")
     worker.add_argument("--config", help="TOML file with a [worker] table")
