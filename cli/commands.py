@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
+from snet.client.backend import ComputeBackend
 from snet.client.config import WorkerConfig
 from snet.client.worker import Worker
 from snet.server.app import SnetServer
@@ -91,9 +93,8 @@ def run_server(args: argparse.Namespace) -> int:
     return status
 
 
-def worker_config(args: argparse.Namespace) -> WorkerConfig:
+def worker_config(args: argparse.Namespace, document: dict[str, Any]) -> WorkerConfig:
     """Flags > SNET_WORKER_* (and SNET_TOKEN) environment > TOML [worker] > defaults."""
-    document = read_toml(getattr(args, "config", None))
     flags = {name: getattr(args, name, None) for name in WORKER_FIELDS}
     if flags["token"] is None and os.environ.get("SNET_TOKEN"):
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
@@ -102,11 +103,16 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Exit status: see ``Worker.run`` (0 done or stopped, 1 refused, 3 unreachable)."""
-    config = worker_config(args)
+    config = worker_config(args, read_toml(getattr(args, "config", None)))
     setup_logging(config.log_level)
+    return run_worker_process(config)
+
+
+def run_worker_process(config: WorkerConfig, backend: ComputeBackend | None = None) -> int:
+    """Run one worker until done; the first SIGTERM/SIGINT makes it leave politely."""
 
     async def work() -> int:
-        worker = Worker(config)
+        worker = Worker(config, backend)
         install_stop_signals(worker.request_stop, logging.getLogger("snet.worker"))
         return await worker.run()
 

@@ -25,6 +25,7 @@ import pytest
 
 from snet.cli.commands import server_config, worker_config
 from snet.cli.main import _parser
+from snet.cli.settings import read_toml
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
@@ -39,7 +40,9 @@ def _configuration(argv: list[str], toml: Path | None = None) -> Any:
         argv = [re.sub(r"^(--config=?)/etc/snet/snet\.toml$", rf"\g<1>{toml}", a) for a in argv]
         argv = [str(toml) if a == "/etc/snet/snet.toml" else a for a in argv]
     args: argparse.Namespace = _parser().parse_args(argv)
-    return server_config(args) if args.command == "server" else worker_config(args)
+    if args.command == "server":
+        return server_config(args)
+    return worker_config(args, read_toml(getattr(args, "config", None)))
 
 
 def _yaml_documents(path: Path) -> list[dict[str, Any]]:
