@@ -14,7 +14,9 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -57,7 +59,9 @@ class Browser:
     def __init__(self, width: int = 1400, height: int = 1000) -> None:
         self.width, self.height = width, height
         self.requested: list[str] = []  # every URL the page asked for, in order
-        self._profile = tempfile.TemporaryDirectory(prefix="snet-chromium-")
+        self._profile = tempfile.TemporaryDirectory(
+            prefix="snet-chromium-", ignore_cleanup_errors=True
+        )
         self._process: subprocess.Popen[bytes] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._socket: aiohttp.ClientWebSocketResponse | None = None
@@ -80,6 +84,7 @@ class Browser:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: helpers end with it
         )
         try:
             port = await self._debugging_port(profile / "DevToolsActivePort")
@@ -116,14 +121,27 @@ class Browser:
             await self._socket.close()
         if self._session is not None:
             await self._session.close()
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(10)
+        if self._process is not None:
+            self._stop_process_group(self._process)
+        # Chromium's helpers may still be writing to the profile as they exit.
+        for _ in range(50):
+            shutil.rmtree(self._profile.name, ignore_errors=True)
+            if not Path(self._profile.name).exists():
+                break
+            await asyncio.sleep(0.1)
         self._profile.cleanup()
+
+    @staticmethod
+    def _stop_process_group(process: subprocess.Popen[bytes]) -> None:
+        """SIGTERM to Chromium's group (the browser and the helpers it started), then
+        SIGKILL to whatever is left of that group."""
+        for signum, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signum)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(wait)
+                if signum == signal.SIGTERM:
+                    time.sleep(0.2)  # let the helpers see their parent go
 
     async def _debugging_port(self, active_port: Path) -> int:
         deadline = time.monotonic() + START_SECONDS
