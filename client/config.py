@@ -23,6 +23,7 @@ class WorkerConfig:
     weights_codec: str = "none"  # how to receive weights: none, fp16 or delta:CODEC
     heartbeat_seconds: float = 5.0
     retry_seconds: float = 30.0  # how long to keep trying to (re)connect before giving up
+    server_timeout_seconds: float = 30.0  # silence after which the link is taken for dead
     max_frame_mb: int = 512
     log_level: str = "info"
 
@@ -32,6 +33,8 @@ class WorkerConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")
+        if self.server_timeout_seconds <= 1:
+            raise ConfigError("server_timeout_seconds must be more than 1 s")
         if self.compress:
             object.__setattr__(self, "compress", canonical(self.compress))
         object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))

@@ -30,9 +30,11 @@ import numpy as np
 from snet.protocol.errors import CodecError, RejectedUpdate
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    TRAINING_COMPLETE,
     ErrorMessage,
     EvalResult,
     Evaluate,
+    Goodbye,
     Lease,
     Update,
     Weights,
@@ -127,7 +129,9 @@ class Coordinator:
             codecs = {"update": session.ledger.update_codec, "weights": session.ledger.weights.form}
         session.send(Welcome(session.worker_id, self.job.to_dict(), codecs))
         self._send_weights(session)
-        if self.finished.is_set():
+        if self.finished.is_set():  # a latecomer (e.g. a restarted pod): nothing left to do
+            session.send(Goodbye(TRAINING_COMPLETE))
+            session.close(TRAINING_COMPLETE)
             return
         self._fill_leases()
         self._assign_evals()
