@@ -60,6 +60,7 @@ log = logging.getLogger("snet.worker")
 
 HANDSHAKE_SECONDS = 30.0
 REPORT_SECONDS = 1.0
+REPORT_UPDATES = 32  # a compressing worker also reports after every this many updates
 
 
 class Worker:
@@ -395,6 +396,10 @@ class Worker:
             )
             self.updates_sent += 1
             self._sent_this_session += 1
+            if self.compressor is not None and self.updates_sent % REPORT_UPDATES == 0:
+                report = self._report()  # also every so many updates: fast runs get one too
+                if report is not None:
+                    connection.send(report)
             last_base = weights.version
             self._offset += count
             if self._offset >= len(lease.indices):
@@ -414,6 +419,13 @@ class Worker:
         frames, correct, loss = self.backend.evaluate(weights)
         return EvalResult(request.version, request.epoch, frames, correct, loss)
 
+    def _report(self) -> WorkerReport | None:
+        """The backend's figures and the compression ledger's worker side, if any."""
+        report = dict(self.backend.report() or {})
+        if self.compressor is not None:
+            report["compression"] = self.compressor.figures()
+        return WorkerReport(time.time(), report) if report else None
+
     async def _heartbeat(self, connection: ServerConnection) -> None:
         """Liveness every ``heartbeat_seconds``; the backend's figures every second."""
         last_beat = time.monotonic()
@@ -427,11 +439,9 @@ class Worker:
                 log.warning("nothing from the server for %.0f s; dropping the connection", silent)
                 connection.abort()
                 return
-            report = dict(self.backend.report() or {})
-            if self.compressor is not None:
-                report["compression"] = self.compressor.figures()
-            if report:
-                connection.send(WorkerReport(time.time(), report))
+            report = self._report()
+            if report is not None:
+                connection.send(report)
             elif time.monotonic() - last_beat >= self.config.heartbeat_seconds:
                 connection.send(Heartbeat(time.time()))
                 last_beat = time.monotonic()

@@ -139,7 +139,7 @@ def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
         "--compress",
         "sign",
         "--linger-seconds",
-        "12",
+        "5",
         *SMALL_JOB,
     )
     workers = [
@@ -179,4 +179,5 @@ def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
     assert "snet_worker_update_cosine" in metrics
     for worker in workers:
         assert worker.wait(60) == 0
+    assert server.wait(60) == 0
     assert load_weights(server.out_dir / "weights.npz")
