@@ -30,6 +30,8 @@ SERVER_FIELDS = (
     "worker_timeout_seconds",
     "linger_seconds",
     "log_level",
+    "init_weights",
+    "hooks",
 )
 JOB_FLAGS = (
     "mode",
@@ -40,9 +42,18 @@ JOB_FLAGS = (
     "learning_rates",
     "momentum",
     "updates_per_step",
+    "max_in_flight",
     "chunk_frames",
     "seed",
+    "schedule",
+    "newbob_scale",
+    "newbob_ramp",
+    "newbob_stop",
+    "frame_order",
+    "shuffle_cache_bunches",
     "source",
+    "labels",
+    "norm_file",
     "context",
 )
 WORKER_FIELDS = (
@@ -55,6 +66,7 @@ WORKER_FIELDS = (
     "retry_seconds",
     "max_frame_mb",
     "log_level",
+    "data_access",
 )
 
 

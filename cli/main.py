@@ -29,9 +29,22 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="async: updates per step (0: one per live worker)",
     )
+    group.add_argument("--max-in-flight", dest="max_in_flight", type=int)
     group.add_argument("--chunk-frames", dest="chunk_frames", type=int)
     group.add_argument("--seed", type=int)
-    group.add_argument("--data", dest="source", help='"fsdd" or an .npz with X, y, lengths')
+    group.add_argument("--schedule", choices=("list", "newbob"), help="learning-rate schedule")
+    group.add_argument("--newbob-scale", dest="newbob_scale", type=float)
+    group.add_argument("--newbob-ramp", dest="newbob_ramp", type=float, help="CV error points")
+    group.add_argument("--newbob-stop", dest="newbob_stop", type=float, help="CV error points")
+    group.add_argument("--frame-order", dest="frame_order", choices=("shuffled", "sequential"))
+    group.add_argument("--shuffle-cache-bunches", dest="shuffle_cache_bunches", type=int)
+    group.add_argument(
+        "--data",
+        dest="source",
+        help='"fsdd", an .npz (X, y, lengths), a directory of .npy, a .pfile, Kaldi .scp/.ark',
+    )
+    group.add_argument("--labels", help="Kaldi alignment archive with the per-frame labels")
+    group.add_argument("--norm-file", dest="norm_file", help="Quicknet norm file to use")
     group.add_argument("--context", type=int, help="frames of context either side")
 
 
@@ -51,6 +64,10 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-timeout-seconds", dest="worker_timeout_seconds", type=float)
     parser.add_argument("--linger-seconds", dest="linger_seconds", type=float)
     parser.add_argument("--log-level", dest="log_level")
+    parser.add_argument(
+        "--init-weights", dest="init_weights", help="continue training from a weights .npz"
+    )
+    parser.add_argument("--hooks", help="extra hooks: package.module:ClassName,...")
     parser.add_argument("--config", help="TOML file with [server] and [job] tables")
     _add_job_flags(parser)
 
@@ -72,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--retry-seconds", dest="retry_seconds", type=float)
     worker.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
     worker.add_argument("--log-level", dest="log_level")
+    worker.add_argument(
+        "--data-access",
+        dest="data_access",
+        choices=("auto", "local", "inline"),
+        help="read the data here (local), have the server send it (inline), or try (auto)",
+    )
     worker.add_argument("--config", help="TOML file with a [worker] table")
 
     status = commands.add_parser("status", help="show a server's training status")

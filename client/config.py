@@ -21,6 +21,7 @@ class WorkerConfig:
     retry_seconds: float = 30.0  # how long to keep trying to (re)connect before giving up
     max_frame_mb: int = 512
     log_level: str = "info"
+    data_access: str = "auto"  # auto: read the data, else frames inline; local; inline
 
     def __post_init__(self) -> None:
         self.address()  # validates
@@ -28,6 +29,10 @@ class WorkerConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")
+        if self.data_access not in ("auto", "local", "inline"):
+            raise ConfigError(
+                f"data_access must be auto, local or inline, got {self.data_access!r}"
+            )
 
     def address(self) -> tuple[str, int]:
         host, sep, port = self.server.rpartition(":")

@@ -5,6 +5,13 @@ event loop) files incoming weights, leases and requests; the compute loop runs e
 bunch's numpy work in a thread. At each bunch boundary the compute loop takes the newest
 weights. In async mode it never waits for weights after sending an update; in sync mode
 it waits for the version after the one its update was computed on.
+
+The data: the server's ``DataInfo`` (normalisation, utterance lengths) follows
+``Welcome``. A worker reads the frames from its own copy of the data (``data_access``
+"local" or "auto"); one that cannot ("auto" falling back, or "inline") says
+``FramesWanted`` and trains on the raw frames the server sends, a lease's frames arriving
+before the worker needs them. Each lease is trained in the order of
+``protocol.shuffle.cache_order``: shuffled within a cache of several bunches.
 """
 
 from __future__ import annotations
@@ -15,17 +22,21 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
 from snet.protocol import PROTOCOL_VERSION, auth
-from snet.protocol.errors import ProtocolError, RemoteError
+from snet.protocol.errors import ConfigError, DataError, ProtocolError, RemoteError
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    DataInfo,
     ErrorMessage,
     EvalResult,
     Evaluate,
+    Frames,
+    FramesWanted,
     Goodbye,
     Heartbeat,
     Hello,
@@ -38,18 +49,28 @@ from snet.protocol.messages import (
     WorkerReport,
 )
 from snet.protocol.network import ElementLayout
+from snet.protocol.shuffle import cache_order
 
 from .backend import ComputeBackend, make_backend
 from .buffers import SendBuffers, WeightsBox, WeightsCopy
 from .config import WorkerConfig
 from .connection import ServerConnection
-from .data import Corpus, load_corpus
+from .data import Corpus, InlineStore, inline_corpus, local_corpus
 
 log = logging.getLogger("snet.worker")
 
 CAPABILITIES = ("codec:none",)
 HANDSHAKE_SECONDS = 30.0
 REPORT_SECONDS = 1.0
+
+
+@dataclass
+class HeldLease:
+    """A lease and its frames in training order (shuffled within the cache)."""
+
+    lease: Lease
+    order: np.ndarray
+    ready: bool = False  # every frame its windows read is at hand
 
 
 class ServerGone(Exception):
@@ -66,7 +87,7 @@ class Worker:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snet-compute")
         self._inbox: deque[Message] = deque()
         self._wake = asyncio.Event()
-        self._leases: deque[Lease] = deque()
+        self._leases: deque[HeldLease] = deque()
         self._evaluations: deque[Evaluate] = deque()
         self._offset = 0
         self._goodbye: str | None = None
@@ -203,15 +224,24 @@ class Worker:
             welcome = await self._next_message()
             if not isinstance(welcome, Welcome):
                 raise ProtocolError(f"expected welcome, got {welcome.TYPE}")
+            info = await self._next_message()
+            if not isinstance(info, DataInfo):
+                raise ProtocolError(f"expected data_info, got {info.TYPE}")
         except RemoteError as exc:
             self._refused = exc
             return False
         except ProtocolError as exc:
             self._refused = RemoteError(exc.code, str(exc))
             return False
-        job = JobSpec.from_dict(welcome.job)
-        if job != self.job or self.corpus is None:
-            await self._prepare(job)
+        try:
+            job = JobSpec.from_dict(welcome.job)
+            await self._prepare(job, info, connection)
+        except RemoteError as exc:
+            self._refused = exc
+            return False
+        except (ConfigError, DataError) as exc:
+            self._refused = RemoteError("bad_job", str(exc))
+            return False
         log.info(
             "joined %s as worker %d (%s mode, network %s)",
             hello.server_name,
@@ -221,12 +251,22 @@ class Worker:
         )
         return True
 
-    async def _prepare(self, job: JobSpec) -> None:
-        """Load the job's data and prepare the backend (in the compute thread)."""
+    async def _prepare(self, job: JobSpec, info: DataInfo, connection: ServerConnection) -> None:
+        """Open the data (or ask for it inline) and prepare the backend (compute thread)."""
         loop = asyncio.get_running_loop()
-        corpus = await loop.run_in_executor(
-            self.executor, load_corpus, job.data, job.network.output_size
-        )
+        corpus: Corpus | None = None
+        reason = "this worker runs with --data-access inline"
+        if self.config.data_access != "inline":
+            try:
+                corpus = await loop.run_in_executor(self.executor, local_corpus, job, info)
+            except DataError as exc:
+                if self.config.data_access == "local":
+                    raise RemoteError("bad_data", str(exc)) from exc
+                reason = str(exc)
+        if corpus is None:
+            log.info("frames come inline from the server: %s", reason)
+            corpus = inline_corpus(job, info)
+            connection.send(FramesWanted(reason[:500]))
         if corpus.pattern_size != job.network.input_size:
             raise RemoteError(
                 "bad_job",
@@ -242,7 +282,12 @@ class Worker:
         while self._inbox:
             message = self._inbox.popleft()
             if isinstance(message, Lease):
-                self._leases.append(message)
+                assert self.job is not None
+                cache = self.job.bunch_size * self.job.shuffle_cache_bunches
+                order = cache_order(message.indices, message.lease_id, self.job.seed, cache)
+                self._leases.append(HeldLease(message, order))
+            elif isinstance(message, Frames):
+                self._add_frames(message)
             elif isinstance(message, Evaluate):
                 self._evaluations.append(message)
             elif isinstance(message, Weights):  # arrived before the box was attached
@@ -265,6 +310,21 @@ class Worker:
             elif not isinstance(message, Heartbeat):
                 log.warning("unexpected %s from the server; ignored", message.TYPE)
 
+    def _add_frames(self, message: Frames) -> None:
+        store = self.corpus.store if self.corpus is not None else None
+        if not isinstance(store, InlineStore):
+            log.warning("frames from the server, but this worker reads its own data; ignored")
+            return
+        store.add(message.indices, message.features, message.labels)
+
+    def _lease_ready(self) -> bool:
+        """A lease is held and every frame it needs is at hand."""
+        if not self._leases or self.corpus is None:
+            return False
+        held = self._leases[0]
+        held.ready = held.ready or self.corpus.ready_for(held.order)
+        return held.ready
+
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and connection.send_buffers is not None
         loop = asyncio.get_running_loop()
@@ -277,13 +337,14 @@ class Worker:
                 return
             if self._lost:
                 raise ServerGone("connection lost")
-            if self._evaluations:
+            assert self.corpus is not None
+            if self._evaluations and self.corpus.ready_for(self.corpus.cv_frames):
                 request = self._evaluations.popleft()
                 result = await loop.run_in_executor(self.executor, self._evaluate, request)
                 connection.send(result)
                 continue
             weights = box.take_newest()
-            ready = weights is not None and bool(self._leases)
+            ready = weights is not None and self._lease_ready()
             if sync:
                 ready = ready and weights is not None and weights.version > last_base
             else:
@@ -293,9 +354,10 @@ class Worker:
                 await self._wake.wait()
                 continue
             assert weights is not None
-            lease = self._leases[0]
-            count = min(self.job.bunch_size, len(lease.indices) - self._offset)
-            frames = lease.indices[self._offset : self._offset + count]
+            held = self._leases[0]
+            lease = held.lease
+            count = min(self.job.bunch_size, len(held.order) - self._offset)
+            frames = held.order[self._offset : self._offset + count]
             gradient = await connection.send_buffers.acquire()
             started = time.perf_counter()
             loss, correct = await loop.run_in_executor(
@@ -319,7 +381,7 @@ class Worker:
             self._sent_this_session += 1
             last_base = weights.version
             self._offset += count
-            if self._offset >= len(lease.indices):
+            if self._offset >= len(held.order):
                 self._leases.popleft()
                 self._offset = 0
 

@@ -22,13 +22,15 @@ from typing import Any
 
 from aiohttp import web
 
+from snet.data.norms import write_norm_file
 from snet.protocol.framing import FrameLimits
+from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import Goodbye, Heartbeat
 
 from .config import ServerConfig
 from .connection import ConnectionCounters, WorkerConnection
-from .dataplan import training_frames
-from .export import weights_npz, write_atomically
+from .dataplan import plan_data
+from .export import read_weights, weights_npz, write_atomically
 from .http import make_app
 from .training import Coordinator
 
@@ -59,13 +61,23 @@ class SnetServer:
     async def startup(self) -> None:
         loop = asyncio.get_running_loop()
         job = self.config.job
-        train, total = await loop.run_in_executor(self.executor, training_frames, job.data)
+        plan = await loop.run_in_executor(self.executor, plan_data, job)
+        weights = None
+        if self.config.init_weights:
+            weights = read_weights(self.config.init_weights, job.network).flat
+            log.info("continuing from the weights in %s", self.config.init_weights)
         trace = None
         if self.config.trace_file:
             self._trace_handle = open(self.config.trace_file, "w", encoding="utf-8")  # noqa: SIM115
             trace = self._write_trace
         self.coordinator = Coordinator(
-            job, train, total, self.executor, self.config.pool_size, trace
+            job,
+            plan,
+            self.executor,
+            self.config.pool_size,
+            trace,
+            standard_hooks(self.config.hooks),
+            weights,
         )
         self.coordinator.pool.on_empty = lambda: self._set_reading(False)
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
@@ -97,7 +109,7 @@ class SnetServer:
             self.config.name,
             job.mode,
             job.network.describe(),
-            len(train),
+            len(plan.train_frames),
             self.config.host,
             self.port,
             self.config.http_bind_host,
@@ -157,8 +169,11 @@ class SnetServer:
             coordinator.rule.snapshot,
             coordinator.version,
             coordinator.epoch,
+            coordinator.plan.norms,
+            coordinator.job.data.context,
         )
         write_atomically(path, payload)
+        write_norm_file(Path(self.config.out_dir) / "norms", coordinator.plan.norms)
         status = json.dumps(self._final_status(), indent=1).encode()
         write_atomically(Path(self.config.out_dir) / "status.json", status)
         return path

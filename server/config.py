@@ -33,6 +33,8 @@ class ServerConfig:
     worker_timeout_seconds: float = 60.0
     linger_seconds: float = 0.0  # keep serving HTTP this long after training ends
     log_level: str = "info"
+    init_weights: str = ""  # an snet weights .npz to continue training from
+    hooks: str = ""  # extra behaviour hooks, comma-separated package.module:ClassName
     job: JobSpec = field(default_factory=JobSpec)
 
     def __post_init__(self) -> None:

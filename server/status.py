@@ -45,6 +45,12 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "workers_live": len(coordinator.sessions),
         "workers": workers,
         "epochs": [record.as_dict() for record in stats.epochs],
+        "schedule": coordinator.job.schedule,
+        "hooks": coordinator.hooks.figures(),
+        "inline_frames": {
+            "frames_sent": coordinator.inline.frames_sent,
+            "bytes_sent": coordinator.inline.bytes_sent,
+        },
     }
 
 

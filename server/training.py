@@ -11,7 +11,13 @@ single worker thread, so receiving never waits behind computing.
   worker could still contribute (the tail of an epoch, a worker gone).
 
 After each step every worker is sent the new weights. After each epoch the weights are
-sent to one worker for cross-validation while the others go on.
+sent to one worker for cross-validation while the others go on; with the newbob schedule
+the next epoch waits for that result instead (``server/epochs.py``), because its learning
+rate, and whether the epoch's weights are kept, depend on it.
+
+Workers that cannot read the data are sent the raw frames their leases and evaluations
+need (``server/inline.py``). Hooks (``protocol/hooks.py``) are called after each step and
+each epoch.
 """
 
 from __future__ import annotations
@@ -28,10 +34,23 @@ from typing import Any
 import numpy as np
 
 from snet.protocol.errors import RejectedUpdate
+from snet.protocol.hooks import BunchEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
-from snet.protocol.messages import EvalResult, Evaluate, Lease, Update, Weights, Welcome
+from snet.protocol.messages import (
+    DataInfo,
+    EvalResult,
+    Evaluate,
+    FramesWanted,
+    Lease,
+    Update,
+    Weights,
+    Welcome,
+)
 from snet.protocol.network import ElementLayout, initial_weights
 
+from .dataplan import DataPlan
+from .epochs import EpochControl
+from .inline import InlineFrames
 from .leases import LeaseBook
 from .pool import ElementPool, PooledElement, is_finite
 from .session import WorkerSession
@@ -65,18 +84,30 @@ class Coordinator:
     def __init__(
         self,
         job: JobSpec,
-        train_frames: np.ndarray,
-        total_frames: int,
+        plan: DataPlan,
         executor: Executor,
         pool_size: int,
         trace: Callable[[dict[str, Any]], None] | None = None,
+        hooks: HookSet | None = None,
+        weights: np.ndarray | None = None,
     ) -> None:
         self.job = job
+        self.plan = plan
         self.layout = ElementLayout.for_network(job.network)
         self.connections = job.network.connections
-        self.rule = UpdateRule(initial_weights(job.network, job.seed), job.momentum)
+        start = initial_weights(job.network, job.seed) if weights is None else weights
+        self.rule = UpdateRule(start, job.momentum)
         self.pool = ElementPool(self.layout, pool_size)
-        self.book = LeaseBook(train_frames, total_frames, job.chunk_frames, job.seed)
+        self.book = LeaseBook(
+            plan.train_frames,
+            plan.total_frames,
+            job.chunk_frames,
+            job.seed,
+            cache_frames=job.bunch_size * job.shuffle_cache_bunches,
+            sequential=job.frame_order == "sequential",
+        )
+        self.inline = InlineFrames(plan, job.data.context)
+        self.hooks = hooks or HookSet([])
         self.executor = executor
         self.trace = trace
         self.stats = TrainingStats(job.epochs)
@@ -89,14 +120,18 @@ class Coordinator:
         self._evals: dict[int, EvalJob] = {}
         self.finished = asyncio.Event()
         self.on_finished: Callable[[], None] | None = None
-        self.book.start_epoch(0)
-        self.stats.start_epoch(0, job.learning_rate(0))
+        self.epochs = EpochControl(self)
+        info = RunInfo(
+            job.network.describe(), self.connections, job.mode, job.epochs, len(plan.train_frames)
+        )
+        self.hooks.call("before_training", info)
+        self.epochs.begin(0)
 
     # ------------------------------------------------------------ workers
 
     @property
     def learning_rate(self) -> float:
-        return self.job.learning_rate(self.epoch)
+        return self.epochs.rate
 
     @property
     def received_queue(self) -> int:
@@ -107,6 +142,15 @@ class Coordinator:
         self.sessions[session.worker_id] = session
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         session.send(Welcome(session.worker_id, self.job.to_dict()))
+        plan = self.plan
+        session.send(
+            DataInfo(
+                plan.source.features,
+                plan.total_frames,
+                norms=plan.norms.as_array(),
+                lengths=plan.bounds.lengths.astype("<i8"),
+            )
+        )
         self._send_weights(session)
         if self.finished.is_set():
             return
@@ -120,6 +164,7 @@ class Coordinator:
         session.state, session.left_reason = "gone", reason
         self.departed.append(session)
         returned = self.book.worker_gone(session.worker_id)
+        self.inline.forget(session.worker_id)
         log.info("worker %s left (%s); %d frames back in the queue", session.name, reason, returned)
         for job in self._evals.values():
             if job.worker_id == session.worker_id:
@@ -141,12 +186,32 @@ class Coordinator:
         )
 
     def _fill_leases(self) -> None:
+        if self.epochs.waiting_for_cv:
+            return
         for session in list(self.sessions.values()):
             while len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER:
                 lease = self.book.grant(session.worker_id)
                 if lease is None:
                     return
-                session.send(Lease(lease.lease_id, lease.epoch, lease.indices.astype("<i8")))
+                self._send_frames(session, lease.chunk)
+                session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8")))
+
+    def _send_frames(self, session: WorkerSession, centres: np.ndarray) -> None:
+        frames = self.inline.frames_for(session.worker_id, centres)
+        if frames is not None:
+            session.send(frames)
+
+    def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
+        """The worker cannot read the data: send its frames inline from now on."""
+        log.info(
+            "worker %s cannot read the data (%s): frames go inline", session.name, message.reason
+        )
+        session.inline_frames = True
+        self.inline.start(session.worker_id)
+        for lease in self.book.held_by(session.worker_id):
+            self._send_frames(session, lease.chunk)
+        if any(job.worker_id == session.worker_id for job in self._evals.values()):
+            self._send_frames(session, self.plan.cv_frames)
 
     # ------------------------------------------------------------ updates
 
@@ -246,6 +311,16 @@ class Coordinator:
             self.stats.record_staleness(staleness)
             self.book.record_applied(pending.frames)
         self.stats.record_step(len(batch), patterns, time.perf_counter() - started)
+        event = BunchEvent(
+            self.epoch,
+            self.version,
+            len(batch),
+            patterns,
+            sum(p.message.correct for p in batch),
+            sum(p.message.loss_sum for p in batch),
+            rate,
+        )
+        self.hooks.call("after_bunch", event)
         if self.trace is not None:
             self.trace(self._trace_record(batch, rate))
         for session in self.sessions.values():
@@ -281,12 +356,31 @@ class Coordinator:
             100 * self.stats.train_accuracy(self.epoch),
         )
         self._evals[self.epoch] = EvalJob(self.epoch, self.version, self.rule.snapshot)
-        if self.epoch + 1 < self.job.epochs:
-            self.epoch += 1
-            self.book.start_epoch(self.epoch)
-            self.stats.start_epoch(self.epoch, self.learning_rate)
-            self._fill_leases()
+        self.epochs.epoch_trained(self.epoch)
         self._assign_evals()
+
+    def start_epoch(self, epoch: int) -> None:
+        """Called by ``EpochControl`` when the next epoch may begin."""
+        self.epoch = epoch
+        self.book.start_epoch(epoch)
+        self.stats.start_epoch(epoch, self.learning_rate)
+        self.hooks.call("before_epoch", epoch, self.learning_rate)
+        if self.sessions:
+            self._fill_leases()
+
+    def restore_weights(self, weights: np.ndarray) -> None:
+        """Roll back to earlier weights (newbob): a new version, sent to every worker."""
+        self.rule.load(weights)
+        self.version += 1
+        for session in self.sessions.values():
+            self._send_weights(session)
+
+    def finish(self) -> None:
+        """Every epoch trained and cross-validated (or the schedule stopped)."""
+        self.hooks.call("after_training")
+        self.finished.set()
+        if self.on_finished is not None:
+            self.on_finished()
 
     def _assign_evals(self) -> None:
         for job in self._evals.values():
@@ -298,6 +392,7 @@ class Coordinator:
             )
             job.worker_id = session.worker_id
             session.evaluations += 1
+            self._send_frames(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
 
     def on_eval_result(self, session: WorkerSession, message: EvalResult) -> None:
@@ -312,10 +407,7 @@ class Coordinator:
             100 * message.correct / max(message.frames, 1),
             message.frames,
         )
-        if not self._evals and self.stats.epochs_done == self.job.epochs:
-            self.finished.set()
-            if self.on_finished is not None:
-                self.on_finished()
+        self.epochs.cv_result(message.epoch, job.weights, message)
 
     # ------------------------------------------------------------ views
 
