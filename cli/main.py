@@ -103,6 +103,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
 
+    evaluate = commands.add_parser("eval", help="score saved weights on data")
+    evaluate.add_argument("--weights", required=True, help="a weights .npz written by snet")
+    evaluate.add_argument("--data", dest="source", help="data to score on (default fsdd)")
+    evaluate.add_argument("--labels", help="Kaldi alignment archive")
+    evaluate.add_argument("--norm-file", dest="norm_file", help="Quicknet norm file")
+    evaluate.add_argument("--context", type=int, help="default: as saved with the weights")
+    evaluate.add_argument("--subset", choices=("cv", "train", "all"), default="cv")
+    evaluate.add_argument("--cv-fraction", dest="cv_fraction", type=float, default=0.1)
+    evaluate.add_argument("--split-seed", dest="split_seed", type=int, default=0)
+    evaluate.add_argument("--json", action="store_true")
+
+    train = commands.add_parser("train", help="sequential training in this process")
+    train.add_argument("--out-dir", dest="out_dir", default="snet-out")
+    train.add_argument("--init-weights", dest="init_weights")
+    _add_job_flags(train)
+
+    data = commands.add_parser("data", help="data tools")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    convert = data_commands.add_parser("convert", help="rewrite data as .pfile, .npz or .ark")
+    convert.add_argument("input", help="any data snet reads")
+    convert.add_argument("output", help="OUT.pfile, OUT.npz or OUT.ark (+ .scp, -ali.ark)")
+    convert.add_argument("--labels", help="Kaldi alignment archive of the input")
+
     demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
     demo.add_argument("--workers", type=int, default=2)
     demo.add_argument("--http-port", dest="http_port", type=int, default=0)
@@ -130,6 +153,16 @@ def main(argv: list[str] | None = None) -> int:
             from .status import run_status
 
             return run_status(args)
+        if args.command in ("eval", "train", "data"):
+            from . import offline
+            from .commands import JOB_FLAGS
+
+            if args.command == "eval":
+                return offline.run_eval(args)
+            if args.command == "data":
+                return offline.run_convert(args)
+            flags = {k: v for k in JOB_FLAGS if (v := getattr(args, k, None)) is not None}
+            return offline.run_train(args, flags)
         from .demo import run_demo
 
         return run_demo(args)
