@@ -9,6 +9,7 @@ preallocated element and be used through views without a copy.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +88,6 @@ class NetworkSpec:
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"bad network description {data!r}: {exc}") from exc
 
-
     @classmethod
     def from_layers(
         cls, layers: list[dict[str, Any]], connections: list[dict[str, Any]] | None = None
@@ -121,7 +121,8 @@ class NetworkSpec:
             try:
                 sizes.append(int(layer["size"]))
             except (TypeError, ValueError) as exc:
-                raise ConfigError(f"layer {name!r}: size {layer['size']!r} is not a number") from exc
+                size = layer["size"]
+                raise ConfigError(f"layer {name!r}: size {size!r} is not a number") from exc
             kind = layer.get("activation")
             if position == 0:
                 if kind not in (None, "input", "linear"):
@@ -133,7 +134,7 @@ class NetworkSpec:
                     )
             else:
                 activations.append(str(kind or "sigmoid"))
-        chain = [(a, b) for a, b in zip(names[:-1], names[1:], strict=True)]
+        chain = list(itertools.pairwise(names))
         if connections is not None:
             given = []
             for connection in connections:
