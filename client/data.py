@@ -9,6 +9,8 @@ context windows are cut here, from raw frames held once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from snet.data.corpus import Corpus, InlineStore, corpus_from_source, load_corpus, split_frames
@@ -17,9 +19,16 @@ from snet.data.sources import open_source
 from snet.data.windows import UtteranceBounds
 from snet.protocol.errors import DataError
 from snet.protocol.job import JobSpec
-from snet.protocol.messages import DataInfo
+from snet.protocol.messages import DataInfo, Lease
 
-__all__ = ["Corpus", "InlineStore", "inline_corpus", "load_corpus", "local_corpus"]
+__all__ = [
+    "Corpus",
+    "HeldLease",
+    "InlineStore",
+    "inline_corpus",
+    "load_corpus",
+    "local_corpus",
+]
 
 
 def local_corpus(job: JobSpec, info: DataInfo) -> Corpus:
@@ -49,3 +58,12 @@ def inline_corpus(job: JobSpec, info: DataInfo) -> Corpus:
         job.data.context,
         Norms.from_array(info.norms),
     )
+
+
+@dataclass
+class HeldLease:
+    """A lease and its frames in training order (shuffled within the cache)."""
+
+    lease: Lease
+    order: np.ndarray
+    ready: bool = False  # every frame its windows read is at hand

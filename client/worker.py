@@ -22,7 +22,6 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -55,22 +54,13 @@ from .backend import ComputeBackend, make_backend
 from .buffers import SendBuffers, WeightsBox, WeightsCopy
 from .config import WorkerConfig
 from .connection import ServerConnection
-from .data import Corpus, InlineStore, inline_corpus, local_corpus
+from .data import Corpus, HeldLease, InlineStore, inline_corpus, local_corpus
 
 log = logging.getLogger("snet.worker")
 
 CAPABILITIES = ("codec:none",)
 HANDSHAKE_SECONDS = 30.0
 REPORT_SECONDS = 1.0
-
-
-@dataclass
-class HeldLease:
-    """A lease and its frames in training order (shuffled within the cache)."""
-
-    lease: Lease
-    order: np.ndarray
-    ready: bool = False  # every frame its windows read is at hand
 
 
 class ServerGone(Exception):

@@ -30,7 +30,7 @@ from snet.protocol.messages import Goodbye, Heartbeat
 from .config import ServerConfig
 from .connection import ConnectionCounters, WorkerConnection
 from .dataplan import plan_data
-from .export import read_weights, weights_npz, write_atomically
+from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
 from .training import Coordinator
 
@@ -164,15 +164,7 @@ class SnetServer:
     def write_final_weights(self) -> Path:
         coordinator = self.coordinator
         path = Path(self.config.out_dir) / "weights.npz"
-        payload = weights_npz(
-            coordinator.job.network,
-            coordinator.rule.snapshot,
-            coordinator.version,
-            coordinator.epoch,
-            coordinator.plan.norms,
-            coordinator.job.data.context,
-        )
-        write_atomically(path, payload)
+        write_atomically(path, current_weights_npz(coordinator))
         write_norm_file(Path(self.config.out_dir) / "norms", coordinator.plan.norms)
         status = json.dumps(self._final_status(), indent=1).encode()
         write_atomically(Path(self.config.out_dir) / "status.json", status)

@@ -20,6 +20,7 @@ from snet.data.norms import Norms
 from snet.data.sources import FrameSource, check_against_network, open_source, total_frames
 from snet.data.windows import UtteranceBounds
 from snet.protocol.job import JobSpec
+from snet.protocol.messages import DataInfo
 
 
 @dataclass
@@ -32,6 +33,11 @@ class DataPlan:
     total_frames: int
     bounds: UtteranceBounds
     norms: Norms
+
+    def data_info(self) -> DataInfo:
+        """What every worker is told after ``Welcome``."""
+        norms, lengths = self.norms.as_array(), self.bounds.lengths.astype("<i8")
+        return DataInfo(self.source.features, self.total_frames, norms=norms, lengths=lengths)
 
 
 def plan_data(job: JobSpec) -> DataPlan:

@@ -12,13 +12,16 @@ import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from snet.data.norms import Norms
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import ElementLayout, NetworkSpec
+
+if TYPE_CHECKING:
+    from .training import Coordinator
 
 
 def weights_npz(
@@ -47,6 +50,18 @@ def weights_npz(
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
+
+
+def current_weights_npz(coordinator: Coordinator) -> bytes:
+    """The coordinator's current weights, normalisation and context as an .npz."""
+    return weights_npz(
+        coordinator.job.network,
+        coordinator.rule.snapshot,
+        coordinator.version,
+        coordinator.epoch,
+        coordinator.plan.norms,
+        coordinator.job.data.context,
+    )
 
 
 @dataclass

@@ -37,7 +37,6 @@ from snet.protocol.errors import RejectedUpdate
 from snet.protocol.hooks import BunchEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
-    DataInfo,
     EvalResult,
     Evaluate,
     FramesWanted,
@@ -142,15 +141,7 @@ class Coordinator:
         self.sessions[session.worker_id] = session
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         session.send(Welcome(session.worker_id, self.job.to_dict()))
-        plan = self.plan
-        session.send(
-            DataInfo(
-                plan.source.features,
-                plan.total_frames,
-                norms=plan.norms.as_array(),
-                lengths=plan.bounds.lengths.astype("<i8"),
-            )
-        )
+        session.send(self.plan.data_info())
         self._send_weights(session)
         if self.finished.is_set():
             return
@@ -330,19 +321,13 @@ class Coordinator:
         self._maybe_step()
 
     def _trace_record(self, batch: list[PendingUpdate], rate: float) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "epoch": self.epoch,
-            "learning_rate": rate,
-            "updates": [
-                {
-                    "worker": p.session.name,
-                    "base_version": p.message.base_version,
-                    "frames": p.frames.tolist(),
-                }
-                for p in batch
-            ],
-        }
+        updates = [
+            {"worker": p.session.name, "base_version": p.message.base_version,
+             "frames": p.frames.tolist()}
+            for p in batch
+        ]  # fmt: skip
+        return {"version": self.version, "epoch": self.epoch, "learning_rate": rate,
+                "updates": updates}  # fmt: skip
 
     # ------------------------------------------------------------ epochs
 
@@ -408,15 +393,3 @@ class Coordinator:
             message.frames,
         )
         self.epochs.cv_result(message.epoch, job.weights, message)
-
-    # ------------------------------------------------------------ views
-
-    def queues(self) -> dict[str, int]:
-        return {
-            "free": self.pool.free,
-            "received": len(self._received),
-            "pool_size": self.pool.size,
-            "pool_overflows": self.pool.overflows,
-            "chunks_waiting": self.book.waiting_chunks,
-            "leases_out": self.book.leases_out,
-        }
