@@ -69,7 +69,8 @@ def run_parallel(mode: str, workers: int, job_args: list[str], timeout: float) -
             server.wait(timeout)
             for process in processes[1:]:
                 process.wait(30)
-            return json.loads((out / "status.json").read_text())
+            status: dict = json.loads((out / "status.json").read_text())
+            return status
         finally:
             for process in processes:
                 if process.poll() is None:

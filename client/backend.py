@@ -76,15 +76,39 @@ class NumpyBackend:
         return None
 
 
-BACKENDS: dict[str, type[Any]] = {"numpy": NumpyBackend}
+def _torch_backend(threads: int) -> ComputeBackend:
+    from .torch_backend import TorchBackend
+
+    return TorchBackend(threads)
 
 
-def make_backend(name: str) -> ComputeBackend:
-    """The backend called ``name`` (``snet worker --backend``)."""
+def torch_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+BACKENDS: dict[str, Any] = {
+    "numpy": lambda threads: NumpyBackend(),
+    "torch": _torch_backend,
+}
+
+
+def make_backend(name: str, threads: int = 1) -> ComputeBackend:
+    """The backend called ``name`` (``snet worker --backend``).
+
+    ``auto`` picks torch when it is installed (its MKL kernels measured faster here at
+    every bunch size) and numpy otherwise; numpy alone always works.
+    """
     from snet.protocol.errors import ConfigError
 
+    if name == "auto":
+        name = "torch" if torch_available() else "numpy"
+    factory = BACKENDS.get(name)
+    if factory is None:
+        raise ConfigError(f"unknown backend {name!r}; known: auto, {', '.join(sorted(BACKENDS))}")
     try:
-        backend: ComputeBackend = BACKENDS[name]()
-    except KeyError:
-        raise ConfigError(f"unknown backend {name!r}; known: {sorted(BACKENDS)}") from None
+        backend: ComputeBackend = factory(threads)
+    except ImportError as exc:
+        raise ConfigError(f"backend {name!r} needs a package that is missing: {exc}") from exc
     return backend

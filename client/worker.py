@@ -27,6 +27,7 @@ import numpy as np
 
 from snet.protocol import PROTOCOL_VERSION, auth
 from snet.protocol.errors import ConfigError, DataError, ProtocolError, RemoteError
+from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
@@ -72,9 +73,11 @@ class Worker:
 
     def __init__(self, config: WorkerConfig, backend: ComputeBackend | None = None) -> None:
         self.config = config
-        self.backend = backend or make_backend(config.backend)
+        self.backend = backend or make_backend(config.backend, config.threads)
         self.name = config.worker_name()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snet-compute")
+        self.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="snet-compute", initializer=flush_denormals
+        )
         self._inbox: deque[Message] = deque()
         self._wake = asyncio.Event()
         self._leases: deque[HeldLease] = deque()
@@ -226,10 +229,9 @@ class Worker:
         try:
             job = JobSpec.from_dict(welcome.job)
             await self._prepare(job, info, connection)
-        except RemoteError as exc:
-            self._refused = exc
-            return False
-        except (ConfigError, DataError) as exc:
+        except (ConfigError, DataError, RemoteError) as exc:
+            # Tell the server why this worker cannot take part, then leave.
+            connection.send(ErrorMessage("bad_job", str(exc), True))
             self._refused = RemoteError("bad_job", str(exc))
             return False
         log.info(
@@ -335,10 +337,13 @@ class Worker:
                 continue
             weights = box.take_newest()
             ready = weights is not None and self._lease_ready()
+            in_flight = self._sent_this_session - box.settled
             if sync:
-                ready = ready and weights is not None and weights.version > last_base
+                # Wait for the next version, unless the server refused (settled) the update
+                # on this one: then the round still waits for this worker, on this version.
+                newer = weights is not None and weights.version > last_base
+                ready = ready and (newer or in_flight == 0)
             else:
-                in_flight = self._sent_this_session - box.settled
                 ready = ready and in_flight < self.job.max_in_flight
             if not ready:
                 await self._wake.wait()

@@ -120,7 +120,11 @@ class FrameDecoder:
             raise VersionMismatch(
                 f"peer speaks protocol version {version}, this is {PROTOCOL_VERSION}"
             )
-        if header_len == 0 or header_len > self.limits.max_header_bytes:
+        if _flags != 0:
+            raise MalformedFrame(f"flags byte is {_flags}; version 1 defines none")
+        if header_len == 0:
+            raise MalformedFrame("empty header")
+        if header_len > self.limits.max_header_bytes:
             raise FrameTooLarge(
                 f"header of {header_len} bytes (limit {self.limits.max_header_bytes})"
             )
@@ -134,7 +138,7 @@ class FrameDecoder:
         self._filled = 0
 
     def _on_header(self) -> None:
-        self._type, self._header = parse_header(self._buffer, self.limits)
+        self._type, self._header = parse_header(self._buffer)
         self._arrays = parse_arrays(self._type, self._header, self._payload_len, self.limits)
         target = None
         if self.sink is not None and self._payload_len:

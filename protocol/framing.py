@@ -161,7 +161,7 @@ def _check_field(type_name: str, name: str, kind: str, expected: Any, value: Any
     return value
 
 
-def parse_header(data: bytes | memoryview, limits: FrameLimits) -> tuple[str, dict[str, Any]]:
+def parse_header(data: bytes | memoryview) -> tuple[str, dict[str, Any]]:
     """Decode and check a header; returns (message type, header map)."""
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True)

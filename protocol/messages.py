@@ -45,7 +45,8 @@ class ServerHello:
 @dataclass(frozen=True)
 class Hello:
     """The worker's answer: its name, backend kind and capabilities (e.g. codecs), and
-    ``proof`` = HMAC-SHA256(token, nonce) when the server requires a token (else b"")."""
+    ``proof`` = HMAC-SHA256(key=token, msg=b"snet-hello\\x00" + nonce) when the server
+    requires a token (else b"")."""
 
     TYPE: ClassVar[str] = "hello"
     ARRAYS: ClassVar[tuple[str, ...]] = ()

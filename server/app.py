@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from snet.data.norms import write_norm_file
+from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import Goodbye, Heartbeat
@@ -45,7 +46,9 @@ class SnetServer:
         self.state = "starting"
         self.counters = ConnectionCounters()
         self.connections: set[WorkerConnection] = set()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snet-step")
+        self.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="snet-step", initializer=flush_denormals
+        )
         self._tcp: asyncio.Server | None = None
         self._http: web.AppRunner | None = None
         self._stop = asyncio.Event()
@@ -144,6 +147,7 @@ class SnetServer:
     async def shutdown(self, reason: str) -> None:
         """Say goodbye to every worker, stop listening, write the final weights."""
         self.state = "stopping"
+        self.coordinator.closed = True
         if self._tcp is not None:
             self._tcp.close()
         goodbye = "training complete" if self.coordinator.finished.is_set() else reason
@@ -206,6 +210,9 @@ class SnetServer:
             for connection in list(self.connections):
                 session = connection.session
                 if session is None:
+                    waited = now - connection.connected_at
+                    if waited > self.config.worker_timeout_seconds:
+                        connection.fail("timeout", f"no hello in {waited:.0f} s")
                     continue
                 quiet = now - session.last_seen
                 if quiet > self.config.worker_timeout_seconds:

@@ -12,8 +12,10 @@ affects the server; a refused update is answered with a non-fatal ``ErrorMessage
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import time
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +45,15 @@ log = logging.getLogger("snet.server")
 
 HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coalesce
 LOW_WATER = 1024 * 1024
+
+
+def json_safe_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as /status can show it; refuses values JSON cannot carry (e.g. bytes)."""
+    try:
+        safe: dict[str, Any] = json.loads(json.dumps(report, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise RejectedUpdate(f"worker report is not plain JSON data: {exc}") from exc
+    return safe
 
 
 class ConnectionCounters:
@@ -80,6 +91,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self.nonce = os.urandom(auth.NONCE_BYTES)
         self.peer = "?"
         self.closing = False
+        self.connected_at = time.monotonic()
 
     # ------------------------------------------------------------ transport events
 
@@ -161,7 +173,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         elif isinstance(message, Heartbeat):
             pass
         elif isinstance(message, WorkerReport):
-            self.session.report = message.report
+            self.session.report = json_safe_report(message.report)
         elif isinstance(message, Goodbye):
             self.close(f"goodbye: {message.reason}")
         elif isinstance(message, ErrorMessage):

@@ -37,8 +37,18 @@ def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
     )
     doomed.send_signal(signal.SIGKILL)
     killed_in = server.status()["epoch"]
+    # Hold the survivor still until the newcomer is in, so the run cannot end before it
+    # joins (a fast backend trains the rest of the job in a few seconds).
+    first.send_signal(signal.SIGSTOP)
     # the newcomer cannot (here: will not) read the data: the server sends its frames
     newcomer = cluster.worker(server, "w-inline", "--data-access", "inline")
+
+    def newcomer_updates() -> int:
+        rows = {row["name"]: row for row in server.status()["workers"]}
+        return int(rows["w-inline"]["updates_sent"]) if "w-inline" in rows else 0
+
+    wait_until(lambda: newcomer_updates() > 10, 60, "the inline newcomer to train")
+    first.send_signal(signal.SIGCONT)
     wait_until(lambda: server.status()["state"] == "trained", 120, "training to finish")
     status = server.status()
     assert killed_in == 0 and status["epochs_done"] == 2

@@ -1,0 +1,56 @@
+"""Worker compute backends agree with the numpy reference; denormals are flushed."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from snet.client.backend import NumpyBackend, make_backend, torch_available
+from snet.client.data import load_corpus
+from snet.protocol.errors import ConfigError
+from snet.protocol.fpu import denormals_flushed, flush_denormals
+from snet.protocol.job import JobSpec
+from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
+
+
+def test_flush_denormals_is_per_thread_and_reversible() -> None:
+    def in_thread() -> tuple[bool, bool, bool]:
+        before = denormals_flushed()
+        flush_denormals(True)
+        during = denormals_flushed()
+        flush_denormals(False)
+        return before, during, denormals_flushed()
+
+    with ThreadPoolExecutor(1) as pool:
+        before, during, after = pool.submit(in_thread).result()
+    assert (before, during, after) == (False, True, False)
+    assert not denormals_flushed()  # this thread was never touched
+
+
+def test_unknown_backend_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="unknown backend 'gpu'"):
+        make_backend("gpu")
+    expected = "torch" if torch_available() else "numpy"
+    assert make_backend("auto").name == expected
+
+
+@pytest.mark.skipif(not torch_available(), reason="torch is not installed (the bench extra)")
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu"])
+def test_torch_backend_matches_numpy(activation: str) -> None:
+    network = NetworkSpec((117, 48, 32, 10), (activation, activation))
+    job = JobSpec(network=network, bunch_size=64)
+    corpus = load_corpus(job.data, 10)
+    reference, torch_backend = NumpyBackend(), make_backend("torch")
+    reference.prepare(job, corpus)
+    torch_backend.prepare(job, corpus)
+    weights = initial_weights(network, seed=3)
+    layout = ElementLayout.for_network(network)
+    expected, got = layout.allocate(), layout.allocate()
+    frames = corpus.train_frames[:64]
+    loss_a, correct_a = reference.gradient(weights, frames, expected)
+    loss_b, correct_b = torch_backend.gradient(weights, frames, got)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert loss_b == pytest.approx(loss_a, rel=1e-5) and correct_a == correct_b
+    assert reference.evaluate(weights)[:2] == torch_backend.evaluate(weights)[:2]
