@@ -41,15 +41,10 @@ class FrameStore(Protocol):
         ...
 
 
-class DenseStore:
-    """All frames normalised in memory."""
+class _AllRowsStore:
+    """A store that has every row at hand, and every label in memory."""
 
-    def __init__(self, frames: np.ndarray, labels: np.ndarray) -> None:
-        self.frames = frames
-        self.labels = labels
-
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        return np.take(self.frames, rows, axis=0)
+    labels: np.ndarray
 
     def labels_of(self, frames: np.ndarray) -> np.ndarray:
         labels: np.ndarray = self.labels[frames]
@@ -59,7 +54,18 @@ class DenseStore:
         return True
 
 
-class SourceStore:
+class DenseStore(_AllRowsStore):
+    """All frames normalised in memory."""
+
+    def __init__(self, frames: np.ndarray, labels: np.ndarray) -> None:
+        self.frames = frames
+        self.labels = labels
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return np.take(self.frames, rows, axis=0)
+
+
+class SourceStore(_AllRowsStore):
     """Rows read from the source when asked for, then normalised."""
 
     def __init__(self, source: FrameSource, norms: Norms) -> None:
@@ -72,13 +78,6 @@ class SourceStore:
         unique, inverse = np.unique(flat, return_inverse=True)
         frames = self.norms.apply(self.source.read(unique))[inverse]
         return frames.reshape(*np.shape(rows), -1)
-
-    def labels_of(self, frames: np.ndarray) -> np.ndarray:
-        labels: np.ndarray = self.labels[frames]
-        return labels
-
-    def has(self, rows: np.ndarray) -> bool:
-        return True
 
 
 class InlineStore:
@@ -148,7 +147,7 @@ class Corpus:
 
     @property
     def labels(self) -> np.ndarray:
-        if not isinstance(self.store, DenseStore | SourceStore):
+        if not isinstance(self.store, _AllRowsStore):
             raise DataError("a worker fed inline frames has only the labels it was sent")
         labels: np.ndarray = self.store.labels
         return labels
