@@ -40,7 +40,7 @@ class EpochControl:
         self.kept: dict[int, bool] = {}
 
     def begin(self, epoch: int) -> None:
-        self.coordinator.start_epoch(epoch)
+        self.start_epoch(epoch)
 
     def epoch_trained(self, epoch: int) -> None:
         """Every frame of ``epoch`` is applied; its CV evaluation is being assigned."""
@@ -48,7 +48,7 @@ class EpochControl:
             self.waiting_for_cv = True
         elif epoch + 1 < self.job.epochs:
             self.rate = self.job.learning_rate(epoch + 1)
-            self.coordinator.start_epoch(epoch + 1)
+            self.start_epoch(epoch + 1)
 
     def cv_result(self, epoch: int, weights: np.ndarray, result: EvalResult) -> None:
         """An epoch's CV result is in: apply the schedule, maybe finish."""
@@ -63,7 +63,7 @@ class EpochControl:
                 self.best_weights = np.array(weights)
             elif self.best_weights is not None:
                 log.info("epoch %d made CV worse (%.2f%% error): weights rolled back", epoch, error)
-                coordinator.restore_weights(self.best_weights)
+                self.restore_weights(self.best_weights)
             next_rate = decision.next_rate
         self.kept[epoch] = kept
         record = coordinator.stats.record_of(epoch)
@@ -85,9 +85,35 @@ class EpochControl:
             self.waiting_for_cv = False
             if next_rate == 0.0:
                 log.info("newbob: training stops after epoch %d", epoch)
-                coordinator.finish()
+                self.finish()
             else:
                 self.rate = next_rate
-                coordinator.start_epoch(epoch + 1)
+                self.start_epoch(epoch + 1)
         elif len(self.kept) == self.job.epochs:
-            coordinator.finish()
+            self.finish()
+
+    def start_epoch(self, epoch: int) -> None:
+        """Shuffle and lease the frames of ``epoch``."""
+        coordinator = self.coordinator
+        coordinator.epoch = epoch
+        coordinator.book.start_epoch(epoch)
+        coordinator.stats.start_epoch(epoch, self.rate)
+        coordinator.hooks.call("before_epoch", epoch, self.rate)
+        if coordinator.sessions:
+            coordinator.fill_leases()
+
+    def restore_weights(self, weights: np.ndarray) -> None:
+        """Roll back to earlier weights: a new version, sent to every worker."""
+        coordinator = self.coordinator
+        coordinator.rule.load(weights)
+        coordinator.version += 1
+        for session in coordinator.sessions.values():
+            coordinator.send_weights(session)
+
+    def finish(self) -> None:
+        """Every epoch trained and cross-validated (or the schedule stopped)."""
+        coordinator = self.coordinator
+        coordinator.hooks.call("after_training")
+        coordinator.finished.set()
+        if coordinator.on_finished is not None:
+            coordinator.on_finished()

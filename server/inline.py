@@ -8,12 +8,17 @@ crosses the wire at most once per connection, and the windows are cut on the wor
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from snet.data.corpus import SourceStore
 from snet.protocol.messages import Frames
 
 from .dataplan import DataPlan
+from .session import WorkerSession
+
+log = logging.getLogger("snet.server")
 
 
 class InlineFrames:
@@ -51,3 +56,21 @@ class InlineFrames:
         self.frames_sent += len(rows)
         self.bytes_sent += features.nbytes + labels.nbytes + rows.nbytes
         return Frames(indices=rows.astype("<i8"), features=features, labels=labels)
+
+    def begin(
+        self, session: WorkerSession, reason: str, chunks: list[np.ndarray], evaluating: bool
+    ) -> None:
+        """A worker said ``FramesWanted``: send what its leases (and evaluation) need."""
+        log.info("worker %s cannot read the data (%s): frames go inline", session.name, reason)
+        session.inline_frames = True
+        self.start(session.worker_id)
+        for chunk in chunks:
+            self.send(session, chunk)
+        if evaluating:
+            self.send(session, self.plan.cv_frames)
+
+    def send(self, session: WorkerSession, centres: np.ndarray) -> None:
+        """Send the worker the frames ``centres`` need, if it is fed inline and lacks any."""
+        frames = self.frames_for(session.worker_id, centres)
+        if frames is not None:
+            session.send(frames)

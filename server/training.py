@@ -11,13 +11,9 @@ single worker thread, so receiving never waits behind computing.
   worker could still contribute (the tail of an epoch, a worker gone).
 
 After each step every worker is sent the new weights. After each epoch the weights are
-sent to one worker for cross-validation while the others go on; with the newbob schedule
-the next epoch waits for that result instead (``server/epochs.py``), because its learning
-rate, and whether the epoch's weights are kept, depend on it.
-
-Workers that cannot read the data are sent the raw frames their leases and evaluations
-need (``server/inline.py``). Hooks (``protocol/hooks.py``) are called after each step and
-each epoch.
+sent to one worker for cross-validation while the others go on (with newbob the next
+epoch waits for it: ``server/epochs.py``). Workers that cannot read the data get their
+frames inline (``server/inline.py``); hooks (``protocol/hooks.py``) see every step.
 """
 
 from __future__ import annotations
@@ -144,10 +140,10 @@ class Coordinator:
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         session.send(Welcome(session.worker_id, self.job.to_dict()))
         session.send(self.plan.data_info())
-        self._send_weights(session)
+        self.send_weights(session)
         if self.finished.is_set():
             return
-        self._fill_leases()
+        self.fill_leases()
         self._assign_evals()
 
     def remove_worker(self, session: WorkerSession, reason: str) -> None:
@@ -162,11 +158,11 @@ class Coordinator:
         for job in self._evals.values():
             if job.worker_id == session.worker_id:
                 job.worker_id = None
-        self._fill_leases()
+        self.fill_leases()
         self._assign_evals()
         self._maybe_step()
 
-    def _send_weights(self, session: WorkerSession) -> None:
+    def send_weights(self, session: WorkerSession) -> None:
         session.weights_version_sent = self.version
         session.send(
             Weights(
@@ -178,7 +174,7 @@ class Coordinator:
             )
         )
 
-    def _fill_leases(self) -> None:
+    def fill_leases(self) -> None:
         if self.epochs.waiting_for_cv:
             return
         for session in list(self.sessions.values()):
@@ -186,25 +182,14 @@ class Coordinator:
                 lease = self.book.grant(session.worker_id)
                 if lease is None:
                     return
-                self._send_frames(session, lease.chunk)
+                self.inline.send(session, lease.chunk)
                 session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8")))
-
-    def _send_frames(self, session: WorkerSession, centres: np.ndarray) -> None:
-        frames = self.inline.frames_for(session.worker_id, centres)
-        if frames is not None:
-            session.send(frames)
 
     def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """The worker cannot read the data: send its frames inline from now on."""
-        log.info(
-            "worker %s cannot read the data (%s): frames go inline", session.name, message.reason
-        )
-        session.inline_frames = True
-        self.inline.start(session.worker_id)
-        for lease in self.book.held_by(session.worker_id):
-            self._send_frames(session, lease.chunk)
-        if any(job.worker_id == session.worker_id for job in self._evals.values()):
-            self._send_frames(session, self.plan.cv_frames)
+        chunks = [lease.chunk for lease in self.book.held_by(session.worker_id)]
+        evaluating = any(job.worker_id == session.worker_id for job in self._evals.values())
+        self.inline.begin(session, message.reason, chunks, evaluating)
 
     # ------------------------------------------------------------ updates
 
@@ -219,7 +204,7 @@ class Coordinator:
             session.updates_rejected += 1
             session.updates_settled += 1
             self.stats.updates_rejected += 1
-            self._send_weights(session)  # tells the worker the update is settled
+            self.send_weights(session)  # tells the worker the update is settled
             self._maybe_step()
             raise
         session.updates_sent += 1
@@ -228,7 +213,7 @@ class Coordinator:
         self.stats.record_train(message.patterns, message.correct, message.loss_sum)
         self._received.append(PendingUpdate(session, message, frames, element))
         if len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER:
-            self._fill_leases()
+            self.fill_leases()
         self._maybe_step()
 
     def _check_update(
@@ -248,7 +233,7 @@ class Coordinator:
             # The lease moves past these frames and they are queued again: nothing is lost.
             # (skip() itself refuses a claim on frames the worker does not hold.)
             self.book.skip(session.worker_id, message.lease_id, message.offset, message.patterns)
-            self._fill_leases()
+            self.fill_leases()
             raise RejectedUpdate(reason)
         return self.book.accept(
             session.worker_id, message.lease_id, message.offset, message.patterns
@@ -335,20 +320,14 @@ class Coordinator:
             self.book.record_applied(pending.frames)
         patterns = sum(p.message.patterns for p in batch)
         self.stats.record_step(len(batch), patterns, seconds)
-        event = BunchEvent(
-            self.epoch,
-            self.version,
-            len(batch),
-            patterns,
-            sum(p.message.correct for p in batch),
-            sum(p.message.loss_sum for p in batch),
-            rate,
-        )
+        correct = sum(p.message.correct for p in batch)
+        loss = sum(p.message.loss_sum for p in batch)
+        event = BunchEvent(self.epoch, self.version, len(batch), patterns, correct, loss, rate)
         self.hooks.call("after_bunch", event)
         if self.trace is not None:
             self.trace(self._trace_record(batch, rate))
         for session in self.sessions.values():
-            self._send_weights(session)
+            self.send_weights(session)
         if self.book.epoch_complete:
             self._end_epoch()
 
@@ -362,8 +341,8 @@ class Coordinator:
         self.stats.updates_rejected += 1
         log.warning("refused update from %s: %s", session.name, reason)
         session.send(ErrorMessage(RejectedUpdate.code, reason, False))
-        self._send_weights(session)
-        self._fill_leases()
+        self.send_weights(session)
+        self.fill_leases()
 
     def _trace_record(self, batch: list[PendingUpdate], rate: float) -> dict[str, Any]:
         updates = [
@@ -379,38 +358,12 @@ class Coordinator:
     def _end_epoch(self) -> None:
         ledger = self.book.ledger.summary()
         self.stats.end_epoch(self.epoch, self.version, ledger)
-        log.info(
-            "epoch %d done at version %d: train accuracy %.2f%%",
-            self.epoch,
-            self.version,
-            100 * self.stats.train_accuracy(self.epoch),
-        )
+        accuracy = 100 * self.stats.train_accuracy(self.epoch)
+        log.info("epoch %d done at version %d: train accuracy %.2f%%", self.epoch, self.version,
+                 accuracy)  # fmt: skip
         self._evals[self.epoch] = EvalJob(self.epoch, self.version, self.rule.snapshot)
         self.epochs.epoch_trained(self.epoch)
         self._assign_evals()
-
-    def start_epoch(self, epoch: int) -> None:
-        """Called by ``EpochControl`` when the next epoch may begin."""
-        self.epoch = epoch
-        self.book.start_epoch(epoch)
-        self.stats.start_epoch(epoch, self.learning_rate)
-        self.hooks.call("before_epoch", epoch, self.learning_rate)
-        if self.sessions:
-            self._fill_leases()
-
-    def restore_weights(self, weights: np.ndarray) -> None:
-        """Roll back to earlier weights (newbob): a new version, sent to every worker."""
-        self.rule.load(weights)
-        self.version += 1
-        for session in self.sessions.values():
-            self._send_weights(session)
-
-    def finish(self) -> None:
-        """Every epoch trained and cross-validated (or the schedule stopped)."""
-        self.hooks.call("after_training")
-        self.finished.set()
-        if self.on_finished is not None:
-            self.on_finished()
 
     def _assign_evals(self) -> None:
         for job in self._evals.values():
@@ -422,7 +375,7 @@ class Coordinator:
             )
             job.worker_id = session.worker_id
             session.evaluations += 1
-            self._send_frames(session, self.plan.cv_frames)
+            self.inline.send(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
 
     def on_eval_result(self, session: WorkerSession, message: EvalResult) -> None:
