@@ -130,8 +130,11 @@ def _torch_figures(spec: Any, bunch: int, threads: int, mcups: Any) -> dict[str,
     hb, zb, dh, slope = (torch.empty(bunch, n) for n in (hidden, outputs, hidden, hidden))
     rows = torch.arange(bunch)
 
-    @torch.no_grad()
     def hand() -> None:
+        with torch.no_grad():
+            _hand()
+
+    def _hand() -> None:
         torch.addmm(b1, x, w1, out=hb).sigmoid_()
         torch.addmm(b2, hb, w2, out=zb)
         torch.softmax(zb, dim=1, out=zb)

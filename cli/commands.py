@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
 from snet.client.config import WorkerConfig
 from snet.client.worker import Worker
@@ -93,11 +94,15 @@ def run_server(args: argparse.Namespace) -> int:
     return 0 if reason in ("trained",) or reason.startswith("signal") else 1
 
 
-def run_worker(args: argparse.Namespace) -> int:
-    document = read_toml(getattr(args, "config", None))
+def worker_config(args: argparse.Namespace, document: dict[str, Any]) -> WorkerConfig:
+    """Flags > SNET_WORKER_* environment > TOML [worker] > defaults."""
     flags = {name: getattr(args, name, None) for name in WORKER_FIELDS}
     if flags["token"] is None and os.environ.get("SNET_TOKEN"):
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
-    config = merge(WorkerConfig, document.get("worker", {}), "SNET_WORKER_", flags)
+    return merge(WorkerConfig, document.get("worker", {}), "SNET_WORKER_", flags)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    config = worker_config(args, read_toml(getattr(args, "config", None)))
     setup_logging(config.log_level)
     return run(Worker(config).run())

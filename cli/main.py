@@ -1,4 +1,4 @@
-"""``snet``: server, worker, status and demo subcommands."""
+"""``snet``: server, worker, spert, status and demo subcommands."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .runtime import limit_blas_threads
+from .spert import add_board_flags
 
 
 def _add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +73,24 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     _add_job_flags(parser)
 
 
+def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", help="HOST:PORT of the server")
+    parser.add_argument("--name")
+    parser.add_argument("--token")
+    parser.add_argument("--threads", type=int, help="BLAS threads (default 1)")
+    parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
+    parser.add_argument("--retry-seconds", dest="retry_seconds", type=float)
+    parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
+    parser.add_argument("--log-level", dest="log_level")
+    parser.add_argument(
+        "--data-access",
+        dest="data_access",
+        choices=("auto", "local", "inline"),
+        help="read the data here (local), have the server send it (inline), or try (auto)",
+    )
+    parser.add_argument("--config", help="TOML file with a [worker] (and [spert]) table")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="snet", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -80,22 +99,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_server_flags(server)
 
     worker = commands.add_parser("worker", help="attach a worker to a server")
-    worker.add_argument("--server", help="HOST:PORT of the server")
-    worker.add_argument("--name")
-    worker.add_argument("--token")
-    worker.add_argument("--threads", type=int, help="BLAS threads (default 1)")
-    worker.add_argument("--backend", help="compute backend (default numpy)")
-    worker.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
-    worker.add_argument("--retry-seconds", dest="retry_seconds", type=float)
-    worker.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
-    worker.add_argument("--log-level", dest="log_level")
-    worker.add_argument(
-        "--data-access",
-        dest="data_access",
-        choices=("auto", "local", "inline"),
-        help="read the data here (local), have the server send it (inline), or try (auto)",
+    _add_worker_flags(worker)
+    worker.add_argument("--backend", help="compute backend: auto (default), numpy, torch or spert")
+
+    spert = commands.add_parser(
+        "spert", help="attach an emulated Spert-II board as a worker (backend spert)"
     )
-    worker.add_argument("--config", help="TOML file with a [worker] table")
+    _add_worker_flags(spert)
+    add_board_flags(spert)
 
     status = commands.add_parser("status", help="show a server's training status")
     status.add_argument(
@@ -134,7 +145,17 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--markdown", default="docs/benchmarks.md")
 
     demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
-    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--workers", type=int, default=2, help="numpy worker processes")
+    demo.add_argument(
+        "--spert", type=int, default=0, help="emulated Spert-II boards to add as workers"
+    )
+    demo.add_argument(
+        "--spert-time-scale",
+        dest="spert_time_scale",
+        type=float,
+        default=1.0,
+        help="how much faster than real time the demo's boards run",
+    )
     demo.add_argument("--http-port", dest="http_port", type=int, default=0)
     demo.add_argument("--out-dir", dest="out_dir", default="snet-out")
     _add_job_flags(demo)
@@ -143,7 +164,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "worker":
+    if args.command in ("worker", "spert"):
         limit_blas_threads(args.threads or 1)
     from snet.protocol.errors import ConfigError, DataError
 
@@ -156,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             from .commands import run_worker
 
             return run_worker(args)
+        if args.command == "spert":
+            from .spert import run_spert
+
+            return run_spert(args)
         if args.command == "bench":
             from .bench import run_bench
 

@@ -2,9 +2,9 @@
 
 The worker's networking, flow control and leases are the same whatever computes the
 bunches; a backend only does the arithmetic. ``NumpyBackend`` is the reference; other
-backends (an emulated Spert board, PyTorch) implement the same ``ComputeBackend``
-protocol and are chosen with ``snet worker --backend``. The server cannot tell them apart
-except by the name each reports in its Hello.
+backends (``torch``; ``spert``, the emulated Spert-II board of ``client/spert``) implement
+the same ``ComputeBackend`` protocol and are chosen with ``snet worker --backend``. The
+server cannot tell them apart except by the name each reports in its Hello.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from snet.protocol.job import JobSpec
 
 from .data import Corpus
 from .network import BunchNetwork
+from .spert.backend import SpertBackend
 
 
 class ComputeBackend(Protocol):
@@ -91,6 +92,7 @@ def torch_available() -> bool:
 BACKENDS: dict[str, Any] = {
     "numpy": lambda threads: NumpyBackend(),
     "torch": _torch_backend,
+    "spert": lambda threads: SpertBackend(),  # an emulated Spert-II board, default settings
 }
 
 

@@ -16,7 +16,7 @@ class WorkerConfig:
     name: str = ""  # empty: hostname-pid
     token: str = ""
     threads: int = 1  # BLAS threads for this worker's compute
-    backend: str = "auto"  # what computes the bunches: auto, numpy, torch (client/backend.py)
+    backend: str = "auto"  # auto, numpy, torch or spert (client/backend.py)
     heartbeat_seconds: float = 5.0
     retry_seconds: float = 30.0  # how long to keep trying to (re)connect before giving up
     max_frame_mb: int = 512

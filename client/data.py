@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from snet.data.corpus import Corpus, InlineStore, corpus_from_source, load_corpus, split_frames
+from snet.data.corpus import (
+    Corpus,
+    DenseStore,
+    InlineStore,
+    corpus_from_source,
+    load_corpus,
+    split_frames,
+)
 from snet.data.norms import Norms
 from snet.data.sources import open_source
 from snet.data.windows import UtteranceBounds
@@ -23,6 +30,7 @@ from snet.protocol.messages import DataInfo, Lease
 
 __all__ = [
     "Corpus",
+    "DenseStore",
     "HeldLease",
     "InlineStore",
     "inline_corpus",

@@ -125,10 +125,13 @@ class Cluster:
         info = wait_until(started, START_SECONDS, "the server's ready file")
         return ServerProcess(process, info["port"], info["http_port"], out_dir, log)
 
-    def worker(self, server: ServerProcess, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def worker(
+        self, server: ServerProcess, name: str, *args: str, command: str = "worker"
+    ) -> subprocess.Popen[bytes]:
+        """A worker process; ``command="spert"`` makes it an emulated Spert-II board."""
         return self._spawn(
             [
-                "worker",
+                command,
                 "--server",
                 server.address,
                 "--name",
@@ -141,6 +144,10 @@ class Cluster:
             ],
             self.tmp_path / f"{name}.log",
         )
+
+    def spert(self, server: ServerProcess, name: str, *args: str) -> subprocess.Popen[bytes]:
+        """An emulated Spert-II board worker (``snet spert``)."""
+        return self.worker(server, name, *args, command="spert")
 
     def log(self, name: str) -> str:
         return (self.tmp_path / f"{name}.log").read_text()
@@ -208,6 +215,17 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def status_table(url: str) -> str:
+    """What ``snet status --url URL`` prints (the table)."""
+    return subprocess.run(
+        [sys.executable, "-m", "snet.cli", "status", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
 
 
 def load_weights(path: Path) -> list[np.ndarray]:
