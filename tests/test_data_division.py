@@ -28,26 +28,24 @@ def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
         "--mode", "async", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB,
         "--chunk-frames", "1024",
     )  # fmt: skip
-    first = cluster.worker(server, "w-first")
+
+    def updates_of(name: str) -> int:
+        rows = {row["name"]: row for row in server.status()["workers"]}
+        return int(rows[name]["updates_sent"]) if name in rows else 0
+
+    # A stopped worker keeps its leases, so the epoch cannot end while it is stopped: the
+    # order of events below does not depend on how fast the machine is.
     doomed = cluster.worker(server, "w-doomed")
-    wait_until(
-        lambda: (s := server.status())["workers_live"] == 2 and s["patterns_processed"] > 8000,
-        60,
-        "two workers well into epoch 0",
-    )
-    doomed.send_signal(signal.SIGKILL)
+    wait_until(lambda: updates_of("w-doomed") > 5, 60, "the first worker to train")
+    doomed.send_signal(signal.SIGSTOP)
+    first = cluster.worker(server, "w-first")
+    wait_until(lambda: updates_of("w-first") > 20, 60, "the second worker to train")
+    doomed.send_signal(signal.SIGKILL)  # mid-epoch, holding leases
     killed_in = server.status()["epoch"]
-    # Hold the survivor still until the newcomer is in, so the run cannot end before it
-    # joins (a fast backend trains the rest of the job in a few seconds).
     first.send_signal(signal.SIGSTOP)
     # the newcomer cannot (here: will not) read the data: the server sends its frames
     newcomer = cluster.worker(server, "w-inline", "--data-access", "inline")
-
-    def newcomer_updates() -> int:
-        rows = {row["name"]: row for row in server.status()["workers"]}
-        return int(rows["w-inline"]["updates_sent"]) if "w-inline" in rows else 0
-
-    wait_until(lambda: newcomer_updates() > 10, 60, "the inline newcomer to train")
+    wait_until(lambda: updates_of("w-inline") > 10, 60, "the inline newcomer to train")
     first.send_signal(signal.SIGCONT)
     wait_until(lambda: server.status()["state"] == "trained", 120, "training to finish")
     status = server.status()
