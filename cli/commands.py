@@ -7,12 +7,13 @@ import logging
 import os
 from typing import Any
 
+from snet.client.backend import ComputeBackend
 from snet.client.config import WorkerConfig
 from snet.client.worker import Worker
 from snet.server.app import SnetServer
 from snet.server.config import ServerConfig
 
-from .runtime import loop_name, run, setup_logging
+from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import build_job, merge, read_toml
 
 SERVER_FIELDS = (
@@ -24,6 +25,7 @@ SERVER_FIELDS = (
     "token",
     "out_dir",
     "ready_file",
+    "pid_file",
     "trace_file",
     "pool_size",
     "max_frame_mb",
@@ -65,6 +67,7 @@ WORKER_FIELDS = (
     "backend",
     "heartbeat_seconds",
     "retry_seconds",
+    "server_timeout_seconds",
     "max_frame_mb",
     "log_level",
     "data_access",
@@ -81,21 +84,29 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def run_server(args: argparse.Namespace) -> int:
+    """Exit status: 0 trained or stopped by a signal, 1 an error (e.g. a port in use), 2 a
+    bad configuration or data set (raised as ``ConfigError``/``DataError`` to ``main``)."""
     config = server_config(args)
     setup_logging(config.log_level)
+    log = logging.getLogger("snet.server")
 
     async def serve() -> str:
         server = SnetServer(config)
         server.install_signal_handlers()
-        return await server.serve()
+        try:
+            return await server.serve()
+        finally:
+            server.release()
 
-    logging.getLogger("snet.server").info("event loop: %s", loop_name())
+    log.info("event loop: %s", loop_name())
     reason = run(serve())
-    return 0 if reason in ("trained",) or reason.startswith("signal") else 1
+    status = 0 if reason == "trained" or reason.startswith("signal") else 1
+    log.info("exiting with status %d (%s)", status, reason)
+    return status
 
 
 def worker_config(args: argparse.Namespace, document: dict[str, Any]) -> WorkerConfig:
-    """Flags > SNET_WORKER_* environment > TOML [worker] > defaults."""
+    """Flags > SNET_WORKER_* (and SNET_TOKEN) environment > TOML [worker] > defaults."""
     flags = {name: getattr(args, name, None) for name in WORKER_FIELDS}
     if flags["token"] is None and os.environ.get("SNET_TOKEN"):
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
@@ -103,6 +114,18 @@ def worker_config(args: argparse.Namespace, document: dict[str, Any]) -> WorkerC
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    """Exit status: see ``Worker.run`` (0 done or stopped, 1 refused, 3 unreachable)."""
     config = worker_config(args, read_toml(getattr(args, "config", None)))
     setup_logging(config.log_level)
-    return run(Worker(config).run())
+    return run_worker_process(config)
+
+
+def run_worker_process(config: WorkerConfig, backend: ComputeBackend | None = None) -> int:
+    """Run one worker until done; the first SIGTERM/SIGINT makes it leave politely."""
+
+    async def work() -> int:
+        worker = Worker(config, backend)
+        install_stop_signals(worker.request_stop, logging.getLogger("snet.worker"))
+        return await worker.run()
+
+    return run(work())

@@ -66,7 +66,7 @@ async def _demo(args: argparse.Namespace) -> int:
         f"snet demo: {job.mode} mode, {args.workers} workers{boards}, "
         f"network {job.network.describe()}, "
         f"{job.epochs} epochs, bunch {job.bunch_size} per worker, {loop_name()} loop\n"
-        f"status page: {url}/status  (or: snet status --url {url})",
+        f"dashboard: {url}/  status: {url}/status  (or: snet status --url {url})",
         flush=True,
     )
     started = time.monotonic()
@@ -97,6 +97,11 @@ async def _demo(args: argparse.Namespace) -> int:
         progress.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await progress
+        if not server.coordinator.finished.is_set():
+            # Stopped early: the workers would wait for the server to come back.
+            for process in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    process.terminate()
         for process in workers:
             try:
                 await asyncio.wait_for(process.wait(), WORKER_EXIT_SECONDS)

@@ -57,7 +57,10 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name")
     parser.add_argument("--token", help="shared secret workers must prove (or SNET_TOKEN)")
     parser.add_argument("--out-dir", dest="out_dir")
-    parser.add_argument("--ready-file", dest="ready_file")
+    parser.add_argument(
+        "--ready-file", dest="ready_file", help="JSON with pid and ports, once both listen"
+    )
+    parser.add_argument("--pid-file", dest="pid_file", help="this process's id, while it runs")
     parser.add_argument("--trace-file", dest="trace_file")
     parser.add_argument("--pool-size", dest="pool_size", type=int)
     parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
@@ -79,7 +82,10 @@ def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token")
     parser.add_argument("--threads", type=int, help="BLAS threads (default 1)")
     parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
-    parser.add_argument("--retry-seconds", dest="retry_seconds", type=float)
+    retry_help = "keep trying to (re)connect this long (default 30)"
+    parser.add_argument("--retry-seconds", type=float, help=retry_help)
+    silence_help = "drop and redo a connection silent this long (default 30)"
+    parser.add_argument("--server-timeout-seconds", type=float, help=silence_help)
     parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
     parser.add_argument("--log-level", dest="log_level")
     parser.add_argument(
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("worker", "spert"):
         limit_blas_threads(args.threads or 1)
-    from snet.protocol.errors import ConfigError, DataError
+    from snet.protocol.errors import ConfigError, DataError, ListenError
 
     try:
         if args.command == "server":
@@ -202,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(args)
+    except ListenError as exc:
+        print(f"snet: {exc}", file=sys.stderr)
+        return 1
     except (ConfigError, DataError) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 2

@@ -50,14 +50,13 @@ def board_config(args: argparse.Namespace, document: dict[str, object]) -> Board
 def run_spert(args: argparse.Namespace) -> int:
     # imported here so that building the parser stays light for every other command
     from snet.client.spert.backend import SpertBackend
-    from snet.client.worker import Worker
 
-    from .commands import worker_config
-    from .runtime import run, setup_logging
+    from .commands import run_worker_process, worker_config
+    from .runtime import setup_logging
 
     args.backend = "spert"
     document = read_toml(getattr(args, "config", None))
     config = worker_config(args, document)
     board = board_config(args, document)
     setup_logging(config.log_level)
-    return run(Worker(config, backend=SpertBackend(board)).run())
+    return run_worker_process(config, SpertBackend(board))

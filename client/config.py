@@ -19,6 +19,7 @@ class WorkerConfig:
     backend: str = "auto"  # auto, numpy, torch or spert (client/backend.py)
     heartbeat_seconds: float = 5.0
     retry_seconds: float = 30.0  # how long to keep trying to (re)connect before giving up
+    server_timeout_seconds: float = 30.0  # silence after which the link is taken for dead
     max_frame_mb: int = 512
     log_level: str = "info"
     data_access: str = "auto"  # auto: read the data, else frames inline; local; inline
@@ -33,6 +34,8 @@ class WorkerConfig:
             raise ConfigError(
                 f"data_access must be auto, local or inline, got {self.data_access!r}"
             )
+        if self.server_timeout_seconds <= 1:
+            raise ConfigError("server_timeout_seconds must be more than 1 s")
 
     def address(self) -> tuple[str, int]:
         host, sep, port = self.server.rpartition(":")

@@ -26,16 +26,19 @@ from snet.data.sources import open_source
 from snet.data.windows import UtteranceBounds
 from snet.protocol.errors import DataError
 from snet.protocol.job import JobSpec
-from snet.protocol.messages import DataInfo, Lease
+from snet.protocol.messages import DataInfo, Frames, Lease
+from snet.protocol.shuffle import cache_order
 
 __all__ = [
     "Corpus",
     "DenseStore",
     "HeldLease",
     "InlineStore",
+    "add_frames",
     "inline_corpus",
     "load_corpus",
     "local_corpus",
+    "open_corpus",
 ]
 
 
@@ -75,3 +78,41 @@ class HeldLease:
     lease: Lease
     order: np.ndarray
     ready: bool = False  # every frame its windows read is at hand
+
+    @classmethod
+    def of(cls, lease: Lease, job: JobSpec) -> HeldLease:
+        cache = job.bunch_size * job.shuffle_cache_bunches
+        return cls(lease, cache_order(lease.indices, lease.lease_id, job.seed, cache))
+
+
+def open_corpus(job: JobSpec, info: DataInfo, access: str) -> tuple[Corpus, str]:
+    """The worker's corpus and, when its frames must come inline, why ("" when local).
+
+    ``access``: "local" (this machine's copy or a DataError), "inline" (always from the
+    server), "auto" (this machine's copy when it can be read and is the server's).
+    """
+    reason = "this worker runs with --data-access inline"
+    corpus: Corpus | None = None
+    if access != "inline":
+        try:
+            corpus, reason = local_corpus(job, info), ""
+        except DataError as exc:
+            if access == "local":
+                raise
+            reason = str(exc)
+    if corpus is None:
+        corpus = inline_corpus(job, info)
+    if corpus.pattern_size != job.network.input_size:
+        raise DataError(
+            f"the data gives {corpus.pattern_size} inputs per pattern, "
+            f"the network has {job.network.input_size}"
+        )
+    return corpus, reason
+
+
+def add_frames(corpus: Corpus, message: Frames) -> bool:
+    """Keep frames the server sent; False when this corpus does not take any."""
+    if not isinstance(corpus.store, InlineStore):
+        return False
+    corpus.store.add(message.indices, message.features, message.labels)
+    return True

@@ -205,9 +205,15 @@ class ErrorMessage:
     fatal: bool
 
 
+# The reason a server gives when the job is done. Any other reason from a server (it was
+# stopped, e.g. to be restarted) tells a worker to try to connect again for a while.
+TRAINING_COMPLETE = "training complete"
+
+
 @dataclass(frozen=True)
 class Goodbye:
-    """The sender closes the connection on purpose (``reason`` says why)."""
+    """The sender closes the connection on purpose (``reason`` says why; see
+    ``TRAINING_COMPLETE``)."""
 
     TYPE: ClassVar[str] = "goodbye"
     ARRAYS: ClassVar[tuple[str, ...]] = ()

@@ -92,6 +92,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.closing = False
         self.connected_at = time.monotonic()
+        self.last_sent = self.connected_at  # when a frame was last queued for this worker
 
     # ------------------------------------------------------------ transport events
 
@@ -214,6 +215,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
     def send(self, message: Message) -> None:
         if self.channel is not None and self.transport is not None and not self.closing:
             self.channel.send(message)
+            self.last_sent = time.monotonic()
 
     def fail(self, code: str, text: str) -> None:
         """Refuse this peer: tell it why, close this connection only."""

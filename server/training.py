@@ -33,10 +33,12 @@ from snet.protocol.errors import RejectedUpdate
 from snet.protocol.hooks import BunchEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    TRAINING_COMPLETE,
     ErrorMessage,
     EvalResult,
     Evaluate,
     FramesWanted,
+    Goodbye,
     Lease,
     Update,
     Weights,
@@ -141,7 +143,9 @@ class Coordinator:
         session.send(Welcome(session.worker_id, self.job.to_dict()))
         session.send(self.plan.data_info())
         self.send_weights(session)
-        if self.finished.is_set():
+        if self.finished.is_set():  # a latecomer (e.g. a restarted pod): nothing left to do
+            session.send(Goodbye(TRAINING_COMPLETE))
+            session.close(TRAINING_COMPLETE)
             return
         self.fill_leases()
         self._assign_evals()

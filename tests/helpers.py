@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,10 +83,13 @@ class Cluster:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
-    def _spawn(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: list[str], log: Path, prefix: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
+        """``snet ARGS`` as a process (``prefix`` e.g. runs it in a network namespace)."""
         handle = open(log, "wb")  # noqa: SIM115 - closed with the process at teardown
         process = subprocess.Popen(
-            [sys.executable, "-m", "snet.cli", *args],
+            [*prefix, sys.executable, "-m", "snet.cli", *args],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env=self.env,
