@@ -28,6 +28,7 @@ SERVER_FIELDS = (
     "pid_file",
     "trace_file",
     "pool_size",
+    "min_workers",
     "max_frame_mb",
     "heartbeat_seconds",
     "worker_timeout_seconds",

@@ -63,6 +63,12 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pid-file", dest="pid_file", help="this process's id, while it runs")
     parser.add_argument("--trace-file", dest="trace_file")
     parser.add_argument("--pool-size", dest="pool_size", type=int)
+    parser.add_argument(
+        "--min-workers",
+        dest="min_workers",
+        type=int,
+        help="lease no frames before this many workers have joined (default 1)",
+    )
     parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
     parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
     parser.add_argument("--worker-timeout-seconds", dest="worker_timeout_seconds", type=float)

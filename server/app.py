@@ -92,6 +92,7 @@ class SnetServer:
             trace,
             standard_hooks(self.config.hooks),
             weights,
+            self.config.min_workers,
         )
         self.coordinator.pool.on_empty = lambda: self._set_reading(False)
         self.coordinator.pool.on_available = lambda: self._set_reading(True)

@@ -29,6 +29,7 @@ class ServerConfig:
     pid_file: str = ""  # this process's id, written at startup and removed at exit
     trace_file: str = ""  # JSON lines, one per step: which frames each update covered
     pool_size: int = 32
+    min_workers: int = 1  # lease no frames before this many workers have joined
     max_frame_mb: int = 512
     heartbeat_seconds: float = 5.0
     worker_timeout_seconds: float = 60.0

@@ -88,8 +88,13 @@ class Coordinator:
         trace: Callable[[dict[str, Any]], None] | None = None,
         hooks: HookSet | None = None,
         weights: np.ndarray | None = None,
+        min_workers: int = 1,
     ) -> None:
         self.job = job
+        # No frames are leased before this many workers have joined (then never again
+        # held back), so that a fixed set of workers starts together.
+        self.min_workers = min_workers
+        self._quorum = min_workers <= 1
         self.plan = plan
         self.layout = ElementLayout.for_network(job.network)
         self.connections = job.network.connections
@@ -181,6 +186,11 @@ class Coordinator:
     def fill_leases(self) -> None:
         if self.epochs.waiting_for_cv:
             return
+        if not self._quorum:
+            if len(self.sessions) < self.min_workers:
+                log.info("%d of %d workers joined; waiting", len(self.sessions), self.min_workers)
+                return
+            self._quorum = True
         for session in list(self.sessions.values()):
             while len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER:
                 lease = self.book.grant(session.worker_id)
