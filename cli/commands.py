@@ -28,11 +28,14 @@ SERVER_FIELDS = (
     "pid_file",
     "trace_file",
     "pool_size",
+    "min_workers",
     "max_frame_mb",
     "heartbeat_seconds",
     "worker_timeout_seconds",
     "linger_seconds",
     "log_level",
+    "init_weights",
+    "hooks",
 )
 JOB_FLAGS = (
     "mode",
@@ -43,9 +46,18 @@ JOB_FLAGS = (
     "learning_rates",
     "momentum",
     "updates_per_step",
+    "max_in_flight",
     "chunk_frames",
     "seed",
+    "schedule",
+    "newbob_scale",
+    "newbob_ramp",
+    "newbob_stop",
+    "frame_order",
+    "shuffle_cache_bunches",
     "source",
+    "labels",
+    "norm_file",
     "context",
     "compress",
 )
@@ -62,6 +74,7 @@ WORKER_FIELDS = (
     "server_timeout_seconds",
     "max_frame_mb",
     "log_level",
+    "data_access",
 )
 
 

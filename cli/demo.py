@@ -52,6 +52,7 @@ async def _demo(args: argparse.Namespace) -> int:
         job=job,
         name="snet-demo",
         log_level="warning",
+        min_workers=args.workers + args.spert,  # all start together: repeatable runs
     )
     server = SnetServer(config)
     server.install_signal_handlers()

@@ -30,9 +30,22 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="async: updates per step (0: one per live worker)",
     )
+    group.add_argument("--max-in-flight", dest="max_in_flight", type=int)
     group.add_argument("--chunk-frames", dest="chunk_frames", type=int)
     group.add_argument("--seed", type=int)
-    group.add_argument("--data", dest="source", help='"fsdd" or an .npz with X, y, lengths')
+    group.add_argument("--schedule", choices=("list", "newbob"), help="learning-rate schedule")
+    group.add_argument("--newbob-scale", dest="newbob_scale", type=float)
+    group.add_argument("--newbob-ramp", dest="newbob_ramp", type=float, help="CV error points")
+    group.add_argument("--newbob-stop", dest="newbob_stop", type=float, help="CV error points")
+    group.add_argument("--frame-order", dest="frame_order", choices=("shuffled", "sequential"))
+    group.add_argument("--shuffle-cache-bunches", dest="shuffle_cache_bunches", type=int)
+    group.add_argument(
+        "--data",
+        dest="source",
+        help='"fsdd", an .npz (X, y, lengths), a directory of .npy, a .pfile, Kaldi .scp/.ark',
+    )
+    group.add_argument("--labels", help="Kaldi alignment archive with the per-frame labels")
+    group.add_argument("--norm-file", dest="norm_file", help="Quicknet norm file to use")
     group.add_argument("--context", type=int, help="frames of context either side")
     group.add_argument(
         "--compress",
@@ -55,11 +68,21 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pid-file", dest="pid_file", help="this process's id, while it runs")
     parser.add_argument("--trace-file", dest="trace_file")
     parser.add_argument("--pool-size", dest="pool_size", type=int)
+    parser.add_argument(
+        "--min-workers",
+        dest="min_workers",
+        type=int,
+        help="lease no frames before this many workers have joined (default 1)",
+    )
     parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
     parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
     parser.add_argument("--worker-timeout-seconds", dest="worker_timeout_seconds", type=float)
     parser.add_argument("--linger-seconds", dest="linger_seconds", type=float)
     parser.add_argument("--log-level", dest="log_level")
+    parser.add_argument(
+        "--init-weights", dest="init_weights", help="continue training from a weights .npz"
+    )
+    parser.add_argument("--hooks", help="extra hooks: package.module:ClassName,...")
     parser.add_argument("--config", help="TOML file with [server] and [job] tables")
     _add_job_flags(parser)
 
@@ -86,6 +109,12 @@ def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
         help="receive weights as none (float32), fp16, or delta:CODEC (default none)",
     )
     parser.add_argument("--log-level", dest="log_level")
+    parser.add_argument(
+        "--data-access",
+        dest="data_access",
+        choices=("auto", "local", "inline"),
+        help="read the data here (local), have the server send it (inline), or try (auto)",
+    )
     parser.add_argument("--config", help="TOML file with a [worker] (and [spert]) table")
 
 
@@ -111,6 +140,29 @@ def _parser() -> argparse.ArgumentParser:
         "--url", default=None, help="HTTP address (default SNET_URL or http://127.0.0.1:7080)"
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    evaluate = commands.add_parser("eval", help="score saved weights on data")
+    evaluate.add_argument("--weights", required=True, help="a weights .npz written by snet")
+    evaluate.add_argument("--data", dest="source", help="data to score on (default fsdd)")
+    evaluate.add_argument("--labels", help="Kaldi alignment archive")
+    evaluate.add_argument("--norm-file", dest="norm_file", help="Quicknet norm file")
+    evaluate.add_argument("--context", type=int, help="default: as saved with the weights")
+    evaluate.add_argument("--subset", choices=("cv", "train", "all"), default="cv")
+    evaluate.add_argument("--cv-fraction", dest="cv_fraction", type=float, default=0.1)
+    evaluate.add_argument("--split-seed", dest="split_seed", type=int, default=0)
+    evaluate.add_argument("--json", action="store_true")
+
+    train = commands.add_parser("train", help="sequential training in this process")
+    train.add_argument("--out-dir", dest="out_dir", default="snet-out")
+    train.add_argument("--init-weights", dest="init_weights")
+    _add_job_flags(train)
+
+    data = commands.add_parser("data", help="data tools")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    convert = data_commands.add_parser("convert", help="rewrite data as .pfile, .npz or .ark")
+    convert.add_argument("input", help="any data snet reads")
+    convert.add_argument("output", help="OUT.pfile, OUT.npz or OUT.ark (+ .scp, -ali.ark)")
+    convert.add_argument("--labels", help="Kaldi alignment archive of the input")
 
     bench = commands.add_parser("bench", help="run the benchmark suite")
     bench.add_argument("--only", help="comma-separated sections: worker,server,round,scaling")
@@ -169,6 +221,16 @@ def main(argv: list[str] | None = None) -> int:
             from .status import run_status
 
             return run_status(args)
+        if args.command in ("eval", "train", "data"):
+            from . import offline
+            from .commands import JOB_FLAGS
+
+            if args.command == "eval":
+                return offline.run_eval(args)
+            if args.command == "data":
+                return offline.run_convert(args)
+            flags = {k: v for k in JOB_FLAGS if (v := getattr(args, k, None)) is not None}
+            return offline.run_train(args, flags)
         from .demo import run_demo
 
         return run_demo(args)

@@ -5,6 +5,9 @@ event loop) files incoming weights, leases and requests; the compute loop runs e
 bunch's numpy work in a thread. At each bunch boundary the compute loop takes the newest
 weights. In async mode it never waits for weights after sending an update; in sync mode
 it waits for the version after the one its update was computed on.
+
+The data: ``DataInfo`` follows ``Welcome``; a worker that cannot read the data says
+``FramesWanted`` and trains on frames the server sends (``client/data.py``, ``work.py``).
 """
 
 from __future__ import annotations
@@ -26,14 +29,15 @@ from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     TRAINING_COMPLETE,
+    DataInfo,
     Encoded,
     ErrorMessage,
     EvalResult,
     Evaluate,
+    FramesWanted,
     Goodbye,
     Heartbeat,
     Hello,
-    Lease,
     Message,
     ServerHello,
     Update,
@@ -54,7 +58,8 @@ from .connection import (
     ServerUnreachable,
     connect_with_backoff,
 )
-from .data import Corpus, load_corpus
+from .data import Corpus, open_corpus
+from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
 
@@ -75,9 +80,7 @@ class Worker:
         )
         self._inbox: deque[Message] = deque()
         self._wake = asyncio.Event()
-        self._leases: deque[Lease] = deque()
-        self._evaluations: deque[Evaluate] = deque()
-        self._offset = 0
+        self._work = WorkQueue()
         self._goodbye: str | None = None
         self._refused: RemoteError | None = None
         self._lost = False
@@ -156,9 +159,7 @@ class Worker:
 
     def _reset(self) -> None:
         self._inbox.clear()
-        self._leases.clear()
-        self._evaluations.clear()
-        self._offset = 0
+        self._work.clear()
         self._lost = False
         self._goodbye = None
         self._joined = False
@@ -251,6 +252,9 @@ class Worker:
             welcome = await self._next_message()
             if not isinstance(welcome, Welcome):
                 raise ProtocolError(f"expected welcome, got {welcome.TYPE}")
+            info = await self._next_message()
+            if not isinstance(info, DataInfo):
+                raise ProtocolError(f"expected data_info, got {info.TYPE}")
         except RemoteError as exc:
             self._refused = exc
             return False
@@ -259,8 +263,7 @@ class Worker:
             return False
         try:
             job = JobSpec.from_dict(welcome.job)
-            if job != self.job or self.corpus is None:
-                await self._prepare(job)
+            await self._prepare(job, info, connection)
             self._agree(welcome.codecs)
         except (ConfigError, DataError, RemoteError) as exc:
             # Tell the server why this worker cannot take part, then leave.
@@ -296,18 +299,14 @@ class Worker:
         ):
             self.compressor = UpdateCompressor(self.codecs["update"], layout)
 
-    async def _prepare(self, job: JobSpec) -> None:
-        """Load the job's data and prepare the backend (in the compute thread)."""
+    async def _prepare(self, job: JobSpec, info: DataInfo, connection: ServerConnection) -> None:
+        """Open the data (or ask for it inline) and prepare the backend (compute thread)."""
         loop = asyncio.get_running_loop()
-        corpus = await loop.run_in_executor(
-            self.executor, load_corpus, job.data, job.network.output_size
-        )
-        if corpus.pattern_size != job.network.input_size:
-            raise RemoteError(
-                "bad_job",
-                f"the data gives {corpus.pattern_size} inputs per pattern, "
-                f"the network has {job.network.input_size}",
-            )
+        access = self.config.data_access
+        corpus, reason = await loop.run_in_executor(self.executor, open_corpus, job, info, access)
+        if reason:
+            log.info("frames come inline from the server: %s", reason)
+            connection.send(FramesWanted(reason[:500]))
         await loop.run_in_executor(self.executor, self.backend.prepare, job, corpus)
         self.job, self.corpus = job, corpus
 
@@ -316,11 +315,9 @@ class Worker:
     def _file_inbox(self, connection: ServerConnection, box: WeightsBox) -> None:
         while self._inbox:
             message = self._inbox.popleft()
-            if isinstance(message, Lease):
-                self._leases.append(message)
-            elif isinstance(message, Evaluate):
-                self._evaluations.append(message)
-            elif isinstance(message, Weights):  # arrived before the box was attached
+            if self._work.file(message, self.job, self.corpus):
+                continue
+            if isinstance(message, Weights):  # arrived before the box was attached
                 connection.file_weights(box, message)
             elif isinstance(message, Goodbye):
                 self._goodbye = message.reason
@@ -345,13 +342,14 @@ class Worker:
                 return
             if self._lost:
                 raise ServerGone("connection lost")
-            if self._evaluations:
-                request = self._evaluations.popleft()
+            assert self.corpus is not None
+            request = self._work.evaluation(self.corpus)
+            if request is not None:
                 result = await loop.run_in_executor(self.executor, self._evaluate, request)
                 connection.send(result)
                 continue
             weights = box.take_newest()
-            ready = weights is not None and bool(self._leases)
+            ready = weights is not None and self._work.lease_ready(self.corpus)
             in_flight = self._sent_this_session - box.settled
             if sync:
                 # Wait for the next version, unless the server refused (settled) the update
@@ -364,9 +362,8 @@ class Worker:
                 await self._wake.wait()
                 continue
             assert weights is not None
-            lease = self._leases[0]
-            count = min(self.job.bunch_size, len(lease.indices) - self._offset)
-            frames = lease.indices[self._offset : self._offset + count]
+            lease, offset, frames = self._work.next_bunch(self.job.bunch_size)
+            count = len(frames)
             started = time.perf_counter()
             if self.compressor is None:
                 gradient = await connection.send_buffers.acquire()
@@ -385,7 +382,7 @@ class Worker:
                 Update(
                     weights.version,
                     lease.lease_id,
-                    self._offset,
+                    offset,
                     count,
                     loss,
                     correct,
@@ -401,10 +398,7 @@ class Worker:
                 if report is not None:
                     connection.send(report)
             last_base = weights.version
-            self._offset += count
-            if self._offset >= len(lease.indices):
-                self._leases.popleft()
-                self._offset = 0
+            self._work.advance(count)
 
     def _compressed_gradient(
         self, weights: np.ndarray, frames: np.ndarray, scratch: np.ndarray

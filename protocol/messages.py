@@ -6,7 +6,10 @@ Array fields are excluded from ``==``; compare them with numpy.
 
 Conversation (see README.md): server -> ServerHello; worker -> Hello (with the token
 proof); server -> Welcome (the job), Weights, Lease...; worker -> Update...; either side ->
-Heartbeat, ErrorMessage, Goodbye. The server may ask a worker to Evaluate a copy of the
+Heartbeat, ErrorMessage, Goodbye. After Welcome the server sends DataInfo (normalisation
+and utterance lengths); a worker that cannot read the data answers FramesWanted and is
+then sent Frames (raw normalised frames, each once) before the leases that need them. The
+server may ask a worker to Evaluate a copy of the
 weights on the cross-validation set; the worker answers with EvalResult. A worker that
 receives compressed weights may ask for a full float32 copy with Resync.
 
@@ -166,6 +169,42 @@ class EvalResult:
 
 
 @dataclass(frozen=True)
+class DataInfo:
+    """The data as the server sees it, sent right after ``Welcome``: the feature count,
+    the normalisation (row 0 means, row 1 standard deviations, float64) every worker
+    applies, and the utterance lengths (from which the split and the windows follow)."""
+
+    TYPE: ClassVar[str] = "data_info"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("norms", "lengths")
+    features: int
+    total_frames: int
+    norms: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    lengths: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class FramesWanted:
+    """The worker cannot read the job's data (``reason`` says why): from now on the server
+    sends it the raw frames its leases and evaluations need, each frame once."""
+
+    TYPE: ClassVar[str] = "frames_wanted"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    reason: str
+
+
+@dataclass(frozen=True)
+class Frames:
+    """Normalised raw frames (not windows) for a worker fed inline: global row numbers,
+    features (rows x features, float32) and each row's label (int32)."""
+
+    TYPE: ClassVar[str] = "frames"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("indices", "features", "labels")
+    indices: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    features: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    labels: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class WorkerReport:
     """Backend-specific figures a worker wants shown in /status (e.g. an emulated board's
     modelled busy time, a codec's compression ratio): a msgpack map of plain values."""
@@ -233,6 +272,9 @@ Message = (
     | EvalResult
     | WorkerReport
     | Resync
+    | DataInfo
+    | FramesWanted
+    | Frames
     | Heartbeat
     | ErrorMessage
     | Goodbye
@@ -251,6 +293,9 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
         EvalResult,
         WorkerReport,
         Resync,
+        DataInfo,
+        FramesWanted,
+        Frames,
         Heartbeat,
         ErrorMessage,
         Goodbye,

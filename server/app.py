@@ -22,15 +22,17 @@ from typing import Any
 
 from aiohttp import web
 
+from snet.data.norms import write_norm_file
 from snet.protocol.errors import ListenError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
+from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
 
 from .config import ServerConfig
 from .connection import ConnectionCounters, WorkerConnection
-from .dataplan import training_frames
-from .export import weights_npz, write_atomically
+from .dataplan import plan_data
+from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
 from .service import PidFile, notify
 from .training import Coordinator
@@ -73,13 +75,24 @@ class SnetServer:
         job = self.config.job
         if self.pid_file is not None:
             self.pid_file.claim()
-        train, total = await loop.run_in_executor(self.executor, training_frames, job.data)
+        plan = await loop.run_in_executor(self.executor, plan_data, job)
+        weights = None
+        if self.config.init_weights:
+            weights = read_weights(self.config.init_weights, job.network).flat
+            log.info("continuing from the weights in %s", self.config.init_weights)
         trace = None
         if self.config.trace_file:
             self._trace_handle = open(self.config.trace_file, "w", encoding="utf-8")  # noqa: SIM115
             trace = self._write_trace
         self.coordinator = Coordinator(
-            job, train, total, self.executor, self.config.pool_size, trace
+            job,
+            plan,
+            self.executor,
+            self.config.pool_size,
+            trace,
+            standard_hooks(self.config.hooks),
+            weights,
+            self.config.min_workers,
         )
         self.coordinator.pool.on_empty = lambda: self._set_reading(False)
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
@@ -116,7 +129,7 @@ class SnetServer:
             self.config.name,
             job.mode,
             job.network.describe(),
-            len(train),
+            len(plan.train_frames),
             self.config.host,
             self.port,
             self.config.http_bind_host,
@@ -182,13 +195,8 @@ class SnetServer:
     def write_final_weights(self) -> Path:
         coordinator = self.coordinator
         path = Path(self.config.out_dir) / "weights.npz"
-        payload = weights_npz(
-            coordinator.job.network,
-            coordinator.rule.snapshot,
-            coordinator.version,
-            coordinator.epoch,
-        )
-        write_atomically(path, payload)
+        write_atomically(path, current_weights_npz(coordinator))
+        write_norm_file(Path(self.config.out_dir) / "norms", coordinator.plan.norms)
         status = json.dumps(self._final_status(), indent=1).encode()
         write_atomically(Path(self.config.out_dir) / "status.json", status)
         return path

@@ -35,6 +35,7 @@ from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import (
     ErrorMessage,
     EvalResult,
+    FramesWanted,
     Goodbye,
     Heartbeat,
     Hello,
@@ -178,6 +179,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
             self.coordinator.on_update(self.session, message)
         elif isinstance(message, EvalResult):
             self.coordinator.on_eval_result(self.session, message)
+        elif isinstance(message, FramesWanted):
+            self.coordinator.on_frames_wanted(self.session, message)
         elif isinstance(message, Heartbeat):
             pass
         elif isinstance(message, WorkerReport):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .export import weights_npz
+from .export import current_weights_npz
 from .status import metrics_text, status_document
 
 if TYPE_CHECKING:
@@ -82,9 +82,7 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _weights(request: web.Request) -> web.Response:
     server = request.app[SERVER_KEY]
     coordinator = server.coordinator
-    payload = weights_npz(
-        coordinator.job.network, coordinator.rule.snapshot, coordinator.version, coordinator.epoch
-    )
+    payload = current_weights_npz(coordinator)
     return web.Response(
         body=payload,
         content_type="application/octet-stream",

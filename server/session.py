@@ -38,6 +38,7 @@ class WorkerSession:
     staleness_count: int = 0
     weights_version_sent: int = -1
     evaluations: int = 0
+    inline_frames: bool = False  # it cannot read the data; the server sends its frames
     report: dict[str, Any] = field(default_factory=dict)  # the worker's latest WorkerReport
     ledger: CompressionLedger | None = None  # codecs agreed at the handshake, bytes, ratios
 
@@ -75,5 +76,6 @@ class WorkerSession:
             "last_seen": self.last_seen_wall,
             "last_seen_ago": round(time.monotonic() - self.last_seen, 3),
             "report": self.report,
+            "inline_frames": self.inline_frames,
             "compression": self.ledger.row() if self.ledger is not None else None,
         }

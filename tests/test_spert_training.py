@@ -63,7 +63,7 @@ def test_async_numpy_workers_and_boards_together(cluster: Cluster) -> None:
     server = cluster.server(
         "--mode", "async", "--epochs", "3", "--linger-seconds", "60", *SMALL_JOB
     )
-    workers = [cluster.worker(server, f"numpy{i}") for i in range(2)]
+    workers = [cluster.worker(server, f"numpy{i}", "--backend", "numpy") for i in range(2)]
     workers += [cluster.spert(server, f"spert{i}", *BOARD) for i in range(2)]
 
     def all_four_training() -> dict[str, Any] | None:

@@ -36,6 +36,8 @@ def test_sync_two_workers_equal_sequential_training(cluster: Cluster) -> None:
     server = cluster.server(
         "--mode",
         "sync",
+        "--min-workers",
+        "2",
         "--epochs",
         "1",
         "--momentum",

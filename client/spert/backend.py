@@ -31,7 +31,7 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 from snet.protocol.network import ElementLayout
 
-from ..data import Corpus
+from ..data import Corpus, DenseStore
 from .board import SpertBoard
 from .config import BoardConfig
 from .fixedpoint import (
@@ -79,7 +79,7 @@ class SpertBackend:
         self._corpus = corpus
         self._layout = ElementLayout.for_network(job.network)
         self._connections = job.network.connections
-        largest = float(np.abs(corpus.frames[corpus.train_frames]).max(initial=0.0))
+        largest = _largest_input(corpus)
         self._input_fraction = fraction_bits_for(largest, 16, limit=15)
         self._rate_shift = rate_shift_for(job)
         self._x = np.empty(
@@ -121,7 +121,7 @@ class SpertBackend:
         self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
     ) -> tuple[float, int]:
         corpus, layout = self._ready()
-        labels = corpus.labels[frames]
+        labels = corpus.labels_of(frames)
         self._ensure_weights(weights)
         self._load(frames, labels)
         self.board.train_bunch(self._rate_shift)
@@ -145,7 +145,7 @@ class SpertBackend:
             self._load(chunk, None)
             self.board.forward()
             outputs = self.board.read_results().outputs
-            chunk_loss, chunk_correct = self._score(outputs, corpus.labels[chunk])
+            chunk_loss, chunk_correct = self._score(outputs, corpus.labels_of(chunk))
             loss += chunk_loss
             correct += chunk_correct
         return len(frames), correct, loss
@@ -175,3 +175,18 @@ class SpertBackend:
             "saturations": self.board.saturations,
             "memory_mb": round(self.board.plan.total / (1 << 20), 3) if self.board.plan else 0.0,
         }
+
+
+def _largest_input(corpus: Corpus) -> float:
+    """The largest |normalised feature| of the training frames, for the fixed-point scale.
+
+    Exact when the corpus is in memory; from a sample when it is read on demand; for a
+    worker whose frames come inline (none at hand yet) 8 standard deviations, beyond
+    which the board's inputs saturate.
+    """
+    if isinstance(corpus.store, DenseStore):
+        return float(np.abs(corpus.frames[corpus.train_frames]).max(initial=0.0))
+    sample = corpus.train_frames[:: max(1, len(corpus.train_frames) // 65536)]
+    if corpus.store.has(sample):
+        return float(np.abs(corpus.store.take(sample)).max(initial=0.0))
+    return 8.0
