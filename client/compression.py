@@ -57,6 +57,19 @@ class UpdateCompressor:
     def name(self) -> str:
         return self.codec.name
 
+    @classmethod
+    def reuse(
+        cls, current: UpdateCompressor | None, codec_name: str, layout: ElementLayout
+    ) -> UpdateCompressor | None:
+        """The compressor for ``codec_name``: ``current`` (and its residual) if it fits,
+        a new one if not, None for ``"none"``. A reconnecting worker keeps its residual,
+        which is owed to the weights whoever holds them."""
+        if codec_name == "none":
+            return None
+        if current is not None and current.name == codec_name and current.layout == layout:
+            return current
+        return cls(codec_name, layout)
+
     def compress(self, gradient: np.ndarray) -> Encoded:
         """The encoded update for ``gradient`` plus the residual; the residual moves on.
 

@@ -285,19 +285,9 @@ class Worker:
     def _agree(self, codecs: dict[str, object]) -> None:
         """Use the codecs the server agreed to (a new compressor only if they changed)."""
         assert self.job is not None
-        self.codecs = {
-            "update": str(codecs.get("update", "none")),
-            "weights": str(codecs.get("weights", "none")),
-        }
+        self.codecs = {key: str(codecs.get(key, "none")) for key in ("update", "weights")}
         layout = ElementLayout.for_network(self.job.network)
-        if self.codecs["update"] == "none":
-            self.compressor = None
-        elif (
-            self.compressor is None
-            or self.compressor.name != self.codecs["update"]
-            or self.compressor.layout != layout
-        ):
-            self.compressor = UpdateCompressor(self.codecs["update"], layout)
+        self.compressor = UpdateCompressor.reuse(self.compressor, self.codecs["update"], layout)
 
     async def _prepare(self, job: JobSpec, info: DataInfo, connection: ServerConnection) -> None:
         """Open the data (or ask for it inline) and prepare the backend (compute thread)."""

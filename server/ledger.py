@@ -39,6 +39,10 @@ class CompressionLedger:
     undecodable: int = 0
     worker: dict[str, float | None] = field(default_factory=dict)
 
+    def agreed(self) -> dict[str, str]:
+        """The codecs agreed at the handshake, as ``Welcome.codecs`` carries them."""
+        return {"update": self.update_codec, "weights": self.weights.form}
+
     def record_update(self, payload_bytes: int, raw_bytes: int) -> None:
         self.updates += 1
         self.update_payload_bytes += payload_bytes

@@ -152,9 +152,7 @@ class Coordinator:
         """A worker passed the handshake: send it the job, the weights and its frames."""
         self.sessions[session.worker_id] = session
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
-        codecs = {"update": "none", "weights": "none"}
-        if session.ledger is not None:
-            codecs = {"update": session.ledger.update_codec, "weights": session.ledger.weights.form}
+        codecs = session.ledger.agreed() if session.ledger is not None else {}
         session.send(Welcome(session.worker_id, self.job.to_dict(), codecs))
         session.send(self.plan.data_info())
         self.send_weights(session)

@@ -307,3 +307,12 @@ def test_agreement() -> None:
         agree_codecs(("compress:zstd",), "none")
     with pytest.raises(UnknownCodec, match="weights"):
         agree_codecs(("weights:delta:zstd",), "none")
+
+
+def test_a_reconnecting_worker_keeps_its_compressor_and_residual() -> None:
+    first = UpdateCompressor.reuse(None, "sign", SMALL)
+    assert first is not None
+    first.compress(gradient(20, SMALL))
+    assert UpdateCompressor.reuse(first, "sign", SMALL) is first  # the residual is kept
+    assert UpdateCompressor.reuse(first, "int8", SMALL) is not first
+    assert UpdateCompressor.reuse(first, "none", SMALL) is None
