@@ -82,10 +82,33 @@ class Fp16Codec(NoneCodec):
         return (clipped.astype("<f2"),)
 
 
-class Int8Codec(ElementCodec):
+class _BlockScaledCodec(ElementCodec):
+    """Codecs whose parts are a float32 scale per block of ``block`` values, then the
+    values in units of their block's scale."""
+
+    block = 1
+
+    def units(self, values: np.ndarray, size: int) -> np.ndarray:
+        """The segment's ``size`` values in units of their scale, from the second part."""
+        raise NotImplementedError
+
+    def check_values(self, parts: Sequence[np.ndarray], shape: tuple[int, ...]) -> None:
+        scales = parts[0]
+        require_finite(self.name, "scales", scales)
+        if scales.size and scales.min() < 0:
+            raise CodecError(f"{self.name}: negative scale {float(scales.min())}")
+
+    def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
+        flat = out.reshape(-1)
+        np.copyto(flat, self.units(parts[1], flat.size))
+        _scale_blocks(flat, parts[0], self.block)
+
+
+class Int8Codec(_BlockScaledCodec):
     """Blockwise int8: a float32 scale per block of ``INT8_BLOCK`` values."""
 
     family = "int8"
+    block = INT8_BLOCK
 
     def part_specs(self, shape: tuple[int, ...]) -> tuple[PartSpec, ...]:
         size = _size(shape)
@@ -100,23 +123,15 @@ class Int8Codec(ElementCodec):
         quantized = np.clip(np.rint(values / divisor), -127, 127).astype("|i1")
         return scales, quantized
 
-    def check_values(self, parts: Sequence[np.ndarray], shape: tuple[int, ...]) -> None:
-        scales = parts[0]
-        require_finite(self.name, "scales", scales)
-        if scales.size and scales.min() < 0:
-            raise CodecError(f"{self.name}: negative scale {float(scales.min())}")
-
-    def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
-        scales, quantized = parts
-        flat = out.reshape(-1)
-        np.copyto(flat, quantized)
-        _scale_blocks(flat, scales, INT8_BLOCK)
+    def units(self, values: np.ndarray, size: int) -> np.ndarray:
+        return values
 
 
-class SignCodec(ElementCodec):
+class SignCodec(_BlockScaledCodec):
     """One bit per value and the block's mean magnitude (1-bit SGD's scaled sign)."""
 
     family = "sign"
+    block = SIGN_BLOCK
 
     def part_specs(self, shape: tuple[int, ...]) -> tuple[PartSpec, ...]:
         size = _size(shape)
@@ -134,14 +149,6 @@ class SignCodec(ElementCodec):
         bits = np.packbits(values >= 0, bitorder="little")
         return scales, bits
 
-    def check_values(self, parts: Sequence[np.ndarray], shape: tuple[int, ...]) -> None:
-        scales = parts[0]
-        require_finite(self.name, "scales", scales)
-        if scales.size and scales.min() < 0:
-            raise CodecError(f"{self.name}: negative scale {float(scales.min())}")
-
-    def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
-        scales, bits = parts
-        flat = out.reshape(-1)
-        np.copyto(flat, _SIGNS[bits].reshape(-1)[: flat.size])
-        _scale_blocks(flat, scales, SIGN_BLOCK)
+    def units(self, values: np.ndarray, size: int) -> np.ndarray:
+        signs: np.ndarray = _SIGNS[values].reshape(-1)  # byte j, bit i: value 8 j + i, as +-1
+        return signs[:size]
