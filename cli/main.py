@@ -1,4 +1,4 @@
-"""``snet``: server, worker, status and demo subcommands."""
+"""``snet``: server, worker, status, plan and demo subcommands."""
 
 from __future__ import annotations
 
@@ -55,6 +55,29 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     _add_job_flags(parser)
 
 
+def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
+    """``snet plan`` (cli/plan.py); its defaults are those of the scaling benchmark."""
+    parser.add_argument("--network", default="351:1262:45", help='layer sizes, e.g. "351:1262:45"')
+    parser.add_argument("--bunch", type=int, default=1000, help="patterns per worker update")
+    parser.add_argument(
+        "--link-mbps",
+        dest="link_mbps",
+        type=float,
+        help="link speed in Mbit/s (default: the measured 127.0.0.1 link of the constants)",
+    )
+    parser.add_argument("--workers", default="1,2,4,8", help="comma-separated worker counts")
+    parser.add_argument("--strategies", default="pattern,network")
+    parser.add_argument("--modes", default="sync,async")
+    parser.add_argument(
+        "--exemplars", type=int, default=1_000_000, help="exemplars per epoch (BSP table)"
+    )
+    parser.add_argument("--constants", help="JSON with the model's constants (snet bench output)")
+    parser.add_argument("--calibrate", action="store_true", help="measure the constants now")
+    parser.add_argument("--measured", help="scaling benchmark JSON to draw against the model")
+    parser.add_argument("--png", help="draw the model (and the measurement) to this PNG file")
+    parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="snet", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
         "--url", default=None, help="HTTP address (default SNET_URL or http://127.0.0.1:7080)"
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    plan = commands.add_parser(
+        "plan", help="predict MCUPS and speed-up per strategy and mode (performance models)"
+    )
+    _add_plan_flags(plan)
 
     demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
     demo.add_argument("--workers", type=int, default=2)
@@ -107,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             from .status import run_status
 
             return run_status(args)
+        if args.command == "plan":
+            from .plan import run_plan
+
+            return run_plan(args)
         from .demo import run_demo
 
         return run_demo(args)

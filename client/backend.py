@@ -86,9 +86,16 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def _modelled_backend(threads: int) -> ComputeBackend:
+    from .modelled_backend import ModelledBackend
+
+    return ModelledBackend.from_environment()
+
+
 BACKENDS: dict[str, Any] = {
     "numpy": lambda threads: NumpyBackend(),
     "torch": _torch_backend,
+    "modelled": _modelled_backend,  # compute-free, for scaling benchmarks
 }
 
 

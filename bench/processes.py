@@ -1,0 +1,242 @@
+"""Real snet processes on 127.0.0.1 for benchmarks, and the synthetic data they train on.
+
+``LocalCluster`` starts a server and workers as separate processes (``python -m
+snet.cli``), logs each to a file, and stops every process it started when it leaves its
+``with`` block, whatever happened inside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from snet.protocol.network import NetworkSpec
+
+START_SECONDS = 60.0
+WARMUP_STEPS = 5  # steps trained before measuring starts
+UTTERANCE_FRAMES = 1000
+
+
+def synthetic_corpus(
+    path: Path, network: NetworkSpec, frames: int = 2_000_000, seed: int = 0
+) -> tuple[Path, int]:
+    """Write random frames for ``network`` to ``path``; return it with the context to use.
+
+    Each pattern is the window of 2 * context + 1 frames; the frames are as narrow as the
+    network's input size allows (its largest power-of-two factor), so that two million
+    frames take a few megabytes in every process that loads them.
+    """
+    inputs = network.input_size
+    features = inputs & -inputs  # the largest power of two dividing the input size
+    context = (inputs // features - 1) // 2
+    rng = np.random.default_rng(seed)
+    utterances = max(frames // UTTERANCE_FRAMES, 20)
+    lengths = np.full(utterances, UTTERANCE_FRAMES, dtype=np.int64)
+    x = rng.standard_normal((utterances * UTTERANCE_FRAMES, features), dtype=np.float32)
+    y = rng.integers(0, network.output_size, utterances)
+    np.savez(path, X=x, y=y, lengths=lengths)
+    return path, context
+
+
+@dataclass
+class ServerHandle:
+    process: subprocess.Popen[bytes]
+    port: int
+    http_port: int
+    log: Path
+
+    def status(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.http_port}/status"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            document: dict[str, Any] = json.loads(response.read())
+            return document
+
+
+class LocalCluster:
+    """A server and workers as processes on 127.0.0.1, all stopped on exit."""
+
+    def __init__(self, directory: Path, env: dict[str, str]) -> None:
+        self.directory = directory
+        self.env = env
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.server_handle: ServerHandle | None = None
+
+    def __enter__(self) -> LocalCluster:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _spawn(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+        with open(self.directory / f"{name}.log", "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "snet.cli", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.directory,
+            )
+        self.processes.append(process)
+        return process
+
+    def server(self, job_flags: list[str]) -> ServerHandle:
+        """Start a server on free ports and wait for its ready file."""
+        ready = self.directory / "server.ready"
+        args = ["server", "--host", "127.0.0.1", "--port", "0", "--http-port", "0"]
+        args += ["--ready-file", str(ready), "--out-dir", str(self.directory / "out")]
+        process = self._spawn([*args, "--log-level", "warning", *job_flags], "server")
+        log = self.directory / "server.log"
+
+        def started() -> dict[str, Any] | None:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server exited early:\n{log.read_text()[-3000:]}")
+            return json.loads(ready.read_text()) if ready.exists() else None
+
+        info = self.wait_for(started, START_SECONDS, "the server's ready file")
+        self.server_handle = ServerHandle(process, info["port"], info["http_port"], log)
+        return self.server_handle
+
+    def worker(self, server: ServerHandle, name: str, flags: list[str]) -> None:
+        args = ["worker", "--server", f"127.0.0.1:{server.port}", "--name", name]
+        self._spawn([*args, "--log-level", "warning", "--retry-seconds", "10", *flags], name)
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for process in self.processes:
+                if process.poll() not in (None, 0):
+                    raise RuntimeError(f"a process exited with {process.returncode}: {what}")
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.05)
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+    def close(self) -> None:
+        """SIGTERM the server (workers get a goodbye), then kill whatever is left."""
+        if self.server_handle is not None and self.server_handle.process.poll() is None:
+            self.server_handle.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.server_handle.process.wait(10)
+        deadline = time.monotonic() + 5.0
+        for process in self.processes:
+            try:
+                process.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+
+
+def sample_patterns(
+    server: ServerHandle, seconds: float, interval: float = 0.05
+) -> list[tuple[float, int]]:
+    """(time, patterns applied) whenever /status shows a new count, for ``seconds``."""
+    samples: list[tuple[float, int]] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        patterns = server.status()["patterns_processed"]
+        if not samples or patterns != samples[-1][1]:
+            samples.append((time.monotonic(), patterns))
+        time.sleep(interval)
+    return samples
+
+
+def best_rate(samples: list[tuple[float, int]], min_span: float) -> tuple[float, float]:
+    """(best, mean) patterns per second: the best over windows of at least ``min_span``
+    seconds between two readings that showed a new count, and the mean over them all.
+
+    Other processes on a shared machine only ever slow training down, so the best window
+    is the closest to the undisturbed rate the model predicts; starting and ending windows
+    where the count changed keeps the error of a window within one polling interval.
+    """
+    if len(samples) < 2:
+        raise RuntimeError("training made no progress while it was measured")
+    (t0, p0), (t1, p1) = samples[0], samples[-1]
+    mean = (p1 - p0) / (t1 - t0)
+    best = mean
+    for i, (ti, pi) in enumerate(samples):
+        for tj, pj in samples[i + 1 :]:
+            if tj - ti >= min_span:
+                best = max(best, (pj - pi) / (tj - ti))
+    return best, mean
+
+
+def modelled_env(cu_seconds: float, time_scale: float) -> dict[str, str]:
+    """This process's environment with the modelled backend's parameters set."""
+    env = dict(os.environ)
+    env["SNET_MODELLED_CU_SECONDS"] = repr(cu_seconds)
+    env["SNET_MODELLED_TIME_SCALE"] = repr(time_scale)
+    env.pop("SNET_MODELLED_C1", None)
+    env.pop("SNET_MODELLED_C2", None)
+    return env
+
+
+def train_modelled(
+    directory: Path,
+    env: dict[str, str],
+    job_flags: list[str],
+    workers: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """Train with ``workers`` modelled workers; patterns per second over ``seconds``.
+
+    Returns the best and mean rate (``best_rate``), the samples' span, and the last
+    /status document.
+    """
+    with LocalCluster(directory, env) as cluster:
+        server = cluster.server(job_flags)
+        for index in range(workers):
+            cluster.worker(server, f"w{index}", ["--backend", "modelled"])
+        cluster.wait_for(
+            lambda: server.status()["workers_live"] == workers, START_SECONDS, "the workers"
+        )
+        base = server.status()["weight_version"]
+        cluster.wait_for(
+            lambda: server.status()["weight_version"] >= base + WARMUP_STEPS,
+            START_SECONDS,
+            "the first steps",
+        )
+        samples = sample_patterns(server, seconds)
+        last = server.status()
+    best, mean = best_rate(samples, seconds / 2)
+    return {
+        "best": best,
+        "mean": mean,
+        "seconds": samples[-1][0] - samples[0][0],
+        "patterns": samples[-1][1] - samples[0][1],
+        "status": last,
+    }
+
+
+def job_flags(mode: str, network: NetworkSpec, bunch: int, data: Path, context: int) -> list[str]:
+    """The server's job: many epochs of the synthetic corpus, chunks of four bunches."""
+    flags = {
+        "--mode": mode,
+        "--network": network.describe(),
+        "--bunch-size": str(bunch),
+        "--chunk-frames": str(4 * bunch),
+        "--epochs": "1000",
+        "--data": str(data),
+        "--context": str(context),
+    }
+    return [item for pair in flags.items() for item in pair]
