@@ -143,6 +143,10 @@ def render_bsp(
 
 def run_plan(args: argparse.Namespace) -> int:
     """The ``snet plan`` command; returns the exit code."""
+    if args.png:
+        from .plan_figure import require_matplotlib
+
+        require_matplotlib()  # before any work, so that nothing is printed in vain
     network = NetworkSpec.parse(args.network)
     if args.bunch < 1:
         raise ConfigError(f"--bunch must be >= 1, got {args.bunch}")
