@@ -4,13 +4,14 @@ Two models, both written down in docs/performance-model.md:
 
 - **Quicknet on MultiSpert** (Färber & Asanović, 1997). A host (here: the snet server)
   feeds P workers over one link; per bunch a worker needs ``T_d`` of transfer, the host
-  ``T_h`` of its own work, and a worker ``T_c`` of compute. With communication overlapped
-  with compute (snet's async mode), a round takes ``T_d + T_c`` while
-  ``(P - 1) * T_d + T_h < T_c`` and is bound by the host's link otherwise. Without
-  overlap (sync mode) it takes ``T_c + P * T_d + T_h``. Compute per pattern is
-  ``c1 * N_h + c2``. Two strategies: *pattern*-parallel (data division: each worker
-  trains its own patterns and exchanges the whole element) and *network*-parallel (the
-  hidden units split across workers, which exchange the output layer's activations).
+  ``T_h`` of its own work, and a worker ``T_c`` of compute. On MultiSpert a round took
+  ``T_d + T_c`` while ``(P - 1) * T_d + T_h < T_c`` and ``P * T_d`` otherwise. snet's
+  async mode overlaps even a worker's own transfer with its compute, so a round takes
+  ``max(T_c, P * T_d + T_h)``; without overlap (sync mode) ``T_c + P * T_d + T_h``.
+  Compute per pattern is ``c1 * N_h + c2``. Two strategies: *pattern*-parallel (data
+  division: each worker trains its own patterns and exchanges the whole element) and
+  *network*-parallel (the hidden units split across workers, which exchange the output
+  layer's activations).
 - **BSP cost of exemplar parallelism with batch learning** (Rogers & Skillicorn, 1998):
   supersteps of cost ``w + h * g + l``, in flops, for an epoch of E exemplars.
 
@@ -165,8 +166,8 @@ def network_parallel_phases(
 def multispert_round_seconds(t_d: float, t_h: float, t_c: float, workers: int) -> float:
     """The MultiSpert rule: ``T_d + T_c`` while ``(P-1) T_d + T_h < T_c``, else ``P T_d``.
 
-    As Färber & Asanović state it; with T_h > 0 it jumps by T_h where the regimes meet
-    (``overlapped_round_seconds`` is the continuous form snet predicts with).
+    As Färber & Asanović state it: a board waits for its own data (T_d) before it
+    computes, and the host feeds the P boards one after the other.
     """
     if (workers - 1) * t_d + t_h < t_c:
         return t_d + t_c
@@ -174,12 +175,16 @@ def multispert_round_seconds(t_d: float, t_h: float, t_c: float, workers: int) -
 
 
 def overlapped_round_seconds(phases: Phases, workers: int) -> float:
-    """A round with communication overlapped with compute (async mode).
+    """A round with communication overlapped with compute (snet's async mode).
 
-    Equal to ``multispert_round_seconds`` in the compute-bound regime; in the link-bound
-    one the host still does its own work between transfers, so ``P T_d + T_h``.
+    A snet worker double-buffers (``max_in_flight`` 2): it sends one bunch's update and
+    receives new weights while it computes the next, so unlike a MultiSpert board it
+    never waits for its own transfer. A round therefore takes ``T_c`` while the server's
+    ``P T_d + T_h`` fits in it, and ``P T_d + T_h`` once the server's link is the
+    bottleneck: the MultiSpert rule less the board's own ``T_d`` in the compute-bound
+    regime, and continuous where the regimes meet.
     """
-    return max(phases.transfer + phases.compute, workers * phases.transfer + phases.host)
+    return max(phases.compute, workers * phases.transfer + phases.host)
 
 
 def serial_round_seconds(phases: Phases, workers: int) -> float:
@@ -208,7 +213,7 @@ def predict(
     phases = phases_of(network, bunch, workers, constants, time_scale)
     if mode == "async":
         seconds = overlapped_round_seconds(phases, workers)
-        compute_bound = phases.transfer + phases.compute >= workers * phases.transfer + phases.host
+        compute_bound = phases.compute >= workers * phases.transfer + phases.host
     else:
         seconds = serial_round_seconds(phases, workers)
         compute_bound = phases.compute >= workers * phases.transfer + phases.host

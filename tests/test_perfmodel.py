@@ -110,14 +110,16 @@ def test_multispert_rule_in_both_regimes() -> None:
     assert multispert_round_seconds(t_d=1.0, t_h=0.5, t_c=10.0, workers=20) == 20.0
 
 
-@pytest.mark.parametrize("workers", [1, 4, 9, 10, 11, 20])
-def test_overlapped_round_is_the_multispert_rule_without_host_time(workers: int) -> None:
-    phases = Phases(compute=10.0, transfer=1.0, host=0.0, patterns=1)
-    expected = multispert_round_seconds(1.0, 0.0, 10.0, workers)
-    assert overlapped_round_seconds(phases, workers) == expected
-    # With host time the link-bound regime pays it too, so the rounds meet without a jump.
-    with_host = Phases(compute=10.0, transfer=1.0, host=0.5, patterns=1)
-    assert overlapped_round_seconds(with_host, workers) == max(11.0, workers + 0.5)
+@pytest.mark.parametrize(
+    ("workers", "paper", "snet"),
+    # T_c = 10, T_d = 1, T_h = 0.5. The paper: T_d + T_c = 11 while (P-1) + 0.5 < 10, else
+    # P. snet: max(10, P + 0.5), as its workers never wait for their own transfer.
+    [(1, 11.0, 10.0), (9, 11.0, 10.0), (10, 11.0, 10.5), (11, 11.0, 11.5), (20, 20.0, 20.5)],
+)
+def test_snet_overlap_against_the_multispert_rule(workers: int, paper: float, snet: float) -> None:
+    assert multispert_round_seconds(t_d=1.0, t_h=0.5, t_c=10.0, workers=workers) == paper
+    phases = Phases(compute=10.0, transfer=1.0, host=0.5, patterns=1)
+    assert overlapped_round_seconds(phases, workers) == snet
 
 
 def test_per_pattern_cost_is_c1_nh_plus_c2() -> None:
@@ -142,7 +144,7 @@ def test_pattern_parallel_phases_worked_by_hand() -> None:
     assert sync.speedup == pytest.approx(sync.mcups / 1.0)  # one worker alone: 1 MCUPS
     assert sync.bound == "link"  # 130 us of compute < 400 us of transfer
     overlapped = predict(TINY, 10, 2, HAND, "pattern", "async")
-    assert overlapped.round_seconds == pytest.approx(2 * 2.00104e-4 + 2.08e-8)
+    assert overlapped.round_seconds == pytest.approx(2 * 2.00104e-4 + 2.08e-8)  # link-bound
 
 
 def test_network_parallel_phases_worked_by_hand() -> None:
