@@ -18,13 +18,14 @@ import json
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from snet.cli.perfmodel import Constants, predict
 from snet.protocol.network import NetworkSpec
 
-from .calibrate import calibrate
+from .calibrate import calibrate, measure_loopback
 from .processes import job_flags, modelled_env, synthetic_corpus, train_modelled
 
 DEFAULT_NETWORK = "351:1262:45"
@@ -68,15 +69,23 @@ def run_scaling(
     time_scale: float = 1.0,
     constants: Constants | None = None,
     workdir: str | None = None,
+    compute_mcups: float | None = None,
 ) -> dict[str, Any]:
     """Measure MCUPS of 1..8 emulated workers per mode beside the model's prediction.
 
     ``constants`` default to ``calibrate()`` in this run, so that model and measurement
-    share the machine's state. Returns a JSON-able dict: the constants, the scenario, and
-    a row per (mode, workers) with measured and predicted MCUPS and their ratio.
+    share the machine's state. The emulated workers compute at the constants' rate
+    (``cu_seconds``: the numpy step measured now) times ``time_scale``, or at
+    ``compute_mcups`` when given (e.g. the worker benchmark's figure from the same run).
+    Returns a JSON-able dict: the constants, the scenario, and a row per (mode, workers)
+    with measured and predicted MCUPS and their ratio.
     """
     spec = NetworkSpec.parse(network)
     constants = constants or calibrate(spec, bunch)
+    if compute_mcups is not None:
+        if not compute_mcups > 0:
+            raise ValueError(f"compute_mcups must be > 0, got {compute_mcups}")
+        constants = replace(constants, cu_seconds=1e-6 / compute_mcups)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="snet-scaling-", dir=workdir) as tmp:
         root = Path(tmp)
@@ -97,6 +106,8 @@ def run_scaling(
                     file=sys.stderr,
                     flush=True,
                 )
+    per_byte, message = measure_loopback()
+    worst = max(abs(row["measured_over_predicted"] - 1.0) for row in rows)
     return {
         "benchmark": "scaling",
         "network": spec.describe(),
@@ -104,7 +115,11 @@ def run_scaling(
         "time_scale": time_scale,
         "seconds_per_point": seconds,
         "constants": constants.to_dict(),
+        # the plain-socket limit of the same link, for comparison with snet's constants
+        "loopback": {"link_seconds_per_byte": per_byte, "message_seconds": message},
         "rows": rows,
+        "worst_model_error": round(worst, 3),
+        "within_15_percent": worst <= 0.15,
     }
 
 
@@ -116,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bunch", type=int, default=1000, help="patterns per worker update")
     parser.add_argument("--modes", default="async,sync")
     parser.add_argument("--time-scale", dest="time_scale", type=float, default=1.0)
+    parser.add_argument(
+        "--compute-mcups",
+        dest="compute_mcups",
+        type=float,
+        help="emulated workers' compute rate (default: the numpy step measured now)",
+    )
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args(argv)
     result = run_scaling(
@@ -125,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         bunch=args.bunch,
         modes=args.modes.split(","),
         time_scale=args.time_scale,
+        compute_mcups=args.compute_mcups,
     )
     text = json.dumps(result, indent=2)
     if args.json:
