@@ -7,7 +7,9 @@ import time
 from collections.abc import Callable
 
 
-def seconds_per_call(function: Callable[[], object], budget: float = 0.6, repeats: int = 3) -> float:
+def seconds_per_call(
+    function: Callable[[], object], budget: float = 0.6, repeats: int = 3
+) -> float:
     """The best of ``repeats`` means of ``function``'s time, each over ``budget`` seconds.
 
     The best (not the mean) of the repeats is reported because on a shared machine noise

@@ -62,7 +62,9 @@ def measure(network: str, bunch: int, threads: int) -> dict[str, Any]:
     spec = NetworkSpec.parse(network)
     inputs, hidden, outputs = spec.sizes[0], spec.sizes[1], spec.sizes[-1]
     corpus = _synthetic_corpus(inputs, outputs)
-    job = JobSpec(network=spec, bunch_size=bunch, data=DataSpec(source="bench", context=corpus.context))
+    job = JobSpec(
+        network=spec, bunch_size=bunch, data=DataSpec(source="bench", context=corpus.context)
+    )
     weights = initial_weights(spec, seed=1)
     out = ElementLayout.for_network(spec).allocate()
     frames = np.random.default_rng(1).choice(corpus.train_frames, bunch, replace=False)
@@ -76,9 +78,11 @@ def measure(network: str, bunch: int, threads: int) -> dict[str, Any]:
     for name in names:
         backend = make_backend(name, threads)
         backend.prepare(job, corpus)
-        results[f"{name}_backend" if name == "torch" else name] = mcups(
-            seconds_per_call(lambda b=backend: b.gradient(weights, frames, out))
-        )
+
+        def step(chosen: Any = backend) -> None:
+            chosen.gradient(weights, frames, out)
+
+        results[f"{name}_backend" if name == "torch" else name] = mcups(seconds_per_call(step))
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal((bunch, inputs)).astype(np.float32)
@@ -123,7 +127,12 @@ def _torch_figures(spec: Any, bunch: int, threads: int, mcups: Any) -> dict[str,
 
     w1, b1 = torch.randn(inputs, hidden) * 0.05, torch.zeros(hidden)
     w2, b2 = torch.randn(hidden, outputs) * 0.05, torch.zeros(outputs)
-    g1, gb1, g2, gb2 = torch.empty_like(w1), torch.empty_like(b1), torch.empty_like(w2), torch.empty_like(b2)
+    g1, gb1, g2, gb2 = (
+        torch.empty_like(w1),
+        torch.empty_like(b1),
+        torch.empty_like(w2),
+        torch.empty_like(b2),
+    )
     hb, zb, dh, slope = (torch.empty(bunch, n) for n in (hidden, outputs, hidden, hidden))
     rows = torch.arange(bunch)
 

@@ -108,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_plan_flags(plan)
 
+    bench = commands.add_parser("bench", help="run the benchmark suite")
+    bench.add_argument("--only", help="comma-separated sections: worker,server,round,scaling")
+    bench.add_argument("--quick", action="store_true", help="fewer configurations")
+    bench.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
+    bench.add_argument("--json", default="docs/benchmarks.json")
+    bench.add_argument("--markdown", default="docs/benchmarks.md")
+
     demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
     demo.add_argument("--workers", type=int, default=2)
     demo.add_argument("--http-port", dest="http_port", type=int, default=0)
@@ -131,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             from .commands import run_worker
 
             return run_worker(args)
+        if args.command == "bench":
+            from .bench import run_bench
+
+            return run_bench(args)
         if args.command == "status":
             from .status import run_status
 

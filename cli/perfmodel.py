@@ -89,7 +89,7 @@ DEFAULT_CONSTANTS = Constants(
     pattern_seconds=0.0,
     link_seconds_per_byte=4.3e-10,  # ~2.3 GB/s: 2 MB frames over 127.0.0.1
     message_seconds=8.0e-6,  # half a small-message round trip over 127.0.0.1
-    apply_seconds_per_byte=9.0e-11,  # finite check and sum of one 2 MB update
+    apply_seconds_per_byte=9.0e-11,  # adding one more 2 MB update into the sum
     step_seconds_per_byte=5.0e-10,  # momentum, weights and snapshot of a 2 MB element
     source="defaults",
 )

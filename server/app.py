@@ -135,6 +135,7 @@ class SnetServer:
     async def shutdown(self, reason: str) -> None:
         """Say goodbye to every worker, stop listening, write the final weights."""
         self.state = "stopping"
+        self.coordinator.closed = True
         if self._tcp is not None:
             self._tcp.close()
         goodbye = "training complete" if self.coordinator.finished.is_set() else reason

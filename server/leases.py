@@ -130,6 +130,11 @@ class LeaseBook:
         self.accepted_frames -= patterns
         self.requeue(frames)
 
+    def unaccept(self, frames: np.ndarray) -> None:
+        """Frames of an accepted update that was refused when it came to be applied."""
+        self.accepted_frames -= len(frames)
+        self.requeue(frames)
+
     def requeue(self, frames: np.ndarray) -> None:
         if len(frames):
             self._queue.appendleft(np.array(frames))

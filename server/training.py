@@ -29,7 +29,15 @@ import numpy as np
 
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.job import JobSpec
-from snet.protocol.messages import EvalResult, Evaluate, Lease, Update, Weights, Welcome
+from snet.protocol.messages import (
+    ErrorMessage,
+    EvalResult,
+    Evaluate,
+    Lease,
+    Update,
+    Weights,
+    Welcome,
+)
 from snet.protocol.network import ElementLayout, initial_weights
 
 from .leases import LeaseBook
@@ -88,6 +96,7 @@ class Coordinator:
         self._applying = False
         self._evals: dict[int, EvalJob] = {}
         self.finished = asyncio.Event()
+        self.closed = False  # set at shutdown: no new steps
         self.on_finished: Callable[[], None] | None = None
         self.book.start_epoch(0)
         self.stats.start_epoch(0, job.learning_rate(0))
@@ -184,8 +193,6 @@ class Coordinator:
             )
         elif not 0 <= message.base_version <= self.version:
             reason = f"update names unknown weights version {message.base_version}"
-        elif not is_finite(element.flat):
-            reason = "update contains NaN or infinite values"
         elif self.job.mode == "sync" and message.base_version != self.version:
             reason = f"sync mode: update on version {message.base_version}, round is {self.version}"
         if reason:
@@ -208,7 +215,7 @@ class Coordinator:
         )
 
     def _maybe_step(self) -> None:
-        if self._applying or not self._received:
+        if self._applying or not self._received or self.closed:
             return
         if self.job.mode == "sync":
             ready = self._waiting_for() == 0
@@ -223,19 +230,51 @@ class Coordinator:
             asyncio.get_running_loop().create_task(self._step(batch))
 
     async def _step(self, batch: list[PendingUpdate]) -> None:
-        patterns = sum(p.message.patterns for p in batch)
         rate = self.learning_rate
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        everything = list(batch)
         try:
-            snapshot = await loop.run_in_executor(
-                self.executor, self.rule.step, [p.message.element for p in batch], patterns, rate
-            )
+            snapshot = await self._apply(batch, rate)
+            if snapshot is None:
+                # A NaN or Inf is in the sum: refuse the updates that carry one (or all, if
+                # each is finite and only their sum overflowed) and step with the rest.
+                finite = await loop.run_in_executor(
+                    self.executor, lambda: [is_finite(p.message.element) for p in batch]
+                )
+                bad = [p for p, ok in zip(batch, finite, strict=True) if not ok] or batch
+                reason = (
+                    "update contains NaN or infinite values"
+                    if bad is not batch
+                    else ("the sum of these updates overflows float32")
+                )
+                for pending in bad:
+                    self._refuse_accepted(pending, reason)
+                batch = [p for p in batch if p not in bad]
+                snapshot = await self._apply(batch, rate) if batch else None
+                if snapshot is None:
+                    for pending in batch:
+                        self._refuse_accepted(pending, "the sum of these updates overflows")
+                    batch = []
         finally:
-            for pending in batch:
+            for pending in everything:
                 if pending.element is not None:
                     self.pool.release(pending.element)
             self._applying = False
+        if snapshot is not None:
+            self._publish(batch, snapshot, rate, time.perf_counter() - started)
+        self._maybe_step()
+
+    async def _apply(self, batch: list[PendingUpdate], rate: float) -> np.ndarray | None:
+        patterns = sum(p.message.patterns for p in batch)
+        elements = [p.message.element for p in batch]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self.rule.step, elements, patterns, rate)
+
+    def _publish(
+        self, batch: list[PendingUpdate], snapshot: np.ndarray, rate: float, seconds: float
+    ) -> None:
+        """A step is done: new version, staleness, ledger, weights to every worker."""
         base = self.version
         self.version += 1
         self.rule.snapshot = snapshot  # published with its version, on the event loop
@@ -245,14 +284,27 @@ class Coordinator:
             pending.session.updates_settled += 1
             self.stats.record_staleness(staleness)
             self.book.record_applied(pending.frames)
-        self.stats.record_step(len(batch), patterns, time.perf_counter() - started)
+        patterns = sum(p.message.patterns for p in batch)
+        self.stats.record_step(len(batch), patterns, seconds)
         if self.trace is not None:
             self.trace(self._trace_record(batch, rate))
         for session in self.sessions.values():
             self._send_weights(session)
         if self.book.epoch_complete:
             self._end_epoch()
-        self._maybe_step()
+
+    def _refuse_accepted(self, pending: PendingUpdate, reason: str) -> None:
+        """Refuse a queued update at step time: its frames go back, the worker is told."""
+        session, message = pending.session, pending.message
+        self.book.unaccept(pending.frames)
+        self.stats.record_train(-message.patterns, -message.correct, -message.loss_sum)
+        session.updates_rejected += 1
+        session.updates_settled += 1
+        self.stats.updates_rejected += 1
+        log.warning("refused update from %s: %s", session.name, reason)
+        session.send(ErrorMessage(RejectedUpdate.code, reason, False))
+        self._send_weights(session)
+        self._fill_leases()
 
     def _trace_record(self, batch: list[PendingUpdate], rate: float) -> dict[str, Any]:
         return {

@@ -26,37 +26,47 @@ class UpdateRule:
 
     def __init__(self, weights: np.ndarray, momentum: float) -> None:
         self.weights = np.array(weights, dtype=ELEMENT_DTYPE)
+        self.weights.flags.writeable = False
         self.velocity = np.zeros_like(self.weights)
         self._gradient = np.zeros_like(self.weights)
         self.momentum = momentum
-        self.snapshot: np.ndarray = self.weights.copy()
-        self.snapshot.flags.writeable = False
+        self.snapshot: np.ndarray = self.weights
 
     def step(
         self, gradients: Sequence[np.ndarray], patterns: int, learning_rate: float
-    ) -> np.ndarray:
+    ) -> np.ndarray | None:
         """Apply one step for gradient sums covering ``patterns`` patterns in total.
 
-        Returns a read-only copy of the new weights; the caller publishes it as
-        ``snapshot`` together with the new version number, so the two always agree.
+        Returns the new weights (read-only); the caller publishes them as ``snapshot``
+        together with the new version number, so the two always agree. Returns None, and
+        changes nothing, when the gradients contain NaN or Inf (or their sum overflows).
         """
         if patterns < 1 or not gradients:
             raise ValueError("a step needs at least one pattern")
-        np.copyto(self._gradient, gradients[0])
-        for gradient in gradients[1:]:
-            self._gradient += gradient
-        self._gradient *= np.float32(learning_rate / patterns)
+        total = self._gradient
+        scale = np.float32(-learning_rate / patterns)
+        if len(gradients) == 1:
+            np.multiply(gradients[0], scale, out=total)
+        else:
+            np.add(gradients[0], gradients[1], out=total)
+            for gradient in gradients[2:]:
+                total += gradient
+            total *= scale
+        # NaN and Inf survive summation, so one check of the sum covers every update.
+        if not np.isfinite(total.sum(dtype=np.float64)):
+            return None
         self.velocity *= np.float32(self.momentum)
-        self.velocity -= self._gradient
-        self.weights += self.velocity
-        snapshot = self.weights.copy()
-        snapshot.flags.writeable = False
-        return snapshot
+        self.velocity += total
+        # The new weights go to a fresh buffer, which is the snapshot: no separate copy,
+        # and buffers still being sent to workers are never written again.
+        weights = np.add(self.weights, self.velocity)
+        weights.flags.writeable = False
+        self.weights = weights
+        return weights
 
     def load(self, weights: np.ndarray) -> None:
         """Replace the weights (e.g. to continue training) and reset the momentum."""
-        np.copyto(self.weights, weights)
+        fresh = np.array(weights, dtype=ELEMENT_DTYPE)
+        fresh.flags.writeable = False
+        self.weights = self.snapshot = fresh
         self.velocity[...] = 0.0
-        snapshot = self.weights.copy()
-        snapshot.flags.writeable = False
-        self.snapshot = snapshot

@@ -301,13 +301,26 @@ def test_update_rule_snapshots_are_read_only_copies() -> None:
     assert not snap.flags.writeable
     with pytest.raises(ValueError):
         snap[0] = 5.0
-    assert not np.shares_memory(snap, rule.weights)
+    assert snap is rule.weights  # the new weights are the snapshot: no extra copy
     np.testing.assert_allclose(snap, 0.5)
     rule.step([np.ones(8, dtype=np.float32)], patterns=2, learning_rate=1.0)
     np.testing.assert_allclose(snap, 0.5)  # unchanged by the next step
     np.testing.assert_allclose(rule.weights, 0.0)
     np.testing.assert_array_equal(w0, 1.0)
     assert snap.dtype == np.float32
+
+
+def test_update_rule_refuses_non_finite_sums_and_changes_nothing() -> None:
+    rule = UpdateRule(np.ones(4, dtype=np.float32), momentum=0.9)
+    rule.step([np.ones(4, dtype=np.float32)], patterns=1, learning_rate=0.1)
+    weights, velocity = rule.weights.copy(), rule.velocity.copy()
+    poisoned = np.ones(4, dtype=np.float32)
+    poisoned[2] = np.nan
+    assert rule.step([np.ones(4, dtype=np.float32), poisoned], 2, 0.1) is None
+    huge = np.full(4, 3e38, dtype=np.float32)
+    assert rule.step([huge, huge], 2, 0.1) is None  # each finite, the sum overflows
+    np.testing.assert_array_equal(rule.weights, weights)
+    np.testing.assert_array_equal(rule.velocity, velocity)
 
 
 def test_update_rule_refuses_empty_steps() -> None:

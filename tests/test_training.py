@@ -84,7 +84,8 @@ def test_async_three_workers_converge_with_staleness(cluster: Cluster, loop: str
     assert sum(int(k) * v for k, v in status["staleness_histogram"].items()) > 0
     rows = {row["name"]: row for row in status["workers"]}
     assert set(rows) == {"w0", "w1", "w2"}
-    assert all(row["updates_sent"] > 10 and row["backend"] == "numpy" for row in rows.values())
+    assert all(row["updates_sent"] > 10 for row in rows.values())
+    assert all(row["backend"] in ("numpy", "torch") for row in rows.values())
     for epoch in status["epochs"]:  # every training frame applied exactly once per epoch
         ledger = epoch["ledger"]
         assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0

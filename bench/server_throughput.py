@@ -1,0 +1,182 @@
+"""Server throughput: update elements pushed by 1, 2 and 4 clients on 127.0.0.1.
+
+For each element size, the same clients push the same elements (a) through a real
+``snet server`` (async mode, one step per N updates, the new weights sent back to every
+client after each step) and (b) into ``plain_sink``, a thread per connection doing
+nothing but ``recv_into``. The figure is (a)/(b): how close the server's receive path
+(BufferedProtocol into pooled elements, validation, the update rule, the broadcast) comes
+to the socket's own limit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from snet.protocol.network import NetworkSpec
+
+SIZES = {"164kB": "39:500:42", "2MB": "351:1262:45"}
+WARMUP_SECONDS = 1.0
+
+
+def _synthetic_lengths(path: Path, frames: int = 2_000_000) -> None:
+    # The server reads only the utterance lengths; the push clients need no features.
+    np.savez(path, lengths=np.full(frames // 1000, 1000, dtype=np.int64))
+
+
+def _elements(network: str) -> int:
+    return NetworkSpec.parse(network).connections
+
+
+def _status(http_port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status", timeout=10) as reply:
+        document: dict[str, Any] = json.load(reply)
+        return document
+
+
+def _start_clients(
+    target: str, port: int, clients: int, seconds: float, elements: int
+) -> list[subprocess.Popen[str]]:
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "snet.bench.push_client",
+                "--target",
+                target,
+                "--port",
+                str(port),
+                "--seconds",
+                str(seconds),
+                "--elements",
+                str(elements),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(clients)
+    ]
+
+
+def through_server(network: str, clients: int, seconds: float, workdir: Path) -> dict[str, float]:
+    data = workdir / "lengths.npz"
+    if not data.exists():
+        _synthetic_lengths(data)
+    ready = workdir / f"ready-{network.replace(':', '-')}-{clients}"
+    context = "4" if network.startswith("351:") else "0"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "snet.cli",
+            "server",
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--ready-file",
+            str(ready),
+            "--out-dir",
+            str(workdir / "out"),
+            "--log-level",
+            "warning",
+            "--data",
+            str(data),
+            "--context",
+            context,
+            "--network",
+            network,
+            "--mode",
+            "async",
+            "--epochs",
+            "1000",
+            "--bunch-size",
+            "1",
+            "--chunk-frames",
+            "100000",
+            "--updates-per-step",
+            str(clients),
+        ],
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.05)
+        ports = json.loads(ready.read_text())
+        elements = _elements(network)
+        pushers = _start_clients(
+            "snet", ports["port"], clients, seconds + 2 * WARMUP_SECONDS, elements
+        )
+        time.sleep(WARMUP_SECONDS)
+        first, t0 = _status(ports["http_port"])["updates_applied"], time.perf_counter()
+        time.sleep(seconds)
+        last, t1 = _status(ports["http_port"])["updates_applied"], time.perf_counter()
+        for pusher in pushers:
+            pusher.wait(60)
+        per_second = (last - first) / (t1 - t0)
+        return {"elements_per_s": per_second, "gb_per_s": per_second * elements * 4 / 1e9}
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def through_plain_socket(network: str, clients: int, seconds: float) -> dict[str, float]:
+    sink = subprocess.Popen(
+        [sys.executable, "-m", "snet.bench.plain_sink"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert sink.stdout is not None and sink.stdin is not None
+    port = int(sink.stdout.readline())
+    elements = _elements(network)
+    pushers = _start_clients("plain", port, clients, seconds, elements)
+    for pusher in pushers:
+        pusher.wait(60)
+    sink.stdin.close()
+    results = json.loads(sink.stdout.readline())
+    sink.wait(30)
+    # Connections overlap in time: the aggregate rate is total bytes over the longest span.
+    total = sum(r["bytes"] for r in results)
+    span = max(r["seconds"] for r in results)
+    return {"elements_per_s": total / (elements * 4) / span, "gb_per_s": total / span / 1e9}
+
+
+def run_server_bench(
+    seconds: float = 3.0, client_counts: tuple[int, ...] = (1, 2, 4)
+) -> list[dict[str, Any]]:
+    """Rows of {size, clients, snet GB/s, plain GB/s, ratio}."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="snet-bench-") as tmp:
+        for label, network in SIZES.items():
+            for clients in client_counts:
+                snet = through_server(network, clients, seconds, Path(tmp))
+                plain = through_plain_socket(network, clients, seconds)
+                rows.append(
+                    {
+                        "element": label,
+                        "network": network,
+                        "clients": clients,
+                        "snet_elements_per_s": round(snet["elements_per_s"], 1),
+                        "snet_gb_per_s": round(snet["gb_per_s"], 3),
+                        "plain_gb_per_s": round(plain["gb_per_s"], 3),
+                        "ratio": round(snet["gb_per_s"] / plain["gb_per_s"], 3),
+                    }
+                )
+    return rows
+
+
+if __name__ == "__main__":
+    for row in run_server_bench(seconds=float(sys.argv[1]) if len(sys.argv) > 1 else 3.0):
+        print(json.dumps(row), flush=True)

@@ -1,0 +1,112 @@
+"""``snet bench``: the benchmark suite; JSON to a file and a readable table.
+
+Every figure is a ratio measured in the same run (ours beside a peer, ours beside the
+physical limit), because the machines are shared and noisy. Sections: ``worker`` (the
+arithmetic beside PyTorch and the GEMM ceiling), ``server`` (elements through the server
+beside plain ``recv_into``), ``round`` (a synchronous round beside a gloo all-reduce) and
+``scaling`` (emulated workers P = 1..8 against the performance model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .bench_report import render_markdown
+
+WORKER_NETWORKS = ("39:500:42", "351:1262:45")
+WORKER_BUNCHES = (12, 96, 1000)
+WORKER_THREADS = (1, 2)
+SECTIONS = ("worker", "server", "round", "scaling")
+
+
+def _worker_rows(quick: bool) -> list[dict[str, Any]]:
+    rows = []
+    bunches = (12, 1000) if quick else WORKER_BUNCHES
+    threads = (1,) if quick else WORKER_THREADS
+    for network in WORKER_NETWORKS:
+        for bunch in bunches:
+            for count in threads:
+                env = dict(os.environ)
+                for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+                    env[name] = str(count)
+                output = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "snet.bench.worker_compute",
+                        "--network",
+                        network,
+                        "--bunch",
+                        str(bunch),
+                        "--threads",
+                        str(count),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=600,
+                    check=True,
+                ).stdout
+                rows.append(json.loads(output))
+                print(f"  worker {network} bunch {bunch} threads {count}: {rows[-1]}", flush=True)
+    return rows
+
+
+def run_sections(sections: list[str], quick: bool, seconds: float) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "processor": platform.machine(),
+        },
+    }
+    if "worker" in sections:
+        print("worker arithmetic ...", flush=True)
+        results["worker"] = _worker_rows(quick)
+    if "server" in sections:
+        from snet.bench.server_throughput import run_server_bench
+
+        print("server throughput ...", flush=True)
+        results["server"] = run_server_bench(seconds, (1, 2) if quick else (1, 2, 4))
+    if "round" in sections:
+        from snet.bench.sync_round import run_round_bench
+
+        print("synchronous round ...", flush=True)
+        results["round"] = run_round_bench(seconds)
+    if "scaling" in sections:
+        try:
+            scaling = importlib.import_module("snet.bench.scaling")
+        except ImportError:
+            print("scaling: not available in this build", flush=True)
+        else:
+            print("scaling ...", flush=True)
+            results["scaling"] = scaling.run_scaling()
+    return results
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    sections = args.only.split(",") if args.only else list(SECTIONS)
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        print(
+            f"snet: unknown bench section(s) {sorted(unknown)}; known: {SECTIONS}", file=sys.stderr
+        )
+        return 2
+    results = run_sections(sections, args.quick, args.seconds)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    markdown = render_markdown(results)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown)
+    print(markdown)
+    return 0

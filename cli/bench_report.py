@@ -1,0 +1,193 @@
+"""``snet bench`` results as Markdown tables, with the issue's targets checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join("-" if v is None else str(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
+
+
+def _best_ours(row: dict[str, Any]) -> tuple[str, float]:
+    options = {k: row[k] for k in ("numpy", "torch_backend") if row.get(k)}
+    name = max(options, key=lambda k: options[k])
+    return name, options[name]
+
+
+def _worker_section(rows: list[dict[str, Any]]) -> list[str]:
+    table = []
+    for row in rows:
+        name, ours = _best_ours(row)
+        torch_best = max(row.get("torch_autograd") or 0, row.get("torch_hand") or 0) or None
+        ceiling = row["gemm_ceiling_torch" if name == "torch_backend" else "gemm_ceiling_numpy"]
+        table.append(
+            [
+                row["network"],
+                row["bunch"],
+                row["threads"],
+                row.get("numpy"),
+                row.get("torch_backend"),
+                _ratio(row.get("numpy"), row["gemm_ceiling_numpy"]),
+                _ratio(row.get("torch_backend"), row.get("gemm_ceiling_torch")),
+                row.get("torch_autograd"),
+                row.get("torch_autograd_sgd"),
+                row.get("torch_hand"),
+                _ratio(ours, torch_best),
+                _ratio(ours, row.get("torch_autograd")),
+                _ratio(ours, ceiling),
+            ]
+        )
+    return [
+        "## Worker arithmetic (MCUPS)",
+        "",
+        "snet's backends compute one bunch's summed gradient, context windows cut from frames "
+        "included; PyTorch's figures get their inputs ready-made. `/ceiling` is the backend "
+        "against the same five matrix products alone with the same BLAS (numpy: OpenBLAS, "
+        "torch: MKL); `best/torch` is snet's faster backend against the faster of PyTorch's "
+        "autograd and hand-written steps; `best/autograd` against the autograd step a "
+        "PyTorch user writes (its `+SGD` column adds the optimizer step).",
+        "",
+        *_table(
+            [
+                "network",
+                "bunch",
+                "threads",
+                "numpy",
+                "torch backend",
+                "numpy/ceiling",
+                "torch/ceiling",
+                "PyTorch autograd",
+                "autograd+SGD",
+                "PyTorch hand",
+                "best/torch",
+                "best/autograd",
+                "best/ceiling",
+            ],
+            table,
+        ),
+        "",
+    ]
+
+
+def _targets(results: dict[str, Any]) -> list[str]:
+    lines = ["## Targets", ""]
+    checks: list[list[Any]] = []
+    for row in results.get("worker", []):
+        if row["network"] != "351:1262:45" or row["threads"] != 1:
+            continue
+        name, ours = _best_ours(row)
+        torch_best = max(row.get("torch_autograd") or 0, row.get("torch_hand") or 0) or None
+        if row["bunch"] == 1000:
+            ceiling = row["gemm_ceiling_torch" if name == "torch_backend" else "gemm_ceiling_numpy"]
+            value = _ratio(ours, ceiling)
+            checks.append(
+                [
+                    "worker >= 90% of the GEMM ceiling (bunch 1000)",
+                    value,
+                    ">= 0.90",
+                    value is not None and value >= 0.9,
+                ]
+            )
+            value = _ratio(ours, torch_best)
+            checks.append(
+                [
+                    "worker no slower than PyTorch at its best (bunch 1000)",
+                    value,
+                    ">= 1.0",
+                    value is not None and value >= 1.0,
+                ]
+            )
+        if row["bunch"] == 12:
+            for peer in ("torch_autograd", "torch_hand"):
+                value = _ratio(ours, row.get(peer))
+                checks.append(
+                    [
+                        f"worker >= 1.5x PyTorch ({peer}, bunch 12)",
+                        value,
+                        ">= 1.5",
+                        value is not None and value >= 1.5,
+                    ]
+                )
+    for row in results.get("server", []):
+        if row["element"] == "2MB":
+            checks.append(
+                [
+                    f"server 2 MB elements, {row['clients']} client(s), vs recv_into",
+                    row["ratio"],
+                    ">= 0.75",
+                    row["ratio"] >= 0.75,
+                ]
+            )
+    if results.get("round", {}).get("ratio") is not None:
+        ratio = results["round"]["ratio"]
+        checks.append(["sync round vs gloo all-reduce", ratio, ">= 1.0", ratio >= 1.0])
+    lines += _table(["target", "measured", "goal", "met"], checks)
+    return [*lines, ""]
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    machine = results.get("machine", {})
+    lines = [
+        "# snet benchmarks",
+        "",
+        f"Measured {results.get('when', '?')} on {machine.get('cpus', '?')} CPUs "
+        f"({machine.get('processor', '?')}), Python {machine.get('python', '?')}, by "
+        "`snet bench` (rerun it to refresh this file). Every figure that matters is a "
+        "ratio of two measurements taken in the same run.",
+        "",
+    ]
+    lines += _targets(results)
+    if "worker" in results:
+        lines += _worker_section(results["worker"])
+    if "server" in results:
+        lines += [
+            "## Server throughput",
+            "",
+            "Clients push update elements as fast as the socket allows, through a real "
+            "async-mode server (one step per N updates, new weights sent back to every "
+            "client after each step) and into a plain `recv_into` sink.",
+            "",
+        ]
+        lines += _table(
+            ["element", "clients", "snet elements/s", "snet GB/s", "recv_into GB/s", "ratio"],
+            [
+                [
+                    r["element"],
+                    r["clients"],
+                    r["snet_elements_per_s"],
+                    r["snet_gb_per_s"],
+                    r["plain_gb_per_s"],
+                    r["ratio"],
+                ]
+                for r in results["server"]
+            ],
+        )
+        lines.append("")
+    if "round" in results:
+        r = results["round"]
+        lines += [
+            "## Synchronous round",
+            "",
+            "Two clients each push a 2 MB update and wait for the new weights, beside two "
+            "`torch.distributed` processes all-reducing a tensor of the same size with gloo.",
+            "",
+        ]
+        lines += _table(
+            ["element MB", "snet rounds/s", "gloo all-reduces/s", "ratio"],
+            [[r["element_mb"], r["snet_rounds_per_s"], r["gloo_allreduce_per_s"], r["ratio"]]],
+        )
+        lines.append("")
+    if isinstance(results.get("scaling"), dict) and results["scaling"].get("rows"):
+        rows = results["scaling"]["rows"]
+        headers = list(rows[0])
+        lines += ["## Scaling with emulated workers", ""]
+        lines += _table(headers, [[row[h] for h in headers] for row in rows])
+        lines.append("")
+    return "\n".join(lines)
