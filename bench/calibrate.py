@@ -4,12 +4,15 @@
   gradient) on the network, one thread, denormals flushed;
 - ``apply_seconds_per_byte`` and ``step_seconds_per_byte``: the server's own update rule
   over 1 and 4 update elements (the slope per update, and the rest);
-- ``link_seconds_per_byte`` and ``message_seconds``: either a plain socket between this
-  process and a child over 127.0.0.1 (``measure_loopback``: 2 MB and 64-byte messages,
-  each answered by a one-byte acknowledgement; the limit of the link), or, by default,
-  snet itself (``measure_snet_rounds``: synchronous rounds of one compute-free worker, on
-  the network and on a one-unit network, so that per-message and per-byte costs are
-  what a real server and worker pay: framing, the event loops, the compute threads).
+- ``link_seconds_per_byte``, ``worker_seconds_per_byte``, ``message_seconds`` and
+  ``latency_seconds``: snet itself
+  (``measure_snet_rounds``: synchronous rounds of one compute-free worker, on the network
+  and on a one-unit network, so that the costs are what a real server and worker pay:
+  framing, the event loops, the compute threads), split into the server's CPU time and
+  the rest;
+- for comparison, the limit of the link: a plain socket between this process and a child
+  over 127.0.0.1 (``measure_loopback``: 2 MB and 64-byte messages, each answered by a
+  one-byte acknowledgement).
 
 ``snet plan --calibrate`` and the scaling benchmark call ``calibrate``; ``snet bench``
 records the constants in docs/benchmarks.json, which ``snet plan --constants`` reads.
@@ -23,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -129,49 +133,64 @@ def measure_apply(network: NetworkSpec) -> tuple[float, float]:
     return per_update / element, max(one - per_update, 0.0) / element
 
 
-def measure_snet_rounds(
-    network: NetworkSpec, bunch: int, apply: float, step: float
-) -> tuple[float, float]:
-    """(seconds per byte, seconds per message) of snet's own synchronous rounds.
+@dataclass(frozen=True)
+class LinkCosts:
+    """What a transfer costs in snet: at the server (its CPU time) and everywhere else."""
 
-    One compute-free worker trains in sync mode, so a round is two messages (the update
-    and the new weights) and the server's step: on a one-unit network that is all
-    per-message cost; on ``network`` the difference is the bytes of two elements and the
-    step's per-byte work (measured separately as ``apply`` and ``step``).
+    server_per_byte: float
+    worker_per_byte: float
+    server_per_message: float
+    latency_per_message: float
+
+
+def measure_snet_rounds(network: NetworkSpec, bunch: int, apply: float, step: float) -> LinkCosts:
+    """The link's costs as snet pays them, from two short synchronous training runs.
+
+    One compute-free worker trains, so a round is two messages (the update and the new
+    weights) and the server's step. A round's wall time splits into the server's CPU time
+    (read from /proc: the share that P workers would queue for) and the rest, the
+    worker's end and the wake-ups between the two (which workers pay side by side). On a
+    one-unit network all of it is per message; on ``network`` the differences are the
+    bytes of two elements (the server's step, ``apply`` and ``step`` per byte, taken
+    off). Without /proc the server's share is taken as half of each.
     """
     tiny = NetworkSpec.parse("1:1:1")
-    env = modelled_env(cu_seconds=1e-30, time_scale=1.0)
-    rounds = {}
+    env = modelled_env(cu_seconds=0.0, time_scale=1.0)
+    rounds: dict[NetworkSpec, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="snet-calibrate-") as tmp:
         for spec in (tiny, network):
             corpus = synthetic_corpus(Path(tmp) / f"{spec.describe()}.npz", spec, 200_000)
             flags = job_flags("sync", spec, bunch, *corpus)
             run = train_modelled(Path(tmp) / spec.describe(), env, flags, 1, ROUND_SECONDS)
-            rounds[spec] = bunch / run["best"]
-    message = rounds[tiny] / 2
-    element = ElementLayout.for_network(network).nbytes
-    bytes_part = rounds[network] - rounds[tiny] - element * (apply + step)
-    return max(bytes_part, 0.0) / (2 * element), message
+            wall = bunch / run["best"]
+            cpu = run["server_cpu_seconds"]
+            rounds[spec] = (wall, cpu / run["steps"] if cpu and run["steps"] else wall / 2)
+    (wall_tiny, cpu_tiny), (wall_full, cpu_full) = rounds[tiny], rounds[network]
+    twice = 2 * ElementLayout.for_network(network).nbytes
+    server_bytes = cpu_full - cpu_tiny - twice / 2 * (apply + step)
+    elsewhere_bytes = (wall_full - cpu_full) - (wall_tiny - cpu_tiny)
+    return LinkCosts(
+        server_per_byte=max(server_bytes, 0.0) / twice,
+        worker_per_byte=max(elsewhere_bytes, 0.0) / twice,
+        server_per_message=cpu_tiny / 2,
+        latency_per_message=max(wall_tiny - cpu_tiny, 0.0) / 2,
+    )
 
 
-def calibrate(
-    network: NetworkSpec | None = None, bunch: int = 1000, through_snet: bool = True
-) -> Constants:
-    """Measure every constant now: about 15 s through snet, 3 s with the plain socket."""
+def calibrate(network: NetworkSpec | None = None, bunch: int = 1000) -> Constants:
+    """Measure every constant now (about 20 s: two short training runs through snet)."""
     network = network or NetworkSpec.parse("351:1262:45")
     cu = measure_compute(network, bunch)
     apply, step = measure_apply(network)
-    if through_snet:
-        per_byte, message = measure_snet_rounds(network, bunch, apply, step)
-    else:
-        per_byte, message = measure_loopback()
+    link = measure_snet_rounds(network, bunch, apply, step)
     return Constants(
         cu_seconds=cu,
         pattern_seconds=0.0,
-        link_seconds_per_byte=per_byte,
-        message_seconds=message,
+        link_seconds_per_byte=link.server_per_byte,
+        worker_seconds_per_byte=link.worker_per_byte,
+        message_seconds=link.server_per_message,
+        latency_seconds=link.latency_per_message,
         apply_seconds_per_byte=apply,
         step_seconds_per_byte=step,
-        source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')} on {network.describe()}"
-        + (" through snet" if through_snet else " with a plain socket"),
+        source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')} on {network.describe()}",
     )

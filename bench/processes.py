@@ -58,6 +58,15 @@ class ServerHandle:
     http_port: int
     log: Path
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) the server process has used, or None off Linux."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        # after the command name: state is field 3, utime and stime are fields 14 and 15
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def status(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.http_port}/status"
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -153,10 +162,11 @@ def sample_patterns(
     """(time, patterns applied) whenever /status shows a new count, for ``seconds``."""
     samples: list[tuple[float, int]] = []
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while (asked := time.monotonic()) < deadline:
         patterns = server.status()["patterns_processed"]
         if not samples or patterns != samples[-1][1]:
-            samples.append((time.monotonic(), patterns))
+            # the count is of some moment between the request and the answer
+            samples.append(((asked + time.monotonic()) / 2, patterns))
         time.sleep(interval)
     return samples
 
@@ -200,8 +210,8 @@ def train_modelled(
 ) -> dict[str, Any]:
     """Train with ``workers`` modelled workers; patterns per second over ``seconds``.
 
-    Returns the best and mean rate (``best_rate``), the samples' span, and the last
-    /status document.
+    Returns the best and mean rate (``best_rate``), the samples' span, the steps taken and
+    the server's CPU seconds over it (None where /proc is missing), and the last /status.
     """
     with LocalCluster(directory, env) as cluster:
         server = cluster.server(job_flags)
@@ -216,14 +226,18 @@ def train_modelled(
             START_SECONDS,
             "the first steps",
         )
+        first, cpu_first = server.status(), server.cpu_seconds()
         samples = sample_patterns(server, seconds)
-        last = server.status()
+        last, cpu_last = server.status(), server.cpu_seconds()
     best, mean = best_rate(samples, seconds / 2)
+    cpu = None if cpu_first is None or cpu_last is None else cpu_last - cpu_first
     return {
         "best": best,
         "mean": mean,
         "seconds": samples[-1][0] - samples[0][0],
         "patterns": samples[-1][1] - samples[0][1],
+        "steps": last["steps"] - first["steps"],
+        "server_cpu_seconds": cpu,
         "status": last,
     }
 

@@ -7,7 +7,8 @@ Two models, both written down in docs/performance-model.md:
   ``T_h`` of its own work, and a worker ``T_c`` of compute. On MultiSpert a round took
   ``T_d + T_c`` while ``(P - 1) * T_d + T_h < T_c`` and ``P * T_d`` otherwise. snet's
   async mode overlaps even a worker's own transfer with its compute, so a round takes
-  ``max(T_c, P * T_d + T_h)``; without overlap (sync mode) ``T_c + P * T_d + T_h``.
+  ``max(T_c, P * T_d + T_h)``; without overlap (sync mode) ``T_c + L + P * T_d + T_h``,
+  where T_d is the server's time per worker and L the rest of a worker's round trip.
   Compute per pattern is ``c1 * N_h + c2``. Two strategies: *pattern*-parallel (data
   division: each worker trains its own patterns and exchanges the whole element) and
   *network*-parallel (the hidden units split across workers, which exchange the output
@@ -40,8 +41,10 @@ class Constants:
 
     cu_seconds: float  # one connection update of one worker (one thread, bunch mode)
     pattern_seconds: float  # a pattern's cost beyond its connection updates
-    link_seconds_per_byte: float  # moving one byte between a worker and the server
-    message_seconds: float  # fixed cost of one message (latency and per-message work)
+    link_seconds_per_byte: float  # one byte at the server's end of a transfer
+    worker_seconds_per_byte: float  # one byte at the worker's end of a transfer
+    message_seconds: float  # the server's own work for one message
+    latency_seconds: float  # a message's cost away from the server (its other end, wake-ups)
     apply_seconds_per_byte: float  # server: per byte of each update it adds up
     step_seconds_per_byte: float  # server: per byte of the element, once per step
     source: str = "defaults"
@@ -71,10 +74,11 @@ class Constants:
         return cls(**values, source=source)
 
     def with_link_mbps(self, mbps: float) -> Constants:
-        """The same constants on a link of ``mbps`` megabits per second."""
+        """The same constants with both ends of every transfer on ``mbps`` Mbit/s links."""
         if not mbps > 0:
             raise ConfigError(f"link speed must be > 0 Mbit/s, got {mbps}")
-        return replace(self, link_seconds_per_byte=8.0 / (mbps * 1e6))
+        per_byte = 8.0 / (mbps * 1e6)
+        return replace(self, link_seconds_per_byte=per_byte, worker_seconds_per_byte=per_byte)
 
     @property
     def mcups(self) -> float:
@@ -88,7 +92,9 @@ DEFAULT_CONSTANTS = Constants(
     cu_seconds=1.3e-10,  # ~7,500 MCUPS: 351:1262:45, bunch 1000, numpy, one thread
     pattern_seconds=0.0,
     link_seconds_per_byte=4.3e-10,  # ~2.3 GB/s: 2 MB frames over 127.0.0.1
+    worker_seconds_per_byte=4.3e-10,
     message_seconds=8.0e-6,  # half a small-message round trip over 127.0.0.1
+    latency_seconds=8.0e-6,
     apply_seconds_per_byte=9.0e-11,  # adding one more 2 MB update into the sum
     step_seconds_per_byte=5.0e-10,  # momentum, weights and snapshot of a 2 MB element
     source="defaults",
@@ -97,11 +103,12 @@ DEFAULT_CONSTANTS = Constants(
 
 @dataclass(frozen=True)
 class Phases:
-    """One worker's share of a round: the MultiSpert model's T_c, T_d and T_h."""
+    """One worker's share of a round: the MultiSpert model's T_c, T_d and T_h, and L."""
 
     compute: float  # T_c: one worker's compute for its part of the round
-    transfer: float  # T_d: its messages to and from the server, both ways
+    transfer: float  # T_d: the server's time for its messages, both ways (serial over P)
     host: float  # T_h: the server's own work for the round
+    latency: float  # L: the rest of its round trip, its own end and wake-ups (in parallel)
     patterns: int  # patterns the whole round trains
 
 
@@ -130,6 +137,15 @@ def alone_mcups(network: NetworkSpec, constants: Constants, time_scale: float = 
     return network.connections / (time_scale * pattern_seconds(network, constants)) / 1e6
 
 
+def _transfers(size: int, constants: Constants) -> tuple[float, float]:
+    """(T_d, L) of a round trip of ``size`` bytes each way: the server's end of both
+    messages, and the worker's end with the latencies."""
+    return (
+        2 * (size * constants.link_seconds_per_byte + constants.message_seconds),
+        2 * (size * constants.worker_seconds_per_byte + constants.latency_seconds),
+    )
+
+
 def pattern_parallel_phases(
     network: NetworkSpec, bunch: int, workers: int, constants: Constants, time_scale: float = 1.0
 ) -> Phases:
@@ -137,9 +153,9 @@ def pattern_parallel_phases(
     update element and gets the new weights back; the server adds P updates and steps."""
     element = network.connections * WORD_BYTES
     compute = time_scale * bunch * pattern_seconds(network, constants)
-    transfer = 2 * (element * constants.link_seconds_per_byte + constants.message_seconds)
+    transfer, latency = _transfers(element, constants)
     host = element * (workers * constants.apply_seconds_per_byte + constants.step_seconds_per_byte)
-    return Phases(compute, transfer, host, workers * bunch)
+    return Phases(compute, transfer, host, latency, workers * bunch)
 
 
 def network_parallel_phases(
@@ -158,9 +174,9 @@ def network_parallel_phases(
     per_pattern = c1 * hidden / workers + c2 + constants.pattern_seconds
     compute = time_scale * patterns * per_pattern
     activations = patterns * network.output_size * WORD_BYTES
-    transfer = 2 * (activations * constants.link_seconds_per_byte + constants.message_seconds)
+    transfer, latency = _transfers(activations, constants)
     host = activations * (workers * constants.apply_seconds_per_byte)
-    return Phases(compute, transfer, host, patterns)
+    return Phases(compute, transfer, host, latency, patterns)
 
 
 def multispert_round_seconds(t_d: float, t_h: float, t_c: float, workers: int) -> float:
@@ -188,9 +204,10 @@ def overlapped_round_seconds(phases: Phases, workers: int) -> float:
 
 
 def serial_round_seconds(phases: Phases, workers: int) -> float:
-    """A round without overlap (sync mode): compute, then the server's P transfers and
-    its step, one after the other, as the BSP supersteps of ``bsp_server_batch_cost``."""
-    return phases.compute + workers * phases.transfer + phases.host
+    """A round without overlap (sync mode): a worker's compute and its own end of the
+    round trip, and the server's P transfers and its step, one after the other (the BSP
+    supersteps of ``bsp_server_batch_cost``, where L is the barriers' l)."""
+    return phases.compute + phases.latency + workers * phases.transfer + phases.host
 
 
 def predict(
@@ -216,7 +233,7 @@ def predict(
         compute_bound = phases.compute >= workers * phases.transfer + phases.host
     else:
         seconds = serial_round_seconds(phases, workers)
-        compute_bound = phases.compute >= workers * phases.transfer + phases.host
+        compute_bound = phases.compute + phases.latency >= workers * phases.transfer + phases.host
     mcups = network.connections * phases.patterns / seconds / 1e6
     alone = alone_mcups(network, constants, time_scale)
     return Prediction(
@@ -309,8 +326,8 @@ def bsp_epoch_seconds(
 
 def bsp_machine_from_constants(constants: Constants, name: str = "this machine") -> BspMachine:
     """The BSP view of measured constants: s from the compute rate (6 flops per update),
-    g and l from the link's per-word and per-message times."""
+    g from the server's time per word, l from a message's whole cost (a barrier is one
+    message to the server and one back, each with its wake-ups)."""
     s = 6.0 / constants.cu_seconds
-    return BspMachine(
-        name, s, WORD_BYTES * constants.link_seconds_per_byte * s, constants.message_seconds * s
-    )
+    g = WORD_BYTES * constants.link_seconds_per_byte * s
+    return BspMachine(name, s, g, (constants.message_seconds + constants.latency_seconds) * s)

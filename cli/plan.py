@@ -99,8 +99,10 @@ def describe_constants(constants: Constants, network: NetworkSpec) -> str:
     return (
         f"constants ({constants.source}): compute {constants.mcups:,.0f} MCUPS per worker "
         f"({per_pattern * 1e6:.1f} us a pattern), link "
-        f"{1e-6 / max(constants.link_seconds_per_byte, 1e-30):,.0f} MB/s, "
-        f"message {constants.message_seconds * 1e6:.0f} us, server "
+        f"{1e-6 / max(constants.link_seconds_per_byte, 1e-30):,.0f} MB/s at the server, "
+        f"{1e-6 / max(constants.worker_seconds_per_byte, 1e-30):,.0f} MB/s at a worker, "
+        f"message {constants.message_seconds * 1e6:.0f} us at the server + "
+        f"{constants.latency_seconds * 1e6:.0f} us elsewhere, server "
         f"{constants.apply_seconds_per_byte * 1e9:.2f} ns/B per update + "
         f"{constants.step_seconds_per_byte * 1e9:.2f} ns/B per step"
     )
@@ -109,13 +111,14 @@ def describe_constants(constants: Constants, network: NetworkSpec) -> str:
 def render(predictions: list[Prediction]) -> list[str]:
     lines = [
         f"{'P':>3} {'strategy':8} {'mode':5} {'round ms':>9} {'T_c ms':>8} {'T_d ms':>8} "
-        f"{'T_h ms':>8} {'MCUPS':>9} {'speed-up':>8}  bound"
+        f"{'T_h ms':>8} {'L ms':>7} {'MCUPS':>9} {'speed-up':>8}  bound"
     ]
     for p in predictions:
         lines.append(
             f"{p.workers:>3} {p.strategy:8} {p.mode:5} {p.round_seconds * 1e3:9.2f} "
             f"{p.phases.compute * 1e3:8.2f} {p.phases.transfer * 1e3:8.3f} "
-            f"{p.phases.host * 1e3:8.3f} {p.mcups:9,.0f} {p.speedup:8.2f}  {p.bound}"
+            f"{p.phases.host * 1e3:8.3f} {p.phases.latency * 1e3:7.3f} {p.mcups:9,.0f} "
+            f"{p.speedup:8.2f}  {p.bound}"
         )
     return lines
 
@@ -204,6 +207,7 @@ def plan_document(
                 "compute_seconds": p.phases.compute,
                 "transfer_seconds": p.phases.transfer,
                 "host_seconds": p.phases.host,
+                "latency_seconds": p.phases.latency,
             }
             for p in predictions
         ],

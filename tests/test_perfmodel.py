@@ -45,7 +45,9 @@ HAND = Constants(
     cu_seconds=1e-6,
     pattern_seconds=0.0,
     link_seconds_per_byte=1e-9,
+    worker_seconds_per_byte=2e-9,
     message_seconds=1e-4,
+    latency_seconds=5e-5,
     apply_seconds_per_byte=1e-10,
     step_seconds_per_byte=2e-10,
     source="by hand",
@@ -118,7 +120,7 @@ def test_multispert_rule_in_both_regimes() -> None:
 )
 def test_snet_overlap_against_the_multispert_rule(workers: int, paper: float, snet: float) -> None:
     assert multispert_round_seconds(t_d=1.0, t_h=0.5, t_c=10.0, workers=workers) == paper
-    phases = Phases(compute=10.0, transfer=1.0, host=0.5, patterns=1)
+    phases = Phases(compute=10.0, transfer=1.0, host=0.5, latency=3.0, patterns=1)
     assert overlapped_round_seconds(phases, workers) == snet
 
 
@@ -136,13 +138,14 @@ def test_pattern_parallel_phases_worked_by_hand() -> None:
     phases = pattern_parallel_phases(TINY, bunch=10, workers=2, constants=HAND)
     assert phases.compute == pytest.approx(10 * 13e-6)  # bunch x 13 connections x 1 us
     assert phases.transfer == pytest.approx(2 * (52e-9 + 1e-4))  # 52 bytes each way
+    assert phases.latency == pytest.approx(2 * (104e-9 + 5e-5))  # the worker's end
     assert phases.host == pytest.approx(52 * (2 * 1e-10 + 2e-10))
     assert phases.patterns == 20
     sync = predict(TINY, 10, 2, HAND, "pattern", "sync")
-    assert sync.round_seconds == pytest.approx(1.3e-4 + 2 * 2.00104e-4 + 2.08e-8)
+    assert sync.round_seconds == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 2.08e-8)
     assert sync.mcups == pytest.approx(13 * 20 / sync.round_seconds / 1e6)
     assert sync.speedup == pytest.approx(sync.mcups / 1.0)  # one worker alone: 1 MCUPS
-    assert sync.bound == "link"  # 130 us of compute < 400 us of transfer
+    assert sync.bound == "link"  # 130 + 100 us of compute and latency < 400 us at the server
     overlapped = predict(TINY, 10, 2, HAND, "pattern", "async")
     assert overlapped.round_seconds == pytest.approx(2 * 2.00104e-4 + 2.08e-8)  # link-bound
 
@@ -153,6 +156,7 @@ def test_network_parallel_phases_worked_by_hand() -> None:
     assert phases.compute == pytest.approx(30 * (4e-6 * 1 + 1e-6))
     # partial output sums up and output errors down: 30 patterns x 1 output x 4 bytes
     assert phases.transfer == pytest.approx(2 * (120e-9 + 1e-4))
+    assert phases.latency == pytest.approx(2 * (240e-9 + 5e-5))
     assert phases.host == pytest.approx(120 * 3 * 1e-10)
 
 
@@ -175,7 +179,8 @@ def test_bad_model_inputs_are_clear_errors() -> None:
         Constants.from_dict({"cu_seconds": 1e-9}, "x.json")
     with pytest.raises(ConfigError, match="link speed must be > 0"):
         HAND.with_link_mbps(0)
-    assert HAND.with_link_mbps(1000).link_seconds_per_byte == pytest.approx(8e-9)
+    gigabit = HAND.with_link_mbps(1000)
+    assert gigabit.link_seconds_per_byte == gigabit.worker_seconds_per_byte == pytest.approx(8e-9)
 
 
 def test_best_rate_uses_windows_between_changes() -> None:
@@ -290,7 +295,7 @@ def test_plan_json_reads_constants_from_a_benchmark_file(
     document = json.loads(capsys.readouterr().out)
     sync = next(p for p in document["predictions"] if p["mode"] == "sync")
     assert sync["strategy"] == "pattern"
-    assert sync["round_seconds"] == pytest.approx(1.3e-4 + 2 * 2.00104e-4 + 2.08e-8)
+    assert sync["round_seconds"] == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 2.08e-8)
 
 
 def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
