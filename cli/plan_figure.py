@@ -111,6 +111,12 @@ def _draw_measured(axis: Any, measured: dict[str, Any]) -> None:
             (str(r["mode"]), int(r["workers"]), float(r["measured_mcups"]))
             for r in measured["rows"]
         ]
+        # the model for the compute time the emulated workers really spent, where recorded
+        adjusted = [
+            (str(r["mode"]), int(r["workers"]), float(r["predicted_mcups"]))
+            for r in measured["rows"]
+            if "predicted_mcups" in r
+        ]
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"the scaling measurement lacks {exc}") from None
     top = max(p for _, p, _ in rows)
@@ -131,4 +137,13 @@ def _draw_measured(axis: Any, measured: dict[str, Any]) -> None:
             color=_MEASURED_COLOUR.get(mode, "black"),
             label=f"measured, {mode}",
         )
+        marks = [(p, m) for row_mode, p, m in adjusted if row_mode == mode]
+        if marks:
+            axis.plot(
+                [p for p, _ in marks],
+                [m for _, m in marks],
+                "x",
+                color=_MEASURED_COLOUR.get(mode, "black"),
+                label=f"model for the compute time spent, {mode}",
+            )
     axis.set_title(f"measured on 127.0.0.1: {network.describe()}, bunch {bunch}, emulated workers")

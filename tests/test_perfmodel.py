@@ -362,6 +362,7 @@ def test_scaling_benchmark_sets_measurement_beside_the_model(tmp_path: Path) -> 
         modes=("async",),
         constants=DEFAULT_CONSTANTS,
         workdir=str(tmp_path),
+        repeats=1,
     )
     json.dumps(result)  # JSON-able, for snet bench
     assert [row["workers"] for row in result["rows"]] == [1, 2]
