@@ -86,18 +86,18 @@ class Constants:
         return 1e-6 / self.cu_seconds
 
 
-# Measured on the development machine (2 cores, shared; numpy with one BLAS thread and
-# denormals flushed; loopback TCP) with ``calibrate``; `snet plan --calibrate` measures anew.
+# Measured on the development machine (2 cores, shared) with ``bench/calibrate.py`` on
+# 351:1262:45, bunch 1000; `snet plan --calibrate` measures anew, `--constants` reads them.
 DEFAULT_CONSTANTS = Constants(
-    cu_seconds=1.3e-10,  # ~7,500 MCUPS: 351:1262:45, bunch 1000, numpy, one thread
+    cu_seconds=1.56e-10,  # 6,400 MCUPS: the numpy step, one thread, denormals flushed
     pattern_seconds=0.0,
-    link_seconds_per_byte=4.3e-10,  # ~2.3 GB/s: 2 MB frames over 127.0.0.1
-    worker_seconds_per_byte=4.3e-10,
-    message_seconds=8.0e-6,  # half a small-message round trip over 127.0.0.1
-    latency_seconds=8.0e-6,
-    apply_seconds_per_byte=9.0e-11,  # adding one more 2 MB update into the sum
-    step_seconds_per_byte=5.0e-10,  # momentum, weights and snapshot of a 2 MB element
-    source="defaults",
+    link_seconds_per_byte=2.05e-10,  # the server's end of a transfer: 4.9 GB/s
+    worker_seconds_per_byte=1.39e-10,  # the worker's end
+    message_seconds=1.28e-4,  # the server's work for a message (framing, loop, step thread)
+    latency_seconds=9.5e-5,  # a message's wake-ups and work away from the server
+    apply_seconds_per_byte=4.4e-11,  # adding one more 2 MB update into the sum
+    step_seconds_per_byte=3.8e-10,  # momentum and new weights of a 2 MB element
+    source="defaults (measured 2026-11-22 on the development machine)",
 )
 
 

@@ -78,7 +78,9 @@ def draw(
         predict(network, bunch, 1, constants).mcups / predict(network, bunch, 1, constants).speedup
     )
     left.plot(counts, [one * p for p in counts], ":", color="grey", label="ideal (P x one alone)")
-    left.set_title(f"model: {network.describe()}, bunch {bunch}, link {_link(constants)}")
+    left.set_title(
+        f"model: {network.describe()}, bunch {bunch}, link {_link(constants)}", fontsize="medium"
+    )
     if measured:
         _draw_measured(axes[0][1], measured)
     for axis in axes[0]:
@@ -146,4 +148,8 @@ def _draw_measured(axis: Any, measured: dict[str, Any]) -> None:
                 color=_MEASURED_COLOUR.get(mode, "black"),
                 label=f"model for the compute time spent, {mode}",
             )
-    axis.set_title(f"measured on 127.0.0.1: {network.describe()}, bunch {bunch}, emulated workers")
+    rate = constants.mcups / scale
+    axis.set_title(
+        f"measured: {network.describe()}, bunch {bunch}, workers emulating {rate:,.0f} MCUPS",
+        fontsize="medium",
+    )
