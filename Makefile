@@ -2,13 +2,14 @@
 #   make demo   - async training with 2 local workers on the bundled default data
 #   make test   - lint, type check and the test suite
 # Both create and use a local virtual environment in .venv.
+#   make screenshot - a demo run's live dashboard, saved as docs/dashboard.png
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.snet-installed
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench browser screenshot clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +26,8 @@ demo: $(STAMP)
 	$(BIN)/snet demo --mode async --workers 2
 
 lint: $(STAMP)
-	$(BIN)/ruff check server client protocol cli tests
-	$(BIN)/ruff format --check server client protocol cli tests
+	$(BIN)/ruff check server client protocol cli data tests bench
+	$(BIN)/ruff format --check server client protocol cli data tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy -p snet
@@ -34,7 +35,23 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck browser pytest
+
+# The dashboard's browser test and `make screenshot` need Debian's chromium. As root with
+# apt-get (CI, a fresh test machine) it is installed; otherwise the browser test skips
+# and says why.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium for the dashboard's browser test"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq chromium >/dev/null; } \
+		|| echo "could not install chromium: the browser test will be skipped"; \
+	else echo "chromium is not installed (needs root and apt-get): the browser test will be skipped"; \
+	fi
+
+screenshot: $(STAMP) browser
+	$(BIN)/python -m snet.bench.dashboard_screenshot docs/dashboard.png
 
 bench: $(STAMP)
 	$(BIN)/snet bench

@@ -27,25 +27,19 @@ from typing import Any
 def _synthetic_corpus(inputs: int, classes: int, frames: int = 20000) -> Any:
     import numpy as np
 
-    from snet.client.data import Corpus
+    from snet.data.corpus import Corpus, DenseStore
+    from snet.data.windows import UtteranceBounds
 
     context = 4 if inputs % 9 == 0 and inputs > 39 else 0
     features = inputs // (2 * context + 1)
     rng = np.random.default_rng(0)
-    lengths = np.full(frames // 100, 100)
-    starts = np.repeat(np.arange(0, frames, 100), lengths)
     everything = np.arange(frames)
-    return Corpus(
-        frames=rng.standard_normal((frames, features)).astype(np.float32),
-        labels=rng.integers(0, classes, frames),
-        utterance_start=starts,
-        utterance_end=starts + 100,
-        train_frames=everything,
-        cv_frames=everything[:2000],
-        mean=np.zeros(features, np.float32),
-        std=np.ones(features, np.float32),
-        context=context,
+    store = DenseStore(
+        rng.standard_normal((frames, features)).astype(np.float32),
+        rng.integers(0, classes, frames),
     )
+    bounds = UtteranceBounds(np.full(frames // 100, 100))
+    return Corpus(store, bounds, everything, everything[:2000], features, context)
 
 
 def measure(network: str, bunch: int, threads: int) -> dict[str, Any]:
@@ -136,8 +130,11 @@ def _torch_figures(spec: Any, bunch: int, threads: int, mcups: Any) -> dict[str,
     hb, zb, dh, slope = (torch.empty(bunch, n) for n in (hidden, outputs, hidden, hidden))
     rows = torch.arange(bunch)
 
-    @torch.no_grad()
     def hand() -> None:
+        with torch.no_grad():
+            _hand()
+
+    def _hand() -> None:
         torch.addmm(b1, x, w1, out=hb).sigmoid_()
         torch.addmm(b2, hb, w2, out=zb)
         torch.softmax(zb, dim=1, out=zb)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
+from snet.client.backend import ComputeBackend
 from snet.client.config import WorkerConfig
 from snet.client.worker import Worker
 from snet.server.app import SnetServer
 from snet.server.config import ServerConfig
 
-from .runtime import loop_name, run, setup_logging
+from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import build_job, merge, read_toml
 
 SERVER_FIELDS = (
@@ -23,13 +25,17 @@ SERVER_FIELDS = (
     "token",
     "out_dir",
     "ready_file",
+    "pid_file",
     "trace_file",
     "pool_size",
+    "min_workers",
     "max_frame_mb",
     "heartbeat_seconds",
     "worker_timeout_seconds",
     "linger_seconds",
     "log_level",
+    "init_weights",
+    "hooks",
 )
 JOB_FLAGS = (
     "mode",
@@ -40,9 +46,18 @@ JOB_FLAGS = (
     "learning_rates",
     "momentum",
     "updates_per_step",
+    "max_in_flight",
     "chunk_frames",
     "seed",
+    "schedule",
+    "newbob_scale",
+    "newbob_ramp",
+    "newbob_stop",
+    "frame_order",
+    "shuffle_cache_bunches",
     "source",
+    "labels",
+    "norm_file",
     "context",
 )
 WORKER_FIELDS = (
@@ -53,8 +68,10 @@ WORKER_FIELDS = (
     "backend",
     "heartbeat_seconds",
     "retry_seconds",
+    "server_timeout_seconds",
     "max_frame_mb",
     "log_level",
+    "data_access",
 )
 
 
@@ -68,24 +85,48 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def run_server(args: argparse.Namespace) -> int:
+    """Exit status: 0 trained or stopped by a signal, 1 an error (e.g. a port in use), 2 a
+    bad configuration or data set (raised as ``ConfigError``/``DataError`` to ``main``)."""
     config = server_config(args)
     setup_logging(config.log_level)
+    log = logging.getLogger("snet.server")
 
     async def serve() -> str:
         server = SnetServer(config)
         server.install_signal_handlers()
-        return await server.serve()
+        try:
+            return await server.serve()
+        finally:
+            server.release()
 
-    logging.getLogger("snet.server").info("event loop: %s", loop_name())
+    log.info("event loop: %s", loop_name())
     reason = run(serve())
-    return 0 if reason in ("trained",) or reason.startswith("signal") else 1
+    status = 0 if reason == "trained" or reason.startswith("signal") else 1
+    log.info("exiting with status %d (%s)", status, reason)
+    return status
 
 
-def run_worker(args: argparse.Namespace) -> int:
-    document = read_toml(getattr(args, "config", None))
+def worker_config(args: argparse.Namespace, document: dict[str, Any]) -> WorkerConfig:
+    """Flags > SNET_WORKER_* (and SNET_TOKEN) environment > TOML [worker] > defaults."""
     flags = {name: getattr(args, name, None) for name in WORKER_FIELDS}
     if flags["token"] is None and os.environ.get("SNET_TOKEN"):
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
-    config = merge(WorkerConfig, document.get("worker", {}), "SNET_WORKER_", flags)
+    return merge(WorkerConfig, document.get("worker", {}), "SNET_WORKER_", flags)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Exit status: see ``Worker.run`` (0 done or stopped, 1 refused, 3 unreachable)."""
+    config = worker_config(args, read_toml(getattr(args, "config", None)))
     setup_logging(config.log_level)
-    return run(Worker(config).run())
+    return run_worker_process(config)
+
+
+def run_worker_process(config: WorkerConfig, backend: ComputeBackend | None = None) -> int:
+    """Run one worker until done; the first SIGTERM/SIGINT makes it leave politely."""
+
+    async def work() -> int:
+        worker = Worker(config, backend)
+        install_stop_signals(worker.request_stop, logging.getLogger("snet.worker"))
+        return await worker.run()
+
+    return run(work())

@@ -1,5 +1,6 @@
 """``snet demo``: a server in this process and N worker processes on 127.0.0.1.
 
+``--spert N`` adds N emulated Spert-II boards (``snet spert``) to the numpy workers.
 It trains the default job on the bundled data, prints each epoch's cross-validation
 accuracy as it comes, says where the status page is, and exits 0 once training is done
 and every worker has left.
@@ -51,32 +52,43 @@ async def _demo(args: argparse.Namespace) -> int:
         job=job,
         name="snet-demo",
         log_level="warning",
+        min_workers=args.workers + args.spert,  # all start together: repeatable runs
     )
     server = SnetServer(config)
     server.install_signal_handlers()
     await server.startup()
     url = f"http://127.0.0.1:{server.http_port}"
+    boards = (
+        f" and {args.spert} emulated Spert-II boards (x{args.spert_time_scale:g})"
+        if args.spert
+        else ""
+    )
     print(
-        f"snet demo: {job.mode} mode, {args.workers} workers, network {job.network.describe()}, "
+        f"snet demo: {job.mode} mode, {args.workers} workers{boards}, "
+        f"network {job.network.describe()}, "
         f"{job.epochs} epochs, bunch {job.bunch_size} per worker, {loop_name()} loop\n"
-        f"status page: {url}/status  (or: snet status --url {url})",
+        f"dashboard: {url}/  status: {url}/status  (or: snet status --url {url})",
         flush=True,
     )
     started = time.monotonic()
+    address = f"127.0.0.1:{server.port}"
+    commands = [["worker", "--name", f"demo-worker-{i + 1}"] for i in range(args.workers)]
+    commands += [
+        ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
+        for i in range(args.spert)
+    ]
     workers = [
         await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "snet.cli",
-            "worker",
+            *command,
             "--server",
-            f"127.0.0.1:{server.port}",
-            "--name",
-            f"demo-worker-{i + 1}",
+            address,
             "--log-level",
             "warning",
         )
-        for i in range(args.workers)
+        for command in commands
     ]
     progress = asyncio.get_running_loop().create_task(_progress(server, started))
     try:
@@ -86,6 +98,11 @@ async def _demo(args: argparse.Namespace) -> int:
         progress.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await progress
+        if not server.coordinator.finished.is_set():
+            # Stopped early: the workers would wait for the server to come back.
+            for process in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    process.terminate()
         for process in workers:
             try:
                 await asyncio.wait_for(process.wait(), WORKER_EXIT_SECONDS)
@@ -104,8 +121,11 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        print("snet: --workers must be at least 1", file=sys.stderr)
+    if args.workers < 0 or args.spert < 0 or args.workers + args.spert < 1:
+        print("snet: the demo needs at least one worker (--workers, --spert)", file=sys.stderr)
+        return 2
+    if args.spert_time_scale <= 0:
+        print("snet: --spert-time-scale must be > 0", file=sys.stderr)
         return 2
     setup_logging("warning")
     return run(_demo(args))

@@ -1,4 +1,4 @@
-"""``snet``: server, worker, status, plan and demo subcommands."""
+"""``snet``: server, worker, spert, status, plan and demo subcommands."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .runtime import limit_blas_threads
+from .spert import add_board_flags
 
 
 def _add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -29,9 +30,22 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="async: updates per step (0: one per live worker)",
     )
+    group.add_argument("--max-in-flight", dest="max_in_flight", type=int)
     group.add_argument("--chunk-frames", dest="chunk_frames", type=int)
     group.add_argument("--seed", type=int)
-    group.add_argument("--data", dest="source", help='"fsdd" or an .npz with X, y, lengths')
+    group.add_argument("--schedule", choices=("list", "newbob"), help="learning-rate schedule")
+    group.add_argument("--newbob-scale", dest="newbob_scale", type=float)
+    group.add_argument("--newbob-ramp", dest="newbob_ramp", type=float, help="CV error points")
+    group.add_argument("--newbob-stop", dest="newbob_stop", type=float, help="CV error points")
+    group.add_argument("--frame-order", dest="frame_order", choices=("shuffled", "sequential"))
+    group.add_argument("--shuffle-cache-bunches", dest="shuffle_cache_bunches", type=int)
+    group.add_argument(
+        "--data",
+        dest="source",
+        help='"fsdd", an .npz (X, y, lengths), a directory of .npy, a .pfile, Kaldi .scp/.ark',
+    )
+    group.add_argument("--labels", help="Kaldi alignment archive with the per-frame labels")
+    group.add_argument("--norm-file", dest="norm_file", help="Quicknet norm file to use")
     group.add_argument("--context", type=int, help="frames of context either side")
 
 
@@ -43,16 +57,50 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name")
     parser.add_argument("--token", help="shared secret workers must prove (or SNET_TOKEN)")
     parser.add_argument("--out-dir", dest="out_dir")
-    parser.add_argument("--ready-file", dest="ready_file")
+    parser.add_argument(
+        "--ready-file", dest="ready_file", help="JSON with pid and ports, once both listen"
+    )
+    parser.add_argument("--pid-file", dest="pid_file", help="this process's id, while it runs")
     parser.add_argument("--trace-file", dest="trace_file")
     parser.add_argument("--pool-size", dest="pool_size", type=int)
+    parser.add_argument(
+        "--min-workers",
+        dest="min_workers",
+        type=int,
+        help="lease no frames before this many workers have joined (default 1)",
+    )
     parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
     parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
     parser.add_argument("--worker-timeout-seconds", dest="worker_timeout_seconds", type=float)
     parser.add_argument("--linger-seconds", dest="linger_seconds", type=float)
     parser.add_argument("--log-level", dest="log_level")
+    parser.add_argument(
+        "--init-weights", dest="init_weights", help="continue training from a weights .npz"
+    )
+    parser.add_argument("--hooks", help="extra hooks: package.module:ClassName,...")
     parser.add_argument("--config", help="TOML file with [server] and [job] tables")
     _add_job_flags(parser)
+
+
+def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", help="HOST:PORT of the server")
+    parser.add_argument("--name")
+    parser.add_argument("--token")
+    parser.add_argument("--threads", type=int, help="BLAS threads (default 1)")
+    parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
+    retry_help = "keep trying to (re)connect this long (default 30)"
+    parser.add_argument("--retry-seconds", type=float, help=retry_help)
+    silence_help = "drop and redo a connection silent this long (default 30)"
+    parser.add_argument("--server-timeout-seconds", type=float, help=silence_help)
+    parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
+    parser.add_argument("--log-level", dest="log_level")
+    parser.add_argument(
+        "--data-access",
+        dest="data_access",
+        choices=("auto", "local", "inline"),
+        help="read the data here (local), have the server send it (inline), or try (auto)",
+    )
+    parser.add_argument("--config", help="TOML file with a [worker] (and [spert]) table")
 
 
 def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
@@ -86,16 +134,16 @@ def _parser() -> argparse.ArgumentParser:
     _add_server_flags(server)
 
     worker = commands.add_parser("worker", help="attach a worker to a server")
-    worker.add_argument("--server", help="HOST:PORT of the server")
-    worker.add_argument("--name")
-    worker.add_argument("--token")
-    worker.add_argument("--threads", type=int, help="BLAS threads (default 1)")
-    worker.add_argument("--backend", help="compute backend (default numpy)")
-    worker.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
-    worker.add_argument("--retry-seconds", dest="retry_seconds", type=float)
-    worker.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
-    worker.add_argument("--log-level", dest="log_level")
-    worker.add_argument("--config", help="TOML file with a [worker] table")
+    _add_worker_flags(worker)
+    worker.add_argument(
+        "--backend", help="compute backend: auto (default), numpy, torch, spert or modelled"
+    )
+
+    spert = commands.add_parser(
+        "spert", help="attach an emulated Spert-II board as a worker (backend spert)"
+    )
+    _add_worker_flags(spert)
+    add_board_flags(spert)
 
     status = commands.add_parser("status", help="show a server's training status")
     status.add_argument(
@@ -108,6 +156,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_plan_flags(plan)
 
+    evaluate = commands.add_parser("eval", help="score saved weights on data")
+    evaluate.add_argument("--weights", required=True, help="a weights .npz written by snet")
+    evaluate.add_argument("--data", dest="source", help="data to score on (default fsdd)")
+    evaluate.add_argument("--labels", help="Kaldi alignment archive")
+    evaluate.add_argument("--norm-file", dest="norm_file", help="Quicknet norm file")
+    evaluate.add_argument("--context", type=int, help="default: as saved with the weights")
+    evaluate.add_argument("--subset", choices=("cv", "train", "all"), default="cv")
+    evaluate.add_argument("--cv-fraction", dest="cv_fraction", type=float, default=0.1)
+    evaluate.add_argument("--split-seed", dest="split_seed", type=int, default=0)
+    evaluate.add_argument("--json", action="store_true")
+
+    train = commands.add_parser("train", help="sequential training in this process")
+    train.add_argument("--out-dir", dest="out_dir", default="snet-out")
+    train.add_argument("--init-weights", dest="init_weights")
+    _add_job_flags(train)
+
+    data = commands.add_parser("data", help="data tools")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    convert = data_commands.add_parser("convert", help="rewrite data as .pfile, .npz or .ark")
+    convert.add_argument("input", help="any data snet reads")
+    convert.add_argument("output", help="OUT.pfile, OUT.npz or OUT.ark (+ .scp, -ali.ark)")
+    convert.add_argument("--labels", help="Kaldi alignment archive of the input")
+
     bench = commands.add_parser("bench", help="run the benchmark suite")
     bench.add_argument("--only", help="comma-separated sections: worker,server,round,scaling")
     bench.add_argument("--quick", action="store_true", help="fewer configurations")
@@ -116,7 +187,17 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--markdown", default="docs/benchmarks.md")
 
     demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
-    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--workers", type=int, default=2, help="numpy worker processes")
+    demo.add_argument(
+        "--spert", type=int, default=0, help="emulated Spert-II boards to add as workers"
+    )
+    demo.add_argument(
+        "--spert-time-scale",
+        dest="spert_time_scale",
+        type=float,
+        default=1.0,
+        help="how much faster than real time the demo's boards run",
+    )
     demo.add_argument("--http-port", dest="http_port", type=int, default=0)
     demo.add_argument("--out-dir", dest="out_dir", default="snet-out")
     _add_job_flags(demo)
@@ -125,9 +206,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "worker":
+    if args.command in ("worker", "spert"):
         limit_blas_threads(args.threads or 1)
-    from snet.protocol.errors import ConfigError, DataError
+    from snet.protocol.errors import ConfigError, DataError, ListenError
 
     try:
         if args.command == "server":
@@ -138,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
             from .commands import run_worker
 
             return run_worker(args)
+        if args.command == "spert":
+            from .spert import run_spert
+
+            return run_spert(args)
         if args.command == "bench":
             from .bench import run_bench
 
@@ -150,9 +235,22 @@ def main(argv: list[str] | None = None) -> int:
             from .plan import run_plan
 
             return run_plan(args)
+        if args.command in ("eval", "train", "data"):
+            from . import offline
+            from .commands import JOB_FLAGS
+
+            if args.command == "eval":
+                return offline.run_eval(args)
+            if args.command == "data":
+                return offline.run_convert(args)
+            flags = {k: v for k in JOB_FLAGS if (v := getattr(args, k, None)) is not None}
+            return offline.run_train(args, flags)
         from .demo import run_demo
 
         return run_demo(args)
+    except ListenError as exc:
+        print(f"snet: {exc}", file=sys.stderr)
+        return 1
     except (ConfigError, DataError) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 2

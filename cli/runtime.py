@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -50,3 +51,23 @@ def setup_logging(level: str) -> None:
         level=numeric,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
+
+
+def install_stop_signals(stop: Callable[[str], None], log: logging.Logger) -> None:
+    """First SIGTERM/SIGINT: ``stop("signal SIGTERM")``, a graceful stop. Second: exit 1 now.
+
+    Call inside the running event loop."""
+    loop = asyncio.get_running_loop()
+    received: list[str] = []
+
+    def handle(signum: int) -> None:
+        name = signal.Signals(signum).name
+        if received:
+            log.warning("second signal (%s): exiting now", name)
+            os._exit(1)
+        received.append(name)
+        log.info("signal %s: stopping gracefully", name)
+        stop(f"signal {name}")
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, handle, signum)

@@ -23,7 +23,7 @@ def _percent(value: float | None) -> str:
 
 
 def render(document: dict[str, Any]) -> str:
-    """The status document as a few lines and two tables."""
+    """The status document as a few lines and two tables (three with emulated boards)."""
     lines = [
         f"server {document['server']} ({document['state']}), {document['mode']} mode, "
         f"network {document['network']}",
@@ -56,7 +56,29 @@ def render(document: dict[str, Any]) -> str:
             f"{row['updates_sent']:>8} {row['staleness_mean']:>6.2f} {row['mcups']:>8.1f} "
             f"{now - row['last_seen']:>6.1f}s"
         )
+    lines += _board_lines(document["workers"])
     return "\n".join(lines)
+
+
+def _board_lines(workers: list[dict[str, Any]]) -> list[str]:
+    """Emulated boards' modelled figures (from their reports) beside the real ones."""
+    boards = [row for row in workers if "modelled_busy_s" in (row.get("report") or {})]
+    if not boards:
+        return []
+    lines = [
+        "",
+        f"{'board':<22} {'scale':>6} {'busy s':>8} {'link s':>8} {'comp s':>8} "
+        f"{'MCUPS':>7} {'real s':>8} {'real MCUPS':>10} {'behind':>6}",
+    ]
+    for row in boards:
+        report = row["report"]
+        lines.append(
+            f"{row['name']:<22.22} {report['time_scale']:>6g} {report['modelled_busy_s']:>8.2f} "
+            f"{report['modelled_link_s']:>8.2f} {report['modelled_compute_s']:>8.2f} "
+            f"{report['modelled_mcups']:>7.1f} {report['real_compute_s']:>8.2f} "
+            f"{report['real_mcups']:>10.1f} {report['behind_model']:>6}"
+        )
+    return lines
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -2,9 +2,9 @@
 
 The worker's networking, flow control and leases are the same whatever computes the
 bunches; a backend only does the arithmetic. ``NumpyBackend`` is the reference; other
-backends (an emulated Spert board, PyTorch) implement the same ``ComputeBackend``
-protocol and are chosen with ``snet worker --backend``. The server cannot tell them apart
-except by the name each reports in its Hello.
+backends (``torch``; ``spert``, the emulated Spert-II board of ``client/spert``) implement
+the same ``ComputeBackend`` protocol and are chosen with ``snet worker --backend``. The
+server cannot tell them apart except by the name each reports in its Hello.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from snet.protocol.job import JobSpec
 
 from .data import Corpus
 from .network import BunchNetwork
+from .spert.backend import SpertBackend
 
 
 class ComputeBackend(Protocol):
@@ -49,24 +50,26 @@ class NumpyBackend:
         self._corpus: Corpus | None = None
         self._network: BunchNetwork | None = None
         self._x = np.zeros((0, 0), dtype=np.float32)
-        self._cv_x = np.zeros((0, 0), dtype=np.float32)
+        self._cv_x: np.ndarray | None = None
 
     def prepare(self, job: JobSpec, corpus: Corpus) -> None:
         self._corpus = corpus
         self._network = BunchNetwork(job.network, max(job.bunch_size, 1024))
         self._x = np.empty((job.bunch_size, corpus.pattern_size), dtype=np.float32)
-        self._cv_x = corpus.windows(corpus.cv_frames)
+        self._cv_x = None  # cut at the first evaluation (inline frames arrive late)
 
     def gradient(
         self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
     ) -> tuple[float, int]:
         assert self._corpus is not None and self._network is not None
         x = self._corpus.windows(frames, out=self._x[: len(frames)])
-        return self._network.gradient(weights, x, self._corpus.labels[frames], out)
+        return self._network.gradient(weights, x, self._corpus.labels_of(frames), out)
 
     def evaluate(self, weights: np.ndarray) -> tuple[int, int, float]:
         assert self._corpus is not None and self._network is not None
-        labels = self._corpus.labels[self._corpus.cv_frames]
+        if self._cv_x is None:
+            self._cv_x = self._corpus.windows(self._corpus.cv_frames)
+        labels = self._corpus.labels_of(self._corpus.cv_frames)
         loss, correct = self._network.evaluate(weights, self._cv_x, labels)
         return len(labels), correct, loss
 
@@ -95,6 +98,7 @@ def _modelled_backend(threads: int) -> ComputeBackend:
 BACKENDS: dict[str, Any] = {
     "numpy": lambda threads: NumpyBackend(),
     "torch": _torch_backend,
+    "spert": lambda threads: SpertBackend(),  # an emulated Spert-II board, default settings
     "modelled": _modelled_backend,  # compute-free, for scaling benchmarks
 }
 

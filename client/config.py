@@ -16,11 +16,13 @@ class WorkerConfig:
     name: str = ""  # empty: hostname-pid
     token: str = ""
     threads: int = 1  # BLAS threads for this worker's compute
-    backend: str = "auto"  # what computes the bunches: auto, numpy, torch (client/backend.py)
+    backend: str = "auto"  # auto, numpy, torch or spert (client/backend.py)
     heartbeat_seconds: float = 5.0
     retry_seconds: float = 30.0  # how long to keep trying to (re)connect before giving up
+    server_timeout_seconds: float = 30.0  # silence after which the link is taken for dead
     max_frame_mb: int = 512
     log_level: str = "info"
+    data_access: str = "auto"  # auto: read the data, else frames inline; local; inline
 
     def __post_init__(self) -> None:
         self.address()  # validates
@@ -28,6 +30,12 @@ class WorkerConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")
+        if self.data_access not in ("auto", "local", "inline"):
+            raise ConfigError(
+                f"data_access must be auto, local or inline, got {self.data_access!r}"
+            )
+        if self.server_timeout_seconds <= 1:
+            raise ConfigError("server_timeout_seconds must be more than 1 s")
 
     def address(self) -> tuple[str, int]:
         host, sep, port = self.server.rpartition(":")

@@ -3,12 +3,18 @@
 It is the worker's *receiving task*: whatever the compute thread is doing, incoming
 weights land in the ``WeightsBox`` and leases, evaluation requests and goodbyes in the
 inbox, because this runs on the event loop while numpy runs in a thread.
+
+``connect_with_backoff`` opens it, retrying with exponential backoff while the server is
+unreachable (not started yet, restarting, or behind a cut link).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import random
+import time
 import typing
 from collections.abc import Callable
 
@@ -22,6 +28,17 @@ from snet.protocol.messages import ErrorMessage, Message, Weights
 from .buffers import SendBuffers, WeightsBox, WeightsCopy
 
 log = logging.getLogger("snet.worker")
+
+CONNECT_SECONDS = 10.0  # one attempt; a cut link drops SYNs silently, so never wait forever
+MAX_BACKOFF_SECONDS = 5.0
+
+
+class ServerUnreachable(Exception):
+    """No connection to the server could be made within the retry window."""
+
+
+class ServerGone(Exception):
+    """The connection to the server was lost without a goodbye (the worker reconnects)."""
 
 
 class ServerConnection(asyncio.BufferedProtocol):
@@ -41,6 +58,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         self.box: WeightsBox | None = None
         self.send_buffers: SendBuffers | None = None
         self.closed = asyncio.get_running_loop().create_future()
+        self.last_received = time.monotonic()  # any bytes from the server count as life
 
     def attach(self, box: WeightsBox, send_buffers: SendBuffers) -> None:
         """Once the job is known: receive weights into ``box``, track ``send_buffers``."""
@@ -63,6 +81,7 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         assert self.channel is not None and self.transport is not None
+        self.last_received = time.monotonic()
         try:
             messages = self.channel.buffer_updated(nbytes)
         except ProtocolError as exc:
@@ -89,6 +108,8 @@ class ServerConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed.done():
             self.closed.set_result(exc)
+        if self.send_buffers is not None:
+            self.send_buffers.all_flushed()  # nothing more will be written: free them all
         self.on_lost(exc)
 
     def pause_writing(self) -> None:
@@ -113,5 +134,70 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._check_flushed()
 
     def close(self) -> None:
+        """Close after writing what is queued (e.g. a goodbye)."""
         if self.transport is not None:
             self.transport.close()
+
+    async def leave(self, goodbye: Message, timeout: float = 2.0) -> None:
+        """Send ``goodbye`` and wait (up to ``timeout``) for the server to close.
+
+        Closing at once could lose the goodbye: a socket closed with unread data in it
+        (weights keep coming) resets the connection, and the server drops what it had
+        not read yet."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.send(goodbye)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.closed), timeout)
+
+    def abort(self) -> None:
+        """Drop the connection now: on a dead link, queued data would never drain."""
+        if self.transport is not None:
+            self.transport.abort()
+
+
+async def connect_with_backoff(
+    host: str,
+    port: int,
+    make_protocol: Callable[[], ServerConnection],
+    retry_seconds: float,
+) -> ServerConnection:
+    """Connect, retrying with exponential backoff (0.1 s doubling to 5 s, with jitter)
+    for up to ``retry_seconds``; raises ``ServerUnreachable`` after that."""
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + retry_seconds
+    delay, attempts = 0.1, 0
+    while True:
+        attempts += 1
+        timeout = max(min(CONNECT_SECONDS, deadline - time.monotonic()), 1.0)
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(make_protocol, host, port), timeout
+            )
+        except OSError as exc:  # TimeoutError is an OSError too
+            reason = exc.strerror or f"no answer in {timeout:.0f} s"
+            if time.monotonic() + delay > deadline:
+                raise ServerUnreachable(
+                    f"cannot reach the server at {host}:{port} ({reason}); "
+                    f"gave up after {attempts} attempts in {retry_seconds:.0f} s"
+                ) from exc
+            level = logging.WARNING if attempts == 1 else logging.INFO
+            log.log(
+                level,
+                "server %s:%d not reachable (%s); retrying with backoff for up to %.0f s more "
+                "(next attempt in %.1f s)",
+                host,
+                port,
+                reason,
+                deadline - time.monotonic(),
+                delay,
+            )
+            await asyncio.sleep(delay)
+            # Jitter, so that many workers reconnecting to a restarted server spread out.
+            delay = min(delay * 2, MAX_BACKOFF_SECONDS) * random.uniform(0.8, 1.0)
+            continue
+        if attempts > 1:
+            log.info("reached the server at %s:%d after %d attempts", host, port, attempts)
+        return connection

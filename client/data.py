@@ -1,10 +1,10 @@
-"""The worker's view of the training data: normalised frames and context windows.
+"""The worker's view of the training data: a ``Corpus`` over local or inline frames.
 
-Frames are stored once (frames x features) and a pattern is cut on demand as the window
-of ``2 * context + 1`` frames around a centre frame, clipped at utterance boundaries
-(the edge frame is repeated, as Quicknet does), so 13-dimensional frames are read once,
-not nine times. Normalisation uses the mean and standard deviation of the training
-frames only.
+A worker that can read the job's data opens it itself (``snet.data``) and normalises
+with the statistics the server sends in ``DataInfo``, so every worker uses the same ones
+and none has to read the whole corpus; a worker that cannot read it asks the server for
+the raw frames (``FramesWanted``) and keeps them in an ``InlineStore``. Either way the
+context windows are cut here, from raw frames held once.
 """
 
 from __future__ import annotations
@@ -13,90 +13,106 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from snet.data.corpus import (
+    Corpus,
+    DenseStore,
+    InlineStore,
+    corpus_from_source,
+    load_corpus,
+    split_frames,
+)
+from snet.data.norms import Norms
+from snet.data.sources import open_source
+from snet.data.windows import UtteranceBounds
 from snet.protocol.errors import DataError
-from snet.protocol.job import DataSpec, frames_of, resolve_source, split_utterances
+from snet.protocol.job import JobSpec
+from snet.protocol.messages import DataInfo, Frames, Lease
+from snet.protocol.shuffle import cache_order
+
+__all__ = [
+    "Corpus",
+    "DenseStore",
+    "HeldLease",
+    "InlineStore",
+    "add_frames",
+    "inline_corpus",
+    "load_corpus",
+    "local_corpus",
+    "open_corpus",
+]
+
+
+def local_corpus(job: JobSpec, info: DataInfo) -> Corpus:
+    """The job's data read from this machine; DataError when it cannot be read or is not
+    the data the server has."""
+    source = open_source(job.data)
+    lengths = np.asarray(info.lengths, dtype=np.int64)
+    if source.features != info.features or not np.array_equal(source.lengths, lengths):
+        raise DataError(
+            f"this machine's {source.description} ({len(source.lengths)} utterances, "
+            f"{source.features} features) differs from the server's "
+            f"({len(lengths)} utterances, {info.features} features)"
+        )
+    return corpus_from_source(job.data, source, Norms.from_array(info.norms))
+
+
+def inline_corpus(job: JobSpec, info: DataInfo) -> Corpus:
+    """An empty corpus that the server's ``Frames`` messages fill."""
+    lengths = np.asarray(info.lengths, dtype=np.int64)
+    train, cv = split_frames(job.data, lengths)
+    return Corpus(
+        InlineStore(info.total_frames, info.features),
+        UtteranceBounds(lengths),
+        train,
+        cv,
+        info.features,
+        job.data.context,
+        Norms.from_array(info.norms),
+    )
 
 
 @dataclass
-class Corpus:
-    """Normalised frames, per-frame labels and utterance bounds, with the train/CV split."""
+class HeldLease:
+    """A lease and its frames in training order (shuffled within the cache)."""
 
-    frames: np.ndarray  # (n_frames, features) float32, normalised
-    labels: np.ndarray  # (n_frames,) int64
-    utterance_start: np.ndarray  # (n_frames,) first frame of each frame's utterance
-    utterance_end: np.ndarray  # (n_frames,) one past its last frame
-    train_frames: np.ndarray  # global indices
-    cv_frames: np.ndarray
-    mean: np.ndarray
-    std: np.ndarray
-    context: int
+    lease: Lease
+    order: np.ndarray
+    ready: bool = False  # every frame its windows read is at hand
 
-    @property
-    def features(self) -> int:
-        return int(self.frames.shape[1])
-
-    @property
-    def pattern_size(self) -> int:
-        return self.features * (2 * self.context + 1)
-
-    def windows(self, indices: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Patterns for the centre frames ``indices``: (len, window * features) float32."""
-        offsets = np.arange(-self.context, self.context + 1)
-        rows = indices[:, None] + offsets[None, :]
-        np.clip(
-            rows,
-            self.utterance_start[indices, None],
-            self.utterance_end[indices, None] - 1,
-            out=rows,
-        )
-        if out is None:
-            out = np.empty((len(indices), self.pattern_size), dtype=np.float32)
-        np.take(self.frames, rows, axis=0, out=out.reshape(len(indices), len(offsets), -1))
-        return out
+    @classmethod
+    def of(cls, lease: Lease, job: JobSpec) -> HeldLease:
+        cache = job.bunch_size * job.shuffle_cache_bunches
+        return cls(lease, cache_order(lease.indices, lease.lease_id, job.seed, cache))
 
 
-def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """X (frames x features), per-frame labels and utterance lengths from an .npz file."""
-    try:
-        with np.load(path) as data:
-            frames, labels, lengths = data["X"], data["y"], data["lengths"]
-    except (OSError, KeyError, ValueError) as exc:
-        raise DataError(f"cannot read {path}: needs arrays X, y, lengths ({exc})") from exc
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if frames.ndim != 2 or lengths.ndim != 1 or (lengths < 1).any():
-        raise DataError(f"{path}: X must be 2-D and lengths positive")
-    if int(lengths.sum()) != len(frames):
-        raise DataError(f"{path}: lengths add up to {lengths.sum()}, X has {len(frames)} frames")
-    if len(labels) == len(lengths) and len(labels) != len(frames):
-        labels = np.repeat(labels, lengths)  # one label per utterance
-    if len(labels) != len(frames):
-        raise DataError(f"{path}: {len(labels)} labels for {len(frames)} frames")
-    return frames.astype(np.float32), labels.astype(np.int64), lengths
+def open_corpus(job: JobSpec, info: DataInfo, access: str) -> tuple[Corpus, str]:
+    """The worker's corpus and, when its frames must come inline, why ("" when local).
 
-
-def load_corpus(spec: DataSpec, outputs: int) -> Corpus:
-    """Load, split and normalise the job's data; check labels against the output size."""
-    frames, labels, lengths = load_arrays(resolve_source(spec.source))
-    if labels.min() < 0 or labels.max() >= outputs:
+    ``access``: "local" (this machine's copy or a DataError), "inline" (always from the
+    server), "auto" (this machine's copy when it can be read and is the server's).
+    """
+    reason = "this worker runs with --data-access inline"
+    corpus: Corpus | None = None
+    if access != "inline":
+        try:
+            corpus, reason = local_corpus(job, info), ""
+        except DataError as exc:
+            if access == "local":
+                raise
+            reason = str(exc)
+    if corpus is None:
+        corpus = inline_corpus(job, info)
+    if corpus.pattern_size != job.network.input_size:
         raise DataError(
-            f"labels run from {labels.min()} to {labels.max()}, "
-            f"but the network has {outputs} outputs (0..{outputs - 1})"
+            f"the data gives {corpus.pattern_size} inputs per pattern, "
+            f"the network has {job.network.input_size}"
         )
-    train_utts, cv_utts = split_utterances(len(lengths), spec.cv_fraction, spec.split_seed)
-    train, cv = frames_of(train_utts, lengths), frames_of(cv_utts, lengths)
-    mean = frames[train].mean(axis=0, dtype=np.float64)
-    std = frames[train].std(axis=0, dtype=np.float64)
-    std[std < 1e-8] = 1.0
-    normalised = ((frames - mean) / std).astype(np.float32)
-    starts = np.repeat(np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return Corpus(
-        frames=normalised,
-        labels=labels,
-        utterance_start=starts,
-        utterance_end=starts + np.repeat(lengths, lengths),
-        train_frames=train,
-        cv_frames=cv,
-        mean=mean.astype(np.float32),
-        std=std.astype(np.float32),
-        context=spec.context,
-    )
+    return corpus, reason
+
+
+def add_frames(corpus: Corpus, message: Frames) -> bool:
+    """Keep frames the server sent; False when this corpus does not take any."""
+    if not isinstance(corpus.store, InlineStore):
+        return False
+    corpus.store.add(message.indices, message.features, message.labels)
+    return True

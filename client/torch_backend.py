@@ -53,7 +53,7 @@ class TorchBackend:
             "tanh": lambda g, h, out: aten.tanh_backward.grad_input(g, h, grad_input=out),
             "relu": lambda g, h, out: aten.threshold_backward.grad_input(g, h, 0.0, grad_input=out),
         }
-        self._cv_x = corpus.windows(corpus.cv_frames)
+        self._cv_x: np.ndarray | None = None  # cut at the first evaluation (inline frames)
 
     def _views(self, flat: np.ndarray) -> list[Any]:
         return [self.torch.from_numpy(v) for v in self._layout.views(flat)]
@@ -100,7 +100,7 @@ class TorchBackend:
         torch = self.torch
         n = len(frames)
         x = torch.from_numpy(self._corpus.windows(frames, out=self._x[:n]))
-        labels = torch.from_numpy(self._corpus.labels[frames])
+        labels = torch.from_numpy(self._corpus.labels_of(frames))
         views, grads = self._views(weights), self._views(out)
         acts = self._forward(views, x)
         loss, correct = self._score(acts[-1], labels)
@@ -123,7 +123,9 @@ class TorchBackend:
     def evaluate(self, weights: np.ndarray) -> tuple[int, int, float]:
         assert self._corpus is not None
         torch = self.torch
-        labels_all = self._corpus.labels[self._corpus.cv_frames]
+        if self._cv_x is None:
+            self._cv_x = self._corpus.windows(self._corpus.cv_frames)
+        labels_all = self._corpus.labels_of(self._corpus.cv_frames)
         views = self._views(weights)
         loss_total, correct_total = 0.0, 0
         for start in range(0, len(labels_all), self._max):

@@ -5,6 +5,9 @@ event loop) files incoming weights, leases and requests; the compute loop runs e
 bunch's numpy work in a thread. At each bunch boundary the compute loop takes the newest
 weights. In async mode it never waits for weights after sending an update; in sync mode
 it waits for the version after the one its update was computed on.
+
+The data: ``DataInfo`` follows ``Welcome``; a worker that cannot read the data says
+``FramesWanted`` and trains on frames the server sends (``client/data.py``, ``work.py``).
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    TRAINING_COMPLETE,
+    DataInfo,
     ErrorMessage,
     EvalResult,
     Evaluate,
+    FramesWanted,
     Goodbye,
     Heartbeat,
     Hello,
-    Lease,
     Message,
     ServerHello,
     Update,
@@ -43,18 +48,21 @@ from snet.protocol.network import ElementLayout
 from .backend import ComputeBackend, make_backend
 from .buffers import SendBuffers, WeightsBox, WeightsCopy
 from .config import WorkerConfig
-from .connection import ServerConnection
-from .data import Corpus, load_corpus
+from .connection import (
+    MAX_BACKOFF_SECONDS,
+    ServerConnection,
+    ServerGone,
+    ServerUnreachable,
+    connect_with_backoff,
+)
+from .data import Corpus, open_corpus
+from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
 
 CAPABILITIES = ("codec:none",)
 HANDSHAKE_SECONDS = 30.0
 REPORT_SECONDS = 1.0
-
-
-class ServerGone(Exception):
-    """The connection to the server was lost without a goodbye (the worker reconnects)."""
 
 
 class Worker:
@@ -69,12 +77,14 @@ class Worker:
         )
         self._inbox: deque[Message] = deque()
         self._wake = asyncio.Event()
-        self._leases: deque[Lease] = deque()
-        self._evaluations: deque[Evaluate] = deque()
-        self._offset = 0
+        self._work = WorkQueue()
         self._goodbye: str | None = None
         self._refused: RemoteError | None = None
         self._lost = False
+        self._stop_reason: str | None = None  # set by request_stop()
+        self._task: asyncio.Task[int] | None = None  # the task running run()
+        self._generation = 0  # counts connections; callbacks of older ones are ignored
+        self._joined = False  # the current connection got past the handshake
         self.job: JobSpec | None = None
         self.corpus: Corpus | None = None
         self.updates_sent = 0
@@ -83,70 +93,94 @@ class Worker:
     # ------------------------------------------------------------ lifecycle
 
     async def run(self) -> int:
-        """Train until the server says goodbye; reconnect while it is unreachable.
+        """Train until the server says the job is done; reconnect whenever it is lost.
 
-        Exit codes: 0 training complete or server closed; 1 refused by the server;
-        3 server unreachable for longer than ``retry_seconds``.
+        Exit codes: 0 training complete, or the server stopped and did not come back within
+        ``retry_seconds``, or this worker was stopped by SIGTERM/SIGINT; 1 refused by the
+        server (token, protocol version, a job it cannot run); 3 the server unreachable
+        for ``retry_seconds`` (never reached, or lost without a goodbye).
         """
+        self._task = asyncio.current_task()
+        server_stopped = False  # the last server said goodbye without finishing the job
+        pause = 0.1  # before reconnecting after a lost connection
         try:
             while True:
                 try:
                     await self._session()
                 except ServerGone as exc:
-                    log.warning("lost the server (%s); reconnecting", exc)
+                    retry = self.config.retry_seconds
+                    log.warning("lost the server (%s); reconnecting for up to %.0f s", exc, retry)
+                    # A server that accepts and then drops connections must not be
+                    # hammered: pause longer after each session that never got going.
+                    pause = 0.1 if self._joined else min(pause * 2, MAX_BACKOFF_SECONDS)
+                    server_stopped = False
                     self._reset()
+                    await asyncio.sleep(pause)
                     continue
                 if self._refused is not None:
                     log.error("refused by the server: %s", self._refused)
                     return 1
+                if self._goodbye != TRAINING_COMPLETE:
+                    retry = self.config.retry_seconds
+                    message = "server said goodbye (%s) mid-job; waiting %.0f s for it to return"
+                    log.warning(message, self._goodbye, retry)
+                    server_stopped = True
+                    self._reset()
+                    continue
                 log.info(
                     "server said goodbye (%s) after %d updates", self._goodbye, self.updates_sent
                 )
                 return 0
-        except TimeoutError as exc:
+        except ServerUnreachable as exc:
+            if server_stopped:
+                log.info("the server did not come back (%s); exiting", exc)
+                return 0
             log.error("%s", exc)
             return 3
+        except asyncio.CancelledError:
+            if self._stop_reason is None:
+                raise
+            log.info("stopped (%s) after %d updates", self._stop_reason, self.updates_sent)
+            return 0
         finally:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
+    def request_stop(self, reason: str) -> None:
+        """Leave: say goodbye to the server, end ``run()`` with 0 (e.g. on SIGTERM)."""
+        if self._stop_reason is None and self._task is not None:
+            self._stop_reason = reason
+            self._task.cancel()
+
     def _reset(self) -> None:
         self._inbox.clear()
-        self._leases.clear()
-        self._evaluations.clear()
-        self._offset = 0
+        self._work.clear()
         self._lost = False
+        self._goodbye = None
+        self._joined = False
         self._sent_this_session = 0
 
-    async def _connect(self) -> ServerConnection:
-        loop = asyncio.get_running_loop()
+    async def _session(self) -> None:
         host, port = self.config.address()
         limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
-        deadline = time.monotonic() + self.config.retry_seconds
-        delay = 0.1
-        while True:
-            try:
-                _, connection = await loop.create_connection(
-                    lambda: ServerConnection(limits, self._on_message, self._on_lost), host, port
-                )
-                return connection
-            except OSError as exc:
-                if time.monotonic() + delay > deadline:
-                    raise TimeoutError(
-                        f"cannot reach the server at {host}:{port} "
-                        f"for {self.config.retry_seconds:.0f} s: {exc}"
-                    ) from exc
-                log.info(
-                    "server %s:%d not reachable (%s); retrying in %.1f s",
-                    host,
-                    port,
-                    exc.strerror or exc,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        self._generation += 1
+        generation = self._generation
 
-    async def _session(self) -> None:
-        connection = await self._connect()
+        # Callbacks of an older, aborted connection may still arrive: only the current
+        # connection may file messages or declare the server lost.
+        def on_message(message: Message) -> None:
+            if generation == self._generation:
+                self._on_message(message)
+
+        def on_lost(exc: Exception | None) -> None:
+            if generation == self._generation:
+                self._on_lost(exc)
+
+        connection = await connect_with_backoff(
+            host,
+            port,
+            lambda: ServerConnection(limits, on_message, on_lost),
+            self.config.retry_seconds,
+        )
         try:
             if not await self._handshake(connection):
                 return
@@ -160,7 +194,12 @@ class Worker:
                 heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await heartbeat
+        except ServerGone:
+            connection.abort()  # on a dead link a graceful close would never finish
+            raise
         finally:
+            if self._stop_reason is not None:
+                await connection.leave(Goodbye(f"worker stopped ({self._stop_reason})"))
             connection.close()
 
     # ------------------------------------------------------------ receiving
@@ -206,6 +245,9 @@ class Worker:
             welcome = await self._next_message()
             if not isinstance(welcome, Welcome):
                 raise ProtocolError(f"expected welcome, got {welcome.TYPE}")
+            info = await self._next_message()
+            if not isinstance(info, DataInfo):
+                raise ProtocolError(f"expected data_info, got {info.TYPE}")
         except RemoteError as exc:
             self._refused = exc
             return False
@@ -214,13 +256,13 @@ class Worker:
             return False
         try:
             job = JobSpec.from_dict(welcome.job)
-            if job != self.job or self.corpus is None:
-                await self._prepare(job)
+            await self._prepare(job, info, connection)
         except (ConfigError, DataError, RemoteError) as exc:
             # Tell the server why this worker cannot take part, then leave.
             connection.send(ErrorMessage("bad_job", str(exc), True))
             self._refused = RemoteError("bad_job", str(exc))
             return False
+        self._joined = True
         log.info(
             "joined %s as worker %d (%s mode, network %s)",
             hello.server_name,
@@ -230,18 +272,14 @@ class Worker:
         )
         return True
 
-    async def _prepare(self, job: JobSpec) -> None:
-        """Load the job's data and prepare the backend (in the compute thread)."""
+    async def _prepare(self, job: JobSpec, info: DataInfo, connection: ServerConnection) -> None:
+        """Open the data (or ask for it inline) and prepare the backend (compute thread)."""
         loop = asyncio.get_running_loop()
-        corpus = await loop.run_in_executor(
-            self.executor, load_corpus, job.data, job.network.output_size
-        )
-        if corpus.pattern_size != job.network.input_size:
-            raise RemoteError(
-                "bad_job",
-                f"the data gives {corpus.pattern_size} inputs per pattern, "
-                f"the network has {job.network.input_size}",
-            )
+        access = self.config.data_access
+        corpus, reason = await loop.run_in_executor(self.executor, open_corpus, job, info, access)
+        if reason:
+            log.info("frames come inline from the server: %s", reason)
+            connection.send(FramesWanted(reason[:500]))
         await loop.run_in_executor(self.executor, self.backend.prepare, job, corpus)
         self.job, self.corpus = job, corpus
 
@@ -250,11 +288,9 @@ class Worker:
     def _file_inbox(self, box: WeightsBox) -> None:
         while self._inbox:
             message = self._inbox.popleft()
-            if isinstance(message, Lease):
-                self._leases.append(message)
-            elif isinstance(message, Evaluate):
-                self._evaluations.append(message)
-            elif isinstance(message, Weights):  # arrived before the box was attached
+            if self._work.file(message, self.job, self.corpus):
+                continue
+            if isinstance(message, Weights):  # arrived before the box was attached
                 box.put(
                     WeightsCopy(
                         message.version,
@@ -286,13 +322,14 @@ class Worker:
                 return
             if self._lost:
                 raise ServerGone("connection lost")
-            if self._evaluations:
-                request = self._evaluations.popleft()
+            assert self.corpus is not None
+            request = self._work.evaluation(self.corpus)
+            if request is not None:
                 result = await loop.run_in_executor(self.executor, self._evaluate, request)
                 connection.send(result)
                 continue
             weights = box.take_newest()
-            ready = weights is not None and bool(self._leases)
+            ready = weights is not None and self._work.lease_ready(self.corpus)
             in_flight = self._sent_this_session - box.settled
             if sync:
                 # Wait for the next version, unless the server refused (settled) the update
@@ -305,9 +342,8 @@ class Worker:
                 await self._wake.wait()
                 continue
             assert weights is not None
-            lease = self._leases[0]
-            count = min(self.job.bunch_size, len(lease.indices) - self._offset)
-            frames = lease.indices[self._offset : self._offset + count]
+            lease, offset, frames = self._work.next_bunch(self.job.bunch_size)
+            count = len(frames)
             gradient = await connection.send_buffers.acquire()
             started = time.perf_counter()
             loss, correct = await loop.run_in_executor(
@@ -319,7 +355,7 @@ class Worker:
                 Update(
                     weights.version,
                     lease.lease_id,
-                    self._offset,
+                    offset,
                     count,
                     loss,
                     correct,
@@ -330,10 +366,7 @@ class Worker:
             self.updates_sent += 1
             self._sent_this_session += 1
             last_base = weights.version
-            self._offset += count
-            if self._offset >= len(lease.indices):
-                self._leases.popleft()
-                self._offset = 0
+            self._work.advance(count)
 
     def _evaluate(self, request: Evaluate) -> EvalResult:
         weights = np.ascontiguousarray(request.element, dtype=np.float32)
@@ -345,6 +378,14 @@ class Worker:
         last_beat = time.monotonic()
         while True:
             await asyncio.sleep(min(REPORT_SECONDS, self.config.heartbeat_seconds))
+            silent = time.monotonic() - connection.last_received
+            if silent > self.config.server_timeout_seconds:
+                # A cut link or a frozen server: TCP alone would notice only after many
+                # minutes of retransmissions. The server sends heartbeats when it has
+                # nothing else to say, so silence this long means the link is gone.
+                log.warning("nothing from the server for %.0f s; dropping the connection", silent)
+                connection.abort()
+                return
             report = self.backend.report()
             if report is not None:
                 connection.send(WorkerReport(time.time(), report))

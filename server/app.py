@@ -22,15 +22,19 @@ from typing import Any
 
 from aiohttp import web
 
+from snet.data.norms import write_norm_file
+from snet.protocol.errors import ListenError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
-from snet.protocol.messages import Goodbye, Heartbeat
+from snet.protocol.hooks import standard_hooks
+from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
 
 from .config import ServerConfig
 from .connection import ConnectionCounters, WorkerConnection
-from .dataplan import training_frames
-from .export import weights_npz, write_atomically
+from .dataplan import plan_data
+from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
+from .service import PidFile, notify
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
@@ -53,6 +57,8 @@ class SnetServer:
         self._stop_reason = ""
         self._next_worker_id = 0
         self._trace_handle: Any = None
+        self.pid_file = PidFile(config.pid_file) if config.pid_file else None
+        self.stopping = asyncio.Event()  # set when shutdown begins (ends live HTTP streams)
         self.port = 0
         self.http_port = 0
         self.coordinator: Coordinator
@@ -60,39 +66,62 @@ class SnetServer:
     # ------------------------------------------------------------ lifecycle
 
     async def startup(self) -> None:
+        """Claim the pid file, load the data plan, listen on both ports, write the ready file.
+
+        Raises ``ConfigError`` (pid file taken or unwritable), ``DataError`` and
+        ``ListenError`` (a port in use or an address not on this machine).
+        """
         loop = asyncio.get_running_loop()
         job = self.config.job
-        train, total = await loop.run_in_executor(self.executor, training_frames, job.data)
+        if self.pid_file is not None:
+            self.pid_file.claim()
+        plan = await loop.run_in_executor(self.executor, plan_data, job)
+        weights = None
+        if self.config.init_weights:
+            weights = read_weights(self.config.init_weights, job.network).flat
+            log.info("continuing from the weights in %s", self.config.init_weights)
         trace = None
         if self.config.trace_file:
             self._trace_handle = open(self.config.trace_file, "w", encoding="utf-8")  # noqa: SIM115
             trace = self._write_trace
         self.coordinator = Coordinator(
-            job, train, total, self.executor, self.config.pool_size, trace
+            job,
+            plan,
+            self.executor,
+            self.config.pool_size,
+            trace,
+            standard_hooks(self.config.hooks),
+            weights,
+            self.config.min_workers,
         )
         self.coordinator.pool.on_empty = lambda: self._set_reading(False)
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
         self.coordinator.on_finished = self._on_trained
         limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
         token = self.config.token or None
-        self._tcp = await loop.create_server(
-            lambda: WorkerConnection(
-                self.coordinator,
-                limits,
-                token,
-                self.config.name,
-                self._new_worker_id,
-                self.counters,
-                self.connections,
-            ),
-            self.config.host,
-            self.config.port,
-        )
-        self.port = self._tcp.sockets[0].getsockname()[1]
-        self._http = web.AppRunner(make_app(self), access_log=None)
-        await self._http.setup()
-        site = web.TCPSite(self._http, self.config.http_bind_host, self.config.http_port)
-        await site.start()
+        where = f"{self.config.host}:{self.config.port}"
+        try:
+            self._tcp = await loop.create_server(
+                lambda: WorkerConnection(
+                    self.coordinator,
+                    limits,
+                    token,
+                    self.config.name,
+                    self._new_worker_id,
+                    self.counters,
+                    self.connections,
+                ),
+                self.config.host,
+                self.config.port,
+            )
+            self.port = self._tcp.sockets[0].getsockname()[1]
+            where = f"{self.config.http_bind_host}:{self.config.http_port} (HTTP)"
+            self._http = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=5.0)
+            await self._http.setup()
+            site = web.TCPSite(self._http, self.config.http_bind_host, self.config.http_port)
+            await site.start()
+        except OSError as exc:
+            raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
         self.http_port = int(self._http.addresses[0][1])
         self.state = "training"
         log.info(
@@ -100,7 +129,7 @@ class SnetServer:
             self.config.name,
             job.mode,
             job.network.describe(),
-            len(train),
+            len(plan.train_frames),
             self.config.host,
             self.port,
             self.config.http_bind_host,
@@ -109,6 +138,16 @@ class SnetServer:
         if self.config.ready_file:
             ready = {"pid": os.getpid(), "port": self.port, "http_port": self.http_port}
             write_atomically(Path(self.config.ready_file), json.dumps(ready).encode())
+        notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
+
+    def release(self) -> None:
+        """Give back what startup took outside the event loop: ports and the pid file.
+
+        Safe to call whether or not startup finished (after a failed start too)."""
+        if self._tcp is not None and self.state == "starting":
+            self._tcp.close()
+        if self.pid_file is not None:
+            self.pid_file.release()
 
     async def serve(self) -> str:
         """Start, run until trained or stopped, shut down; returns why it stopped."""
@@ -135,13 +174,13 @@ class SnetServer:
     async def shutdown(self, reason: str) -> None:
         """Say goodbye to every worker, stop listening, write the final weights."""
         self.state = "stopping"
+        self.stopping.set()
+        notify("STOPPING=1")
         self.coordinator.closed = True
         if self._tcp is not None:
             self._tcp.close()
-        goodbye = "training complete" if self.coordinator.finished.is_set() else reason
-        for connection in list(self.connections):
-            connection.send(Goodbye(goodbye))
-            connection.close(f"server {reason}")
+        goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
+        self._send_goodbyes(goodbye, f"server {reason}")
         path = self.write_final_weights()
         log.info("final weights (version %d) written to %s", self.coordinator.version, path)
         if self._http is not None:
@@ -156,13 +195,8 @@ class SnetServer:
     def write_final_weights(self) -> Path:
         coordinator = self.coordinator
         path = Path(self.config.out_dir) / "weights.npz"
-        payload = weights_npz(
-            coordinator.job.network,
-            coordinator.rule.snapshot,
-            coordinator.version,
-            coordinator.epoch,
-        )
-        write_atomically(path, payload)
+        write_atomically(path, current_weights_npz(coordinator))
+        write_norm_file(Path(self.config.out_dir) / "norms", coordinator.plan.norms)
         status = json.dumps(self._final_status(), indent=1).encode()
         write_atomically(Path(self.config.out_dir) / "status.json", status)
         return path
@@ -181,6 +215,11 @@ class SnetServer:
     def _write_trace(self, record: dict[str, Any]) -> None:
         self._trace_handle.write(json.dumps(record) + "\n")
 
+    def _send_goodbyes(self, goodbye: str, reason: str) -> None:
+        for connection in list(self.connections):
+            connection.send(Goodbye(goodbye))
+            connection.close(reason)
+
     def _set_reading(self, on: bool) -> None:
         for connection in self.connections:
             if on:
@@ -191,8 +230,10 @@ class SnetServer:
     def _on_trained(self) -> None:
         self.state = "trained"
         log.info("training complete after %d epochs", self.coordinator.stats.epochs_done)
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.config.linger_seconds, self.request_stop, "trained")
+        self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # even while it lingers
+        if self.config.linger_seconds >= 0:  # negative: serve the results until stopped
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.config.linger_seconds, self.request_stop, "trained")
 
     async def _housekeeping(self) -> None:
         """Heartbeats to quiet workers; drop workers silent past the timeout."""
@@ -210,7 +251,9 @@ class SnetServer:
                 quiet = now - session.last_seen
                 if quiet > self.config.worker_timeout_seconds:
                     connection.fail("timeout", f"no message for {quiet:.0f} s")
-                elif quiet > interval:
+                elif quiet > interval or now - connection.last_sent > interval:
+                    # Also a sign of life for the worker: one that hears nothing for its
+                    # server_timeout_seconds takes the link for dead and reconnects.
                     connection.send(Heartbeat(time.time()))
 
     def install_signal_handlers(self) -> None:

@@ -26,13 +26,17 @@ class ServerConfig:
     token: str = ""  # shared secret workers must prove; empty: no token required
     out_dir: str = "snet-out"
     ready_file: str = ""  # written as JSON with the bound ports once both listen
+    pid_file: str = ""  # this process's id, written at startup and removed at exit
     trace_file: str = ""  # JSON lines, one per step: which frames each update covered
     pool_size: int = 32
+    min_workers: int = 1  # lease no frames before this many workers have joined
     max_frame_mb: int = 512
     heartbeat_seconds: float = 5.0
     worker_timeout_seconds: float = 60.0
-    linger_seconds: float = 0.0  # keep serving HTTP this long after training ends
+    linger_seconds: float = 0.0  # keep serving HTTP this long after training (< 0: until stopped)
     log_level: str = "info"
+    init_weights: str = ""  # an snet weights .npz to continue training from
+    hooks: str = ""  # extra behaviour hooks, comma-separated package.module:ClassName
     job: JobSpec = field(default_factory=JobSpec)
 
     def __post_init__(self) -> None:

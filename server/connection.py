@@ -27,6 +27,7 @@ from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import (
     ErrorMessage,
     EvalResult,
+    FramesWanted,
     Goodbye,
     Heartbeat,
     Hello,
@@ -91,6 +92,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.closing = False
         self.connected_at = time.monotonic()
+        self.last_sent = self.connected_at  # when a frame was last queued for this worker
 
     # ------------------------------------------------------------ transport events
 
@@ -167,6 +169,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
             self.coordinator.on_update(self.session, message)
         elif isinstance(message, EvalResult):
             self.coordinator.on_eval_result(self.session, message)
+        elif isinstance(message, FramesWanted):
+            self.coordinator.on_frames_wanted(self.session, message)
         elif isinstance(message, Heartbeat):
             pass
         elif isinstance(message, WorkerReport):
@@ -211,6 +215,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
     def send(self, message: Message) -> None:
         if self.channel is not None and self.transport is not None and not self.closing:
             self.channel.send(message)
+            self.last_sent = time.monotonic()
 
     def fail(self, code: str, text: str) -> None:
         """Refuse this peer: tell it why, close this connection only."""

@@ -1,24 +1,50 @@
-"""Which frames the server leases: the training split of the job's data.
+"""``DataPlan``: the job's data as the server needs it.
 
-The server needs only the utterance lengths, never the features: the workers read those.
-The split is the same pure function the workers use, so both agree on every index.
+The server reads the utterance lengths (to split and lease the training frames), checks
+the labels and the feature count against the network before any worker joins (a wrong
+label or dimension fails at startup with a clear message), and fixes the normalisation
+every worker applies (the job's norm file, or the training frames' mean and standard
+deviation, computed here in one streaming pass). The features themselves are read only
+for workers that cannot read the data and are sent their frames inline
+(``server/inline.py``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from snet.protocol.errors import DataError
-from snet.protocol.job import DataSpec, frames_of, resolve_source, split_utterances
+from snet.data.corpus import job_norms, split_frames
+from snet.data.norms import Norms
+from snet.data.sources import FrameSource, check_against_network, open_source, total_frames
+from snet.data.windows import UtteranceBounds
+from snet.protocol.job import JobSpec
+from snet.protocol.messages import DataInfo
 
 
-def training_frames(spec: DataSpec) -> tuple[np.ndarray, int]:
-    """(global indices of the training frames, total frames in the data set)."""
-    path = resolve_source(spec.source)
-    try:
-        with np.load(path) as data:
-            lengths = np.asarray(data["lengths"], dtype=np.int64)
-    except (OSError, KeyError, ValueError) as exc:
-        raise DataError(f"cannot read utterance lengths from {path}: {exc}") from exc
-    train_utts, _ = split_utterances(len(lengths), spec.cv_fraction, spec.split_seed)
-    return frames_of(train_utts, lengths), int(lengths.sum())
+@dataclass
+class DataPlan:
+    """The opened source, its split, bounds and normalisation."""
+
+    source: FrameSource
+    train_frames: np.ndarray
+    cv_frames: np.ndarray
+    total_frames: int
+    bounds: UtteranceBounds
+    norms: Norms
+
+    def data_info(self) -> DataInfo:
+        """What every worker is told after ``Welcome``."""
+        norms, lengths = self.norms.as_array(), self.bounds.lengths.astype("<i8")
+        return DataInfo(self.source.features, self.total_frames, norms=norms, lengths=lengths)
+
+
+def plan_data(job: JobSpec) -> DataPlan:
+    """Open and check the job's data (raises DataError with what is wrong)."""
+    source = open_source(job.data)
+    network = job.network
+    check_against_network(source, job.data.window, network.input_size, network.output_size)
+    train, cv = split_frames(job.data, source.lengths)
+    norms = job_norms(job.data, source, train)
+    return DataPlan(source, train, cv, total_frames(source), UtteranceBounds(source.lengths), norms)

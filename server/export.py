@@ -1,18 +1,37 @@
-"""Trained weights as a self-describing ``.npz``: W0, b0, W1, b1, ... plus the layer sizes."""
+"""Trained weights as a self-describing ``.npz``: W0, b0, W1, b1, ... plus the layer sizes.
+
+Besides the weights the file holds ``sizes``, ``activations``, ``version``, ``epoch`` and,
+when known, the normalisation the network was trained with (``norm_mean``, ``norm_std``)
+and the ``context``, so ``snet eval`` can score it on new data without anything else, and
+``snet server --init-weights`` can continue training from it.
+"""
 
 from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from snet.data.norms import Norms
+from snet.protocol.errors import ConfigError
 from snet.protocol.network import ElementLayout, NetworkSpec
 
+if TYPE_CHECKING:
+    from .training import Coordinator
 
-def weights_npz(spec: NetworkSpec, flat: np.ndarray, version: int, epoch: int) -> bytes:
+
+def weights_npz(
+    spec: NetworkSpec,
+    flat: np.ndarray,
+    version: int,
+    epoch: int,
+    norms: Norms | None = None,
+    context: int | None = None,
+) -> bytes:
     """The weights as the bytes of an .npz file."""
     views = ElementLayout.for_network(spec).views(np.asarray(flat))
     arrays: dict[str, Any] = {
@@ -21,12 +40,77 @@ def weights_npz(spec: NetworkSpec, flat: np.ndarray, version: int, epoch: int) -
         "version": np.array(version, dtype=np.int64),
         "epoch": np.array(epoch, dtype=np.int64),
     }
+    if norms is not None:
+        arrays["norm_mean"], arrays["norm_std"] = norms.mean, norms.std
+    if context is not None:
+        arrays["context"] = np.array(context, dtype=np.int64)
     for layer in range(len(views) // 2):
         arrays[f"W{layer}"] = views[2 * layer]
         arrays[f"b{layer}"] = views[2 * layer + 1]
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
+
+
+def current_weights_npz(coordinator: Coordinator) -> bytes:
+    """The coordinator's current weights, normalisation and context as an .npz."""
+    return weights_npz(
+        coordinator.job.network,
+        coordinator.rule.snapshot,
+        coordinator.version,
+        coordinator.epoch,
+        coordinator.plan.norms,
+        coordinator.job.data.context,
+    )
+
+
+@dataclass
+class SavedWeights:
+    """What a weights file holds."""
+
+    spec: NetworkSpec
+    flat: np.ndarray  # the element (float32)
+    version: int
+    norms: Norms | None
+    context: int | None
+
+
+def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> SavedWeights:
+    """Read a weights .npz; with ``expected``, refuse a file of another network."""
+    try:
+        with np.load(path) as data:
+            spec = NetworkSpec(
+                tuple(int(s) for s in data["sizes"]),
+                tuple(str(a) for a in data["activations"]),
+            )
+            layout = ElementLayout.for_network(spec)
+            flat = layout.allocate()
+            for view, (layer, kind) in zip(
+                layout.views(flat),
+                [(i, k) for i in range(len(spec.sizes) - 1) for k in ("W", "b")],
+                strict=True,
+            ):
+                array = data[f"{kind}{layer}"]
+                if array.shape != view.shape:
+                    raise ValueError(f"{kind}{layer} has shape {array.shape}, not {view.shape}")
+                view[...] = array
+            norms = (
+                Norms(data["norm_mean"].astype(np.float64), data["norm_std"].astype(np.float64))
+                if "norm_mean" in data.files
+                else None
+            )
+            context = int(data["context"]) if "context" in data.files else None
+            version = int(data["version"]) if "version" in data.files else 0
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(f"cannot read weights from {path}: {exc}") from exc
+    if not np.isfinite(flat).all():
+        raise ConfigError(f"{path}: the weights contain NaN or infinite values")
+    if expected is not None and spec != expected:
+        raise ConfigError(
+            f"{path} holds a {spec.describe()} network ({', '.join(spec.activations)}), "
+            f"the job trains {expected.describe()} ({', '.join(expected.activations)})"
+        )
+    return SavedWeights(spec, flat, version, norms, context)
 
 
 def write_atomically(path: Path, payload: bytes) -> None:

@@ -1,5 +1,7 @@
 """The HTTP API, served by aiohttp inside the server's own event loop.
 
+GET /          the live dashboard: one self-contained HTML page (server/dashboard/)
+GET /events    server-sent events: the /status document every ``EVENT_SECONDS``
 GET /status    JSON: mode, versions, epochs, accuracies, queues, a row per worker
 GET /metrics   Prometheus text format
 GET /weights   the current weights as .npz
@@ -8,17 +10,62 @@ GET /healthz   200 "ok" while the server runs
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import json
+from importlib import resources
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .export import weights_npz
+from .export import current_weights_npz
 from .status import metrics_text, status_document
 
 if TYPE_CHECKING:
     from .app import SnetServer
 
 SERVER_KEY: web.AppKey[SnetServer] = web.AppKey("snet_server")
+EVENT_SECONDS = 0.5
+
+
+@functools.cache
+def dashboard_page() -> bytes:
+    """The dashboard's HTML, shipped as package data next to this module."""
+    return resources.files("snet.server").joinpath("dashboard/index.html").read_bytes()
+
+
+async def _dashboard(request: web.Request) -> web.Response:
+    return web.Response(
+        body=dashboard_page(),
+        content_type="text/html",
+        charset="utf-8",
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+async def _events(request: web.Request) -> web.StreamResponse:
+    """Push the status document as an SSE ``status`` event until the client leaves or
+    the server stops (it sends one last document first)."""
+    server = request.app[SERVER_KEY]
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",  # tell proxies not to hold the stream back
+        }
+    )
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionResetError):  # the browser went away
+        await response.write(b"retry: 2000\n\n")
+        while True:
+            document = json.dumps(status_document(server), separators=(",", ":"))
+            await response.write(f"event: status\ndata: {document}\n\n".encode())
+            if server.stopping.is_set():
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.stopping.wait(), EVENT_SECONDS)
+    return response
 
 
 async def _status(request: web.Request) -> web.Response:
@@ -35,9 +82,7 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _weights(request: web.Request) -> web.Response:
     server = request.app[SERVER_KEY]
     coordinator = server.coordinator
-    payload = weights_npz(
-        coordinator.job.network, coordinator.rule.snapshot, coordinator.version, coordinator.epoch
-    )
+    payload = current_weights_npz(coordinator)
     return web.Response(
         body=payload,
         content_type="application/octet-stream",
@@ -56,6 +101,8 @@ def make_app(server: SnetServer) -> web.Application:
     """The aiohttp application for one server."""
     app = web.Application()
     app[SERVER_KEY] = server
+    app.router.add_get("/", _dashboard)
+    app.router.add_get("/events", _events)
     app.router.add_get("/status", _status)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/weights", _weights)

@@ -1,12 +1,15 @@
 """``LeaseBook``: the division of each epoch's training frames among the workers.
 
 Each epoch the training frames are shuffled (seeded by the job's seed and the epoch) and
-cut into chunks. A worker holds leases on chunks and trains on a lease's frames in order,
-bunch by bunch; each update names its lease and offset, so the book knows exactly which
-frames every update used. Frames a worker never delivered (it died, disconnected, or an
-update was refused) go back to the front of the queue as a new chunk. The ledger counts,
-per epoch, how often each training frame was applied: every frame exactly once, whatever
-joins or leaves, is the invariant the tests and ``/status`` check.
+cut into chunks (or, with ``sequential``, cut into chunks of consecutive frames whose
+order alone is shuffled). A worker holds leases on chunks and trains on a lease's frames
+bunch by bunch, in the order ``protocol.shuffle.cache_order`` gives (its shuffle within a
+cache of several bunches, which the book reproduces); each update names its lease and
+offset, so the book knows exactly which frames every update used. Frames a worker never
+delivered (it died, disconnected, or an update was refused) go back to the front of the
+queue as a new chunk. The ledger counts, per epoch, how often each training frame was
+applied: every frame exactly once, whatever joins or leaves, is the invariant the tests
+and ``/status`` check.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from snet.protocol.errors import RejectedUpdate
+from snet.protocol.shuffle import cache_order
 
 
 @dataclass
@@ -27,7 +31,8 @@ class LeaseRecord:
     lease_id: int
     epoch: int
     worker_id: int
-    indices: np.ndarray
+    indices: np.ndarray  # in the order the worker trains on them
+    chunk: np.ndarray  # as the Lease message carries them (before the worker's shuffle)
     received: int = 0  # frames covered by accepted updates (updates arrive in order)
 
     @property
@@ -66,6 +71,8 @@ class LeaseBook:
     total_frames: int
     chunk_frames: int
     seed: int
+    cache_frames: int = 1  # the workers' shuffle cache (bunches x bunch size)
+    sequential: bool = False
     epoch: int = -1
     _queue: deque[np.ndarray] = field(default_factory=deque)
     _leases: dict[int, LeaseRecord] = field(default_factory=dict)
@@ -77,11 +84,20 @@ class LeaseBook:
     def start_epoch(self, epoch: int) -> None:
         """Shuffle the training frames for ``epoch`` and queue them as chunks."""
         self.epoch = epoch
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.train_frames)
-        self._queue = deque(
-            order[start : start + self.chunk_frames]
-            for start in range(0, len(order), self.chunk_frames)
-        )
+        rng = np.random.default_rng([self.seed, epoch])
+        if self.sequential:
+            frames = np.sort(self.train_frames)
+            chunks = [
+                frames[start : start + self.chunk_frames]
+                for start in range(0, len(frames), self.chunk_frames)
+            ]
+            self._queue = deque(chunks[i] for i in rng.permutation(len(chunks)))
+        else:
+            order = rng.permutation(self.train_frames)
+            self._queue = deque(
+                order[start : start + self.chunk_frames]
+                for start in range(0, len(order), self.chunk_frames)
+            )
         self.accepted_frames = self.applied_frames = 0
         ledger = EpochLedger(epoch, np.zeros(self.total_frames, np.uint16), self.train_frames)
         ledger.chunks = len(self._queue)
@@ -95,7 +111,9 @@ class LeaseBook:
         """Lease the next waiting chunk to ``worker_id``, or None when none is waiting."""
         if not self._queue:
             return None
-        lease = LeaseRecord(self._next_id, self.epoch, worker_id, self._queue.popleft())
+        chunk = self._queue.popleft()
+        order = cache_order(chunk, self._next_id, self.seed, self.cache_frames)
+        lease = LeaseRecord(self._next_id, self.epoch, worker_id, order, chunk)
         self._next_id += 1
         self._leases[lease.lease_id] = lease
         return lease

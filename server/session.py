@@ -36,6 +36,7 @@ class WorkerSession:
     staleness_count: int = 0
     weights_version_sent: int = -1
     evaluations: int = 0
+    inline_frames: bool = False  # it cannot read the data; the server sends its frames
     report: dict[str, Any] = field(default_factory=dict)  # the worker's latest WorkerReport
 
     def touch(self) -> None:
@@ -72,4 +73,5 @@ class WorkerSession:
             "last_seen": self.last_seen_wall,
             "last_seen_ago": round(time.monotonic() - self.last_seen, 3),
             "report": self.report,
+            "inline_frames": self.inline_frames,
         }

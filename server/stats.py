@@ -23,6 +23,7 @@ class EpochRecord:
     cv_correct: int = 0
     cv_loss: float = 0.0
     ledger: dict[str, Any] = field(default_factory=dict)
+    kept: bool | None = None  # newbob: False when the epoch's weights were rolled back
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -37,6 +38,7 @@ class EpochRecord:
             "cv_accuracy": _ratio(self.cv_correct, self.cv_frames),
             "cv_loss": _ratio(self.cv_loss, self.cv_frames),
             "ledger": self.ledger,
+            "kept": self.kept,
         }
 
 
@@ -66,7 +68,7 @@ class TrainingStats:
     def start_epoch(self, epoch: int, learning_rate: float) -> None:
         self.epochs.append(EpochRecord(epoch, learning_rate))
 
-    def _record(self, epoch: int) -> EpochRecord:
+    def record_of(self, epoch: int) -> EpochRecord:
         return next(r for r in self.epochs if r.epoch == epoch)
 
     def record_train(self, patterns: int, correct: int, loss_sum: float) -> None:
@@ -88,16 +90,16 @@ class TrainingStats:
         self.step_seconds += seconds
 
     def end_epoch(self, epoch: int, version: int, ledger: dict[str, Any]) -> None:
-        record = self._record(epoch)
+        record = self.record_of(epoch)
         record.ended, record.end_version, record.ledger = time.time(), version, ledger
         self.epochs_done += 1
 
     def record_cv(self, epoch: int, frames: int, correct: int, loss_sum: float) -> None:
-        record = self._record(epoch)
+        record = self.record_of(epoch)
         record.cv_frames, record.cv_correct, record.cv_loss = frames, correct, loss_sum
 
     def train_accuracy(self, epoch: int) -> float:
-        record = self._record(epoch)
+        record = self.record_of(epoch)
         return record.train_correct / record.train_patterns if record.train_patterns else 0.0
 
     def latest(self, key: str) -> float | None:

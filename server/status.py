@@ -7,6 +7,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .app import SnetServer
+    from .training import Coordinator
+
+
+def queues(coordinator: Coordinator) -> dict[str, int]:
+    """Lengths of the element pool's queues and of the lease queue."""
+    return {
+        "free": coordinator.pool.free,
+        "received": coordinator.received_queue,
+        "pool_size": coordinator.pool.size,
+        "pool_overflows": coordinator.pool.overflows,
+        "chunks_waiting": coordinator.book.waiting_chunks,
+        "leases_out": coordinator.book.leases_out,
+    }
 
 
 def status_document(server: SnetServer) -> dict[str, Any]:
@@ -41,10 +54,16 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "staleness_histogram": {str(k): v for k, v in sorted(stats.staleness_histogram.items())},
         "mcups": round(connections * stats.patterns_applied / max(elapsed, 1e-9) / 1e6, 2),
         "elapsed_seconds": round(elapsed, 3),
-        "queues": coordinator.queues(),
+        "queues": queues(coordinator),
         "workers_live": len(coordinator.sessions),
         "workers": workers,
         "epochs": [record.as_dict() for record in stats.epochs],
+        "schedule": coordinator.job.schedule,
+        "hooks": coordinator.hooks.figures(),
+        "inline_frames": {
+            "frames_sent": coordinator.inline.frames_sent,
+            "bytes_sent": coordinator.inline.bytes_sent,
+        },
     }
 
 

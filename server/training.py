@@ -11,7 +11,9 @@ single worker thread, so receiving never waits behind computing.
   worker could still contribute (the tail of an epoch, a worker gone).
 
 After each step every worker is sent the new weights. After each epoch the weights are
-sent to one worker for cross-validation while the others go on.
+sent to one worker for cross-validation while the others go on (with newbob the next
+epoch waits for it: ``server/epochs.py``). Workers that cannot read the data get their
+frames inline (``server/inline.py``); hooks (``protocol/hooks.py``) see every step.
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ from typing import Any
 import numpy as np
 
 from snet.protocol.errors import RejectedUpdate
+from snet.protocol.hooks import BunchEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    TRAINING_COMPLETE,
     ErrorMessage,
     EvalResult,
     Evaluate,
+    FramesWanted,
+    Goodbye,
     Lease,
     Update,
     Weights,
@@ -40,6 +46,9 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout, initial_weights
 
+from .dataplan import DataPlan
+from .epochs import EpochControl
+from .inline import InlineFrames
 from .leases import LeaseBook
 from .pool import ElementPool, PooledElement, is_finite
 from .session import WorkerSession
@@ -73,18 +82,35 @@ class Coordinator:
     def __init__(
         self,
         job: JobSpec,
-        train_frames: np.ndarray,
-        total_frames: int,
+        plan: DataPlan,
         executor: Executor,
         pool_size: int,
         trace: Callable[[dict[str, Any]], None] | None = None,
+        hooks: HookSet | None = None,
+        weights: np.ndarray | None = None,
+        min_workers: int = 1,
     ) -> None:
         self.job = job
+        # No frames are leased before this many workers have joined (then never again
+        # held back), so that a fixed set of workers starts together.
+        self.min_workers = min_workers
+        self._quorum = min_workers <= 1
+        self.plan = plan
         self.layout = ElementLayout.for_network(job.network)
         self.connections = job.network.connections
-        self.rule = UpdateRule(initial_weights(job.network, job.seed), job.momentum)
+        start = initial_weights(job.network, job.seed) if weights is None else weights
+        self.rule = UpdateRule(start, job.momentum)
         self.pool = ElementPool(self.layout, pool_size)
-        self.book = LeaseBook(train_frames, total_frames, job.chunk_frames, job.seed)
+        self.book = LeaseBook(
+            plan.train_frames,
+            plan.total_frames,
+            job.chunk_frames,
+            job.seed,
+            cache_frames=job.bunch_size * job.shuffle_cache_bunches,
+            sequential=job.frame_order == "sequential",
+        )
+        self.inline = InlineFrames(plan, job.data.context)
+        self.hooks = hooks or HookSet([])
         self.executor = executor
         self.trace = trace
         self.stats = TrainingStats(job.epochs)
@@ -98,14 +124,18 @@ class Coordinator:
         self.finished = asyncio.Event()
         self.closed = False  # set at shutdown: no new steps
         self.on_finished: Callable[[], None] | None = None
-        self.book.start_epoch(0)
-        self.stats.start_epoch(0, job.learning_rate(0))
+        self.epochs = EpochControl(self)
+        info = RunInfo(
+            job.network.describe(), self.connections, job.mode, job.epochs, len(plan.train_frames)
+        )
+        self.hooks.call("before_training", info)
+        self.epochs.begin(0)
 
     # ------------------------------------------------------------ workers
 
     @property
     def learning_rate(self) -> float:
-        return self.job.learning_rate(self.epoch)
+        return self.epochs.rate
 
     @property
     def received_queue(self) -> int:
@@ -116,10 +146,13 @@ class Coordinator:
         self.sessions[session.worker_id] = session
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         session.send(Welcome(session.worker_id, self.job.to_dict()))
-        self._send_weights(session)
-        if self.finished.is_set():
+        session.send(self.plan.data_info())
+        self.send_weights(session)
+        if self.finished.is_set():  # a latecomer (e.g. a restarted pod): nothing left to do
+            session.send(Goodbye(TRAINING_COMPLETE))
+            session.close(TRAINING_COMPLETE)
             return
-        self._fill_leases()
+        self.fill_leases()
         self._assign_evals()
 
     def remove_worker(self, session: WorkerSession, reason: str) -> None:
@@ -129,15 +162,16 @@ class Coordinator:
         session.state, session.left_reason = "gone", reason
         self.departed.append(session)
         returned = self.book.worker_gone(session.worker_id)
+        self.inline.forget(session.worker_id)
         log.info("worker %s left (%s); %d frames back in the queue", session.name, reason, returned)
         for job in self._evals.values():
             if job.worker_id == session.worker_id:
                 job.worker_id = None
-        self._fill_leases()
+        self.fill_leases()
         self._assign_evals()
         self._maybe_step()
 
-    def _send_weights(self, session: WorkerSession) -> None:
+    def send_weights(self, session: WorkerSession) -> None:
         session.weights_version_sent = self.version
         session.send(
             Weights(
@@ -149,13 +183,27 @@ class Coordinator:
             )
         )
 
-    def _fill_leases(self) -> None:
+    def fill_leases(self) -> None:
+        if self.epochs.waiting_for_cv:
+            return
+        if not self._quorum:
+            if len(self.sessions) < self.min_workers:
+                log.info("%d of %d workers joined; waiting", len(self.sessions), self.min_workers)
+                return
+            self._quorum = True
         for session in list(self.sessions.values()):
             while len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER:
                 lease = self.book.grant(session.worker_id)
                 if lease is None:
                     return
-                session.send(Lease(lease.lease_id, lease.epoch, lease.indices.astype("<i8")))
+                self.inline.send(session, lease.chunk)
+                session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8")))
+
+    def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
+        """The worker cannot read the data: send its frames inline from now on."""
+        chunks = [lease.chunk for lease in self.book.held_by(session.worker_id)]
+        evaluating = any(job.worker_id == session.worker_id for job in self._evals.values())
+        self.inline.begin(session, message.reason, chunks, evaluating)
 
     # ------------------------------------------------------------ updates
 
@@ -170,7 +218,7 @@ class Coordinator:
             session.updates_rejected += 1
             session.updates_settled += 1
             self.stats.updates_rejected += 1
-            self._send_weights(session)  # tells the worker the update is settled
+            self.send_weights(session)  # tells the worker the update is settled
             self._maybe_step()
             raise
         session.updates_sent += 1
@@ -179,7 +227,7 @@ class Coordinator:
         self.stats.record_train(message.patterns, message.correct, message.loss_sum)
         self._received.append(PendingUpdate(session, message, frames, element))
         if len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER:
-            self._fill_leases()
+            self.fill_leases()
         self._maybe_step()
 
     def _check_update(
@@ -199,7 +247,7 @@ class Coordinator:
             # The lease moves past these frames and they are queued again: nothing is lost.
             # (skip() itself refuses a claim on frames the worker does not hold.)
             self.book.skip(session.worker_id, message.lease_id, message.offset, message.patterns)
-            self._fill_leases()
+            self.fill_leases()
             raise RejectedUpdate(reason)
         return self.book.accept(
             session.worker_id, message.lease_id, message.offset, message.patterns
@@ -286,10 +334,14 @@ class Coordinator:
             self.book.record_applied(pending.frames)
         patterns = sum(p.message.patterns for p in batch)
         self.stats.record_step(len(batch), patterns, seconds)
+        correct = sum(p.message.correct for p in batch)
+        loss = sum(p.message.loss_sum for p in batch)
+        event = BunchEvent(self.epoch, self.version, len(batch), patterns, correct, loss, rate)
+        self.hooks.call("after_bunch", event)
         if self.trace is not None:
             self.trace(self._trace_record(batch, rate))
         for session in self.sessions.values():
-            self._send_weights(session)
+            self.send_weights(session)
         if self.book.epoch_complete:
             self._end_epoch()
 
@@ -303,41 +355,28 @@ class Coordinator:
         self.stats.updates_rejected += 1
         log.warning("refused update from %s: %s", session.name, reason)
         session.send(ErrorMessage(RejectedUpdate.code, reason, False))
-        self._send_weights(session)
-        self._fill_leases()
+        self.send_weights(session)
+        self.fill_leases()
 
     def _trace_record(self, batch: list[PendingUpdate], rate: float) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "epoch": self.epoch,
-            "learning_rate": rate,
-            "updates": [
-                {
-                    "worker": p.session.name,
-                    "base_version": p.message.base_version,
-                    "frames": p.frames.tolist(),
-                }
-                for p in batch
-            ],
-        }
+        updates = [
+            {"worker": p.session.name, "base_version": p.message.base_version,
+             "frames": p.frames.tolist()}
+            for p in batch
+        ]  # fmt: skip
+        return {"version": self.version, "epoch": self.epoch, "learning_rate": rate,
+                "updates": updates}  # fmt: skip
 
     # ------------------------------------------------------------ epochs
 
     def _end_epoch(self) -> None:
         ledger = self.book.ledger.summary()
         self.stats.end_epoch(self.epoch, self.version, ledger)
-        log.info(
-            "epoch %d done at version %d: train accuracy %.2f%%",
-            self.epoch,
-            self.version,
-            100 * self.stats.train_accuracy(self.epoch),
-        )
+        accuracy = 100 * self.stats.train_accuracy(self.epoch)
+        log.info("epoch %d done at version %d: train accuracy %.2f%%", self.epoch, self.version,
+                 accuracy)  # fmt: skip
         self._evals[self.epoch] = EvalJob(self.epoch, self.version, self.rule.snapshot)
-        if self.epoch + 1 < self.job.epochs:
-            self.epoch += 1
-            self.book.start_epoch(self.epoch)
-            self.stats.start_epoch(self.epoch, self.learning_rate)
-            self._fill_leases()
+        self.epochs.epoch_trained(self.epoch)
         self._assign_evals()
 
     def _assign_evals(self) -> None:
@@ -350,6 +389,7 @@ class Coordinator:
             )
             job.worker_id = session.worker_id
             session.evaluations += 1
+            self.inline.send(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
 
     def on_eval_result(self, session: WorkerSession, message: EvalResult) -> None:
@@ -364,19 +404,4 @@ class Coordinator:
             100 * message.correct / max(message.frames, 1),
             message.frames,
         )
-        if not self._evals and self.stats.epochs_done == self.job.epochs:
-            self.finished.set()
-            if self.on_finished is not None:
-                self.on_finished()
-
-    # ------------------------------------------------------------ views
-
-    def queues(self) -> dict[str, int]:
-        return {
-            "free": self.pool.free,
-            "received": len(self._received),
-            "pool_size": self.pool.size,
-            "pool_overflows": self.pool.overflows,
-            "chunks_waiting": self.book.waiting_chunks,
-            "leases_out": self.book.leases_out,
-        }
+        self.epochs.cv_result(message.epoch, job.weights, message)

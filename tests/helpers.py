@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,10 +83,13 @@ class Cluster:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
-    def _spawn(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: list[str], log: Path, prefix: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
+        """``snet ARGS`` as a process (``prefix`` e.g. runs it in a network namespace)."""
         handle = open(log, "wb")  # noqa: SIM115 - closed with the process at teardown
         process = subprocess.Popen(
-            [sys.executable, "-m", "snet.cli", *args],
+            [*prefix, sys.executable, "-m", "snet.cli", *args],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env=self.env,
@@ -125,10 +128,13 @@ class Cluster:
         info = wait_until(started, START_SECONDS, "the server's ready file")
         return ServerProcess(process, info["port"], info["http_port"], out_dir, log)
 
-    def worker(self, server: ServerProcess, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def worker(
+        self, server: ServerProcess, name: str, *args: str, command: str = "worker"
+    ) -> subprocess.Popen[bytes]:
+        """A worker process; ``command="spert"`` makes it an emulated Spert-II board."""
         return self._spawn(
             [
-                "worker",
+                command,
                 "--server",
                 server.address,
                 "--name",
@@ -141,6 +147,10 @@ class Cluster:
             ],
             self.tmp_path / f"{name}.log",
         )
+
+    def spert(self, server: ServerProcess, name: str, *args: str) -> subprocess.Popen[bytes]:
+        """An emulated Spert-II board worker (``snet spert``)."""
+        return self.worker(server, name, *args, command="spert")
 
     def log(self, name: str) -> str:
         return (self.tmp_path / f"{name}.log").read_text()
@@ -208,6 +218,17 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def status_table(url: str) -> str:
+    """What ``snet status --url URL`` prints (the table)."""
+    return subprocess.run(
+        [sys.executable, "-m", "snet.cli", "status", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
 
 
 def load_weights(path: Path) -> list[np.ndarray]:

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from snet.client.data import Corpus, load_arrays, load_corpus
+from snet.data.corpus import Corpus, load_corpus
+from snet.data.sources import open_source
 from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec, frames_of, split_utterances
 
@@ -175,8 +176,8 @@ def test_lengths_not_summing_to_frames(tmp_path: Path) -> None:
     short = lengths.copy()
     short[-1] -= 1
     path = write_npz(tmp_path / "len.npz", X=frames, y=labels, lengths=short)
-    with pytest.raises(DataError, match="lengths add up to 26, X has 27 frames"):
-        load_arrays(path)
+    with pytest.raises(DataError, match="lengths add up to 26, there are 27 frames"):
+        open_source(DataSpec(source=path))
     with pytest.raises(DataError, match="lengths add up"):
         load_corpus(DataSpec(source=path), 3)
 
@@ -185,7 +186,7 @@ def test_lengths_not_summing_to_frames(tmp_path: Path) -> None:
     ("change", "match"),
     [
         ({"y": np.zeros(5, dtype=np.int64)}, "5 labels for 27 frames"),
-        ({"lengths": np.array([3, 2, 5, 4, 7, 6, 0])}, "lengths positive"),
+        ({"lengths": np.array([3, 2, 5, 4, 7, 6, 0])}, "positive counts"),
         ({"X": np.zeros(27, dtype=np.float32)}, "2-D"),
     ],
     ids=["label-count", "zero-length", "1-d"],
@@ -195,15 +196,15 @@ def test_bad_shapes(tmp_path: Path, change: dict[str, np.ndarray], match: str) -
     arrays = {"X": frames, "y": labels, "lengths": lengths, **change}
     path = write_npz(tmp_path / "bad.npz", **arrays)
     with pytest.raises(DataError, match=match):
-        load_arrays(path)
+        open_source(DataSpec(source=path))
 
 
 def test_missing_file_or_array(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="cannot read"):
-        load_arrays(str(tmp_path / "absent.npz"))
+    with pytest.raises(DataError, match="does not exist"):
+        open_source(DataSpec(source=str(tmp_path / "absent.npz")))
     frames, labels, _ = small_arrays()
     path = write_npz(tmp_path / "nolengths.npz", X=frames, y=labels)
     with pytest.raises(DataError, match="lengths"):
-        load_arrays(path)
+        open_source(DataSpec(source=path))
     with pytest.raises(DataError):
         load_corpus(DataSpec(source=str(tmp_path / "absent.npz")), 3)

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from helpers import SMALL_JOB, Cluster, wait_until
+from helpers import SMALL_JOB, Cluster, status_table, wait_until
 
 STATUS_KEYS = {
     "mode",
@@ -75,13 +75,7 @@ def test_status_metrics_weights_healthz_and_cli(cluster: Cluster) -> None:
         assert int(npz["version"]) == status["weight_version"]
         assert np.isfinite(npz["W0"]).all()
 
-    table = subprocess.run(
-        [sys.executable, "-m", "snet.cli", "status", "--url", server.url],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
+    table = status_table(server.url)
     assert "async mode" in table and "w0" in table and "w1" in table
     assert f"{100 * status['cv_accuracy']:.2f}%" in table
     raw = subprocess.run(

@@ -35,9 +35,12 @@ from snet.protocol.framing import (
 from snet.protocol.job import DataSpec, JobSpec, frames_of, split_utterances
 from snet.protocol.messages import (
     MESSAGE_TYPES,
+    DataInfo,
     ErrorMessage,
     EvalResult,
     Evaluate,
+    Frames,
+    FramesWanted,
     Goodbye,
     Heartbeat,
     Hello,
@@ -71,6 +74,18 @@ def sample_messages() -> list[Message]:
         ErrorMessage("update_rejected", "NaN in update", False),
         Goodbye("done"),
         WorkerReport(1700000001.5, {"busy_seconds": 1.25, "ratio": 4, "board": "spert-ii"}),
+        DataInfo(
+            13,
+            60,
+            norms=rng.standard_normal((2, 13)).astype("<f8"),
+            lengths=np.array([20, 40], dtype="<i8"),
+        ),
+        FramesWanted("cannot read /data/train.pfile"),
+        Frames(
+            indices=np.array([3, 4, 9], dtype="<i8"),
+            features=rng.standard_normal((3, 13)).astype("<f4"),
+            labels=np.array([1, 1, 7], dtype="<i4"),
+        ),
     ]
 
 

@@ -36,6 +36,8 @@ def test_sync_two_workers_equal_sequential_training(cluster: Cluster) -> None:
     server = cluster.server(
         "--mode",
         "sync",
+        "--min-workers",
+        "2",
         "--epochs",
         "1",
         "--momentum",
@@ -115,8 +117,11 @@ def test_worker_killed_mid_run_sync_mode_carries_on(cluster: Cluster) -> None:
     wait_until(lambda: server.status()["state"] == "trained", 120, "training to finish")
     status = server.status()
     assert status["epochs_done"] == 3
-    assert status["workers_live"] == 2
-    assert {row["name"]: row["state"] for row in status["workers"]}["w1"] == "gone"
+    rows = {row["name"]: row for row in status["workers"]}
+    assert rows["w1"]["state"] == "gone" and "connection lost" in rows["w1"]["left_reason"]
+    # The two survivors trained to the end and were sent home at once (the server lingers).
+    assert [rows[name]["left_reason"] for name in ("w0", "w2")] == ["server trained"] * 2
+    assert status["workers_live"] == 0
     for epoch in status["epochs"]:  # nothing the dead worker held was lost
         ledger = epoch["ledger"]
         assert ledger["used_once"] == ledger["frames"], ledger
@@ -132,7 +137,8 @@ def test_worker_killed_mid_run_sync_mode_carries_on(cluster: Cluster) -> None:
 
 def test_sigterm_shuts_down_gracefully_and_writes_weights(cluster: Cluster) -> None:
     server = cluster.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
-    worker = cluster.worker(server, "w0")
+    # It waits --retry-seconds for a stopped server to come back before it exits 0.
+    worker = cluster.worker(server, "w0", "--retry-seconds", "1")
     wait_until(lambda: server.status()["steps"] > 10, 60, "training to start")
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0

@@ -32,9 +32,12 @@ from snet.protocol.framing import ALLOWED_DTYPES, FrameLimits, encode_bytes
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     MESSAGE_TYPES,
+    DataInfo,
     ErrorMessage,
     EvalResult,
     Evaluate,
+    Frames,
+    FramesWanted,
     Goodbye,
     Heartbeat,
     Hello,
@@ -186,6 +189,8 @@ def samples() -> list[Sample]:
     indices = struct.pack("<3q", 5, 9, 2)
     report = {"board": "spert-2", "busy_fraction": 0.75, "cycles": [1, 2]}
     element = np.frombuffer(ELEMENT_RAW, dtype="<f4")
+    norms_raw = struct.pack("<4d", 1.5, -2.0, 0.5, 4.0)  # means, then standard deviations
+    rows_raw = struct.pack("<4f", 0.25, -1.0, 3.0, 0.5)
     update: dict[str, Any] = {
         "base_version": 4,
         "lease_id": 7,
@@ -240,6 +245,37 @@ def samples() -> list[Sample]:
             {"sent_at": 1700000000.25, "report": report},
             [],
             WorkerReport(1700000000.25, report),
+        ),
+        Sample(
+            "data_info",
+            {"features": 2, "total_frames": 5},
+            [("<f8", [2, 2], norms_raw), ("<i8", [2], struct.pack("<2q", 3, 2))],
+            DataInfo(
+                2,
+                5,
+                np.frombuffer(norms_raw, "<f8").reshape(2, 2),
+                np.array([3, 2], dtype="<i8"),
+            ),
+        ),
+        Sample(
+            "frames_wanted",
+            {"reason": "no such file"},
+            [],
+            FramesWanted("no such file"),
+        ),
+        Sample(
+            "frames",
+            {},
+            [
+                ("<i8", [2], struct.pack("<2q", 4, 0)),
+                ("<f4", [2, 2], rows_raw),
+                ("<i4", [2], struct.pack("<2i", 1, 0)),
+            ],
+            Frames(
+                np.array([4, 0], dtype="<i8"),
+                np.frombuffer(rows_raw, "<f4").reshape(2, 2),
+                np.array([1, 0], dtype="<i4"),
+            ),
         ),
         Sample("heartbeat", {"sent_at": 1700000000.5}, [], Heartbeat(1700000000.5)),
         Sample(
@@ -535,7 +571,14 @@ MSGPACK_TYPE_NAMES = {
     tuple[str, ...]: "array of str",
     dict[str, Any]: "map",
 }
-ARRAY_DTYPES = {"element": ELEMENT_DTYPE.str, "indices": "<i8"}
+ARRAY_DTYPES = {
+    "element": ELEMENT_DTYPE.str,
+    "indices": "<i8",
+    "norms": "<f8",
+    "lengths": "<i8",
+    "features": "<f4",
+    "labels": "<i4",
+}
 
 
 def test_readme_tables_match_every_message() -> None:

@@ -1,0 +1,74 @@
+"""``WorkQueue``: what a worker has been given to do and has not done yet.
+
+Leases (each trained in its cache order, bunch by bunch, from an offset), evaluation
+requests, and, for a worker fed inline, the frames the server sends for them. Work is
+ready only once every frame its context windows read is at hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import numpy as np
+
+from snet.protocol.job import JobSpec
+from snet.protocol.messages import Evaluate, Frames, Lease, Message
+
+from .data import Corpus, HeldLease, add_frames
+
+log = logging.getLogger("snet.worker")
+
+
+class WorkQueue:
+    """Leases and evaluation requests in the order received, and the position in the first."""
+
+    def __init__(self) -> None:
+        self.leases: deque[HeldLease] = deque()
+        self.evaluations: deque[Evaluate] = deque()
+        self.offset = 0
+
+    def clear(self) -> None:
+        self.leases.clear()
+        self.evaluations.clear()
+        self.offset = 0
+
+    def file(self, message: Message, job: JobSpec | None, corpus: Corpus | None) -> bool:
+        """Take a Lease, Frames or Evaluate message; False for any other message."""
+        if isinstance(message, Lease):
+            assert job is not None
+            self.leases.append(HeldLease.of(message, job))
+        elif isinstance(message, Frames):
+            if corpus is None or not add_frames(corpus, message):
+                log.warning("frames from the server, but this worker reads its own data")
+        elif isinstance(message, Evaluate):
+            self.evaluations.append(message)
+        else:
+            return False
+        return True
+
+    def evaluation(self, corpus: Corpus) -> Evaluate | None:
+        """The next evaluation request, once the CV frames are at hand."""
+        if self.evaluations and corpus.ready_for(corpus.cv_frames):
+            return self.evaluations.popleft()
+        return None
+
+    def lease_ready(self, corpus: Corpus | None) -> bool:
+        """A lease is held and every frame it needs is at hand."""
+        if not self.leases or corpus is None:
+            return False
+        held = self.leases[0]
+        held.ready = held.ready or corpus.ready_for(held.order)
+        return held.ready
+
+    def next_bunch(self, bunch_size: int) -> tuple[Lease, int, np.ndarray]:
+        """(lease, offset, frames) of the next bunch; ``advance`` when it is sent."""
+        held = self.leases[0]
+        count = min(bunch_size, len(held.order) - self.offset)
+        return held.lease, self.offset, held.order[self.offset : self.offset + count]
+
+    def advance(self, count: int) -> None:
+        self.offset += count
+        if self.offset >= len(self.leases[0].order):
+            self.leases.popleft()
+            self.offset = 0

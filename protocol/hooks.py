@@ -1,0 +1,192 @@
+"""Behaviour hooks, CLONES-style: code that runs before and after training, each epoch and
+each bunch, without touching the training loop.
+
+The server's coordinator and the sequential trainer (``snet train``) call the same hooks
+at the same points; the statistics snet reports (MCUPS, accuracy per epoch) are collected
+by the built-in hooks below, and a user adds one by naming its class
+(``--hooks package.module:ClassName``; the class is built without arguments). A hook's
+``figures()`` appear in /status under ``"hooks"``. A hook that raises is switched off and
+its error shown there: statistics never stop training.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run a hook is told about before training starts."""
+
+    network: str
+    connections: int  # weights + biases, for MCUPS
+    mode: str  # "sync", "async" or "sequential"
+    epochs: int
+    train_frames: int
+
+
+@dataclass(frozen=True)
+class BunchEvent:
+    """One weight update: ``updates`` worker bunches summed into one step."""
+
+    epoch: int
+    version: int
+    updates: int
+    patterns: int
+    correct: int
+    loss_sum: float
+    learning_rate: float
+
+
+@dataclass(frozen=True)
+class EpochEvent:
+    """One epoch, reported once its cross-validation result is in."""
+
+    epoch: int
+    learning_rate: float
+    train_patterns: int
+    train_correct: int
+    cv_frames: int
+    cv_correct: int
+    cv_loss: float
+    kept: bool  # False: the schedule rolled these weights back (newbob)
+
+
+class Hook:
+    """Base class: override the points you need; ``figures`` is shown in /status."""
+
+    name = "hook"
+
+    def before_training(self, info: RunInfo) -> None:
+        """Before the first epoch."""
+
+    def before_epoch(self, epoch: int, learning_rate: float) -> None:
+        """When an epoch's first frames are leased."""
+
+    def after_bunch(self, event: BunchEvent) -> None:
+        """After every weight update."""
+
+    def after_epoch(self, event: EpochEvent) -> None:
+        """After an epoch's cross-validation."""
+
+    def after_training(self) -> None:
+        """When training is complete (not when stopped early)."""
+
+    def figures(self) -> dict[str, Any]:
+        return {}
+
+
+class HookSet:
+    """Calls every hook at each point; a hook that raises is switched off."""
+
+    def __init__(self, hooks: list[Hook]) -> None:
+        self.hooks = list(hooks)
+        self.errors: dict[str, str] = {}
+
+    def call(self, point: str, *args: Any) -> None:
+        for hook in list(self.hooks):
+            try:
+                getattr(hook, point)(*args)
+            except Exception as exc:  # a user's hook must not stop training
+                self.errors[hook.name] = f"{point}: {type(exc).__name__}: {exc}"
+                self.hooks.remove(hook)
+
+    def figures(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for hook in self.hooks:
+            try:
+                out[hook.name] = hook.figures()
+            except Exception as exc:
+                out[hook.name] = {"error": f"{type(exc).__name__}: {exc}"}
+        for name, error in self.errors.items():
+            out[name] = {"error": error, "disabled": True}
+        return out
+
+
+class McupsHook(Hook):
+    """Million connection updates per second: overall and per epoch (wall clock)."""
+
+    name = "mcups"
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.started = 0.0
+        self.patterns = 0
+        self.epoch_started = 0.0
+        self.epoch_patterns = 0
+        self.per_epoch: list[float] = []
+
+    def before_training(self, info: RunInfo) -> None:
+        self.connections = info.connections
+        self.started = self.epoch_started = time.perf_counter()
+
+    def before_epoch(self, epoch: int, learning_rate: float) -> None:
+        if self.epoch_patterns:
+            self.per_epoch.append(self._rate(self.epoch_patterns, self.epoch_started))
+        self.epoch_started, self.epoch_patterns = time.perf_counter(), 0
+
+    def after_bunch(self, event: BunchEvent) -> None:
+        self.patterns += event.patterns
+        self.epoch_patterns += event.patterns
+
+    def _rate(self, patterns: int, since: float) -> float:
+        seconds = max(time.perf_counter() - since, 1e-9)
+        return round(self.connections * patterns / seconds / 1e6, 3)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "mcups": self._rate(self.patterns, self.started) if self.started else 0.0,
+            "per_epoch": self.per_epoch,
+        }
+
+
+class AccuracyHook(Hook):
+    """Training and CV frame accuracy per epoch, and the best CV epoch."""
+
+    name = "accuracy"
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, Any]] = []
+
+    def after_epoch(self, event: EpochEvent) -> None:
+        self.epochs.append(
+            {
+                "epoch": event.epoch,
+                "learning_rate": event.learning_rate,
+                "train": round(event.train_correct / max(event.train_patterns, 1), 6),
+                "cv": round(event.cv_correct / max(event.cv_frames, 1), 6),
+                "kept": event.kept,
+            }
+        )
+
+    def figures(self) -> dict[str, Any]:
+        best = max(self.epochs, key=lambda e: e["cv"], default=None)
+        return {"epochs": self.epochs, "best_cv_epoch": best["epoch"] if best else None}
+
+
+def load_hook(path: str) -> Hook:
+    """Build the hook class named ``package.module:ClassName`` (no arguments)."""
+    module_name, _, class_name = path.partition(":")
+    if not module_name or not class_name:
+        raise ConfigError(f"a hook is named package.module:ClassName, got {path!r}")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+        hook: Hook = cls()
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise ConfigError(f"cannot load hook {path!r}: {exc}") from exc
+    for point in ("before_training", "before_epoch", "after_bunch", "after_epoch"):
+        if not callable(getattr(hook, point, None)):
+            raise ConfigError(f"hook {path!r} has no {point}() (derive from snet Hook)")
+    return hook
+
+
+def standard_hooks(extra: str = "") -> HookSet:
+    """The built-in MCUPS and accuracy hooks plus the comma-separated ``extra`` ones."""
+    hooks: list[Hook] = [McupsHook(), AccuracyHook()]
+    hooks += [load_hook(name.strip()) for name in extra.split(",") if name.strip()]
+    return HookSet(hooks)

@@ -1,0 +1,80 @@
+"""Learning-rate schedules, applied by the server after each epoch's cross-validation.
+
+- the fixed list (``JobSpec.learning_rate``): ``learning_rates[epoch]``, the last one
+  repeated; it never stops early and never rolls back.
+- ``NewbobSchedule``: Quicknet's qnstrn "newbob" (QN_RateSchedule_NewBoB). Errors are CV
+  frame error percentages; the best error so far starts at 100. After each epoch, with
+  ``gain = best error so far - this epoch's error``:
+
+  * not yet ramping: if ``gain < ramp`` start ramping and multiply the rate by ``scale``;
+  * ramping: if ``gain < stop`` stop training, else multiply the rate by ``scale``;
+  * after ``max_epochs`` epochs stop anyway.
+
+  And as qnstrn's trainer does: the weights of an epoch whose CV error is worse than the
+  last kept epoch's are not kept; training goes on from the best weights so far.
+
+The schedule is pure arithmetic; the server (``server/epochs.py``) and the sequential
+trainer call ``after_epoch`` with each CV error and apply the ``Decision``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .job import JobSpec
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after an epoch: the next rate (0: stop) and whether to roll back."""
+
+    next_rate: float
+    restore_best: bool
+
+    @property
+    def stop(self) -> bool:
+        return self.next_rate == 0.0
+
+
+class NewbobSchedule:
+    """Quicknet's newbob rule with qnstrn's roll-back of epochs that made CV worse."""
+
+    def __init__(
+        self, initial_rate: float, scale: float, ramp: float, stop: float, max_epochs: int
+    ) -> None:
+        self.rate = initial_rate
+        self.scale = scale
+        self.ramp = ramp
+        self.stop = stop
+        self.max_epochs = max_epochs
+        self.ramping = False
+        self.lowest_error = 100.0  # qnstrn's "initial error": nothing is worse
+        self.kept_error = 100.0  # CV error of the weights kept last
+        self.epoch = 0
+
+    def after_epoch(self, cv_error: float) -> Decision:
+        """``cv_error`` in percent (100 - CV frame accuracy in percent)."""
+        restore = cv_error > self.kept_error
+        if not restore:
+            self.kept_error = cv_error
+        self.epoch += 1
+        if self.epoch >= self.max_epochs:
+            self.rate = 0.0
+            return Decision(0.0, restore)
+        gain = self.lowest_error - cv_error
+        self.lowest_error = min(self.lowest_error, cv_error)
+        if self.ramping:
+            self.rate = 0.0 if gain < self.stop else self.rate * self.scale
+        elif gain < self.ramp:
+            self.ramping = True
+            self.rate *= self.scale
+        return Decision(self.rate, restore)
+
+
+def make_schedule(job: JobSpec) -> NewbobSchedule | None:
+    """The job's newbob schedule, or None for the fixed list."""
+    if job.schedule != "newbob":
+        return None
+    return NewbobSchedule(
+        job.learning_rates[0], job.newbob_scale, job.newbob_ramp, job.newbob_stop, job.epochs
+    )

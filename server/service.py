@@ -1,0 +1,90 @@
+"""What a service manager needs from the daemon: a pid file and readiness notices.
+
+``PidFile``: the process id, written (atomically) at startup and removed at exit. A file
+that names another process which is still running means a second server was started with
+the same ``--pid-file``: that is refused, so two daemons never fight over one file. A file
+left by a process that no longer exists (after a crash or SIGKILL) is simply replaced.
+
+``notify``: systemd's readiness protocol (``Type=notify``), a datagram such as
+``READY=1`` sent to the socket named in ``$NOTIFY_SOCKET``; a no-op without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+from snet.protocol.errors import ConfigError
+
+from .export import write_atomically
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+class PidFile:
+    """One pid file; ``claim()`` at startup, ``release()`` at exit."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.pid = os.getpid()
+        self.claimed = False
+
+    def check(self) -> None:
+        """Refuse to start when the file names another live process."""
+        try:
+            text = self.path.read_text().strip()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ConfigError(f"cannot read pid file {self.path}: {exc.strerror}") from exc
+        if text.isdigit() and int(text) != self.pid and _running(int(text)):
+            raise ConfigError(
+                f"pid file {self.path} names process {text}, which is still running "
+                "(another snet server?); stop it or choose another --pid-file"
+            )
+
+    def claim(self) -> None:
+        """Write this process's id (after ``check()``)."""
+        self.check()
+        try:
+            write_atomically(self.path, f"{self.pid}\n".encode())
+        except OSError as exc:
+            raise ConfigError(f"cannot write pid file {self.path}: {exc.strerror}") from exc
+        self.claimed = True
+
+    def release(self) -> None:
+        """Remove the file if it still names this process."""
+        if not self.claimed:
+            return
+        self.claimed = False
+        try:
+            if self.path.read_text().strip() == str(self.pid):
+                self.path.unlink()
+        except OSError:
+            pass  # already gone or unreadable: nothing of ours to remove
+
+
+def notify(state: str) -> bool:
+    """Tell systemd ``state`` (e.g. ``"READY=1"``); True when there was someone to tell."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return False
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as channel:
+            channel.sendto(state.encode(), address)
+    except OSError as exc:  # never fatal: the service manager may be gone
+        logging.getLogger("snet.server").warning("cannot notify %s: %s", address, exc)
+        return False
+    return True

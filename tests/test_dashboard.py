@@ -1,0 +1,123 @@
+"""The live dashboard at GET /: served self-contained, fed by /events, and seen working
+in a real headless Chromium while a server trains with two workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.request
+from typing import Any
+
+import pytest
+
+from snet.bench.browser import Browser, find_chromium
+
+from helpers import SMALL_JOB, Cluster, ServerProcess, wait_until
+
+TRICKY_NAME = "<i>w1</i>"  # a worker name is the worker's to choose: shown as text, never HTML
+
+
+def _train(cluster: Cluster) -> ServerProcess:
+    server = cluster.server(
+        "--mode", "async", "--epochs", "200", "--linger-seconds", "30", *SMALL_JOB
+    )
+    cluster.worker(server, "w0")
+    cluster._spawn(
+        ["worker", "--server", server.address, "--name", TRICKY_NAME],
+        cluster.tmp_path / "w1.log",
+    )
+    wait_until(lambda: server.status()["workers_live"] == 2, 60, "two workers")
+    return server
+
+
+def test_page_is_self_contained_and_events_stream_status(cluster: Cluster) -> None:
+    server = _train(cluster)
+    with urllib.request.urlopen(server.url + "/", timeout=10) as response:
+        assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+        page = response.read().decode()
+    assert 'new EventSource("events")' in page
+    # Nothing is loaded from elsewhere: no external scripts, styles, fonts or images.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert not re.search(r"""@import|url\(\s*["']?(https?:)?//""", page)
+
+    documents: list[dict[str, Any]] = []
+    with urllib.request.urlopen(server.url + "/events", timeout=10) as stream:
+        assert stream.headers["Content-Type"] == "text/event-stream"
+        for raw in stream:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("data: "):
+                documents.append(json.loads(line[len("data: ") :]))
+            if len(documents) == 3:
+                break
+    assert [d["server"] for d in documents] == ["snet"] * 3
+    assert documents[2]["updates_applied"] > documents[0]["updates_applied"]  # live, not cached
+
+
+@pytest.mark.skipif(
+    find_chromium() is None,
+    reason="chromium is not installed (Debian: apt-get install chromium; make test tries it)",
+)
+def test_dashboard_in_headless_chromium_shows_workers_and_moving_numbers(
+    cluster: Cluster,
+) -> None:
+    server = _train(cluster)
+    result = asyncio.run(_look_at_dashboard(server.url))
+    assert result["state"] == "training"
+    assert sorted(result["workers"]) == sorted(["w0", TRICKY_NAME])
+    assert result["html_in_names"] == 0
+    assert all(b == "numpy" for b in result["backends"])
+    assert all(a.startswith("127.0.0.1:") for a in result["addresses"])
+    assert result["version_later"] > result["version_first"] > 0
+    assert result["events_later"] > result["events_first"]
+    assert result["rate"] > 0
+    assert result["cv_points"] >= 1 and result["train_points"] >= 1
+    assert re.fullmatch(r"\d+ / 32", result["free"]), result["free"]
+    assert all(url.startswith(server.url) for url in result["requested"]), result["requested"]
+
+
+async def _look_at_dashboard(url: str) -> dict[str, Any]:
+    async with Browser() as page:
+        await page.open(url + "/")
+        await page.wait_for("document.querySelectorAll('#workers tbody tr').length === 2", 30)
+        await page.wait_for("document.querySelectorAll('.point-cv_accuracy').length >= 1", 60)
+        first = await _read(page)
+        await asyncio.sleep(2.0)
+        later = await _read(page)
+        return {
+            "state": later["state"],
+            "workers": later["workers"],
+            "html_in_names": later["html_in_names"],
+            "backends": later["backends"],
+            "addresses": later["addresses"],
+            "version_first": int(first["version"]),
+            "version_later": int(later["version"]),
+            "events_first": int(first["events"]),
+            "events_later": int(later["events"]),
+            "rate": float(later["rate"]),
+            "cv_points": later["cv_points"],
+            "train_points": later["train_points"],
+            "free": later["free"],
+            "requested": page.requested,
+        }
+
+
+async def _read(page: Browser) -> dict[str, Any]:
+    value: dict[str, Any] = await page.evaluate(
+        """(() => {
+          const rows = [...document.querySelectorAll('#workers tbody tr')];
+          const text = (id) => document.getElementById(id).textContent;
+          return {
+            state: text('state'), version: text('version'), rate: text('rate'),
+            events: document.body.dataset.events,
+            workers: rows.map((r) => r.cells[0].textContent),
+            html_in_names: document.querySelectorAll('#workers tbody i').length,
+            addresses: rows.map((r) => r.cells[1].textContent),
+            backends: rows.map((r) => r.cells[2].textContent),
+            cv_points: document.querySelectorAll('.point-cv_accuracy').length,
+            train_points: document.querySelectorAll('.point-train_accuracy').length,
+            free: document.querySelector('[data-queue="free elements"] .num').textContent,
+          };
+        })()"""
+    )
+    return value

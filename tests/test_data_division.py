@@ -1,0 +1,119 @@
+"""Data division end to end: leases survive a worker killed mid-epoch and a newcomer
+that cannot read the data (its frames come inline); saved weights are evaluated and
+training continues from them; newbob on a real server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import SMALL_JOB, Cluster, wait_until
+
+
+def _ledgers_exact(status: dict) -> None:
+    for epoch in status["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"], ledger
+        assert ledger["used_more"] == 0 and ledger["unused"] == 0, ledger
+
+
+def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
+    cluster: Cluster,
+) -> None:
+    server = cluster.server(
+        "--mode", "async", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB,
+        "--chunk-frames", "1024",
+    )  # fmt: skip
+
+    def updates_of(name: str) -> int:
+        rows = {row["name"]: row for row in server.status()["workers"]}
+        return int(rows[name]["updates_sent"]) if name in rows else 0
+
+    # A stopped worker keeps its leases, so the epoch cannot end while it is stopped: the
+    # order of events below does not depend on how fast the machine is.
+    doomed = cluster.worker(server, "w-doomed")
+    wait_until(lambda: updates_of("w-doomed") > 5, 60, "the first worker to train")
+    doomed.send_signal(signal.SIGSTOP)
+    first = cluster.worker(server, "w-first")
+    wait_until(lambda: updates_of("w-first") > 20, 60, "the second worker to train")
+    doomed.send_signal(signal.SIGKILL)  # mid-epoch, holding leases
+    killed_in = server.status()["epoch"]
+    first.send_signal(signal.SIGSTOP)
+    # the newcomer cannot (here: will not) read the data: the server sends its frames
+    newcomer = cluster.worker(server, "w-inline", "--data-access", "inline")
+    wait_until(lambda: updates_of("w-inline") > 10, 60, "the inline newcomer to train")
+    first.send_signal(signal.SIGCONT)
+    wait_until(lambda: server.status()["state"] == "trained", 120, "training to finish")
+    status = server.status()
+    assert killed_in == 0 and status["epochs_done"] == 2
+    _ledgers_exact(status)
+    assert sum(e["ledger"]["requeued_frames"] for e in status["epochs"]) > 0
+    rows = {row["name"]: row for row in status["workers"]}
+    assert rows["w-doomed"]["state"] == "gone"
+    assert rows["w-inline"]["inline_frames"] and rows["w-inline"]["updates_sent"] > 10
+    assert not rows["w-first"]["inline_frames"]
+    # raw frames, not windows, and each at most once: fewer than one per training frame
+    sent = status["inline_frames"]["frames_sent"]
+    assert 0 < sent <= 53999
+    assert status["inline_frames"]["bytes_sent"] < 53999 * (13 * 4 + 12)
+    assert status["cv_accuracy"] > 0.6
+    assert "frames come inline" in cluster.log("w-inline")
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert first.wait(30) == 0 and newcomer.wait(30) == 0
+
+
+def _snet(cwd: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "snet.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_newbob_on_the_server_then_eval_and_continue(cluster: Cluster) -> None:
+    server = cluster.server(
+        "--mode", "sync", "--epochs", "6", "--schedule", "newbob", "--newbob-ramp", "3",
+        "--newbob-stop", "1", "--learning-rates", "0.4", *SMALL_JOB,
+    )  # fmt: skip
+    worker = cluster.worker(server, "w0")
+    assert server.wait(120) == 0 and worker.wait(30) == 0
+    status = server.final_status()
+    rates = [e["learning_rate"] for e in status["epochs"]]
+    assert rates[0] == 0.4 and all(b in (a, a / 2) for a, b in itertools.pairwise(rates))
+    accuracy = [e["cv_accuracy"] for e in status["epochs"]]
+    # replay the rule on the measured CV errors: the server followed it
+    from snet.protocol.schedule import NewbobSchedule
+
+    rule = NewbobSchedule(0.4, 0.5, 3.0, 1.0, max_epochs=6)
+    expected = [rule.after_epoch(100 * (1 - a)) for a in accuracy]
+    assert [e["learning_rate"] for e in status["epochs"][1:]] == [
+        d.next_rate for d in expected[:-1]
+    ]
+    assert [e["kept"] for e in status["epochs"]] == [not d.restore_best for d in expected]
+    assert expected[-1].stop
+    assert status["hooks"]["accuracy"]["epochs"][0]["cv"] == accuracy[0]
+    assert status["hooks"]["mcups"]["mcups"] > 0
+    assert (server.out_dir / "norms").read_text().startswith("vec 13\n")
+
+    weights = server.out_dir / "weights.npz"
+    scored = json.loads(_snet(cluster.tmp_path, "eval", "--weights", str(weights), "--json"))
+    best = max(a for a, d in zip(accuracy, expected, strict=True) if not d.restore_best)
+    assert scored["frames"] == 5520 and abs(scored["accuracy"] - best) < 1e-6
+
+    again = cluster.server(
+        "--mode", "sync", "--epochs", "1", "--learning-rates", "0.05",
+        "--init-weights", str(weights), *SMALL_JOB, name="continued",
+    )  # fmt: skip
+    assert again.status()["cv_accuracy"] is None
+    worker = cluster.worker(again, "w1")
+    assert again.wait(120) == 0 and worker.wait(30) == 0
+    assert again.final_status()["epochs"][0]["cv_accuracy"] > best - 0.02  # went on from there
