@@ -131,23 +131,19 @@ def _draw_measured(axis: Any, measured: dict[str, Any]) -> None:
             color=_MEASURED_COLOUR.get(mode, "black"),
             label=f"model, {mode}",
         )
-        points = [(p, m) for row_mode, p, m in rows if row_mode == mode]
-        axis.plot(
-            [p for p, _ in points],
-            [m for _, m in points],
-            "o",
-            color=_MEASURED_COLOUR.get(mode, "black"),
-            label=f"measured, {mode}",
-        )
-        marks = [(p, m) for row_mode, p, m in adjusted if row_mode == mode]
-        if marks:
-            axis.plot(
-                [p for p, _ in marks],
-                [m for _, m in marks],
-                "x",
-                color=_MEASURED_COLOUR.get(mode, "black"),
-                label=f"model for the compute time spent, {mode}",
-            )
+        for series, marker, what in (
+            (rows, "o", "measured"),
+            (adjusted, "x", "model for the compute time spent"),
+        ):
+            points = [(p, m) for row_mode, p, m in series if row_mode == mode]
+            if points:
+                axis.plot(
+                    [p for p, _ in points],
+                    [m for _, m in points],
+                    marker,
+                    color=_MEASURED_COLOUR.get(mode, "black"),
+                    label=f"{what}, {mode}",
+                )
     rate = constants.mcups / scale
     axis.set_title(
         f"measured: {network.describe()}, bunch {bunch}, workers emulating {rate:,.0f} MCUPS",
