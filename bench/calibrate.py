@@ -161,33 +161,38 @@ def measure_snet_rounds(network: NetworkSpec, bunch: int, apply: float, step: fl
     """The link's costs as snet pays them, from two short synchronous training runs.
 
     One compute-free worker trains, so a round is two messages (the update and the new
-    weights) and the server's step. A round's wall time splits into the server's CPU time
-    (read from /proc: the share that P workers would queue for) and the rest, the
-    worker's end and the wake-ups between the two (which workers pay side by side). On a
-    one-unit network all of it is per message; on ``network`` the differences are the
-    bytes of two elements (the server's step, ``apply`` and ``step`` per byte, taken
-    off). Without /proc the server's share is taken as half of each.
+    weights) and the server's step; the server's and the worker's CPU time per round are
+    read from /proc. On a one-unit network a round is all per-message cost: the server's
+    CPU share of it is what P workers queue for, the rest of its wall time (the worker's
+    work and the wake-ups between the two) is the latency they pay side by side. On
+    ``network`` the growth of each side's CPU time is the bytes of two elements, at that
+    end (the server's step, ``apply`` and ``step`` per byte, taken off). CPU time is what
+    a busy machine does not inflate; only the latency is read off a clock. Without /proc
+    each side is taken as half of the wall time.
     """
     tiny = NetworkSpec.parse("1:1:1")
     env = modelled_env(cu_seconds=0.0, time_scale=1.0)
-    rounds: dict[NetworkSpec, tuple[float, float]] = {}
+    rounds: dict[NetworkSpec, tuple[float, float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="snet-calibrate-") as tmp:
         for spec in (tiny, network):
             corpus = synthetic_corpus(Path(tmp) / f"{spec.describe()}.npz", spec, 200_000)
             flags = job_flags("sync", spec, bunch, *corpus)
             run = train_modelled(Path(tmp) / spec.describe(), env, flags, 1, ROUND_SECONDS)
-            wall = bunch / run["best"]
-            cpu = run["server_cpu_seconds"]
-            rounds[spec] = (wall, cpu / run["steps"] if cpu and run["steps"] else wall / 2)
-    (wall_tiny, cpu_tiny), (wall_full, cpu_full) = rounds[tiny], rounds[network]
+            wall, steps = bunch / run["best"], max(run["steps"], 1)
+            server, workers = run["server_cpu_seconds"], run["workers_cpu_seconds"]
+            if server is None or workers is None:
+                rounds[spec] = (wall, wall / 2, wall / 2)
+            else:
+                rounds[spec] = (wall, server / steps, workers / steps)
+    (wall_tiny, server_tiny, _), (_, server_full, worker_full) = rounds[tiny], rounds[network]
+    worker_tiny = rounds[tiny][2]
     twice = 2 * ElementLayout.for_network(network).nbytes
-    server_bytes = cpu_full - cpu_tiny - twice / 2 * (apply + step)
-    elsewhere_bytes = (wall_full - cpu_full) - (wall_tiny - cpu_tiny)
+    server_bytes = server_full - server_tiny - twice / 2 * (apply + step)
     return LinkCosts(
         server_per_byte=max(server_bytes, 0.0) / twice,
-        worker_per_byte=max(elsewhere_bytes, 0.0) / twice,
-        server_per_message=cpu_tiny / 2,
-        latency_per_message=max(wall_tiny - cpu_tiny, 0.0) / 2,
+        worker_per_byte=max(worker_full - worker_tiny, 0.0) / twice,
+        server_per_message=server_tiny / 2,
+        latency_per_message=max(wall_tiny - server_tiny, 0.0) / 2,
     )
 
 

@@ -31,24 +31,37 @@ UTTERANCE_FRAMES = 1000
 
 
 def synthetic_corpus(
-    path: Path, network: NetworkSpec, frames: int = 2_000_000, seed: int = 0
+    path: Path, network: NetworkSpec, frames: int = 500_000, seed: int = 0
 ) -> tuple[Path, int]:
     """Write random frames for ``network`` to ``path``; return it with the context to use.
 
-    Each pattern is the window of 2 * context + 1 frames; the frames are as narrow as the
-    network's input size allows (its largest power-of-two factor), so that two million
-    frames take a few megabytes in every process that loads them.
+    A pattern is a window of 2 * context + 1 frames; as in Quicknet's usual set-up (39
+    features, 9 frames for 351 inputs) the window is the largest odd divisor of the input
+    size up to 9, because a wide window makes the worker's data checks costly per lease.
     """
     inputs = network.input_size
-    features = inputs & -inputs  # the largest power of two dividing the input size
-    context = (inputs // features - 1) // 2
+    window = max(w for w in (1, 3, 5, 7, 9) if inputs % w == 0)
     rng = np.random.default_rng(seed)
     utterances = max(frames // UTTERANCE_FRAMES, 20)
     lengths = np.full(utterances, UTTERANCE_FRAMES, dtype=np.int64)
-    x = rng.standard_normal((utterances * UTTERANCE_FRAMES, features), dtype=np.float32)
+    x = rng.standard_normal((utterances * UTTERANCE_FRAMES, inputs // window), dtype=np.float32)
     y = rng.integers(0, network.output_size, utterances)
     np.savez(path, X=x, y=y, lengths=lengths)
-    return path, context
+    return path, (window - 1) // 2
+
+
+def cpu_seconds(processes: list[subprocess.Popen[bytes]]) -> float | None:
+    """CPU time (user + system) the processes have used, or None without /proc."""
+    total = 0.0
+    for process in processes:
+        try:
+            stat = Path(f"/proc/{process.pid}/stat").read_text()
+        except OSError:
+            return None
+        # after the command name: state is field 3, utime and stime are fields 14 and 15
+        fields = stat.rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 @dataclass
@@ -57,15 +70,6 @@ class ServerHandle:
     port: int
     http_port: int
     log: Path
-
-    def cpu_seconds(self) -> float | None:
-        """CPU time (user + system) the server process has used, or None off Linux."""
-        try:
-            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        # after the command name: state is field 3, utime and stime are fields 14 and 15
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def status(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.http_port}/status"
@@ -201,6 +205,12 @@ def modelled_env(cu_seconds: float, time_scale: float) -> dict[str, str]:
     return env
 
 
+def _cpu_pair(
+    server: subprocess.Popen[bytes], workers: list[subprocess.Popen[bytes]]
+) -> tuple[float | None, float | None]:
+    return cpu_seconds([server]), cpu_seconds(workers)
+
+
 def train_modelled(
     directory: Path,
     env: dict[str, str],
@@ -210,8 +220,9 @@ def train_modelled(
 ) -> dict[str, Any]:
     """Train with ``workers`` modelled workers; patterns per second over ``seconds``.
 
-    Returns the best and mean rate (``best_rate``), the samples' span, the steps taken and
-    the server's CPU seconds over it (None where /proc is missing), and the last /status.
+    Returns the best and mean rate (``best_rate``), the samples' span, the steps taken,
+    the server's and the workers' CPU seconds over it (None where /proc is missing), and
+    the last /status.
     """
     with LocalCluster(directory, env) as cluster:
         server = cluster.server(job_flags)
@@ -226,18 +237,21 @@ def train_modelled(
             START_SECONDS,
             "the first steps",
         )
-        first, cpu_first = server.status(), server.cpu_seconds()
+        others = [p for p in cluster.processes if p is not server.process]
+        first, cpu_first = server.status(), _cpu_pair(server.process, others)
         samples = sample_patterns(server, seconds)
-        last, cpu_last = server.status(), server.cpu_seconds()
+        last, cpu_last = server.status(), _cpu_pair(server.process, others)
     best, mean = best_rate(samples, seconds / 2)
-    cpu = None if cpu_first is None or cpu_last is None else cpu_last - cpu_first
+    pairs = zip(cpu_first, cpu_last, strict=True)
+    cpu = [None if a is None or b is None else b - a for a, b in pairs]
     return {
         "best": best,
         "mean": mean,
         "seconds": samples[-1][0] - samples[0][0],
         "patterns": samples[-1][1] - samples[0][1],
         "steps": last["steps"] - first["steps"],
-        "server_cpu_seconds": cpu,
+        "server_cpu_seconds": cpu[0],
+        "workers_cpu_seconds": cpu[1],
         "status": last,
     }
 
