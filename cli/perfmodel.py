@@ -6,9 +6,10 @@ Two models, both written down in docs/performance-model.md:
   feeds P workers over one link; per bunch a worker needs ``T_d`` of transfer, the host
   ``T_h`` of its own work, and a worker ``T_c`` of compute. On MultiSpert a round took
   ``T_d + T_c`` while ``(P - 1) * T_d + T_h < T_c`` and ``P * T_d`` otherwise. snet's
-  async mode overlaps even a worker's own transfer with its compute, so a round takes
-  ``max(T_c, P * T_d + T_h)``; without overlap (sync mode) ``T_c + L + P * T_d + T_h``,
-  where T_d is the server's time per worker and L the rest of a worker's round trip.
+  async mode overlaps all but the sending end of a worker's update with its compute, so
+  a round takes ``max(T_c + L / 2, P * T_d + T_h)``; without overlap (sync mode)
+  ``T_c + L + P * T_d + T_h``, where T_d is the server's time per worker and L the rest
+  of a worker's round trip.
   Compute per pattern is ``c1 * N_h + c2``. Two strategies: *pattern*-parallel (data
   division: each worker trains its own patterns and exchanges the whole element) and
   *network*-parallel (the hidden units split across workers, which exchange the output
@@ -193,14 +194,15 @@ def multispert_round_seconds(t_d: float, t_h: float, t_c: float, workers: int) -
 def overlapped_round_seconds(phases: Phases, workers: int) -> float:
     """A round with communication overlapped with compute (snet's async mode).
 
-    A snet worker double-buffers (``max_in_flight`` 2): it sends one bunch's update and
-    receives new weights while it computes the next, so unlike a MultiSpert board it
-    never waits for its own transfer. A round therefore takes ``T_c`` while the server's
-    ``P T_d + T_h`` fits in it, and ``P T_d + T_h`` once the server's link is the
-    bottleneck: the MultiSpert rule less the board's own ``T_d`` in the compute-bound
-    regime, and continuous where the regimes meet.
+    A snet worker double-buffers (``max_in_flight`` 2): new weights arrive while it
+    computes, and it does not wait for the server between bunches. Only the sending of its
+    update, its end of one of the two messages (half of L), lies between two bunches. So a
+    round takes ``T_c + L / 2`` while the server's ``P T_d + T_h`` fits in it, and
+    ``P T_d + T_h`` once the server is the bottleneck: the MultiSpert rule with the
+    board's wait for its own data (T_d) replaced by the sending end, and continuous where
+    the regimes meet.
     """
-    return max(phases.compute, workers * phases.transfer + phases.host)
+    return max(phases.compute + phases.latency / 2, workers * phases.transfer + phases.host)
 
 
 def serial_round_seconds(phases: Phases, workers: int) -> float:
@@ -230,7 +232,9 @@ def predict(
     phases = phases_of(network, bunch, workers, constants, time_scale)
     if mode == "async":
         seconds = overlapped_round_seconds(phases, workers)
-        compute_bound = phases.compute >= workers * phases.transfer + phases.host
+        compute_bound = (
+            phases.compute + phases.latency / 2 >= workers * phases.transfer + phases.host
+        )
     else:
         seconds = serial_round_seconds(phases, workers)
         compute_bound = phases.compute + phases.latency >= workers * phases.transfer + phases.host

@@ -114,9 +114,9 @@ def test_multispert_rule_in_both_regimes() -> None:
 
 @pytest.mark.parametrize(
     ("workers", "paper", "snet"),
-    # T_c = 10, T_d = 1, T_h = 0.5. The paper: T_d + T_c = 11 while (P-1) + 0.5 < 10, else
-    # P. snet: max(10, P + 0.5), as its workers never wait for their own transfer.
-    [(1, 11.0, 10.0), (9, 11.0, 10.0), (10, 11.0, 10.5), (11, 11.0, 11.5), (20, 20.0, 20.5)],
+    # T_c = 10, T_d = 1, T_h = 0.5, L = 3. The paper: T_d + T_c = 11 while (P-1) + 0.5 < 10,
+    # else P. snet: max(10 + 3/2, P + 0.5): a worker waits only for sending its update.
+    [(1, 11.0, 11.5), (9, 11.0, 11.5), (11, 11.0, 11.5), (12, 12.0, 12.5), (20, 20.0, 20.5)],
 )
 def test_snet_overlap_against_the_multispert_rule(workers: int, paper: float, snet: float) -> None:
     assert multispert_round_seconds(t_d=1.0, t_h=0.5, t_c=10.0, workers=workers) == paper
