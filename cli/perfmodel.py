@@ -38,7 +38,7 @@ WORD_BYTES = ELEMENT_DTYPE.itemsize  # float32 on the wire
 
 @dataclass(frozen=True)
 class Constants:
-    """What the models are calibrated with (seconds; see ``calibrate`` for how measured)."""
+    """What the models are calibrated with, in seconds (bench/calibrate.py measures them)."""
 
     cu_seconds: float  # one connection update of one worker (one thread, bunch mode)
     pattern_seconds: float  # a pattern's cost beyond its connection updates
@@ -53,7 +53,8 @@ class Constants:
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
-            if item.name != "source" and not (isinstance(value, float) and value >= 0.0):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if item.name != "source" and not (number and value >= 0.0):
                 raise ConfigError(f"constant {item.name} must be a number >= 0, got {value!r}")
         if self.cu_seconds <= 0.0:
             raise ConfigError("constant cu_seconds must be > 0")
@@ -90,14 +91,14 @@ class Constants:
 # Measured on the development machine (2 cores, shared) with ``bench/calibrate.py`` on
 # 351:1262:45, bunch 1000; `snet plan --calibrate` measures anew, `--constants` reads them.
 DEFAULT_CONSTANTS = Constants(
-    cu_seconds=1.56e-10,  # 6,400 MCUPS: the numpy step, one thread, denormals flushed
+    cu_seconds=1.09e-10,  # 9,200 MCUPS: the numpy step, one thread, denormals flushed
     pattern_seconds=0.0,
-    link_seconds_per_byte=2.05e-10,  # the server's end of a transfer: 4.9 GB/s
-    worker_seconds_per_byte=1.39e-10,  # the worker's end
-    message_seconds=1.28e-4,  # the server's work for a message (framing, loop, step thread)
-    latency_seconds=9.5e-5,  # a message's wake-ups and work away from the server
-    apply_seconds_per_byte=4.4e-11,  # adding one more 2 MB update into the sum
-    step_seconds_per_byte=3.8e-10,  # momentum and new weights of a 2 MB element
+    link_seconds_per_byte=2.26e-10,  # the server's end of a transfer: 4.4 GB/s
+    worker_seconds_per_byte=4.36e-10,  # the worker's end: 2.3 GB/s
+    message_seconds=2.28e-4,  # the server's work for a message (framing, loop, step thread)
+    latency_seconds=2.62e-4,  # a message's wake-ups and work away from the server
+    apply_seconds_per_byte=4.5e-11,  # adding one more 2 MB update into the sum
+    step_seconds_per_byte=4.2e-10,  # momentum and new weights of a 2 MB element
     source="defaults (measured 2026-11-22 on the development machine)",
 )
 

@@ -369,5 +369,5 @@ def test_scaling_benchmark_sets_measurement_beside_the_model(tmp_path: Path) -> 
     for row in result["rows"]:
         assert row["measured_mcups"] > 0 and row["predicted_mcups"] > 0
         ratio = row["measured_mcups"] / row["predicted_mcups"]
-        assert row["measured_over_predicted"] == pytest.approx(ratio, abs=0.001)
+        assert row["measured_over_predicted"] == pytest.approx(ratio, rel=0.02)  # both rounded
     assert result["constants"] == DEFAULT_CONSTANTS.to_dict()
