@@ -125,6 +125,17 @@ def _targets(results: dict[str, Any]) -> list[str]:
                     row["ratio"] >= 0.75,
                 ]
             )
+    scaling = results.get("scaling")
+    if isinstance(scaling, dict) and scaling.get("rows"):
+        worst = max(abs(1 - row["measured_over_predicted"]) for row in scaling["rows"])
+        checks.append(
+            [
+                "scaling model vs measurement, P <= 8 (worst error)",
+                round(worst, 3),
+                "<= 0.15",
+                worst <= 0.15,
+            ]
+        )
     if results.get("round", {}).get("ratio") is not None:
         ratio = results["round"]["ratio"]
         checks.append(["sync round vs gloo all-reduce", ratio, ">= 1.0", ratio >= 1.0])
@@ -186,8 +197,22 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines.append("")
     if isinstance(results.get("scaling"), dict) and results["scaling"].get("rows"):
         rows = results["scaling"]["rows"]
-        headers = list(rows[0])
-        lines += ["## Scaling with emulated workers", ""]
-        lines += _table(headers, [[row[h] for h in headers] for row in rows])
+        headers = [
+            "workers",
+            "mode",
+            "measured_mcups",
+            "predicted_mcups",
+            "measured_over_predicted",
+            "bound",
+        ]
+        lines += [
+            "## Scaling with emulated workers",
+            "",
+            "Workers whose compute time is modelled (`--backend modelled`), a real "
+            "server and real processes; the prediction is `snet plan`'s model "
+            "(docs/performance-model.md) with constants calibrated in the same run.",
+            "",
+        ]
+        lines += _table(headers, [[row.get(h) for h in headers] for row in rows])
         lines.append("")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""``snet``: server, worker, spert, status and demo subcommands."""
+"""``snet``: server, worker, spert, status, plan and demo subcommands."""
 
 from __future__ import annotations
 
@@ -118,6 +118,29 @@ def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML file with a [worker] (and [spert]) table")
 
 
+def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
+    """``snet plan`` (cli/plan.py); its defaults are those of the scaling benchmark."""
+    parser.add_argument("--network", default="351:1262:45", help='layer sizes, e.g. "351:1262:45"')
+    parser.add_argument("--bunch", type=int, default=1000, help="patterns per worker update")
+    parser.add_argument(
+        "--link-mbps",
+        dest="link_mbps",
+        type=float,
+        help="link speed in Mbit/s (default: the measured 127.0.0.1 link of the constants)",
+    )
+    parser.add_argument("--workers", default="1,2,4,8", help="comma-separated worker counts")
+    parser.add_argument("--strategies", default="pattern,network")
+    parser.add_argument("--modes", default="sync,async")
+    parser.add_argument(
+        "--exemplars", type=int, default=1_000_000, help="exemplars per epoch (BSP table)"
+    )
+    parser.add_argument("--constants", help="JSON with the model's constants (snet bench output)")
+    parser.add_argument("--calibrate", action="store_true", help="measure the constants now")
+    parser.add_argument("--measured", help="scaling benchmark JSON to draw against the model")
+    parser.add_argument("--png", help="draw the model (and the measurement) to this PNG file")
+    parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="snet", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -127,7 +150,9 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="attach a worker to a server")
     _add_worker_flags(worker)
-    worker.add_argument("--backend", help="compute backend: auto (default), numpy, torch or spert")
+    worker.add_argument(
+        "--backend", help="compute backend: auto (default), numpy, torch, spert or modelled"
+    )
 
     spert = commands.add_parser(
         "spert", help="attach an emulated Spert-II board as a worker (backend spert)"
@@ -140,6 +165,11 @@ def _parser() -> argparse.ArgumentParser:
         "--url", default=None, help="HTTP address (default SNET_URL or http://127.0.0.1:7080)"
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    plan = commands.add_parser(
+        "plan", help="predict MCUPS and speed-up per strategy and mode (performance models)"
+    )
+    _add_plan_flags(plan)
 
     evaluate = commands.add_parser("eval", help="score saved weights on data")
     evaluate.add_argument("--weights", required=True, help="a weights .npz written by snet")
@@ -221,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             from .status import run_status
 
             return run_status(args)
+        if args.command == "plan":
+            from .plan import run_plan
+
+            return run_plan(args)
         if args.command in ("eval", "train", "data"):
             from . import offline
             from .commands import JOB_FLAGS

@@ -89,10 +89,17 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def _modelled_backend(threads: int) -> ComputeBackend:
+    from .modelled_backend import ModelledBackend
+
+    return ModelledBackend.from_environment()
+
+
 BACKENDS: dict[str, Any] = {
     "numpy": lambda threads: NumpyBackend(),
     "torch": _torch_backend,
     "spert": lambda threads: SpertBackend(),  # an emulated Spert-II board, default settings
+    "modelled": _modelled_backend,  # compute-free, for scaling benchmarks
 }
 
 

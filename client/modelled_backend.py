@@ -1,0 +1,148 @@
+"""``ModelledBackend``: a compute-free worker whose compute time follows a model.
+
+It stands in for a worker whose arithmetic costs what Quicknet's performance model says a
+pattern costs, ``c1 * N_h + c2`` seconds (N_h hidden units; c1 the time per hidden unit
+and pattern, c2 the fixed time per pattern), scaled by ``time_scale``. It sleeps that
+long per bunch and returns a zero gradient, so the networking, the server and the flow
+control are real while the compute is not: many emulated workers fit on a small machine
+and their compute never competes with the communication for the CPU. This is what the
+scaling benchmark (``bench/scaling.py``) measures against the model.
+
+Its parameters come from the environment, because a worker process gets nothing but the
+server's address on its command line (``snet worker --backend modelled``):
+
+- ``SNET_MODELLED_C1``: seconds per hidden unit and pattern (default: from
+  ``SNET_MODELLED_CU_SECONDS`` below and the job's network);
+- ``SNET_MODELLED_C2``: seconds per pattern (default: the output layer's share, likewise);
+- ``SNET_MODELLED_CU_SECONDS``: seconds per connection update used for those defaults
+  (default 6.25e-11, i.e. 16,000 MCUPS);
+- ``SNET_MODELLED_TIME_SCALE``: multiplies the modelled time (default 1).
+
+Cross-validation scores nothing and takes no time (it reports no correct frames), so the
+end of an epoch does not disturb a throughput measurement.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
+from snet.protocol.network import NetworkSpec
+
+from .data import Corpus
+
+DEFAULT_CU_SECONDS = 1.0 / 16_000e6  # 16,000 MCUPS: numpy on 351:1262:45 here, FTZ on
+
+
+def per_pattern_coefficients(network: NetworkSpec, cu_seconds: float) -> tuple[float, float]:
+    """(c1, c2) for a network whose every connection update costs ``cu_seconds``.
+
+    A pattern updates ``connections`` weights and biases; the ones that grow with the hidden
+    units go to c1 (per hidden unit), the output biases to c2. For one hidden layer
+    c1 = (I + O + 1) * cu_seconds and c2 = O * cu_seconds.
+    """
+    hidden = sum(network.sizes[1:-1])
+    fixed = network.output_size
+    if hidden == 0:
+        return 0.0, network.connections * cu_seconds
+    return (network.connections - fixed) / hidden * cu_seconds, fixed * cu_seconds
+
+
+def _env_float(name: str, default: float | None) -> float | None:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {text!r}") from None
+    if not value >= 0.0:
+        raise ConfigError(f"{name} must be >= 0, got {text!r}")
+    return value
+
+
+class ModelledBackend:
+    """Sleeps ``time_scale * bunch * (c1 * N_h + c2)`` per bunch; returns zero gradients."""
+
+    name = "modelled"
+
+    def __init__(
+        self,
+        c1: float | None = None,
+        c2: float | None = None,
+        time_scale: float = 1.0,
+        cu_seconds: float = DEFAULT_CU_SECONDS,
+    ) -> None:
+        if time_scale <= 0:
+            raise ConfigError(f"the modelled time scale must be > 0, got {time_scale}")
+        self._given = (c1, c2)
+        self.cu_seconds = cu_seconds
+        self.time_scale = time_scale
+        self.c1 = c1 or 0.0
+        self.c2 = c2 or 0.0
+        self.hidden_units = 0
+        self._cv_frames = 0
+        self.bunches = 0
+        self.patterns = 0
+        self.modelled_seconds = 0.0  # what the model says the bunches cost (scaled)
+        self.real_seconds = 0.0  # what gradient() really took, sleeping included
+
+    @classmethod
+    def from_environment(cls) -> ModelledBackend:
+        """A backend configured by the ``SNET_MODELLED_*`` variables (see the module doc)."""
+        cu = _env_float("SNET_MODELLED_CU_SECONDS", DEFAULT_CU_SECONDS)
+        scale = _env_float("SNET_MODELLED_TIME_SCALE", 1.0)
+        assert cu is not None and scale is not None
+        return cls(
+            _env_float("SNET_MODELLED_C1", None), _env_float("SNET_MODELLED_C2", None), scale, cu
+        )
+
+    def prepare(self, job: JobSpec, corpus: Corpus) -> None:
+        derived = per_pattern_coefficients(job.network, self.cu_seconds)
+        given_c1, given_c2 = self._given
+        self.c1 = derived[0] if given_c1 is None else given_c1
+        self.c2 = derived[1] if given_c2 is None else given_c2
+        self.hidden_units = sum(job.network.sizes[1:-1])
+        self._cv_frames = len(corpus.cv_frames)
+
+    def bunch_seconds(self, patterns: int) -> float:
+        """The modelled (scaled) compute time of a bunch of ``patterns`` patterns."""
+        return self.time_scale * patterns * (self.c1 * self.hidden_units + self.c2)
+
+    def gradient(
+        self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
+    ) -> tuple[float, int]:
+        started = time.perf_counter()
+        target = self.bunch_seconds(len(frames))
+        out.fill(0.0)  # the send buffers are reused, so each update is zeroed anew
+        # Sleep to a deadline rather than for a duration, so that the zeroing above and the
+        # sleep's own overshoot do not add up to more than the modelled time.
+        deadline = started + target
+        while (remaining := deadline - time.perf_counter()) > 0:
+            time.sleep(remaining)
+        self.bunches += 1
+        self.patterns += len(frames)
+        self.modelled_seconds += target
+        self.real_seconds += time.perf_counter() - started
+        return 0.0, 0
+
+    def evaluate(self, weights: np.ndarray) -> tuple[int, int, float]:
+        return self._cv_frames, 0, 0.0
+
+    def report(self) -> dict[str, Any] | None:
+        """Modelled against real compute time, for /status (the worker row's "report")."""
+        return {
+            "c1_seconds": self.c1,
+            "c2_seconds": self.c2,
+            "hidden_units": self.hidden_units,
+            "time_scale": self.time_scale,
+            "bunches": self.bunches,
+            "patterns": self.patterns,
+            "modelled_seconds": round(self.modelled_seconds, 6),
+            "real_seconds": round(self.real_seconds, 6),
+        }

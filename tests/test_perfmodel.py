@@ -1,0 +1,373 @@
+"""The performance models' formulas against worked values, `snet plan`, the modelled backend.
+
+Every expected number here is worked out by hand in the comments (and, for the BSP table,
+in docs/performance-model.md); nothing is timed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from snet.bench.processes import best_rate
+from snet.cli.main import main
+from snet.cli.perfmodel import (
+    DEFAULT_CONSTANTS,
+    BspMachine,
+    Constants,
+    Phases,
+    bsp_epoch_flops,
+    bsp_epoch_seconds,
+    bsp_exemplar_batch_cost,
+    bsp_server_batch_cost,
+    multispert_round_seconds,
+    network_parallel_phases,
+    overlapped_round_seconds,
+    pattern_parallel_phases,
+    predict,
+)
+from snet.client.backend import make_backend
+from snet.client.modelled_backend import ModelledBackend, per_pattern_coefficients
+from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
+from snet.protocol.network import NetworkSpec
+
+from helpers import SMALL_JOB, Cluster, wait_until
+
+# A network small enough to work by hand: 2:3:1 has 2*3+3 + 3*1+1 = 13 connections.
+TINY = NetworkSpec.parse("2:3:1")
+HAND = Constants(
+    cu_seconds=1e-6,
+    pattern_seconds=0.0,
+    link_seconds_per_byte=1e-9,
+    worker_seconds_per_byte=2e-9,
+    message_seconds=1e-4,
+    latency_seconds=5e-5,
+    apply_seconds_per_byte=1e-10,
+    step_seconds_per_byte=2e-10,
+    source="by hand",
+)
+
+
+# ------------------------------------------------------------------ BSP (Rogers & Skillicorn)
+
+
+def test_bsp_exemplar_parallel_costs_match_the_worked_example() -> None:
+    # W = 1000 weights, 25 exemplars per processor, p = 4, 6 flops per weight and exemplar.
+    total = bsp_exemplar_batch_cost(1000, 25, 4)
+    assert (total.w, total.h, total.supersteps) == (155_000, 3_000, 1)  # 1000*(150+3+2)
+    server = bsp_server_batch_cost(1000, 25, 4)
+    assert (server.w, server.h, server.supersteps) == (155_000, 8_000, 2)  # h = 2*4*1000
+    machine = BspMachine("example", s=1e9, g=10.0, l=1000.0)
+    assert total.flops(machine) == 186_000  # 155,000 + 3,000*10 + 1,000
+    assert server.flops(machine) == 237_000  # 155,000 + 8,000*10 + 2*1,000
+    # An epoch of 10,000 exemplars is 100 batches of 4 x 25.
+    assert bsp_epoch_flops(total, machine, 10_000, 25, 4) == 18_600_000
+    assert bsp_epoch_flops(server, machine, 10_000, 25, 4) == 23_700_000
+    # One processor: no exchange, 400 batches of 152,000 + 1,000 flops.
+    alone = bsp_exemplar_batch_cost(1000, 25, 1)
+    assert bsp_epoch_flops(alone, machine, 10_000, 25, 1) == 61_200_000
+
+
+WORKSTATIONS = BspMachine("workstations", s=20e6, g=400.0, l=100_000.0)
+POWER_CHALLENGE = BspMachine("power challenge", s=75e6, g=10.0, l=1_000.0)
+T3E = BspMachine("t3e", s=45e6, g=2.0, l=300.0)
+
+
+@pytest.mark.parametrize(
+    ("machine", "p", "exchange", "expected"),
+    [  # the per-epoch table of docs/performance-model.md (351:1262:45, b = 100, E = 1e6)
+        # p = 1: 10,000 batches of 501,059 * 602 flops + l = 301,737,518 flops; / 20e6
+        (WORKSTATIONS, 1, "total", 150_868.8),
+        (WORKSTATIONS, 8, "total", 106_763.1),
+        (WORKSTATIONS, 8, "server", 219_507.7),
+        # p = 8: 1,250 batches of 501,059 * 609 + 7 * 501,059 * 10 + 1,000 flops; / 75e6
+        (POWER_CHALLENGE, 8, "total", 5_670.3),
+        (POWER_CHALLENGE, 8, "server", 6_421.9),
+        (T3E, 1, "total", 67_030.6),
+        (T3E, 8, "total", 8_671.1),
+    ],
+)
+def test_bsp_epoch_seconds_table(
+    machine: BspMachine, p: int, exchange: str, expected: float
+) -> None:
+    weights = NetworkSpec.parse("351:1262:45").connections
+    assert weights == 501_059
+    seconds = bsp_epoch_seconds(weights, 1_000_000, 100, p, machine, exchange)
+    assert seconds == pytest.approx(expected, abs=0.05)
+
+
+# ------------------------------------------------------------------ Quicknet on MultiSpert
+
+
+def test_multispert_rule_in_both_regimes() -> None:
+    # (P-1) T_d + T_h = 3*1 + 0.5 < T_c = 10: compute-bound, T_d + T_c.
+    assert multispert_round_seconds(t_d=1.0, t_h=0.5, t_c=10.0, workers=4) == 11.0
+    # 19*1 + 0.5 >= 10: the host's link is the bottleneck, P * T_d.
+    assert multispert_round_seconds(t_d=1.0, t_h=0.5, t_c=10.0, workers=20) == 20.0
+
+
+@pytest.mark.parametrize(
+    ("workers", "paper", "snet"),
+    # T_c = 10, T_d = 1, T_h = 0.5, L = 3. The paper: T_d + T_c = 11 while (P-1) + 0.5 < 10,
+    # else P. snet: max(10 + 3/2, P + 0.5): a worker waits only for sending its update.
+    [(1, 11.0, 11.5), (9, 11.0, 11.5), (11, 11.0, 11.5), (12, 12.0, 12.5), (20, 20.0, 20.5)],
+)
+def test_snet_overlap_against_the_multispert_rule(workers: int, paper: float, snet: float) -> None:
+    assert multispert_round_seconds(t_d=1.0, t_h=0.5, t_c=10.0, workers=workers) == paper
+    phases = Phases(compute=10.0, transfer=1.0, host=0.5, latency=3.0, patterns=1)
+    assert overlapped_round_seconds(phases, workers) == snet
+
+
+def test_per_pattern_cost_is_c1_nh_plus_c2() -> None:
+    c1, c2 = per_pattern_coefficients(NetworkSpec.parse("351:1262:45"), 1.0)
+    assert (c1, c2) == (351 + 45 + 1, 45)  # c1 = (I + O + 1) t, c2 = O t
+    c1, c2 = per_pattern_coefficients(TINY, 2.0)
+    assert c1 * 3 + c2 == 13 * 2.0  # every connection once
+    deep = NetworkSpec.parse("10:4:6:2")  # 44 + 30 + 14 = 88 connections
+    c1, c2 = per_pattern_coefficients(deep, 1.0)
+    assert c1 * 10 + c2 == pytest.approx(88)
+
+
+def test_pattern_parallel_phases_worked_by_hand() -> None:
+    phases = pattern_parallel_phases(TINY, bunch=10, workers=2, constants=HAND)
+    assert phases.compute == pytest.approx(10 * 13e-6)  # bunch x 13 connections x 1 us
+    assert phases.transfer == pytest.approx(2 * (52e-9 + 1e-4))  # 52 bytes each way
+    assert phases.latency == pytest.approx(2 * (104e-9 + 5e-5))  # the worker's end
+    assert phases.host == pytest.approx(52 * (2 * 1e-10 + 2e-10))
+    assert phases.patterns == 20
+    sync = predict(TINY, 10, 2, HAND, "pattern", "sync")
+    assert sync.round_seconds == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 2.08e-8)
+    assert sync.mcups == pytest.approx(13 * 20 / sync.round_seconds / 1e6)
+    assert sync.speedup == pytest.approx(sync.mcups / 1.0)  # one worker alone: 1 MCUPS
+    assert sync.bound == "link"  # 130 + 100 us of compute and latency < 400 us at the server
+    overlapped = predict(TINY, 10, 2, HAND, "pattern", "async")
+    assert overlapped.round_seconds == pytest.approx(2 * 2.00104e-4 + 2.08e-8)  # link-bound
+
+
+def test_network_parallel_phases_worked_by_hand() -> None:
+    phases = network_parallel_phases(TINY, bunch=10, workers=3, constants=HAND)
+    # 30 patterns, each worker 1 of the 3 hidden units: c1 = 4 us (I+O+1), c2 = 1 us.
+    assert phases.compute == pytest.approx(30 * (4e-6 * 1 + 1e-6))
+    # partial output sums up and output errors down: 30 patterns x 1 output x 4 bytes
+    assert phases.transfer == pytest.approx(2 * (120e-9 + 1e-4))
+    assert phases.latency == pytest.approx(2 * (240e-9 + 5e-5))
+    assert phases.host == pytest.approx(120 * 3 * 1e-10)
+
+
+def test_more_workers_never_lower_the_round_time_of_a_link_bound_model() -> None:
+    network = NetworkSpec.parse("351:1262:45")
+    slow_link = DEFAULT_CONSTANTS.with_link_mbps(100)
+    rounds = [predict(network, 1000, p, slow_link, "pattern", "async") for p in (1, 2, 4, 8)]
+    assert all(a.round_seconds <= b.round_seconds for a, b in itertools.pairwise(rounds))
+    assert rounds[-1].bound == "link"
+    fast = predict(network, 1000, 2, DEFAULT_CONSTANTS, "pattern", "async")
+    assert fast.bound == "compute" and fast.speedup == pytest.approx(2, rel=0.05)
+
+
+def test_bad_model_inputs_are_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="strategy must be one of"):
+        predict(TINY, 10, 2, HAND, "layer", "sync")
+    with pytest.raises(ConfigError, match="mode must be one of"):
+        predict(TINY, 10, 2, HAND, "pattern", "eventual")
+    with pytest.raises(ConfigError, match="constants lack pattern_seconds, link_seconds_per_byte"):
+        Constants.from_dict({"cu_seconds": 1e-9}, "x.json")
+    with pytest.raises(ConfigError, match="link speed must be > 0"):
+        HAND.with_link_mbps(0)
+    gigabit = HAND.with_link_mbps(1000)
+    assert gigabit.link_seconds_per_byte == gigabit.worker_seconds_per_byte == pytest.approx(8e-9)
+
+
+def test_best_rate_uses_windows_between_changes() -> None:
+    # 100 patterns a second, but the last second stalled (a noisy neighbour).
+    samples = [(0.0, 0), (1.0, 100), (2.0, 200), (3.0, 300), (4.0, 310)]
+    best, mean = best_rate(samples, min_span=2.0)
+    assert best == pytest.approx(100.0) and mean == pytest.approx(77.5)
+
+
+# ------------------------------------------------------------------ the modelled backend
+
+
+def test_modelled_backend_sleeps_the_model_and_sends_zeros(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SNET_MODELLED_C1", "1e-7")
+    monkeypatch.setenv("SNET_MODELLED_C2", "2e-6")
+    monkeypatch.setenv("SNET_MODELLED_TIME_SCALE", "0.5")
+    backend = make_backend("modelled")
+    assert isinstance(backend, ModelledBackend)
+
+    class Corpus:
+        cv_frames = np.arange(7)
+
+    backend.prepare(JobSpec(network=NetworkSpec.parse("117:300:10")), Corpus())  # type: ignore[arg-type]
+    assert backend.bunch_seconds(4) == pytest.approx(0.5 * 4 * (1e-7 * 300 + 2e-6))
+    out = np.ones(5, dtype=np.float32)
+    assert backend.gradient(out, np.arange(4), out) == (0.0, 0)
+    assert not out.any()
+    report = backend.report()
+    assert report is not None and report["bunches"] == 1 and report["patterns"] == 4
+    assert report["real_seconds"] >= report["modelled_seconds"] > 0  # it sleeps to a deadline
+    assert backend.evaluate(out) == (7, 0, 0.0)
+
+
+def test_modelled_backend_refuses_bad_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SNET_MODELLED_C1", "fast")
+    with pytest.raises(ConfigError, match="SNET_MODELLED_C1 must be a number"):
+        make_backend("modelled")
+    monkeypatch.setenv("SNET_MODELLED_C1", "1e-9")
+    monkeypatch.setenv("SNET_MODELLED_TIME_SCALE", "0")
+    with pytest.raises(ConfigError, match="time scale must be > 0"):
+        make_backend("modelled")
+
+
+def test_modelled_workers_train_and_report_through_the_server(cluster: Cluster) -> None:
+    cluster.env["SNET_MODELLED_CU_SECONDS"] = "1e-9"
+    server = cluster.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
+    for name in ("m0", "m1"):
+        cluster.worker(server, name, "--backend", "modelled")
+
+    def reported() -> list[dict]:
+        rows = server.status()["workers"]
+        reports = [row.get("report") or {} for row in rows]
+        return rows if len(rows) == 2 and all(r.get("bunches", 0) > 2 for r in reports) else []
+
+    rows = wait_until(reported, 60, "reports from two modelled workers")
+    assert {row["backend"] for row in rows} == {"modelled"}
+    assert server.status()["patterns_processed"] > 0
+    for row in rows:
+        assert row["report"]["modelled_seconds"] > 0
+        assert row["report"]["hidden_units"] == 64
+
+
+# ------------------------------------------------------------------ snet plan
+
+
+def test_plan_prints_every_strategy_mode_and_worker_count(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(
+        [
+            "plan",
+            "--network",
+            "351:1262:45",
+            "--bunch",
+            "1000",
+            "--link-mbps",
+            "1000",
+            "--workers",
+            "1,2,8",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = [line.split() for line in out.splitlines() if line[:3].strip() in ("1", "2", "8")]
+    table = {(r[0], r[1], r[2]) for r in rows if r[1] in ("pattern", "network")}
+    assert len(table) == 3 * 2 * 2
+    assert "link 125 MB/s" in out and "BSP exemplar parallelism" in out
+
+
+def test_plan_json_reads_constants_from_a_benchmark_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "benchmarks.json"
+    path.write_text(json.dumps({"scaling": {"constants": HAND.to_dict(), "rows": []}}))
+    assert (
+        main(
+            [
+                "plan",
+                "--network",
+                "2:3:1",
+                "--bunch",
+                "10",
+                "--workers",
+                "2",
+                "--constants",
+                str(path),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    document = json.loads(capsys.readouterr().out)
+    sync = next(p for p in document["predictions"] if p["mode"] == "sync")
+    assert sync["strategy"] == "pattern"
+    assert sync["round_seconds"] == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 2.08e-8)
+
+
+def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--workers", "1,two"]) == 2
+    assert "--workers must be comma-separated whole numbers" in capsys.readouterr().err
+    assert main(["plan", "--modes", "eventual"]) == 2
+    assert "--modes must be some of sync, async" in capsys.readouterr().err
+    (tmp_path / "c.json").write_text("{}")
+    assert main(["plan", "--constants", str(tmp_path / "c.json")]) == 2
+    assert "no performance-model constants" in capsys.readouterr().err
+
+
+def test_plan_png_needs_matplotlib_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name)
+    )
+    assert main(["plan", "--png", str(tmp_path / "plan.png")]) == 2
+    assert "--png needs matplotlib, which is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "plan.png").exists()
+
+
+def test_plan_draws_model_against_measurement(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    measured = {
+        "network": "351:1262:45",
+        "bunch": 1000,
+        "time_scale": 1.0,
+        "constants": DEFAULT_CONSTANTS.to_dict(),
+        "rows": [{"mode": "async", "workers": p, "measured_mcups": 7000.0 * p} for p in (1, 2)],
+    }
+    (tmp_path / "scaling.json").write_text(json.dumps(measured))
+    png = tmp_path / "plan.png"
+    assert (
+        main(
+            [
+                "plan",
+                "--workers",
+                "1,2,4",
+                "--measured",
+                str(tmp_path / "scaling.json"),
+                "--png",
+                str(png),
+            ]
+        )
+        == 0
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert math.isfinite(png.stat().st_size) and png.stat().st_size > 10_000
+
+
+def test_scaling_benchmark_sets_measurement_beside_the_model(tmp_path: Path) -> None:
+    from snet.bench.scaling import run_scaling
+
+    result = run_scaling(
+        workers=(1, 2),
+        seconds=1.0,
+        network="13:8:3",
+        bunch=100,
+        modes=("async",),
+        constants=DEFAULT_CONSTANTS,
+        workdir=str(tmp_path),
+        repeats=1,
+    )
+    json.dumps(result)  # JSON-able, for snet bench
+    assert [row["workers"] for row in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["measured_mcups"] > 0 and row["predicted_mcups"] > 0
+        ratio = row["measured_mcups"] / row["predicted_mcups"]
+        assert row["measured_over_predicted"] == pytest.approx(ratio, rel=0.02)  # both rounded
+    assert result["constants"] == DEFAULT_CONSTANTS.to_dict()
