@@ -19,17 +19,22 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from snet.protocol.network import NetworkSpec
+
+from .processes import synthetic_corpus
 
 SIZES = {"164kB": "39:500:42", "2MB": "351:1262:45"}
 WARMUP_SECONDS = 1.0
 
 
-def _synthetic_lengths(path: Path, frames: int = 2_000_000) -> None:
-    # The server reads only the utterance lengths; the push clients need no features.
-    np.savez(path, lengths=np.full(frames // 1000, 1000, dtype=np.int64))
+def synthetic_data(workdir: Path, network: str) -> tuple[Path, int]:
+    """Random frames for ``network`` (written once per network); returns path and context."""
+    path = workdir / f"frames-{network.replace(':', '-')}.npz"
+    context_file = path.with_suffix(".context")
+    if not path.exists():
+        _, context = synthetic_corpus(path, NetworkSpec.parse(network), frames=300_000)
+        context_file.write_text(str(context))
+    return path, int(context_file.read_text())
 
 
 def _elements(network: str) -> int:
@@ -68,11 +73,9 @@ def _start_clients(
 
 
 def through_server(network: str, clients: int, seconds: float, workdir: Path) -> dict[str, float]:
-    data = workdir / "lengths.npz"
-    if not data.exists():
-        _synthetic_lengths(data)
+    data, context_frames = synthetic_data(workdir, network)
     ready = workdir / f"ready-{network.replace(':', '-')}-{clients}"
-    context = "4" if network.startswith("351:") else "0"
+    context = str(context_frames)
     server = subprocess.Popen(
         [
             sys.executable,
@@ -102,7 +105,7 @@ def through_server(network: str, clients: int, seconds: float, workdir: Path) ->
             "--bunch-size",
             "1",
             "--chunk-frames",
-            "100000",
+            "20000",
             "--updates-per-step",
             str(clients),
         ],

@@ -20,14 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .server_throughput import _elements, _status, _synthetic_lengths
+from .server_throughput import _elements, _status, synthetic_data
 
 NETWORK = "351:1262:45"
 
 
 def snet_rounds_per_second(seconds: float, workdir: Path) -> float:
-    data = workdir / "lengths.npz"
-    _synthetic_lengths(data)
+    data, context = synthetic_data(workdir, NETWORK)
     ready = workdir / "ready-round"
     server = subprocess.Popen(
         [
@@ -48,7 +47,7 @@ def snet_rounds_per_second(seconds: float, workdir: Path) -> float:
             "--data",
             str(data),
             "--context",
-            "4",
+            str(context),
             "--network",
             NETWORK,
             "--mode",
@@ -58,7 +57,7 @@ def snet_rounds_per_second(seconds: float, workdir: Path) -> float:
             "--bunch-size",
             "1",
             "--chunk-frames",
-            "100000",
+            "20000",
         ],
     )
     try:
