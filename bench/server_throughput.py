@@ -72,51 +72,34 @@ def _start_clients(
     ]
 
 
-def through_server(network: str, clients: int, seconds: float, workdir: Path) -> dict[str, float]:
-    data, context_frames = synthetic_data(workdir, network)
-    ready = workdir / f"ready-{network.replace(':', '-')}-{clients}"
-    context = str(context_frames)
+def start_bench_server(
+    workdir: Path, network: str, name: str, job_flags: list[str]
+) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    """A ``snet server`` on synthetic frames for ``network``; returns it and its ports."""
+    data, context = synthetic_data(workdir, network)
+    ready = workdir / f"ready-{name}"
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "snet.cli",
-            "server",
-            "--port",
-            "0",
-            "--http-port",
-            "0",
-            "--ready-file",
-            str(ready),
-            "--out-dir",
-            str(workdir / "out"),
-            "--log-level",
-            "warning",
-            "--data",
-            str(data),
-            "--context",
-            context,
-            "--network",
-            network,
-            "--mode",
-            "async",
-            "--epochs",
-            "1000",
-            "--bunch-size",
-            "1",
-            "--chunk-frames",
-            "20000",
-            "--updates-per-step",
-            str(clients),
-        ],
-    )
+        [sys.executable, "-m", "snet.cli", "server", "--port", "0", "--http-port", "0",
+         "--ready-file", str(ready), "--out-dir", str(workdir / "out"),
+         "--log-level", "warning", "--data", str(data), "--context", str(context),
+         "--network", network, "--epochs", "1000", "--bunch-size", "1",
+         "--chunk-frames", "20000", *job_flags],
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            raise RuntimeError("the server did not start")
+        time.sleep(0.05)
+    return server, json.loads(ready.read_text())
+
+
+def through_server(network: str, clients: int, seconds: float, workdir: Path) -> dict[str, float]:
+    server, ports = start_bench_server(
+        workdir, network, f"{network.replace(':', '-')}-{clients}",
+        ["--mode", "async", "--updates-per-step", str(clients)],
+    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.05)
-        ports = json.loads(ready.read_text())
         elements = _elements(network)
         pushers = _start_clients(
             "snet", ports["port"], clients, seconds + 2 * WARMUP_SECONDS, elements

@@ -20,53 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .server_throughput import _elements, _status, synthetic_data
+from .server_throughput import _elements, _status, start_bench_server
 
 NETWORK = "351:1262:45"
 
 
 def snet_rounds_per_second(seconds: float, workdir: Path) -> float:
-    data, context = synthetic_data(workdir, NETWORK)
-    ready = workdir / "ready-round"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "snet.cli",
-            "server",
-            "--port",
-            "0",
-            "--http-port",
-            "0",
-            "--ready-file",
-            str(ready),
-            "--out-dir",
-            str(workdir / "out"),
-            "--log-level",
-            "warning",
-            "--data",
-            str(data),
-            "--context",
-            str(context),
-            "--network",
-            NETWORK,
-            "--mode",
-            "sync",
-            "--epochs",
-            "1000",
-            "--bunch-size",
-            "1",
-            "--chunk-frames",
-            "20000",
-        ],
-    )
+    server, ports = start_bench_server(workdir, NETWORK, "round", ["--mode", "sync"])
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.05)
-        ports = json.loads(ready.read_text())
         clients = [
             subprocess.Popen(
                 [
