@@ -21,28 +21,21 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from snet.protocol import PROTOCOL_VERSION, auth
-from snet.protocol.codecs.handshake import worker_capabilities
-from snet.protocol.errors import ConfigError, DataError, ProtocolError, RemoteError
+from snet.protocol.errors import RemoteError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     TRAINING_COMPLETE,
-    DataInfo,
     Encoded,
     ErrorMessage,
     EvalResult,
     Evaluate,
-    FramesWanted,
     Goodbye,
     Heartbeat,
-    Hello,
     Message,
-    ServerHello,
     Update,
     Weights,
-    Welcome,
     WorkerReport,
 )
 from snet.protocol.network import ElementLayout
@@ -58,17 +51,17 @@ from .connection import (
     ServerUnreachable,
     connect_with_backoff,
 )
-from .data import Corpus, open_corpus
+from .data import Corpus
+from .joining import Joining
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
 
-HANDSHAKE_SECONDS = 30.0
 REPORT_SECONDS = 1.0
 REPORT_UPDATES = 32  # a compressing worker also reports after every this many updates
 
 
-class Worker:
+class Worker(Joining):
     """One worker process's life: connect, handshake, train until told goodbye."""
 
     def __init__(self, config: WorkerConfig, backend: ComputeBackend | None = None) -> None:
@@ -217,88 +210,6 @@ class Worker:
     def _on_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._wake.set()
-
-    async def _next_message(self) -> Message:
-        deadline = time.monotonic() + HANDSHAKE_SECONDS
-        while not self._inbox:
-            if self._lost:
-                raise ServerGone("connection closed during the handshake")
-            self._wake.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServerGone(f"no answer from the server in {HANDSHAKE_SECONDS:.0f} s")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), remaining)
-        message = self._inbox.popleft()
-        if isinstance(message, ErrorMessage):
-            raise RemoteError(message.code, message.text)
-        return message
-
-    async def _handshake(self, connection: ServerConnection) -> bool:
-        """ServerHello -> Hello -> Welcome. False when the server refused this worker."""
-        try:
-            hello = await self._next_message()
-            if not isinstance(hello, ServerHello):
-                raise ProtocolError(f"expected server_hello, got {hello.TYPE}")
-            proof = b""
-            if hello.auth_required:
-                if not self.config.token:
-                    raise RemoteError("auth_failed", "the server requires a token (--token)")
-                proof = auth.proof(self.config.token, hello.nonce)
-            capabilities = worker_capabilities(self.config.compress, self.config.weights_codec)
-            connection.send(
-                Hello(PROTOCOL_VERSION, self.name, self.backend.name, capabilities, proof)
-            )
-            welcome = await self._next_message()
-            if not isinstance(welcome, Welcome):
-                raise ProtocolError(f"expected welcome, got {welcome.TYPE}")
-            info = await self._next_message()
-            if not isinstance(info, DataInfo):
-                raise ProtocolError(f"expected data_info, got {info.TYPE}")
-        except RemoteError as exc:
-            self._refused = exc
-            return False
-        except ProtocolError as exc:
-            self._refused = RemoteError(exc.code, str(exc))
-            return False
-        try:
-            job = JobSpec.from_dict(welcome.job)
-            await self._prepare(job, info, connection)
-            self._agree(welcome.codecs)
-        except (ConfigError, DataError, RemoteError) as exc:
-            # Tell the server why this worker cannot take part, then leave.
-            connection.send(ErrorMessage("bad_job", str(exc), True))
-            self._refused = RemoteError("bad_job", str(exc))
-            return False
-        self._joined = True
-        log.info(
-            "joined %s as worker %d (%s mode, network %s, updates %s, weights %s)",
-            hello.server_name,
-            welcome.worker_id,
-            job.mode,
-            job.network.describe(),
-            self.codecs["update"],
-            self.codecs["weights"],
-        )
-        return True
-
-    def _agree(self, codecs: dict[str, object]) -> None:
-        """Use the codecs the server agreed to (a new compressor only if they changed)."""
-        assert self.job is not None
-        self.codecs = {key: str(codecs.get(key, "none")) for key in ("update", "weights")}
-        layout = ElementLayout.for_network(self.job.network)
-        self.compressor = UpdateCompressor.reuse(self.compressor, self.codecs["update"], layout)
-
-    async def _prepare(self, job: JobSpec, info: DataInfo, connection: ServerConnection) -> None:
-        """Open the data (or ask for it inline) and prepare the backend (compute thread)."""
-        loop = asyncio.get_running_loop()
-        access = self.config.data_access
-        corpus, reason = await loop.run_in_executor(self.executor, open_corpus, job, info, access)
-        if reason:
-            log.info("frames come inline from the server: %s", reason)
-            connection.send(FramesWanted(reason[:500]))
-        await loop.run_in_executor(self.executor, self.backend.prepare, job, corpus)
-        self.job, self.corpus = job, corpus
 
     # ------------------------------------------------------------ computing
 
