@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+# Nothing imported here may import numpy: a worker's BLAS thread count is fixed by
+# limit_blas_threads() in main(), and BLAS reads it once, when numpy is first imported
+# (with two BLAS threads per worker on two cores, the demo ran ten times slower).
 from .runtime import limit_blas_threads
-from .spert import add_board_flags
 
 
 def _add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -142,6 +145,8 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .spert import add_board_flags  # imports numpy: only after the BLAS limit is set
+
     parser = argparse.ArgumentParser(prog="snet", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -224,10 +229,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _early_blas_limit(argv: list[str]) -> None:
+    """A worker's BLAS thread count (``--threads``, else SNET_WORKER_THREADS, else 1), set
+    before anything imports numpy: building the parser already does."""
+    if not argv or argv[0] not in ("worker", "spert"):
+        return
+    threads = os.environ.get("SNET_WORKER_THREADS", "1")
+    for index, word in enumerate(argv):
+        if word == "--threads" and index + 1 < len(argv):
+            threads = argv[index + 1]
+        elif word.startswith("--threads="):
+            threads = word.split("=", 1)[1]
+    limit_blas_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _early_blas_limit(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
-    if args.command in ("worker", "spert"):
-        limit_blas_threads(args.threads or 1)
     from snet.protocol.errors import ConfigError, DataError, ListenError
 
     try:

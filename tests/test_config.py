@@ -87,3 +87,31 @@ def test_bad_settings_fail_clearly(
     monkeypatch.delenv("SNET_PORT")
     assert main(["server", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "cannot read config file" in capsys.readouterr().err
+
+
+def test_the_command_line_imports_no_numpy_before_the_blas_limit() -> None:
+    # BLAS reads its thread count once, when numpy is imported: a worker must set it first
+    # (two BLAS threads per worker on two cores made the demo ten times slower).
+    import subprocess
+    import sys
+
+    probe = "import sys, snet.cli.main; print('numpy' in sys.modules)"
+    output = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert output.strip() == "False"
+    probe = (
+        "import os, sys; from snet.cli.main import _early_blas_limit;"
+        "_early_blas_limit(['worker', '--server', 'h:1', '--threads', '2']);"
+        "print(os.environ['OPENBLAS_NUM_THREADS'], 'numpy' in sys.modules)"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if "NUM_THREADS" not in k}
+    output = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env=env,
+    ).stdout
+    assert output.split() == ["2", "False"]
