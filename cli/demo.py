@@ -45,6 +45,11 @@ async def _progress(server: SnetServer, started: float) -> None:
 async def _demo(args: argparse.Namespace) -> int:
     job_flags = {k: v for k in JOB_FLAGS if (v := getattr(args, k, None)) is not None}
     job = build_job({}, job_flags)
+    if args.bunch_size is None:
+        # Data division as in SNet: the job's bunch is the global one, split among the
+        # workers (docs/convergence.md: 128 per worker instead cost 2-3 CV points at N=4).
+        workers = max(args.workers + args.spert, 1)
+        job = job.with_changes(bunch_size=max(job.bunch_size // workers, 8))
     config = ServerConfig(
         port=0,
         http_port=args.http_port,
