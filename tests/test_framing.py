@@ -1,21 +1,25 @@
-"""Pure tests of the wire protocol: framing, decoding, channel, auth and the job."""
+"""Pure tests of framing and decoding: round trips, limits, bad input, payload sinks."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import tracemalloc
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
+from protocol_samples import (
+    array_entry,
+    assert_refuses_further_use,
+    assert_same_message,
+    raw_frame,
+    sample_messages,
+    weights_header,
+)
 
-from snet.protocol import PROTOCOL_VERSION, auth
-from snet.protocol.channel import Channel
+from snet.protocol import PROTOCOL_VERSION
 from snet.protocol.decoder import FrameDecoder
 from snet.protocol.errors import (
-    ConfigError,
     FrameError,
     FrameTooLarge,
     MalformedFrame,
@@ -32,121 +36,14 @@ from snet.protocol.framing import (
     encode,
     encode_bytes,
 )
-from snet.protocol.job import DataSpec, JobSpec, frames_of, split_utterances
 from snet.protocol.messages import (
     MESSAGE_TYPES,
-    DataInfo,
-    ErrorMessage,
-    EvalResult,
     Evaluate,
-    Frames,
-    FramesWanted,
     Goodbye,
-    Heartbeat,
-    Hello,
     Lease,
     Message,
-    Resync,
-    ServerHello,
-    Update,
     Weights,
-    Welcome,
-    WorkerReport,
 )
-from snet.protocol.network import NetworkSpec
-
-# ---------------------------------------------------------------- helpers
-
-
-def sample_messages() -> list[Message]:
-    """One instance of every message type, with arrays of several dtypes and shapes."""
-    rng = np.random.default_rng(7)
-    job = JobSpec(network=NetworkSpec((117, 8, 10), ("tanh",)), bunch_size=16, chunk_frames=64)
-    return [
-        ServerHello(PROTOCOL_VERSION, "server-α", bytes(range(32)), True),
-        Hello(PROTOCOL_VERSION, "worker-1", "numpy", ("fp16", "int8"), b"\x00\xffproof"),
-        Welcome(3, job.to_dict()),
-        Weights(7, 2, 0.125, 5, element=rng.standard_normal(37).astype("<f4")),
-        Lease(11, 2, indices=rng.permutation(50).astype("<i8")),
-        Update(7, 11, 16, 16, 35.25, 9, 0.003, element=rng.standard_normal(37).astype("<f4")),
-        Evaluate(8, 2, element=rng.standard_normal((3, 4)).astype("<f8")),
-        EvalResult(8, 2, 5520, 4000, 1234.5),
-        Heartbeat(1700000000.25),
-        ErrorMessage("update_rejected", "NaN in update", False),
-        Goodbye("done"),
-        Resync("delta from version 3, this worker holds 2"),
-        WorkerReport(1700000001.5, {"busy_seconds": 1.25, "ratio": 4, "board": "spert-ii"}),
-        DataInfo(
-            13,
-            60,
-            norms=rng.standard_normal((2, 13)).astype("<f8"),
-            lengths=np.array([20, 40], dtype="<i8"),
-        ),
-        FramesWanted("cannot read /data/train.pfile"),
-        Frames(
-            indices=np.array([3, 4, 9], dtype="<i8"),
-            features=rng.standard_normal((3, 13)).astype("<f4"),
-            labels=np.array([1, 1, 7], dtype="<i4"),
-        ),
-    ]
-
-
-def assert_same_message(decoded: Message, original: Message) -> None:
-    assert type(decoded) is type(original)
-    assert decoded == original  # scalar fields (arrays are compare=False)
-    for f in dataclasses.fields(original):
-        if f.name in original.ARRAYS or f.name == "slot":
-            continue
-        assert getattr(decoded, f.name) == getattr(original, f.name), f.name
-        assert type(getattr(decoded, f.name)) is type(getattr(original, f.name)), f.name
-    for name in original.ARRAYS:
-        got, want = getattr(decoded, name), getattr(original, name)
-        assert got.dtype == want.dtype, name
-        assert got.shape == want.shape, name
-        np.testing.assert_array_equal(got, want)
-
-
-def raw_frame(
-    header: Any,
-    payload: bytes = b"",
-    *,
-    magic: bytes = MAGIC,
-    version: int = PROTOCOL_VERSION,
-    payload_len: int | None = None,
-    packed: bytes | None = None,
-) -> bytes:
-    """A hand-made frame; ``packed`` replaces the msgpack header bytes when given."""
-    header_bytes = packed if packed is not None else msgpack.packb(header, use_bin_type=True)
-    declared = len(payload) if payload_len is None else payload_len
-    return PREFIX.pack(magic, version, 0, len(header_bytes), declared) + header_bytes + payload
-
-
-def weights_header(**changes: Any) -> dict[str, Any]:
-    header: dict[str, Any] = {
-        "type": "weights",
-        "version": 1,
-        "epoch": 0,
-        "learning_rate": 0.5,
-        "settled": 0,
-        "arrays": [{"dtype": "<f4", "shape": [3], "codec": "none", "nbytes": 12}],
-    }
-    header.update(changes)
-    return header
-
-
-def array_entry(**changes: Any) -> dict[str, Any]:
-    entry: dict[str, Any] = {"dtype": "<f4", "shape": [3], "codec": "none", "nbytes": 12}
-    entry.update(changes)
-    return entry
-
-
-def assert_refuses_further_use(decoder: FrameDecoder) -> None:
-    assert not decoder.mid_frame
-    with pytest.raises(MalformedFrame):
-        decoder.feed(encode_bytes(Goodbye("again")))
-    with pytest.raises(MalformedFrame):
-        decoder.get_buffer()
-
 
 # ---------------------------------------------------------------- round trips
 
@@ -598,295 +495,3 @@ def test_abandon_after_bad_fields_still_returns_token() -> None:
     with pytest.raises(MalformedFrame):
         decoder.feed(raw_frame(header, b"\x00" * 12))
     assert decoder.abandon() == "token-1"
-
-
-# ---------------------------------------------------------------- channel
-
-
-class Wire:
-    def __init__(self) -> None:
-        self.pieces: list[bytes | memoryview] = []
-
-    def write(self, piece: bytes | memoryview) -> None:
-        self.pieces.append(piece)
-
-    def decode(self) -> list[Message]:
-        decoder = FrameDecoder()
-        out: list[Message] = []
-        for piece in self.pieces:
-            out.extend(decoder.feed(piece))
-        assert not decoder.mid_frame
-        return out
-
-
-def test_channel_writes_each_piece_separately() -> None:
-    wire = Wire()
-    channel = Channel(wire.write)
-    element = np.arange(8, dtype="<f4")
-    message = Weights(1, 0, 0.1, 0, element=element)
-    channel.send(message)
-    assert len(wire.pieces) == 2
-    assert isinstance(wire.pieces[1], memoryview)
-    assert np.shares_memory(np.frombuffer(wire.pieces[1], dtype="<f4"), element)
-    assert channel.frames_sent == 1
-    assert channel.bytes_sent == len(encode_bytes(message))
-    decoded = wire.decode()
-    assert_same_message(decoded[0], message)
-
-
-def test_channel_queues_while_paused_and_flushes_in_order() -> None:
-    wire = Wire()
-    channel = Channel(wire.write)
-    channel.writing_paused()
-    assert channel.paused
-    sent: list[Message] = [
-        Goodbye("a"),
-        Heartbeat(1.0),
-        Lease(1, 0, indices=np.arange(3, dtype="<i8")),
-    ]
-    for m in sent:
-        channel.send(m)
-    assert wire.pieces == []
-    assert channel.backlog == 3
-    assert channel.frames_sent == 0
-    channel.writing_resumed()
-    assert not channel.paused
-    assert channel.backlog == 0
-    assert channel.frames_sent == 3
-    decoded = wire.decode()
-    assert len(decoded) == 3
-    for got, want in zip(decoded, sent, strict=True):
-        assert_same_message(got, want)
-
-
-def test_channel_coalesces_weights_in_backlog() -> None:
-    wire = Wire()
-    channel = Channel(wire.write)
-    channel.writing_paused()
-    w1 = Weights(1, 0, 0.1, 0, element=np.full(4, 1.0, "<f4"))
-    w2 = Weights(2, 0, 0.1, 1, element=np.full(4, 2.0, "<f4"))
-    w3 = Weights(3, 0, 0.1, 2, element=np.full(4, 3.0, "<f4"))
-    lease = Lease(9, 0, indices=np.arange(5, dtype="<i8"))
-    channel.send(w1)
-    channel.send(Heartbeat(1.0))
-    channel.send(w2)
-    channel.send(lease)
-    channel.send(Goodbye("x"))
-    channel.send(w3)
-    assert channel.backlog == 4
-    assert channel.weights_coalesced == 2
-    channel.writing_resumed()
-    decoded = wire.decode()
-    assert [m.TYPE for m in decoded] == ["heartbeat", "lease", "goodbye", "weights"]
-    newest = decoded[-1]
-    assert isinstance(newest, Weights)
-    assert newest.version == 3
-    np.testing.assert_array_equal(newest.element, w3.element)
-
-
-def test_channel_keeps_queueing_behind_backlog_and_repauses() -> None:
-    wire = Wire()
-    pause_on_write = [False]
-
-    def write(piece: bytes | memoryview) -> None:
-        wire.write(piece)
-        if pause_on_write[0]:
-            channel.writing_paused()  # the transport's buffer fills on this frame
-
-    channel = Channel(write)
-    channel.writing_paused()
-    channel.send(Goodbye("1"))
-    channel.send(Goodbye("2"))
-    channel.send(Goodbye("3"))
-    pause_on_write[0] = True
-    channel.writing_resumed()
-    assert channel.frames_sent == 1
-    assert channel.backlog == 2
-    assert channel.paused
-    pause_on_write[0] = False
-    channel.send(Goodbye("4"))  # queued behind the backlog, not sent ahead of it
-    assert channel.frames_sent == 1
-    channel.writing_resumed()
-    assert channel.backlog == 0
-    decoded = wire.decode()
-    assert [m.reason for m in decoded if isinstance(m, Goodbye)] == ["1", "2", "3", "4"]
-
-
-def test_channel_decodes_incoming_through_buffer_protocol() -> None:
-    channel = Channel(Wire().write)
-    frame = encode_bytes(Heartbeat(2.5)) + encode_bytes(Goodbye("bye"))
-    received: list[Message] = []
-    position = 0
-    while position < len(frame):
-        target = channel.get_buffer()
-        n = min(len(target), len(frame) - position)
-        target[:n] = frame[position : position + n]
-        position += n
-        received.extend(channel.buffer_updated(n))
-    assert received == [Heartbeat(2.5), Goodbye("bye")]
-
-
-# ---------------------------------------------------------------- auth
-
-
-def test_auth_proof_verifies() -> None:
-    nonce = bytes(range(auth.NONCE_BYTES))
-    proof = auth.proof("s3cret", nonce)
-    assert len(proof) == 32
-    assert auth.verify("s3cret", nonce, proof)
-    assert auth.proof("s3cret", nonce) == proof  # deterministic
-
-
-def test_auth_wrong_token_or_nonce_fails() -> None:
-    nonce = b"\x01" * auth.NONCE_BYTES
-    proof = auth.proof("s3cret", nonce)
-    assert not auth.verify("other", nonce, proof)
-    assert not auth.verify("s3cret", b"\x02" * auth.NONCE_BYTES, proof)
-    assert not auth.verify("s3cret", nonce, b"")
-    assert not auth.verify("s3cret", nonce, proof[:-1] + bytes([proof[-1] ^ 1]))
-    assert b"s3cret" not in proof
-
-
-# ---------------------------------------------------------------- job
-
-
-def test_jobspec_round_trip() -> None:
-    job = JobSpec(
-        network=NetworkSpec((117, 32, 16, 10), ("relu", "tanh")),
-        data=DataSpec(context=4, cv_fraction=0.2, split_seed=5),
-        mode="sync",
-        bunch_size=32,
-        learning_rates=(0.5, 0.25),
-        momentum=0.5,
-        epochs=3,
-        updates_per_step=2,
-        max_in_flight=4,
-        chunk_frames=256,
-        seed=9,
-    )
-    assert JobSpec.from_dict(job.to_dict()) == job
-    # through msgpack, as it travels in Welcome
-    wire = msgpack.unpackb(msgpack.packb(job.to_dict(), use_bin_type=True), raw=False)
-    assert JobSpec.from_dict(wire) == job
-    assert JobSpec.from_dict(JobSpec().to_dict()) == JobSpec()
-    welcome = Welcome(1, job.to_dict())
-    decoded = FrameDecoder().feed(encode_bytes(welcome))[0]
-    assert isinstance(decoded, Welcome)
-    assert JobSpec.from_dict(decoded.job) == job
-
-
-def test_jobspec_learning_rate_schedule() -> None:
-    job = JobSpec(learning_rates=(0.4, 0.2, 0.1))
-    assert [job.learning_rate(e) for e in range(5)] == [0.4, 0.2, 0.1, 0.1, 0.1]
-
-
-@pytest.mark.parametrize(
-    "changes",
-    [
-        {"mode": "bsp"},
-        {"bunch_size": 0},
-        {"epochs": 0},
-        {"learning_rates": ()},
-        {"learning_rates": (0.1, 0.0)},
-        {"learning_rates": (-0.1,)},
-        {"momentum": 1.0},
-        {"momentum": -0.1},
-        {"chunk_frames": 64, "bunch_size": 128},
-        {"max_in_flight": 0},
-        {"updates_per_step": -1},
-        {"network": NetworkSpec((100, 10), ())},  # fsdd with context 4 needs 117 inputs
-        {"data": DataSpec(context=2)},
-    ],
-)
-def test_jobspec_bad_values(changes: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError):
-        JobSpec(**changes)
-
-
-def test_jobspec_input_size_not_checked_for_npz_sources() -> None:
-    job = JobSpec(network=NetworkSpec((20, 4), ()), data=DataSpec(source="/data/x.npz"))
-    assert job.network.input_size == 20
-
-
-@pytest.mark.parametrize(
-    "mutate",
-    [
-        lambda d: d.pop("network"),
-        lambda d: d.update(unknown_field=1),
-        lambda d: d.update(network={"sizes": [117]}),
-        lambda d: d.update(network="117:512:10"),
-        lambda d: d.update(data={"context": -1}),
-        lambda d: d.update(data={"nonsense": 1}),
-        lambda d: d.update(learning_rates=None),
-        lambda d: d.update(mode="turbo"),
-        lambda d: d.update(bunch_size="128"),
-    ],
-    ids=[
-        "no-network", "unknown", "short", "net-str", "context", "data-key", "lr-none", "mode",
-        "bunch-str",
-    ],
-)  # fmt: skip
-def test_jobspec_from_bad_dict(mutate: Any) -> None:
-    data = JobSpec().to_dict()
-    mutate(data)
-    with pytest.raises(ConfigError):
-        JobSpec.from_dict(data)
-
-
-def test_jobspec_from_dict_non_numeric_rate_is_config_error() -> None:
-    data = JobSpec().to_dict()
-    data["learning_rates"] = ["fast"]
-    with pytest.raises(ConfigError):
-        JobSpec.from_dict(data)
-
-
-def test_jobspec_nan_learning_rate_is_config_error() -> None:
-    with pytest.raises(ConfigError):
-        JobSpec(learning_rates=(math.nan,))
-
-
-@pytest.mark.parametrize("changes", [{"context": -1}, {"cv_fraction": 0.0}, {"cv_fraction": 1.0}])
-def test_dataspec_bad_values(changes: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError):
-        DataSpec(**changes)
-
-
-def test_dataspec_window() -> None:
-    assert DataSpec(context=4).window == 9
-    assert DataSpec(context=0).window == 1
-
-
-@pytest.mark.parametrize(("utterances", "fraction"), [(2, 0.1), (10, 0.5), (3000, 0.1), (7, 0.99)])
-def test_split_utterances_deterministic_disjoint_covering(utterances: int, fraction: float) -> None:
-    train, cv = split_utterances(utterances, fraction, seed=3)
-    train2, cv2 = split_utterances(utterances, fraction, seed=3)
-    np.testing.assert_array_equal(train, train2)
-    np.testing.assert_array_equal(cv, cv2)
-    assert len(np.intersect1d(train, cv)) == 0
-    np.testing.assert_array_equal(np.sort(np.concatenate([train, cv])), np.arange(utterances))
-    assert len(train) >= 1 and len(cv) >= 1
-    assert len(cv) == min(max(1, round(utterances * fraction)), utterances - 1)
-    assert np.all(np.diff(train) > 0) and np.all(np.diff(cv) > 0)
-
-
-def test_split_utterances_depends_on_seed() -> None:
-    a, _ = split_utterances(100, 0.3, seed=0)
-    b, _ = split_utterances(100, 0.3, seed=1)
-    assert not np.array_equal(a, b)
-
-
-def test_split_utterances_needs_two() -> None:
-    with pytest.raises(ConfigError):
-        split_utterances(1, 0.5, seed=0)
-
-
-def test_frames_of() -> None:
-    lengths = np.array([2, 3, 4, 1])
-    np.testing.assert_array_equal(frames_of(np.array([0, 2]), lengths), [0, 1, 5, 6, 7, 8])
-    np.testing.assert_array_equal(frames_of(np.array([3, 1]), lengths), [9, 2, 3, 4])
-    everything = frames_of(np.arange(4), lengths)
-    np.testing.assert_array_equal(everything, np.arange(10))
-    empty = frames_of(np.zeros(0, dtype=np.int64), lengths)
-    assert empty.shape == (0,)
-    assert empty.dtype == np.int64
-    assert frames_of(np.array([1]), lengths).dtype == np.int64

@@ -1,0 +1,167 @@
+"""Pure tests of the job description: JobSpec, DataSpec and the utterance split."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from snet.protocol.decoder import FrameDecoder
+from snet.protocol.errors import (
+    ConfigError,
+)
+from snet.protocol.framing import (
+    encode_bytes,
+)
+from snet.protocol.job import DataSpec, JobSpec, frames_of, split_utterances
+from snet.protocol.messages import (
+    Welcome,
+)
+from snet.protocol.network import NetworkSpec
+
+# ---------------------------------------------------------------- job
+
+
+def test_jobspec_round_trip() -> None:
+    job = JobSpec(
+        network=NetworkSpec((117, 32, 16, 10), ("relu", "tanh")),
+        data=DataSpec(context=4, cv_fraction=0.2, split_seed=5),
+        mode="sync",
+        bunch_size=32,
+        learning_rates=(0.5, 0.25),
+        momentum=0.5,
+        epochs=3,
+        updates_per_step=2,
+        max_in_flight=4,
+        chunk_frames=256,
+        seed=9,
+    )
+    assert JobSpec.from_dict(job.to_dict()) == job
+    # through msgpack, as it travels in Welcome
+    wire = msgpack.unpackb(msgpack.packb(job.to_dict(), use_bin_type=True), raw=False)
+    assert JobSpec.from_dict(wire) == job
+    assert JobSpec.from_dict(JobSpec().to_dict()) == JobSpec()
+    welcome = Welcome(1, job.to_dict())
+    decoded = FrameDecoder().feed(encode_bytes(welcome))[0]
+    assert isinstance(decoded, Welcome)
+    assert JobSpec.from_dict(decoded.job) == job
+
+
+def test_jobspec_learning_rate_schedule() -> None:
+    job = JobSpec(learning_rates=(0.4, 0.2, 0.1))
+    assert [job.learning_rate(e) for e in range(5)] == [0.4, 0.2, 0.1, 0.1, 0.1]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"mode": "bsp"},
+        {"bunch_size": 0},
+        {"epochs": 0},
+        {"learning_rates": ()},
+        {"learning_rates": (0.1, 0.0)},
+        {"learning_rates": (-0.1,)},
+        {"momentum": 1.0},
+        {"momentum": -0.1},
+        {"chunk_frames": 64, "bunch_size": 128},
+        {"max_in_flight": 0},
+        {"updates_per_step": -1},
+        {"network": NetworkSpec((100, 10), ())},  # fsdd with context 4 needs 117 inputs
+        {"data": DataSpec(context=2)},
+    ],
+)
+def test_jobspec_bad_values(changes: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        JobSpec(**changes)
+
+
+def test_jobspec_input_size_not_checked_for_npz_sources() -> None:
+    job = JobSpec(network=NetworkSpec((20, 4), ()), data=DataSpec(source="/data/x.npz"))
+    assert job.network.input_size == 20
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.pop("network"),
+        lambda d: d.update(unknown_field=1),
+        lambda d: d.update(network={"sizes": [117]}),
+        lambda d: d.update(network="117:512:10"),
+        lambda d: d.update(data={"context": -1}),
+        lambda d: d.update(data={"nonsense": 1}),
+        lambda d: d.update(learning_rates=None),
+        lambda d: d.update(mode="turbo"),
+        lambda d: d.update(bunch_size="128"),
+    ],
+    ids=[
+        "no-network", "unknown", "short", "net-str", "context", "data-key", "lr-none", "mode",
+        "bunch-str",
+    ],
+)  # fmt: skip
+def test_jobspec_from_bad_dict(mutate: Any) -> None:
+    data = JobSpec().to_dict()
+    mutate(data)
+    with pytest.raises(ConfigError):
+        JobSpec.from_dict(data)
+
+
+def test_jobspec_from_dict_non_numeric_rate_is_config_error() -> None:
+    data = JobSpec().to_dict()
+    data["learning_rates"] = ["fast"]
+    with pytest.raises(ConfigError):
+        JobSpec.from_dict(data)
+
+
+def test_jobspec_nan_learning_rate_is_config_error() -> None:
+    with pytest.raises(ConfigError):
+        JobSpec(learning_rates=(math.nan,))
+
+
+@pytest.mark.parametrize("changes", [{"context": -1}, {"cv_fraction": 0.0}, {"cv_fraction": 1.0}])
+def test_dataspec_bad_values(changes: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        DataSpec(**changes)
+
+
+def test_dataspec_window() -> None:
+    assert DataSpec(context=4).window == 9
+    assert DataSpec(context=0).window == 1
+
+
+@pytest.mark.parametrize(("utterances", "fraction"), [(2, 0.1), (10, 0.5), (3000, 0.1), (7, 0.99)])
+def test_split_utterances_deterministic_disjoint_covering(utterances: int, fraction: float) -> None:
+    train, cv = split_utterances(utterances, fraction, seed=3)
+    train2, cv2 = split_utterances(utterances, fraction, seed=3)
+    np.testing.assert_array_equal(train, train2)
+    np.testing.assert_array_equal(cv, cv2)
+    assert len(np.intersect1d(train, cv)) == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate([train, cv])), np.arange(utterances))
+    assert len(train) >= 1 and len(cv) >= 1
+    assert len(cv) == min(max(1, round(utterances * fraction)), utterances - 1)
+    assert np.all(np.diff(train) > 0) and np.all(np.diff(cv) > 0)
+
+
+def test_split_utterances_depends_on_seed() -> None:
+    a, _ = split_utterances(100, 0.3, seed=0)
+    b, _ = split_utterances(100, 0.3, seed=1)
+    assert not np.array_equal(a, b)
+
+
+def test_split_utterances_needs_two() -> None:
+    with pytest.raises(ConfigError):
+        split_utterances(1, 0.5, seed=0)
+
+
+def test_frames_of() -> None:
+    lengths = np.array([2, 3, 4, 1])
+    np.testing.assert_array_equal(frames_of(np.array([0, 2]), lengths), [0, 1, 5, 6, 7, 8])
+    np.testing.assert_array_equal(frames_of(np.array([3, 1]), lengths), [9, 2, 3, 4])
+    everything = frames_of(np.arange(4), lengths)
+    np.testing.assert_array_equal(everything, np.arange(10))
+    empty = frames_of(np.zeros(0, dtype=np.int64), lengths)
+    assert empty.shape == (0,)
+    assert empty.dtype == np.int64
+    assert frames_of(np.array([1]), lengths).dtype == np.int64
