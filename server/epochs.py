@@ -60,7 +60,7 @@ class EpochControl:
             decision = self.newbob.after_epoch(error)
             kept = not decision.restore_best
             if kept:
-                self.best_weights = np.array(weights)
+                self.best_weights = weights  # a published snapshot: never written again
             elif self.best_weights is not None:
                 log.info("epoch %d made CV worse (%.2f%% error): weights rolled back", epoch, error)
                 self.restore_weights(self.best_weights)
