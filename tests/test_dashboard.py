@@ -22,9 +22,9 @@ def _train(cluster: Cluster) -> ServerProcess:
     server = cluster.server(
         "--mode", "async", "--epochs", "200", "--linger-seconds", "30", *SMALL_JOB
     )
-    cluster.worker(server, "w0")
+    cluster.worker(server, "w0", "--backend", "numpy")  # auto would pick torch if installed
     cluster._spawn(
-        ["worker", "--server", server.address, "--name", TRICKY_NAME],
+        ["worker", "--server", server.address, "--name", TRICKY_NAME, "--backend", "numpy"],
         cluster.tmp_path / "w1.log",
     )
     wait_until(lambda: server.status()["workers_live"] == 2, 60, "two workers")
