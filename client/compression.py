@@ -7,7 +7,19 @@ exactly as the server will (d), and keeps r' = t - d for the next update. So
     sum of decoded updates + final residual == sum of raw gradients
 
 (to float rounding): compression error is delayed, never lost (1-bit SGD, Seide et al.;
-EF-SGD, Karimireddy et al.). The figures for the compression ledger come from here: the
+EF-SGD, Karimireddy et al.).
+
+With a momentum-corrected codec (``topk``, see ``carries_momentum``) the worker keeps the
+job's momentum itself, as Deep Gradient Compression does (Lin et al.): u = m u + g, and it
+encodes t = u + r instead; the server applies such updates without momentum. Then the sum
+of decoded updates plus the final residual is the sum of the velocities u.
+
+A refused update was never applied, and its frames are trained again elsewhere: the
+worker takes its gradient back out (``refused``) and puts back what the update carried
+from earlier residuals, so the sums above hold over the updates actually applied. It
+keeps what that needs for the last few updates it sent (``KEEP_SENT``).
+
+The figures for the compression ledger come from here: the
 residual's norm and, every ``cosine_every`` updates, the cosine similarity between the
 decoded update and the raw gradient.
 """
@@ -15,6 +27,8 @@ decoded update and the raw gradient.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +38,18 @@ from snet.protocol.messages import Encoded
 from snet.protocol.network import ElementLayout
 
 COSINE_EVERY = 16
+KEEP_SENT = 8  # updates whose refusal can still be undone (at most max_in_flight are open)
+
+UpdateKey = tuple[int, int]  # (lease_id, offset): names an update on one connection
+
+
+@dataclass
+class _Sent:
+    """What undoing one sent update needs: its raw gradient, its parts, its number."""
+
+    gradient: np.ndarray
+    encoded: Encoded
+    number: int
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -39,12 +65,21 @@ class UpdateCompressor:
     """Encodes gradient sums with a codec and keeps the residual (error feedback)."""
 
     def __init__(
-        self, codec_name: str, layout: ElementLayout, cosine_every: int = COSINE_EVERY
+        self,
+        codec_name: str,
+        layout: ElementLayout,
+        cosine_every: int = COSINE_EVERY,
+        momentum: float = 0.0,
     ) -> None:
         self.codec = parse_codec(codec_name)
         self.layout = layout
         self.cosine_every = max(1, cosine_every)
+        self.momentum = momentum if self.codec.momentum_corrected else 0.0
+        # The worker's own velocity, for momentum-corrected codecs only.
+        self.velocity = layout.allocate() if self.momentum else None
         self.residual = layout.allocate()
+        self._sent: OrderedDict[UpdateKey, _Sent] = OrderedDict()
+        self.refusals = 0
         self._target = layout.allocate()
         self._decoded = layout.allocate()
         self.updates = 0
@@ -59,34 +94,78 @@ class UpdateCompressor:
 
     @classmethod
     def reuse(
-        cls, current: UpdateCompressor | None, codec_name: str, layout: ElementLayout
+        cls,
+        current: UpdateCompressor | None,
+        codec_name: str,
+        layout: ElementLayout,
+        momentum: float = 0.0,
     ) -> UpdateCompressor | None:
         """The compressor for ``codec_name``: ``current`` (and its residual) if it fits,
         a new one if not, None for ``"none"``. A reconnecting worker keeps its residual,
-        which is owed to the weights whoever holds them."""
+        which is owed to the weights whoever holds them; the updates it sent on the old
+        connection can no longer be named, so their refusals are forgotten."""
         if codec_name == "none":
             return None
-        if current is not None and current.name == codec_name and current.layout == layout:
+        fresh = cls(codec_name, layout, momentum=momentum)
+        if (
+            current is not None
+            and current.name == codec_name
+            and current.layout == layout
+            and current.momentum == fresh.momentum
+        ):
+            current._sent.clear()
             return current
-        return cls(codec_name, layout)
+        return fresh
 
-    def compress(self, gradient: np.ndarray) -> Encoded:
+    def compress(self, gradient: np.ndarray, key: UpdateKey | None = None) -> Encoded:
         """The encoded update for ``gradient`` plus the residual; the residual moves on.
 
+        ``key`` names the update (lease id, offset), so that ``refused(key)`` can undo it.
         Runs in the compute thread; the returned parts are new arrays, so ``gradient``
         may be overwritten as soon as this returns.
         """
-        np.add(gradient, self.residual, out=self._target)
-        encoded = self.codec.encode(self.layout, self._target)
+        if self.velocity is not None:
+            self.velocity *= np.float32(self.momentum)
+            self.velocity += gradient
+            np.add(self.velocity, self.residual, out=self._target)
+        else:
+            np.add(gradient, self.residual, out=self._target)
+        encoded = self.codec.encode_update(self.layout, self._target, self.updates + 1)
         self.codec.decode(self.layout, encoded, self._decoded)
         np.subtract(self._target, self._decoded, out=self.residual)
         self.updates += 1
+        if key is not None:
+            self._sent[key] = _Sent(gradient.copy(), encoded, self.updates)
+            while len(self._sent) > KEEP_SENT:
+                self._sent.popitem(last=False)
         self.payload_bytes += encoded.nbytes
         if self.updates % self.cosine_every == 1 or self.cosine_every == 1:
             self.cosine_last = cosine(self._decoded, gradient)
             self.cosine_sum += self.cosine_last
             self.cosine_count += 1
         return encoded
+
+    def refused(self, key: UpdateKey) -> bool:
+        """The server refused the update ``key``: undo it. False if it is not known.
+
+        The update's gradient g leaves the sums (its frames are trained again), and what
+        the update carried goes back into the residual: r += d - g (1 + m + ... + m^n),
+        u -= m^n g, n being the updates encoded since. After this the residual is exactly
+        what it would be had g never been computed and the update's parts never sent.
+        """
+        sent = self._sent.pop(key, None)
+        if sent is None:
+            return False
+        decoded = self.layout.allocate()
+        self.codec.decode(self.layout, sent.encoded, decoded)
+        later = self.updates - sent.number
+        owed = sum(self.momentum**j for j in range(later + 1)) if self.momentum else 1.0
+        self.residual += decoded
+        self.residual -= np.float32(owed) * sent.gradient
+        if self.velocity is not None:
+            self.velocity -= np.float32(self.momentum**later) * sent.gradient
+        self.refusals += 1
+        return True
 
     @property
     def decoded(self) -> np.ndarray:
@@ -99,6 +178,7 @@ class UpdateCompressor:
         return {
             "codec": self.name,
             "updates": self.updates,
+            "refusals_undone": self.refusals,
             "payload_bytes": self.payload_bytes,
             "raw_bytes": self.updates * self.layout.nbytes,
             "residual_norm": round(norm, 6) if math.isfinite(norm) else None,

@@ -128,7 +128,9 @@ class Joining:
         assert self.job is not None
         self.codecs = {key: str(codecs.get(key, "none")) for key in ("update", "weights")}
         layout = ElementLayout.for_network(self.job.network)
-        self.compressor = UpdateCompressor.reuse(self.compressor, self.codecs["update"], layout)
+        self.compressor = UpdateCompressor.reuse(
+            self.compressor, self.codecs["update"], layout, self.job.momentum
+        )
 
     async def _prepare(self, job: JobSpec, info: DataInfo, connection: ServerConnection) -> None:
         """Open the data (or ask for it inline) and prepare the backend (compute thread)."""

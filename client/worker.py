@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from snet.protocol.errors import RemoteError
+from snet.protocol.errors import RejectedUpdate, RemoteError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
@@ -42,7 +42,7 @@ from snet.protocol.network import ElementLayout
 
 from .backend import ComputeBackend, make_backend
 from .buffers import SendBuffers, WeightsBox
-from .compression import UpdateCompressor
+from .compression import UpdateCompressor, UpdateKey
 from .config import WorkerConfig
 from .connection import (
     MAX_BACKOFF_SECONDS,
@@ -227,6 +227,7 @@ class Worker(Joining):
                     self._refused = RemoteError(message.code, message.text)
                 else:
                     log.warning("server refused: %s: %s", message.code, message.text)
+                    self._undo_refused(message)
             elif not isinstance(message, Heartbeat):
                 log.warning("unexpected %s from the server; ignored", message.TYPE)
 
@@ -274,8 +275,9 @@ class Worker(Joining):
                 connection.send_buffers.mark_in_flight(gradient)
                 encoded = None
             else:  # the encoded parts are new arrays: one scratch gradient buffer will do
+                key = (lease.lease_id, offset)
                 loss, correct, encoded = await loop.run_in_executor(
-                    self.executor, self._compressed_gradient, weights.flat, frames, scratch
+                    self.executor, self._compressed_gradient, weights.flat, frames, scratch, key
                 )
                 gradient = np.zeros(0, dtype=np.float32)
             seconds = time.perf_counter() - started
@@ -302,12 +304,23 @@ class Worker(Joining):
             self._work.advance(count)
 
     def _compressed_gradient(
-        self, weights: np.ndarray, frames: np.ndarray, scratch: np.ndarray
+        self, weights: np.ndarray, frames: np.ndarray, scratch: np.ndarray, key: UpdateKey
     ) -> tuple[float, int, Encoded]:
         """Compute thread: the gradient sum, then its encoding with error feedback."""
         assert self.compressor is not None
         loss, correct = self.backend.gradient(weights, frames, scratch)
-        return loss, correct, self.compressor.compress(scratch)
+        return loss, correct, self.compressor.compress(scratch, key)
+
+    def _undo_refused(self, message: ErrorMessage) -> None:
+        """A refused compressed update gives back what it carried from the residual (the
+        compute thread is idle: this runs between bunches, on the event loop)."""
+        if self.compressor is None or message.code != RejectedUpdate.code or message.lease_id < 0:
+            return
+        if not self.compressor.refused((message.lease_id, message.offset)):
+            log.warning(
+                "refused update (lease %d, offset %d) is not among the last sent; its "
+                "residual share is lost", message.lease_id, message.offset,
+            )  # fmt: skip
 
     def _evaluate(self, request: Evaluate) -> EvalResult:
         weights = np.ascontiguousarray(request.element, dtype=np.float32)

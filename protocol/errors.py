@@ -103,10 +103,17 @@ class CodecError(SnetError):
 class RejectedUpdate(SnetError):
     """An update refused by the server (wrong shape, NaN/Inf, unknown lease, ...).
 
-    The connection survives; the update is counted and never applied.
+    The connection survives; the update is counted and never applied. ``lease_id`` and
+    ``offset`` name the refused update (-1 when not yet known, or not an update); they
+    travel in the error frame.
     """
 
     code = "update_rejected"
+
+    def __init__(self, text: str, lease_id: int = -1, offset: int = -1) -> None:
+        super().__init__(text)
+        self.lease_id = lease_id
+        self.offset = offset
 
 
 class RemoteError(SnetError):

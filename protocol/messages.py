@@ -237,13 +237,17 @@ class Heartbeat:
 @dataclass(frozen=True)
 class ErrorMessage:
     """A refusal: ``code`` is machine-readable (e.g. ``update_rejected``), ``text`` is not.
-    ``fatal`` says whether the sender closes the connection after it."""
+    ``fatal`` says whether the sender closes the connection after it. A refused update is
+    named by its ``lease_id`` and ``offset`` (-1 when the refusal is not of an update), so
+    that a compressing worker can take it out of its error feedback."""
 
     TYPE: ClassVar[str] = "error"
     ARRAYS: ClassVar[tuple[str, ...]] = ()
     code: str
     text: str
     fatal: bool
+    lease_id: int = -1
+    offset: int = -1
 
 
 # The reason a server gives when the job is done. Any other reason from a server (it was

@@ -140,7 +140,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
                 self.dispatch(message)
             except RejectedUpdate as exc:
                 log.warning("refused update from %s: %s", self.describe(), exc)
-                self.send(ErrorMessage(exc.code, str(exc), False))
+                self.send(ErrorMessage(exc.code, str(exc), False, exc.lease_id, exc.offset))
             except (ProtocolError, AuthError) as exc:
                 self.fail(exc.code, str(exc))
 

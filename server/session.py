@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from snet.protocol.codecs import carries_momentum
 from snet.protocol.messages import Message
 
 from .ledger import CompressionLedger
@@ -41,6 +42,12 @@ class WorkerSession:
     inline_frames: bool = False  # it cannot read the data; the server sends its frames
     report: dict[str, Any] = field(default_factory=dict)  # the worker's latest WorkerReport
     ledger: CompressionLedger | None = None  # codecs agreed at the handshake, bytes, ratios
+
+    @property
+    def momentum_corrected(self) -> bool:
+        """Its updates carry its own momentum: the update rule applies them without the
+        server's (an update codec such as ``topk``; protocol 8.8)."""
+        return self.ledger is not None and carries_momentum(self.ledger.update_codec)
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()

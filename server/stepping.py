@@ -140,9 +140,13 @@ class Stepping:
 
     async def _apply(self, batch: list[PendingUpdate], rate: float) -> np.ndarray | None:
         patterns = sum(p.message.patterns for p in batch)
-        elements = [p.gradient for p in batch]
+        # Updates that carry their worker's momentum (protocol 8.8) bypass the server's.
+        direct = [p.gradient for p in batch if p.session.momentum_corrected]
+        elements = [p.gradient for p in batch if not p.session.momentum_corrected]
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.rule.step, elements, patterns, rate)
+        return await loop.run_in_executor(
+            self.executor, self.rule.step, elements, patterns, rate, direct
+        )
 
     def _publish(
         self, batch: list[PendingUpdate], snapshot: np.ndarray, rate: float, seconds: float
@@ -179,7 +183,9 @@ class Stepping:
         session.updates_settled += 1
         self.stats.updates_rejected += 1
         log.warning("refused update from %s: %s", session.name, reason)
-        session.send(ErrorMessage(RejectedUpdate.code, reason, False))
+        session.send(
+            ErrorMessage(RejectedUpdate.code, reason, False, message.lease_id, message.offset)
+        )
         self.send_weights(session)
         self.fill_leases()
 

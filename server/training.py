@@ -222,7 +222,8 @@ class Coordinator(Stepping):
             if message.encoded is not None:
                 element = self._decode_update(session, message)
             frames = self._check_update(session, message, element)
-        except RejectedUpdate:
+        except RejectedUpdate as exc:
+            exc.lease_id, exc.offset = message.lease_id, message.offset  # named in the error
             if element is not None:
                 self.pool.release(element)
             session.updates_rejected += 1

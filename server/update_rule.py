@@ -6,6 +6,11 @@
     v = momentum * v - learning_rate * g
     w = w + v
 
+Updates that already carry their worker's momentum (momentum-corrected codecs such as
+``topk``, protocol 8.8) are the ``direct`` ones: they are scaled the same way but added to
+the weights as they are, outside v (``w = w + v - learning_rate * g_direct``); without
+them the step is exactly the one above.
+
 Dividing by the pattern count makes the step independent of how the patterns were split:
 a synchronous step over N workers of b patterns each equals one sequential step on a
 bunch of N*b patterns. Runs in a worker thread; the event loop only ever reads the
@@ -33,36 +38,56 @@ class UpdateRule:
         self.snapshot: np.ndarray = self.weights
 
     def step(
-        self, gradients: Sequence[np.ndarray], patterns: int, learning_rate: float
+        self,
+        gradients: Sequence[np.ndarray],
+        patterns: int,
+        learning_rate: float,
+        direct: Sequence[np.ndarray] = (),
     ) -> np.ndarray | None:
         """Apply one step for gradient sums covering ``patterns`` patterns in total.
 
+        ``direct`` updates (which carry their worker's momentum) bypass the velocity.
         Returns the new weights (read-only); the caller publishes them as ``snapshot``
         together with the new version number, so the two always agree. Returns None, and
         changes nothing, when the gradients contain NaN or Inf (or their sum overflows).
         """
-        if patterns < 1 or not gradients:
+        if patterns < 1 or not (gradients or direct):
             raise ValueError("a step needs at least one pattern")
-        total = self._gradient
         scale = np.float32(-learning_rate / patterns)
-        if len(gradients) == 1:
-            np.multiply(gradients[0], scale, out=total)
-        else:
-            np.add(gradients[0], gradients[1], out=total)
-            for gradient in gradients[2:]:
-                total += gradient
-            total *= scale
-        # NaN and Inf survive summation, so one check of the sum covers every update.
-        if not np.isfinite(total.sum(dtype=np.float64)):
-            return None
+        total = self._scaled_sum(gradients, scale, self._gradient)
+        bypass = self._scaled_sum(direct, scale, None)
+        # NaN and Inf survive summation, so one check of each sum covers every update.
+        for part in (total, bypass):
+            if part is not None and not np.isfinite(part.sum(dtype=np.float64)):
+                return None
         self.velocity *= np.float32(self.momentum)
-        self.velocity += total
+        if total is not None:
+            self.velocity += total
         # The new weights go to a fresh buffer, which is the snapshot: no separate copy,
         # and buffers still being sent to workers are never written again.
         weights = np.add(self.weights, self.velocity)
+        if bypass is not None:
+            weights += bypass
         weights.flags.writeable = False
         self.weights = weights
         return weights
+
+    @staticmethod
+    def _scaled_sum(
+        gradients: Sequence[np.ndarray], scale: np.float32, out: np.ndarray | None
+    ) -> np.ndarray | None:
+        """``scale`` times the sum of ``gradients`` (into ``out`` if given); None if none."""
+        if not gradients:
+            return None
+        total: np.ndarray
+        if len(gradients) == 1:
+            total = np.multiply(gradients[0], scale, out=out)
+            return total
+        total = np.add(gradients[0], gradients[1], out=out)
+        for gradient in gradients[2:]:
+            total += gradient
+        total *= scale
+        return total
 
     def load(self, weights: np.ndarray) -> None:
         """Replace the weights (e.g. to continue training) and reset the momentum."""

@@ -81,10 +81,13 @@ def test_malformed_compressed_updates_are_refused_and_never_applied(cluster: Clu
         refusal = client.receive(ErrorMessage)
         assert not refusal.fatal and refusal.code == "update_rejected", refusal
         assert why in refusal.text, (why, refusal.text)
+        # The refusal names the update, so that the worker can undo its error feedback.
+        assert (refusal.lease_id, refusal.offset) == (lease.lease_id, offset)
         offset += 128
     client.send(Update(0, lease.lease_id, offset, 128, 1.0, 0, 0.01, np.ones(LAYOUT.size, "f4")))
     refusal = client.receive(ErrorMessage)
     assert "float32, agreed codec is topk:0.01" in refusal.text
+    assert (refusal.lease_id, refusal.offset) == (lease.lease_id, offset)
     offset += 128
 
     status = server.status()

@@ -37,6 +37,7 @@ from snet.protocol.errors import ProtocolError
 from snet.protocol.framing import FrameLimits, encode_bytes
 from snet.protocol.messages import (
     MESSAGE_TYPES,
+    ErrorMessage,
     Goodbye,
     Heartbeat,
     Lease,
@@ -85,6 +86,9 @@ def test_receivers_accept_the_optional_and_alternative_forms() -> None:
     assert decode_one(prefix + single) == Heartbeat(2.5)
     int_for_float = raw_frame({"type": "heartbeat", "sent_at": 7, "arrays": []})
     assert decode_one(int_for_float) == Heartbeat(7.0)
+    # An error without the (optional) lease_id and offset names no update.
+    error = decode_one(raw_frame({"type": "error", "code": "timeout", "text": "t", "fatal": True}))
+    assert isinstance(error, ErrorMessage) and (error.lease_id, error.offset) == (-1, -1)
 
 
 # Three items of each README dtype, in struct's explicit little-endian formats.

@@ -278,9 +278,15 @@ def samples() -> list[Sample]:
         Sample("heartbeat", {"sent_at": 1700000000.5}, [], Heartbeat(1700000000.5)),
         Sample(
             "error",
-            {"code": "update_rejected", "text": "update contains NaN", "fatal": False},
+            {
+                "code": "update_rejected",
+                "text": "update contains NaN",
+                "fatal": False,
+                "lease_id": 3,
+                "offset": 256,
+            },
             [],
-            ErrorMessage("update_rejected", "update contains NaN", False),
+            ErrorMessage("update_rejected", "update contains NaN", False, 3, 256),
         ),
         Sample("goodbye", {"reason": "training complete"}, [], Goodbye("training complete")),
     ]

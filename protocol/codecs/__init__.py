@@ -24,7 +24,15 @@ from .sparse import PowerSgdCodec, TopKCodec
 CODEC_FORMS = ("none", "fp16", "int8", "sign", "topk:F", "powersgd:R")
 FAMILIES = ("none", "fp16", "int8", "sign", "topk", "powersgd")
 
-__all__ = ["CODEC_FORMS", "FAMILIES", "ElementCodec", "PartSpec", "canonical", "parse_codec"]
+__all__ = [
+    "CODEC_FORMS",
+    "FAMILIES",
+    "ElementCodec",
+    "PartSpec",
+    "canonical",
+    "carries_momentum",
+    "parse_codec",
+]
 
 
 def parse_codec(text: str) -> ElementCodec:
@@ -46,3 +54,9 @@ def parse_codec(text: str) -> ElementCodec:
 def canonical(text: str) -> str:
     """The canonical spelling of a codec name (``"topk:.010"`` -> ``"topk:0.01"``)."""
     return parse_codec(text).name
+
+
+def carries_momentum(update_codec: str) -> bool:
+    """Whether updates in ``update_codec`` carry the worker's momentum (``topk``): the
+    server then applies them as they are, without its own momentum (protocol 8.8)."""
+    return parse_codec(update_codec).momentum_corrected

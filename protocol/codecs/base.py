@@ -38,6 +38,9 @@ class PartSpec:
 class ElementCodec:
     """Base of the codecs. Subclasses set ``family`` and implement the three hooks.
 
+    ``momentum_corrected`` codecs (``topk``) are sent as the sparsified accumulation of
+    the worker's velocity, not of its gradient sums; see ``carries_momentum``.
+
     ``name`` is canonical (``"topk:0.01"``, never ``"topk:.010"``): the server compares the
     name in each frame with the name agreed in the handshake. A codec object may keep
     encoder state between calls (the low-rank codec's warm start); decoding is stateless.
@@ -45,6 +48,9 @@ class ElementCodec:
 
     family = ""
     lossy = True
+    # True: an update in this codec carries the worker's momentum (Deep Gradient
+    # Compression's momentum correction), so the server applies it without its own.
+    momentum_corrected = False
 
     @property
     def name(self) -> str:
@@ -78,6 +84,11 @@ class ElementCodec:
             produced = self.encode_segment(index, segment)
             parts.extend(np.ascontiguousarray(p) for p in produced)
         return Encoded(self.name, tuple(parts))
+
+    def encode_update(self, layout: ElementLayout, flat: np.ndarray, number: int) -> Encoded:
+        """A worker's update number ``number`` (1, 2, ...): as ``encode``, except where a
+        codec sends more at the start (``topk``'s sparsity warm-up)."""
+        return self.encode(layout, flat)
 
     def decode(self, layout: ElementLayout, encoded: Encoded, out: np.ndarray) -> None:
         """Write the element ``encoded`` carries into ``out`` (float32, the layout's size).

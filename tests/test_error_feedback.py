@@ -1,0 +1,174 @@
+"""Error feedback beyond the plain case: topk's momentum correction (the worker keeps the
+momentum, the server applies such updates without its own), its sparsity warm-up, and
+refused updates taken back out of the residual so that nothing is lost or counted twice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from snet.client.compression import KEEP_SENT, UpdateCompressor
+from snet.client.config import WorkerConfig
+from snet.client.worker import Worker
+from snet.protocol.codecs import carries_momentum, parse_codec
+from snet.protocol.codecs.sparse import TopKCodec
+from snet.protocol.messages import ErrorMessage
+from snet.protocol.network import ElementLayout, NetworkSpec
+from snet.server.update_rule import UpdateRule
+
+LAYOUT = ElementLayout.for_network(NetworkSpec.parse("13:7:3"))
+MOMENTUM = 0.9
+
+
+def gradient(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(LAYOUT.size) * np.exp(rng.uniform(-4, 3, LAYOUT.size))
+    return values.astype("<f4")
+
+
+def decoded(name: str, compressor: UpdateCompressor, g: np.ndarray, key: int) -> np.ndarray:
+    """Compress ``g`` as update ``key`` and decode it as the server does."""
+    encoded = compressor.compress(g, (1, key))
+    out = LAYOUT.allocate()
+    parse_codec(name).decode(LAYOUT, encoded, out)
+    assert np.array_equal(out, compressor.decoded)
+    return out
+
+
+def test_only_topk_carries_momentum() -> None:
+    assert carries_momentum("topk:0.01") and carries_momentum("topk:1")
+    for name in ("none", "fp16", "int8", "sign", "powersgd:2"):
+        assert not carries_momentum(name)
+    assert UpdateCompressor("sign", LAYOUT, momentum=MOMENTUM).velocity is None
+    assert UpdateCompressor("topk:0.1", LAYOUT, momentum=MOMENTUM).velocity is not None
+
+
+def test_momentum_corrected_error_feedback_loses_nothing() -> None:
+    """Sum of decoded updates + final residual == sum of the velocities u = m u + g."""
+    compressor = UpdateCompressor("topk:0.05", LAYOUT, momentum=MOMENTUM)
+    velocity = np.zeros(LAYOUT.size, np.float64)
+    velocities = np.zeros(LAYOUT.size, np.float64)
+    sent = np.zeros(LAYOUT.size, np.float64)
+    for step in range(60):
+        g = gradient(step)
+        velocity = MOMENTUM * velocity + g
+        velocities += velocity
+        sent += decoded("topk:0.05", compressor, g, step)
+    scale = np.abs(velocities).max()
+    np.testing.assert_allclose(sent + compressor.residual, velocities, atol=2e-5 * scale)
+    assert compressor.velocity is not None
+    np.testing.assert_allclose(compressor.velocity, velocity, atol=1e-5 * np.abs(velocity).max())
+
+
+def test_worker_momentum_applied_directly_is_server_momentum() -> None:
+    """With nothing dropped (topk:1), one worker's velocity applied without momentum gives
+    the same weights as its gradients applied with the server's momentum."""
+    start = gradient(99)
+    dense = UpdateRule(start, MOMENTUM)
+    corrected = UpdateRule(start, MOMENTUM)
+    compressor = UpdateCompressor("topk:1", LAYOUT, momentum=MOMENTUM)
+    for step in range(30):
+        g = gradient(step)
+        dense.step([g], 128, 0.1)
+        corrected.step([], 128, 0.1, direct=[decoded("topk:1", compressor, g, step)])
+    np.testing.assert_allclose(corrected.weights, dense.weights, rtol=1e-4, atol=1e-4)
+    assert not corrected.velocity.any()  # the server kept no momentum of its own
+    assert np.abs(dense.weights - start).max() > 0.1  # it really moved
+
+
+def test_a_step_without_direct_updates_is_unchanged() -> None:
+    start = gradient(7)
+    plain, split = UpdateRule(start, MOMENTUM), UpdateRule(start, MOMENTUM)
+    for step in range(5):
+        gs = [gradient(10 * step + i) for i in range(3)]
+        plain.step(gs, 384, 0.2)
+        split.step(gs, 384, 0.2, direct=[])
+    assert np.array_equal(plain.weights, split.weights)
+    mixed = UpdateRule(start, MOMENTUM)
+    mixed.step([gradient(1)], 256, 0.2, direct=[gradient(2)])
+    scale = np.float32(-0.2 / 256)
+    expected = start + gradient(1) * scale + gradient(2) * scale
+    np.testing.assert_allclose(mixed.weights, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(mixed.velocity, gradient(1) * scale)  # only the plain one
+    nan = gradient(3)
+    nan[0] = np.nan
+    assert mixed.step([gradient(1)], 256, 0.2, direct=[nan]) is None
+
+
+def test_topk_warmup_keeps_more_then_exactly_f() -> None:
+    codec = TopKCodec(0.01)
+    size = 10_000
+    counts = [codec.warmup_kept(size, n) for n in range(1, 80)]
+    assert counts[0] == 3000 and counts == sorted(counts, reverse=True)
+    assert counts[-1] == codec.kept(size) == 100
+    x = gradient(3)
+    for number in (1, 5, 1000):
+        encoded = codec.encode_update(LAYOUT, x, number)
+        k = sum(p.size for p in encoded.parts[::2])
+        assert k == codec.warmup_kept(LAYOUT.size, number)
+        out = LAYOUT.allocate()
+        parse_codec("topk:0.01").decode(LAYOUT, encoded, out)  # any count from k to size
+        kept = out != 0
+        assert np.array_equal(out[kept], x[kept])
+        if (~kept).any():
+            assert np.abs(x[~kept]).max() <= np.abs(x[kept]).min()
+
+
+@pytest.mark.parametrize("name", ["sign", "int8", "topk:0.05"])
+def test_a_refused_update_is_taken_back_out_of_the_error_feedback(name: str) -> None:
+    """Updates 5 and 8 are refused (each found out two updates later, as when the error
+    arrives while others are in flight): then the decoded updates the server applied plus
+    the residual equal the sum of what the worker would owe without the refused gradients:
+    the raw gradients, or for topk the velocities of the gradient stream without them."""
+    momentum = MOMENTUM if carries_momentum(name) else 0.0
+    compressor = UpdateCompressor(name, LAYOUT, momentum=momentum)
+    refused = {5, 8}
+    velocity = np.zeros(LAYOUT.size, np.float64)
+    owed = np.zeros(LAYOUT.size, np.float64)
+    applied = np.zeros(LAYOUT.size, np.float64)
+    sent: dict[int, np.ndarray] = {}
+    for step in range(40):
+        g = gradient(step)
+        sent[step] = decoded(name, compressor, g, step)
+        # Without g the refused step still decays the velocity (the worker's clock is
+        # its own updates): u' = m u' + (0 if refused else g).
+        velocity = momentum * velocity + (0.0 if step in refused else g)
+        owed += velocity
+        if step - 2 in refused:
+            assert compressor.refused((1, step - 2))
+        elif step - 2 >= 0:
+            applied += sent[step - 2]
+    applied += sent[38] + sent[39]
+    scale = np.abs(owed).max()
+    np.testing.assert_allclose(applied + compressor.residual, owed, atol=1e-5 * scale)
+    if compressor.velocity is not None:
+        np.testing.assert_allclose(compressor.velocity, velocity, atol=1e-5 * scale)
+    assert compressor.figures()["refusals_undone"] == 2
+    assert not compressor.refused((1, 5))  # undone once only
+    assert not compressor.refused((1, 39 - KEEP_SENT))  # too old to undo: left alone
+
+
+def test_a_reconnection_forgets_the_old_connections_updates() -> None:
+    compressor = UpdateCompressor("topk:0.1", LAYOUT, momentum=MOMENTUM)
+    compressor.compress(gradient(1), (3, 0))
+    again = UpdateCompressor.reuse(compressor, "topk:0.1", LAYOUT, MOMENTUM)
+    assert again is compressor and not compressor.refused((3, 0))
+    assert UpdateCompressor.reuse(compressor, "topk:0.1", LAYOUT, 0.5) is not compressor
+
+
+def test_the_worker_undoes_the_update_a_refusal_names() -> None:
+    worker = Worker(WorkerConfig(backend="numpy"))
+    try:
+        worker.compressor = compressor = UpdateCompressor("sign", LAYOUT)
+        g = gradient(1)
+        d = decoded("sign", compressor, g, 128)
+        before = compressor.residual.copy()  # g - d
+        worker._undo_refused(ErrorMessage("update_rejected", "stale", False))  # names none
+        worker._undo_refused(ErrorMessage("update_rejected", "stale", False, 1, 0))  # unknown
+        assert np.array_equal(compressor.residual, before)
+        worker._undo_refused(ErrorMessage("update_rejected", "stale", False, 1, 128))
+        np.testing.assert_allclose(compressor.residual, before + d - g, atol=1e-5)
+        assert np.abs(compressor.residual).max() <= 1e-4 * np.abs(g).max()  # back to 0
+        assert compressor.refusals == 1
+    finally:
+        worker.executor.shutdown()
