@@ -14,6 +14,7 @@ from snet.client.config import WorkerConfig
 from snet.protocol.codecs import parse_codec
 from snet.protocol.codecs.handshake import agree_codecs, worker_capabilities
 from snet.protocol.codecs.quantize import INT8_BLOCK, SIGN_BLOCK
+from snet.protocol.codecs.varint import decode_gaps, encode_gaps
 from snet.protocol.codecs.weights import WeightsEncoder, decode_weights
 from snet.protocol.decoder import FrameDecoder
 from snet.protocol.errors import CodecError, ConfigError, UnknownCodec
@@ -22,7 +23,7 @@ from snet.protocol.job import JobSpec
 from snet.protocol.messages import Encoded, Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 
-# W0 has 90,000 values: over 65536, so topk uses uint32 indices there and uint16 elsewhere.
+# W0 has 90,000 values: over 65536, so some topk index gaps take three varint bytes.
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("300:300:10"))
 SMALL = ElementLayout.for_network(NetworkSpec.parse("13:7:3"))
 CODECS = ["none", "fp16", "int8", "sign", "topk:0.01", "topk:0.3", "powersgd:2"]
@@ -91,8 +92,10 @@ def test_topk_keeps_the_largest_exactly(name: str) -> None:
     fraction = float(name.split(":")[1])
     x = gradient(5)
     encoded = parse_codec(name).encode(LAYOUT, x)
-    assert [p.dtype.str for p in encoded.parts[::2]] == ["<u4", "<u2", "<u2", "<u2"]
-    assert sum(p.size for p in encoded.parts[::2]) == math.ceil(fraction * LAYOUT.size)
+    assert [p.dtype.str for p in encoded.parts[::2]] == ["|u1"] * 4  # varint index gaps
+    assert sum(p.size for p in encoded.parts[1::2]) == math.ceil(fraction * LAYOUT.size)
+    if fraction < 0.1:  # gaps mostly under 128: well under 2 bytes per index
+        assert sum(p.size for p in encoded.parts[::2]) < 1.6 * math.ceil(fraction * LAYOUT.size)
     d = round_trip(name, x)
     kept = d != 0
     assert kept.sum() <= math.ceil(fraction * x.size)
@@ -166,7 +169,8 @@ def _mutations(name: str, encoded: Encoded) -> list[tuple[str, tuple[np.ndarray,
         ("part", tuple(parts[:-1])),
         ("part", (*parts, parts[-1])),
         ("expected", (parts[0].astype("<f8"), *parts[1:])),
-        ("expected", (np.append(parts[0], parts[0][:1]), *parts[1:])),
+        # one item too many in the first part (for topk: one index varint too many)
+        ("expected|indices for", (np.append(parts[0], parts[0][:1]), *parts[1:])),
     ]
     if name in ("int8", "sign"):
         for bad, why in ((np.nan, "NaN"), (np.inf, "NaN"), (-1.0, "negative")):
@@ -174,21 +178,21 @@ def _mutations(name: str, encoded: Encoded) -> list[tuple[str, tuple[np.ndarray,
             scales[-1] = bad
             cases.append((why, (scales, *parts[1:])))
     if name.startswith("topk"):
-        indices = parts[0].copy()  # segment 0: W0, 90,000 values, uint32 indices
-        indices[-1] = 90000
-        cases.append(("out of range", (indices, *parts[1:])))
-        indices = parts[0].copy()
-        indices[[0, 1]] = indices[[1, 0]]
-        cases.append(("increasing", (indices, *parts[1:])))
-        indices = parts[0].copy()
-        indices[1] = indices[0]  # a duplicate
-        cases.append(("increasing", (indices, *parts[1:])))
+        w0 = decode_gaps(parts[0], parts[1].size, name)  # segment 0: W0, 90,000 values
+        past_the_end = np.append(w0[:-1], 90000)
+        cases.append(("out of range", (encode_gaps(past_the_end), *parts[1:])))
+        cases.append(("inside a varint", (np.append(parts[0], np.uint8(0x81)), *parts[1:])))
+        cases.append(("indices for", (np.append(parts[0], np.uint8(3)), *parts[1:])))
+        six = np.array([0x80, 0x80, 0x80, 0x80, 0x80, 0x01], np.uint8)
+        cases.append(("longer than", (np.append(parts[0][:-1], six), *parts[1:])))
+        overlong = np.append(parts[0][:-1], [0x81, 0x00]).astype("|u1")
+        cases.append(("overlong", (overlong, *parts[1:])))
         values = parts[1].copy()
         values[0] = np.nan
         cases.append(("NaN", (parts[0], values, *parts[2:])))
         # One value fewer in all: the lengths no longer add up to k.
         cases.append(("values, expected", (parts[0][:-1].copy(), parts[1][:-1].copy(), *parts[2:])))
-        cases.append(("expected <u4", (parts[0].astype("<u2"), *parts[1:])))
+        cases.append(("expected |u1", (parts[0].astype("<u2"), *parts[1:])))
     if name.startswith("powersgd"):
         p = parts[0].copy()
         p[0, 0] = np.inf

@@ -8,6 +8,7 @@ import numpy as np
 
 from snet.cli.status import render
 from snet.protocol.codecs import parse_codec
+from snet.protocol.codecs.varint import decode_gaps, encode_gaps
 from snet.protocol.messages import (
     Encoded,
     ErrorMessage,
@@ -60,16 +61,15 @@ def test_malformed_compressed_updates_are_refused_and_never_applied(cluster: Clu
     gradient = np.ones(LAYOUT.size, np.float32)
     gradient[: 117 * 64] = 10.0  # top-k takes all its values from W0 (7488 values)
     good = parse_codec(TOPK).encode(LAYOUT, gradient)
-    assert good.parts[0].size == 83 and all(p.size == 0 for p in good.parts[2:])
-    indices = good.parts[0].copy()
-    indices[-1] = 117 * 64  # one past the end of W0
-    swapped = good.parts[0].copy()
-    swapped[[0, 1]] = swapped[[1, 0]]
+    assert good.parts[1].size == 83 and all(p.size == 0 for p in good.parts[2:])
+    w0 = decode_gaps(good.parts[0], 83, TOPK)
+    indices = encode_gaps(np.append(w0[:-1], 117 * 64))  # one past the end of W0
+    unfinished = np.append(good.parts[0], np.uint8(0x81))  # ends inside a varint
     nan_values = good.parts[1].copy()
     nan_values[3] = np.nan
     bad = [
         (_replaced(good, 0, indices), "out of range"),
-        (_replaced(good, 0, swapped), "increasing"),
+        (_replaced(good, 0, unfinished), "inside a varint"),
         (_replaced(good, 1, nan_values), "NaN"),
         (_replaced(good, 1, good.parts[1][:-1].copy()), "expected"),  # wrong length
         (Encoded(TOPK, good.parts[:-1]), "part"),
@@ -165,7 +165,8 @@ def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
     assert rows["own-codec"]["update_codec"] == TOPK
     assert rows["own-codec"]["weights_codec"] == "delta:int8"
     assert rows["by-job"]["received_ratio"] > 15  # frames included; 117:64:10 is small
-    assert rows["own-codec"]["received_ratio"] > 25
+    # topk's warm-up (about 4 elements' worth per worker, once) weighs on a 1-epoch job
+    assert rows["own-codec"]["received_ratio"] > 12
     assert rows["own-codec"]["sent_ratio"] > 2.5
     for row in rows.values():
         assert row["updates"] > 10 and row["undecodable"] == 0

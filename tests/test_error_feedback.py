@@ -11,7 +11,7 @@ from snet.client.compression import KEEP_SENT, UpdateCompressor
 from snet.client.config import WorkerConfig
 from snet.client.worker import Worker
 from snet.protocol.codecs import carries_momentum, parse_codec
-from snet.protocol.codecs.sparse import TopKCodec
+from snet.protocol.codecs.sparse import WARMUP_DENSITY, TopKCodec
 from snet.protocol.messages import ErrorMessage
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.update_rule import UpdateRule
@@ -98,8 +98,8 @@ def test_a_step_without_direct_updates_is_unchanged() -> None:
 def test_topk_warmup_keeps_more_then_exactly_f() -> None:
     codec = TopKCodec(0.01)
     size = 10_000
-    counts = [codec.warmup_kept(size, n) for n in range(1, 80)]
-    assert counts[0] == 3000 and counts == sorted(counts, reverse=True)
+    counts = [codec.warmup_kept(size, n) for n in range(1, 200)]
+    assert counts[0] == round(WARMUP_DENSITY * size) and counts == sorted(counts, reverse=True)
     assert counts[-1] == codec.kept(size) == 100
     x = gradient(3)
     for number in (1, 5, 1000):

@@ -32,6 +32,7 @@ from wire_samples import (
 )
 
 from snet.protocol import PROTOCOL_VERSION
+from snet.protocol.codecs.sparse import TopKCodec
 from snet.protocol.decoder import FrameDecoder
 from snet.protocol.errors import ProtocolError
 from snet.protocol.framing import FrameLimits, encode_bytes
@@ -44,7 +45,7 @@ from snet.protocol.messages import (
     Update,
     Weights,
 )
-from snet.protocol.network import ElementLayout
+from snet.protocol.network import ElementLayout, NetworkSpec
 
 # ---------------------------------------------------------------- hand-built frames decode
 
@@ -308,13 +309,24 @@ def test_hand_built_topk_update_decodes_as_the_readme_says() -> None:
     expected: list[float] = []
     for segment, size in enumerate((6, 3, 6, 2)):
         indices, values = kept[segment]
-        parts.append(("<u2", [len(indices)], struct.pack(f"<{len(indices)}H", *indices)))
+        gaps = [i - previous - 1 for previous, i in zip([-1, *indices], indices, strict=False)]
+        parts.append(("|u1", [len(gaps)], bytes(gaps)))  # every gap < 128: one byte each
         parts.append(("<f4", [len(values)], struct.pack(f"<{len(values)}f", *values)))
         dense = [0.0] * size
         for index, value in zip(indices, values, strict=True):
             dense[index] = value
         expected += dense
     assert decoded_element(encoded_update("topk:0.5", parts)).tolist() == expected
+    # A gap of 300 = 0b10_0101100 takes two varint bytes, low 7 bits first: 0xAC 0x02.
+    big = ElementLayout.for_network(NetworkSpec.parse("20:20:2"))  # W0 has 400 values
+    two_bytes = [("|u1", [2], bytes([0x2C | 0x80, 0x02])), ("<f4", [1], struct.pack("<f", 5.0))]
+    rest = [("|u1", [0], b""), ("<f4", [0], b"")] * 3
+    frame = encoded_update("topk:0.002", [*two_bytes, *rest])  # keeps ceil(0.92) = 1
+    message = decode_one(frame)
+    assert isinstance(message, Update) and message.encoded is not None
+    out = big.allocate()
+    TopKCodec(0.002).decode(big, message.encoded, out)
+    assert out[300] == 5.0 and np.count_nonzero(out) == 1
 
 
 def test_hand_built_sign_update_decodes_as_the_readme_says() -> None:

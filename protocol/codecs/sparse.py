@@ -3,8 +3,8 @@
 Stated error bounds (tests check each):
 
 - ``topk:F``: the k = ceil(F * size) (at least 1) largest magnitudes of the whole element
-  travel exactly, as (index, float32 value) pairs per segment, indices strictly increasing
-  (uint16 when the segment has <= 65536 values, else uint32); the rest decode as 0. So
+  travel exactly, as indices and float32 values per segment, the indices as the varint
+  gaps between them (varint.py: about 1.3 bytes each at 1%); the rest decode as 0. So
   every kept value is exact and no dropped value is larger in magnitude than the smallest
   kept one. A worker's first updates keep more (the sparsity warm-up, ``warmup_kept``:
   WARMUP_DENSITY of the values, decaying by e every WARMUP_UPDATES updates, down to k);
@@ -30,8 +30,8 @@ from ..errors import CodecError, ConfigError
 from ..messages import Encoded
 from ..network import ElementLayout
 from .base import ElementCodec, PartSpec, require_finite
+from .varint import decode_gaps, encode_gaps
 
-UINT16_INDEX_LIMIT = 65536
 MAX_RANK = 64
 # topk's sparsity warm-up (as in Deep Gradient Compression, scaled to short runs): update
 # number n keeps WARMUP_DENSITY * exp(-(n - 1) / WARMUP_UPDATES) of the values while that
@@ -39,8 +39,8 @@ MAX_RANK = 64
 # the first updates of 1% carry mostly the output layer and the hidden layer waits for
 # tens of updates; the warm-up costs about WARMUP_DENSITY * WARMUP_UPDATES elements per
 # worker, once (2% of the bytes of a 10-epoch run on the default job).
-WARMUP_DENSITY = 0.3
-WARMUP_UPDATES = 6.0
+WARMUP_DENSITY = 0.2
+WARMUP_UPDATES = 20.0
 
 
 def _size(shape: tuple[int, ...]) -> int:
@@ -77,10 +77,6 @@ class TopKCodec(ElementCodec):
         """How many values of an element of ``size`` travel (both sides compute this)."""
         return min(size, max(1, math.ceil(self.fraction * size)))
 
-    @staticmethod
-    def index_dtype(shape: tuple[int, ...]) -> str:
-        return "<u2" if _size(shape) <= UINT16_INDEX_LIMIT else "<u4"
-
     def warmup_kept(self, size: int, number: int) -> int:
         """How many values the reference worker keeps in its update ``number`` (1, 2, ...):
         ``kept(size)``, or more during the sparsity warm-up."""
@@ -102,37 +98,35 @@ class TopKCodec(ElementCodec):
             chosen.sort()
         bounds = np.searchsorted(chosen, [*layout.offsets, layout.size])
         parts: list[np.ndarray] = []
-        for number, (offset, shape) in enumerate(zip(layout.offsets, layout.shapes, strict=True)):
+        for number, offset in enumerate(layout.offsets):
             local = chosen[bounds[number] : bounds[number + 1]] - offset
-            parts += [local.astype(self.index_dtype(shape)), flat[offset + local].astype("<f4")]
+            parts += [encode_gaps(local), flat[offset + local].astype("<f4")]
         return Encoded(self.name, tuple(parts))
 
     def check_parts(
         self, layout: ElementLayout, parts: Sequence[np.ndarray]
     ) -> list[Sequence[np.ndarray]]:
-        """Two parts per segment, indices and values of one length; the lengths must add
-        up to at least ``kept(layout.size)`` (more during a worker's warm-up)."""
+        """Two parts per segment, index bytes and values; the values must add up to at
+        least ``kept(layout.size)`` (more during a worker's warm-up)."""
         wanted = 2 * len(layout.shapes)
         if len(parts) != wanted:
             raise CodecError(f"{self.name}: {len(parts)} part(s) for a network that needs {wanted}")
         groups = [parts[i : i + 2] for i in range(0, wanted, 2)]
         total = 0
-        for number, ((indices, values), shape) in enumerate(
-            zip(groups, layout.shapes, strict=True)
-        ):
-            index_dtype = self.index_dtype(shape)
+        for number, (indices, values) in enumerate(groups):
             if (
-                indices.dtype.str != index_dtype
+                indices.dtype.str != "|u1"
                 or values.dtype.str != "<f4"
                 or indices.ndim != 1
-                or values.shape != indices.shape
+                or values.ndim != 1
+                or indices.size < values.size
             ):
                 raise CodecError(
                     f"{self.name}: segment {number} parts are {indices.dtype.str} "
                     f"{list(indices.shape)} and {values.dtype.str} {list(values.shape)}, "
-                    f"expected {index_dtype} [k] and <f4 [k]"
+                    f"expected |u1 [>= k] and <f4 [k]"
                 )
-            total += indices.size
+            total += values.size
         if not self.kept(layout.size) <= total <= layout.size:
             raise CodecError(
                 f"{self.name}: {total} values, expected {self.kept(layout.size)} to {layout.size}"
@@ -140,10 +134,9 @@ class TopKCodec(ElementCodec):
         return groups
 
     def check_values(self, parts: Sequence[np.ndarray], shape: tuple[int, ...]) -> None:
-        indices, values = parts
+        data, values = parts
+        indices = decode_gaps(data, values.size, self.name)  # strictly increasing
         size = _size(shape)
-        if indices.size > 1 and not (np.diff(indices.astype(np.int64)) > 0).all():
-            raise CodecError(f"{self.name}: indices are not strictly increasing")
         if indices.size and int(indices[-1]) >= size:  # increasing: the last is the largest
             raise CodecError(
                 f"{self.name}: index {int(indices[-1])} out of range for {size} values"
@@ -151,10 +144,10 @@ class TopKCodec(ElementCodec):
         require_finite(self.name, "values", values)
 
     def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
-        indices, values = parts
+        data, values = parts
         flat = out.reshape(-1)
         flat[...] = 0.0
-        flat[indices] = values
+        flat[decode_gaps(data, values.size, self.name)] = values
 
 
 class PowerSgdCodec(ElementCodec):
