@@ -6,7 +6,7 @@
     fp16        half precision                         2x fewer bytes
     int8        blockwise int8, a scale per 256        ~4x
     sign        1 bit per value, a scale per 512       ~28x
-    topk:F      largest fraction F, index + value      ~1/(1.5 F) (uint16 indices)
+    topk:F      largest fraction F, index gap + value  ~1/(1.3 F) (varint gaps; warm-up)
     powersgd:R  rank-R factors of weight matrices      depends on the shapes
 
 ``parse_codec("topk:0.01")`` makes a codec object (a fresh one per call: an encoder may
