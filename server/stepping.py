@@ -195,6 +195,7 @@ class Stepping:
     ) -> None:  # fmt: skip
         """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
         self.rule.snapshot = snapshot  # published with its version, on the event loop
+        self.stats.record_pass()
         for batch in groups:
             base = self.version
             self.version += 1
