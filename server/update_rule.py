@@ -22,26 +22,39 @@ weights once each way, whatever the number of steps.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from snet.protocol.network import ELEMENT_DTYPE
 
 BLOCK = 65_536  # values per cache block: 256 kB per array: the five a step walks fit in L2
+LANE_MIN_BLOCKS = 4  # split a step across threads only when each gets two blocks or more
 
 
 class UpdateRule:
     """Master weights and momentum, updated in place, with a published snapshot."""
 
-    def __init__(self, weights: np.ndarray, momentum: float) -> None:
+    def __init__(self, weights: np.ndarray, momentum: float, lanes: int = 2) -> None:
         self.weights = np.array(weights, dtype=ELEMENT_DTYPE)
         self.weights.flags.writeable = False
         # Two velocity buffers: a step writes the spare one, so a step that finds NaN or
         # Inf halfway is dropped without having touched the momentum.
         self.velocity = np.zeros_like(self.weights)
         self._spare_velocity = np.zeros_like(self.weights)
-        self._block = np.empty(min(BLOCK, max(self.weights.size, 1)), dtype=ELEMENT_DTYPE)
-        self._ones = np.ones_like(self._block)
+        # A large step is cut into ``lanes`` ranges of blocks run by as many threads (the
+        # calling one and helpers): numpy and BLAS release the GIL, and a synchronous
+        # round's step is on the critical path while every worker waits for it.
+        blocks = -(-self.weights.size // BLOCK)
+        self.lanes = max(1, min(lanes, blocks // (LANE_MIN_BLOCKS // 2)))
+        scratch = min(BLOCK, max(self.weights.size, 1))
+        self._scratch = [np.empty(scratch, dtype=ELEMENT_DTYPE) for _ in range(self.lanes)]
+        self._ones = np.ones(scratch, dtype=ELEMENT_DTYPE)
+        self._helpers = (
+            ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="snet-lane")
+            if self.lanes > 1
+            else None
+        )
         self.momentum = momentum
         self.snapshot: np.ndarray = self.weights
 
@@ -77,9 +90,18 @@ class UpdateRule:
         old_weights, old_velocity = self.weights, self.velocity
         weights = np.empty_like(old_weights)
         velocity = self._spare_velocity
-        with np.errstate(over="ignore", invalid="ignore"):  # found by the check below
-            if not self._fused(groups, scales, old_weights, old_velocity, weights, velocity):
-                return None
+        arrays = (old_weights, old_velocity, weights, velocity)
+        edges = np.linspace(0, -(-weights.size // BLOCK), self.lanes + 1).astype(int) * BLOCK
+        lanes = list(zip(edges[:-1].tolist(), edges[1:].tolist(), self._scratch, strict=True))
+        others = [
+            self._helpers.submit(self._fused, groups, scales, arrays, *lane)
+            for lane in lanes[1:]
+            if self._helpers is not None
+        ]
+        finite = self._fused(groups, scales, arrays, *lanes[0])
+        finite = all([f.result() for f in others]) and finite
+        if not finite:
+            return None
         weights.flags.writeable = False
         self.weights = weights
         self.velocity, self._spare_velocity = velocity, old_velocity
@@ -89,34 +111,49 @@ class UpdateRule:
         self,
         groups: Sequence[Sequence[np.ndarray]],
         scales: list[np.float32],
-        old_weights: np.ndarray,
-        old_velocity: np.ndarray,
-        weights: np.ndarray,
-        velocity: np.ndarray,
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        first: int,
+        last: int,
+        scratch: np.ndarray,
     ) -> bool:
-        """Every step of ``steps``, block by block; False at the first non-finite block."""
-        momentum = np.float32(self.momentum)
-        for start in range(0, weights.size, BLOCK):
-            end = min(start + BLOCK, weights.size)
-            total = self._block[: end - start]
-            v, w = velocity[start:end], weights[start:end]
-            for index, (group, scale) in enumerate(zip(groups, scales, strict=True)):
-                _scaled_sum(group, start, end, scale, total)
-                if index == 0:
-                    np.multiply(old_velocity[start:end], momentum, out=v)
-                    v += total
-                    np.add(old_weights[start:end], v, out=w)
-                else:
-                    v *= momentum
-                    v += total
-                    w += v
-            # NaN and Inf in any gradient reach the weights (through the velocity), so
-            # one check of each block of the result covers every update and every step.
-            # The sum is taken as a BLAS dot product with ones: four times faster than
-            # numpy's own reduction, and it only overflows where float32 weights would.
-            if not np.isfinite(np.dot(w, self._ones[: end - start])):
-                return False
+        """Every step of ``steps`` on values [first, last), block by block; False at the
+        first block that is not finite."""
+        last = min(last, arrays[2].size)
+        with np.errstate(over="ignore", invalid="ignore"):  # found by the check below
+            for start in range(first, last, BLOCK):
+                end = min(start + BLOCK, last)
+                if not self._block_steps(groups, scales, arrays, start, end, scratch):
+                    return False
         return True
+
+    def _block_steps(
+        self,
+        groups: Sequence[Sequence[np.ndarray]],
+        scales: list[np.float32],
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        start: int,
+        end: int,
+        scratch: np.ndarray,
+    ) -> bool:
+        old_weights, old_velocity, weights, velocity = arrays
+        momentum = np.float32(self.momentum)
+        total = scratch[: end - start]
+        v, w = velocity[start:end], weights[start:end]
+        for index, (group, scale) in enumerate(zip(groups, scales, strict=True)):
+            _scaled_sum(group, start, end, scale, total)
+            if index == 0:
+                np.multiply(old_velocity[start:end], momentum, out=v)
+                v += total
+                np.add(old_weights[start:end], v, out=w)
+            else:
+                v *= momentum
+                v += total
+                w += v
+        # NaN and Inf in any gradient reach the weights (through the velocity), so one
+        # check of each block of the result covers every update and every step. The sum
+        # is taken as a BLAS dot product with ones: four times faster than numpy's own
+        # reduction, and it only overflows where float32 weights would.
+        return bool(np.isfinite(np.dot(w, self._ones[: end - start])))
 
     def load(self, weights: np.ndarray) -> None:
         """Replace the weights (e.g. to continue training) and reset the momentum."""
