@@ -160,8 +160,15 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
         ]
         lines += _table(
-            ["element", "clients", "snet elements/s", "steps/pass", "snet GB/s",
-             "recv_into GB/s", "ratio"],  # fmt: skip
+            [
+                "element",
+                "clients",
+                "snet elements/s",
+                "steps/pass",
+                "snet GB/s",
+                "recv_into GB/s",
+                "ratio",
+            ],
             [
                 [
                     r["element"],
