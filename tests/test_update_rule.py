@@ -105,13 +105,16 @@ def _random_steps(
     return groups, patterns
 
 
-def test_fused_steps_equal_the_same_steps_one_by_one() -> None:
-    """Bit for bit, over several cache blocks and a ragged last one."""
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_fused_steps_equal_the_same_steps_one_by_one(lanes: int) -> None:
+    """Bit for bit, over several cache blocks and a ragged last one, in one thread or
+    split across several."""
     rng = np.random.default_rng(2)
-    size = 2 * BLOCK + 12_345
+    size = 6 * BLOCK + 12_345
     w0 = rng.standard_normal(size).astype(np.float32)
     groups, patterns = _random_steps(rng, size, [1, 3, 2, 1, 4])
-    one_by_one, fused = UpdateRule(w0, 0.9), UpdateRule(w0, 0.9)
+    one_by_one, fused = UpdateRule(w0, 0.9, lanes=1), UpdateRule(w0, 0.9, lanes=lanes)
+    assert fused.lanes == lanes
     for group, count in zip(groups, patterns, strict=True):
         one_by_one.step(group, count, 0.05)
     result = fused.steps(groups, patterns, 0.05)
@@ -126,10 +129,12 @@ def test_fused_steps_equal_the_same_steps_one_by_one() -> None:
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_a_non_finite_gradient_anywhere_changes_nothing(bad: float) -> None:
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_non_finite_gradient_anywhere_changes_nothing(bad: float, lanes: int) -> None:
     rng = np.random.default_rng(3)
-    size = BLOCK + 777
-    rule = UpdateRule(rng.standard_normal(size).astype(np.float32), 0.9)
+    size = 4 * BLOCK + 777
+    rule = UpdateRule(rng.standard_normal(size).astype(np.float32), 0.9, lanes=lanes)
+    assert rule.lanes == lanes
     rule.step([rng.standard_normal(size).astype(np.float32)], 10, 0.1)  # non-zero velocity
     weights, velocity = rule.weights.copy(), rule.velocity.copy()
     groups, patterns = _random_steps(rng, size, [2, 1, 3])
@@ -138,11 +143,16 @@ def test_a_non_finite_gradient_anywhere_changes_nothing(bad: float) -> None:
     np.testing.assert_array_equal(rule.weights, weights)
     np.testing.assert_array_equal(rule.velocity, velocity)
     # the rule still works, and as if the refused steps had never been tried
-    reference = UpdateRule(weights, 0.9)
+    reference = UpdateRule(weights, 0.9, lanes=1)
     reference.velocity[...] = velocity
     good, count = _random_steps(rng, size, [1])
     np.testing.assert_array_equal(rule.step(good[0], count[0], 0.1),
                                   reference.step(good[0], count[0], 0.1))  # fmt: skip
+
+
+def test_small_networks_are_stepped_in_one_lane() -> None:
+    assert UpdateRule(np.zeros(BLOCK, dtype=np.float32), 0.9, lanes=4).lanes == 1
+    assert UpdateRule(np.zeros(8 * BLOCK, dtype=np.float32), 0.9, lanes=4).lanes == 4
 
 
 def test_steps_refuses_inconsistent_arguments() -> None:
