@@ -6,6 +6,11 @@
     v = momentum * v - learning_rate * g
     w = w + v
 
+Updates that already carry their worker's momentum (momentum-corrected codecs such as
+``topk``, protocol 8.8) are the ``direct`` ones: scaled the same way, but added to the
+weights outside v (``w = w + v - learning_rate * g_direct``); without them the step is
+exactly the one above.
+
 Dividing by the pattern count makes the step independent of how the patterns were split:
 a synchronous step over N workers of b patterns each equals one sequential step on a
 bunch of N*b patterns. Runs in a worker thread; the event loop only ever reads the
@@ -59,21 +64,30 @@ class UpdateRule:
         self.snapshot: np.ndarray = self.weights
 
     def step(
-        self, gradients: Sequence[np.ndarray], patterns: int, learning_rate: float
+        self,
+        gradients: Sequence[np.ndarray],
+        patterns: int,
+        learning_rate: float,
+        direct: Sequence[np.ndarray] = (),
     ) -> np.ndarray | None:
         """Apply one step for gradient sums covering ``patterns`` patterns in total.
+
+        ``direct`` updates already carry their worker's momentum (momentum-corrected
+        codecs): they are scaled the same way but added to the weights outside the
+        velocity, ``w = w + v - learning_rate * g_direct / patterns``.
 
         Returns the new weights (read-only); the caller publishes them as ``snapshot``
         together with the new version number, so the two always agree. Returns None, and
         changes nothing, when the gradients contain NaN or Inf (or their sum overflows).
         """
-        return self.steps([gradients], [patterns], learning_rate)
+        return self.steps([gradients], [patterns], learning_rate, [direct])
 
     def steps(
         self,
         groups: Sequence[Sequence[np.ndarray]],
         patterns: Sequence[int],
         learning_rate: float,
+        direct: Sequence[Sequence[np.ndarray]] | None = None,
     ) -> np.ndarray | None:
         """Apply consecutive steps, one per group of gradient sums, in one fused pass.
 
@@ -82,9 +96,12 @@ class UpdateRule:
         weights are never materialised. Returns the final weights, or None (changing
         nothing) when any gradient holds NaN or Inf or a step overflows.
         """
-        if not groups or len(groups) != len(patterns):
+        bypass = [()] * len(groups) if direct is None else direct
+        if not groups or not len(groups) == len(patterns) == len(bypass):
             raise ValueError("steps needs one pattern count per group of gradients")
-        if any(count < 1 for count in patterns) or any(not group for group in groups):
+        if any(count < 1 for count in patterns) or any(
+            not (group or extra) for group, extra in zip(groups, bypass, strict=True)
+        ):
             raise ValueError("a step needs at least one pattern")
         scales = [np.float32(-learning_rate / count) for count in patterns]
         old_weights, old_velocity = self.weights, self.velocity
@@ -94,11 +111,11 @@ class UpdateRule:
         edges = np.linspace(0, -(-weights.size // BLOCK), self.lanes + 1).astype(int) * BLOCK
         lanes = list(zip(edges[:-1].tolist(), edges[1:].tolist(), self._scratch, strict=True))
         others = [
-            self._helpers.submit(self._fused, groups, scales, arrays, *lane)
+            self._helpers.submit(self._fused, groups, bypass, scales, arrays, *lane)
             for lane in lanes[1:]
             if self._helpers is not None
         ]
-        finite = self._fused(groups, scales, arrays, *lanes[0])
+        finite = self._fused(groups, bypass, scales, arrays, *lanes[0])
         finite = all([f.result() for f in others]) and finite
         if not finite:
             return None
@@ -110,6 +127,7 @@ class UpdateRule:
     def _fused(
         self,
         groups: Sequence[Sequence[np.ndarray]],
+        direct: Sequence[Sequence[np.ndarray]],
         scales: list[np.float32],
         arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         first: int,
@@ -122,13 +140,14 @@ class UpdateRule:
         with np.errstate(over="ignore", invalid="ignore"):  # found by the check below
             for start in range(first, last, BLOCK):
                 end = min(start + BLOCK, last)
-                if not self._block_steps(groups, scales, arrays, start, end, scratch):
+                if not self._block_steps(groups, direct, scales, arrays, start, end, scratch):
                     return False
         return True
 
     def _block_steps(
         self,
         groups: Sequence[Sequence[np.ndarray]],
+        direct: Sequence[Sequence[np.ndarray]],
         scales: list[np.float32],
         arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         start: int,
@@ -139,16 +158,22 @@ class UpdateRule:
         momentum = np.float32(self.momentum)
         total = scratch[: end - start]
         v, w = velocity[start:end], weights[start:end]
-        for index, (group, scale) in enumerate(zip(groups, scales, strict=True)):
-            _scaled_sum(group, start, end, scale, total)
+        steps = zip(groups, direct, scales, strict=True)
+        for index, (group, bypass, scale) in enumerate(steps):
             if index == 0:
                 np.multiply(old_velocity[start:end], momentum, out=v)
-                v += total
-                np.add(old_weights[start:end], v, out=w)
             else:
                 v *= momentum
+            if group:
+                _scaled_sum(group, start, end, scale, total)
                 v += total
+            if index == 0:
+                np.add(old_weights[start:end], v, out=w)
+            else:
                 w += v
+            if bypass:
+                _scaled_sum(bypass, start, end, scale, total)
+                w += total
         # NaN and Inf in any gradient reach the weights (through the velocity), so one
         # check of each block of the result covers every update and every step. The sum
         # is taken as a BLAS dot product with ones: four times faster than numpy's own

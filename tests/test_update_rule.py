@@ -164,3 +164,30 @@ def test_steps_refuses_inconsistent_arguments() -> None:
         rule.steps([[g], []], [1, 1], 0.1)
     with pytest.raises(ValueError):
         rule.steps([[g]], [0], 0.1)
+
+
+def test_direct_updates_bypass_the_velocity() -> None:
+    """Momentum-corrected updates: w = w + v - lr g_direct / patterns, v untouched by them;
+    fused with other steps they still give the one-by-one result."""
+    rng = np.random.default_rng(4)
+    size = 4 * BLOCK + 3
+    w0 = rng.standard_normal(size).astype(np.float32)
+    rule = UpdateRule(w0, 0.5, lanes=2)
+    g = rng.standard_normal(size).astype(np.float32)
+    d = rng.standard_normal(size).astype(np.float32)
+    result = rule.step([g], 10, 0.2, direct=[d])
+    v = -0.2 * g.astype(np.float64) / 10
+    np.testing.assert_allclose(rule.velocity, v, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(result, w0 + v - 0.2 * d / 10, rtol=1e-5, atol=1e-6)
+    only_direct = rule.step([], 5, 0.2, direct=[d])  # the velocity still decays
+    np.testing.assert_allclose(rule.velocity, 0.5 * v, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(only_direct, result + 0.5 * v - 0.2 * d / 5, rtol=1e-5, atol=1e-6)
+    groups, patterns = _random_steps(rng, size, [1, 0, 2])
+    bypass = [[d], [d, g], []]
+    one_by_one, fused = UpdateRule(w0, 0.9, lanes=1), UpdateRule(w0, 0.9, lanes=2)
+    for group, extra, count in zip(groups, bypass, patterns, strict=True):
+        one_by_one.step(group, count, 0.05, direct=extra)
+    np.testing.assert_array_equal(fused.steps(groups, patterns, 0.05, bypass), one_by_one.weights)
+    np.testing.assert_array_equal(fused.velocity, one_by_one.velocity)
+    with pytest.raises(ValueError):
+        rule.step([], 5, 0.2)
