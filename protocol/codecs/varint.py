@@ -22,7 +22,7 @@ MAX_BYTES = 5  # 35 bits: any index of a frame-sized segment
 
 def encode_gaps(indices: np.ndarray) -> np.ndarray:
     """The varint bytes (``|u1``) of strictly increasing non-negative ``indices``."""
-    gaps = np.diff(indices.astype(np.int64), prepend=-1) - 1
+    gaps: np.ndarray = np.diff(indices.astype(np.int64), prepend=-1) - 1
     lengths = np.ones(gaps.size, np.int64)
     for shift in range(7, 7 * MAX_BYTES, 7):
         lengths += gaps >= (1 << shift)
