@@ -1,13 +1,13 @@
-"""Error feedback beyond the plain case: topk's momentum correction (the worker keeps the
-momentum, the server applies such updates without its own), its sparsity warm-up, and
-refused updates taken back out of the residual so that nothing is lost or counted twice."""
+"""Error feedback beyond the plain case: topk's momentum correction (the worker keeps a
+shorter momentum, the server applies such updates without its own), its sparsity warm-up,
+and refused updates taken back out of the residual so nothing is lost or counted twice."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from snet.client.compression import KEEP_SENT, UpdateCompressor
+from snet.client.compression import KEEP_SENT, WORKER_MOMENTUM, UpdateCompressor
 from snet.client.config import WorkerConfig
 from snet.client.worker import Worker
 from snet.protocol.codecs import carries_momentum, parse_codec
@@ -18,6 +18,8 @@ from snet.server.update_rule import UpdateRule
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("13:7:3"))
 MOMENTUM = 0.9
+MU = min(MOMENTUM, WORKER_MOMENTUM)  # what a topk worker keeps
+GAIN = (1 - MU) / (1 - MOMENTUM)  # so that a gradient's total effect is unchanged
 
 
 def gradient(seed: int) -> np.ndarray:
@@ -44,14 +46,14 @@ def test_only_topk_carries_momentum() -> None:
 
 
 def test_momentum_corrected_error_feedback_loses_nothing() -> None:
-    """Sum of decoded updates + final residual == sum of the velocities u = m u + g."""
+    """Sum of decoded updates + final residual == sum of the velocities u = mu u + c g."""
     compressor = UpdateCompressor("topk:0.05", LAYOUT, momentum=MOMENTUM)
     velocity = np.zeros(LAYOUT.size, np.float64)
     velocities = np.zeros(LAYOUT.size, np.float64)
     sent = np.zeros(LAYOUT.size, np.float64)
     for step in range(60):
         g = gradient(step)
-        velocity = MOMENTUM * velocity + g
+        velocity = MU * velocity + GAIN * g
         velocities += velocity
         sent += decoded("topk:0.05", compressor, g, step)
     scale = np.abs(velocities).max()
@@ -60,15 +62,16 @@ def test_momentum_corrected_error_feedback_loses_nothing() -> None:
     np.testing.assert_allclose(compressor.velocity, velocity, atol=1e-5 * np.abs(velocity).max())
 
 
-def test_worker_momentum_applied_directly_is_server_momentum() -> None:
-    """With nothing dropped (topk:1), one worker's velocity applied without momentum gives
-    the same weights as its gradients applied with the server's momentum."""
+def test_a_gradient_moves_the_weights_as_far_as_under_the_servers_momentum() -> None:
+    """With nothing dropped (topk:1), gradients applied through the worker's momentum and
+    without the server's end where the server's momentum takes them: every gradient moves
+    the weights by learning_rate / (1 - m) times itself in all, only sooner."""
     start = gradient(99)
     dense = UpdateRule(start, MOMENTUM)
     corrected = UpdateRule(start, MOMENTUM)
     compressor = UpdateCompressor("topk:1", LAYOUT, momentum=MOMENTUM)
-    for step in range(30):
-        g = gradient(step)
+    for step in range(300):
+        g = gradient(step) if step < 5 else np.zeros(LAYOUT.size, np.float32)
         dense.step([g], 128, 0.1)
         corrected.step([], 128, 0.1, direct=[decoded("topk:1", compressor, g, step)])
     np.testing.assert_allclose(corrected.weights, dense.weights, rtol=1e-4, atol=1e-4)
@@ -120,8 +123,8 @@ def test_a_refused_update_is_taken_back_out_of_the_error_feedback(name: str) -> 
     arrives while others are in flight): then the decoded updates the server applied plus
     the residual equal the sum of what the worker would owe without the refused gradients:
     the raw gradients, or for topk the velocities of the gradient stream without them."""
-    momentum = MOMENTUM if carries_momentum(name) else 0.0
-    compressor = UpdateCompressor(name, LAYOUT, momentum=momentum)
+    mu, gain = (MU, GAIN) if carries_momentum(name) else (0.0, 1.0)
+    compressor = UpdateCompressor(name, LAYOUT, momentum=MOMENTUM)
     refused = {5, 8}
     velocity = np.zeros(LAYOUT.size, np.float64)
     owed = np.zeros(LAYOUT.size, np.float64)
@@ -131,8 +134,8 @@ def test_a_refused_update_is_taken_back_out_of_the_error_feedback(name: str) -> 
         g = gradient(step)
         sent[step] = decoded(name, compressor, g, step)
         # Without g the refused step still decays the velocity (the worker's clock is
-        # its own updates): u' = m u' + (0 if refused else g).
-        velocity = momentum * velocity + (0.0 if step in refused else g)
+        # its own updates): u' = mu u' + (0 if refused else c g).
+        velocity = mu * velocity + (0.0 if step in refused else gain * g)
         owed += velocity
         if step - 2 in refused:
             assert compressor.refused((1, step - 2))
