@@ -14,9 +14,10 @@ prints one JSON object. MCUPS = (weights + biases) x patterns / seconds / 1e6.
   weight gradients I.H and H.O), as MCUPS: the physical limit of this arithmetic with that
   BLAS. All torch figures run with flush-to-zero on.
 
-All of them are timed in turns within one process (``interleaved_seconds``), so that
-their ratios hold on a shared machine; single-threaded runs count the compute thread's
-CPU time.
+With one thread all of them are timed in turns within one process
+(``interleaved_seconds``), counting the compute thread's CPU time, so that their ratios
+hold on a shared machine; with more threads each is timed in one stretch of wall-clock
+time.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def measure(network: str, bunch: int, threads: int, budget: float = 8.0) -> dict
     from snet.protocol.job import DataSpec, JobSpec
     from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
 
-    from .timing import interleaved_seconds
+    from .timing import interleaved_seconds, seconds_per_call
 
     flush_denormals(True)
     spec = NetworkSpec.parse(network)
@@ -92,13 +93,21 @@ def measure(network: str, bunch: int, threads: int, budget: float = 8.0) -> dict
     functions["gemm_ceiling_numpy"] = numpy_gemms
     if torch_available():
         functions.update(_torch_functions(spec, bunch, threads))
-    # With one thread every figure is the compute thread's CPU time, which leaves out the
-    # time it waited for a core on this shared machine; with more, BLAS threads work too
-    # and only wall-clock time says how fast the step is.
-    clock = time.thread_time if threads == 1 else time.perf_counter
-    seconds = interleaved_seconds(functions, budget, clock=clock)
+    if threads == 1:
+        # Timed in turns, as the compute thread's CPU time, which leaves out the time it
+        # waited for a core on this shared machine.
+        seconds = interleaved_seconds(functions, budget, clock=time.thread_time)
+    else:
+        # BLAS threads work too, so only wall-clock time says how fast a step is; and each
+        # function is timed in one stretch, because OpenBLAS's and PyTorch's thread pools
+        # keep spinning for a while after their work and slow each other down when they
+        # take turns (30x here).
+        seconds = {
+            name: seconds_per_call(function, budget / len(functions))
+            for name, function in functions.items()
+        }
     results: dict[str, Any] = {"network": network, "bunch": bunch, "threads": threads}
-    results["clock"] = "thread CPU time" if threads == 1 else "wall"
+    results["clock"] = "thread CPU time, in turns" if threads == 1 else "wall, one at a time"
     for name, value in seconds.items():
         results[name] = round(spec.connections * bunch / value / 1e6, 1)
     return results

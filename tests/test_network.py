@@ -259,3 +259,44 @@ def test_matches_torch_autograd() -> None:
     ref.backward()
     assert loss == pytest.approx(float(ref), rel=1e-5)
     np.testing.assert_allclose(grad, flat.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu"])
+@pytest.mark.parametrize(
+    ("sizes", "n"),
+    [((5, 4, 12), 6), ((5, 4, 3), 130), ((5, 6, 4, 3), 130)],
+    ids=["bunch-below-output-width", "transposed-output-gradient", "two-hidden-big-bunch"],
+)
+def test_every_arithmetic_path_matches_finite_differences(
+    activation: str, sizes: tuple[int, ...], n: int
+) -> None:
+    """Bunches smaller than the output layer multiply true activations; bunches of 128 and
+    more compute the softmax layer's gradient transposed: both against float64 references."""
+    spec = NetworkSpec(sizes, (activation,) * (len(sizes) - 2))
+    weights, x, labels = problem(spec, n=n, seed=11)
+    grad, loss, correct = analytic_gradient(spec, weights, x, labels, max_bunch=n)
+    base = weights.astype(np.float64)
+    numeric = np.empty(base.size)
+    for i in range(base.size):
+        plus, minus = base.copy(), base.copy()
+        plus[i] += 1e-6
+        minus[i] -= 1e-6
+        numeric[i] = (
+            reference_scores(spec, plus, x, labels)[0] - reference_scores(spec, minus, x, labels)[0]
+        ) / 2e-6
+    np.testing.assert_allclose(grad, numeric, rtol=1e-3, atol=1e-4 * np.abs(numeric).max())
+    ref_loss, predicted = reference_scores(spec, base, x, labels)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    assert correct == int((predicted == labels).sum())
+
+
+def test_layer_scales_of_a_sigmoid_network() -> None:
+    """Sigmoid units store tanh(z/2): halved first-layer inputs, (1 + t)/2 folded into the
+    softmax layer, and the 1/4 of the derivative times the 2 of the halved inputs."""
+    from snet.client.layer_scales import LayerScales, layer_scales
+
+    first, softmax = layer_scales(NetworkSpec.parse("351:1262:45"))
+    assert first == LayerScales(pre=0.5, in_mul=1.0, in_add=0.0, back=1.0)
+    assert softmax == LayerScales(pre=1.0, in_mul=0.5, in_add=0.5, back=0.5)
+    tanh_first, tanh_softmax = layer_scales(NetworkSpec.parse("5:4:3", activation="tanh"))
+    assert tanh_first.pre == 1.0 and tanh_softmax == LayerScales(1.0, 1.0, 0.0, 1.0)
