@@ -16,7 +16,7 @@ import numpy as np
 from snet.protocol.job import JobSpec
 
 from .data import Corpus
-from .network import BunchNetwork, MatMul
+from .network import BunchNetwork, Derivative, MatMul
 from .spert.backend import SpertBackend
 
 
@@ -46,6 +46,7 @@ class NumpyBackend:
 
     name = "numpy"
     matmul: MatMul | None = None  # numpy's (OpenBLAS); the torch backend brings MKL's
+    derivative: Derivative | None = None  # numpy's blocked passes; torch brings fused ones
 
     def __init__(self) -> None:
         self._corpus: Corpus | None = None
@@ -54,7 +55,9 @@ class NumpyBackend:
 
     def prepare(self, job: JobSpec, corpus: Corpus) -> None:
         self._corpus = corpus
-        self._network = BunchNetwork(job.network, max(job.bunch_size, 1024), self.matmul)
+        self._network = BunchNetwork(
+            job.network, max(job.bunch_size, 1024), self.matmul, self.derivative
+        )
         self._cv_x = None  # cut at the first evaluation (inline frames arrive late)
 
     def gradient(

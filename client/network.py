@@ -43,6 +43,11 @@ MatMul = Callable[[np.ndarray, np.ndarray, np.ndarray], object]
 ``a`` and ``b`` may be transposed views)."""
 
 
+Derivative = Callable[[str, np.ndarray, np.ndarray], object]
+"""``derivative(kind, delta, stored)`` multiplies ``delta`` in place by ``1 - stored^2``
+(``kind`` sigmoid or tanh, see ``BunchNetwork._back_into``) or by ``stored > 0`` (relu)."""
+
+
 def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> object:
     return np.matmul(a, b, out=out)
 
@@ -50,9 +55,18 @@ def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> object:
 class BunchNetwork:
     """Computes summed gradients and scores for one network shape with reused buffers."""
 
-    def __init__(self, spec: NetworkSpec, max_bunch: int, matmul: MatMul | None = None) -> None:
+    def __init__(
+        self,
+        spec: NetworkSpec,
+        max_bunch: int,
+        matmul: MatMul | None = None,
+        derivative: Derivative | None = None,
+    ) -> None:
+        """``matmul`` and ``derivative`` replace numpy's matrix product and the blocked
+        derivative passes (the torch backend brings fused kernels)."""
         self.spec = spec
         self._matmul = matmul or _numpy_matmul
+        self._derivative = derivative
         self.layout = ElementLayout.for_network(spec)
         self.max_bunch = max_bunch
         self._scales = layer_scales(spec)
@@ -208,6 +222,9 @@ class BunchNetwork:
         cache between them (measured: a third faster than whole-array passes here;
         blocking the matrix product too was slower)."""
         self._matmul(above, w.T, self._deltas[layer][:n])
+        if self._derivative is not None:
+            self._derivative(self._kinds[layer], self._deltas[layer][:n], self._outputs[layer][:n])
+            return
         relu = self._kinds[layer] == "relu"
         for delta, stored, scratch in self._blocks(layer, n):
             if relu:
