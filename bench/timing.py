@@ -35,13 +35,12 @@ def interleaved_seconds(
     rounds: int = 20,
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
-    """Seconds per call of each function, timed in turns: every round calls each a few
-    times, and each function's fastest call is reported.
+    """Seconds per call of each function, timed in turns: every round times a short burst
+    of each, and each function's best burst is reported.
 
-    Taking turns puts every function through the same spells of noise, and noise only
-    ever adds time, so the fastest calls' ratios hold on a shared machine; ``clock`` may
-    be ``time.thread_time`` for single-threaded work, which leaves out the time the
-    thread waited for a core.
+    Taking turns puts every function through the same spells of noise, so their ratios
+    hold on a shared machine; ``clock`` may be ``time.thread_time`` for single-threaded
+    work, which leaves out the time the thread waited for a core.
     """
     calls = {}
     for name, function in functions.items():
@@ -53,10 +52,10 @@ def interleaved_seconds(
     best = dict.fromkeys(functions, float("inf"))
     for _ in range(rounds):
         for name, function in functions.items():
+            started = clock()
             for _ in range(calls[name]):
-                started = clock()
                 function()
-                best[name] = min(best[name], clock() - started)
+            best[name] = min(best[name], (clock() - started) / calls[name])
     return best
 
 

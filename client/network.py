@@ -137,7 +137,7 @@ class BunchNetwork:
     def _load(self, x: np.ndarray) -> int:
         """Copy the bunch into the input buffer (scaled by the first layer's ``pre``)."""
         n = int(x.shape[0])
-        np.multiply(x, self.input_scale, out=self._inputs[:n, :-1])
+        np.multiply(x, self._scales[0].pre, out=self._inputs[:n, :-1])
         return n
 
     def _forward(self, views: list[np.ndarray], n: int, labels: np.ndarray) -> tuple[float, int]:
@@ -242,30 +242,11 @@ class BunchNetwork:
         Returns (summed loss, correctly classified patterns) of the bunch, measured with
         the weights before the update.
         """
-        self._check(x.shape[0])
-        return self.gradient_of_loaded(weights, self._load(x), labels, out)
-
-    def _check(self, n: int) -> None:
-        if n > self.max_bunch:
-            raise ValueError(f"bunch of {n} is larger than the {self.max_bunch} prepared")
-
-    @property
-    def input_scale(self) -> float:
-        """What ``input_rows`` expects the patterns to be multiplied by."""
-        return self._scales[0].pre
-
-    def input_rows(self, n: int) -> np.ndarray:
-        """The (n, inputs) rows that ``gradient_of_loaded`` reads, for a caller that writes
-        the patterns there itself (multiplied by ``input_scale``)."""
-        self._check(n)
-        return self._inputs[:n, :-1]
-
-    def gradient_of_loaded(
-        self, weights: np.ndarray, n: int, labels: np.ndarray, out: np.ndarray
-    ) -> tuple[float, int]:
-        """``gradient`` of the ``n`` patterns already in ``input_rows(n)``."""
+        if x.shape[0] > self.max_bunch:
+            raise ValueError(f"bunch of {x.shape[0]} is larger than the {self.max_bunch} prepared")
         views = self._views(weights)
         grads = self._views(out)
+        n = self._load(x)
         loss, correct = self._forward(views, n, labels)
         self._logits[labels, self._rows[:n]] -= 1.0
         delta = self._logits[:, :n].T  # (bunch, outputs), column-major

@@ -19,7 +19,7 @@ import numpy as np
 from snet.protocol.job import JobSpec
 
 from .backend import NumpyBackend
-from .data import Corpus, DenseStore
+from .data import Corpus
 
 
 class TorchBackend(NumpyBackend):
@@ -54,42 +54,3 @@ class TorchBackend(NumpyBackend):
         self.torch.set_num_threads(self.threads)
         self.torch.set_flush_denormal(True)
         super().prepare(job, corpus)
-        self._runs = self._window_runs(corpus)
-
-    def _window_runs(self, corpus: Corpus) -> Any:
-        """For frames held in memory: a tensor whose row r is the window of frame
-        r + context (a strided view, no copy), or None."""
-        if not isinstance(corpus.store, DenseStore):
-            return None
-        frames = corpus.store.frames
-        if frames.dtype != np.float32 or not frames.flags.c_contiguous:
-            return None
-        count, features = frames.shape
-        width = 2 * corpus.context + 1
-        runs = np.lib.stride_tricks.as_strided(
-            frames, shape=(max(count - width + 1, 0), width * features), strides=frames.strides
-        )
-        return self.torch.from_numpy(runs) if len(runs) else None
-
-    def gradient(
-        self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
-    ) -> tuple[float, int]:
-        """As ``NumpyBackend.gradient``, with the windows copied straight into the
-        network's input rows: a window inside its utterance is one row of the strided
-        view, and ``index_select`` copies those rows in one pass (three times faster
-        here than cutting windows and copying them)."""
-        assert self._corpus is not None and self._network is not None
-        corpus, network, n = self._corpus, self._network, len(frames)
-        rows = network.input_rows(n)
-        if self._runs is None:
-            np.multiply(corpus.windows(frames), network.input_scale, out=rows)
-        else:
-            share = self.torch.from_numpy
-            first = np.clip(frames.astype(np.int64) - corpus.context, 0, len(self._runs) - 1)
-            target = share(rows)
-            self.torch.index_select(self._runs, 0, share(first), out=target)
-            target.mul_(network.input_scale)
-            edges = ~corpus.bounds.inside(frames, corpus.context)
-            if edges.any():
-                rows[edges] = corpus.windows(frames[edges]) * network.input_scale
-        return network.gradient_of_loaded(weights, n, corpus.labels_of(frames), out)

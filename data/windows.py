@@ -35,15 +35,6 @@ class UtteranceBounds:
         ends: np.ndarray = self.starts[self.utterance_of(frames) + 1]
         return ends
 
-    def inside(self, frames: np.ndarray, context: int) -> np.ndarray:
-        """Whether each frame's window lies inside its utterance (then its rows are
-        ``frame - context`` to ``frame + context``, none clipped)."""
-        utterances = self.utterance_of(frames)
-        inside: np.ndarray = (frames - context >= self.starts[utterances]) & (
-            frames + context < self.starts[utterances + 1]
-        )
-        return inside
-
     def window_rows(self, frames: np.ndarray, context: int) -> np.ndarray:
         """(len(frames), 2 * context + 1) row numbers, clipped to each utterance."""
         frames = np.asarray(frames, dtype=np.int64)

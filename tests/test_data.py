@@ -104,15 +104,6 @@ def test_default_windows_clip_at_utterance_start_and_end(fsdd: Corpus) -> None:
     np.testing.assert_array_equal(window[0], fsdd.frames[last - 4])
 
 
-def test_inside_tells_the_windows_that_need_no_clipping(fsdd: Corpus) -> None:
-    frames = np.arange(fsdd.bounds.total_frames)
-    rows = fsdd.bounds.window_rows(frames, fsdd.context)
-    unclipped = (rows == frames[:, None] + np.arange(-4, 5)).all(axis=1)
-    inside = fsdd.bounds.inside(frames, fsdd.context)
-    np.testing.assert_array_equal(inside, unclipped)
-    assert 0 < inside.mean() < 1
-
-
 # ---------------------------------------------------------------- small .npz files
 
 
