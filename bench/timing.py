@@ -36,11 +36,13 @@ def interleaved_seconds(
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
     """Seconds per call of each function, timed in turns: every round times a short burst
-    of each, and each function's best burst is reported.
+    of calls of each, and each function's fastest burst (its mean per call) is reported.
 
-    Taking turns puts every function through the same spells of noise, so their ratios
-    hold on a shared machine; ``clock`` may be ``time.thread_time`` for single-threaded
-    work, which leaves out the time the thread waited for a core.
+    Taking turns puts every function through the same spells of noise, and noise only
+    ever adds time, so the fastest bursts' ratios hold on a shared machine. A burst's mean
+    keeps what recurs in sustained work (allocation, garbage collection), which a single
+    fastest call would leave out. ``clock`` may be ``time.thread_time`` for
+    single-threaded work, which leaves out the time the thread waited for a core.
     """
     calls = {}
     for name, function in functions.items():
