@@ -56,16 +56,17 @@ class _Reader(threading.Thread):
         self.stop = False
 
     def run(self) -> None:
-        buffer = bytearray(1 << 20)
-        view = memoryview(buffer)
+        # Receive the way a worker does: straight into the buffer the decoder asks for
+        # (the weights payload lands in place, with no copy after the socket's own).
         while not self.stop:
             try:
-                n = self.sock.recv_into(view)
+                n = self.sock.recv_into(self.decoder.get_buffer())
             except OSError:
                 return
             if n == 0:
                 return
-            for message in self.decoder.feed(view[:n]):
+            self.decoder.buffer_updated(n)
+            for message in self.decoder.messages():
                 if isinstance(message, ServerHello):
                     self.hello = message
                     self.hello_ready.set()
@@ -82,6 +83,18 @@ class _Reader(threading.Thread):
 
 def _newer(reader: _Reader, base: int) -> bool:
     return reader.version > base
+
+
+def send_frame(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
+    """Send a frame's buffers whole (``sendmsg`` may stop early, e.g. on a signal)."""
+    views = [memoryview(part).cast("B") for part in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
 
 
 def push_snet(port: int, seconds: float, elements: int, sync: bool = False) -> dict[str, float]:
@@ -105,7 +118,7 @@ def push_snet(port: int, seconds: float, elements: int, sync: bool = False) -> d
                 time.sleep(0.001)
             lease, offset = reader.leases.popleft(), 0
         update = Update(reader.version, lease.lease_id, offset, 1, 0.0, 0, 0.0, element)
-        sock.sendmsg(encode(update))
+        send_frame(sock, encode(update))
         offset += 1
         sent += 1
         if sync:  # a synchronous worker waits for the weights of the next version

@@ -186,17 +186,29 @@ def render_markdown(results: dict[str, Any]) -> str:
             "## Server throughput",
             "",
             "Clients push update elements as fast as the socket allows, through a real "
-            "async-mode server (one step per N updates, new weights sent back to every "
-            "client after each step) and into a plain `recv_into` sink.",
+            "async-mode server (one step per N updates, each applied with momentum; steps "
+            "that queue up behind a running one are fused into one pass, and the new "
+            "weights go back to every client after each pass) and into a plain "
+            "`recv_into` sink that does nothing else. `steps/pass` is how many steps the "
+            "server fused on average.",
             "",
         ]
         lines += _table(
-            ["element", "clients", "snet elements/s", "snet GB/s", "recv_into GB/s", "ratio"],
+            [
+                "element",
+                "clients",
+                "snet elements/s",
+                "steps/pass",
+                "snet GB/s",
+                "recv_into GB/s",
+                "ratio",
+            ],
             [
                 [
                     r["element"],
                     r["clients"],
                     r["snet_elements_per_s"],
+                    r.get("steps_per_pass"),
                     r["snet_gb_per_s"],
                     r["plain_gb_per_s"],
                     r["ratio"],

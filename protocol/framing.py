@@ -141,6 +141,7 @@ def _checker(annotation: Any) -> tuple[str, Any]:
 
 _SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {}
 _OPTIONAL: dict[str, set[str]] = {}  # fields added later, with defaults: may be left out
+_HAS_SLOT = {name for name, cls in MESSAGE_TYPES.items() if "slot" in {f.name for f in fields(cls)}}
 for _name, _cls in MESSAGE_TYPES.items():
     _hints = typing.get_type_hints(_cls)
     _header_fields = [
@@ -155,24 +156,19 @@ for _name, _cls in MESSAGE_TYPES.items():
 
 
 def _check_field(type_name: str, name: str, kind: str, expected: Any, value: Any) -> Any:
-    bad = MalformedFrame(f"{type_name}.{name}: unexpected value {value!r:.60}")
     if kind == "tuple_str":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise bad
-        return tuple(value)
-    if kind == "dict":
-        if not isinstance(value, dict):
-            raise bad
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+    elif kind == "dict":
+        if isinstance(value, dict):
+            return value
+    elif expected is float:
+        if not isinstance(value, bool) and isinstance(value, int | float):
+            return float(value)
+    elif isinstance(value, expected) and not (expected is int and isinstance(value, bool)):
         return value
-    if expected is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad
-        return float(value)
-    if expected is int and isinstance(value, bool):
-        raise bad
-    if not isinstance(value, expected):
-        raise bad
-    return value
+    # the error (and the repr in it) is built only for a bad value: this runs per field
+    raise MalformedFrame(f"{type_name}.{name}: unexpected value {value!r:.60}")
 
 
 def parse_header(data: bytes | memoryview) -> tuple[str, dict[str, Any]]:
@@ -284,6 +280,6 @@ def build_message(
         values["encoded"] = Encoded(arrays[0].codec, tuple(views))
     else:
         values.update(zip(cls.ARRAYS, views, strict=True))
-    if "slot" in {f.name for f in fields(cls)}:
+    if type_name in _HAS_SLOT:
         values["slot"] = slot
     return typing.cast(Message, cls(**values))

@@ -64,6 +64,7 @@ class TrainingStats:
     staleness_count: int = 0
     staleness_histogram: dict[int, int] = field(default_factory=dict)
     step_seconds: float = 0.0
+    step_passes: int = 0  # passes of the update rule: fewer than steps when steps were fused
 
     def start_epoch(self, epoch: int, learning_rate: float) -> None:
         self.epochs.append(EpochRecord(epoch, learning_rate))
@@ -88,6 +89,9 @@ class TrainingStats:
         self.updates_applied += updates
         self.patterns_applied += patterns
         self.step_seconds += seconds
+
+    def record_pass(self) -> None:
+        self.step_passes += 1
 
     def end_epoch(self, epoch: int, version: int, ledger: dict[str, Any]) -> None:
         record = self.record_of(epoch)

@@ -40,6 +40,7 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "connections_per_pattern": connections,
         "weight_version": coordinator.version,
         "steps": stats.steps,
+        "step_passes": stats.step_passes,
         "updates_applied": stats.updates_applied,
         "updates_rejected": stats.updates_rejected,
         "frames_refused": server.counters.frames_refused,

@@ -2,9 +2,11 @@
 
 A mixin of ``Coordinator`` (server/training.py), kept apart because it is the one piece
 that runs numpy off the event loop: the update rule runs in the step thread, NaN and Inf
-are caught once on the sum (the updates that carry them are then found and refused, their
-frames queued again), and a finished step is published with its version, recorded in the
-ledger and the statistics, and sent to every worker.
+are caught once on the result (the updates that carry them are then found and refused,
+their frames queued again), and a finished step is published with its version, recorded
+in the ledger and the statistics, and sent to every worker. Steps that queue up behind a
+running one are applied together in one fused pass (``UpdateRule.steps``), each still
+with its own version, so a loaded server spends less per update, not more.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from .stats import TrainingStats
 from .update_rule import UpdateRule
 
 log = logging.getLogger("snet.server")
+
+MAX_FUSED_STEPS = 16  # steps applied in one pass when updates pile up (bounds latency)
 
 
 @dataclass
@@ -90,81 +94,126 @@ class Stepping:
     def _maybe_step(self) -> None:
         if self._applying or not self._received or self.closed:
             return
-        if self.job.mode == "sync":
-            ready = self._waiting_for() == 0
-            count = len(self._received)
-        else:
-            wanted = self.job.updates_per_step or max(len(self.sessions), 1)
-            ready = len(self._received) >= wanted or self._waiting_for() == 0
-            count = min(wanted, len(self._received))
-        if ready:
-            batch = [self._received.popleft() for _ in range(count)]
+        groups = self._take_groups()
+        if groups:
             self._applying = True
-            asyncio.get_running_loop().create_task(self._step(batch))
+            asyncio.get_running_loop().create_task(self._step(groups))
 
-    async def _step(self, batch: list[PendingUpdate]) -> None:
+    def _take_groups(self) -> list[list[PendingUpdate]]:
+        """The steps that are ready, each a group of queued updates, taken off the queue.
+
+        Sync: one step over every update of the round, once nobody else is expected.
+        Async: a step per ``updates_per_step`` updates (default: one per worker), or
+        over what is queued when no other worker is still computing. When updates pile
+        up while a step runs, the steps waiting behind it are all taken (up to
+        ``MAX_FUSED_STEPS``) and applied in one fused pass with exactly the result of
+        applying them one after another, so a busy server does less work per update.
+        """
+        received = self._received
+        if self.job.mode == "sync":
+            if self._waiting_for() > 0:
+                return []
+            group = list(received)
+            received.clear()
+            return [group]
+        wanted = self.job.updates_per_step or max(len(self.sessions), 1)
+        groups: list[list[PendingUpdate]] = []
+        while len(received) >= wanted and len(groups) < MAX_FUSED_STEPS:
+            groups.append([received.popleft() for _ in range(wanted)])
+        if received and len(groups) < MAX_FUSED_STEPS and self._waiting_for() == 0:
+            groups.append(list(received))
+            received.clear()
+        return groups
+
+    async def _step(self, groups: list[list[PendingUpdate]]) -> None:
         rate = self.learning_rate
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        everything = list(batch)
         try:
-            snapshot = await self._apply(batch, rate)
-            if snapshot is None:
-                # A NaN or Inf is in the sum: refuse the updates that carry one (or all, if
-                # each is finite and only their sum overflowed) and step with the rest.
-                finite = await loop.run_in_executor(
-                    self.executor, lambda: [is_finite(p.gradient) for p in batch]
-                )
-                bad = [p for p, ok in zip(batch, finite, strict=True) if not ok] or batch
-                reason = (
-                    "update contains NaN or infinite values"
-                    if bad is not batch
-                    else ("the sum of these updates overflows float32")
-                )
-                for pending in bad:
-                    self._refuse_accepted(pending, reason)
-                batch = [p for p in batch if p not in bad]
-                snapshot = await self._apply(batch, rate) if batch else None
-                if snapshot is None:
-                    for pending in batch:
-                        self._refuse_accepted(pending, "the sum of these updates overflows")
-                    batch = []
+            snapshot = await loop.run_in_executor(
+                self.executor, self.rule.steps, [self._gradients(g) for g in groups],
+                [self._patterns(g) for g in groups], rate,
+            )  # fmt: skip
+            if snapshot is not None:
+                self._publish(groups, snapshot, rate, time.perf_counter() - started)
+            else:
+                # A NaN or Inf somewhere (nothing was changed): step group by group,
+                # refusing the updates that carry one.
+                for group in groups:
+                    await self._step_checked(group, rate)
         finally:
-            for pending in everything:
-                if pending.element is not None:
-                    self.pool.release(pending.element)
+            for group in groups:
+                for pending in group:
+                    if pending.element is not None:
+                        self.pool.release(pending.element)
             self._applying = False
-        if snapshot is not None:
-            self._publish(batch, snapshot, rate, time.perf_counter() - started)
         self._maybe_step()
 
-    async def _apply(self, batch: list[PendingUpdate], rate: float) -> np.ndarray | None:
-        patterns = sum(p.message.patterns for p in batch)
-        elements = [p.gradient for p in batch]
+    async def _step_checked(self, batch: list[PendingUpdate], rate: float) -> None:
+        """One step, refusing the updates that carry NaN or Inf (all, if only the sum
+        overflows float32), and stepping with the rest."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.rule.step, elements, patterns, rate)
+        started = time.perf_counter()
+        snapshot = await self._apply(batch, rate)
+        if snapshot is None:
+            finite = await loop.run_in_executor(
+                self.executor, lambda: [is_finite(p.gradient) for p in batch]
+            )
+            bad = [p for p, ok in zip(batch, finite, strict=True) if not ok] or batch
+            reason = (
+                "update contains NaN or infinite values"
+                if bad is not batch
+                else "the sum of these updates overflows float32"
+            )
+            for pending in bad:
+                self._refuse_accepted(pending, reason)
+            batch = [p for p in batch if p not in bad]
+            snapshot = await self._apply(batch, rate) if batch else None
+            if snapshot is None:
+                for pending in batch:
+                    self._refuse_accepted(pending, "the sum of these updates overflows")
+                return
+        self._publish([batch], snapshot, rate, time.perf_counter() - started)
+
+    @staticmethod
+    def _gradients(batch: list[PendingUpdate]) -> list[np.ndarray]:
+        return [p.gradient for p in batch]
+
+    @staticmethod
+    def _patterns(batch: list[PendingUpdate]) -> int:
+        return sum(p.message.patterns for p in batch)
+
+    async def _apply(self, batch: list[PendingUpdate], rate: float) -> np.ndarray | None:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.executor, self.rule.step, self._gradients(batch), self._patterns(batch), rate
+        )
 
     def _publish(
-        self, batch: list[PendingUpdate], snapshot: np.ndarray, rate: float, seconds: float
-    ) -> None:
-        """A step is done: new version, staleness, ledger, weights to every worker."""
-        base = self.version
-        self.version += 1
+        self, groups: list[list[PendingUpdate]], snapshot: np.ndarray, rate: float,
+        seconds: float,
+    ) -> None:  # fmt: skip
+        """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
         self.rule.snapshot = snapshot  # published with its version, on the event loop
-        for pending in batch:
-            staleness = base - pending.message.base_version
-            pending.session.record_staleness(staleness)
-            pending.session.updates_settled += 1
-            self.stats.record_staleness(staleness)
-            self.book.record_applied(pending.frames)
-        patterns = sum(p.message.patterns for p in batch)
-        self.stats.record_step(len(batch), patterns, seconds)
-        correct = sum(p.message.correct for p in batch)
-        loss = sum(p.message.loss_sum for p in batch)
-        event = BunchEvent(self.epoch, self.version, len(batch), patterns, correct, loss, rate)
-        self.hooks.call("after_bunch", event)
-        if self.trace is not None:
-            self.trace(self._trace_record(batch, rate))
+        self.stats.record_pass()
+        for batch in groups:
+            base = self.version
+            self.version += 1
+            for pending in batch:
+                staleness = base - pending.message.base_version
+                pending.session.record_staleness(staleness)
+                pending.session.updates_settled += 1
+                self.stats.record_staleness(staleness)
+                self.book.record_applied(pending.frames)
+            patterns = self._patterns(batch)
+            self.stats.record_step(len(batch), patterns, seconds / len(groups))
+            correct = sum(p.message.correct for p in batch)
+            loss = sum(p.message.loss_sum for p in batch)
+            event = BunchEvent(self.epoch, self.version, len(batch), patterns, correct, loss,
+                               rate)  # fmt: skip
+            self.hooks.call("after_bunch", event)
+            if self.trace is not None:
+                self.trace(self._trace_record(batch, rate))
         for session in self.sessions.values():
             self.send_weights(session)
         if self.book.epoch_complete:

@@ -6,63 +6,179 @@
     v = momentum * v - learning_rate * g
     w = w + v
 
+Updates that already carry their worker's momentum (momentum-corrected codecs such as
+``topk``, protocol 8.8) are the ``direct`` ones: scaled the same way, but added to the
+weights outside v (``w = w + v - learning_rate * g_direct``); without them the step is
+exactly the one above.
+
 Dividing by the pattern count makes the step independent of how the patterns were split:
 a synchronous step over N workers of b patterns each equals one sequential step on a
 bunch of N*b patterns. Runs in a worker thread; the event loop only ever reads the
 immutable ``snapshot`` the coordinator publishes after each step.
+
+**Speed.** A 351:1262:45 network is 2 MB of float32, and a naive step makes five passes
+over memory-sized arrays (sum, scale, two for the velocity, one for the weights). Here
+the arrays are walked in blocks small enough to stay in the core's L1/L2 cache, and every
+operation of a step (and of several consecutive steps, see ``steps``) runs on one block
+before the next is loaded: each gradient is read from memory once, the velocity and the
+weights once each way, whatever the number of steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from snet.protocol.network import ELEMENT_DTYPE
 
+BLOCK = 65_536  # values per cache block: 256 kB per array: the five a step walks fit in L2
+LANE_MIN_BLOCKS = 4  # split a step across threads only when each gets two blocks or more
+
 
 class UpdateRule:
     """Master weights and momentum, updated in place, with a published snapshot."""
 
-    def __init__(self, weights: np.ndarray, momentum: float) -> None:
+    def __init__(self, weights: np.ndarray, momentum: float, lanes: int = 2) -> None:
         self.weights = np.array(weights, dtype=ELEMENT_DTYPE)
         self.weights.flags.writeable = False
+        # Two velocity buffers: a step writes the spare one, so a step that finds NaN or
+        # Inf halfway is dropped without having touched the momentum.
         self.velocity = np.zeros_like(self.weights)
-        self._gradient = np.zeros_like(self.weights)
+        self._spare_velocity = np.zeros_like(self.weights)
+        # A large step is cut into ``lanes`` ranges of blocks run by as many threads (the
+        # calling one and helpers): numpy and BLAS release the GIL, and a synchronous
+        # round's step is on the critical path while every worker waits for it.
+        blocks = -(-self.weights.size // BLOCK)
+        self.lanes = max(1, min(lanes, blocks // (LANE_MIN_BLOCKS // 2)))
+        scratch = min(BLOCK, max(self.weights.size, 1))
+        self._scratch = [np.empty(scratch, dtype=ELEMENT_DTYPE) for _ in range(self.lanes)]
+        self._ones = np.ones(scratch, dtype=ELEMENT_DTYPE)
+        self._helpers = (
+            ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="snet-lane")
+            if self.lanes > 1
+            else None
+        )
         self.momentum = momentum
         self.snapshot: np.ndarray = self.weights
 
     def step(
-        self, gradients: Sequence[np.ndarray], patterns: int, learning_rate: float
+        self,
+        gradients: Sequence[np.ndarray],
+        patterns: int,
+        learning_rate: float,
+        direct: Sequence[np.ndarray] = (),
     ) -> np.ndarray | None:
         """Apply one step for gradient sums covering ``patterns`` patterns in total.
+
+        ``direct`` updates already carry their worker's momentum (momentum-corrected
+        codecs): they are scaled the same way but added to the weights outside the
+        velocity, ``w = w + v - learning_rate * g_direct / patterns``.
 
         Returns the new weights (read-only); the caller publishes them as ``snapshot``
         together with the new version number, so the two always agree. Returns None, and
         changes nothing, when the gradients contain NaN or Inf (or their sum overflows).
         """
-        if patterns < 1 or not gradients:
+        return self.steps([gradients], [patterns], learning_rate, [direct])
+
+    def steps(
+        self,
+        groups: Sequence[Sequence[np.ndarray]],
+        patterns: Sequence[int],
+        learning_rate: float,
+        direct: Sequence[Sequence[np.ndarray]] | None = None,
+    ) -> np.ndarray | None:
+        """Apply consecutive steps, one per group of gradient sums, in one fused pass.
+
+        The result is exactly that of calling ``step`` once per group in order (the same
+        float32 operations on every value, in the same order); only the intermediate
+        weights are never materialised. Returns the final weights, or None (changing
+        nothing) when any gradient holds NaN or Inf or a step overflows.
+        """
+        bypass = [()] * len(groups) if direct is None else direct
+        if not groups or not len(groups) == len(patterns) == len(bypass):
+            raise ValueError("steps needs one pattern count per group of gradients")
+        if any(count < 1 for count in patterns) or any(
+            not (group or extra) for group, extra in zip(groups, bypass, strict=True)
+        ):
             raise ValueError("a step needs at least one pattern")
-        total = self._gradient
-        scale = np.float32(-learning_rate / patterns)
-        if len(gradients) == 1:
-            np.multiply(gradients[0], scale, out=total)
-        else:
-            np.add(gradients[0], gradients[1], out=total)
-            for gradient in gradients[2:]:
-                total += gradient
-            total *= scale
-        # NaN and Inf survive summation, so one check of the sum covers every update.
-        if not np.isfinite(total.sum(dtype=np.float64)):
+        scales = [np.float32(-learning_rate / count) for count in patterns]
+        old_weights, old_velocity = self.weights, self.velocity
+        weights = np.empty_like(old_weights)
+        velocity = self._spare_velocity
+        arrays = (old_weights, old_velocity, weights, velocity)
+        edges = np.linspace(0, -(-weights.size // BLOCK), self.lanes + 1).astype(int) * BLOCK
+        lanes = list(zip(edges[:-1].tolist(), edges[1:].tolist(), self._scratch, strict=True))
+        others = [
+            self._helpers.submit(self._fused, groups, bypass, scales, arrays, *lane)
+            for lane in lanes[1:]
+            if self._helpers is not None
+        ]
+        finite = self._fused(groups, bypass, scales, arrays, *lanes[0])
+        finite = all([f.result() for f in others]) and finite
+        if not finite:
             return None
-        self.velocity *= np.float32(self.momentum)
-        self.velocity += total
-        # The new weights go to a fresh buffer, which is the snapshot: no separate copy,
-        # and buffers still being sent to workers are never written again.
-        weights = np.add(self.weights, self.velocity)
         weights.flags.writeable = False
         self.weights = weights
+        self.velocity, self._spare_velocity = velocity, old_velocity
         return weights
+
+    def _fused(
+        self,
+        groups: Sequence[Sequence[np.ndarray]],
+        direct: Sequence[Sequence[np.ndarray]],
+        scales: list[np.float32],
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        first: int,
+        last: int,
+        scratch: np.ndarray,
+    ) -> bool:
+        """Every step of ``steps`` on values [first, last), block by block; False at the
+        first block that is not finite."""
+        last = min(last, arrays[2].size)
+        with np.errstate(over="ignore", invalid="ignore"):  # found by the check below
+            for start in range(first, last, BLOCK):
+                end = min(start + BLOCK, last)
+                if not self._block_steps(groups, direct, scales, arrays, start, end, scratch):
+                    return False
+        return True
+
+    def _block_steps(
+        self,
+        groups: Sequence[Sequence[np.ndarray]],
+        direct: Sequence[Sequence[np.ndarray]],
+        scales: list[np.float32],
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        start: int,
+        end: int,
+        scratch: np.ndarray,
+    ) -> bool:
+        old_weights, old_velocity, weights, velocity = arrays
+        momentum = np.float32(self.momentum)
+        total = scratch[: end - start]
+        v, w = velocity[start:end], weights[start:end]
+        steps = zip(groups, direct, scales, strict=True)
+        for index, (group, bypass, scale) in enumerate(steps):
+            if index == 0:
+                np.multiply(old_velocity[start:end], momentum, out=v)
+            else:
+                v *= momentum
+            if group:
+                _scaled_sum(group, start, end, scale, total)
+                v += total
+            if index == 0:
+                np.add(old_weights[start:end], v, out=w)
+            else:
+                w += v
+            if bypass:
+                _scaled_sum(bypass, start, end, scale, total)
+                w += total
+        # NaN and Inf in any gradient reach the weights (through the velocity), so one
+        # check of each block of the result covers every update and every step. The sum
+        # is taken as a BLAS dot product with ones: four times faster than numpy's own
+        # reduction, and it only overflows where float32 weights would.
+        return bool(np.isfinite(np.dot(w, self._ones[: end - start])))
 
     def load(self, weights: np.ndarray) -> None:
         """Replace the weights (e.g. to continue training) and reset the momentum."""
@@ -70,3 +186,17 @@ class UpdateRule:
         fresh.flags.writeable = False
         self.weights = self.snapshot = fresh
         self.velocity[...] = 0.0
+        self._spare_velocity[...] = 0.0
+
+
+def _scaled_sum(
+    group: Sequence[np.ndarray], start: int, end: int, scale: np.float32, out: np.ndarray
+) -> None:
+    """out = scale * (sum of the group's gradients over [start, end))."""
+    if len(group) == 1:
+        np.multiply(group[0][start:end], scale, out=out)
+        return
+    np.add(group[0][start:end], group[1][start:end], out=out)
+    for gradient in group[2:]:
+        out += gradient[start:end]
+    out *= scale

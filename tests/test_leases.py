@@ -12,7 +12,6 @@ from snet.protocol.messages import Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.leases import LeaseBook, LeaseRecord
 from snet.server.pool import ElementPool, PooledElement, is_finite
-from snet.server.update_rule import UpdateRule
 
 TOTAL = 120
 TRAIN = np.setdiff1d(np.arange(TOTAL), np.arange(0, TOTAL, 7))  # a train/cv-like subset
@@ -250,98 +249,6 @@ def test_epoch_complete_after_worker_gone_needs_the_requeued_frames() -> None:
     deliver(book, rest, bunch=16)
     assert book.epoch_complete
     assert_every_frame_once(book)
-
-
-# ---------------------------------------------------------------- UpdateRule
-
-
-def test_update_rule_step_follows_the_formula() -> None:
-    rng = np.random.default_rng(0)
-    w0 = rng.standard_normal(50).astype(np.float32)
-    rule = UpdateRule(w0, momentum=0.9)
-    g1 = [rng.standard_normal(50).astype(np.float32) for _ in range(3)]
-    g2 = [rng.standard_normal(50).astype(np.float32) for _ in range(2)]
-    g1_before = [g.copy() for g in g1]
-
-    snap1 = rule.step(g1, patterns=48, learning_rate=0.2)
-    w = w0.astype(np.float64)
-    v = -0.2 * np.sum(g1, axis=0, dtype=np.float64) / 48
-    w = w + v
-    np.testing.assert_allclose(snap1, w, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(rule.velocity, v, rtol=1e-5, atol=1e-7)
-    for g, before in zip(g1, g1_before, strict=True):
-        np.testing.assert_array_equal(g, before)  # the gradients are not modified
-
-    snap2 = rule.step(g2, patterns=32, learning_rate=0.1)
-    v = 0.9 * v - 0.1 * np.sum(g2, axis=0, dtype=np.float64) / 32
-    w = w + v
-    np.testing.assert_allclose(snap2, w, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(rule.weights, w, rtol=1e-5, atol=1e-6)
-    # the first snapshot is a copy: later steps do not change it
-    np.testing.assert_allclose(snap1, w0 - 0.2 * np.sum(g1, axis=0) / 48, rtol=1e-5, atol=1e-6)
-
-
-def test_sync_step_equals_one_sequential_bunch() -> None:
-    """N workers' summed gradients over b patterns each = one step on N*b patterns."""
-    rng = np.random.default_rng(1)
-    w0 = rng.standard_normal(20).astype(np.float32)
-    per_worker = [rng.standard_normal(20).astype(np.float32) for _ in range(4)]
-    split = UpdateRule(w0, 0.5).step(per_worker, patterns=64, learning_rate=0.3)
-    whole = UpdateRule(w0, 0.5).step([np.sum(per_worker, axis=0)], 64, 0.3)
-    np.testing.assert_allclose(split, whole, rtol=1e-6, atol=1e-7)
-
-
-def test_update_rule_snapshots_are_read_only_copies() -> None:
-    w0 = np.ones(8, dtype=np.float32)
-    rule = UpdateRule(w0, momentum=0.0)
-    assert not rule.snapshot.flags.writeable
-    np.testing.assert_array_equal(rule.snapshot, w0)
-    assert not np.shares_memory(rule.weights, w0)  # the caller's array is not adopted
-    snap = rule.step([np.ones(8, dtype=np.float32)], patterns=2, learning_rate=1.0)
-    assert not snap.flags.writeable
-    with pytest.raises(ValueError):
-        snap[0] = 5.0
-    assert snap is rule.weights  # the new weights are the snapshot: no extra copy
-    np.testing.assert_allclose(snap, 0.5)
-    rule.step([np.ones(8, dtype=np.float32)], patterns=2, learning_rate=1.0)
-    np.testing.assert_allclose(snap, 0.5)  # unchanged by the next step
-    np.testing.assert_allclose(rule.weights, 0.0)
-    np.testing.assert_array_equal(w0, 1.0)
-    assert snap.dtype == np.float32
-
-
-def test_update_rule_refuses_non_finite_sums_and_changes_nothing() -> None:
-    rule = UpdateRule(np.ones(4, dtype=np.float32), momentum=0.9)
-    rule.step([np.ones(4, dtype=np.float32)], patterns=1, learning_rate=0.1)
-    weights, velocity = rule.weights.copy(), rule.velocity.copy()
-    poisoned = np.ones(4, dtype=np.float32)
-    poisoned[2] = np.nan
-    assert rule.step([np.ones(4, dtype=np.float32), poisoned], 2, 0.1) is None
-    huge = np.full(4, 3e38, dtype=np.float32)
-    assert rule.step([huge, huge], 2, 0.1) is None  # each finite, the sum overflows
-    np.testing.assert_array_equal(rule.weights, weights)
-    np.testing.assert_array_equal(rule.velocity, velocity)
-
-
-def test_update_rule_refuses_empty_steps() -> None:
-    rule = UpdateRule(np.zeros(4, dtype=np.float32), momentum=0.9)
-    with pytest.raises(ValueError):
-        rule.step([], patterns=4, learning_rate=0.1)
-    with pytest.raises(ValueError):
-        rule.step([np.ones(4, dtype=np.float32)], patterns=0, learning_rate=0.1)
-    np.testing.assert_array_equal(rule.weights, 0.0)
-
-
-def test_update_rule_load_resets_momentum() -> None:
-    rule = UpdateRule(np.zeros(4, dtype=np.float32), momentum=0.9)
-    rule.step([np.ones(4, dtype=np.float32)], patterns=1, learning_rate=1.0)
-    assert rule.velocity.any()
-    rule.load(np.full(4, 2.0, dtype=np.float32))
-    assert not rule.velocity.any()
-    np.testing.assert_array_equal(rule.snapshot, 2.0)
-    assert not rule.snapshot.flags.writeable
-    snap = rule.step([np.ones(4, dtype=np.float32)], patterns=1, learning_rate=1.0)
-    np.testing.assert_allclose(snap, 1.0)  # no momentum carried over from before load
 
 
 # ---------------------------------------------------------------- ElementPool
