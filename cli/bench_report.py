@@ -89,6 +89,31 @@ def _worker_section(rows: list[dict[str, Any]], measured: str | None) -> list[st
             table,
         ),
         "",
+        *_oversubscribed(rows),
+    ]
+
+
+def _oversubscribed(rows: list[dict[str, Any]]) -> list[str]:
+    """A note on multi-threaded rows where a GEMM ceiling fell below half the one-thread
+    ceiling of the same shapes and BLAS: more threads do not make the same products that
+    much slower unless other work held the cores, so those rows say nothing about the
+    code."""
+    ceilings = ("gemm_ceiling_numpy", "gemm_ceiling_torch")
+    one = {(r["network"], r["bunch"]): r for r in rows if r["threads"] == 1}
+    hit = [
+        f"{r['network']} bunch {r['bunch']}"
+        for r in rows
+        if r["threads"] > 1
+        and (single := one.get((r["network"], r["bunch"])))
+        and any((r.get(c) or 0) < (single.get(c) or 0) / 2 for c in ceilings)
+    ]
+    if not hit:
+        return []
+    return [
+        f"Rows with 2 threads where a ceiling fell below half its 1-thread value "
+        f"({', '.join(hit)}) were measured while other work held the cores: they say "
+        "nothing about the code.",
+        "",
     ]
 
 

@@ -82,3 +82,14 @@ def test_a_partial_rerun_keeps_the_other_sections(
     assert merged["when"] == "earlier" and merged["worker_when"] != "earlier"
     text = markdown.read_text()
     assert "## Synchronous round" in text and f"at {merged['worker_when']}" in text
+
+
+def test_two_thread_rows_slower_than_one_thread_ceilings_are_flagged() -> None:
+    rows = [
+        worker_row(1000, **figures(27000.0, 30000.0, 28000.0, 29000.0)),
+        worker_row(1000, **figures(900.0, 800.0, 700.0, 600.0)) | {"threads": 2},
+        worker_row(12, **figures(9000.0, 12000.0, 8000.0, 14000.0)),
+        worker_row(12, **figures(15000.0, 20000.0, 9000.0, 20000.0)) | {"threads": 2},
+    ]
+    markdown = render_markdown({"worker": rows})
+    assert "below half its 1-thread value (351:1262:45 bunch 1000) were measured" in markdown
