@@ -34,7 +34,7 @@ _SOFTMAX_FLOOR = -30.0
 # block touches stay in the core's 2 MB L2 cache between passes.
 _BLOCK_FLOATS = 65536
 # From this bunch size on, the softmax layer's weight gradient is computed transposed and
-# copied (its product is a third faster that way here; the copy costs more for small bunches).
+# copied (its product is a quarter faster that way here; the copy costs more for small bunches).
 _TRANSPOSED_GRADIENT_FROM = 128
 # From this bunch size on, a fused derivative kernel (the torch backend's) replaces the
 # blocked passes; below it its per-call cost (~15 us for torch here) exceeds theirs.
