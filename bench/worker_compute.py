@@ -13,6 +13,11 @@ prints one JSON object. MCUPS = (weights + biases) x patterns / seconds / 1e6.
 - ``gemm_ceiling_*``: the same five matrix products alone (forward I.H and H.O, back H.O,
   weight gradients I.H and H.O), as MCUPS: the physical limit of this arithmetic with that
   BLAS. All torch figures run with flush-to-zero on.
+
+With one thread all of them are timed in turns within one process
+(``interleaved_seconds``), counting the compute thread's CPU time, so that their ratios
+hold on a shared machine; with more threads each is timed in one stretch of wall-clock
+time.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ def _synthetic_corpus(inputs: int, classes: int, frames: int = 20000) -> Any:
     return Corpus(store, bounds, everything, everything[:2000], features, context)
 
 
-def measure(network: str, bunch: int, threads: int) -> dict[str, Any]:
+def measure(network: str, bunch: int, threads: int, budget: float = 8.0) -> dict[str, Any]:
+    import time
+
     import numpy as np
 
     from snet.client.backend import make_backend, torch_available
@@ -50,7 +57,7 @@ def measure(network: str, bunch: int, threads: int) -> dict[str, Any]:
     from snet.protocol.job import DataSpec, JobSpec
     from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
 
-    from .timing import seconds_per_call
+    from .timing import interleaved_seconds, seconds_per_call
 
     flush_denormals(True)
     spec = NetworkSpec.parse(network)
@@ -62,21 +69,16 @@ def measure(network: str, bunch: int, threads: int) -> dict[str, Any]:
     weights = initial_weights(spec, seed=1)
     out = ElementLayout.for_network(spec).allocate()
     frames = np.random.default_rng(1).choice(corpus.train_frames, bunch, replace=False)
-    connections = spec.connections
-    results: dict[str, Any] = {"network": network, "bunch": bunch, "threads": threads}
+    functions: dict[str, Any] = {}
 
-    def mcups(seconds: float) -> float:
-        return round(connections * bunch / seconds / 1e6, 1)
-
-    names = ["numpy"] + (["torch"] if torch_available() else [])
-    for name in names:
+    for name in ["numpy"] + (["torch"] if torch_available() else []):
         backend = make_backend(name, threads)
         backend.prepare(job, corpus)
 
         def step(chosen: Any = backend) -> None:
             chosen.gradient(weights, frames, out)
 
-        results[f"{name}_backend" if name == "torch" else name] = mcups(seconds_per_call(step))
+        functions[f"{name}_backend" if name == "torch" else name] = step
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal((bunch, inputs)).astype(np.float32)
@@ -88,16 +90,32 @@ def measure(network: str, bunch: int, threads: int) -> dict[str, Any]:
     def numpy_gemms() -> None:
         x @ w1, h @ w2, d @ w2.T, x.T @ h, h.T @ d
 
-    results["gemm_ceiling_numpy"] = mcups(seconds_per_call(numpy_gemms))
+    functions["gemm_ceiling_numpy"] = numpy_gemms
     if torch_available():
-        results.update(_torch_figures(spec, bunch, threads, mcups))
+        functions.update(_torch_functions(spec, bunch, threads))
+    if threads == 1:
+        # Timed in turns, as the compute thread's CPU time, which leaves out the time it
+        # waited for a core on this shared machine.
+        seconds = interleaved_seconds(functions, budget, clock=time.thread_time)
+    else:
+        # BLAS threads work too, so only wall-clock time says how fast a step is; and each
+        # function is timed in one stretch, because OpenBLAS's and PyTorch's thread pools
+        # keep spinning for a while after their work and slow each other down when they
+        # take turns (30x here).
+        seconds = {
+            name: seconds_per_call(function, budget / len(functions))
+            for name, function in functions.items()
+        }
+    results: dict[str, Any] = {"network": network, "bunch": bunch, "threads": threads}
+    results["clock"] = "thread CPU time, in turns" if threads == 1 else "wall, one at a time"
+    for name, value in seconds.items():
+        results[name] = round(spec.connections * bunch / value / 1e6, 1)
     return results
 
 
-def _torch_figures(spec: Any, bunch: int, threads: int, mcups: Any) -> dict[str, float]:
+def _torch_functions(spec: Any, bunch: int, threads: int) -> dict[str, Any]:
+    """PyTorch's steps and its GEMM ceiling, as functions to time."""
     import torch
-
-    from .timing import seconds_per_call
 
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
@@ -155,10 +173,10 @@ def _torch_figures(spec: Any, bunch: int, threads: int, mcups: Any) -> dict[str,
         x @ w1, h @ w2, d @ w2.t(), x.t() @ h, h.t() @ d
 
     return {
-        "torch_autograd": mcups(seconds_per_call(autograd)),
-        "torch_autograd_sgd": mcups(seconds_per_call(autograd_sgd)),
-        "torch_hand": mcups(seconds_per_call(hand)),
-        "gemm_ceiling_torch": mcups(seconds_per_call(gemms)),
+        "torch_autograd": autograd,
+        "torch_autograd_sgd": autograd_sgd,
+        "torch_hand": hand,
+        "gemm_ceiling_torch": gemms,
     }
 
 

@@ -103,6 +103,14 @@ def run_bench(args: argparse.Namespace) -> int:
         )
         return 2
     results = run_sections(sections, args.quick, args.seconds)
+    path = Path(args.json)
+    if args.only and path.exists():
+        # A partial rerun refreshes its own sections of the file and keeps the others.
+        previous = json.loads(path.read_text())
+        for section in sections:
+            previous[section] = results[section]
+            previous[f"{section}_when"] = results["when"]
+        results = previous
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     markdown = render_markdown(results)

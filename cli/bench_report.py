@@ -11,8 +11,8 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     return lines
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 2) if a and b else None
+def _ratio(a: float | None, b: float | None, digits: int = 2) -> float | None:
+    return round(a / b, digits) if a and b else None
 
 
 def _best_ours(row: dict[str, Any]) -> tuple[str, float]:
@@ -31,7 +31,8 @@ def _ceiling(row: dict[str, Any], backend: str) -> float | None:
     return row.get("gemm_ceiling_torch" if backend == "torch_backend" else "gemm_ceiling_numpy")
 
 
-def _worker_section(rows: list[dict[str, Any]]) -> list[str]:
+def _worker_section(rows: list[dict[str, Any]], measured: str | None) -> list[str]:
+    """The worker table; ``measured`` is when, if the section was rerun on its own."""
     table = []
     for row in rows:
         name, ours = _best_ours(row)
@@ -53,15 +54,21 @@ def _worker_section(rows: list[dict[str, Any]]) -> list[str]:
                 _ratio(ours, ceiling),
             ]
         )
+    when = f"Rerun on its own (`snet bench --only worker`) at {measured}. " if measured else ""
     return [
         "## Worker arithmetic (MCUPS)",
         "",
-        "snet's backends compute one bunch's summed gradient, context windows cut from frames "
-        "included; PyTorch's figures get their inputs ready-made. `/ceiling` is the backend "
-        "against the same five matrix products alone with the same BLAS (numpy: OpenBLAS, "
-        "torch: MKL); `best/torch` is snet's faster backend against the faster of PyTorch's "
-        "autograd and hand-written steps; `best/autograd` against the autograd step a "
-        "PyTorch user writes (its `+SGD` column adds the optimizer step).",
+        f"{when}"
+        "snet's backends compute one bunch's summed gradient, context windows cut from "
+        "frames included; PyTorch's figures get their inputs ready-made. `/ceiling` is the "
+        "backend against the same five matrix products alone with the same BLAS (numpy: "
+        "OpenBLAS, torch: MKL); `best/torch` is snet's faster backend against the faster of "
+        "PyTorch's autograd and hand-written steps; `best/autograd` against the autograd "
+        "step a PyTorch user writes (its `+SGD` column adds the optimizer step). With 1 "
+        "thread the figures of a row are timed in turns in one process and count the "
+        "compute thread's CPU time (time spent waiting for a core on this shared machine "
+        "left out); with 2 threads each is timed in one stretch of wall-clock time, and "
+        "the other engineers' work on the same 2 cores weighs on them.",
         "",
         *_table(
             [
@@ -82,6 +89,31 @@ def _worker_section(rows: list[dict[str, Any]]) -> list[str]:
             table,
         ),
         "",
+        *_oversubscribed(rows),
+    ]
+
+
+def _oversubscribed(rows: list[dict[str, Any]]) -> list[str]:
+    """A note on multi-threaded rows where a GEMM ceiling fell below half the one-thread
+    ceiling of the same shapes and BLAS: more threads do not make the same products that
+    much slower unless other work held the cores, so those rows say nothing about the
+    code."""
+    ceilings = ("gemm_ceiling_numpy", "gemm_ceiling_torch")
+    one = {(r["network"], r["bunch"]): r for r in rows if r["threads"] == 1}
+    hit = [
+        f"{r['network']} bunch {r['bunch']}"
+        for r in rows
+        if r["threads"] > 1
+        and (single := one.get((r["network"], r["bunch"])))
+        and any((r.get(c) or 0) < (single.get(c) or 0) / 2 for c in ceilings)
+    ]
+    if not hit:
+        return []
+    return [
+        f"Rows with 2 threads where a ceiling fell below half its 1-thread value "
+        f"({', '.join(hit)}) were measured while other work held the cores: they say "
+        "nothing about the code.",
+        "",
     ]
 
 
@@ -95,19 +127,21 @@ def _targets(results: dict[str, Any]) -> list[str]:
     for row in results.get("worker", []):
         if row["network"] != "351:1262:45" or row["threads"] != 1:
             continue
-        name, ours = _best_ours(row)
+        _, ours = _best_ours(row)
         if row["bunch"] == 1000:
-            checks.append(
-                _target(
-                    "worker vs the GEMM ceiling (bunch 1000)",
-                    _ratio(ours, _ceiling(row, name)),
-                    0.9,
-                )
-            )
+            # "with either backend": each against the ceiling of its own BLAS
+            ratios = {
+                k: _ratio(row.get(k), _ceiling(row, k), 3) or 0.0
+                for k in ("numpy", "torch_backend")
+                if row.get(k)
+            }
+            closest = max(ratios, key=lambda k: ratios[k])
+            label = f"worker vs the GEMM ceiling (bunch 1000, {closest})"
+            checks.append(_target(label, ratios[closest], 0.9))
             checks.append(
                 _target(
                     "worker vs PyTorch at its best (bunch 1000)",
-                    _ratio(ours, _torch_best(row)),
+                    _ratio(ours, _torch_best(row), 3),
                     1.0,
                 )
             )
@@ -115,7 +149,9 @@ def _targets(results: dict[str, Any]) -> list[str]:
             for peer in ("torch_autograd", "torch_hand"):
                 checks.append(
                     _target(
-                        f"worker vs PyTorch ({peer}, bunch 12)", _ratio(ours, row.get(peer)), 1.5
+                        f"worker vs PyTorch ({peer}, bunch 12)",
+                        _ratio(ours, row.get(peer), 3),
+                        1.5,
                     )
                 )
     for row in results.get("server", []):
@@ -130,7 +166,30 @@ def _targets(results: dict[str, Any]) -> list[str]:
         checks.append(_target(label, round(1 - worst, 3), 0.85))
     if results.get("round", {}).get("ratio") is not None:
         checks.append(_target("sync round vs gloo all-reduce", results["round"]["ratio"], 1.0))
-    return ["## Targets", "", *_table(["target", "measured", "goal", "met"], checks), ""]
+    lines = ["## Targets", "", *_table(["target", "measured", "goal", "met"], checks), ""]
+    return lines + _small_bunch_limit(results.get("worker", []))
+
+
+def _small_bunch_limit(rows: list[dict[str, Any]]) -> list[str]:
+    """Says so when 1.5x PyTorch's hand-written step at bunch 12 exceeds the GEMM ceiling."""
+    for row in rows:
+        if (row["network"], row["bunch"], row["threads"]) != ("351:1262:45", 12, 1):
+            continue
+        hand = row.get("torch_hand")
+        ceilings = [c for c in (row.get("gemm_ceiling_numpy"), row.get("gemm_ceiling_torch")) if c]
+        if not hand or not ceilings or 1.5 * hand <= max(ceilings):
+            return []
+        name, ours = _best_ours(row)
+        return [
+            f"With bunch 12, 1.5x PyTorch's hand-written step ({1.5 * hand:.0f} MCUPS) is "
+            f"above the GEMM ceiling of these shapes ({max(ceilings):.0f} MCUPS, the faster "
+            "BLAS's five matrix products alone): no step that does those products can reach "
+            f"it. snet's best backend ({name}) does {ours:.0f} MCUPS, "
+            f"{ours / max(ceilings):.2f} of that ceiling and {ours / hand:.2f}x the "
+            "hand-written step.",
+            "",
+        ]
+    return []
 
 
 def render_markdown(results: dict[str, Any]) -> str:
@@ -146,7 +205,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     ]
     lines += _targets(results)
     if "worker" in results:
-        lines += _worker_section(results["worker"])
+        lines += _worker_section(results["worker"], results.get("worker_when"))
     if "server" in results:
         lines += [
             "## Server throughput",

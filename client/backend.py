@@ -16,7 +16,7 @@ import numpy as np
 from snet.protocol.job import JobSpec
 
 from .data import Corpus
-from .network import BunchNetwork
+from .network import BunchNetwork, Derivative, MatMul
 from .spert.backend import SpertBackend
 
 
@@ -45,24 +45,27 @@ class NumpyBackend:
     """float32 bunch-mode training with numpy (the reference backend)."""
 
     name = "numpy"
+    matmul: MatMul | None = None  # numpy's (OpenBLAS); the torch backend brings MKL's
+    derivative: Derivative | None = None  # numpy's blocked passes; torch brings fused ones
 
     def __init__(self) -> None:
         self._corpus: Corpus | None = None
         self._network: BunchNetwork | None = None
-        self._x = np.zeros((0, 0), dtype=np.float32)
         self._cv_x: np.ndarray | None = None
 
     def prepare(self, job: JobSpec, corpus: Corpus) -> None:
         self._corpus = corpus
-        self._network = BunchNetwork(job.network, max(job.bunch_size, 1024))
-        self._x = np.empty((job.bunch_size, corpus.pattern_size), dtype=np.float32)
+        self._network = BunchNetwork(
+            job.network, max(job.bunch_size, 1024), self.matmul, self.derivative
+        )
         self._cv_x = None  # cut at the first evaluation (inline frames arrive late)
 
     def gradient(
         self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
     ) -> tuple[float, int]:
         assert self._corpus is not None and self._network is not None
-        x = self._corpus.windows(frames, out=self._x[: len(frames)])
+        # The network copies the patterns into its own input buffer (scaled as it needs).
+        x = self._corpus.windows(frames)
         return self._network.gradient(weights, x, self._corpus.labels_of(frames), out)
 
     def evaluate(self, weights: np.ndarray) -> tuple[int, int, float]:

@@ -5,109 +5,237 @@ is written straight into the caller's update element. Gradients are *sums* over 
 bunch (the server divides by the pattern count), and nothing is propagated back into the
 inputs, which need no gradient.
 
+Speed: outside its five matrix products a step makes as few passes over the
+(bunch x hidden) arrays as it can (client/layer_scales.py): the first layer's bias rides
+in its matrix products (inputs carry a constant column), a sigmoid unit costs one ``tanh``
+pass forward, and its derivative three in-place passes over row blocks that stay in the
+core's cache. The other per-step work is on (bunch x outputs) arrays and small vectors.
+
 Denormal numbers make float32 arithmetic up to 200x slower on x86. The compute thread
 flushes them to zero (protocol/fpu.py), and values are also kept out of that range, for
-BLAS threads the switch does not reach: sigmoid is computed through tanh, whose outputs
-are 0 or at least 3e-8, and softmax exponents are clipped to >= -30 (a probability floor
-of 9e-14, so that tiny output deltas times saturated-unit derivatives stay normal floats).
+BLAS threads the switch does not reach: sigmoid is computed through tanh, which
+saturates without overflow, and softmax exponents are clipped to >= -30 (a probability
+floor of 9e-14, so that tiny output deltas times saturated-unit derivatives stay normal).
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
 
 import numpy as np
 
 from snet.protocol.network import ELEMENT_DTYPE, ElementLayout, NetworkSpec
 
+from .layer_scales import layer_scales
+
 _SOFTMAX_FLOOR = -30.0
+# Rows per block of the derivative's passes: ~256 kB per array, so the three arrays a
+# block touches stay in the core's 2 MB L2 cache between passes.
+_BLOCK_FLOATS = 65536
+# From this bunch size on, the softmax layer's weight gradient is computed transposed and
+# copied (its product is a quarter faster that way here; the copy costs more for small bunches).
+_TRANSPOSED_GRADIENT_FROM = 128
+# From this bunch size on, a fused derivative kernel (the torch backend's) replaces the
+# blocked passes; below it its per-call cost (~15 us for torch here) exceeds theirs.
+_FUSED_DERIVATIVE_FROM = 64
+
+
+MatMul = Callable[[np.ndarray, np.ndarray, np.ndarray], object]
+"""``matmul(a, b, out)`` writes the float32 product ``a @ b`` into ``out`` (C-contiguous;
+``a`` and ``b`` may be transposed views)."""
+
+
+Derivative = Callable[[str, np.ndarray, np.ndarray], object]
+"""``derivative(kind, delta, stored)`` multiplies ``delta`` in place by ``1 - stored^2``
+(``kind`` sigmoid or tanh, see ``BunchNetwork._back_into``) or by ``stored > 0`` (relu)."""
+
+
+def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> object:
+    return np.matmul(a, b, out=out)
 
 
 class BunchNetwork:
     """Computes summed gradients and scores for one network shape with reused buffers."""
 
-    def __init__(self, spec: NetworkSpec, max_bunch: int) -> None:
+    def __init__(
+        self,
+        spec: NetworkSpec,
+        max_bunch: int,
+        matmul: MatMul | None = None,
+        derivative: Derivative | None = None,
+    ) -> None:
+        """``matmul`` and ``derivative`` replace numpy's matrix product and the blocked
+        derivative passes (the torch backend brings fused kernels)."""
         self.spec = spec
+        self._matmul = matmul or _numpy_matmul
+        self._derivative = derivative
         self.layout = ElementLayout.for_network(spec)
         self.max_bunch = max_bunch
+        self._scales = layer_scales(spec)
+        self._kinds = [*spec.activations, "softmax"]
         sizes = spec.sizes
-        # activations[l] is the output of layer l (l = 0 is the input, not stored here)
-        self._acts = [np.empty((max_bunch, n), dtype=ELEMENT_DTYPE) for n in sizes[1:]]
-        self._deltas = [np.empty((max_bunch, n), dtype=ELEMENT_DTYPE) for n in sizes[1:]]
-        self._scratch = [np.empty((max_bunch, n), dtype=ELEMENT_DTYPE) for n in sizes[1:]]
-        self._view_cache: dict[tuple[int, int], list[np.ndarray]] = {}
+        # The inputs, scaled by the first layer's ``pre``, and a column of ``pre`` that
+        # multiplies the first layer's bias row.
+        self._inputs = np.empty((max_bunch, sizes[0] + 1), dtype=ELEMENT_DTYPE)
+        self._inputs[:, -1] = self._scales[0].pre
+        # _outputs[l]: the stored output of hidden layer l, (bunch, units). The softmax
+        # layer's logits are computed as (bunch, outputs), the faster product here, and
+        # copied transposed to (outputs, bunch): its per-pattern maxima and sums are then
+        # reductions across rows, which numpy vectorises, not along rows of a few floats.
+        self._outputs = [np.empty((max_bunch, n), dtype=ELEMENT_DTYPE) for n in sizes[1:-1]]
+        self._logit_rows = np.empty((max_bunch, sizes[-1]), dtype=ELEMENT_DTYPE)
+        self._logits = np.empty((sizes[-1], max_bunch), dtype=ELEMENT_DTYPE)
+        # The softmax layer's weight gradient, transposed (the faster product here).
+        self._last_gradient = np.empty((sizes[-1], sizes[-2]), dtype=ELEMENT_DTYPE)
+        self._deltas = [np.empty((max_bunch, n), dtype=ELEMENT_DTYPE) for n in sizes[1:-1]]
+        self._biases = [np.empty(n, dtype=ELEMENT_DTYPE) for n in sizes[1:]]
+        # True activations of hidden layers, for bunches smaller than the next layer.
+        self._plain = [
+            np.empty((min(max_bunch, above), n), dtype=ELEMENT_DTYPE)
+            for n, above in itertools.pairwise(sizes[1:])
+        ]
+        widest = max(sizes[1:])
+        self._scratch = np.empty(max(_BLOCK_FLOATS, widest), dtype=ELEMENT_DTYPE)
+        self._top = np.empty(max_bunch, dtype=ELEMENT_DTYPE)
+        self._total = np.empty(max_bunch, dtype=ELEMENT_DTYPE)
         self._rows = np.arange(max_bunch)
+        self._view_cache: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
+        self._block_cache: dict[tuple[int, int], list[tuple[np.ndarray, ...]]] = {}
+
+    # -- views
+
+    def _views(self, flat: np.ndarray) -> list[np.ndarray]:
+        """[first layer's (fan_in + 1, fan_out) weights-and-bias matrix, W1, b1, W2, ...]
+        as views of an element, cached per array object: workers reuse a few buffers,
+        and building views costs more than a small bunch's arithmetic."""
+        entry = self._view_cache.get(id(flat))
+        # An entry keeps its array alive, so no other array can have that id meanwhile.
+        if entry is None or entry[0] is not flat:
+            if len(self._view_cache) > 16:
+                self._view_cache.clear()
+            parts = self.layout.views(flat)
+            first = flat[: parts[0].size + parts[1].size].reshape(-1, parts[0].shape[1])
+            entry = self._view_cache[id(flat)] = (flat, [first, *parts[2:]])
+        return entry[1]
+
+    def _blocks(self, layer: int, n: int) -> list[tuple[np.ndarray, ...]]:
+        """(delta, stored output, scratch) row blocks of hidden layer ``layer``."""
+        blocks = self._block_cache.get((layer, n))
+        if blocks is None:
+            if len(self._block_cache) > 16:
+                self._block_cache.clear()
+            width = self.spec.sizes[layer + 1]
+            step = max(1, _BLOCK_FLOATS // width)
+            blocks = []
+            for start in range(0, n, step):
+                rows = slice(start, min(start + step, n))
+                scratch = self._scratch[: (rows.stop - start) * width].reshape(-1, width)
+                blocks.append((self._deltas[layer][rows], self._outputs[layer][rows], scratch))
+            self._block_cache[(layer, n)] = blocks
+        return blocks
 
     # -- passes
 
-    def _views(self, flat: np.ndarray) -> list[np.ndarray]:
-        """Per-layer views of an element, cached per buffer: workers reuse a few buffers,
-        and building views costs more than a small bunch's arithmetic."""
-        key = (flat.__array_interface__["data"][0], flat.size)
-        views = self._view_cache.get(key)
-        # The cached views keep their buffer alive, so an address cannot be reused by
-        # another buffer while its entry exists: address and size identify the memory.
-        if views is None:
-            if len(self._view_cache) > 16:
-                self._view_cache.clear()
-            views = self._view_cache[key] = self.layout.views(flat)
-        return views
+    def _load(self, x: np.ndarray) -> int:
+        """Copy the bunch into the input buffer (scaled by the first layer's ``pre``)."""
+        n = int(x.shape[0])
+        np.multiply(x, self._scales[0].pre, out=self._inputs[:n, :-1])
+        return n
 
-    def _forward(self, weights: np.ndarray, x: np.ndarray) -> list[np.ndarray]:
-        """Activations of every layer for the bunch ``x``; the last is the softmax output."""
-        views = self._views(weights)
-        n = x.shape[0]
-        outputs: list[np.ndarray] = []
-        current = x
-        last = len(views) // 2 - 1
-        for layer in range(last + 1):
-            w, b = views[2 * layer], views[2 * layer + 1]
-            out = self._acts[layer][:n]
-            np.matmul(current, w, out=out)
-            out += b
+    def _forward(self, views: list[np.ndarray], n: int, labels: np.ndarray) -> tuple[float, int]:
+        """Every layer's stored output for the loaded bunch; returns (summed loss, correct)."""
+        current = self._inputs[:n]
+        last = len(self._kinds) - 1
+        for layer, kind in enumerate(self._kinds):
+            w = views[0] if layer == 0 else views[2 * layer - 1]
+            plain = layer > 0 and self._uses_plain(layer, n)
+            if plain:
+                scales = self._scales[layer]
+                current = np.multiply(current, scales.in_mul, out=self._plain[layer - 1][:n])
+                current += scales.in_add
             if layer == last:
-                out -= out.max(axis=1, keepdims=True)
-                np.maximum(out, _SOFTMAX_FLOOR, out=out)
-                np.exp(out, out=out)
-                out /= out.sum(axis=1, keepdims=True)
-            else:
-                self._activate(self.spec.activations[layer], out)
-            outputs.append(out)
+                rows = self._logit_rows[:n]
+                self._matmul(current, w, rows)
+                if layer > 0:
+                    self._add_bias(layer, w, views[2 * layer], rows, plain)
+                logits = self._logits[:, :n]
+                np.copyto(logits, rows.T)
+                return self._softmax_scores(logits, labels)
+            out = self._outputs[layer][:n]
+            self._matmul(current, w, out)  # the first layer's: pre * (x W + b)
+            if layer > 0:
+                self._add_bias(layer, w, views[2 * layer], out, plain)
+            if kind == "relu":
+                np.maximum(out, 0.0, out=out)
+            else:  # tanh, or sigmoid stored as tanh(z / 2)
+                np.tanh(out, out=out)
             current = out
-        return outputs
+        raise AssertionError("unreachable: the last layer returns")
 
-    @staticmethod
-    def _activate(kind: str, z: np.ndarray) -> None:
-        if kind == "relu":
-            np.maximum(z, 0.0, out=z)
-        elif kind == "tanh":
-            np.tanh(z, out=z)  # saturates at +-1: no overflow, no denormals
-        else:
-            # sigmoid(z) = (1 + tanh(z / 2)) / 2: numpy's tanh is vectorised and this is
-            # 40% faster here than 1 / (1 + e^-z); it never overflows, and its outputs are
-            # 0 or at least 3e-8, never denormal.
-            z *= 0.5
-            np.tanh(z, out=z)
-            z *= 0.5
-            z += 0.5
+    def _uses_plain(self, layer: int, n: int) -> bool:
+        """Whether ``layer`` multiplies the true activations of the layer below rather than
+        the stored ones: for bunches smaller than the layer's width, making them costs
+        less than the passes over the weights that using the stored ones needs."""
+        return self._scales[layer].in_add != 0.0 and n < self.spec.sizes[layer + 1]
 
-    @staticmethod
-    def _derivative_times(kind: str, h: np.ndarray, delta: np.ndarray, scratch: np.ndarray) -> None:
-        """delta *= f'(z), expressed through the unit's output h (no temporaries)."""
-        if kind == "relu":
-            np.greater(h, 0.0, out=scratch)
-        elif kind == "tanh":
-            np.multiply(h, h, out=scratch)
-            np.subtract(1.0, scratch, out=scratch)
-        else:
-            np.subtract(1.0, h, out=scratch)
-            scratch *= h
-        delta *= scratch
+    def _add_bias(
+        self, layer: int, w: np.ndarray, b: np.ndarray, out: np.ndarray, plain: bool
+    ) -> None:
+        """out (= input @ W) becomes pre * z of this layer."""
+        scales = self._scales[layer]
+        in_mul, in_add = (1.0, 0.0) if plain else (scales.in_mul, scales.in_add)
+        if scales.pre * in_mul != 1.0:
+            out *= scales.pre * in_mul
+        bias = b
+        if in_add != 0.0:
+            bias = self._biases[layer]
+            np.add.reduce(w, axis=0, out=bias)
+            bias *= in_add
+            bias += b
+        if scales.pre != 1.0:
+            bias = np.multiply(bias, scales.pre, out=self._biases[layer])
+        out += bias
 
-    def _score(self, probs: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
-        rows = self._rows[: len(labels)]
-        picked = probs[rows, labels]
-        loss = float(-np.log(np.maximum(picked, 1e-30), dtype=np.float64).sum())
-        correct = int((probs.argmax(axis=1) == labels).sum())
+    def _softmax_scores(self, z: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        """Logits ``z`` (outputs, bunch) become the softmax probabilities; returns (summed
+        loss, correct) of the bunch."""
+        n = z.shape[1]
+        rows = self._rows[:n]
+        top = self._top[:n]
+        np.maximum.reduce(z, axis=0, out=top)
+        z -= top
+        # The label's logit is the pattern's maximum exactly when it is 0 now (a tie with
+        # another class also counts as correct; argmax would pick the first).
+        correct = int(np.count_nonzero(z[labels, rows] == 0.0))
+        np.maximum(z, _SOFTMAX_FLOOR, out=z)
+        np.exp(z, out=z)
+        total = self._total[:n]
+        np.add.reduce(z, axis=0, out=total)
+        z /= total
+        picked = z[labels, rows]
+        # picked >= e^-30 / outputs (the floor above), so its logarithm is finite.
+        loss = float(-np.log(picked, dtype=np.float64).sum())
         return loss, correct
+
+    def _back_into(self, layer: int, n: int, above: np.ndarray, w: np.ndarray) -> None:
+        """delta of hidden layer ``layer`` = (above @ w.T) * g(stored output), where g is
+        1 - t^2 for sigmoid and tanh (constant factors are in LayerScales.back) and the
+        step function for relu. The derivative's passes run over row blocks that stay in
+        cache between them (measured: a third faster than whole-array passes here;
+        blocking the matrix product too was slower)."""
+        self._matmul(above, w.T, self._deltas[layer][:n])
+        if self._derivative is not None and n >= _FUSED_DERIVATIVE_FROM:
+            self._derivative(self._kinds[layer], self._deltas[layer][:n], self._outputs[layer][:n])
+            return
+        relu = self._kinds[layer] == "relu"
+        for delta, stored, scratch in self._blocks(layer, n):
+            if relu:
+                np.greater(stored, 0.0, out=scratch)
+            else:
+                np.square(stored, out=scratch)
+                np.subtract(1.0, scratch, out=scratch)
+            delta *= scratch
 
     def gradient(
         self, weights: np.ndarray, x: np.ndarray, labels: np.ndarray, out: np.ndarray
@@ -117,37 +245,46 @@ class BunchNetwork:
         Returns (summed loss, correctly classified patterns) of the bunch, measured with
         the weights before the update.
         """
-        n = x.shape[0]
-        if n > self.max_bunch:
-            raise ValueError(f"bunch of {n} is larger than the {self.max_bunch} prepared")
+        if x.shape[0] > self.max_bunch:
+            raise ValueError(f"bunch of {x.shape[0]} is larger than the {self.max_bunch} prepared")
         views = self._views(weights)
         grads = self._views(out)
-        acts = self._forward(weights, x)
-        loss, correct = self._score(acts[-1], labels)
-        delta = self._deltas[-1][:n]
-        np.copyto(delta, acts[-1])
-        delta[self._rows[:n], labels] -= 1.0
-        for layer in range(len(acts) - 1, -1, -1):
-            below = x if layer == 0 else acts[layer - 1]
-            np.matmul(below.T, delta, out=grads[2 * layer])
-            np.sum(delta, axis=0, out=grads[2 * layer + 1])
-            if layer > 0:
-                back = self._deltas[layer - 1][:n]
-                np.matmul(delta, views[2 * layer].T, out=back)
-                scratch = self._scratch[layer - 1][:n]
-                self._derivative_times(
-                    self.spec.activations[layer - 1], acts[layer - 1], back, scratch
-                )
-                delta = back
+        n = self._load(x)
+        loss, correct = self._forward(views, n, labels)
+        self._logits[labels, self._rows[:n]] -= 1.0
+        delta = self._logits[:, :n].T  # (bunch, outputs), column-major
+        for layer in range(len(self._kinds) - 1, 0, -1):
+            scales = self._scales[layer]
+            plain = self._uses_plain(layer, n)
+            below = (self._plain if plain else self._outputs)[layer - 1][:n]
+            w, gw, gb = views[2 * layer - 1], grads[2 * layer - 1], grads[2 * layer]
+            if layer == len(self._kinds) - 1 and n >= _TRANSPOSED_GRADIENT_FROM:
+                self._matmul(delta.T, below, self._last_gradient)
+                np.copyto(gw, self._last_gradient.T)
+            else:
+                self._matmul(below.T, delta, gw)
+            np.add.reduce(delta, axis=0, out=gb)
+            if not plain:
+                # dW = in_mul * (stored.T @ delta) + in_add * (bias gradient)
+                if scales.in_mul != 1.0:
+                    gw *= scales.in_mul
+                if scales.in_add != 0.0:
+                    gw += np.multiply(gb, scales.in_add, out=self._biases[layer])
+            if scales.back != 1.0:
+                delta *= scales.back
+            self._back_into(layer - 1, n, delta, w)
+            delta = self._deltas[layer - 1][:n]
+        self._matmul(self._inputs[:n].T, delta, grads[0])  # weights and bias at once
         return loss, correct
 
     def evaluate(self, weights: np.ndarray, x: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         """(summed loss, correct) of the weights on all of ``x``, in bunches."""
+        views = self._views(weights)
         loss_total, correct_total = 0.0, 0
         for start in range(0, len(x), self.max_bunch):
             stop = min(start + self.max_bunch, len(x))
-            acts = self._forward(weights, x[start:stop])
-            loss, correct = self._score(acts[-1], labels[start:stop])
+            n = self._load(x[start:stop])
+            loss, correct = self._forward(views, n, labels[start:stop])
             loss_total += loss
             correct_total += correct
         return loss_total, correct_total

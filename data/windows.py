@@ -40,9 +40,10 @@ class UtteranceBounds:
         frames = np.asarray(frames, dtype=np.int64)
         utterances = self.utterance_of(frames)
         rows = frames[:, None] + np.arange(-context, context + 1)[None, :]
-        np.clip(
-            rows, self.starts[utterances, None], self.starts[utterances + 1, None] - 1, out=rows
-        )
+        # maximum and minimum rather than clip: a third of the time for a small bunch,
+        # where a worker's step is short enough for this to show
+        np.maximum(rows, self.starts[utterances, None], out=rows)
+        np.minimum(rows, self.starts[utterances + 1, None] - 1, out=rows)
         return rows
 
     def needed_rows(self, frames: np.ndarray, context: int) -> np.ndarray:

@@ -74,22 +74,29 @@ def analytic_gradient(
     return out, loss, correct
 
 
+def numeric_gradient(
+    spec: NetworkSpec, weights: np.ndarray, x: np.ndarray, labels: np.ndarray
+) -> np.ndarray:
+    """Central finite differences (step 1e-6) of the float64 reference loss."""
+    base = weights.astype(np.float64)
+    numeric = np.empty(base.size)
+    for i in range(base.size):
+        plus, minus = base.copy(), base.copy()
+        plus[i] += 1e-6
+        minus[i] -= 1e-6
+        lp, _ = reference_scores(spec, plus, x, labels)
+        lm, _ = reference_scores(spec, minus, x, labels)
+        numeric[i] = (lp - lm) / 2e-6
+    return numeric
+
+
 @pytest.mark.parametrize("activations", ACTIVATION_CASES, ids="-".join)
 def test_gradient_matches_float64_finite_differences(activations: tuple[str, str]) -> None:
     spec = tiny(activations)
     weights, x, labels = problem(spec, n=8)
     grad, _, _ = analytic_gradient(spec, weights, x, labels, max_bunch=8)
     assert np.isfinite(grad).all()
-    base = weights.astype(np.float64)
-    eps = 1e-6
-    numeric = np.empty(base.size)
-    for i in range(base.size):
-        plus, minus = base.copy(), base.copy()
-        plus[i] += eps
-        minus[i] -= eps
-        lp, _ = reference_scores(spec, plus, x, labels)
-        lm, _ = reference_scores(spec, minus, x, labels)
-        numeric[i] = (lp - lm) / (2 * eps)
+    numeric = numeric_gradient(spec, weights, x, labels)
     scale = np.abs(numeric).max()
     assert scale > 0.1  # the problem is not degenerate
     np.testing.assert_allclose(grad, numeric, rtol=1e-3, atol=1e-4 * scale)
@@ -124,23 +131,28 @@ def test_gradient_matches_finite_differences_of_evaluate(activations: tuple[str,
     np.testing.assert_allclose(grad[smooth], numeric[smooth], rtol=2e-2, atol=2e-3 * scale)
 
 
-@pytest.mark.parametrize("activations", [(), ("sigmoid",), ("relu", "tanh", "sigmoid")])
-def test_gradient_other_depths(activations: tuple[str, ...]) -> None:
-    sizes = (5, *(4 for _ in activations), 3)
+# Other depths; and every arithmetic path of the step: bunches smaller than the softmax
+# layer multiply true activations, bunches of 128 and more compute its gradient transposed.
+DEPTH_AND_PATH_CASES = [
+    ((5, 3), (), 7),
+    ((5, 4, 3), ("sigmoid",), 7),
+    ((5, 4, 4, 4, 3), ("relu", "tanh", "sigmoid"), 7),
+    *(((5, 4, 12), (kind,), 6) for kind in ("sigmoid", "tanh", "relu")),
+    *(((5, 4, 3), (kind,), 130) for kind in ("sigmoid", "tanh", "relu")),
+    *(((5, 6, 4, 3), (kind, kind), 130) for kind in ("sigmoid", "tanh", "relu")),
+]
+
+
+@pytest.mark.parametrize(("sizes", "activations", "n"), DEPTH_AND_PATH_CASES)
+def test_gradient_other_depths_and_paths(
+    sizes: tuple[int, ...], activations: tuple[str, ...], n: int
+) -> None:
     spec = NetworkSpec(sizes, activations)
-    weights, x, labels = problem(spec, n=7, seed=2)
-    grad, loss, correct = analytic_gradient(spec, weights, x, labels, max_bunch=7)
-    base = weights.astype(np.float64)
-    numeric = np.empty(base.size)
-    for i in range(base.size):
-        plus, minus = base.copy(), base.copy()
-        plus[i] += 1e-6
-        minus[i] -= 1e-6
-        numeric[i] = (
-            reference_scores(spec, plus, x, labels)[0] - reference_scores(spec, minus, x, labels)[0]
-        ) / 2e-6
+    weights, x, labels = problem(spec, n=n, seed=2)
+    grad, loss, correct = analytic_gradient(spec, weights, x, labels, max_bunch=n)
+    numeric = numeric_gradient(spec, weights, x, labels)
     np.testing.assert_allclose(grad, numeric, rtol=1e-3, atol=1e-4 * np.abs(numeric).max())
-    ref_loss, predicted = reference_scores(spec, base, x, labels)
+    ref_loss, predicted = reference_scores(spec, weights, x, labels)
     assert loss == pytest.approx(ref_loss, rel=1e-5)
     assert correct == int((predicted == labels).sum())
 
@@ -259,3 +271,15 @@ def test_matches_torch_autograd() -> None:
     ref.backward()
     assert loss == pytest.approx(float(ref), rel=1e-5)
     np.testing.assert_allclose(grad, flat.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_layer_scales_of_a_sigmoid_network() -> None:
+    """Sigmoid units store tanh(z/2): halved first-layer inputs, (1 + t)/2 folded into the
+    softmax layer, and the 1/4 of the derivative times the 2 of the halved inputs."""
+    from snet.client.layer_scales import LayerScales, layer_scales
+
+    first, softmax = layer_scales(NetworkSpec.parse("351:1262:45"))
+    assert first == LayerScales(pre=0.5, in_mul=1.0, in_add=0.0, back=1.0)
+    assert softmax == LayerScales(pre=1.0, in_mul=0.5, in_add=0.5, back=0.5)
+    tanh_first, tanh_softmax = layer_scales(NetworkSpec.parse("5:4:3", activation="tanh"))
+    assert tanh_first.pre == 1.0 and tanh_softmax == LayerScales(1.0, 1.0, 0.0, 1.0)

@@ -1,0 +1,95 @@
+"""``snet bench``'s report: the worker targets and partial reruns (no benchmarks run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from snet.cli import bench
+from snet.cli.bench_report import render_markdown
+
+
+def worker_row(bunch: int, **figures: float) -> dict[str, Any]:
+    """A row of ``snet bench``'s worker section: MCUPS of the named figures."""
+    row: dict[str, Any] = {"network": "351:1262:45", "bunch": bunch, "threads": 1}
+    return row | figures
+
+
+def figures(numpy: float, torch: float, autograd: float, hand: float) -> dict[str, float]:
+    """Both backends, PyTorch's steps, and GEMM ceilings of 1.1x numpy and 1.2x torch."""
+    return {
+        "numpy": numpy,
+        "gemm_ceiling_numpy": round(numpy * 1.1, 1),
+        "torch_backend": torch,
+        "gemm_ceiling_torch": round(torch * 1.2, 1),
+        "torch_autograd": autograd,
+        "torch_hand": hand,
+    }
+
+
+def target_rows(markdown: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("worker vs"):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_the_ceiling_target_is_met_by_either_backend_against_its_own_blas() -> None:
+    # torch is faster (MCUPS) but further from MKL's ceiling; numpy is within 10% of its own
+    row = worker_row(1000, **figures(27000.0, 30000.0, 28000.0, 29000.0))
+    rows = target_rows(render_markdown({"worker": [row]}))
+    assert rows["worker vs the GEMM ceiling (bunch 1000, numpy)"] == ["0.909", ">= 0.9", "True"]
+    assert rows["worker vs PyTorch at its best (bunch 1000)"] == ["1.034", ">= 1.0", "True"]
+
+
+def test_ratios_are_not_rounded_up_into_a_target() -> None:
+    row = worker_row(1000, numpy=8960.0, gemm_ceiling_numpy=10000.0)
+    rows = target_rows(render_markdown({"worker": [row]}))
+    assert rows["worker vs the GEMM ceiling (bunch 1000, numpy)"] == ["0.896", ">= 0.9", "False"]
+
+
+def test_small_bunch_target_above_the_gemm_ceiling_is_said_so() -> None:
+    row = worker_row(12, **figures(10000.0, 13500.0, 8500.0, 15000.0))
+    markdown = render_markdown({"worker": [row]})
+    assert "1.5x PyTorch's hand-written step (22500 MCUPS) is above the GEMM ceiling" in markdown
+    assert "(16200 MCUPS" in markdown and "torch_backend) does 13500 MCUPS, 0.83" in markdown
+    rows = target_rows(markdown)
+    assert rows["worker vs PyTorch (torch_autograd, bunch 12)"][0] == "1.588"
+    row["torch_hand"] = 10000.0  # 1.5x of it is within the ceiling: nothing to explain
+    assert "is above the GEMM ceiling" not in render_markdown({"worker": [row]})
+
+
+def test_a_partial_rerun_keeps_the_other_sections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, markdown = tmp_path / "b.json", tmp_path / "b.md"
+    old_round = {"element_mb": 2.0, "snet_rounds_per_s": 1, "gloo_allreduce_per_s": 2, "ratio": 0.5}
+    path.write_text(json.dumps({"when": "earlier", "round": old_round, "worker": []}))
+    fresh = [worker_row(1000, numpy=1.0, gemm_ceiling_numpy=2.0)]
+    monkeypatch.setattr(bench, "_worker_rows", lambda quick: fresh)
+    args = argparse.Namespace(
+        only="worker", quick=True, seconds=1.0, json=str(path), markdown=str(markdown)
+    )
+    assert bench.run_bench(args) == 0
+    merged = json.loads(path.read_text())
+    assert merged["round"] == old_round and merged["worker"] == fresh
+    assert merged["when"] == "earlier" and merged["worker_when"] != "earlier"
+    text = markdown.read_text()
+    assert "## Synchronous round" in text and f"at {merged['worker_when']}" in text
+
+
+def test_two_thread_rows_slower_than_one_thread_ceilings_are_flagged() -> None:
+    rows = [
+        worker_row(1000, **figures(27000.0, 30000.0, 28000.0, 29000.0)),
+        worker_row(1000, **figures(900.0, 800.0, 700.0, 600.0)) | {"threads": 2},
+        worker_row(12, **figures(9000.0, 12000.0, 8000.0, 14000.0)),
+        worker_row(12, **figures(15000.0, 20000.0, 9000.0, 20000.0)) | {"threads": 2},
+    ]
+    markdown = render_markdown({"worker": rows})
+    assert "below half its 1-thread value (351:1262:45 bunch 1000) were measured" in markdown
