@@ -113,10 +113,12 @@ def accuracy(workdir: Path, repeats: int, epochs: int, codecs: list[str]) -> str
         for codec in codecs:
             run = workdir / f"acc-{codec.replace(':', '_')}-{repeat}"
             job = ["--mode", "async", "--epochs", str(epochs), "--compress", codec]
+            job += ["--trace-file", str(run / "trace.jsonl")]  # replayable: bench/replay.py
             status = train(run, job, 4, [])
             rows[codec].append(status)
             print(
-                f"  {codec:<11} run {repeat + 1}: CV {100 * status['cv_accuracy']:.2f}%, "
+                f"  {codec:<11} run {repeat + 1}: CV {100 * status['cv_accuracy']:.2f}% "
+                f"(epoch 1: {100 * status['epochs'][0]['cv_accuracy']:.2f}%), "
                 f"{status['compression']['bytes_per_update']} B/update",
                 file=sys.stderr,
                 flush=True,

@@ -19,6 +19,19 @@ in ~100 updates is delayed enough; momentum's spreading on top of that cost the 
 epoch half its progress. See docs/compression.md.) The sum of decoded updates plus the
 final residual is then the sum of the velocities u.
 
+The codecs that leave most of an update to later ones (``sign``, ``topk``; see
+``CLIPPED_FAMILIES``) clip each gradient sum first, as Deep Gradient Compression's *local
+gradient clipping* does: its norm per pattern may be at most ``CLIP_FACTOR`` times the
+running mean (``CLIP_AVERAGING``) of the norms this worker sent before, else the sum is
+scaled down to that. The threshold needs no constant of the job's scale, and in the first
+updates, whose gradients grow from small to ten times larger within a few bunches, it
+works as a warm-up of the learning rate. Without it, a worker that steps alone at the
+start (the others still starting: every update of it is then a whole step) piles up
+residuals and bursts that saturate most hidden units in a dozen steps, and the run ends
+3-4 points down (measured by replaying such runs, docs/compression.md). The sums above
+then hold for the clipped gradients; what clipping removes is dropped, as any gradient
+clipping does.
+
 A refused update was never applied, and its frames are trained again elsewhere: the
 worker takes its gradient back out (``refused``) and puts back what the update carried
 from earlier residuals, so the sums above hold over the updates actually applied. It
@@ -43,6 +56,9 @@ from snet.protocol.messages import Encoded
 from snet.protocol.network import ElementLayout
 
 COSINE_EVERY = 16
+CLIPPED_FAMILIES = ("sign", "topk")  # codecs whose updates are clipped locally (see above)
+CLIP_FACTOR = 1.2  # a gradient's norm per pattern is at most this times the running mean
+CLIP_AVERAGING = 0.9  # the running mean's decay per update
 WORKER_MOMENTUM = 0.5  # the most momentum a momentum-corrected worker keeps itself
 KEEP_SENT = 8  # updates whose refusal can still be undone (at most max_in_flight are open)
 
@@ -76,7 +92,10 @@ class UpdateCompressor:
         layout: ElementLayout,
         cosine_every: int = COSINE_EVERY,
         momentum: float = 0.0,
+        clip_factor: float | None = None,
     ) -> None:
+        """``clip_factor``: the local clipping threshold as a multiple of the running
+        mean norm (0 for none); by default ``CLIP_FACTOR`` for ``CLIPPED_FAMILIES``."""
         self.codec = parse_codec(codec_name)
         self.layout = layout
         self.cosine_every = max(1, cosine_every)
@@ -87,6 +106,11 @@ class UpdateCompressor:
         self.gain = (1.0 - self.momentum) / (1.0 - momentum) if corrected else 1.0
         self.velocity = layout.allocate() if corrected else None
         self.residual = layout.allocate()
+        clipped = self.codec.family in CLIPPED_FAMILIES
+        self.clip_factor = (CLIP_FACTOR if clipped else 0.0) if clip_factor is None else clip_factor
+        self.clip_mean: float | None = None  # running mean norm per pattern of what was sent
+        self.clipped = 0  # updates whose gradient was scaled down
+        self._clipped = layout.allocate()
         self._sent: OrderedDict[UpdateKey, _Sent] = OrderedDict()
         self.refusals = 0
         self._target = layout.allocate()
@@ -121,18 +145,41 @@ class UpdateCompressor:
             and current.name == codec_name
             and current.layout == layout
             and (current.momentum, current.gain) == (fresh.momentum, fresh.gain)
+            and current.clip_factor == fresh.clip_factor
         ):
             current._sent.clear()
             return current
         return fresh
 
-    def compress(self, gradient: np.ndarray, key: UpdateKey | None = None) -> Encoded:
-        """The encoded update for ``gradient`` plus the residual; the residual moves on.
+    def clip(self, gradient: np.ndarray, patterns: int) -> np.ndarray:
+        """``gradient`` (a sum over ``patterns``), or a scaled-down copy of it when its
+        norm per pattern exceeds ``clip_factor`` times the running mean; the running mean
+        moves on with what is returned. The first gradient is never clipped."""
+        if not self.clip_factor:
+            return gradient
+        norm = float(np.linalg.norm(gradient)) / max(patterns, 1)
+        if not math.isfinite(norm):  # the server refuses it; keep the mean finite
+            return gradient
+        limit = None if self.clip_mean is None else self.clip_factor * self.clip_mean
+        if limit is not None and norm > limit:
+            np.multiply(gradient, np.float32(limit / norm), out=self._clipped)
+            gradient, norm = self._clipped, limit
+            self.clipped += 1
+        mean = self.clip_mean
+        self.clip_mean = norm if mean is None else CLIP_AVERAGING * mean + (1 - CLIP_AVERAGING) * norm
+        return gradient
+
+    def compress(
+        self, gradient: np.ndarray, key: UpdateKey | None = None, patterns: int = 1
+    ) -> Encoded:
+        """The encoded update for ``gradient`` (a sum over ``patterns``, clipped first,
+        see ``clip``) plus the residual; the residual moves on.
 
         ``key`` names the update (lease id, offset), so that ``refused(key)`` can undo it.
         Runs in the compute thread; the returned parts are new arrays, so ``gradient``
         may be overwritten as soon as this returns.
         """
+        gradient = self.clip(gradient, patterns)
         if self.velocity is not None:
             self.velocity *= np.float32(self.momentum)
             self.velocity += np.float32(self.gain) * gradient
@@ -190,6 +237,7 @@ class UpdateCompressor:
             "codec": self.name,
             "updates": self.updates,
             "refusals_undone": self.refusals,
+            "clipped": self.clipped,
             "payload_bytes": self.payload_bytes,
             "raw_bytes": self.updates * self.layout.nbytes,
             "residual_norm": round(norm, 6) if math.isfinite(norm) else None,

@@ -309,7 +309,7 @@ class Worker(Joining):
         """Compute thread: the gradient sum, then its encoding with error feedback."""
         assert self.compressor is not None
         loss, correct = self.backend.gradient(weights, frames, scratch)
-        return loss, correct, self.compressor.compress(scratch, key)
+        return loss, correct, self.compressor.compress(scratch, key, len(frames))
 
     def _undo_refused(self, message: ErrorMessage) -> None:
         """A refused compressed update gives back what it carried from the residual (the
