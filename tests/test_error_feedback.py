@@ -1,13 +1,20 @@
 """Error feedback beyond the plain case: topk's momentum correction (the worker keeps a
 shorter momentum, the server applies such updates without its own), its sparsity warm-up,
-and refused updates taken back out of the residual so nothing is lost or counted twice."""
+local gradient clipping (sign, topk), and refused updates taken back out of the residual
+so nothing is lost or counted twice."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from snet.client.compression import KEEP_SENT, WORKER_MOMENTUM, UpdateCompressor
+from snet.client.compression import (
+    CLIP_FACTOR,
+    CLIPPED_FAMILIES,
+    KEEP_SENT,
+    WORKER_MOMENTUM,
+    UpdateCompressor,
+)
 from snet.client.config import WorkerConfig
 from snet.client.worker import Worker
 from snet.protocol.codecs import carries_momentum, parse_codec
@@ -26,6 +33,24 @@ def gradient(seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     values = rng.standard_normal(LAYOUT.size) * np.exp(rng.uniform(-4, 3, LAYOUT.size))
     return values.astype("<f4")
+
+
+class ReferenceClip:
+    """Local clipping as documented, in float64: a gradient's norm per pattern at most
+    ``factor`` times the running mean (decay 0.9) of the norms returned before."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.mean: float | None = None
+
+    def __call__(self, g: np.ndarray, patterns: int = 1) -> np.ndarray:
+        norm = float(np.linalg.norm(g.astype(np.float64))) / patterns
+        if self.factor and self.mean is not None and norm > self.factor * self.mean:
+            g = g.astype(np.float64) * (self.factor * self.mean / norm)
+            norm = self.factor * self.mean
+        if self.factor:
+            self.mean = norm if self.mean is None else 0.9 * self.mean + 0.1 * norm
+        return g
 
 
 def decoded(name: str, compressor: UpdateCompressor, g: np.ndarray, key: int) -> np.ndarray:
@@ -47,7 +72,7 @@ def test_only_topk_carries_momentum() -> None:
 
 def test_momentum_corrected_error_feedback_loses_nothing() -> None:
     """Sum of decoded updates + final residual == sum of the velocities u = mu u + c g."""
-    compressor = UpdateCompressor("topk:0.05", LAYOUT, momentum=MOMENTUM)
+    compressor = UpdateCompressor("topk:0.05", LAYOUT, momentum=MOMENTUM, clip_factor=0.0)
     velocity = np.zeros(LAYOUT.size, np.float64)
     velocities = np.zeros(LAYOUT.size, np.float64)
     sent = np.zeros(LAYOUT.size, np.float64)
@@ -69,7 +94,7 @@ def test_a_gradient_moves_the_weights_as_far_as_under_the_servers_momentum() -> 
     start = gradient(99)
     dense = UpdateRule(start, MOMENTUM)
     corrected = UpdateRule(start, MOMENTUM)
-    compressor = UpdateCompressor("topk:1", LAYOUT, momentum=MOMENTUM)
+    compressor = UpdateCompressor("topk:1", LAYOUT, momentum=MOMENTUM, clip_factor=0.0)
     for step in range(300):
         g = gradient(step) if step < 5 else np.zeros(LAYOUT.size, np.float32)
         dense.step([g], 128, 0.1)
@@ -122,17 +147,19 @@ def test_a_refused_update_is_taken_back_out_of_the_error_feedback(name: str) -> 
     """Updates 5 and 8 are refused (each found out two updates later, as when the error
     arrives while others are in flight): then the decoded updates the server applied plus
     the residual equal the sum of what the worker would owe without the refused gradients:
-    the raw gradients, or for topk the velocities of the gradient stream without them."""
+    the raw gradients, or for topk the velocities of the gradient stream without them
+    (each gradient as clipped locally: sign and topk clip, int8 does not)."""
     mu, gain = (MU, GAIN) if carries_momentum(name) else (0.0, 1.0)
     compressor = UpdateCompressor(name, LAYOUT, momentum=MOMENTUM)
+    clip = ReferenceClip(CLIP_FACTOR if name.split(":")[0] in CLIPPED_FAMILIES else 0.0)
     refused = {5, 8}
     velocity = np.zeros(LAYOUT.size, np.float64)
     owed = np.zeros(LAYOUT.size, np.float64)
     applied = np.zeros(LAYOUT.size, np.float64)
     sent: dict[int, np.ndarray] = {}
     for step in range(40):
-        g = gradient(step)
-        sent[step] = decoded(name, compressor, g, step)
+        sent[step] = decoded(name, compressor, gradient(step), step)
+        g = clip(gradient(step))
         # Without g the refused step still decays the velocity (the worker's clock is
         # its own updates): u' = mu u' + (0 if refused else c g).
         velocity = mu * velocity + (0.0 if step in refused else gain * g)
@@ -149,6 +176,58 @@ def test_a_refused_update_is_taken_back_out_of_the_error_feedback(name: str) -> 
     assert compressor.figures()["refusals_undone"] == 2
     assert not compressor.refused((1, 5))  # undone once only
     assert not compressor.refused((1, 39 - KEEP_SENT))  # too old to undo: left alone
+
+
+@pytest.mark.parametrize("name", ["sign", "topk:0.05"])
+def test_local_clipping_bounds_each_gradient_and_loses_nothing_else(name: str) -> None:
+    """sign and topk scale a gradient down to CLIP_FACTOR times the running mean norm per
+    pattern (the first is never clipped); error feedback then holds for the clipped ones."""
+    mu, gain = (MU, GAIN) if carries_momentum(name) else (0.0, 1.0)
+    compressor = UpdateCompressor(name, LAYOUT, momentum=MOMENTUM)
+    assert compressor.clip_factor == CLIP_FACTOR
+    clip = ReferenceClip(CLIP_FACTOR)
+    velocity = np.zeros(LAYOUT.size, np.float64)
+    owed = np.zeros(LAYOUT.size, np.float64)
+    sent = np.zeros(LAYOUT.size, np.float64)
+    first = gradient(0)
+    for step in range(30):
+        # A burst ten times as large at steps 5-9, as a run's first bunches bring.
+        g = gradient(step) * np.float32(10.0 if 5 <= step < 10 else 1.0)
+        encoded = compressor.compress(g, (1, step), patterns=128)
+        out = LAYOUT.allocate()
+        parse_codec(name).decode(LAYOUT, encoded, out)
+        sent += out
+        before = clip.mean
+        kept = clip(g, 128)
+        if step == 0:
+            assert np.array_equal(kept, first)  # nothing to compare with yet: never clipped
+        if step == 5:  # the burst: clipped to exactly the limit, in the gradient's direction
+            assert before is not None and np.linalg.norm(g) / 128 > CLIP_FACTOR * before
+            assert np.linalg.norm(kept) / 128 == pytest.approx(CLIP_FACTOR * before, rel=1e-6)
+        velocity = mu * velocity + gain * kept
+        owed += velocity
+    assert 5 <= compressor.clipped < 30
+    assert compressor.figures()["clipped"] == compressor.clipped
+    assert compressor.clip_mean == pytest.approx(clip.mean, rel=1e-5)
+    scale = np.abs(owed).max()
+    np.testing.assert_allclose(sent + compressor.residual, owed, atol=2e-5 * scale)
+
+
+def test_only_sign_and_topk_clip() -> None:
+    for name in ("none", "fp16", "int8", "powersgd:2"):
+        compressor = UpdateCompressor(name, LAYOUT)
+        assert compressor.clip_factor == 0.0
+        g = gradient(1)
+        assert compressor.clip(g * 1000, 1) is not None and compressor.clipped == 0
+    compressor = UpdateCompressor("sign", LAYOUT, clip_factor=0.0)
+    g = gradient(1)
+    compressor.clip(g, 1)
+    assert compressor.clip(g * 100, 1) is not None and compressor.clipped == 0
+    nan = gradient(2)
+    nan[0] = np.nan
+    clipped = UpdateCompressor("sign", LAYOUT)
+    clipped.clip(nan, 1)  # refused by the server anyway: the running mean stays unset
+    assert clipped.clip_mean is None
 
 
 def test_a_reconnection_forgets_the_old_connections_updates() -> None:
