@@ -8,6 +8,8 @@
 ``accuracy``: the default job (FSDD, 117:512:10, 10 epochs, async) with 4 workers, once per
 update codec; for each, the bytes per update frame and the ratio to float32 (both from the
 server's compression ledger, whole frames), and the final CV accuracy against ``none``'s.
+Each run's step trace is kept beside it (``--workdir``): ``bench/replay.py`` replays one
+deterministically, with any codec.
 
 ``slowlink``: the server and 4 workers in network namespaces whose links are shaped to
 100 Mbit/s (see netns.py), a 351:1262:45 network (2.0 MB elements) on synthetic frames

@@ -150,6 +150,13 @@ def _floats(values: list[float]) -> str:
     return " ".join(f"{v:8.3f}" for v in values)
 
 
+def _epoch_done(run: Replay, epoch: int, cvs: list[float]) -> None:
+    cvs.append(run.cv_accuracy())
+    median, saturated = run.probe.hidden(run.rule.weights)
+    print(f"epoch {epoch + 1}: CV {cvs[-1]:.2f}%  |b0| median {median:.2f}  "
+          f"saturated {saturated:.3f}", flush=True)  # fmt: skip
+
+
 def replay(path: Path, codec: str, epochs: int, watch: int, options: dict[str, Any]) -> list[float]:
     """Replay ``path`` with ``codec``; CV accuracy after each replayed epoch."""
     run = Replay(JobSpec(), codec, options)
@@ -157,10 +164,7 @@ def replay(path: Path, codec: str, epochs: int, watch: int, options: dict[str, A
     epoch = 0
     for record in read_trace(path):
         if record["epoch"] != epoch:
-            cvs.append(run.cv_accuracy())
-            median, saturated = run.probe.hidden(run.rule.weights)
-            print(f"epoch {epoch + 1}: CV {cvs[-1]:.2f}%  |b0| median {median:.2f}  "
-                  f"saturated {saturated:.3f}", flush=True)  # fmt: skip
+            _epoch_done(run, epoch, cvs)
             epoch = record["epoch"]
             if epoch >= epochs:
                 return cvs
@@ -168,12 +172,14 @@ def replay(path: Path, codec: str, epochs: int, watch: int, options: dict[str, A
         if figures["step"] <= watch:
             median, saturated = run.probe.hidden(run.rule.weights)
             print(f"step {figures['step']:4d} n={figures['updates']} stale={figures['stale']} "
-                  f"g {figures['gradient']:.3f} moved {_floats(figures['moved'])}  |b0| {median:.3f} sat {saturated:.3f}  "
+                  f"g {figures['gradient']:.3f} moved {_floats(figures['moved'])}  "
+                  f"|b0| {median:.3f} sat {saturated:.3f}  "
                   f"residual {_floats(run.residuals())}", flush=True)  # fmt: skip
-    cvs.append(run.cv_accuracy())
-    median, saturated = run.probe.hidden(run.rule.weights)
-    print(f"epoch {epoch + 1}: CV {cvs[-1]:.2f}%  |b0| median {median:.2f}  "
-          f"saturated {saturated:.3f}", flush=True)  # fmt: skip
+    _epoch_done(run, epoch, cvs)
+    compressors = [c for c in run.compressors.values() if c is not None]
+    if compressors:
+        clipped = sum(c.clipped for c in compressors)
+        print(f"clipped {clipped} of {sum(c.updates for c in compressors)} updates", flush=True)
     return cvs
 
 

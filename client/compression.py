@@ -166,7 +166,7 @@ class UpdateCompressor:
             gradient, norm = self._clipped, limit
             self.clipped += 1
         mean = self.clip_mean
-        self.clip_mean = norm if mean is None else CLIP_AVERAGING * mean + (1 - CLIP_AVERAGING) * norm
+        self.clip_mean = norm if mean is None else mean + (1 - CLIP_AVERAGING) * (norm - mean)
         return gradient
 
     def compress(
