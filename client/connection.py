@@ -18,7 +18,7 @@ import time
 import typing
 from collections.abc import Callable
 
-from snet.protocol.channel import Channel
+from snet.protocol.channel import Channel, gathering_writer
 from snet.protocol.errors import CodecError, ProtocolError
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import ErrorMessage, Message, Resync, Weights
@@ -71,7 +71,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         # Pause as soon as anything is left unsent: then "resumed" means "all written",
         # which is when an update element may be filled again.
         transport.set_write_buffer_limits(high=0, low=0)
-        self.channel = Channel(transport.write, self.limits)
+        self.channel = Channel(transport.write, self.limits, writelines=gathering_writer(transport))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         assert self.channel is not None

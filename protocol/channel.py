@@ -4,7 +4,8 @@ It owns the ``FrameDecoder`` for incoming bytes and orders outgoing frames. The 
 around it (an ``asyncio.BufferedProtocol``) only forwards ``get_buffer``/``buffer_updated``
 and the transport's ``pause_writing``/``resume_writing`` signals; the channel calls the
 ``write`` function it was given once per frame piece (scatter/gather: the header and each
-array buffer separately, never joined).
+array buffer separately, never joined), or its ``writelines`` once per frame when the
+transport gathers them into one system call itself (``gathering_writer``).
 
 While the peer is slow (writing paused), frames wait in a backlog in order; only the
 newest ``Weights`` is kept there, because a worker always wants the newest weights and
@@ -24,7 +25,22 @@ from .framing import FrameLimits, PayloadSink, encode
 from .messages import Message, Weights
 
 WriteFunction = Callable[[bytes | memoryview], None]
+WritelinesFunction = Callable[[list[bytes | memoryview]], None]
 Transform = Callable[[Message], Message]
+
+
+def gathering_writer(transport: object) -> WritelinesFunction | None:
+    """The transport's ``writelines`` when it sends a frame's pieces in one ``writev``.
+
+    uvloop's does: one system call per frame, and a small frame is one TCP segment rather
+    than a header segment and a payload segment that wake the peer twice. Python 3.11's
+    own asyncio transports join the pieces first (a copy of every 2 MB payload), so for
+    them the channel keeps writing piece by piece.
+    """
+    if type(transport).__module__.split(".")[0] != "uvloop":
+        return None
+    writelines: WritelinesFunction = getattr(transport, "writelines")  # noqa: B009
+    return writelines
 
 
 class Channel:
@@ -35,8 +51,10 @@ class Channel:
         write: WriteFunction,
         limits: FrameLimits | None = None,
         sink: PayloadSink | None = None,
+        writelines: WritelinesFunction | None = None,
     ) -> None:
         self._write = write
+        self._writelines = writelines
         self.decoder = FrameDecoder(limits, sink)
         self._backlog: deque[Message] = deque()
         self._paused = False
@@ -94,9 +112,11 @@ class Channel:
             message = self.before_send(message)
         pieces = encode(message)
         self.frames_sent += 1
-        size = 0
-        for piece in pieces:
-            size += len(piece)
-            self._write(piece)
+        size = sum(len(piece) for piece in pieces)
+        if self._writelines is not None:
+            self._writelines(pieces)
+        else:
+            for piece in pieces:
+                self._write(piece)
         self.bytes_sent += size
         self.sent.add(message.TYPE, size)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from snet.protocol import PROTOCOL_VERSION, auth
-from snet.protocol.channel import Channel
+from snet.protocol.channel import Channel, gathering_writer
 from snet.protocol.codecs.handshake import agree_codecs
 from snet.protocol.codecs.weights import WeightsEncoder
 from snet.protocol.errors import (
@@ -113,7 +113,9 @@ class WorkerConnection(asyncio.BufferedProtocol):
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
         peer: Any = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.channel = Channel(transport.write, self.limits, self.coordinator.pool)
+        self.channel = Channel(
+            transport.write, self.limits, self.coordinator.pool, gathering_writer(transport)
+        )
         self.connections.add(self)
         self.counters.connections += 1
         self.channel.send(

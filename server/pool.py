@@ -6,6 +6,9 @@ then returned to the free queue: no allocation per update in the steady state. W
 free queue runs dry the pool still hands out a fresh element (counted as an overflow) so
 that no update is ever dropped, and the server stops reading from its workers until
 elements are free again, which bounds the overflow to one frame per connection.
+The free elements are a stack: the one released last is handed out first, so a server
+that is keeping up cycles through a few elements that stay in the cache instead of
+walking the whole pool (64 MB for 32 elements of 2 MB) through memory.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class ElementPool:
     def acquire(self) -> PooledElement:
         """A free element, or a fresh one (counted) when the pool is exhausted."""
         if self._free:
-            element = self._free.popleft()
+            element = self._free.pop()  # the most recently released: warm in the cache
         else:
             self.overflows += 1
             element = PooledElement(-1, self.layout)

@@ -41,6 +41,7 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "weight_version": coordinator.version,
         "steps": stats.steps,
         "step_passes": stats.step_passes,
+        "step_seconds": round(stats.step_seconds, 6),
         "updates_applied": stats.updates_applied,
         "updates_rejected": stats.updates_rejected,
         "frames_refused": server.counters.frames_refused,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -103,72 +104,75 @@ class UpdateRule:
             not (group or extra) for group, extra in zip(groups, bypass, strict=True)
         ):
             raise ValueError("a step needs at least one pattern")
-        scales = [np.float32(-learning_rate / count) for count in patterns]
-        old_weights, old_velocity = self.weights, self.velocity
-        weights = np.empty_like(old_weights)
-        velocity = self._spare_velocity
-        arrays = (old_weights, old_velocity, weights, velocity)
-        edges = np.linspace(0, -(-weights.size // BLOCK), self.lanes + 1).astype(int) * BLOCK
+        # The new weights go to a fresh buffer, which is the snapshot: buffers still being
+        # sent to workers are never written again; the velocity goes to the spare buffer.
+        work = _Pass(
+            groups, bypass, [np.float32(-learning_rate / count) for count in patterns],
+            self.weights, self.velocity, np.empty_like(self.weights), self._spare_velocity,
+            np.float32(self.momentum), self._ones,
+        )  # fmt: skip
+        size = work.weights.size
+        edges = np.linspace(0, -(-size // BLOCK), self.lanes + 1).astype(int) * BLOCK
         lanes = list(zip(edges[:-1].tolist(), edges[1:].tolist(), self._scratch, strict=True))
         others = [
-            self._helpers.submit(self._fused, groups, bypass, scales, arrays, *lane)
-            for lane in lanes[1:]
-            if self._helpers is not None
+            self._helpers.submit(work.run, *lane) for lane in lanes[1:] if self._helpers is not None
         ]
-        finite = self._fused(groups, bypass, scales, arrays, *lanes[0])
+        finite = work.run(*lanes[0])
         finite = all([f.result() for f in others]) and finite
         if not finite:
             return None
-        weights.flags.writeable = False
-        self.weights = weights
-        self.velocity, self._spare_velocity = velocity, old_velocity
-        return weights
+        work.weights.flags.writeable = False
+        self.weights = work.weights
+        self.velocity, self._spare_velocity = work.velocity, work.old_velocity
+        return work.weights
 
-    def _fused(
-        self,
-        groups: Sequence[Sequence[np.ndarray]],
-        direct: Sequence[Sequence[np.ndarray]],
-        scales: list[np.float32],
-        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-        first: int,
-        last: int,
-        scratch: np.ndarray,
-    ) -> bool:
-        """Every step of ``steps`` on values [first, last), block by block; False at the
-        first block that is not finite."""
-        last = min(last, arrays[2].size)
+    def load(self, weights: np.ndarray) -> None:
+        """Replace the weights (e.g. to continue training) and reset the momentum."""
+        fresh = np.array(weights, dtype=ELEMENT_DTYPE)
+        fresh.flags.writeable = False
+        self.weights = self.snapshot = fresh
+        self.velocity[...] = 0.0
+        self._spare_velocity[...] = 0.0
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """One call of ``steps``: its inputs, and the fresh arrays it writes."""
+
+    groups: Sequence[Sequence[np.ndarray]]
+    direct: Sequence[Sequence[np.ndarray]]
+    scales: list[np.float32]
+    old_weights: np.ndarray
+    old_velocity: np.ndarray
+    weights: np.ndarray
+    velocity: np.ndarray
+    momentum: np.float32
+    ones: np.ndarray
+
+    def run(self, first: int, last: int, scratch: np.ndarray) -> bool:
+        """Every step on values [first, last), block by block; False at the first block
+        that is not finite."""
+        last = min(last, self.weights.size)
         with np.errstate(over="ignore", invalid="ignore"):  # found by the check below
             for start in range(first, last, BLOCK):
-                end = min(start + BLOCK, last)
-                if not self._block_steps(groups, direct, scales, arrays, start, end, scratch):
+                if not self._block(start, min(start + BLOCK, last), scratch):
                     return False
         return True
 
-    def _block_steps(
-        self,
-        groups: Sequence[Sequence[np.ndarray]],
-        direct: Sequence[Sequence[np.ndarray]],
-        scales: list[np.float32],
-        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-        start: int,
-        end: int,
-        scratch: np.ndarray,
-    ) -> bool:
-        old_weights, old_velocity, weights, velocity = arrays
-        momentum = np.float32(self.momentum)
+    def _block(self, start: int, end: int, scratch: np.ndarray) -> bool:
         total = scratch[: end - start]
-        v, w = velocity[start:end], weights[start:end]
-        steps = zip(groups, direct, scales, strict=True)
+        v, w = self.velocity[start:end], self.weights[start:end]
+        steps = zip(self.groups, self.direct, self.scales, strict=True)
         for index, (group, bypass, scale) in enumerate(steps):
             if index == 0:
-                np.multiply(old_velocity[start:end], momentum, out=v)
+                np.multiply(self.old_velocity[start:end], self.momentum, out=v)
             else:
-                v *= momentum
+                v *= self.momentum
             if group:
                 _scaled_sum(group, start, end, scale, total)
                 v += total
             if index == 0:
-                np.add(old_weights[start:end], v, out=w)
+                np.add(self.old_weights[start:end], v, out=w)
             else:
                 w += v
             if bypass:
@@ -178,15 +182,7 @@ class UpdateRule:
         # check of each block of the result covers every update and every step. The sum
         # is taken as a BLAS dot product with ones: four times faster than numpy's own
         # reduction, and it only overflows where float32 weights would.
-        return bool(np.isfinite(np.dot(w, self._ones[: end - start])))
-
-    def load(self, weights: np.ndarray) -> None:
-        """Replace the weights (e.g. to continue training) and reset the momentum."""
-        fresh = np.array(weights, dtype=ELEMENT_DTYPE)
-        fresh.flags.writeable = False
-        self.weights = self.snapshot = fresh
-        self.velocity[...] = 0.0
-        self._spare_velocity[...] = 0.0
+        return bool(np.isfinite(np.dot(w, self.ones[: end - start])))
 
 
 def _scaled_sum(

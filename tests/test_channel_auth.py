@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from protocol_samples import (
     assert_same_message,
 )
 
 from snet.protocol import auth
-from snet.protocol.channel import Channel
+from snet.protocol.channel import Channel, gathering_writer
 from snet.protocol.decoder import FrameDecoder
 from snet.protocol.framing import (
     encode_bytes,
@@ -53,6 +54,44 @@ def test_channel_writes_each_piece_separately() -> None:
     assert channel.bytes_sent == len(encode_bytes(message))
     decoded = wire.decode()
     assert_same_message(decoded[0], message)
+
+
+def test_channel_hands_a_gathering_transport_each_frame_once() -> None:
+    wire = Wire()
+    calls: list[list[bytes | memoryview]] = []
+
+    def writelines(pieces: list[bytes | memoryview]) -> None:
+        calls.append(pieces)
+        wire.pieces.extend(pieces)
+
+    channel = Channel(wire.write, writelines=writelines)
+    element = np.arange(8, dtype="<f4")
+    channel.send(Weights(1, 0, 0.1, 0, element=element))
+    channel.send(Goodbye("done"))
+    assert [len(pieces) for pieces in calls] == [2, 1]  # one call per frame, never joined
+    assert np.shares_memory(np.frombuffer(calls[0][1], dtype="<f4"), element)
+    assert channel.bytes_sent == sum(len(p) for p in wire.pieces)
+    assert [m.TYPE for m in wire.decode()] == ["weights", "goodbye"]
+
+
+def test_only_uvloop_transports_gather() -> None:
+    assert gathering_writer(Wire()) is None  # e.g. asyncio's 3.11 transports join pieces
+    uvloop = pytest.importorskip("uvloop")
+    import asyncio
+
+    async def a_uvloop_transport() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        assert gathering_writer(transport) == transport.writelines
+        transport.close()
+        server.close()
+        await server.wait_closed()
+
+    runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    with runner:
+        runner.run(a_uvloop_transport())
 
 
 def test_channel_queues_while_paused_and_flushes_in_order() -> None:
