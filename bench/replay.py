@@ -98,7 +98,9 @@ class Replay:
 
     def step(self, record: dict[str, Any]) -> dict[str, Any]:
         """Apply one traced step; figures about it."""
-        gradients, direct, patterns, stale, norms = [], [], 0, 0, []
+        gradients: list[np.ndarray] = []
+        direct: list[np.ndarray] = []
+        patterns, stale, norms = 0, 0, []
         for update in record["updates"]:
             frames = np.asarray(update["frames"], dtype=np.int64)
             base = self.history[update["base_version"]]
