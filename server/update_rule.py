@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -52,17 +53,24 @@ class UpdateRule:
         # calling one and helpers): numpy and BLAS release the GIL, and a synchronous
         # round's step is on the critical path while every worker waits for it.
         blocks = -(-self.weights.size // BLOCK)
-        self.lanes = max(1, min(lanes, blocks // (LANE_MIN_BLOCKS // 2)))
+        lanes = max(1, min(lanes, blocks // (LANE_MIN_BLOCKS // 2)))
         scratch = min(BLOCK, max(self.weights.size, 1))
-        self._scratch = [np.empty(scratch, dtype=ELEMENT_DTYPE) for _ in range(self.lanes)]
+        edges = (np.linspace(0, blocks, lanes + 1).astype(int) * BLOCK).tolist()
+        # per lane: its range of values [first, last) and a block of scratch of its own
+        self._lanes = [
+            (first, last, np.empty(scratch, dtype=ELEMENT_DTYPE)) for first, last in pairwise(edges)
+        ]
         self._ones = np.ones(scratch, dtype=ELEMENT_DTYPE)
         self._helpers = (
-            ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="snet-lane")
-            if self.lanes > 1
-            else None
+            ThreadPoolExecutor(lanes - 1, thread_name_prefix="snet-lane") if lanes > 1 else None
         )
         self.momentum = momentum
         self.snapshot: np.ndarray = self.weights
+
+    @property
+    def lanes(self) -> int:
+        """How many threads share a step (1 for networks of a few blocks)."""
+        return len(self._lanes)
 
     def step(
         self,
@@ -111,13 +119,11 @@ class UpdateRule:
             self.weights, self.velocity, np.empty_like(self.weights), self._spare_velocity,
             np.float32(self.momentum), self._ones,
         )  # fmt: skip
-        size = work.weights.size
-        edges = np.linspace(0, -(-size // BLOCK), self.lanes + 1).astype(int) * BLOCK
-        lanes = list(zip(edges[:-1].tolist(), edges[1:].tolist(), self._scratch, strict=True))
+        own, *theirs = self._lanes
         others = [
-            self._helpers.submit(work.run, *lane) for lane in lanes[1:] if self._helpers is not None
+            self._helpers.submit(work.run, *lane) for lane in theirs if self._helpers is not None
         ]
-        finite = work.run(*lanes[0])
+        finite = work.run(*own)
         finite = all([f.result() for f in others]) and finite
         if not finite:
             return None
@@ -129,6 +135,10 @@ class UpdateRule:
     def load(self, weights: np.ndarray) -> None:
         """Replace the weights (e.g. to continue training) and reset the momentum."""
         fresh = np.array(weights, dtype=ELEMENT_DTYPE)
+        if fresh.shape != self.weights.shape:
+            raise ValueError(
+                f"weights of shape {fresh.shape}, the network's are {self.weights.shape}"
+            )
         fresh.flags.writeable = False
         self.weights = self.snapshot = fresh
         self.velocity[...] = 0.0

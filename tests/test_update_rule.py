@@ -155,6 +155,17 @@ def test_small_networks_are_stepped_in_one_lane() -> None:
     assert UpdateRule(np.zeros(8 * BLOCK, dtype=np.float32), 0.9, lanes=4).lanes == 4
 
 
+def test_load_replaces_weights_and_refuses_another_shape() -> None:
+    rule = UpdateRule(np.zeros(6, dtype=np.float32), 0.9)
+    rule.step([np.ones(6, dtype=np.float32)], 1, 0.5)
+    rule.load(np.full(6, 2.0))
+    np.testing.assert_array_equal(rule.snapshot, 2.0)
+    np.testing.assert_array_equal(rule.velocity, 0.0)
+    with pytest.raises(ValueError, match="shape"):
+        rule.load(np.zeros(7, dtype=np.float32))
+    np.testing.assert_array_equal(rule.weights, 2.0)  # unchanged by the refusal
+
+
 def test_steps_refuses_inconsistent_arguments() -> None:
     rule = UpdateRule(np.zeros(4, dtype=np.float32), 0.0)
     g = np.ones(4, dtype=np.float32)
