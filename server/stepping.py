@@ -127,13 +127,9 @@ class Stepping:
 
     async def _step(self, groups: list[list[PendingUpdate]]) -> None:
         rate = self.learning_rate
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            snapshot = await loop.run_in_executor(
-                self.executor, self.rule.steps, [self._gradients(g) for g in groups],
-                [self._patterns(g) for g in groups], rate, [self._direct(g) for g in groups],
-            )  # fmt: skip
+            snapshot = await self._apply(groups, rate)
             if snapshot is not None:
                 self._publish(groups, snapshot, rate, time.perf_counter() - started)
             else:
@@ -154,7 +150,7 @@ class Stepping:
         overflows float32), and stepping with the rest."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        snapshot = await self._apply(batch, rate)
+        snapshot = await self._apply([batch], rate)
         if snapshot is None:
             finite = await loop.run_in_executor(
                 self.executor, lambda: [is_finite(p.gradient) for p in batch]
@@ -168,7 +164,7 @@ class Stepping:
             for pending in bad:
                 self._refuse_accepted(pending, reason)
             batch = [p for p in batch if p not in bad]
-            snapshot = await self._apply(batch, rate) if batch else None
+            snapshot = await self._apply([batch], rate) if batch else None
             if snapshot is None:
                 for pending in batch:
                     self._refuse_accepted(pending, "the sum of these updates overflows")
@@ -189,11 +185,12 @@ class Stepping:
     def _patterns(batch: list[PendingUpdate]) -> int:
         return sum(p.message.patterns for p in batch)
 
-    async def _apply(self, batch: list[PendingUpdate], rate: float) -> np.ndarray | None:
+    async def _apply(self, groups: list[list[PendingUpdate]], rate: float) -> np.ndarray | None:
+        """The update rule over ``groups`` (consecutive steps) in the step thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self.executor, self.rule.step, self._gradients(batch), self._patterns(batch), rate,
-            self._direct(batch),
+            self.executor, self.rule.steps, [self._gradients(g) for g in groups],
+            [self._patterns(g) for g in groups], rate, [self._direct(g) for g in groups],
         )  # fmt: skip
 
     def _publish(
