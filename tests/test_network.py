@@ -269,7 +269,7 @@ def test_matches_torch_autograd() -> None:
     logits = h @ params[4] + params[5]
     ref = torch.nn.functional.cross_entropy(logits, torch.tensor(labels), reduction="sum")
     ref.backward()
-    assert loss == pytest.approx(float(ref), rel=1e-5)
+    assert loss == pytest.approx(float(ref.detach()), rel=1e-5)
     np.testing.assert_allclose(grad, flat.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
