@@ -40,6 +40,11 @@ class FrameStore(Protocol):
         """Whether every row is at hand (always, except for frames still to arrive)."""
         ...
 
+    @property
+    def complete(self) -> bool:
+        """Whether every row of the data set is at hand, so ``has`` need not be asked."""
+        ...
+
 
 class _AllRowsStore:
     """A store that has every row at hand, and every label in memory."""
@@ -51,6 +56,10 @@ class _AllRowsStore:
         return labels
 
     def has(self, rows: np.ndarray) -> bool:
+        return True
+
+    @property
+    def complete(self) -> bool:
         return True
 
 
@@ -121,6 +130,10 @@ class InlineStore:
     def has(self, rows: np.ndarray) -> bool:
         return bool((self._where[rows] >= 0).all())
 
+    @property
+    def complete(self) -> bool:
+        return self.rows_held == len(self._where)
+
 
 @dataclass
 class Corpus:
@@ -177,8 +190,14 @@ class Corpus:
         return self.bounds.needed_rows(frames, self.context)
 
     def ready_for(self, frames: np.ndarray) -> bool:
-        """Whether every row the windows of ``frames`` read is at hand."""
-        return self.store.has(self.needed_rows(frames))
+        """Whether every row the windows of ``frames`` read is at hand.
+
+        Asked on the worker's event loop for every lease: a store holding all rows answers
+        at once (sorting a lease's window rows took 2 ms per bunch of 1,000 frames on
+        351:1262:45), and otherwise the windows' rows, repeats and all, are looked up
+        without sorting them.
+        """
+        return self.store.complete or self.store.has(self.bounds.window_rows(frames, self.context))
 
     def windows(self, indices: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Patterns for the centre frames ``indices``: (len, window * features) float32."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from snet.client.data import inline_corpus, local_corpus
+from snet.client.data import InlineStore, inline_corpus, local_corpus
 from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import NetworkSpec
@@ -63,3 +63,27 @@ def test_a_different_local_copy_is_not_used(tmp_path: Path) -> None:
         local_corpus(job, info)
     with pytest.raises(DataError, match="does not exist"):
         local_corpus(job.with_changes(data=DataSpec(source=str(tmp_path / "no.npz"))), info)
+
+
+def test_stores_say_when_every_row_is_at_hand(tmp_path: Path) -> None:
+    """A local store holds every row (the worker then skips the per-lease lookup); an
+    inline store only once the server has sent each one, and a window's rows count
+    however often they repeat."""
+    job = _job(tmp_path / "d.npz")
+    plan = plan_data(job)
+    info = plan.data_info()
+    local, inline = local_corpus(job, info), inline_corpus(job, info)
+    assert local.store.complete and local.ready_for(plan.train_frames)
+    everything = np.arange(info.total_frames)
+    centres = plan.train_frames[:30]
+    assert not inline.store.complete
+    needed = inline.needed_rows(centres)
+    store = inline.store
+    assert isinstance(store, InlineStore)
+    store.add(needed[:-1], local.store.take(needed[:-1]), local.labels_of(needed[:-1]))
+    assert not inline.ready_for(centres)  # one row short
+    store.add(needed[-1:], local.store.take(needed[-1:]), local.labels_of(needed[-1:]))
+    assert inline.ready_for(centres) and not store.complete
+    store.add(everything, local.store.take(everything), local.labels_of(everything))
+    assert store.complete and inline.ready_for(plan.train_frames)
+    np.testing.assert_array_equal(inline.windows(centres), local.windows(centres))
