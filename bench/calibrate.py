@@ -2,14 +2,14 @@
 
 - ``cu_seconds``: the numpy backend's real training step (forward, backward, weight
   gradient) on the network, one thread, denormals flushed;
-- ``apply_seconds_per_byte`` and ``step_seconds_per_byte``: the server's own update rule
-  over 1 and 4 update elements (the slope per update, and the rest);
-- ``link_seconds_per_byte``, ``worker_seconds_per_byte``, ``message_seconds`` and
-  ``latency_seconds``: snet itself
-  (``measure_snet_rounds``: synchronous rounds of one compute-free worker, on the network
-  and on a one-unit network, so that the costs are what a real server and worker pay:
-  framing, the event loops, the compute threads), split into the server's CPU time and
-  the rest;
+- ``apply_seconds_per_byte``: the server's own update rule over 1 and 4 update
+  elements (the slope per update);
+- ``link_seconds_per_byte``, ``worker_seconds_per_byte``, ``message_seconds``,
+  ``latency_seconds``, ``step_seconds_per_byte`` and ``step_fixed_seconds``: snet itself
+  (``measure_snet_rounds``: synchronous rounds of 1 and 4 compute-free workers, on the
+  network and on a one-unit network, so that the costs are what a real server and worker
+  pay: framing, the event loops, the compute threads), split into the server's CPU time
+  and the rest;
 - for comparison, the limit of the link: a plain socket between this process and a child
   over 127.0.0.1 (``measure_loopback``: 2 MB and 64-byte messages, each answered by a
   one-byte acknowledgement).
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -43,10 +45,11 @@ from .timing import seconds_per_call
 BIG_MESSAGE = 2 * 1024 * 1024
 SMALL_MESSAGE = 64
 ROUND_SECONDS = 3.0  # measured seconds of each calibration run through snet
+MORE_WORKERS = 4  # the second worker count of the calibration runs (the first is 1)
 
 
-def measure_compute(network: NetworkSpec, bunch: int) -> float:
-    """Seconds per connection update of the numpy training step (its own thread)."""
+def _compute_seconds(network: NetworkSpec, bunch: int) -> float:
+    """Seconds per connection update of the numpy training step, in its own thread."""
     result: list[float] = []
 
     def run() -> None:
@@ -63,6 +66,20 @@ def measure_compute(network: NetworkSpec, bunch: int) -> float:
     thread.start()
     thread.join()
     return result[0] / (network.connections * bunch)
+
+
+def measure_compute(network: NetworkSpec, bunch: int) -> float:
+    """Seconds per connection update of one worker: the numpy step with one BLAS thread.
+
+    Measured in a child process, because BLAS fixes its thread count when numpy is
+    first imported, and this process may use more (a worker uses one unless told).
+    """
+    env = dict(os.environ)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[name] = "1"
+    command = [sys.executable, "-m", "snet.bench.calibrate", network.describe(), str(bunch)]
+    output = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return float(output.stdout.strip().splitlines()[-1])
 
 
 def _echo_child(sock: socket.socket) -> None:
@@ -131,9 +148,8 @@ def cpu_seconds_per_call(function: Callable[[], object], calls: int = 20) -> flo
     return min(means)
 
 
-def measure_apply(network: NetworkSpec) -> tuple[float, float]:
-    """(seconds per byte per update, seconds per byte per step) of the server's step, in
-    CPU time, as the server's share of a round is measured (``measure_snet_rounds``)."""
+def measure_apply(network: NetworkSpec) -> float:
+    """Seconds per byte of adding one more update into the server's step (CPU time)."""
     layout = ElementLayout.for_network(network)
     rule = UpdateRule(layout.allocate(), momentum=0.9)
     updates = [layout.allocate() for _ in range(4)]
@@ -143,65 +159,94 @@ def measure_apply(network: NetworkSpec) -> tuple[float, float]:
 
     one, four = cpu_seconds_per_call(step(1)), cpu_seconds_per_call(step(4))
     element = layout.nbytes
-    per_update = max(four - one, 0.0) / 3
-    return per_update / element, max(one - per_update, 0.0) / element
+    return max(four - one, 0.0) / 3 / element
 
 
 @dataclass(frozen=True)
 class LinkCosts:
-    """What a transfer costs in snet: at the server (its CPU time) and everywhere else."""
+    """What a transfer and a step cost in snet: at the server (its CPU time) and
+    everywhere else."""
 
     server_per_byte: float
     worker_per_byte: float
     server_per_message: float
     latency_per_message: float
+    step_per_byte: float
+    step_fixed: float
 
 
-def measure_snet_rounds(network: NetworkSpec, bunch: int, apply: float, step: float) -> LinkCosts:
-    """The link's costs as snet pays them, from two short synchronous training runs.
+@dataclass(frozen=True)
+class RoundCosts:
+    """One short synchronous run of compute-free workers: seconds per round."""
 
-    One compute-free worker trains, so a round is two messages (the update and the new
-    weights) and the server's step; the server's and the worker's CPU time per round are
-    read from /proc. On a one-unit network a round is all per-message cost: the server's
-    CPU share of it is what P workers queue for, the rest of its wall time (the worker's
-    work and the wake-ups between the two) is the latency they pay side by side. On
-    ``network`` the growth of each side's CPU time is the bytes of two elements, at that
-    end (the server's step, ``apply`` and ``step`` per byte, taken off). CPU time is what
-    a busy machine does not inflate; only the latency is read off a clock. Without /proc
-    each side is taken as half of the wall time.
+    wall: float
+    server: float  # the server's CPU time
+    workers: float  # the workers' CPU time, all of them
+
+
+def _sync_rounds(directory: Path, network: NetworkSpec, bunch: int, workers: int) -> RoundCosts:
+    env = modelled_env(cu_seconds=0.0, time_scale=1.0)
+    corpus = synthetic_corpus(directory / f"{network.describe()}.npz", network, 200_000)
+    flags = job_flags("sync", network, bunch, *corpus)
+    run = train_modelled(
+        directory / f"{network.describe()}-{workers}", env, flags, workers, ROUND_SECONDS
+    )
+    wall, steps = bunch * workers / run["best"], max(run["steps"], 1)
+    server, others = run["server_cpu_seconds"], run["workers_cpu_seconds"]
+    if server is None or others is None:  # no /proc: each side taken as half of the time
+        return RoundCosts(wall, wall / 2, wall / 2)
+    return RoundCosts(wall, server / steps, others / steps)
+
+
+def measure_snet_rounds(network: NetworkSpec, bunch: int, apply: float) -> LinkCosts:
+    """The link's and the step's costs as snet pays them, from short synchronous runs.
+
+    Compute-free workers train, so a round is each worker's two messages (its update,
+    the new weights) and the server's step; the server's and the workers' CPU time per
+    round are read from /proc. Each network is run with one and with ``MORE_WORKERS``
+    workers: the growth of the server's time per round with the workers is T_d, what
+    every further worker costs it (what the model's P workers queue for), and the rest
+    is its step (T_h). On a one-unit network that is all per-message and per-step cost;
+    on ``network`` the growth over it is two elements' bytes per worker (less ``apply``,
+    adding an update up) and one element's per step. With one worker, the rest of a
+    one-unit round's wall time (the worker's work and the wake-ups between the two
+    messages) is the latency, and the growth of the worker's CPU time over it the bytes
+    at the worker's end. CPU time is what a busy machine does not inflate; only the
+    latency is read off a clock.
     """
     tiny = NetworkSpec.parse("1:1:1")
-    env = modelled_env(cu_seconds=0.0, time_scale=1.0)
-    rounds: dict[NetworkSpec, tuple[float, float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="snet-calibrate-") as tmp:
-        for spec in (tiny, network):
-            corpus = synthetic_corpus(Path(tmp) / f"{spec.describe()}.npz", spec, 200_000)
-            flags = job_flags("sync", spec, bunch, *corpus)
-            run = train_modelled(Path(tmp) / spec.describe(), env, flags, 1, ROUND_SECONDS)
-            wall, steps = bunch / run["best"], max(run["steps"], 1)
-            server, workers = run["server_cpu_seconds"], run["workers_cpu_seconds"]
-            if server is None or workers is None:
-                rounds[spec] = (wall, wall / 2, wall / 2)
-            else:
-                rounds[spec] = (wall, server / steps, workers / steps)
-    (wall_tiny, server_tiny, _), (_, server_full, worker_full) = rounds[tiny], rounds[network]
-    worker_tiny = rounds[tiny][2]
-    twice = 2 * ElementLayout.for_network(network).nbytes
-    server_bytes = server_full - server_tiny - twice / 2 * (apply + step)
+        runs = {
+            (spec, count): _sync_rounds(Path(tmp), spec, bunch, count)
+            for spec in (tiny, network)
+            for count in (1, MORE_WORKERS)
+        }
+
+    def per_worker(spec: NetworkSpec) -> float:  # T_d
+        return (runs[spec, MORE_WORKERS].server - runs[spec, 1].server) / (MORE_WORKERS - 1)
+
+    def per_step(spec: NetworkSpec) -> float:  # T_h
+        return runs[spec, 1].server - per_worker(spec)
+
+    element = ElementLayout.for_network(network).nbytes
+    one_tiny, one_full = runs[tiny, 1], runs[network, 1]
+    transfer_bytes = per_worker(network) - per_worker(tiny) - element * apply
     return LinkCosts(
-        server_per_byte=max(server_bytes, 0.0) / twice,
-        worker_per_byte=max(worker_full - worker_tiny, 0.0) / twice,
-        server_per_message=server_tiny / 2,
-        latency_per_message=max(wall_tiny - server_tiny, 0.0) / 2,
+        server_per_byte=max(transfer_bytes, 0.0) / (2 * element),
+        worker_per_byte=max(one_full.workers - one_tiny.workers, 0.0) / (2 * element),
+        server_per_message=max(per_worker(tiny), 0.0) / 2,
+        latency_per_message=max(one_tiny.wall - one_tiny.server, 0.0) / 2,
+        step_per_byte=max(per_step(network) - per_step(tiny), 0.0) / element,
+        step_fixed=max(per_step(tiny), 0.0),
     )
 
 
 def calibrate(network: NetworkSpec | None = None, bunch: int = 1000) -> Constants:
-    """Measure every constant now (about 20 s: two short training runs through snet)."""
+    """Measure every constant now (about 40 s: four short training runs through snet)."""
     network = network or NetworkSpec.parse("351:1262:45")
     cu = measure_compute(network, bunch)
-    apply, step = measure_apply(network)
-    link = measure_snet_rounds(network, bunch, apply, step)
+    apply = measure_apply(network)
+    link = measure_snet_rounds(network, bunch, apply)
     return Constants(
         cu_seconds=cu,
         pattern_seconds=0.0,
@@ -210,6 +255,11 @@ def calibrate(network: NetworkSpec | None = None, bunch: int = 1000) -> Constant
         message_seconds=link.server_per_message,
         latency_seconds=link.latency_per_message,
         apply_seconds_per_byte=apply,
-        step_seconds_per_byte=step,
+        step_seconds_per_byte=link.step_per_byte,
+        step_fixed_seconds=link.step_fixed,
         source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')} on {network.describe()}",
     )
+
+
+if __name__ == "__main__":  # the child of ``measure_compute``: NETWORK BUNCH
+    print(repr(_compute_seconds(NetworkSpec.parse(sys.argv[1]), int(sys.argv[2]))))

@@ -7,9 +7,11 @@ Two models, both written down in docs/performance-model.md:
   ``T_h`` of its own work, and a worker ``T_c`` of compute. On MultiSpert a round took
   ``T_d + T_c`` while ``(P - 1) * T_d + T_h < T_c`` and ``P * T_d`` otherwise. snet's
   async mode overlaps all but the sending end of a worker's update with its compute, so
-  a round takes ``max(T_c + L / 2, P * T_d + T_h)``; without overlap (sync mode)
-  ``T_c + L + P * T_d + T_h``, where T_d is the server's time per worker and L the rest
-  of a worker's round trip.
+  a round takes ``max(T_c + L / 2, P * T_d + T_h)``. In sync mode the server sends the
+  new weights to the workers one after the other and each computes as soon as its own
+  copy is in, so only the last one's transfers and the step lie outside the compute:
+  ``max(T_c + L + (P + 1) * T_d / 2, P * T_d) + T_h``, where T_d is the server's time
+  per worker and L the rest of a worker's round trip.
   Compute per pattern is ``c1 * N_h + c2``. Two strategies: *pattern*-parallel (data
   division: each worker trains its own patterns and exchanges the whole element) and
   *network*-parallel (the hidden units split across workers, which exchange the output
@@ -48,6 +50,7 @@ class Constants:
     latency_seconds: float  # a message's cost away from the server (its other end, wake-ups)
     apply_seconds_per_byte: float  # server: per byte of each update it adds up
     step_seconds_per_byte: float  # server: per byte of the element, once per step
+    step_fixed_seconds: float = 0.0  # server: a step's own cost beyond its bytes
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -64,7 +67,9 @@ class Constants:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> Constants:
-        """Constants from a JSON object; every field but ``source`` is required."""
+        """Constants from a JSON object; every field but ``source`` is required, and
+        ``step_fixed_seconds`` (0 when absent: files written before it existed)."""
+        data = {"step_fixed_seconds": 0.0, **data}
         names = [f.name for f in fields(cls) if f.name != "source"]
         missing = [name for name in names if name not in data]
         if missing:
@@ -91,14 +96,15 @@ class Constants:
 # Measured on the development machine (2 cores, shared) with ``bench/calibrate.py`` on
 # 351:1262:45, bunch 1000; `snet plan --calibrate` measures anew, `--constants` reads them.
 DEFAULT_CONSTANTS = Constants(
-    cu_seconds=1.09e-10,  # 9,200 MCUPS: the numpy step, one thread, denormals flushed
+    cu_seconds=2.18e-11,  # 45,800 MCUPS: the numpy step, one thread, denormals flushed
     pattern_seconds=0.0,
-    link_seconds_per_byte=2.26e-10,  # the server's end of a transfer: 4.4 GB/s
-    worker_seconds_per_byte=4.36e-10,  # the worker's end: 2.3 GB/s
-    message_seconds=2.28e-4,  # the server's work for a message (framing, loop, step thread)
-    latency_seconds=2.62e-4,  # a message's wake-ups and work away from the server
-    apply_seconds_per_byte=4.5e-11,  # adding one more 2 MB update into the sum
-    step_seconds_per_byte=4.2e-10,  # momentum and new weights of a 2 MB element
+    link_seconds_per_byte=1.48e-10,  # the server's end of a transfer: 6.8 GB/s
+    worker_seconds_per_byte=2.49e-10,  # the worker's end: 4.0 GB/s
+    message_seconds=1.23e-4,  # the server's work for a message (framing, loop, step thread)
+    latency_seconds=1.01e-4,  # a message's wake-ups and work away from the server
+    apply_seconds_per_byte=3.0e-11,  # adding one more 2 MB update into the sum
+    step_seconds_per_byte=6.77e-10,  # momentum, new weights and their publication, per byte
+    step_fixed_seconds=1.60e-4,  # a step's hand-offs, ledger and statistics
     source="defaults (measured 2026-11-22 on the development machine)",
 )
 
@@ -157,7 +163,7 @@ def pattern_parallel_phases(
     compute = time_scale * bunch * pattern_seconds(network, constants)
     transfer, latency = _transfers(element, constants)
     host = element * (workers * constants.apply_seconds_per_byte + constants.step_seconds_per_byte)
-    return Phases(compute, transfer, host, latency, workers * bunch)
+    return Phases(compute, transfer, host + constants.step_fixed_seconds, latency, workers * bunch)
 
 
 def network_parallel_phases(
@@ -178,7 +184,7 @@ def network_parallel_phases(
     activations = patterns * network.output_size * WORD_BYTES
     transfer, latency = _transfers(activations, constants)
     host = activations * (workers * constants.apply_seconds_per_byte)
-    return Phases(compute, transfer, host, latency, patterns)
+    return Phases(compute, transfer, host + constants.step_fixed_seconds, latency, patterns)
 
 
 def multispert_round_seconds(t_d: float, t_h: float, t_c: float, workers: int) -> float:
@@ -206,11 +212,22 @@ def overlapped_round_seconds(phases: Phases, workers: int) -> float:
     return max(phases.compute + phases.latency / 2, workers * phases.transfer + phases.host)
 
 
-def serial_round_seconds(phases: Phases, workers: int) -> float:
-    """A round without overlap (sync mode): a worker's compute and its own end of the
-    round trip, and the server's P transfers and its step, one after the other (the BSP
-    supersteps of ``bsp_server_batch_cost``, where L is the barriers' l)."""
-    return phases.compute + phases.latency + workers * phases.transfer + phases.host
+def staggered_round_seconds(phases: Phases, workers: int) -> float:
+    """A round with a barrier (snet's sync mode): the MultiSpert rule for a server that
+    sends the new weights to the workers one after the other.
+
+    The server sends the P copies of the new weights in turn (half of T_d each) and
+    every worker starts computing as soon as its own copy is in; the last one served is
+    the last to deliver, and its update costs the server the other half of its T_d;
+    then the step (T_h). The others' updates arrive while the server is still sending,
+    so a round takes ``T_c + L + (P + 1) T_d / 2 + T_h`` while the server keeps up,
+    and ``P T_d + T_h`` once its P transfers no longer fit: as on MultiSpert, a worker
+    pays only for its own transfer while the host feeds the others behind it. Without
+    the staggering (every worker waiting for all P transfers) this would be the BSP
+    supersteps of ``bsp_server_batch_cost``, ``T_c + L + P T_d + T_h``.
+    """
+    last_served = phases.compute + phases.latency + (workers + 1) * phases.transfer / 2
+    return max(last_served, workers * phases.transfer) + phases.host
 
 
 def predict(
@@ -237,8 +254,9 @@ def predict(
             phases.compute + phases.latency / 2 >= workers * phases.transfer + phases.host
         )
     else:
-        seconds = serial_round_seconds(phases, workers)
-        compute_bound = phases.compute + phases.latency >= workers * phases.transfer + phases.host
+        seconds = staggered_round_seconds(phases, workers)
+        staggered = phases.compute + phases.latency + (workers + 1) * phases.transfer / 2
+        compute_bound = staggered >= workers * phases.transfer
     mcups = network.connections * phases.patterns / seconds / 1e6
     alone = alone_mcups(network, constants, time_scale)
     return Prediction(

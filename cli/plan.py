@@ -104,7 +104,8 @@ def describe_constants(constants: Constants, network: NetworkSpec) -> str:
         f"message {constants.message_seconds * 1e6:.0f} us at the server + "
         f"{constants.latency_seconds * 1e6:.0f} us elsewhere, server "
         f"{constants.apply_seconds_per_byte * 1e9:.2f} ns/B per update + "
-        f"{constants.step_seconds_per_byte * 1e9:.2f} ns/B per step"
+        f"{constants.step_seconds_per_byte * 1e9:.2f} ns/B + "
+        f"{constants.step_fixed_seconds * 1e6:.0f} us per step"
     )
 
 

@@ -30,6 +30,7 @@ from snet.cli.perfmodel import (
     overlapped_round_seconds,
     pattern_parallel_phases,
     predict,
+    staggered_round_seconds,
 )
 from snet.client.backend import make_backend
 from snet.client.modelled_backend import ModelledBackend, per_pattern_coefficients
@@ -50,6 +51,7 @@ HAND = Constants(
     latency_seconds=5e-5,
     apply_seconds_per_byte=1e-10,
     step_seconds_per_byte=2e-10,
+    step_fixed_seconds=3e-6,
     source="by hand",
 )
 
@@ -124,6 +126,18 @@ def test_snet_overlap_against_the_multispert_rule(workers: int, paper: float, sn
     assert overlapped_round_seconds(phases, workers) == snet
 
 
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    # T_c = 10, T_d = 1, T_h = 0.5, L = 3: the last worker served gets its weights after
+    # P halves of T_d, and its update costs the server another half: 13 + (P + 1) / 2
+    # while that exceeds the server's P T_d, then P T_d; the step after either.
+    [(1, 14.5), (4, 16.0), (25, 26.5), (26, 27.0), (27, 27.5), (40, 40.5)],
+)
+def test_sync_rounds_stagger_the_transfers(workers: int, expected: float) -> None:
+    phases = Phases(compute=10.0, transfer=1.0, host=0.5, latency=3.0, patterns=1)
+    assert staggered_round_seconds(phases, workers) == expected
+
+
 def test_per_pattern_cost_is_c1_nh_plus_c2() -> None:
     c1, c2 = per_pattern_coefficients(NetworkSpec.parse("351:1262:45"), 1.0)
     assert (c1, c2) == (351 + 45 + 1, 45)  # c1 = (I + O + 1) t, c2 = O t
@@ -139,15 +153,19 @@ def test_pattern_parallel_phases_worked_by_hand() -> None:
     assert phases.compute == pytest.approx(10 * 13e-6)  # bunch x 13 connections x 1 us
     assert phases.transfer == pytest.approx(2 * (52e-9 + 1e-4))  # 52 bytes each way
     assert phases.latency == pytest.approx(2 * (104e-9 + 5e-5))  # the worker's end
-    assert phases.host == pytest.approx(52 * (2 * 1e-10 + 2e-10))
+    assert phases.host == pytest.approx(52 * (2 * 1e-10 + 2e-10) + 3e-6)  # 2 updates, a step
     assert phases.patterns == 20
     sync = predict(TINY, 10, 2, HAND, "pattern", "sync")
-    assert sync.round_seconds == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 2.08e-8)
+    # 130 us compute + 100.208 us latency + 3/2 x 200.104 us > 2 x 200.104: compute-bound
+    assert sync.round_seconds == pytest.approx(1.3e-4 + 1.00208e-4 + 1.5 * 2.00104e-4 + 3.0208e-6)
     assert sync.mcups == pytest.approx(13 * 20 / sync.round_seconds / 1e6)
     assert sync.speedup == pytest.approx(sync.mcups / 1.0)  # one worker alone: 1 MCUPS
-    assert sync.bound == "link"  # 130 + 100 us of compute and latency < 400 us at the server
+    assert sync.bound == "compute"
+    crowded = predict(TINY, 10, 6, HAND, "pattern", "sync")  # 6 x 200 us > 130 + 100 + 700
+    assert crowded.bound == "link"
+    assert crowded.round_seconds == pytest.approx(6 * 2.00104e-4 + 52 * 8e-10 + 3e-6)
     overlapped = predict(TINY, 10, 2, HAND, "pattern", "async")
-    assert overlapped.round_seconds == pytest.approx(2 * 2.00104e-4 + 2.08e-8)  # link-bound
+    assert overlapped.round_seconds == pytest.approx(2 * 2.00104e-4 + 3.0208e-6)  # link-bound
 
 
 def test_network_parallel_phases_worked_by_hand() -> None:
@@ -157,7 +175,7 @@ def test_network_parallel_phases_worked_by_hand() -> None:
     # partial output sums up and output errors down: 30 patterns x 1 output x 4 bytes
     assert phases.transfer == pytest.approx(2 * (120e-9 + 1e-4))
     assert phases.latency == pytest.approx(2 * (240e-9 + 5e-5))
-    assert phases.host == pytest.approx(120 * 3 * 1e-10)
+    assert phases.host == pytest.approx(120 * 3 * 1e-10 + 3e-6)  # adding the sums, a step
 
 
 def test_more_workers_never_lower_the_round_time_of_a_link_bound_model() -> None:
@@ -177,6 +195,8 @@ def test_bad_model_inputs_are_clear_errors() -> None:
         predict(TINY, 10, 2, HAND, "pattern", "eventual")
     with pytest.raises(ConfigError, match="constants lack pattern_seconds, link_seconds_per_byte"):
         Constants.from_dict({"cu_seconds": 1e-9}, "x.json")
+    older = {k: v for k, v in HAND.to_dict().items() if k != "step_fixed_seconds"}
+    assert Constants.from_dict(older, "old.json").step_fixed_seconds == 0.0  # written before it
     with pytest.raises(ConfigError, match="link speed must be > 0"):
         HAND.with_link_mbps(0)
     gigabit = HAND.with_link_mbps(1000)
@@ -295,7 +315,9 @@ def test_plan_json_reads_constants_from_a_benchmark_file(
     document = json.loads(capsys.readouterr().out)
     sync = next(p for p in document["predictions"] if p["mode"] == "sync")
     assert sync["strategy"] == "pattern"
-    assert sync["round_seconds"] == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 2.08e-8)
+    assert sync["round_seconds"] == pytest.approx(
+        1.3e-4 + 1.00208e-4 + 1.5 * 2.00104e-4 + 3.0208e-6
+    )
 
 
 def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
