@@ -96,15 +96,15 @@ class Constants:
 # Measured on the development machine (2 cores, shared) with ``bench/calibrate.py`` on
 # 351:1262:45, bunch 1000; `snet plan --calibrate` measures anew, `--constants` reads them.
 DEFAULT_CONSTANTS = Constants(
-    cu_seconds=2.18e-11,  # 45,800 MCUPS: the numpy step, one thread, denormals flushed
+    cu_seconds=3.39e-11,  # 29,500 MCUPS: the numpy step, one thread, denormals flushed
     pattern_seconds=0.0,
-    link_seconds_per_byte=1.48e-10,  # the server's end of a transfer: 6.8 GB/s
-    worker_seconds_per_byte=2.49e-10,  # the worker's end: 4.0 GB/s
-    message_seconds=1.23e-4,  # the server's work for a message (framing, loop, step thread)
-    latency_seconds=1.01e-4,  # a message's wake-ups and work away from the server
-    apply_seconds_per_byte=3.0e-11,  # adding one more 2 MB update into the sum
-    step_seconds_per_byte=6.77e-10,  # momentum, new weights and their publication, per byte
-    step_fixed_seconds=1.60e-4,  # a step's hand-offs, ledger and statistics
+    link_seconds_per_byte=2.16e-10,  # the server's end of a transfer: 4.6 GB/s
+    worker_seconds_per_byte=2.38e-10,  # the worker's end: 4.2 GB/s
+    message_seconds=1.27e-4,  # the server's work for a message (framing, loop, step thread)
+    latency_seconds=8.2e-5,  # a message's wake-ups and work away from the server
+    apply_seconds_per_byte=4.1e-11,  # adding one more 2 MB update into the sum
+    step_seconds_per_byte=4.89e-10,  # momentum, new weights and their publication, per byte
+    step_fixed_seconds=1.0e-4,  # a step's hand-offs, ledger and statistics
     source="defaults (measured 2026-11-22 on the development machine)",
 )
 
