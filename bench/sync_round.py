@@ -26,7 +26,10 @@ NETWORK = "351:1262:45"
 
 
 def snet_rounds_per_second(seconds: float, workdir: Path) -> float:
-    server, ports = start_bench_server(workdir, NETWORK, "round", ["--mode", "sync"])
+    # both clients join before the first lease, so no round starts with one of them alone
+    server, ports = start_bench_server(
+        workdir, NETWORK, "round", ["--mode", "sync", "--min-workers", "2"]
+    )
     try:
         clients = [
             subprocess.Popen(
