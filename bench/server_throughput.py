@@ -7,22 +7,30 @@ nothing but ``recv_into``. The figure is (a)/(b): how close the server's receive
 (BufferedProtocol into pooled elements, validation, the update rule, the broadcast) comes
 to the socket's own limit. The server always has a backlog here, so it fuses the steps
 queued behind a running one (``steps_per_pass`` says how many, on average).
+
+Each side's CPU time per element is measured too: the server's (from /proc) or the
+sink's, and the clients' (their own process time). The clients, the server and the sink
+all share this machine's cores, so ``cores / (CPU per element)`` is the most elements per
+second snet could carry here however well it overlapped its work; over the plain figure
+that is ``cpu_bound_ratio``, the best ratio the measured CPU cost allows.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from snet.protocol.network import NetworkSpec
 
-from .processes import synthetic_corpus
+from .processes import cpu_seconds, synthetic_corpus
 
 SIZES = {"164kB": "39:500:42", "2MB": "351:1262:45"}
 WARMUP_SECONDS = 1.0
@@ -106,17 +114,19 @@ def through_server(network: str, clients: int, seconds: float, workdir: Path) ->
             "snet", ports["port"], clients, seconds + 2 * WARMUP_SECONDS, elements
         )
         time.sleep(WARMUP_SECONDS)
-        first, t0 = _status(ports["http_port"]), time.perf_counter()
+        first, t0, cpu0 = _status(ports["http_port"]), time.perf_counter(), cpu_seconds([server])
         time.sleep(seconds)
-        last, t1 = _status(ports["http_port"]), time.perf_counter()
-        for pusher in pushers:
-            pusher.wait(60)
-        per_second = (last["updates_applied"] - first["updates_applied"]) / (t1 - t0)
+        last, t1, cpu1 = _status(ports["http_port"]), time.perf_counter(), cpu_seconds([server])
+        sent = [json.loads(pusher.communicate(timeout=60)[0]) for pusher in pushers]
+        applied = last["updates_applied"] - first["updates_applied"]
+        per_second = applied / (t1 - t0)
         passes = max(last["step_passes"] - first["step_passes"], 1)
         return {
             "elements_per_s": per_second,
             "gb_per_s": per_second * elements * 4 / 1e9,
             "steps_per_pass": (last["steps"] - first["steps"]) / passes,
+            "receiver_ms": _per_element(cpu0, cpu1, applied),
+            "senders_ms": _senders_ms(sent),
         }
     finally:
         server.terminate()
@@ -134,15 +144,41 @@ def through_plain_socket(network: str, clients: int, seconds: float) -> dict[str
     port = int(sink.stdout.readline())
     elements = _elements(network)
     pushers = _start_clients("plain", port, clients, seconds, elements)
-    for pusher in pushers:
-        pusher.wait(60)
+    sent = [json.loads(pusher.communicate(timeout=60)[0]) for pusher in pushers]
     sink.stdin.close()
-    results = json.loads(sink.stdout.readline())
+    received = json.loads(sink.stdout.readline())
     sink.wait(30)
     # Connections overlap in time: the aggregate rate is total bytes over the longest span.
+    results = received["connections"]
     total = sum(r["bytes"] for r in results)
     span = max(r["seconds"] for r in results)
-    return {"elements_per_s": total / (elements * 4) / span, "gb_per_s": total / span / 1e9}
+    return {
+        "elements_per_s": total / (elements * 4) / span,
+        "gb_per_s": total / span / 1e9,
+        "receiver_ms": received["cpu_seconds"] * 1e3 / (total / (elements * 4)),
+        "senders_ms": _senders_ms(sent),
+    }
+
+
+def _per_element(cpu_before: float | None, cpu_after: float | None, count: int) -> float | None:
+    """Milliseconds of CPU per element, or None without /proc."""
+    if cpu_before is None or cpu_after is None or count <= 0:
+        return None
+    return (cpu_after - cpu_before) * 1e3 / count
+
+
+def _senders_ms(sent: list[dict[str, float]]) -> float:
+    """The pushing clients' CPU per element sent, in milliseconds."""
+    return sum(r["cpu_seconds"] for r in sent) * 1e3 / max(sum(r["sent"] for r in sent), 1)
+
+
+def cpu_bound(row: Mapping[str, float | None], cores: int) -> float | None:
+    """Elements per second that ``cores`` fully busy could carry at the measured CPU per
+    element of the receiver and the senders together (everything here shares them)."""
+    receiver, senders = row.get("receiver_ms"), row.get("senders_ms")
+    if receiver is None or senders is None or receiver + senders <= 0:
+        return None
+    return cores * 1e3 / (receiver + senders)
 
 
 def run_server_bench(
@@ -155,6 +191,8 @@ def run_server_bench(
             for clients in client_counts:
                 snet = through_server(network, clients, seconds, Path(tmp))
                 plain = through_plain_socket(network, clients, seconds)
+                cores = os.cpu_count() or 1
+                snet_bound = cpu_bound(snet, cores)
                 rows.append(
                     {
                         "element": label,
@@ -165,9 +203,20 @@ def run_server_bench(
                         "snet_gb_per_s": round(snet["gb_per_s"], 3),
                         "plain_gb_per_s": round(plain["gb_per_s"], 3),
                         "ratio": round(snet["gb_per_s"] / plain["gb_per_s"], 3),
+                        # CPU per element (ms): the server or sink, and all the clients
+                        "snet_cpu_ms": _rounded(snet["receiver_ms"], snet["senders_ms"]),
+                        "plain_cpu_ms": _rounded(plain["receiver_ms"], plain["senders_ms"]),
+                        # the best ratio this machine's cores allow at snet's CPU cost
+                        "cpu_bound_ratio": None
+                        if snet_bound is None
+                        else round(snet_bound / plain["elements_per_s"], 3),
                     }
                 )
     return rows
+
+
+def _rounded(*values: float | None) -> list[float | None]:
+    return [None if v is None else round(v, 3) for v in values]
 
 
 if __name__ == "__main__":

@@ -93,3 +93,31 @@ def test_two_thread_rows_slower_than_one_thread_ceilings_are_flagged() -> None:
     ]
     markdown = render_markdown({"worker": rows})
     assert "below half its 1-thread value (351:1262:45 bunch 1000) were measured" in markdown
+
+
+def server_row(clients: int, ratio: float, snet_ms: list[float], bound: float) -> dict[str, Any]:
+    """A row of ``snet bench``'s server section for 2 MB elements."""
+    return {
+        "element": "2MB", "network": "351:1262:45", "clients": clients,
+        "snet_elements_per_s": 1000.0, "steps_per_pass": 3.5, "snet_gb_per_s": 2.0,
+        "plain_gb_per_s": 2.0 / ratio, "ratio": ratio, "snet_cpu_ms": snet_ms,
+        "plain_cpu_ms": [0.25, 0.25], "cpu_bound_ratio": bound,
+    }  # fmt: skip
+
+
+def test_the_server_cpu_cost_bounds_its_ratio_and_is_said_so() -> None:
+    rows = [server_row(1, 0.4, [1.1, 0.35], 0.5), server_row(4, 0.22, [1.15, 0.45], 0.3)]
+    markdown = render_markdown({"server": rows})
+    assert "| 1.10 + 0.35 | 0.25 + 0.25 | 0.5 |" in markdown  # the table's CPU columns
+    assert "1 client(s): 1.45 ms (server 1.10) against 0.50 ms, at most 0.50 of" in markdown
+    assert "4 client(s): 1.60 ms (server 1.15) against 0.50 ms, at most 0.30" in markdown
+    # Cores enough for 0.75 at snet's cost: the shortfall is not the machine's, no note.
+    fine = render_markdown({"server": [server_row(1, 0.4, [0.3, 0.2], 0.9)]})
+    assert "could carry" not in fine.split("## Server throughput")[0]
+
+
+def test_a_section_rerun_on_its_own_says_when() -> None:
+    row = server_row(1, 0.4, [1.1, 0.35], 0.5)
+    markdown = render_markdown({"when": "T0", "server": [row], "server_when": "T1"})
+    assert "Rerun on its own (`snet bench --only server`) at T1. Clients push" in markdown
+    assert "Rerun on its own" not in render_markdown({"when": "T0", "server": [row]})
