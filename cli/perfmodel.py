@@ -67,7 +67,7 @@ class Constants:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> Constants:
-        """Constants from a JSON object; every field but ``source`` is required, and
+        """Constants from a JSON object; every field is required but ``source`` and
         ``step_fixed_seconds`` (0 when absent: files written before it existed)."""
         data = {"step_fixed_seconds": 0.0, **data}
         names = [f.name for f in fields(cls) if f.name != "source"]
@@ -130,7 +130,10 @@ class Prediction:
     round_seconds: float
     mcups: float
     speedup: float  # over one worker computing alone, with no communication at all
-    bound: str  # "compute" or "link": what limits the round
+    # "compute" or "link": what limits the round. Async: whether a worker's cycle
+    # (T_c + L / 2) or the server's P T_d + T_h is the longer; sync: whether compute is
+    # at least half of the round (the rest is transfers and the step, in series with it).
+    bound: str
     phases: Phases
 
 
@@ -219,11 +222,13 @@ def staggered_round_seconds(phases: Phases, workers: int) -> float:
     The server sends the P copies of the new weights in turn (half of T_d each) and
     every worker starts computing as soon as its own copy is in; the last one served is
     the last to deliver, and its update costs the server the other half of its T_d;
-    then the step (T_h). The others' updates arrive while the server is still sending,
-    so a round takes ``T_c + L + (P + 1) T_d / 2 + T_h`` while the server keeps up,
-    and ``P T_d + T_h`` once its P transfers no longer fit: as on MultiSpert, a worker
-    pays only for its own transfer while the host feeds the others behind it. Without
-    the staggering (every worker waiting for all P transfers) this would be the BSP
+    then the step (T_h). The others' updates come in T_d / 2 apart, in the order they
+    were served, so the server takes each in before the next arrives. A round takes
+    ``T_c + L + (P + 1) T_d / 2 + T_h`` while the server keeps up (``T_c + L >=
+    (P - 1) T_d / 2``: the first update arrives once the last copy is out), and
+    ``P T_d + T_h`` once it is busy throughout: as on MultiSpert, a worker pays only
+    for its own transfer while the host feeds the others behind it. Without the
+    staggering (every worker waiting for all P transfers) this would be the BSP
     supersteps of ``bsp_server_batch_cost``, ``T_c + L + P T_d + T_h``.
     """
     last_served = phases.compute + phases.latency + (workers + 1) * phases.transfer / 2
@@ -255,8 +260,10 @@ def predict(
         )
     else:
         seconds = staggered_round_seconds(phases, workers)
-        staggered = phases.compute + phases.latency + (workers + 1) * phases.transfer / 2
-        compute_bound = staggered >= workers * phases.transfer
+        # Every part of a sync round but T_c is communication or the step, none of it
+        # overlapped: the round is compute-bound while T_c is at least half of it (never
+        # once the server is busy throughout, as that needs T_c < (P - 1) T_d / 2).
+        compute_bound = phases.compute >= seconds - phases.compute
     mcups = network.connections * phases.patterns / seconds / 1e6
     alone = alone_mcups(network, constants, time_scale)
     return Prediction(
