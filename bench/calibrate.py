@@ -78,7 +78,12 @@ def measure_compute(network: NetworkSpec, bunch: int) -> float:
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[name] = "1"
     command = [sys.executable, "-m", "snet.bench.calibrate", network.describe(), str(bunch)]
-    output = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    output = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if output.returncode != 0:
+        raise RuntimeError(
+            f"measuring the compute constant failed (exit {output.returncode}): "
+            f"{output.stderr.strip()[-2000:]}"
+        )
     return float(output.stdout.strip().splitlines()[-1])
 
 
@@ -191,7 +196,12 @@ def _sync_rounds(directory: Path, network: NetworkSpec, bunch: int, workers: int
     run = train_modelled(
         directory / f"{network.describe()}-{workers}", env, flags, workers, ROUND_SECONDS
     )
-    wall, steps = bunch * workers / run["best"], max(run["steps"], 1)
+    if run["steps"] <= 0:  # CPU time per round would be meaningless
+        raise RuntimeError(
+            f"calibration: {workers} worker(s) on {network.describe()} took no step in "
+            f"{ROUND_SECONDS} s of sync training"
+        )
+    wall, steps = bunch * workers / run["best"], run["steps"]
     server, others = run["server_cpu_seconds"], run["workers_cpu_seconds"]
     if server is None or others is None:  # no /proc: each side taken as half of the time
         return RoundCosts(wall, wall / 2, wall / 2)
@@ -212,7 +222,8 @@ def measure_snet_rounds(network: NetworkSpec, bunch: int, apply: float) -> LinkC
     one-unit round's wall time (the worker's work and the wake-ups between the two
     messages) is the latency, and the growth of the worker's CPU time over it the bytes
     at the worker's end. CPU time is what a busy machine does not inflate; only the
-    latency is read off a clock.
+    latency is read off a clock. Without /proc each side is taken as half of a round's
+    wall time.
     """
     tiny = NetworkSpec.parse("1:1:1")
     with tempfile.TemporaryDirectory(prefix="snet-calibrate-") as tmp:

@@ -9,7 +9,8 @@ Two models, both written down in docs/performance-model.md:
   async mode overlaps all but the sending end of a worker's update with its compute, so
   a round takes ``max(T_c + L / 2, P * T_d + T_h)``. In sync mode the server sends the
   new weights to the workers one after the other and each computes as soon as its own
-  copy is in, so only the last one's transfers and the step lie outside the compute:
+  copy is in, so only the last one's transfers, its L and the step lie outside the
+  compute:
   ``max(T_c + L + (P + 1) * T_d / 2, P * T_d) + T_h``, where T_d is the server's time
   per worker and L the rest of a worker's round trip.
   Compute per pattern is ``c1 * N_h + c2``. Two strategies: *pattern*-parallel (data
