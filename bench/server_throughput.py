@@ -117,7 +117,7 @@ def through_server(network: str, clients: int, seconds: float, workdir: Path) ->
         first, t0, cpu0 = _status(ports["http_port"]), time.perf_counter(), cpu_seconds([server])
         time.sleep(seconds)
         last, t1, cpu1 = _status(ports["http_port"]), time.perf_counter(), cpu_seconds([server])
-        sent = [json.loads(pusher.communicate(timeout=60)[0]) for pusher in pushers]
+        sent = _client_results(pushers)
         applied = last["updates_applied"] - first["updates_applied"]
         per_second = applied / (t1 - t0)
         passes = max(last["step_passes"] - first["step_passes"], 1)
@@ -144,13 +144,20 @@ def through_plain_socket(network: str, clients: int, seconds: float) -> dict[str
     port = int(sink.stdout.readline())
     elements = _elements(network)
     pushers = _start_clients("plain", port, clients, seconds, elements)
-    sent = [json.loads(pusher.communicate(timeout=60)[0]) for pusher in pushers]
-    sink.stdin.close()
-    received = json.loads(sink.stdout.readline())
-    sink.wait(30)
+    try:
+        sent = _client_results(pushers)
+        sink.stdin.close()
+        received = json.loads(sink.stdout.readline())
+        sink.wait(30)
+    finally:  # a failed client must not leave the sink waiting for its stdin
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait(30)
     # Connections overlap in time: the aggregate rate is total bytes over the longest span.
     results = received["connections"]
     total = sum(r["bytes"] for r in results)
+    if total == 0:
+        raise RuntimeError(f"the plain sink received nothing from {clients} client(s)")
     span = max(r["seconds"] for r in results)
     return {
         "elements_per_s": total / (elements * 4) / span,
@@ -158,6 +165,17 @@ def through_plain_socket(network: str, clients: int, seconds: float) -> dict[str
         "receiver_ms": received["cpu_seconds"] * 1e3 / (total / (elements * 4)),
         "senders_ms": _senders_ms(sent),
     }
+
+
+def _client_results(pushers: list[subprocess.Popen[str]]) -> list[dict[str, float]]:
+    """Each pushing client's JSON line; a client that failed is a clear error."""
+    results = []
+    for pusher in pushers:
+        output = pusher.communicate(timeout=60)[0]
+        if pusher.returncode != 0 or not output.strip():
+            raise RuntimeError(f"a push client failed (exit {pusher.returncode}); see above")
+        results.append(json.loads(output))
+    return results
 
 
 def _per_element(cpu_before: float | None, cpu_after: float | None, count: int) -> float | None:
