@@ -112,7 +112,8 @@ class InlineStore:
             )
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self._where)):
             raise DataError("frames message names rows outside the data set")
-        new = indices[self._where[indices] < 0]
+        # unique: a row named twice must be held once, or ``complete`` would count it twice
+        new = np.unique(indices[self._where[indices] < 0])
         self._where[new] = np.arange(self.rows_held, self.rows_held + len(new))
         self._frames = np.concatenate([self._frames, np.zeros((len(new), self.features), "f4")])
         self._labels = np.concatenate([self._labels, np.zeros(len(new), np.int64)])

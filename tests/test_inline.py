@@ -84,6 +84,10 @@ def test_stores_say_when_every_row_is_at_hand(tmp_path: Path) -> None:
     assert not inline.ready_for(centres)  # one row short
     store.add(needed[-1:], local.store.take(needed[-1:]), local.labels_of(needed[-1:]))
     assert inline.ready_for(centres) and not store.complete
+    rest = np.setdiff1d(everything, needed)
+    twice = np.concatenate([rest[:-1], rest[:1]])  # a row named twice, the last one missing
+    store.add(twice, local.store.take(twice), local.labels_of(twice))
+    assert not store.complete and store.rows_held == info.total_frames - 1
     store.add(everything, local.store.take(everything), local.labels_of(everything))
     assert store.complete and inline.ready_for(plan.train_frames)
     np.testing.assert_array_equal(inline.windows(centres), local.windows(centres))
