@@ -95,7 +95,9 @@ def test_two_thread_rows_slower_than_one_thread_ceilings_are_flagged() -> None:
     assert "below half its 1-thread value (351:1262:45 bunch 1000) were measured" in markdown
 
 
-def server_row(clients: int, ratio: float, snet_ms: list[float], bound: float) -> dict[str, Any]:
+def server_row(
+    clients: int, ratio: float, snet_ms: list[float | None], bound: float | None
+) -> dict[str, Any]:
     """A row of ``snet bench``'s server section for 2 MB elements."""
     return {
         "element": "2MB", "network": "351:1262:45", "clients": clients,
@@ -113,7 +115,13 @@ def test_the_server_cpu_cost_bounds_its_ratio_and_is_said_so() -> None:
     assert "4 client(s): 1.60 ms (server 1.15) against 0.50 ms, at most 0.30" in markdown
     # Cores enough for 0.75 at snet's cost: the shortfall is not the machine's, no note.
     fine = render_markdown({"server": [server_row(1, 0.4, [0.3, 0.2], 0.9)]})
-    assert "could carry" not in fine.split("## Server throughput")[0]
+    targets = fine.split("## Server throughput")[0]
+    assert "1 client(s), vs recv_into | 0.4 |" in targets and "could carry" not in targets
+    # Without /proc the server's CPU is unknown: no bound, no note, the table still drawn.
+    unknown = server_row(1, 0.4, [None, 0.35], None)
+    blind = render_markdown({"server": [unknown]})
+    assert "could carry" not in blind.split("## Server throughput")[0]
+    assert "| 0.4 | - | 0.25 + 0.25 | - |" in blind
 
 
 def test_a_section_rerun_on_its_own_says_when() -> None:
