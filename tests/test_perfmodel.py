@@ -30,7 +30,7 @@ from snet.cli.perfmodel import (
     overlapped_round_seconds,
     pattern_parallel_phases,
     predict,
-    staggered_round_seconds,
+    serial_round_seconds,
 )
 from snet.client.backend import make_backend
 from snet.client.modelled_backend import ModelledBackend, per_pattern_coefficients
@@ -126,16 +126,12 @@ def test_snet_overlap_against_the_multispert_rule(workers: int, paper: float, sn
     assert overlapped_round_seconds(phases, workers) == snet
 
 
-@pytest.mark.parametrize(
-    ("workers", "expected"),
-    # T_c = 10, T_d = 1, T_h = 0.5, L = 3: the last worker served gets its weights after
-    # P halves of T_d, and its update costs the server another half: 13 + (P + 1) / 2
-    # while that exceeds the server's P T_d, then P T_d; the step after either.
-    [(1, 14.5), (4, 16.0), (25, 26.5), (26, 27.0), (27, 27.5), (40, 40.5)],
-)
-def test_sync_rounds_stagger_the_transfers(workers: int, expected: float) -> None:
+@pytest.mark.parametrize(("workers", "expected"), [(1, 14.5), (4, 17.5), (40, 53.5)])
+def test_sync_rounds_queue_every_transfer(workers: int, expected: float) -> None:
+    # T_c = 10, T_d = 1, T_h = 0.5, L = 3: compute, the worker's end, P transfers, the
+    # step, one after the other: 13.5 + P.
     phases = Phases(compute=10.0, transfer=1.0, host=0.5, latency=3.0, patterns=1)
-    assert staggered_round_seconds(phases, workers) == expected
+    assert serial_round_seconds(phases, workers) == expected
 
 
 def test_per_pattern_cost_is_c1_nh_plus_c2() -> None:
@@ -156,17 +152,19 @@ def test_pattern_parallel_phases_worked_by_hand() -> None:
     assert phases.host == pytest.approx(52 * (2 * 1e-10 + 2e-10) + 3e-6)  # 2 updates, a step
     assert phases.patterns == 20
     sync = predict(TINY, 10, 2, HAND, "pattern", "sync")
-    # 130 us compute + 100.208 us latency + 3/2 x 200.104 us > 2 x 200.104: the server
-    # keeps up, but the transfers, not the 130 us of compute, are most of the round
-    assert sync.round_seconds == pytest.approx(1.3e-4 + 1.00208e-4 + 1.5 * 2.00104e-4 + 3.0208e-6)
+    # 130 us compute + 100.208 us latency + 2 x 200.104 us + the step: the transfers,
+    # not the 130 us of compute, are most of the round
+    assert sync.round_seconds == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 3.0208e-6)
     assert sync.mcups == pytest.approx(13 * 20 / sync.round_seconds / 1e6)
     assert sync.speedup == pytest.approx(sync.mcups / 1.0)  # one worker alone: 1 MCUPS
     assert sync.bound == "link"
     assert predict(TINY, 10, 1, HAND, "pattern", "sync").bound == "link"  # even alone
     assert predict(TINY, 100, 2, HAND, "pattern", "sync").bound == "compute"  # 1.3 of 1.7 ms
-    crowded = predict(TINY, 10, 6, HAND, "pattern", "sync")  # 6 x 200 us > 130 + 100 + 700
+    crowded = predict(TINY, 10, 6, HAND, "pattern", "sync")
     assert crowded.bound == "link"
-    assert crowded.round_seconds == pytest.approx(6 * 2.00104e-4 + 52 * 8e-10 + 3e-6)
+    assert crowded.round_seconds == pytest.approx(
+        1.3e-4 + 1.00208e-4 + 6 * 2.00104e-4 + 52 * 8e-10 + 3e-6
+    )
     overlapped = predict(TINY, 10, 2, HAND, "pattern", "async")
     assert overlapped.round_seconds == pytest.approx(2 * 2.00104e-4 + 3.0208e-6)  # link-bound
 
@@ -318,9 +316,7 @@ def test_plan_json_reads_constants_from_a_benchmark_file(
     document = json.loads(capsys.readouterr().out)
     sync = next(p for p in document["predictions"] if p["mode"] == "sync")
     assert sync["strategy"] == "pattern"
-    assert sync["round_seconds"] == pytest.approx(
-        1.3e-4 + 1.00208e-4 + 1.5 * 2.00104e-4 + 3.0208e-6
-    )
+    assert sync["round_seconds"] == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 3.0208e-6)
 
 
 def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
