@@ -190,6 +190,14 @@ def _senders_ms(sent: list[dict[str, float]]) -> float:
     return sum(r["cpu_seconds"] for r in sent) * 1e3 / max(sum(r["sent"] for r in sent), 1)
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (a container's or a taskset's share, not the
+    machine's count), which the server, the sink and the clients all share."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def cpu_bound(row: Mapping[str, float | None], cores: int) -> float | None:
     """Elements per second that ``cores`` fully busy could carry at the measured CPU per
     element of the receiver and the senders together (everything here shares them)."""
@@ -209,7 +217,7 @@ def run_server_bench(
             for clients in client_counts:
                 snet = through_server(network, clients, seconds, Path(tmp))
                 plain = through_plain_socket(network, clients, seconds)
-                cores = os.cpu_count() or 1
+                cores = usable_cores()
                 snet_bound = cpu_bound(snet, cores)
                 rows.append(
                     {
