@@ -221,14 +221,14 @@ def serial_round_seconds(phases: Phases, workers: int) -> float:
 
     A worker's compute and its own end of the round trip, then the server's P transfers
     and its step, one after the other: the BSP supersteps of ``bsp_server_batch_cost``,
-    in seconds. The server writes the P copies of the new weights one after the other,
-    but each write hands its socket only what the buffer takes and the event loop sends
-    the rest of all P copies interleaved as the sockets drain, so the copies complete at
-    about the same time and every worker waits for about all P transfers. A staggered
-    form, each worker computing as soon as its own copy is in (``max(T_c + L + (P + 1)
-    T_d / 2, P T_d) + T_h``, the MultiSpert rule with a barrier), was tried: over four
-    runs it was up to 15 % optimistic at P = 8, this form within 6 % in the same runs
-    (docs/performance-model.md).
+    in seconds. A staggered form, each worker computing as soon as its own copy of the
+    weights is in (``max(T_c + L + (P + 1) T_d / 2, P T_d) + T_h``, the MultiSpert rule
+    with a barrier), was tried: over four runs it was up to 15 % optimistic at P = 8,
+    this form within 6 % in the same runs (docs/performance-model.md). The server's
+    copies do leave one after the other (its sockets take each 2 MB write whole), but
+    in that benchmark the workers' own ends of the transfers share the server's two
+    cores, so they queue as well; for workers on machines of their own the staggered
+    form may fit better.
     """
     return phases.compute + phases.latency + workers * phases.transfer + phases.host
 
