@@ -180,6 +180,7 @@ class Worker(Joining):
             lambda: ServerConnection(limits, on_message, on_lost),
             self.config.retry_seconds,
         )
+        gone = False
         try:
             if not await self._handshake(connection):
                 return
@@ -194,10 +195,13 @@ class Worker(Joining):
                 with contextlib.suppress(asyncio.CancelledError):
                     await heartbeat
         except ServerGone:
+            gone = True
             connection.abort()  # on a dead link a graceful close would never finish
             raise
         finally:
             if self._stop_reason is not None:
+                if not gone and not self._lost and self._joined:
+                    self._send_report(connection)  # its final figures: read before the goodbye
                 await connection.leave(Goodbye(f"worker stopped ({self._stop_reason})"))
             connection.close()
 
@@ -296,10 +300,11 @@ class Worker(Joining):
             )
             self.updates_sent += 1
             self._sent_this_session += 1
-            if self.compressor is not None and self.updates_sent % REPORT_UPDATES == 0:
-                report = self._report()  # also every so many updates: fast runs get one too
-                if report is not None:
-                    connection.send(report)
+            # The backend's figures go with the first update of a session (a job can end
+            # before the first periodic report) and, when compressing, every so many.
+            compressed = self.compressor is not None and self.updates_sent % REPORT_UPDATES == 0
+            if self._sent_this_session == 1 or compressed:
+                self._send_report(connection)
             last_base = weights.version
             self._work.advance(count)
 
@@ -327,6 +332,13 @@ class Worker(Joining):
         frames, correct, loss = self.backend.evaluate(weights)
         return EvalResult(request.version, request.epoch, frames, correct, loss)
 
+    def _send_report(self, connection: ServerConnection) -> bool:
+        """Send the backend's (and the compressor's) figures; False when there are none."""
+        report = self._report()
+        if report is not None:
+            connection.send(report)
+        return report is not None
+
     def _report(self) -> WorkerReport | None:
         """The backend's figures and the compression ledger's worker side, if any."""
         report = dict(self.backend.report() or {})
@@ -347,9 +359,8 @@ class Worker(Joining):
                 log.warning("nothing from the server for %.0f s; dropping the connection", silent)
                 connection.abort()
                 return
-            report = self._report()
-            if report is not None:
-                connection.send(report)
-            elif time.monotonic() - last_beat >= self.config.heartbeat_seconds:
+            if not self._send_report(connection) and (
+                time.monotonic() - last_beat >= self.config.heartbeat_seconds
+            ):
                 connection.send(Heartbeat(time.time()))
                 last_beat = time.monotonic()
