@@ -107,7 +107,9 @@ class ElementCodec:
     def check_parts(
         self, layout: ElementLayout, parts: Sequence[np.ndarray]
     ) -> list[Sequence[np.ndarray]]:
-        """The parts grouped by segment, after checking their count, dtypes and shapes."""
+        """The parts grouped by segment, after checking their count, dtypes and shapes
+        (an override may hand them on to ``check_values`` and ``decode_segment`` in a
+        form it decoded once, as ``topk`` does its index gaps)."""
         specs = [self.part_specs(shape) for shape in layout.shapes]
         wanted = sum(len(s) for s in specs)
         if len(parts) != wanted:

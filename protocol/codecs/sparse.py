@@ -107,7 +107,10 @@ class TopKCodec(ElementCodec):
         self, layout: ElementLayout, parts: Sequence[np.ndarray]
     ) -> list[Sequence[np.ndarray]]:
         """Two parts per segment, index bytes and values; the values must add up to at
-        least ``kept(layout.size)`` (more during a worker's warm-up)."""
+        least ``kept(layout.size)`` (more during a worker's warm-up).
+
+        Each segment comes back as (indices, values), its varint gaps decoded (and
+        checked) here once, for both ``check_values`` and ``decode_segment``."""
         wanted = 2 * len(layout.shapes)
         if len(parts) != wanted:
             raise CodecError(f"{self.name}: {len(parts)} part(s) for a network that needs {wanted}")
@@ -131,11 +134,10 @@ class TopKCodec(ElementCodec):
             raise CodecError(
                 f"{self.name}: {total} values, expected {self.kept(layout.size)} to {layout.size}"
             )
-        return groups
+        return [(decode_gaps(data, values.size, self.name), values) for data, values in groups]
 
     def check_values(self, parts: Sequence[np.ndarray], shape: tuple[int, ...]) -> None:
-        data, values = parts
-        indices = decode_gaps(data, values.size, self.name)  # strictly increasing
+        indices, values = parts  # indices decoded by check_parts: strictly increasing
         size = _size(shape)
         if indices.size and int(indices[-1]) >= size:  # increasing: the last is the largest
             raise CodecError(
@@ -144,10 +146,10 @@ class TopKCodec(ElementCodec):
         require_finite(self.name, "values", values)
 
     def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
-        data, values = parts
+        indices, values = parts
         flat = out.reshape(-1)
         flat[...] = 0.0
-        flat[decode_gaps(data, values.size, self.name)] = values
+        flat[indices] = values
 
 
 class PowerSgdCodec(ElementCodec):
