@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from snet.protocol.codecs import carries_momentum
 from snet.protocol.codecs.weights import WeightsEncoder
 from snet.protocol.decoder import TrafficCounters
 
@@ -38,6 +39,11 @@ class CompressionLedger:
     update_raw_bytes: int = 0  # the same elements as float32
     undecodable: int = 0
     worker: dict[str, float | None] = field(default_factory=dict)
+    # decided once at the handshake: the step reads it for every update it applies
+    momentum_corrected: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.momentum_corrected = carries_momentum(self.update_codec)
 
     def agreed(self) -> dict[str, str]:
         """The codecs agreed at the handshake, as ``Welcome.codecs`` carries them."""

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from snet.protocol.codecs import carries_momentum
 from snet.protocol.messages import Message
 
 from .ledger import CompressionLedger
@@ -47,7 +46,7 @@ class WorkerSession:
     def momentum_corrected(self) -> bool:
         """Its updates carry its own momentum: the update rule applies them without the
         server's (an update codec such as ``topk``; protocol 8.8)."""
-        return self.ledger is not None and carries_momentum(self.ledger.update_codec)
+        return self.ledger is not None and self.ledger.momentum_corrected
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
