@@ -36,7 +36,7 @@ import numpy as np
 from snet.protocol.network import ELEMENT_DTYPE
 
 BLOCK = 65_536  # values per cache block: 256 kB per array: the five a step walks fit in L2
-LANE_MIN_BLOCKS = 4  # split a step across threads only when each gets two blocks or more
+LANE_MIN_BLOCKS = 2  # split a step across threads only when each gets two blocks or more
 
 
 class UpdateRule:
@@ -53,7 +53,7 @@ class UpdateRule:
         # calling one and helpers): numpy and BLAS release the GIL, and a synchronous
         # round's step is on the critical path while every worker waits for it.
         blocks = -(-self.weights.size // BLOCK)
-        lanes = max(1, min(lanes, blocks // (LANE_MIN_BLOCKS // 2)))
+        lanes = max(1, min(lanes, blocks // LANE_MIN_BLOCKS))
         scratch = min(BLOCK, max(self.weights.size, 1))
         edges = (np.linspace(0, blocks, lanes + 1).astype(int) * BLOCK).tolist()
         # per lane: its range of values [first, last) and a block of scratch of its own
