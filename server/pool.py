@@ -92,5 +92,6 @@ class ElementPool:
 
 
 def is_finite(flat: np.ndarray) -> bool:
-    """True when no value is NaN or infinite (checked before an update is queued)."""
+    """True when no value is NaN or infinite (checked per update only after a step found
+    NaN or Inf, to tell which updates to refuse)."""
     return bool(np.isfinite(flat).all())
