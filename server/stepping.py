@@ -36,6 +36,7 @@ from .update_rule import UpdateRule
 log = logging.getLogger("snet.server")
 
 MAX_FUSED_STEPS = 16  # steps applied in one pass when updates pile up (bounds latency)
+OVERFLOW = "the sum of these updates overflows float32"  # each finite, their step is not
 
 
 @dataclass
@@ -155,19 +156,17 @@ class Stepping:
             finite = await loop.run_in_executor(
                 self.executor, lambda: [is_finite(p.gradient) for p in batch]
             )
-            bad = [p for p, ok in zip(batch, finite, strict=True) if not ok] or batch
-            reason = (
-                "update contains NaN or infinite values"
-                if bad is not batch
-                else "the sum of these updates overflows float32"
-            )
-            for pending in bad:
+            # by position, not ``p in bad``: a dataclass compare would reach the arrays
+            bad = [p for p, ok in zip(batch, finite, strict=True) if not ok]
+            good = [p for p, ok in zip(batch, finite, strict=True) if ok] if bad else []
+            reason = "update contains NaN or infinite values" if bad else OVERFLOW
+            for pending in bad or batch:
                 self._refuse_accepted(pending, reason)
-            batch = [p for p in batch if p not in bad]
+            batch = good
             snapshot = await self._apply([batch], rate) if batch else None
             if snapshot is None:
                 for pending in batch:
-                    self._refuse_accepted(pending, "the sum of these updates overflows")
+                    self._refuse_accepted(pending, OVERFLOW)
                 return
         self._publish([batch], snapshot, rate, time.perf_counter() - started)
 
