@@ -223,7 +223,6 @@ class Coordinator(Stepping):
                 element = self._decode_update(session, message)
             frames = self._check_update(session, message, element)
         except RejectedUpdate as exc:
-            exc.lease_id, exc.offset = message.lease_id, message.offset  # named in the error
             if element is not None:
                 self.pool.release(element)
             session.updates_rejected += 1
@@ -231,7 +230,8 @@ class Coordinator(Stepping):
             self.stats.updates_rejected += 1
             self.send_weights(session)  # tells the worker the update is settled
             self._maybe_step()
-            raise
+            # the error frame names the refused update (the worker's error feedback needs it)
+            raise RejectedUpdate(str(exc), message.lease_id, message.offset) from exc
         session.updates_sent += 1
         session.patterns += message.patterns
         session.compute_seconds += message.compute_seconds
