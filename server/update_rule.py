@@ -108,10 +108,10 @@ class UpdateRule:
         bypass = [()] * len(groups) if direct is None else direct
         if not groups or not len(groups) == len(patterns) == len(bypass):
             raise ValueError("steps needs one pattern count per group of gradients")
-        if any(count < 1 for count in patterns) or any(
-            not (group or extra) for group, extra in zip(groups, bypass, strict=True)
-        ):
-            raise ValueError("a step needs at least one pattern")
+        if any(count < 1 for count in patterns):
+            raise ValueError(f"a step needs at least one pattern, got counts {list(patterns)}")
+        if any(not (group or extra) for group, extra in zip(groups, bypass, strict=True)):
+            raise ValueError("a step needs at least one gradient (or direct update)")
         # The new weights go to a fresh buffer, which is the snapshot: buffers still being
         # sent to workers are never written again; the velocity goes to the spare buffer.
         work = _Pass(
