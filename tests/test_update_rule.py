@@ -78,9 +78,9 @@ def test_update_rule_refuses_non_finite_sums_and_changes_nothing() -> None:
 
 def test_update_rule_refuses_empty_steps() -> None:
     rule = UpdateRule(np.zeros(4, dtype=np.float32), momentum=0.9)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one gradient"):
         rule.step([], patterns=4, learning_rate=0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one pattern"):
         rule.step([np.ones(4, dtype=np.float32)], patterns=0, learning_rate=0.1)
     np.testing.assert_array_equal(rule.weights, 0.0)
 
