@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from snet.protocol.codecs import parse_codec
+from snet.protocol.codecs import ElementCodec, parse_codec
 from snet.protocol.messages import Encoded
 from snet.protocol.network import ElementLayout
 
@@ -72,6 +72,25 @@ class _Sent:
     gradient: np.ndarray
     encoded: Encoded
     number: int
+
+
+def _settings(
+    codec: ElementCodec, momentum: float, clip_factor: float | None
+) -> tuple[float, float, float]:
+    """(worker momentum, gradient gain, clip factor) of a compressor for ``codec`` in a job
+    with ``momentum``; ``clip_factor`` None for the codec's default.
+
+    The worker keeps a momentum and a gain only for momentum-corrected codecs, with
+    gain / (1 - worker momentum) = 1 / (1 - job momentum): the total of a gradient's effect.
+    """
+    if codec.momentum_corrected:
+        worker_momentum = min(momentum, WORKER_MOMENTUM)
+        gain = (1.0 - worker_momentum) / (1.0 - momentum)
+    else:
+        worker_momentum, gain = 0.0, 1.0
+    if clip_factor is None:
+        clip_factor = CLIP_FACTOR if codec.family in CLIPPED_FAMILIES else 0.0
+    return worker_momentum, gain, clip_factor
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -99,15 +118,9 @@ class UpdateCompressor:
         self.codec = parse_codec(codec_name)
         self.layout = layout
         self.cosine_every = max(1, cosine_every)
-        corrected = self.codec.momentum_corrected
-        # The worker's own momentum and gradient gain, for momentum-corrected codecs only:
-        # gain / (1 - momentum) = 1 / (1 - job momentum), the total of a gradient's effect.
-        self.momentum = min(momentum, WORKER_MOMENTUM) if corrected else 0.0
-        self.gain = (1.0 - self.momentum) / (1.0 - momentum) if corrected else 1.0
-        self.velocity = layout.allocate() if corrected else None
+        self.momentum, self.gain, self.clip_factor = _settings(self.codec, momentum, clip_factor)
+        self.velocity = layout.allocate() if self.codec.momentum_corrected else None
         self.residual = layout.allocate()
-        clipped = self.codec.family in CLIPPED_FAMILIES
-        self.clip_factor = (CLIP_FACTOR if clipped else 0.0) if clip_factor is None else clip_factor
         self.clip_mean: float | None = None  # running mean norm per pattern of what was sent
         self.clipped = 0  # updates whose gradient was scaled down
         self._clipped = layout.allocate()
@@ -139,17 +152,16 @@ class UpdateCompressor:
         connection can no longer be named, so their refusals are forgotten."""
         if codec_name == "none":
             return None
-        fresh = cls(codec_name, layout, momentum=momentum)
         if (
             current is not None
             and current.name == codec_name
             and current.layout == layout
-            and (current.momentum, current.gain) == (fresh.momentum, fresh.gain)
-            and current.clip_factor == fresh.clip_factor
+            and (current.momentum, current.gain, current.clip_factor)
+            == _settings(current.codec, momentum, None)
         ):
             current._sent.clear()
             return current
-        return fresh
+        return cls(codec_name, layout, momentum=momentum)
 
     def clip(self, gradient: np.ndarray, patterns: int) -> np.ndarray:
         """``gradient`` (a sum over ``patterns``), or a scaled-down copy of it when its
