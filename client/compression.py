@@ -226,14 +226,17 @@ class UpdateCompressor:
         sent = self._sent.pop(key, None)
         if sent is None:
             return False
-        decoded = self.layout.allocate()
-        self.codec.decode(self.layout, sent.encoded, decoded)
+        # This runs on the worker's event loop: no element-sized temporaries. The target
+        # buffer is free between updates (compress fills it anew).
+        scratch = self._target
+        self.codec.decode(self.layout, sent.encoded, scratch)
+        self.residual += scratch
         later = self.updates - sent.number
         owed = self.gain * sum(self.momentum**j for j in range(later + 1))
-        self.residual += decoded
-        self.residual -= np.float32(owed) * sent.gradient
+        self.residual -= np.multiply(sent.gradient, np.float32(owed), out=scratch)
         if self.velocity is not None:
-            self.velocity -= np.float32(self.gain * self.momentum**later) * sent.gradient
+            carried = np.float32(self.gain * self.momentum**later)
+            self.velocity -= np.multiply(sent.gradient, carried, out=scratch)
         self.refusals += 1
         return True
 
