@@ -123,7 +123,8 @@ class UpdateCompressor:
         self.residual = layout.allocate()
         self.clip_mean: float | None = None  # running mean norm per pattern of what was sent
         self.clipped = 0  # updates whose gradient was scaled down
-        self._clipped = layout.allocate()
+        # Where a clipped gradient is written (only codecs that clip need one).
+        self._scaled_down = layout.allocate() if self.clip_factor else None
         self._sent: OrderedDict[UpdateKey, _Sent] = OrderedDict()
         self.refusals = 0
         self._target = layout.allocate()
@@ -174,8 +175,9 @@ class UpdateCompressor:
             return gradient
         limit = None if self.clip_mean is None else self.clip_factor * self.clip_mean
         if limit is not None and norm > limit:
-            np.multiply(gradient, np.float32(limit / norm), out=self._clipped)
-            gradient, norm = self._clipped, limit
+            assert self._scaled_down is not None  # allocated when clip_factor is set
+            np.multiply(gradient, np.float32(limit / norm), out=self._scaled_down)
+            gradient, norm = self._scaled_down, limit
             self.clipped += 1
         mean = self.clip_mean
         self.clip_mean = norm if mean is None else mean + (1 - CLIP_AVERAGING) * (norm - mean)
