@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from snet.cli.perfmodel import Constants
+from snet.cli.runtime import blas_thread_env
 from snet.client.network import BunchNetwork
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
@@ -74,9 +75,7 @@ def measure_compute(network: NetworkSpec, bunch: int) -> float:
     Measured in a child process, because BLAS fixes its thread count when numpy is
     first imported, and this process may use more (a worker uses one unless told).
     """
-    env = dict(os.environ)
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[name] = "1"
+    env = blas_thread_env(1)
     command = [sys.executable, "-m", "snet.bench.calibrate", network.describe(), str(bunch)]
     output = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if output.returncode != 0:

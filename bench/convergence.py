@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from snet.cli.runtime import blas_thread_env
 from snet.cli.sequential import train_sequential
 from snet.cli.settings import build_job
 
@@ -46,7 +46,7 @@ def run_parallel(mode: str, workers: int, job_args: list[str], timeout: float) -
     """One server and ``workers`` worker processes; the server's final status."""
     with tempfile.TemporaryDirectory(prefix="snet-convergence-") as tmp:
         ready, out = Path(tmp) / "ready.json", Path(tmp) / "out"
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        env = blas_thread_env(1)
         server = subprocess.Popen(
             snet_command(
                 "server", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",

@@ -105,9 +105,7 @@ def push_snet(port: int, seconds: float, elements: int, sync: bool = False) -> d
     reader.start()
     if not reader.hello_ready.wait(30):
         raise SystemExit("no server hello")
-    sock.sendall(
-        b"".join(bytes(p) for p in encode(Hello(PROTOCOL_VERSION, "push", "bench", (), b"")))
-    )
+    send_frame(sock, encode(Hello(PROTOCOL_VERSION, "push", "bench", (), b"")))
     if not reader.welcome.wait(30) or not reader.lease_ready.wait(30):
         raise SystemExit("no welcome or lease")
     element = np.zeros(elements, dtype=np.float32)

@@ -28,6 +28,8 @@ import os
 import sys
 from typing import Any
 
+from snet.cli.runtime import BLAS_VARIABLES
+
 
 def _synthetic_corpus(inputs: int, classes: int, frames: int = 20000) -> Any:
     import numpy as np
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bunch", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for variable in BLAS_VARIABLES:
         if os.environ.get(variable) != str(args.threads):
             print(f"set {variable}={args.threads} before starting this process", file=sys.stderr)
             return 2

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .bench_report import render_markdown
+from .runtime import blas_thread_env
 
 WORKER_NETWORKS = ("39:500:42", "351:1262:45")
 WORKER_BUNCHES = (12, 96, 1000)
@@ -35,9 +36,7 @@ def _worker_rows(quick: bool) -> list[dict[str, Any]]:
     for network in WORKER_NETWORKS:
         for bunch in bunches:
             for count in threads:
-                env = dict(os.environ)
-                for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-                    env[name] = str(count)
+                env = blas_thread_env(count)
                 output = subprocess.run(
                     [
                         sys.executable,

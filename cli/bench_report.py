@@ -31,8 +31,8 @@ def _ceiling(row: dict[str, Any], backend: str) -> float | None:
     return row.get("gemm_ceiling_torch" if backend == "torch_backend" else "gemm_ceiling_numpy")
 
 
-def _worker_section(rows: list[dict[str, Any]], measured: str | None) -> list[str]:
-    """The worker table; ``measured`` is when, if the section was rerun on its own."""
+def _worker_section(rows: list[dict[str, Any]], rerun: str) -> list[str]:
+    """The worker table; ``rerun`` says when, if the section was rerun on its own."""
     table = []
     for row in rows:
         name, ours = _best_ours(row)
@@ -54,11 +54,10 @@ def _worker_section(rows: list[dict[str, Any]], measured: str | None) -> list[st
                 _ratio(ours, ceiling),
             ]
         )
-    when = f"Rerun on its own (`snet bench --only worker`) at {measured}. " if measured else ""
     return [
         "## Worker arithmetic (MCUPS)",
         "",
-        f"{when}"
+        f"{rerun}"
         "snet's backends compute one bunch's summed gradient, context windows cut from "
         "frames included; PyTorch's figures get their inputs ready-made. `/ceiling` is the "
         "backend against the same five matrix products alone with the same BLAS (numpy: "
@@ -238,7 +237,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     ]
     lines += _targets(results)
     if "worker" in results:
-        lines += _worker_section(results["worker"], results.get("worker_when"))
+        lines += _worker_section(results["worker"], _rerun(results, "worker"))
     if "server" in results:
         lines += [
             "## Server throughput",

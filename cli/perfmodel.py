@@ -7,12 +7,9 @@ Two models, both written down in docs/performance-model.md:
   ``T_h`` of its own work, and a worker ``T_c`` of compute. On MultiSpert a round took
   ``T_d + T_c`` while ``(P - 1) * T_d + T_h < T_c`` and ``P * T_d`` otherwise. snet's
   async mode overlaps all but the sending end of a worker's update with its compute, so
-  a round takes ``max(T_c + L / 2, P * T_d + T_h)``. In sync mode the server sends the
-  new weights to the workers one after the other and each computes as soon as its own
-  copy is in, so only the last one's transfers, its L and the step lie outside the
-  compute:
-  ``max(T_c + L + (P + 1) * T_d / 2, P * T_d) + T_h``, where T_d is the server's time
-  per worker and L the rest of a worker's round trip.
+  a round takes ``max(T_c + L / 2, P * T_d + T_h)``; without overlap (sync mode)
+  ``T_c + L + P * T_d + T_h``, where T_d is the server's time per worker (its cost for
+  one more worker) and L the rest of a worker's round trip.
   Compute per pattern is ``c1 * N_h + c2``. Two strategies: *pattern*-parallel (data
   division: each worker trains its own patterns and exchanges the whole element) and
   *network*-parallel (the hidden units split across workers, which exchange the output
