@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from snet.protocol.codecs import parse_codec
+from snet.protocol.codecs import ElementCodec, parse_codec
 from snet.protocol.messages import Encoded
 from snet.protocol.network import ElementLayout
 
@@ -72,6 +72,25 @@ class _Sent:
     gradient: np.ndarray
     encoded: Encoded
     number: int
+
+
+def _settings(
+    codec: ElementCodec, momentum: float, clip_factor: float | None
+) -> tuple[float, float, float]:
+    """(worker momentum, gradient gain, clip factor) of a compressor for ``codec`` in a job
+    with ``momentum``; ``clip_factor`` None for the codec's default.
+
+    The worker keeps a momentum and a gain only for momentum-corrected codecs, with
+    gain / (1 - worker momentum) = 1 / (1 - job momentum): the total of a gradient's effect.
+    """
+    if codec.momentum_corrected:
+        worker_momentum = min(momentum, WORKER_MOMENTUM)
+        gain = (1.0 - worker_momentum) / (1.0 - momentum)
+    else:
+        worker_momentum, gain = 0.0, 1.0
+    if clip_factor is None:
+        clip_factor = CLIP_FACTOR if codec.family in CLIPPED_FAMILIES else 0.0
+    return worker_momentum, gain, clip_factor
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -99,18 +118,13 @@ class UpdateCompressor:
         self.codec = parse_codec(codec_name)
         self.layout = layout
         self.cosine_every = max(1, cosine_every)
-        corrected = self.codec.momentum_corrected
-        # The worker's own momentum and gradient gain, for momentum-corrected codecs only:
-        # gain / (1 - momentum) = 1 / (1 - job momentum), the total of a gradient's effect.
-        self.momentum = min(momentum, WORKER_MOMENTUM) if corrected else 0.0
-        self.gain = (1.0 - self.momentum) / (1.0 - momentum) if corrected else 1.0
-        self.velocity = layout.allocate() if corrected else None
+        self.momentum, self.gain, self.clip_factor = _settings(self.codec, momentum, clip_factor)
+        self.velocity = layout.allocate() if self.codec.momentum_corrected else None
         self.residual = layout.allocate()
-        clipped = self.codec.family in CLIPPED_FAMILIES
-        self.clip_factor = (CLIP_FACTOR if clipped else 0.0) if clip_factor is None else clip_factor
         self.clip_mean: float | None = None  # running mean norm per pattern of what was sent
         self.clipped = 0  # updates whose gradient was scaled down
-        self._clipped = layout.allocate()
+        # Where a clipped gradient is written (only codecs that clip need one).
+        self._scaled_down = layout.allocate() if self.clip_factor else None
         self._sent: OrderedDict[UpdateKey, _Sent] = OrderedDict()
         self.refusals = 0
         self._target = layout.allocate()
@@ -139,17 +153,16 @@ class UpdateCompressor:
         connection can no longer be named, so their refusals are forgotten."""
         if codec_name == "none":
             return None
-        fresh = cls(codec_name, layout, momentum=momentum)
         if (
             current is not None
             and current.name == codec_name
             and current.layout == layout
-            and (current.momentum, current.gain) == (fresh.momentum, fresh.gain)
-            and current.clip_factor == fresh.clip_factor
+            and (current.momentum, current.gain, current.clip_factor)
+            == _settings(current.codec, momentum, None)
         ):
             current._sent.clear()
             return current
-        return fresh
+        return cls(codec_name, layout, momentum=momentum)
 
     def clip(self, gradient: np.ndarray, patterns: int) -> np.ndarray:
         """``gradient`` (a sum over ``patterns``), or a scaled-down copy of it when its
@@ -162,8 +175,9 @@ class UpdateCompressor:
             return gradient
         limit = None if self.clip_mean is None else self.clip_factor * self.clip_mean
         if limit is not None and norm > limit:
-            np.multiply(gradient, np.float32(limit / norm), out=self._clipped)
-            gradient, norm = self._clipped, limit
+            assert self._scaled_down is not None  # allocated when clip_factor is set
+            np.multiply(gradient, np.float32(limit / norm), out=self._scaled_down)
+            gradient, norm = self._scaled_down, limit
             self.clipped += 1
         mean = self.clip_mean
         self.clip_mean = norm if mean is None else mean + (1 - CLIP_AVERAGING) * (norm - mean)
@@ -214,14 +228,17 @@ class UpdateCompressor:
         sent = self._sent.pop(key, None)
         if sent is None:
             return False
-        decoded = self.layout.allocate()
-        self.codec.decode(self.layout, sent.encoded, decoded)
+        # This runs on the worker's event loop: no element-sized temporaries. The target
+        # buffer is free between updates (compress fills it anew).
+        scratch = self._target
+        self.codec.decode(self.layout, sent.encoded, scratch)
+        self.residual += scratch
         later = self.updates - sent.number
         owed = self.gain * sum(self.momentum**j for j in range(later + 1))
-        self.residual += decoded
-        self.residual -= np.float32(owed) * sent.gradient
+        self.residual -= np.multiply(sent.gradient, np.float32(owed), out=scratch)
         if self.velocity is not None:
-            self.velocity -= np.float32(self.gain * self.momentum**later) * sent.gradient
+            carried = np.float32(self.gain * self.momentum**later)
+            self.velocity -= np.multiply(sent.gradient, carried, out=scratch)
         self.refusals += 1
         return True
 

@@ -145,33 +145,39 @@ class BunchNetwork:
 
     def _forward(self, views: list[np.ndarray], n: int, labels: np.ndarray) -> tuple[float, int]:
         """Every layer's stored output for the loaded bunch; returns (summed loss, correct)."""
-        current = self._inputs[:n]
-        last = len(self._kinds) - 1
-        for layer, kind in enumerate(self._kinds):
-            w = views[0] if layer == 0 else views[2 * layer - 1]
-            plain = layer > 0 and self._uses_plain(layer, n)
-            if plain:
-                scales = self._scales[layer]
-                current = np.multiply(current, scales.in_mul, out=self._plain[layer - 1][:n])
-                current += scales.in_add
-            if layer == last:
-                rows = self._logit_rows[:n]
-                self._matmul(current, w, rows)
-                if layer > 0:
-                    self._add_bias(layer, w, views[2 * layer], rows, plain)
-                logits = self._logits[:, :n]
-                np.copyto(logits, rows.T)
-                return self._softmax_scores(logits, labels)
+        below = self._inputs[:n]
+        for layer, kind in enumerate(self._kinds[:-1]):
             out = self._outputs[layer][:n]
-            self._matmul(current, w, out)  # the first layer's: pre * (x W + b)
-            if layer > 0:
-                self._add_bias(layer, w, views[2 * layer], out, plain)
+            self._pre_activations(views, layer, below, out)
             if kind == "relu":
                 np.maximum(out, 0.0, out=out)
             else:  # tanh, or sigmoid stored as tanh(z / 2)
                 np.tanh(out, out=out)
-            current = out
-        raise AssertionError("unreachable: the last layer returns")
+            below = out
+        rows = self._logit_rows[:n]
+        self._pre_activations(views, len(self._kinds) - 1, below, rows)
+        logits = self._logits[:, :n]
+        np.copyto(logits, rows.T)
+        return self._softmax_scores(logits, labels)
+
+    def _pre_activations(
+        self, views: list[np.ndarray], layer: int, below: np.ndarray, out: np.ndarray
+    ) -> None:
+        """``out`` = pre * z of ``layer``, from ``below``: the stored outputs of the layer
+        below, or for the first layer the loaded inputs (their constant column carries the
+        bias)."""
+        if layer == 0:
+            self._matmul(below, views[0], out)  # pre * (x W + b) at once
+            return
+        n = below.shape[0]
+        w = views[2 * layer - 1]
+        plain = self._uses_plain(layer, n)
+        if plain:
+            scales = self._scales[layer]
+            below = np.multiply(below, scales.in_mul, out=self._plain[layer - 1][:n])
+            below += scales.in_add
+        self._matmul(below, w, out)
+        self._add_bias(layer, w, views[2 * layer], out, plain)
 
     def _uses_plain(self, layer: int, n: int) -> bool:
         """Whether ``layer`` multiplies the true activations of the layer below rather than
