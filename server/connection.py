@@ -150,13 +150,14 @@ class WorkerConnection(asyncio.BufferedProtocol):
         return None  # close the transport; connection_lost does the cleanup
 
     def connection_lost(self, exc: Exception | None) -> None:
+        was_closing, self.closing = self.closing, True  # nothing can be written any more
         self.connections.discard(self)
         if self.channel is not None:
             slot = self.channel.decoder.abandon()
             if isinstance(slot, PooledElement):
                 self.coordinator.pool.release(slot)
         if self.session is not None:
-            reason = "closed" if self.closing else f"connection lost ({exc or 'eof'})"
+            reason = "closed" if was_closing else f"connection lost ({exc or 'eof'})"
             self.coordinator.remove_worker(self.session, reason)
             self.session = None
 
@@ -243,9 +244,20 @@ class WorkerConnection(asyncio.BufferedProtocol):
         return self.session.name if self.session else self.peer
 
     def send(self, message: Message) -> None:
-        if self.channel is not None and self.transport is not None and not self.closing:
+        """Queue ``message`` for this worker; a no-op once the connection is closing or
+        gone. Never raises: what one peer's socket does must not reach the caller (the
+        step machinery sends to every worker after each step)."""
+        transport = self.transport
+        if self.channel is None or transport is None or self.closing or transport.is_closing():
+            return
+        try:
             self.channel.send(message)
-            self.last_sent = time.monotonic()
+        except (OSError, RuntimeError) as exc:  # uvloop: "unable to perform operation ..."
+            log.warning("cannot write to %s (%s); dropping the connection", self.describe(), exc)
+            self.closing = True
+            transport.abort()
+            return
+        self.last_sent = time.monotonic()
 
     def fail(self, code: str, text: str) -> None:
         """Refuse this peer: tell it why, close this connection only."""

@@ -69,6 +69,7 @@ class Stepping:
     closed: bool
     _applying: bool
     _received: deque[PendingUpdate]
+    on_failure: Callable[[str], None] | None
 
     @property
     def learning_rate(self) -> float:
@@ -138,6 +139,14 @@ class Stepping:
                 # refusing the updates that carry one.
                 for group in groups:
                     await self._step_checked(group, rate)
+        except Exception as exc:
+            # A bug, never a peer's doing (sending to a peer cannot raise). Training
+            # cannot go on from a half-published step: say so loudly and stop the
+            # server, rather than freeze silently while /status looks healthy.
+            log.critical("the step machinery failed; stopping", exc_info=True)
+            if self.on_failure is not None:
+                self.on_failure(f"step failed: {exc!r}")
+            return
         finally:
             for group in groups:
                 for pending in group:
@@ -231,10 +240,11 @@ class Stepping:
         session.updates_settled += 1
         self.stats.updates_rejected += 1
         log.warning("refused update from %s: %s", session.name, reason)
-        session.send(
-            ErrorMessage(RejectedUpdate.code, reason, False, message.lease_id, message.offset)
-        )
-        self.send_weights(session)
+        if session.state != "gone":  # a departed worker is told nothing (and owes nothing)
+            session.send(
+                ErrorMessage(RejectedUpdate.code, reason, False, message.lease_id, message.offset)
+            )
+            self.send_weights(session)
         self.fill_leases()
 
     def _trace_record(self, batch: list[PendingUpdate], rate: float) -> dict[str, Any]:

@@ -117,6 +117,7 @@ class Coordinator(Stepping):
         self.finished = asyncio.Event()
         self.closed = False  # set at shutdown: no new steps
         self.on_finished: Callable[[], None] | None = None
+        self.on_failure: Callable[[str], None] | None = None  # the step machinery broke
         self.epochs = EpochControl(self)
         info = RunInfo(
             job.network.describe(), self.connections, job.mode, job.epochs, len(plan.train_frames)
