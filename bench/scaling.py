@@ -2,7 +2,7 @@
 
 A real server and P real worker processes train over 127.0.0.1; the workers use the
 compute-free ``modelled`` backend (client/modelled_backend.py), which sleeps the time
-Quicknet's model gives a bunch, ``bunch * (c1 * N_h + c2)``, and sends zero gradients. So
+Quicknet's model gives a bunch, ``bunch * (c1 * N_h + c2)``, and sends a tiny constant gradient. So
 the networking, the server's steps and the flow control are real, the compute is not, and
 eight workers fit on a two-core machine. The measured MCUPS (connections x patterns the
 server applied / wall seconds, from two /status readings) is set beside the prediction of

@@ -12,7 +12,6 @@ affects the server; a refused update is answered with a non-fatal ``ErrorMessage
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -47,23 +46,15 @@ from snet.protocol.messages import (
 )
 
 from .ledger import CompressionLedger
+from .plausible import checked_report
 from .pool import PooledElement
-from .session import WorkerSession
+from .session import WorkerSession, name_problem, unique_name
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
 
 HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coalesce
 LOW_WATER = 1024 * 1024
-
-
-def json_safe_report(report: dict[str, Any]) -> dict[str, Any]:
-    """The report as /status can show it; refuses values JSON cannot carry (e.g. bytes)."""
-    try:
-        safe: dict[str, Any] = json.loads(json.dumps(report, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise RejectedUpdate(f"worker report is not plain JSON data: {exc}") from exc
-    return safe
 
 
 class ConnectionCounters:
@@ -187,7 +178,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         elif isinstance(message, Heartbeat):
             pass
         elif isinstance(message, WorkerReport):
-            report = json_safe_report(message.report)
+            report = checked_report(message.report)
             figures = report.pop("compression", None)  # goes to the compression ledger
             if self.session.ledger is not None:
                 self.session.ledger.absorb_report(figures)
@@ -202,6 +193,10 @@ class WorkerConnection(asyncio.BufferedProtocol):
             raise ProtocolError(f"a worker may not send {message.TYPE}")
 
     def _handshake(self, hello: Hello) -> None:
+        problem = name_problem(hello.worker_name)
+        if problem:
+            self.counters.handshakes_refused += 1
+            raise ProtocolError(problem)
         if hello.protocol_version != PROTOCOL_VERSION:
             self.counters.handshakes_refused += 1
             raise VersionMismatch(
@@ -223,7 +218,10 @@ class WorkerConnection(asyncio.BufferedProtocol):
         )
         self.session = WorkerSession(
             worker_id=self.next_id(),
-            name=hello.worker_name[:64] or f"worker-{self.peer}",
+            name=unique_name(
+                hello.worker_name or f"worker-{self.peer}",
+                (s.name for s in self.coordinator.sessions.values()),
+            ),
             address=self.peer,
             backend=hello.backend[:32],
             capabilities=hello.capabilities,
