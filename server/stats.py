@@ -57,7 +57,6 @@ class TrainingStats:
     steps: int = 0
     updates_applied: int = 0
     updates_rejected: int = 0
-    frames_rejected: int = 0
     patterns_applied: int = 0
     staleness_max: int = 0
     staleness_sum: int = 0
