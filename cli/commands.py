@@ -96,7 +96,7 @@ def run_server(args: argparse.Namespace) -> int:
 
     async def serve() -> str:
         server = SnetServer(config)
-        server.install_signal_handlers()
+        install_stop_signals(server.request_stop, log)
         try:
             return await server.serve()
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import sys
 import time
 
@@ -18,7 +19,7 @@ from snet.server.app import SnetServer
 from snet.server.config import ServerConfig
 
 from .commands import JOB_FLAGS
-from .runtime import loop_name, run, setup_logging
+from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import build_job
 
 WORKER_EXIT_SECONDS = 30.0
@@ -60,7 +61,7 @@ async def _demo(args: argparse.Namespace) -> int:
         min_workers=args.workers + args.spert,  # all start together: repeatable runs
     )
     server = SnetServer(config)
-    server.install_signal_handlers()
+    install_stop_signals(server.request_stop, logging.getLogger("snet.demo"))
     await server.startup()
     url = f"http://127.0.0.1:{server.http_port}"
     boards = (
