@@ -199,12 +199,11 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("output", help="OUT.pfile, OUT.npz or OUT.ark (+ .scp, -ali.ark)")
     convert.add_argument("--labels", help="Kaldi alignment archive of the input")
 
-    bench = commands.add_parser("bench", help="run the benchmark suite")
-    bench.add_argument("--only", help="comma-separated sections: worker,server,round,scaling")
-    bench.add_argument("--quick", action="store_true", help="fewer configurations")
-    bench.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
-    bench.add_argument("--json", default="docs/benchmarks.json")
-    bench.add_argument("--markdown", default="docs/benchmarks.md")
+    commands.add_parser(
+        "bench",
+        help="run a source checkout's benchmark suite (python -m bench; its flags pass through)",
+        add_help=False,
+    ).add_argument("arguments", nargs=argparse.REMAINDER)
 
     demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
     demo.add_argument("--workers", type=int, default=2, help="numpy worker processes")
@@ -244,9 +243,19 @@ def _early_blas_limit(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _early_blas_limit(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    _early_blas_limit(words)
     from snet.protocol.errors import ConfigError, DataError, ListenError
+
+    if words[:1] == ["bench"]:  # every argument, --help too, is the suite's own
+        from .checkout import run_bench
+
+        try:
+            return run_bench(words[1:])
+        except ConfigError as exc:
+            print(f"snet: {exc}", file=sys.stderr)
+            return 2
+    args = _parser().parse_args(argv)
 
     try:
         if args.command == "server":
@@ -261,10 +270,6 @@ def main(argv: list[str] | None = None) -> int:
             from .spert import run_spert
 
             return run_spert(args)
-        if args.command == "bench":
-            from .bench import run_bench
-
-            return run_bench(args)
         if args.command == "status":
             from .status import run_status
 
