@@ -12,15 +12,16 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 
 from snet.server.app import SnetServer
 from snet.server.config import ServerConfig
 
-from .commands import JOB_FLAGS
+from .flags import given_job
 from .runtime import install_stop_signals, loop_name, run, setup_logging
-from .settings import build_job
+from .settings import build_job, read_toml, table
 
 WORKER_EXIT_SECONDS = 30.0
 
@@ -44,9 +45,10 @@ async def _progress(server: SnetServer, started: float) -> None:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    job_flags = {k: v for k in JOB_FLAGS if (v := getattr(args, k, None)) is not None}
-    job = build_job({}, job_flags)
-    if args.bunch_size is None:
+    values, where = table(read_toml(args.config), "job")
+    job = build_job(values, given_job(args), where)
+    chosen = args.bunch_size is not None or "bunch_size" in values
+    if not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ):
         # Data division as in SNet: the job's bunch is the global one, split among the
         # workers (docs/convergence.md: 128 per worker instead cost 2-3 CV points at N=4).
         workers = max(args.workers + args.spert, 1)

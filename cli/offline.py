@@ -23,7 +23,8 @@ from snet.server.export import read_weights, weights_npz, write_atomically
 from snet.server.leases import LeaseBook
 from snet.server.update_rule import UpdateRule
 
-from .settings import build_job
+from .flags import given, given_job
+from .settings import build_job, merge, read_toml, table
 
 
 def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
@@ -65,15 +66,10 @@ def train_job(
 def run_eval(args: argparse.Namespace) -> int:
     """Score saved weights on data: frame accuracy and mean cross-entropy."""
     saved = read_weights(args.weights)
-    context = args.context if args.context is not None else saved.context
-    spec = DataSpec(
-        source=args.source or "fsdd",
-        context=4 if context is None else context,
-        labels=args.labels or "",
-        norm_file=args.norm_file or "",
-        cv_fraction=args.cv_fraction,
-        split_seed=args.split_seed,
-    )
+    flags = given(args, DataSpec)
+    if "context" not in flags and saved.context is not None:
+        flags["context"] = saved.context
+    spec = merge(DataSpec, {}, "SNET_JOB_DATA_", flags)
     source = open_source(spec)
     network = saved.spec
     check_against_network(source, spec.window, network.input_size, network.output_size)
@@ -112,9 +108,11 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_train(args: argparse.Namespace, job_flags: dict[str, object]) -> int:
-    """Sequential training in this process; writes weights.npz like the server."""
-    job = build_job({}, dict(job_flags))
+def run_train(args: argparse.Namespace) -> int:
+    """Sequential training in this process of the job a server would run (the same flags,
+    SNET_JOB_* variables and [job] table); writes weights.npz like the server."""
+    values, where = table(read_toml(args.config), "job")
+    job = build_job(values, given_job(args), where)
     weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
 
     def show(row: dict[str, float | int | bool]) -> None:

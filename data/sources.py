@@ -158,3 +158,9 @@ def check_against_network(source: FrameSource, window: int, inputs: int, outputs
             f"{source.labels.max()} (frame {bad} has label {source.labels[bad]}), "
             f"but the network has {outputs} outputs (labels 0..{outputs - 1})"
         )
+    if len(source.labels) and outputs > source.labels.max() + 1:
+        classes = int(source.labels.max()) + 1
+        raise DataError(
+            f"{source.description} has {classes} classes (labels 0..{classes - 1}), but the "
+            f"network has {outputs} outputs: end the network with :{classes}"
+        )
