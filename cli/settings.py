@@ -45,10 +45,13 @@ def read_toml(path: str | None) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     for name, value in document.items():
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{path}: {name} = {value!r} is outside a table: settings go in "
+                + ", ".join(f"[{known}]" for known in TABLES)
+            )
         if name not in TABLES:
             raise ConfigError(f"{path}: unknown table [{name}]{_suggest(name, TABLES, '[{}]')}")
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: {name} must be a table ([{name}]), got {value!r}")
     document[SOURCE_KEY] = path  # where a setting came from, for the messages
     return document
 
