@@ -169,6 +169,14 @@ def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
         assert [int(n) for n in saved["sizes"]] == [117, 16, 10]
 
 
+def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
+    path = _toml(tmp_path, '[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n')
+    done = _snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("snet demo: sync mode, 1 workers, network 117:16:10, 1 epochs")
+    assert "Traceback" not in done.stderr
+
+
 def test_cv_fraction_and_split_seed_are_flags(tmp_path: Path) -> None:
     from snet.cli.commands import server_config
 
