@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any
 
 from snet.client.backend import ComputeBackend
 from snet.client.config import WorkerConfig
@@ -15,15 +14,15 @@ from snet.server.config import ServerConfig
 
 from .flags import given, given_job
 from .runtime import install_stop_signals, loop_name, run, setup_logging
-from .settings import build_job, merge, read_toml, table
+from .settings import ConfigFile, build_job, merge, read_toml
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """Flags > SNET_* environment > TOML [server]/[job] > defaults."""
     document = read_toml(getattr(args, "config", None))
-    values, where = table(document, "job")
+    values, where = document.table("job")
     job = build_job(values, given_job(args), where)
-    values, where = table(document, "server")
+    values, where = document.table("server")
     return merge(ServerConfig, values, "SNET_", given(args, ServerConfig), where, job=job)
 
 
@@ -49,12 +48,12 @@ def run_server(args: argparse.Namespace) -> int:
     return status
 
 
-def worker_config(args: argparse.Namespace, document: dict[str, Any]) -> WorkerConfig:
+def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfig:
     """Flags > SNET_WORKER_* (and SNET_TOKEN) environment > TOML [worker] > defaults."""
     flags = given(args, WorkerConfig)
     if "token" not in flags and os.environ.get("SNET_TOKEN"):
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
-    values, where = table(document, "worker")
+    values, where = document.table("worker")
     return merge(WorkerConfig, values, "SNET_WORKER_", flags, where)
 
 

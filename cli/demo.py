@@ -21,7 +21,7 @@ from snet.server.config import ServerConfig
 
 from .flags import given_job
 from .runtime import install_stop_signals, loop_name, run, setup_logging
-from .settings import build_job, read_toml, table
+from .settings import build_job, read_toml
 
 WORKER_EXIT_SECONDS = 30.0
 
@@ -45,7 +45,7 @@ async def _progress(server: SnetServer, started: float) -> None:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    values, where = table(read_toml(args.config), "job")
+    values, where = read_toml(args.config).table("job")
     job = build_job(values, given_job(args), where)
     chosen = args.bunch_size is not None or "bunch_size" in values
     if not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ):

@@ -24,7 +24,7 @@ from snet.server.leases import LeaseBook
 from snet.server.update_rule import UpdateRule
 
 from .flags import given, given_job
-from .settings import build_job, merge, read_toml, table
+from .settings import build_job, merge, read_toml
 
 
 def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
@@ -111,7 +111,7 @@ def run_eval(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     """Sequential training in this process of the job a server would run (the same flags,
     SNET_JOB_* variables and [job] table); writes weights.npz like the server."""
-    values, where = table(read_toml(args.config), "job")
+    values, where = read_toml(args.config).table("job")
     job = build_job(values, given_job(args), where)
     weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
 

@@ -18,7 +18,7 @@ import math
 import os
 import tomllib
 import typing
-from dataclasses import MISSING, Field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
 from snet.protocol.errors import ConfigError
@@ -30,13 +30,26 @@ T = TypeVar("T")
 TABLES = ("server", "job", "worker", "spert")  # one file may serve server and workers
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
 ACTIVATION_HELP = "activation of the hidden layers"  # a part of the network, not a field
-SOURCE_KEY = "__file__"  # read_toml's note of the file, for the messages
 
 
-def read_toml(path: str | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ConfigFile:
+    """A TOML file's tables (``[server]``, ``[job]``, ``[worker]``, ``[spert]``), with its
+    path to name in messages; empty when no file was given."""
+
+    path: str = ""
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def table(self, name: str) -> tuple[dict[str, Any], str]:
+        """The table's keys and how to name the table in a message."""
+        where = f"{self.path} [{name}]" if self.path else f"[{name}]"
+        return dict(self.tables.get(name, {})), where
+
+
+def read_toml(path: str | None) -> ConfigFile:
     """The file's tables (none without a path); refuses tables no command knows."""
     if not path:
-        return {}
+        return ConfigFile()
     try:
         with open(path, "rb") as handle:
             document = tomllib.load(handle)
@@ -52,14 +65,7 @@ def read_toml(path: str | None) -> dict[str, Any]:
             )
         if name not in TABLES:
             raise ConfigError(f"{path}: unknown table [{name}]{_suggest(name, TABLES, '[{}]')}")
-    document[SOURCE_KEY] = path  # where a setting came from, for the messages
-    return document
-
-
-def table(document: dict[str, Any], name: str) -> tuple[dict[str, Any], str]:
-    """A table of ``read_toml``'s document and how to name it in a message."""
-    path = document.get(SOURCE_KEY)
-    return dict(document.get(name, {})), f"{path} [{name}]" if path else f"[{name}]"
+    return ConfigFile(path, document)
 
 
 def _suggest(name: str, known: typing.Iterable[str], form: str = "{!r}") -> str:
@@ -67,12 +73,14 @@ def _suggest(name: str, known: typing.Iterable[str], form: str = "{!r}") -> str:
     return f" (did you mean {form.format(close[0])}?)" if close else ""
 
 
-def env_name(prefix: str, field: Field[Any]) -> str:
-    return prefix + field.name.upper()
+def env_name(prefix: str, setting: Field[Any]) -> str:
+    """A field's environment variable: the prefix and the field's name in capitals."""
+    return prefix + setting.name.upper()
 
 
-def flag_name(field: Field[Any]) -> str:
-    return "--" + str(field.metadata.get("flag", field.name)).replace("_", "-")
+def flag_name(setting: Field[Any]) -> str:
+    """A field's flag: its name (or its metadata's ``flag``) with dashes."""
+    return "--" + str(setting.metadata.get("flag", setting.name)).replace("_", "-")
 
 
 def _expected(kind: Any) -> str:

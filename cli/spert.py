@@ -8,17 +8,16 @@ It is ``snet worker --backend spert`` with the board's settings as flags: each f
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from snet.client.spert.config import BoardConfig
 
 from .flags import given
-from .settings import merge, read_toml, table
+from .settings import ConfigFile, merge, read_toml
 
 
-def board_config(args: argparse.Namespace, document: dict[str, Any]) -> BoardConfig:
+def board_config(args: argparse.Namespace, document: ConfigFile) -> BoardConfig:
     """Flags > SNET_SPERT_* environment > TOML [spert] > defaults."""
-    values, where = table(document, "spert")
+    values, where = document.table("spert")
     return merge(BoardConfig, values, "SNET_SPERT_", given(args, BoardConfig), where)
 
 
