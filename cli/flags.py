@@ -55,10 +55,13 @@ def add_field_flags(
         choices = field.metadata.get("choices")
         default = (defaults or {}).get(field.name, default_of(field))
         text = str(field.metadata["help"])  # every field has help: a KeyError here is a bug
+        flag = flag_name(field)
         parser.add_argument(
-            flag_name(field),
+            flag,
             dest=field.name,
-            metavar="{" + ",".join(choices) + "}" if choices else None,
+            metavar="{" + ",".join(choices) + "}"
+            if choices
+            else flag[2:].replace("-", "_").upper(),
             help=f"{text} (default {shown(default)}; env {env_name(env_prefix, field)})".replace(
                 "%", "%%"
             ),

@@ -86,7 +86,13 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="score saved weights on data")
     evaluate.add_argument("--weights", required=True, help="a weights .npz written by snet")
     add_field_flags(
-        evaluate, DataSpec, "SNET_JOB_DATA_", defaults={"context": "as saved with the weights"}
+        evaluate,
+        DataSpec,
+        "SNET_JOB_DATA_",
+        defaults={
+            "context": "as saved with the weights",
+            "norm_file": "the normalisation saved with the weights",
+        },
     )
     evaluate.add_argument(
         "--subset", choices=("cv", "train", "all"), default="cv", help="frames to score"
