@@ -3,7 +3,8 @@
 Each field of ``ServerConfig``, ``WorkerConfig``, ``JobSpec``, ``DataSpec`` and
 ``BoardConfig`` is one flag: its name is the field's (or the metadata's ``flag``), its
 help the metadata's ``help``, followed by the field's default and its environment
-variable; ``choices`` in the metadata are listed. So a new field is a new flag, with
+variable; ``choices`` in the metadata are listed, and ``parallel`` marks a job field only
+the service uses (``snet train`` does not offer it). So a new field is a new flag, with
 nothing to write twice. Flags keep the text as typed (default None: not given);
 ``settings.merge`` decodes it with the environment and the TOML file, in one place.
 """
