@@ -18,6 +18,7 @@ from typing import Any
 from .settings import ACTIVATION_HELP, ACTIVATIONS, env_name, flag_name
 
 Parser = argparse.ArgumentParser | argparse._ArgumentGroup
+NESTED = ("JobSpec", "DataSpec")  # fields holding a whole dataclass, not a flag
 
 
 def default_of(field: Field[Any]) -> Any:
@@ -51,8 +52,8 @@ def add_field_flags(
     for field in fields(cls):
         if field.name in skip or (only is not None and field.name not in only):
             continue
-        if field.type in ("JobSpec", "DataSpec"):
-            continue  # nested: the job's and the data's own flags
+        if getattr(field.type, "__name__", field.type) in NESTED:
+            continue  # the job's and the data's own flags (add_job_flags)
         choices = field.metadata.get("choices")
         default = (defaults or {}).get(field.name, default_of(field))
         text = str(field.metadata["help"])  # every field has help: a KeyError here is a bug
