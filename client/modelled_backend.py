@@ -30,27 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from snet.perf.model import per_pattern_coefficients
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
-from snet.protocol.network import NetworkSpec
 
 from .data import Corpus
 
 DEFAULT_CU_SECONDS = 1.0 / 16_000e6  # 16,000 MCUPS: numpy on 351:1262:45 here, FTZ on
-
-
-def per_pattern_coefficients(network: NetworkSpec, cu_seconds: float) -> tuple[float, float]:
-    """(c1, c2) for a network whose every connection update costs ``cu_seconds``.
-
-    A pattern updates ``connections`` weights and biases; the ones that grow with the hidden
-    units go to c1 (per hidden unit), the output biases to c2. For one hidden layer
-    c1 = (I + O + 1) * cu_seconds and c2 = O * cu_seconds.
-    """
-    hidden = sum(network.sizes[1:-1])
-    fixed = network.output_size
-    if hidden == 0:
-        return 0.0, network.connections * cu_seconds
-    return (network.connections - fixed) / hidden * cu_seconds, fixed * cu_seconds
 
 
 def _env_float(name: str, default: float | None) -> float | None:

@@ -2,9 +2,8 @@
 
 Startup reads the data plan, opens the TCP port for workers and the HTTP port for
 status (both inside one event loop), and writes the ready file. Serving ends when the
-job is trained (after ``linger_seconds``) or on SIGTERM/SIGINT: the first signal shuts
-down gracefully (workers are told goodbye, the final weights are written), a second one
-forces the exit.
+job is trained (after ``linger_seconds``) or on ``request_stop`` (the command line calls
+it on the first SIGTERM/SIGINT: workers are told goodbye, the final weights are written).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -268,17 +266,3 @@ class SnetServer:
         while True:
             await asyncio.sleep(PROGRESS_CHECK_SECONDS)
             self.coordinator.check_progress(time.monotonic())
-
-    def install_signal_handlers(self) -> None:
-        """First SIGTERM/SIGINT: graceful shutdown. Second: exit at once."""
-        loop = asyncio.get_running_loop()
-
-        def handle(signum: int) -> None:
-            if self._stop.is_set():
-                log.warning("second signal: exiting now")
-                os._exit(1)
-            log.info("signal %s: shutting down gracefully", signal.Signals(signum).name)
-            self.request_stop(f"signal {signal.Signals(signum).name}")
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, handle, signum)

@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from snet.bench.processes import best_rate
+from bench.processes import best_rate
 from snet.cli.main import main
-from snet.cli.perfmodel import (
+from snet.client.backend import make_backend
+from snet.client.modelled_backend import MODELLED_GRADIENT, ModelledBackend
+from snet.perf.model import (
     DEFAULT_CONSTANTS,
     BspMachine,
     Constants,
@@ -29,14 +31,9 @@ from snet.cli.perfmodel import (
     network_parallel_phases,
     overlapped_round_seconds,
     pattern_parallel_phases,
+    per_pattern_coefficients,
     predict,
     serial_round_seconds,
-)
-from snet.client.backend import make_backend
-from snet.client.modelled_backend import (
-    MODELLED_GRADIENT,
-    ModelledBackend,
-    per_pattern_coefficients,
 )
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
@@ -380,7 +377,7 @@ def test_plan_draws_model_against_measurement(tmp_path: Path) -> None:
 
 
 def test_scaling_benchmark_sets_measurement_beside_the_model(tmp_path: Path) -> None:
-    from snet.bench.scaling import run_scaling
+    from bench.scaling import run_scaling
 
     result = run_scaling(
         workers=(1, 2),
