@@ -1,12 +1,26 @@
-"""Shared fixtures: ``cluster`` starts real processes and kills what is left at teardown."""
+"""Shared fixtures for the two rings of tests (tests/README.md).
+
+``lab``: the fast ring's in-process server and workers (``inprocess.Lab``), once on each
+event loop (asyncio, uvloop). A test that takes it is an ``async def`` and runs on the
+lab's loop, which fails it on any unhandled error (``loop_guard.py``).
+
+``cluster``: the system ring's real processes (``helpers.Cluster``); a test that takes it
+is marked ``system`` here, and at teardown every process it started is killed if still
+running and its log scanned for tracebacks.
+"""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
+import blas_threads  # noqa: F401 - first: numpy with one BLAS thread
 import pytest
+from inprocess import Lab, run_in_lab
+from loop_guard import LOOPS
 
+import helpers
 from helpers import Cluster
 
 
@@ -17,3 +31,40 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield nodes
     finally:
         nodes.close()
+
+
+@pytest.fixture(params=LOOPS)
+def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Lab:
+    """A lab on one loop; ``@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)``
+    keeps a test to one."""
+    return Lab(tmp_path, request.param)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts real processes through ``cluster`` must be marked ``system``."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("system"):
+            raise pytest.UsageError(f"{item.nodeid} starts processes: mark it system")
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_the_system_ring(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``helpers`` refuses to start a process for a test outside the system ring."""
+    helpers.PROCESSES_ALLOWED = request.node.get_closest_marker("system") is not None
+    try:
+        yield
+    finally:
+        helpers.PROCESSES_ALLOWED = False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an ``async def`` test on its lab's loop (a test without a lab cannot be async)."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    lab = pyfuncitem.funcargs.get("lab")
+    if not isinstance(lab, Lab):
+        raise pytest.UsageError(f"{pyfuncitem.nodeid}: an async test needs the lab fixture")
+    names = pyfuncitem._fixtureinfo.argnames
+    run_in_lab(lab, pyfuncitem.obj, {name: pyfuncitem.funcargs[name] for name in names})
+    return True
