@@ -31,6 +31,7 @@ def _train(cluster: Cluster) -> ServerProcess:
     return server
 
 
+@pytest.mark.system
 def test_page_is_self_contained_and_events_stream_status(cluster: Cluster) -> None:
     server = _train(cluster)
     with urllib.request.urlopen(server.url + "/", timeout=10) as response:
@@ -58,6 +59,7 @@ def test_page_is_self_contained_and_events_stream_status(cluster: Cluster) -> No
     find_chromium() is None,
     reason="chromium is not installed (Debian: apt-get install chromium; make test tries it)",
 )
+@pytest.mark.system
 def test_dashboard_in_headless_chromium_shows_workers_and_moving_numbers(
     cluster: Cluster,
 ) -> None:

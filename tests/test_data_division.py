@@ -7,9 +7,8 @@ from __future__ import annotations
 import itertools
 import json
 import signal
-import subprocess
-import sys
-from pathlib import Path
+
+import pytest
 
 from helpers import SMALL_JOB, Cluster, wait_until
 
@@ -21,6 +20,7 @@ def _ledgers_exact(status: dict) -> None:
         assert ledger["used_more"] == 0 and ledger["unused"] == 0, ledger
 
 
+@pytest.mark.system
 def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
     cluster: Cluster,
 ) -> None:
@@ -67,18 +67,13 @@ def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
     assert first.wait(30) == 0 and newcomer.wait(30) == 0
 
 
-def _snet(cwd: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "snet.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _snet(cluster: Cluster, *args: str) -> str:
+    done = cluster.run(*args, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
 
+@pytest.mark.system
 def test_newbob_on_the_server_then_eval_and_continue(cluster: Cluster) -> None:
     server = cluster.server(
         "--mode", "sync", "--epochs", "6", "--schedule", "newbob", "--newbob-ramp", "3",
@@ -105,7 +100,7 @@ def test_newbob_on_the_server_then_eval_and_continue(cluster: Cluster) -> None:
     assert (server.out_dir / "norms").read_text().startswith("vec 13\n")
 
     weights = server.out_dir / "weights.npz"
-    scored = json.loads(_snet(cluster.tmp_path, "eval", "--weights", str(weights), "--json"))
+    scored = json.loads(_snet(cluster, "eval", "--weights", str(weights), "--json"))
     best = max(a for a, d in zip(accuracy, expected, strict=True) if not d.restore_best)
     assert scored["frames"] == 5520 and abs(scored["accuracy"] - best) < 1e-6
 

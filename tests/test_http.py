@@ -5,10 +5,9 @@ from __future__ import annotations
 import io
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
+import pytest
 
 from helpers import SMALL_JOB, Cluster, status_table, wait_until
 
@@ -37,6 +36,7 @@ WORKER_KEYS = {
 METRIC_LINE = re.compile(r'^snet_[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+-]+$')
 
 
+@pytest.mark.system
 def test_status_metrics_weights_healthz_and_cli(cluster: Cluster) -> None:
     server = cluster.server(
         "--mode", "async", "--epochs", "2", "--linger-seconds", "60", *SMALL_JOB
@@ -78,21 +78,10 @@ def test_status_metrics_weights_healthz_and_cli(cluster: Cluster) -> None:
     table = status_table(server.url)
     assert "async mode" in table and "w0" in table and "w1" in table
     assert f"{100 * status['cv_accuracy']:.2f}%" in table
-    raw = subprocess.run(
-        [sys.executable, "-m", "snet.cli", "status", "--url", server.url, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
+    raw = cluster.run("status", "--url", server.url, "--json", timeout=30).stdout
     assert json.loads(raw)["weight_version"] == status["weight_version"]
 
-    unreachable = subprocess.run(
-        [sys.executable, "-m", "snet.cli", "status", "--url", "http://127.0.0.1:9"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    unreachable = cluster.run("status", "--url", "http://127.0.0.1:9", timeout=30)
     assert unreachable.returncode == 1 and "cannot read" in unreachable.stderr
     for worker in workers:
         worker.kill()

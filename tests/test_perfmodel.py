@@ -38,7 +38,7 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 from snet.protocol.network import NetworkSpec
 
-from helpers import SMALL_JOB, Cluster, wait_until
+from helpers import SMALL_JOB, Cluster, check_log_files, wait_until
 
 # A network small enough to work by hand: 2:3:1 has 2*3+3 + 3*1+1 = 13 connections.
 TINY = NetworkSpec.parse("2:3:1")
@@ -245,6 +245,7 @@ def test_modelled_backend_refuses_bad_parameters(monkeypatch: pytest.MonkeyPatch
         make_backend("modelled")
 
 
+@pytest.mark.system
 def test_modelled_workers_train_and_report_through_the_server(cluster: Cluster) -> None:
     cluster.env["SNET_MODELLED_CU_SECONDS"] = "1e-9"
     server = cluster.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
@@ -372,8 +373,22 @@ def test_plan_draws_model_against_measurement(tmp_path: Path) -> None:
     assert math.isfinite(png.stat().st_size) and png.stat().st_size > 10_000
 
 
-def test_scaling_benchmark_sets_measurement_beside_the_model(tmp_path: Path) -> None:
+@pytest.mark.system
+def test_scaling_benchmark_sets_measurement_beside_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snet.bench.processes import LocalCluster
     from snet.bench.scaling import run_scaling
+
+    stop = LocalCluster.close
+
+    def close_and_check(cluster: LocalCluster) -> None:
+        """Its processes' logs are scanned for tracebacks once they have stopped (before
+        the benchmark's temporary directory goes)."""
+        stop(cluster)
+        check_log_files(cluster.directory)
+
+    monkeypatch.setattr(LocalCluster, "close", close_and_check)
 
     result = run_scaling(
         workers=(1, 2),
