@@ -1,15 +1,16 @@
-"""The live dashboard at GET /: served self-contained, fed by /events, and seen working
-in a real headless Chromium while a server trains with two workers."""
+"""The live dashboard at GET /: served self-contained, fed by /events (in process), and
+seen working in a real headless Chromium while a server trains with two worker processes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
-import urllib.request
 from typing import Any
 
 import pytest
+from inprocess import Lab
+from inprocess import wait_until as wait_in_lab
 
 from snet.bench.browser import Browser, find_chromium
 
@@ -31,21 +32,30 @@ def _train(cluster: Cluster) -> ServerProcess:
     return server
 
 
-@pytest.mark.system
-def test_page_is_self_contained_and_events_stream_status(cluster: Cluster) -> None:
-    server = _train(cluster)
-    with urllib.request.urlopen(server.url + "/", timeout=10) as response:
+async def test_page_is_self_contained_and_events_stream_status(lab: Lab) -> None:
+    server = await lab.server(
+        "--mode", "async", "--epochs", "200", "--linger-seconds", "30", *SMALL_JOB
+    )
+    lab.worker(server, "w0", "--backend", "numpy")
+    lab.worker(server, TRICKY_NAME, "--backend", "numpy")
+
+    async def both_live() -> bool:
+        return bool((await server.status())["workers_live"] == 2)
+
+    await wait_in_lab(both_live, 60, "two workers")
+    session = await lab.http()
+    async with session.get(server.url + "/") as response:
         assert response.headers["Content-Type"] == "text/html; charset=utf-8"
-        page = response.read().decode()
+        page = await response.text()
     assert 'new EventSource("events")' in page
     # Nothing is loaded from elsewhere: no external scripts, styles, fonts or images.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert not re.search(r"""@import|url\(\s*["']?(https?:)?//""", page)
 
     documents: list[dict[str, Any]] = []
-    with urllib.request.urlopen(server.url + "/events", timeout=10) as stream:
+    async with session.get(server.url + "/events") as stream:
         assert stream.headers["Content-Type"] == "text/event-stream"
-        for raw in stream:
+        async for raw in stream.content:
             line = raw.decode().rstrip("\n")
             if line.startswith("data: "):
                 documents.append(json.loads(line[len("data: ") :]))

@@ -1,14 +1,19 @@
 """Data division end to end: leases survive a worker killed mid-epoch and a newcomer
-that cannot read the data (its frames come inline); saved weights are evaluated and
-training continues from them; newbob on a real server."""
+that cannot read the data (its frames come inline), with real processes; saved weights
+are evaluated and training continues from them, and newbob on a real server, in process."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import json
 import signal
 
 import pytest
+from inprocess import Lab
+
+from snet.cli.main import main
 
 from helpers import SMALL_JOB, Cluster, wait_until
 
@@ -67,20 +72,21 @@ def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
     assert first.wait(30) == 0 and newcomer.wait(30) == 0
 
 
-def _snet(cluster: Cluster, *args: str) -> str:
-    done = cluster.run(*args, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+def _snet(*args: str) -> str:
+    """``snet ARGS`` (a command that runs to its end), in this process: its output."""
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        assert main(list(args)) == 0
+    return output.getvalue()
 
 
-@pytest.mark.system
-def test_newbob_on_the_server_then_eval_and_continue(cluster: Cluster) -> None:
-    server = cluster.server(
+async def test_newbob_on_the_server_then_eval_and_continue(lab: Lab) -> None:
+    server = await lab.server(
         "--mode", "sync", "--epochs", "6", "--schedule", "newbob", "--newbob-ramp", "3",
         "--newbob-stop", "1", "--learning-rates", "0.4", *SMALL_JOB,
     )  # fmt: skip
-    worker = cluster.worker(server, "w0")
-    assert server.wait(120) == 0 and worker.wait(30) == 0
+    worker = lab.worker(server, "w0")
+    assert await server.wait(120) == "trained" and await worker.wait(30) == 0
     status = server.final_status()
     rates = [e["learning_rate"] for e in status["epochs"]]
     assert rates[0] == 0.4 and all(b in (a, a / 2) for a, b in itertools.pairwise(rates))
@@ -100,15 +106,15 @@ def test_newbob_on_the_server_then_eval_and_continue(cluster: Cluster) -> None:
     assert (server.out_dir / "norms").read_text().startswith("vec 13\n")
 
     weights = server.out_dir / "weights.npz"
-    scored = json.loads(_snet(cluster, "eval", "--weights", str(weights), "--json"))
+    scored = json.loads(_snet("eval", "--weights", str(weights), "--json"))
     best = max(a for a, d in zip(accuracy, expected, strict=True) if not d.restore_best)
     assert scored["frames"] == 5520 and abs(scored["accuracy"] - best) < 1e-6
 
-    again = cluster.server(
+    again = await lab.server(
         "--mode", "sync", "--epochs", "1", "--learning-rates", "0.05",
         "--init-weights", str(weights), *SMALL_JOB, name="continued",
     )  # fmt: skip
-    assert again.status()["cv_accuracy"] is None
-    worker = cluster.worker(again, "w1")
-    assert again.wait(120) == 0 and worker.wait(30) == 0
+    assert (await again.status())["cv_accuracy"] is None
+    worker = lab.worker(again, "w1")
+    assert await again.wait(120) == "trained" and await worker.wait(30) == 0
     assert again.final_status()["epochs"][0]["cv_accuracy"] > best - 0.02  # went on from there

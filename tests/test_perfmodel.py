@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from inprocess import Lab, wait_until
 
 from snet.bench.processes import best_rate
 from snet.cli.main import main
@@ -38,7 +39,7 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 from snet.protocol.network import NetworkSpec
 
-from helpers import SMALL_JOB, Cluster, check_log_files, wait_until
+from helpers import SMALL_JOB, check_log_files
 
 # A network small enough to work by hand: 2:3:1 has 2*3+3 + 3*1+1 = 13 connections.
 TINY = NetworkSpec.parse("2:3:1")
@@ -245,21 +246,22 @@ def test_modelled_backend_refuses_bad_parameters(monkeypatch: pytest.MonkeyPatch
         make_backend("modelled")
 
 
-@pytest.mark.system
-def test_modelled_workers_train_and_report_through_the_server(cluster: Cluster) -> None:
-    cluster.env["SNET_MODELLED_CU_SECONDS"] = "1e-9"
-    server = cluster.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
+async def test_modelled_workers_train_and_report_through_the_server(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SNET_MODELLED_CU_SECONDS", "1e-9")
+    server = await lab.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
     for name in ("m0", "m1"):
-        cluster.worker(server, name, "--backend", "modelled")
+        lab.worker(server, name, "--backend", "modelled")
 
-    def reported() -> list[dict]:
-        rows = server.status()["workers"]
+    async def reported() -> list[dict]:
+        rows = (await server.status())["workers"]
         reports = [row.get("report") or {} for row in rows]
         return rows if len(rows) == 2 and all(r.get("bunches", 0) > 2 for r in reports) else []
 
-    rows = wait_until(reported, 60, "reports from two modelled workers")
+    rows = await wait_until(reported, 60, "reports from two modelled workers")
     assert {row["backend"] for row in rows} == {"modelled"}
-    assert server.status()["patterns_processed"] > 0
+    assert (await server.status())["patterns_processed"] > 0
     for row in rows:
         assert row["report"]["modelled_seconds"] > 0
         assert row["report"]["hidden_units"] == 64
