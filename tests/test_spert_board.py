@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from inprocess import Lab
 
 from snet.client.spert.backend import weight_matrix
 from snet.client.spert.board import BoardMemoryError, BoardUsageError, MemoryPlan, SpertBoard
@@ -19,7 +20,7 @@ from snet.client.spert.timing import BoardClock
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
 
-from helpers import Cluster, run_process
+from helpers import run_process
 
 
 class FakeTime:
@@ -201,11 +202,10 @@ def test_wall_clock_follows_the_model_at_ten_times_real_time() -> None:
     raise AssertionError(f"no run within 10% of the model: {runs}")
 
 
-@pytest.mark.system
-def test_snet_spert_refuses_a_network_that_does_not_fit(cluster: Cluster) -> None:
-    server = cluster.server("--network", "117:10000:10", "--epochs", "1", "--pool-size", "4")
-    board = cluster.spert(server, "big")
-    assert board.wait(60) == 1  # it tells the server why (bad_job) and leaves
-    log = cluster.log("big")
+async def test_snet_spert_refuses_a_network_that_does_not_fit(lab: Lab) -> None:
+    server = await lab.server("--network", "117:10000:10", "--epochs", "1", "--pool-size", "4")
+    board = lab.spert(server, "big")
+    assert await board.wait(60) == 1  # it tells the server why (bad_job) and leaves
+    log = lab.log("big")
     assert "does not fit the Spert board" in log and "Traceback" not in log
-    assert "does not fit the Spert board" in server.log.read_text()
+    assert "does not fit the Spert board" in lab.log("server")
