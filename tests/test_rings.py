@@ -11,7 +11,9 @@ import pytest
 from inprocess import PROCESS, Lab
 from loop_guard import LOOPS, run_guarded
 
-from helpers import check_output
+from helpers import Cluster, check_output
+
+TRACEBACK = "Traceback (most recent call last):\n  File 'x', line 1\n"
 
 
 async def _lose_a_task_exception() -> None:
@@ -74,7 +76,7 @@ def test_a_clean_run_gives_its_result_and_a_test_failure_keeps_its_own_error(kin
 
 
 def test_a_traceback_in_a_processes_output_fails_unless_expected() -> None:
-    text = "starting\nTraceback (most recent call last):\n  File 'x'\nValueError: boom\n"
+    text = "starting\n" + TRACEBACK + "ValueError: boom\n"
     with pytest.raises(AssertionError, match="ValueError: boom"):
         check_output("server", text)
     check_output("server", text, expected="the test makes it fail on purpose")
@@ -101,3 +103,17 @@ def test_a_logged_traceback_in_the_lab_fails_unless_expected(tmp_path: Path) -> 
         lab.check_logs()
     lab.expect_traceback("w0", "the test logs one on purpose")
     lab.check_logs()
+
+
+def test_the_clusters_teardown_scans_every_processes_log(tmp_path: Path) -> None:
+    """What ``Cluster.close`` reads: the log of each process it started (here two logs
+    written by hand stand in for them)."""
+    cluster = Cluster(tmp_path)
+    for name, text in (("server", "INFO serving\n"), ("w0", TRACEBACK + "ValueError: w0\n")):
+        (tmp_path / f"{name}.log").write_text(text)
+        cluster.logs.append(tmp_path / f"{name}.log")
+    with pytest.raises(AssertionError, match=r"w0(.|\n)*ValueError: w0") as failure:
+        cluster.close()
+    assert "server" not in str(failure.value)
+    cluster.expect_traceback("w0", "the test writes one on purpose")
+    cluster.close()
