@@ -72,6 +72,28 @@ def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
     assert first.wait(30) == 0 and newcomer.wait(30) == 0
 
 
+async def test_a_worker_that_cannot_read_the_data_trains_on_frames_sent_inline(
+    lab: Lab,
+) -> None:
+    """The fast ring's view of the inline path (the system test above adds the kill)."""
+    server = await lab.server(
+        "--mode", "async", "--epochs", "1", "--min-workers", "2", *SMALL_JOB
+    )  # both hold leases from the start: the inline one trains whatever the timing
+    local = lab.worker(server, "w-local")
+    inline = lab.worker(server, "w-inline", "--data-access", "inline")
+    assert await server.wait(60) == "trained"
+    assert [await local.wait(30), await inline.wait(30)] == [0, 0]
+    status = server.final_status()
+    _ledgers_exact(status)
+    rows = {row["name"]: row for row in status["workers"]}
+    assert rows["w-inline"]["inline_frames"] and rows["w-inline"]["updates_sent"] > 0
+    assert not rows["w-local"]["inline_frames"]
+    sent = status["inline_frames"]["frames_sent"]  # raw frames, each at most once
+    assert 0 < sent <= 53999
+    assert status["inline_frames"]["bytes_sent"] < 53999 * (13 * 4 + 12)
+    assert "frames come inline" in lab.log("w-inline")
+
+
 def _snet(*args: str) -> str:
     """``snet ARGS`` (a command that runs to its end), in this process: its output."""
     output = io.StringIO()
