@@ -32,6 +32,7 @@ def _train(cluster: Cluster) -> ServerProcess:
     return server
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # slow: one loop (tests/README.md)
 async def test_page_is_self_contained_and_events_stream_status(lab: Lab) -> None:
     server = await lab.server(
         "--mode", "async", "--epochs", "200", "--linger-seconds", "30", *SMALL_JOB

@@ -102,6 +102,7 @@ def _snet(*args: str) -> str:
     return output.getvalue()
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # slow: one loop (tests/README.md)
 async def test_newbob_on_the_server_then_eval_and_continue(lab: Lab) -> None:
     server = await lab.server(
         "--mode", "sync", "--epochs", "6", "--schedule", "newbob", "--newbob-ramp", "3",

@@ -246,6 +246,7 @@ def test_modelled_backend_refuses_bad_parameters(monkeypatch: pytest.MonkeyPatch
         make_backend("modelled")
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # slow: one loop (tests/README.md)
 async def test_modelled_workers_train_and_report_through_the_server(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
