@@ -24,6 +24,8 @@ from loop_guard import LOOPS
 import helpers
 from helpers import Cluster
 
+LAB_SHUTDOWN_SECONDS = 15.0
+
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
@@ -69,5 +71,18 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if not isinstance(lab, Lab):
         raise pytest.UsageError(f"{pyfuncitem.nodeid}: an async test needs the lab fixture")
     names = pyfuncitem._fixtureinfo.argnames
-    run_in_lab(lab, pyfuncitem.obj, {name: pyfuncitem.funcargs[name] for name in names})
+    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+    run_in_lab(lab, pyfuncitem.obj, kwargs, _deadline(pyfuncitem))
     return True
+
+
+def _deadline(item: pytest.Function) -> float | None:
+    """Seconds a lab test may run: pytest-timeout's limit less time to shut the lab down
+    (the loop ends the test itself: see loop_guard.py)."""
+    marker = item.get_closest_marker("timeout")
+    limit = (
+        float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout"))
+    )
+    if limit <= 0:
+        return None
+    return limit - LAB_SHUTDOWN_SECONDS if limit > 2 * LAB_SHUTDOWN_SECONDS else limit / 2

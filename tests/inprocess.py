@@ -284,10 +284,13 @@ async def _settle(tasks: list[asyncio.Task[Any]], timeout: float) -> None:
 
 
 def run_in_lab(
-    lab: Lab, test: Callable[..., Coroutine[Any, Any, Any]], kwargs: dict[str, Any]
+    lab: Lab,
+    test: Callable[..., Coroutine[Any, Any, Any]],
+    kwargs: dict[str, Any],
+    deadline: float | None = None,
 ) -> Any:
     """Used by conftest.py: run an ``async def`` test, then close its lab, on the lab's
-    loop (both inside ``loop_guard.run_guarded``)."""
+    loop (both inside ``loop_guard.run_guarded``, cancelled after ``deadline`` s)."""
     from loop_guard import run_guarded
 
     async def main() -> Any:
@@ -296,4 +299,4 @@ def run_in_lab(
         finally:
             await lab.close()
 
-    return run_guarded(lab.loop_kind, main)
+    return run_guarded(lab.loop_kind, main, deadline)

@@ -8,6 +8,11 @@ unclosed transport or client session; and a task still running when the test end
 then fails on its way out. Each is reported with its traceback.
 
 Both loops the product runs on are available: ``asyncio`` and ``uvloop``.
+
+A test that runs too long is ended by the loop itself, at a deadline set below
+pytest-timeout's: the alarm pytest-timeout raises lands wherever the main thread happens
+to be, and inside a callback or another task asyncio takes it for that callback's error,
+so the test would go on.
 """
 
 from __future__ import annotations
@@ -36,12 +41,20 @@ def new_loop(kind: str) -> asyncio.AbstractEventLoop:
 
 
 class LoopErrors:
-    """The loop's exception handler: keeps every context it is given."""
+    """The loop's exception handler: keeps every context it is given. One whose exception
+    is not an ``Exception`` (pytest's timeout, KeyboardInterrupt) stops the loop, to be
+    raised by ``run_guarded``."""
 
     def __init__(self) -> None:
         self.contexts: list[dict[str, Any]] = []
+        self.interrupt: BaseException | None = None
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if isinstance(error, BaseException) and not isinstance(error, Exception):
+            self.interrupt = self.interrupt or error
+            loop.stop()
+            return
         self.contexts.append(context)
 
     def report(self) -> str:
@@ -82,8 +95,20 @@ def _finish_leftovers(loop: asyncio.AbstractEventLoop, errors: LoopErrors) -> No
             )
 
 
-def run_guarded(kind: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """``main()`` on a new ``kind`` loop; raise AssertionError if anything went unhandled.
+async def _within(deadline: float | None, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    if deadline is None:
+        return await main()
+    try:
+        return await asyncio.wait_for(main(), deadline)
+    except TimeoutError as exc:  # chained: where the test was waiting when cancelled
+        raise AssertionError(f"the test did not end within {deadline:g} s") from exc
+
+
+def run_guarded(
+    kind: str, main: Callable[[], Coroutine[Any, Any, T]], deadline: float | None = None
+) -> T:
+    """``main()`` on a new ``kind`` loop, cancelled after ``deadline`` seconds; raise
+    AssertionError if anything went unhandled.
 
     An error of ``main`` itself is raised as it is, with the loop's errors (if any) noted
     on it, so that neither hides the other."""
@@ -92,7 +117,12 @@ def run_guarded(kind: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     loop.set_exception_handler(errors)
     try:
         try:
-            result = loop.run_until_complete(main())
+            try:
+                result = loop.run_until_complete(_within(deadline, main))
+            except RuntimeError:
+                if errors.interrupt is None:
+                    raise
+                raise errors.interrupt from None  # the loop was stopped to let it out
         finally:
             try:
                 _finish_leftovers(loop, errors)

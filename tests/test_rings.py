@@ -75,6 +75,29 @@ def test_a_clean_run_gives_its_result_and_a_test_failure_keeps_its_own_error(kin
     assert "nobody looks at this" in "".join(failure.value.__notes__)
 
 
+class _Alarm(BaseException):
+    """Stands in for pytest-timeout's alarm, which is not an ``Exception`` either."""
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_an_alarm_in_a_callback_ends_the_test_and_so_does_the_deadline(kind: str) -> None:
+    async def ring_in_a_callback() -> None:
+        def ring() -> None:
+            raise _Alarm("time is up")
+
+        asyncio.get_running_loop().call_soon(ring)
+        await asyncio.sleep(60)
+
+    with pytest.raises(_Alarm, match="time is up"):
+        run_guarded(kind, ring_in_a_callback)
+
+    async def sleep() -> None:
+        await asyncio.sleep(60)
+
+    with pytest.raises(AssertionError, match=r"did not end within 0\.2 s"):
+        run_guarded(kind, sleep, deadline=0.2)
+
+
 def test_a_traceback_in_a_processes_output_fails_unless_expected() -> None:
     text = "starting\n" + TRACEBACK + "ValueError: boom\n"
     with pytest.raises(AssertionError, match="ValueError: boom"):
