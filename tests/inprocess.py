@@ -76,6 +76,7 @@ class LabServer:
 
     server: SnetServer
     task: asyncio.Task[str]
+    name: str
     out_dir: Path
     lab: Lab
 
@@ -116,8 +117,8 @@ class LabServer:
         try:
             return await asyncio.wait_for(asyncio.shield(self.task), timeout)
         except TimeoutError:
-            log = self.lab.log("server")[-3000:]
-            raise AssertionError(f"server did not stop in {timeout} s; log:\n{log}") from None
+            log = self.lab.log(self.name)[-3000:]
+            raise AssertionError(f"{self.name} did not stop in {timeout} s; log:\n{log}") from None
 
 
 @dataclass
@@ -168,7 +169,7 @@ class Lab:
             server.release()
             raise
         task = loop.create_task(_serve(server), name=name, context=context)
-        handle = LabServer(server, task, out_dir, self)
+        handle = LabServer(server, task, name, out_dir, self)
         self.servers.append(handle)
         return handle
 
