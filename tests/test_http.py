@@ -39,7 +39,7 @@ WORKER_KEYS = {
 METRIC_LINE = re.compile(r'^snet_[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+-]+$')
 
 
-@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the API is the loop's: one
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: see tests/README.md
 async def test_status_metrics_weights_and_healthz(lab: Lab) -> None:
     server = await lab.server(
         "--mode", "async", "--epochs", "2", "--linger-seconds", "60", *SMALL_JOB
