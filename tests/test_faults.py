@@ -137,6 +137,7 @@ async def test_token_is_required_and_never_sent(lab: Lab) -> None:
     assert await server.wait(90) == "trained" and await honest.wait(30) == 0
     assert server.final_status()["handshakes_refused"] >= 1
     assert "s3cret-token" not in lab.log("server")
+    assert "s3cret-token" not in lab.capture.text()  # nor in what its threads logged
 
 
 async def _state_is(server: LabServer, state: str) -> bool:
