@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
+from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
+from snet.transport.faults import FaultSwitch
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class WorkerConfig:
     max_frame_mb: int = 512
     log_level: str = "info"
     data_access: str = "auto"  # auto: read the data, else frames inline; local; inline
+    faults: str = ""  # faults injected on purpose, for tests (transport/faults.py)
 
     def __post_init__(self) -> None:
         self.address()  # validates
@@ -43,6 +46,7 @@ class WorkerConfig:
         if self.compress:
             object.__setattr__(self, "compress", canonical(self.compress))
         object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))
+        FaultSwitch.from_text(self.faults, Role.WORKER)  # refuses a bad rule with a clear error
 
     def address(self) -> tuple[str, int]:
         host, sep, port = self.server.rpartition(":")

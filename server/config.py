@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
+from snet.transport.faults import FaultSwitch
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class ServerConfig:
     log_level: str = "info"
     init_weights: str = ""  # an snet weights .npz to continue training from
     hooks: str = ""  # extra behaviour hooks, comma-separated package.module:ClassName
+    faults: str = ""  # faults injected on purpose, for tests (transport/faults.py); SNET_FAULTS
     job: JobSpec = field(default_factory=JobSpec)
 
     def __post_init__(self) -> None:
@@ -50,6 +53,8 @@ class ServerConfig:
             raise ConfigError("max_frame_mb must be at least 1")
         if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
             raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
+
+        FaultSwitch.from_text(self.faults, Role.SERVER)  # refuses a bad rule with a clear error
 
     @property
     def http_bind_host(self) -> str:

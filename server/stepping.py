@@ -28,7 +28,7 @@ from snet.protocol.job import JobSpec
 from snet.protocol.messages import ErrorMessage, Update
 
 from .leases import LeaseBook
-from .pool import ElementPool, PooledElement, is_finite
+from .pool import ElementLoan, ElementPool, is_finite
 from .session import WorkerSession
 from .stats import TrainingStats
 from .update_rule import UpdateRule
@@ -44,7 +44,7 @@ class PendingUpdate:
     session: WorkerSession
     message: Update
     frames: np.ndarray
-    element: PooledElement | None
+    element: ElementLoan | None  # owned: the step releases it
 
     @property
     def gradient(self) -> np.ndarray:
@@ -142,7 +142,7 @@ class Stepping:
             for group in groups:
                 for pending in group:
                     if pending.element is not None:
-                        self.pool.release(pending.element)
+                        pending.element.release()
             self._applying = False
         self._maybe_step()
 

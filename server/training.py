@@ -49,7 +49,7 @@ from .decoding import UpdateDecoder
 from .epochs import EpochControl
 from .inline import InlineFrames
 from .leases import LeaseBook
-from .pool import ElementPool, PooledElement
+from .pool import ElementLoan, ElementPool, Received
 from .session import WorkerSession
 from .stats import TrainingStats
 from .stepping import PendingUpdate, Stepping
@@ -208,23 +208,24 @@ class Coordinator(Stepping):
 
     # ------------------------------------------------------------ updates
 
-    def on_update(self, session: WorkerSession, message: Update) -> None:
+    def on_update(self, session: WorkerSession, received: Received) -> None:
         """Check an update; queue it for the next step or refuse it (raises RejectedUpdate).
 
-        A compressed update is decoded into a free pooled element first, so the update
+        The coordinator owns ``received`` (and its pooled element) from here: a refused
+        update is released at once, a queued one by the step that applies it. A
+        compressed update is decoded into a free pooled element first, so the update
         rule only ever sees float32 elements; one that does not decode is refused.
         """
-        element = message.slot if isinstance(message.slot, PooledElement) else None
+        message = received.message
         if session.ledger is not None:
             payload = message.encoded.nbytes if message.encoded else message.element.nbytes
             session.ledger.record_update(payload, self.layout.nbytes)
         try:
             if message.encoded is not None:
-                element = self._decode_update(session, message)
-            frames = self._check_update(session, message, element)
+                received.adopt(self._decode_update(session, message))
+            frames = self._check_update(session, message, received.loan)
         except RejectedUpdate as exc:
-            if element is not None:
-                self.pool.release(element)
+            received.release()
             session.updates_rejected += 1
             session.updates_settled += 1
             self.stats.updates_rejected += 1
@@ -236,12 +237,12 @@ class Coordinator(Stepping):
         session.patterns += message.patterns
         session.compute_seconds += message.compute_seconds
         self.stats.record_train(message.patterns, message.correct, message.loss_sum)
-        self._received.append(PendingUpdate(session, message, frames, element))
+        self._received.append(PendingUpdate(session, message, frames, received.loan))
         if len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER:
             self.fill_leases()
         self._maybe_step()
 
-    def _decode_update(self, session: WorkerSession, message: Update) -> PooledElement:
+    def _decode_update(self, session: WorkerSession, message: Update) -> ElementLoan:
         """The encoded update decoded into a pooled element (``RejectedUpdate`` if it can't)."""
         assert message.encoded is not None
         agreed = session.ledger.update_codec if session.ledger is not None else "none"
@@ -260,7 +261,7 @@ class Coordinator(Stepping):
         raise RejectedUpdate(reason)
 
     def _check_update(
-        self, session: WorkerSession, message: Update, element: PooledElement | None
+        self, session: WorkerSession, message: Update, element: ElementLoan | None
     ) -> np.ndarray:
         reason = ""
         if (

@@ -11,7 +11,7 @@ from snet.protocol.framing import ArrayInfo, encode_bytes
 from snet.protocol.messages import Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.leases import LeaseBook, LeaseRecord
-from snet.server.pool import ElementPool, PooledElement, is_finite
+from snet.server.pool import ElementLoan, ElementPool, is_finite
 
 TOTAL = 120
 TRAIN = np.setdiff1d(np.arange(TOTAL), np.arange(0, TOTAL, 7))  # a train/cv-like subset
@@ -279,13 +279,13 @@ def test_pool_acquire_release_and_overflow() -> None:
     assert c.index == -1
     assert pool.overflows == 1 and pool.in_use == 3
     assert events == ["empty", "empty"]
-    pool.release(c)  # overflow elements are not kept
+    c.release()  # overflow elements are not kept
     assert pool.free == 0 and pool.in_use == 2
     assert events == ["empty", "empty"]
-    pool.release(a)
+    a.release()
     assert pool.free == 1 and pool.in_use == 1
     assert events == ["empty", "empty", "available"]
-    pool.release(b)
+    b.release()
     assert pool.free == 2 and pool.in_use == 0
     assert events == ["empty", "empty", "available"]  # only on the empty -> free edge
     again = {pool.acquire().index, pool.acquire().index}
@@ -303,7 +303,7 @@ def test_pool_payload_target_only_for_matching_updates() -> None:
     target = pool.payload_target("update", update_array(), LAYOUT.nbytes)
     assert target is not None
     buffer, token = target
-    assert isinstance(token, PooledElement)
+    assert isinstance(token, ElementLoan)
     assert len(buffer) == LAYOUT.nbytes
     assert np.shares_memory(np.frombuffer(buffer, dtype=np.float32), token.flat)
     assert pool.in_use == 1
@@ -329,23 +329,26 @@ def test_pool_receives_updates_in_place_through_the_decoder() -> None:
     decoder = FrameDecoder(sink=pool)
     element = np.arange(LAYOUT.size, dtype=np.float32)
     update = Update(1, 2, 0, 4, 3.5, 2, 0.01, element=element)
-    (message,) = decoder.feed(encode_bytes(update))
+    ((message, slot),) = decoder.feed_decoded(encode_bytes(update))
     assert isinstance(message, Update)
-    assert isinstance(message.slot, PooledElement)
-    assert message.slot.index == 0
-    assert np.shares_memory(message.element, message.slot.flat)
-    np.testing.assert_array_equal(message.slot.flat, element)
+    assert isinstance(slot, ElementLoan)
+    assert slot.index == 0
+    assert np.shares_memory(message.element, slot.flat)
+    np.testing.assert_array_equal(slot.flat, element)
     assert pool.free == 0
     # a Weights frame of the same layout is not put in the pool
-    (weights,) = decoder.feed(encode_bytes(Weights(1, 0, 0.1, 0, element=element)))
+    ((weights, weights_slot),) = decoder.feed_decoded(
+        encode_bytes(Weights(1, 0, 0.1, 0, element=element))
+    )
     assert isinstance(weights, Weights)
-    assert weights.slot is None
-    pool.release(message.slot)
+    assert weights_slot is None
+    slot_element = slot.element
+    slot.release()
     assert pool.free == 1
     # the released element is reused for the next update
-    (second,) = decoder.feed(encode_bytes(update))
+    ((second, second_slot),) = decoder.feed_decoded(encode_bytes(update))
     assert isinstance(second, Update)
-    assert second.slot is message.slot
+    assert second_slot.element is slot_element
 
 
 def test_pool_element_of_abandoned_frame_comes_back() -> None:
@@ -355,8 +358,8 @@ def test_pool_element_of_abandoned_frame_comes_back() -> None:
     assert decoder.feed(frame[:-3]) == []
     assert pool.free == 0
     token = decoder.abandon()
-    assert isinstance(token, PooledElement)
-    pool.release(token)
+    assert isinstance(token, ElementLoan)
+    token.release()
     assert pool.free == 1 and pool.in_use == 0
 
 
