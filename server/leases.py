@@ -7,7 +7,8 @@ bunch by bunch, in the order ``protocol.shuffle.cache_order`` gives (its shuffle
 cache of several bunches, which the book reproduces); each update names its lease and
 offset, so the book knows exactly which frames every update used. Frames a worker never
 delivered (it died, disconnected, or an update was refused) go back to the front of the
-queue as a new chunk. The ledger counts, per epoch, how often each training frame was
+queue as a new chunk, and so do frames whose update was lost on the way (a later update
+of the same worker shows the gap). The ledger counts, per epoch, how often each training frame was
 applied: every frame exactly once, whatever joins or leaves, is the invariant the tests
 and ``/status`` check.
 """
@@ -141,6 +142,31 @@ class LeaseBook:
         if lease.remaining == 0:
             del self._leases[lease_id]
         return frames
+
+    def lost_before(self, worker_id: int, lease_id: int, offset: int) -> list[int]:
+        """Frames that an update on ``(lease_id, offset)`` shows were lost on the way.
+
+        A worker trains its leases in the order granted and each lease from its start,
+        so an update there means every earlier update was sent: the rest of the worker's
+        earlier leases, and this lease's frames before ``offset`` that no update covered,
+        were in updates that never arrived. They go back to the queue and the leases
+        move past them; returns each gap's size in frames (the caller counts the lost
+        updates). Nothing for a claim on a lease the worker does not hold.
+        """
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id or offset > len(lease.indices):
+            return []
+        gaps: list[np.ndarray] = []
+        for earlier in self.held_by(worker_id):
+            if earlier.lease_id < lease_id:  # granted (and so trained) before this one
+                gaps.append(earlier.indices[earlier.received :])
+                del self._leases[earlier.lease_id]
+        if offset > lease.received:
+            gaps.append(lease.indices[lease.received : offset])
+            lease.received = offset
+        for frames in gaps:
+            self.requeue(frames)
+        return [len(frames) for frames in gaps if len(frames)]
 
     def skip(self, worker_id: int, lease_id: int, offset: int, patterns: int) -> None:
         """An update for these frames was refused: the lease moves on, the frames requeue."""

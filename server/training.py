@@ -217,6 +217,11 @@ class Coordinator(Stepping):
         rule only ever sees float32 elements; one that does not decode is refused.
         """
         message = received.message
+        gaps = self.book.lost_before(session.worker_id, message.lease_id, message.offset)
+        if gaps:  # updates lost on the way: settled, so the worker's flow control recovers
+            session.updates_settled += sum(-(-frames // self.job.bunch_size) for frames in gaps)
+            log.warning("updates of %s were lost: %d frames back in the queue", session.name,
+                        sum(gaps))  # fmt: skip
         if session.ledger is not None:
             payload = message.encoded.nbytes if message.encoded else message.element.nbytes
             session.ledger.record_update(payload, self.layout.nbytes)

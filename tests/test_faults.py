@@ -136,3 +136,37 @@ def test_token_is_required_and_never_sent(cluster: Cluster) -> None:
     assert server.wait(90) == 0 and honest.wait(30) == 0
     assert server.final_status()["handshakes_refused"] >= 1
     assert "s3cret-token" not in server.log.read_text()
+
+
+def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> None:
+    """The fault switch: worker 1 loses its 5th update on the way, worker 2 receives its
+    9th weights damaged. The server finds the gap the lost update left and queues its
+    frames again; worker 2 refuses the damaged frame, closes and joins again. Training
+    completes and every training frame of every epoch is applied exactly once."""
+    server = cluster.server(
+        "--mode", "async", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB
+    )
+    environment = dict(cluster.env)
+    cluster.env = {**environment, "SNET_WORKER_FAULTS": "drop:update:5"}
+    first = cluster.worker(server, "w1")
+    cluster.env = {**environment, "SNET_WORKER_FAULTS": "corrupt:weights:9"}
+    second = cluster.worker(server, "w2")
+    cluster.env = environment
+    wait_until(lambda: server.status()["state"] == "trained", 120, "training to finish")
+    status = server.status()
+    assert len(status["epochs"]) == 2
+    for epoch in status["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"], epoch
+        assert ledger["used_more"] == 0 and ledger["unused"] == 0, epoch
+    assert first.wait(30) == 0 and second.wait(30) == 0
+    assert "fault switch: drop:send:update:5" in cluster.log("w1")
+    assert "fault switch: corrupt:receive:weights:9" in cluster.log("w2")
+    server_log = server.log.read_text()
+    assert "updates of w1 were lost: 128 frames back in the queue" in server_log
+    assert "malformed_frame" in server_log  # worker 2 told the server why it closed
+    rows = [row for row in status["workers"] if row["name"] == "w2"]
+    assert len(rows) == 2 and rows[0]["state"] == "gone"  # it joined again
+    for name in ("w1", "w2"):
+        assert "Traceback" not in cluster.log(name)
+    assert "Traceback" not in server_log

@@ -217,6 +217,31 @@ def test_accept_rejects_repeated_and_unknown_leases() -> None:
         book.accept(1, lease.lease_id, 10, 1)
 
 
+def test_lost_updates_are_found_by_the_next_one_and_requeued() -> None:
+    book = new_book(chunk=10)
+    book.start_epoch(0)
+    first, second = book.grant(1), book.grant(1)
+    other = book.grant(2)
+    assert first is not None and second is not None and other is not None
+    book.record_applied(book.accept(1, first.lease_id, 0, 3))
+    # the update covering 3:6 was lost; the one on 6:9 shows it
+    assert book.lost_before(1, first.lease_id, 6) == [3]
+    book.record_applied(book.accept(1, first.lease_id, 6, 3))
+    # the update on 9:10 was lost too; the next one is on the second lease
+    assert book.lost_before(1, second.lease_id, 0) == [1]
+    assert first.lease_id not in {lease.lease_id for lease in book.held_by(1)}
+    assert book.lost_before(1, second.lease_id, 0) == []  # nothing more is missing
+    assert book.lost_before(2, second.lease_id, 4) == []  # not its lease: nothing moves
+    assert book.lost_before(1, second.lease_id, 11) == []  # past the lease's end
+    assert book.ledger.requeued_frames == 4
+    deliver(book, second, 3)
+    deliver(book, other, 4)
+    while (lease := book.grant(3)) is not None:
+        deliver(book, lease, 5)
+    assert book.epoch_complete
+    assert_every_frame_once(book)
+
+
 def test_epoch_complete_waits_for_application() -> None:
     book = new_book(chunk=1000)  # a single chunk
     book.start_epoch(0)
