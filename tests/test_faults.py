@@ -159,6 +159,8 @@ def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> No
         ledger = epoch["ledger"]
         assert ledger["used_once"] == ledger["frames"], epoch
         assert ledger["used_more"] == 0 and ledger["unused"] == 0, epoch
+    queues = status["queues"]
+    assert queues["free"] == queues["pool_size"]  # every pooled element came back, once
     assert first.wait(30) == 0 and second.wait(30) == 0
     assert "fault switch: drop:send:update:5" in cluster.log("w1")
     assert "fault switch: corrupt:receive:weights:9" in cluster.log("w2")

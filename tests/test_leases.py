@@ -11,7 +11,7 @@ from snet.protocol.framing import ArrayInfo, encode_bytes
 from snet.protocol.messages import Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.leases import LeaseBook, LeaseRecord
-from snet.server.pool import ElementLoan, ElementPool, is_finite
+from snet.server.pool import ElementLoan, ElementPool, Received, is_finite
 
 TOTAL = 120
 TRAIN = np.setdiff1d(np.arange(TOTAL), np.arange(0, TOTAL, 7))  # a train/cv-like subset
@@ -374,6 +374,32 @@ def test_pool_receives_updates_in_place_through_the_decoder() -> None:
     ((second, second_slot),) = decoder.feed_decoded(encode_bytes(update))
     assert isinstance(second, Update)
     assert second_slot.element is slot_element
+
+
+def test_a_loan_gives_its_element_back_once() -> None:
+    pool = ElementPool(LAYOUT, size=2)
+    loan = pool.acquire()
+    element = loan.element
+    loan.release()
+    loan.release()  # a second release does nothing: the element is not freed twice
+    assert pool.free == 2 and pool.in_use == 0 and loan.released
+    with pytest.raises(RuntimeError):
+        _ = loan.flat  # the element is not reachable through a released loan
+    again = pool.acquire()
+    assert again.element is element and not again.released
+
+
+def test_received_owns_the_loan_it_holds() -> None:
+    pool = ElementPool(LAYOUT, size=2)
+    update = Update(1, 2, 0, 4, 3.5, 2, 0.01)
+    received = Received(update, pool.acquire())
+    decoded_into = pool.acquire()
+    received.adopt(decoded_into)  # an encoded update decoded into a second element
+    assert pool.free == 1 and received.loan is decoded_into
+    received.release()
+    received.release()
+    assert pool.free == 2 and pool.in_use == 0
+    Received(update, None).release()  # a payload that did not fit the pool: nothing held
 
 
 def test_pool_element_of_abandoned_frame_comes_back() -> None:

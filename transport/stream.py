@@ -31,7 +31,7 @@ import typing
 from collections import deque
 from typing import Any, Protocol, runtime_checkable
 
-from snet.protocol.channel import Channel, gathering_writer
+from snet.protocol.channel import Channel, WritelinesFunction, gathering_writer
 from snet.protocol.conversation import Conversation
 from snet.protocol.decoder import Decoded
 from snet.protocol.errors import ConnectionLost, MalformedFrame, ProtocolError
@@ -99,9 +99,11 @@ class FrameStream(asyncio.BufferedProtocol):
         self.peer = "?"
         self.closing = False  # close() was called: what is queued is flushed, no more
         self.lost = False  # connection_lost was called
-        self.sends_dropped = 0  # sends after closing, or after this side's goodbye
+        self.sends_dropped = 0  # messages sent after closing, or after this side's goodbye
+        self.writes_dropped = 0  # frame pieces the channel wrote once the socket was gone
         self.last_sent = time.monotonic()  # when a frame was last queued
         self.last_received = time.monotonic()  # when bytes last came in
+        self._gather: WritelinesFunction | None = None  # the transport's writev, if it has one
         self._held = False  # a delay fault holds the outgoing frames back
         self._delayed: deque[Decoded] | None = None  # incoming ones held by a delay fault
 
@@ -114,11 +116,11 @@ class FrameStream(asyncio.BufferedProtocol):
         self.transport.set_write_buffer_limits(high=high, low=low)
         peer: Any = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        writelines = gathering_writer(transport)
-        if self.faults is not None:  # every byte goes through _write, to count it for cuts
-            writelines = None
+        self._gather = gathering_writer(transport)
+        # With a fault switch every byte goes through _write, to be counted for cuts.
+        gather = self._writelines if self._gather and self.faults is None else None
         self.channel = Channel(
-            self._write, self.limits, self.sink, writelines, conversation=self.conversation
+            self._write, self.limits, self.sink, gather, conversation=self.conversation
         )
         self.handler.stream_opened(self)
 
@@ -214,10 +216,20 @@ class FrameStream(asyncio.BufferedProtocol):
         self._check_drained()
         return True
 
+    def _writable(self) -> bool:
+        transport = self.transport
+        return transport is not None and not self.lost and not transport.is_closing()
+
+    def _writelines(self, pieces: list[bytes | memoryview]) -> None:
+        if self._gather is not None and self._writable():
+            self._gather(pieces)
+        else:
+            self.writes_dropped += 1
+
     def _write(self, piece: bytes | memoryview) -> None:
         transport = self.transport
-        if transport is None or self.lost or transport.is_closing():
-            self.sends_dropped += 1
+        if transport is None or not self._writable():
+            self.writes_dropped += 1
             return
         if self.faults is not None:
             passing = self.faults.passing("send", len(piece))
