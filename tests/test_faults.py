@@ -172,3 +172,33 @@ def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> No
     for name in ("w1", "w2"):
         assert "Traceback" not in cluster.log(name)
     assert "Traceback" not in server_log
+
+
+def test_messages_out_of_turn_close_that_connection_only(cluster: Cluster) -> None:
+    server = cluster.server(
+        "--mode", "async", "--epochs", "1", "--linger-seconds", "30", *SMALL_JOB
+    )
+    early = RawClient(server.port, "early")
+    early.receive(ServerHello)
+    early.send(Update(0, 1, 0, 128, 1.0, 0, 0.01, np.zeros(LAYOUT.size, np.float32)))
+    refusal = early.receive(ErrorMessage)
+    assert refusal.fatal and refusal.code == "protocol" and "update" in refusal.text
+    assert early.closed_by_peer()
+
+    bold = RawClient(server.port, "bold")
+    bold.handshake()
+    bold.receive(Lease)
+    bold.send(Lease(1, 0, np.arange(4, dtype="<i8")))  # a server's message
+    refusal = bold.receive(ErrorMessage)
+    assert refusal.fatal and refusal.code == "protocol" and "lease" in refusal.text
+    assert bold.closed_by_peer()
+
+    status = server.status()
+    assert status["frames_refused"] == 2
+    assert status["queues"]["free"] == status["queues"]["pool_size"]  # the early update's
+    assert [row["state"] for row in status["workers"] if row["name"] == "bold"] == ["gone"]
+    worker = cluster.worker(server, "good")
+    wait_until(lambda: server.status()["state"] == "trained", 90, "training to finish")
+    ledger = server.status()["epochs"][0]["ledger"]
+    assert ledger["used_once"] == ledger["frames"]
+    worker.kill()
