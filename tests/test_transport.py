@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from snet.client.config import WorkerConfig
 from snet.protocol.conversation import Conversation, Role
 from snet.protocol.decoder import Decoded
 from snet.protocol.errors import ConfigError, ConnectionLost, ProtocolError
@@ -24,6 +25,7 @@ from snet.protocol.messages import (
     ServerHello,
     Welcome,
 )
+from snet.server.config import ServerConfig
 from snet.transport.faults import FaultRule, FaultSwitch, parse_faults
 from snet.transport.stream import FrameStream
 
@@ -74,6 +76,15 @@ def test_bad_fault_rules_are_refused_clearly(text: str, why: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_faults(f"drop:update:1;{text}", Role.WORKER)
     assert why in str(caught.value) and repr(text) in str(caught.value)
+
+
+def test_the_settings_refuse_a_bad_fault_rule() -> None:
+    assert ServerConfig(faults="drop:update:5").faults == "drop:update:5"
+    assert WorkerConfig(faults="drop:update:5;corrupt:weights:9").faults
+    with pytest.raises(ConfigError, match="a server never sends update"):
+        ServerConfig(faults="drop:send:update:5")
+    with pytest.raises(ConfigError, match="unknown action 'lose'"):
+        WorkerConfig(faults="lose:update:5")
 
 
 def test_each_rule_fires_once_on_its_nth_message() -> None:
