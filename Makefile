@@ -26,8 +26,8 @@ demo: $(STAMP)
 	$(BIN)/snet demo --mode async --workers 2
 
 lint: $(STAMP)
-	$(BIN)/ruff check server client protocol cli data tests bench
-	$(BIN)/ruff format --check server client protocol cli data tests bench
+	$(BIN)/ruff check server client protocol transport cli data tests bench
+	$(BIN)/ruff format --check server client protocol transport cli data tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy -p snet

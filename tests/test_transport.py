@@ -278,10 +278,12 @@ def test_faults_on_receive(loop_name: str) -> None:
     async def body(pair: Pair) -> None:
         await join(pair)
         server, worker = streams(pair)
-        for n in range(1, 5):
+        for n in range(1, 6):
             server.send(Lease(n, 0))
-        leases = [m for m in await pair[1].until(3 + 4) if isinstance(m, Lease)]
-        assert [m.lease_id for m in leases] == [1, 2, 2, 4]
+        await pair[1].until(3 + 3)  # the 4th is held for a second, and the 5th behind it
+        assert [m.lease_id for m in pair[1].messages if isinstance(m, Lease)] == [1, 2, 2]
+        leases = [m for m in await pair[1].until(3 + 5) if isinstance(m, Lease)]
+        assert [m.lease_id for m in leases] == [1, 2, 2, 4, 5]
         worker.send(Heartbeat(1.0))
         worker.send(Heartbeat(2.0))  # the worker process cuts after the 1st byte of this
         await asyncio.wait_for(pair[0].lost, 5)  # cut: aborted mid-frame
@@ -290,5 +292,6 @@ def test_faults_on_receive(loop_name: str) -> None:
     run_pair(
         loop_name,
         body,
-        worker_faults=f"duplicate:lease:2;drop:lease:3;cut:send:{len(encode_bytes(HELLO)) + 58}",
+        worker_faults="duplicate:lease:2;drop:lease:3;delay:lease:4:1;"
+        f"cut:send:{len(encode_bytes(HELLO)) + 58}",
     )
