@@ -114,8 +114,9 @@ class Channel:
         """Stop decoding; the sink tokens still held here (a partly received frame's, a
         refused frame's), for the caller to give back."""
         tokens, self._orphans = self._orphans, []
-        slot = self.decoder.abandon()
-        return [*tokens, slot] if slot is not None else tokens
+        tokens += [d.slot for d in self.decoder.take()]  # decoded, never handed out
+        tokens.append(self.decoder.abandon())
+        return [token for token in tokens if token is not None]
 
     # -- outgoing
 
