@@ -221,23 +221,36 @@ class FrameStream(asyncio.BufferedProtocol):
         return transport is not None and not self.lost and not transport.is_closing()
 
     def _writelines(self, pieces: list[bytes | memoryview]) -> None:
-        if self._gather is not None and self._writable():
-            self._gather(pieces)
-        else:
+        if self._gather is None or not self._writable():
             self.writes_dropped += 1
+            return
+        try:
+            self._gather(pieces)
+        except (OSError, RuntimeError) as exc:
+            self._write_failed(exc)
 
     def _write(self, piece: bytes | memoryview) -> None:
         transport = self.transport
         if transport is None or not self._writable():
             self.writes_dropped += 1
             return
-        if self.faults is not None:
-            passing = self.faults.passing("send", len(piece))
-            if passing is not None:
-                transport.write(piece[:passing])
-                self.abort()
-                return
-        transport.write(piece)
+        try:
+            if self.faults is not None:
+                passing = self.faults.passing("send", len(piece))
+                if passing is not None:
+                    transport.write(piece[:passing])
+                    self.abort()
+                    return
+            transport.write(piece)
+        except (OSError, RuntimeError) as exc:
+            self._write_failed(exc)
+
+    def _write_failed(self, exc: Exception) -> None:
+        """A transport that refuses a write (uvloop: "unable to perform operation") is
+        gone: drop the connection; ``stream_lost`` follows. Never raised to the sender."""
+        self.writes_dropped += 1
+        log.warning("cannot write to %s (%s); dropping the connection", self.peer, exc)
+        self.abort()
 
     def _check_drained(self) -> None:
         transport, channel = self.transport, self.channel
