@@ -295,3 +295,42 @@ def test_faults_on_receive(loop_name: str) -> None:
         worker_faults="duplicate:lease:2;drop:lease:3;delay:lease:4:1;"
         f"cut:send:{len(encode_bytes(HELLO)) + 58}",
     )
+
+
+class RefusingTransport(asyncio.Transport):
+    """A transport whose socket is gone under it: every write raises, as uvloop's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def write(self, data: Any) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_a_write_the_transport_refuses_drops_the_connection_quietly() -> None:
+    async def main() -> None:
+        end = Recorder()
+        stream = FrameStream(end, Conversation(Role.SERVER), FrameLimits())
+        transport = RefusingTransport()
+        stream.connection_made(transport)
+        assert stream.send(SERVER_HELLO)  # handed on; the write fails below, not here
+        assert transport.aborted and stream.writes_dropped == 1
+        assert stream.send(Goodbye("x")) is False and stream.sends_dropped == 1
+
+    asyncio.run(main())
