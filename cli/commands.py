@@ -32,6 +32,8 @@ SERVER_FIELDS = (
     "max_frame_mb",
     "heartbeat_seconds",
     "worker_timeout_seconds",
+    "stall_seconds",
+    "join_seconds",
     "linger_seconds",
     "log_level",
     "init_weights",

@@ -80,6 +80,19 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-frame-mb", dest="max_frame_mb", type=int)
     parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
     parser.add_argument("--worker-timeout-seconds", dest="worker_timeout_seconds", type=float)
+    parser.add_argument(
+        "--stall-seconds",
+        dest="stall_seconds",
+        type=float,
+        help="least time a worker holding frames may take to deliver before it is late "
+        "(default 2; its deadline is 10x its measured interval if longer)",
+    )
+    parser.add_argument(
+        "--join-seconds",
+        dest="join_seconds",
+        type=float,
+        help="sync mode: extra time for a worker's first update (default 10)",
+    )
     parser.add_argument("--linger-seconds", dest="linger_seconds", type=float)
     parser.add_argument("--log-level", dest="log_level")
     parser.add_argument(

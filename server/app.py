@@ -36,10 +36,13 @@ from .connection import ConnectionCounters, WorkerConnection
 from .dataplan import plan_data
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
+from .progress import ProgressWatch
 from .service import PidFile, notify
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
+
+PROGRESS_CHECK_SECONDS = 0.2  # how often late workers are looked for
 
 
 class SnetServer:
@@ -95,10 +98,12 @@ class SnetServer:
             standard_hooks(self.config.hooks),
             weights,
             self.config.min_workers,
+            ProgressWatch(self.config.stall_seconds, self.config.join_seconds),
         )
         self.coordinator.pool.on_empty = lambda: self._set_reading(False)
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
         self.coordinator.on_finished = self._on_trained
+        self.coordinator.on_failure = self.request_stop
         limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
         token = self.config.token or None
         faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)
@@ -162,13 +167,15 @@ class SnetServer:
 
     async def run_until_stopped(self) -> str:
         """After ``startup()``: serve until trained or stopped, then shut down."""
-        housekeeping = asyncio.get_running_loop().create_task(self._housekeeping())
+        loop = asyncio.get_running_loop()
+        chores = [loop.create_task(self._housekeeping()), loop.create_task(self._watch_progress())]
         try:
             await self._stop.wait()
         finally:
-            housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await housekeeping
+            for chore in chores:
+                chore.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await chore
             await self.shutdown(self._stop_reason or "stopped")
         return self._stop_reason
 
@@ -261,6 +268,12 @@ class SnetServer:
                     # Also a sign of life for the worker: one that hears nothing for its
                     # server_timeout_seconds takes the link for dead and reconnects.
                     connection.send(Heartbeat(time.time()))
+
+    async def _watch_progress(self) -> None:
+        """Deadlines are measured in tens of milliseconds to seconds: look often."""
+        while True:
+            await asyncio.sleep(PROGRESS_CHECK_SECONDS)
+            self.coordinator.check_progress(time.monotonic())
 
     def install_signal_handlers(self) -> None:
         """First SIGTERM/SIGINT: graceful shutdown. Second: exit at once."""

@@ -35,6 +35,11 @@ class ServerConfig:
     max_frame_mb: int = 512
     heartbeat_seconds: float = 5.0
     worker_timeout_seconds: float = 60.0
+    # The least time a worker holding frames may take to deliver its next update before
+    # it is late (its deadline is 10x its measured interval if that is longer): async mode
+    # then stops counting it and gives its frames to the others, sync mode drops it.
+    stall_seconds: float = 2.0
+    join_seconds: float = 10.0  # extra time for a worker's first update (loading data)
     linger_seconds: float = 0.0  # keep serving HTTP this long after training (< 0: until stopped)
     log_level: str = "info"
     init_weights: str = ""  # an snet weights .npz to continue training from
@@ -51,6 +56,8 @@ class ServerConfig:
             raise ConfigError(f"pool_size must be at least 2, got {self.pool_size}")
         if self.max_frame_mb < 1:
             raise ConfigError("max_frame_mb must be at least 1")
+        if self.stall_seconds <= 0 or self.join_seconds < 0:
+            raise ConfigError("stall_seconds must be > 0 and join_seconds >= 0")
         if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
             raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
 

@@ -230,7 +230,9 @@ class WorkerConnection:
         return self.session.name if self.session else self.stream.peer
 
     def send(self, message: Message) -> None:
-        """Send to this worker; a counted no-op once the connection closes."""
+        """Send to this worker; a counted no-op once the connection is closing or gone.
+        Never raises for the peer's sake: what one peer's socket does must not reach the
+        caller (the step machinery sends to every worker after each step)."""
         self.stream.send(message)
 
     def fail(self, code: str, text: str) -> None:

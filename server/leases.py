@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from snet.protocol.errors import RejectedUpdate
+from snet.protocol.job import JobSpec
 from snet.protocol.shuffle import cache_order
 
 
@@ -81,6 +82,18 @@ class LeaseBook:
     accepted_frames: int = 0
     applied_frames: int = 0
     ledgers: list[EpochLedger] = field(default_factory=list)
+
+    @classmethod
+    def for_job(cls, job: JobSpec, train_frames: np.ndarray, total_frames: int) -> LeaseBook:
+        """The book for ``job``'s chunk size, seed, shuffle cache and frame order."""
+        return cls(
+            train_frames,
+            total_frames,
+            job.chunk_frames,
+            job.seed,
+            cache_frames=job.bunch_size * job.shuffle_cache_bunches,
+            sequential=job.frame_order == "sequential",
+        )
 
     def start_epoch(self, epoch: int) -> None:
         """Shuffle the training frames for ``epoch`` and queue them as chunks."""

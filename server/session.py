@@ -10,6 +10,7 @@ from typing import Any
 from snet.protocol.messages import Message
 
 from .ledger import CompressionLedger
+from .progress import DeliveryClock
 
 
 @dataclass
@@ -41,6 +42,9 @@ class WorkerSession:
     inline_frames: bool = False  # it cannot read the data; the server sends its frames
     report: dict[str, Any] = field(default_factory=dict)  # the worker's latest WorkerReport
     ledger: CompressionLedger | None = None  # codecs agreed at the handshake, bytes, ratios
+    clock: DeliveryClock = field(default_factory=lambda: DeliveryClock(time.monotonic()))
+    leases_revoked: int = 0  # leases taken back because it delivered nothing in time
+    probation: bool = False  # its leases were taken back: none again until it delivers
 
     @property
     def momentum_corrected(self) -> bool:
@@ -83,5 +87,10 @@ class WorkerSession:
             "last_seen_ago": round(time.monotonic() - self.last_seen, 3),
             "report": self.report,
             "inline_frames": self.inline_frames,
+            "leases_revoked": self.leases_revoked,
+            "probation": self.probation,
+            "update_interval": (
+                round(self.clock.interval, 6) if self.clock.interval is not None else None
+            ),
             "compression": self.ledger.row() if self.ledger is not None else None,
         }

@@ -46,6 +46,8 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "updates_rejected": stats.updates_rejected,
         "frames_refused": server.counters.frames_refused,
         "handshakes_refused": server.counters.handshakes_refused,
+        "leases_revoked": stats.leases_revoked,
+        "workers_dropped_late": stats.workers_dropped_late,
         "epoch": coordinator.epoch,
         "epochs_planned": coordinator.job.epochs,
         "epochs_done": stats.epochs_done,
