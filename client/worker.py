@@ -151,6 +151,10 @@ class Worker(Joining):
             self._task.cancel()
 
     def _reset(self) -> None:
+        # The ended connection may still report its loss (an abort's callback comes a
+        # moment later, during the pause before reconnecting): a new generation ignores
+        # it, or it would mark the next connection lost before its handshake.
+        self._generation += 1
         self._inbox.clear()
         self._work.clear()
         self._lost = False

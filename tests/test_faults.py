@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from snet.protocol.framing import MAGIC, PREFIX
@@ -16,7 +18,7 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout, NetworkSpec
 
-from helpers import SMALL_JOB, Cluster, RawClient, wait_until
+from helpers import SMALL_JOB, Cluster, RawClient, ServerProcess, wait_until
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 
@@ -146,6 +148,25 @@ def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> No
     server = cluster.server(
         "--mode", "async", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB
     )
+    status = _train_with_faults(cluster, server)
+    assert "updates of w1 were lost: 128 frames back in the queue" in server.log.read_text()
+    rows = [row for row in status["workers"] if row["name"] == "w2"]
+    assert len(rows) == 2 and rows[0]["state"] == "gone"  # it joined again
+
+
+def test_a_lost_update_in_sync_mode_costs_no_frame(cluster: Cluster) -> None:
+    """The same faults in sync mode: after losing its update worker 1 waits for the round
+    and the round for it, so no later update shows the gap; the round deadline drops it
+    (``round_deadline``), it joins again, and its undelivered frames go back."""
+    server = cluster.server("--mode", "sync", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB)
+    _train_with_faults(cluster, server)
+    assert "dropped from the sync rounds: missed the round deadline" in cluster.log("w1")
+    assert server.log.read_text().count("worker w1 (numpy") == 2  # it joined again
+
+
+def _train_with_faults(cluster: Cluster, server: ServerProcess) -> dict[str, Any]:
+    """Two workers with the faults of the two tests above; checks the ledger, the pool
+    and the logs once trained, and returns the server's status."""
     environment = dict(cluster.env)
     cluster.env = {**environment, "SNET_WORKER_FAULTS": "drop:update:5"}
     first = cluster.worker(server, "w1")
@@ -165,13 +186,11 @@ def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> No
     assert "fault switch: drop:send:update:5" in cluster.log("w1")
     assert "fault switch: corrupt:receive:weights:9" in cluster.log("w2")
     server_log = server.log.read_text()
-    assert "updates of w1 were lost: 128 frames back in the queue" in server_log
     assert "malformed_frame" in server_log  # worker 2 told the server why it closed
-    rows = [row for row in status["workers"] if row["name"] == "w2"]
-    assert len(rows) == 2 and rows[0]["state"] == "gone"  # it joined again
     for name in ("w1", "w2"):
         assert "Traceback" not in cluster.log(name)
     assert "Traceback" not in server_log
+    return status
 
 
 def test_messages_out_of_turn_close_that_connection_only(cluster: Cluster) -> None:
