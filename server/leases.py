@@ -82,6 +82,7 @@ class LeaseBook:
     accepted_frames: int = 0
     applied_frames: int = 0
     ledgers: list[EpochLedger] = field(default_factory=list)
+    _used_up: dict[int, int] = field(default_factory=dict)  # lease id -> its worker's id
 
     @classmethod
     def for_job(cls, job: JobSpec, train_frames: np.ndarray, total_frames: int) -> LeaseBook:
@@ -154,7 +155,17 @@ class LeaseBook:
         frames = lease.indices[offset : offset + patterns]
         if lease.remaining == 0:
             del self._leases[lease_id]
+            self._used_up[lease_id] = worker_id
         return frames
+
+    def is_repeat(self, worker_id: int, lease_id: int, offset: int) -> bool:
+        """True for an update of ``worker_id`` on frames of its lease that an earlier
+        update already covered: a second delivery of one update (a worker never resends;
+        see ``skip``), to be ignored rather than refused, which would settle it twice."""
+        lease = self._leases.get(lease_id)
+        if lease is not None:
+            return lease.worker_id == worker_id and offset < lease.received
+        return self._used_up.get(lease_id) == worker_id
 
     def lost_before(self, worker_id: int, lease_id: int, offset: int) -> list[int]:
         """Frames that an update on ``(lease_id, offset)`` shows were lost on the way.

@@ -193,6 +193,11 @@ class Coordinator:
         The coordinator owns ``received`` (and its pooled element) from here: a refused
         update is released by the intake, a queued one after the step that applies it."""
         message = received.message
+        if self.book.is_repeat(session.worker_id, message.lease_id, message.offset):
+            received.release()  # delivered twice: taken once, settled once
+            log.warning("update of %s on lease %d offset %d came again; ignored", session.name,
+                        message.lease_id, message.offset)  # fmt: skip
+            return
         session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
         session.probation = False  # alive after all: it may hold leases again
         gaps = self.book.lost_before(session.worker_id, message.lease_id, message.offset)

@@ -148,8 +148,10 @@ def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> No
     server = cluster.server(
         "--mode", "async", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB
     )
-    status = _train_with_faults(cluster, server)
-    assert "updates of w1 were lost: 128 frames back in the queue" in server.log.read_text()
+    status = _train_with_faults(cluster, server, "drop:update:5;duplicate:update:9")
+    server_log = server.log.read_text()
+    assert "updates of w1 were lost: 128 frames back in the queue" in server_log
+    assert server_log.count("came again; ignored") == 1  # the 9th, delivered twice
     rows = [row for row in status["workers"] if row["name"] == "w2"]
     assert len(rows) == 2 and rows[0]["state"] == "gone"  # it joined again
 
@@ -164,11 +166,14 @@ def test_a_lost_update_in_sync_mode_costs_no_frame(cluster: Cluster) -> None:
     assert server.log.read_text().count("worker w1 (numpy") == 2  # it joined again
 
 
-def _train_with_faults(cluster: Cluster, server: ServerProcess) -> dict[str, Any]:
-    """Two workers with the faults of the two tests above; checks the ledger, the pool
-    and the logs once trained, and returns the server's status."""
+def _train_with_faults(
+    cluster: Cluster, server: ServerProcess, first_faults: str = "drop:update:5"
+) -> dict[str, Any]:
+    """Two workers, the first with ``first_faults``, the second receiving its 9th weights
+    damaged; checks the ledger, the pool and the logs once trained, and returns the
+    server's status."""
     environment = dict(cluster.env)
-    cluster.env = {**environment, "SNET_WORKER_FAULTS": "drop:update:5"}
+    cluster.env = {**environment, "SNET_WORKER_FAULTS": first_faults}
     first = cluster.worker(server, "w1")
     cluster.env = {**environment, "SNET_WORKER_FAULTS": "corrupt:weights:9"}
     second = cluster.worker(server, "w2")

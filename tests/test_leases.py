@@ -242,6 +242,22 @@ def test_lost_updates_are_found_by_the_next_one_and_requeued() -> None:
     assert_every_frame_once(book)
 
 
+def test_an_update_delivered_twice_is_known_as_a_repeat() -> None:
+    book = new_book(chunk=10)
+    book.start_epoch(0)
+    lease = book.grant(1)
+    assert lease is not None
+    assert not book.is_repeat(1, lease.lease_id, 0)
+    book.accept(1, lease.lease_id, 0, 4)
+    assert book.is_repeat(1, lease.lease_id, 0)  # covered already
+    assert not book.is_repeat(1, lease.lease_id, 4)  # the next one
+    assert not book.is_repeat(2, lease.lease_id, 0)  # not its lease
+    book.accept(1, lease.lease_id, 4, 6)  # used up: the lease is gone from the book
+    assert book.is_repeat(1, lease.lease_id, 4)
+    assert not book.is_repeat(2, lease.lease_id, 4)
+    assert not book.is_repeat(1, lease.lease_id + 1, 0)  # never granted
+
+
 def test_epoch_complete_waits_for_application() -> None:
     book = new_book(chunk=1000)  # a single chunk
     book.start_epoch(0)
