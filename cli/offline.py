@@ -4,36 +4,72 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from snet.client.network import BunchNetwork
-from snet.data.corpus import corpus_from_source, job_norms, split_frames
+from snet.client.sequential import SequentialResult, train_sequential
+from snet.data.corpus import Corpus, corpus_from_source, job_norms, load_corpus, split_frames
 from snet.data.kaldi import write_kaldi
 from snet.data.pfile import write_pfile
 from snet.data.sources import check_against_network, open_source, total_frames
 from snet.protocol.errors import DataError
-from snet.protocol.hooks import standard_hooks
-from snet.protocol.job import DataSpec
+from snet.protocol.hooks import HookSet, standard_hooks
+from snet.protocol.job import DataSpec, JobSpec
+from snet.protocol.network import initial_weights
 from snet.server.export import read_weights, weights_npz, write_atomically
+from snet.server.leases import LeaseBook
+from snet.server.update_rule import UpdateRule
 
-from .sequential import train_sequential
-from .settings import build_job
+from .flags import given, given_job
+from .settings import build_job, merge, read_toml
+
+
+def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
+    """The frame order a server's ``LeaseBook`` leases to a single worker: each epoch's
+    chunks, each taken as done (accepted and applied) once the trainer asks for the next."""
+    book = LeaseBook(
+        corpus.train_frames,
+        corpus.bounds.total_frames,
+        job.chunk_frames,
+        job.seed,
+        cache_frames=job.bunch_size * job.shuffle_cache_bunches,
+        sequential=job.frame_order == "sequential",
+    )
+
+    def epoch_chunks(epoch: int) -> Iterator[np.ndarray]:
+        book.start_epoch(epoch)
+        while (lease := book.grant(0)) is not None:
+            yield lease.indices
+            book.record_applied(book.accept(0, lease.lease_id, 0, len(lease.indices)))
+
+    return epoch_chunks
+
+
+def train_job(
+    job: JobSpec,
+    hooks: HookSet | None = None,
+    weights: np.ndarray | None = None,
+    progress: Callable[[dict[str, float | int | bool]], None] | None = None,
+) -> SequentialResult:
+    """Sequential training of ``job`` with the server's update rule and frame order and the
+    worker's arithmetic (client/sequential.py); the parts meet here, where both may be
+    imported."""
+    spec = job.network
+    corpus = load_corpus(job.data, spec.output_size, spec.input_size)
+    rule = UpdateRule(initial_weights(spec, job.seed) if weights is None else weights, job.momentum)
+    return train_sequential(job, corpus, rule, lone_worker_chunks(job, corpus), hooks, progress)
 
 
 def run_eval(args: argparse.Namespace) -> int:
     """Score saved weights on data: frame accuracy and mean cross-entropy."""
     saved = read_weights(args.weights)
-    context = args.context if args.context is not None else saved.context
-    spec = DataSpec(
-        source=args.source or "fsdd",
-        context=4 if context is None else context,
-        labels=args.labels or "",
-        norm_file=args.norm_file or "",
-        cv_fraction=args.cv_fraction,
-        split_seed=args.split_seed,
-    )
+    flags = given(args, DataSpec)
+    if "context" not in flags and saved.context is not None:
+        flags["context"] = saved.context
+    spec = merge(DataSpec, {}, "SNET_JOB_DATA_", flags)
     source = open_source(spec)
     network = saved.spec
     check_against_network(source, spec.window, network.input_size, network.output_size)
@@ -72,9 +108,11 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_train(args: argparse.Namespace, job_flags: dict[str, object]) -> int:
-    """Sequential training in this process; writes weights.npz like the server."""
-    job = build_job({}, dict(job_flags))
+def run_train(args: argparse.Namespace) -> int:
+    """Sequential training in this process of the job a server would run (the same flags,
+    SNET_JOB_* variables and [job] table); writes weights.npz like the server."""
+    values, where = read_toml(args.config).table("job")
+    job = build_job(values, given_job(args), where)
     weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
 
     def show(row: dict[str, float | int | bool]) -> None:
@@ -86,7 +124,7 @@ def run_train(args: argparse.Namespace, job_flags: dict[str, object]) -> int:
             flush=True,
         )
 
-    result = train_sequential(job, standard_hooks(), weights, show)
+    result = train_job(job, standard_hooks(), weights, show)
     spec = job.data
     source = open_source(spec)
     norms = job_norms(spec, source, split_frames(spec, source.lengths)[0])

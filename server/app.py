@@ -2,9 +2,8 @@
 
 Startup reads the data plan, opens the TCP port for workers and the HTTP port for
 status (both inside one event loop), and writes the ready file. Serving ends when the
-job is trained (after ``linger_seconds``) or on SIGTERM/SIGINT: the first signal shuts
-down gracefully (workers are told goodbye, the final weights are written), a second one
-forces the exit.
+job is trained (after ``linger_seconds``) or on ``request_stop`` (the command line calls
+it on the first SIGTERM/SIGINT: workers are told goodbye, the final weights are written).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +35,7 @@ from .dataplan import plan_data
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
 from .progress import ProgressWatch
+from .security import resolve_token
 from .service import PidFile, notify
 from .training import Coordinator
 
@@ -78,6 +77,7 @@ class SnetServer:
         """
         loop = asyncio.get_running_loop()
         job = self.config.job
+        token = resolve_token(self.config)  # before anything else: a refusal costs nothing
         if self.pid_file is not None:
             self.pid_file.claim()
         plan = await loop.run_in_executor(self.executor, plan_data, job)
@@ -105,7 +105,6 @@ class SnetServer:
         self.coordinator.on_finished = self._on_trained
         self.coordinator.on_failure = self.request_stop
         limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
-        token = self.config.token or None
         faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)
         where = f"{self.config.host}:{self.config.port}"
         try:
@@ -127,7 +126,7 @@ class SnetServer:
             )
             self.port = self._tcp.sockets[0].getsockname()[1]
             where = f"{self.config.http_bind_host}:{self.config.http_port} (HTTP)"
-            self._http = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=5.0)
+            self._http = web.AppRunner(make_app(self, token), access_log=None, shutdown_timeout=5.0)
             await self._http.setup()
             site = web.TCPSite(self._http, self.config.http_bind_host, self.config.http_port)
             await site.start()
@@ -274,17 +273,3 @@ class SnetServer:
         while True:
             await asyncio.sleep(PROGRESS_CHECK_SECONDS)
             self.coordinator.check_progress(time.monotonic())
-
-    def install_signal_handlers(self) -> None:
-        """First SIGTERM/SIGINT: graceful shutdown. Second: exit at once."""
-        loop = asyncio.get_running_loop()
-
-        def handle(signum: int) -> None:
-            if self._stop.is_set():
-                log.warning("second signal: exiting now")
-                os._exit(1)
-            log.info("signal %s: shutting down gracefully", signal.Signals(signum).name)
-            self.request_stop(f"signal {signal.Signals(signum).name}")
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, handle, signum)

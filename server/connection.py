@@ -14,12 +14,11 @@ non-fatal ``ErrorMessage``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from snet.protocol import PROTOCOL_VERSION, auth
 from snet.protocol.codecs.handshake import agree_codecs
@@ -50,8 +49,9 @@ from snet.protocol.messages import (
 from snet.transport.stream import FrameStream
 
 from .ledger import CompressionLedger
+from .plausible import checked_report
 from .pool import ElementLoan, Received
-from .session import WorkerSession
+from .session import WorkerSession, name_problem, unique_name
 from .training import Coordinator
 
 if TYPE_CHECKING:
@@ -61,15 +61,6 @@ log = logging.getLogger("snet.server")
 
 HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coalesce
 LOW_WATER = 1024 * 1024
-
-
-def json_safe_report(report: dict[str, Any]) -> dict[str, Any]:
-    """The report as /status can show it; refuses values JSON cannot carry (e.g. bytes)."""
-    try:
-        safe: dict[str, Any] = json.loads(json.dumps(report, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise RejectedUpdate(f"worker report is not plain JSON data: {exc}") from exc
-    return safe
 
 
 class ConnectionCounters:
@@ -184,7 +175,7 @@ class WorkerConnection:
         elif isinstance(message, FramesWanted):
             self.coordinator.on_frames_wanted(session, message)
         elif isinstance(message, WorkerReport):
-            report = json_safe_report(message.report)
+            report = checked_report(message.report)
             figures = report.pop("compression", None)  # goes to the compression ledger
             if session.ledger is not None:
                 session.ledger.absorb_report(figures)
@@ -194,6 +185,10 @@ class WorkerConnection:
         # a Heartbeat only touches the session
 
     def _handshake(self, hello: Hello) -> None:
+        problem = name_problem(hello.worker_name)
+        if problem:
+            self.counters.handshakes_refused += 1
+            raise ProtocolError(problem)
         if hello.protocol_version != PROTOCOL_VERSION:
             self.counters.handshakes_refused += 1
             raise VersionMismatch(
@@ -214,7 +209,10 @@ class WorkerConnection:
         ledger = CompressionLedger(codecs["update"], encoder, channel.received, channel.sent)
         self.session = WorkerSession(
             worker_id=self.next_id(),
-            name=hello.worker_name[:64] or f"worker-{self.stream.peer}",
+            name=unique_name(
+                hello.worker_name or f"worker-{self.stream.peer}",
+                (s.name for s in self.coordinator.sessions.values()),
+            ),
             address=self.stream.peer,
             backend=hello.backend[:32],
             capabilities=hello.capabilities,

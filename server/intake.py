@@ -3,9 +3,10 @@
 Everything that can be known about an update before its step is checked here: the agreed
 codec (a compressed update is decoded into a free pooled element, so the update rule only
 ever sees float32 elements), the element's layout, the weights version it names (the
-mode's policy says which versions it takes), and its claim on the lease (the lease book
+mode's policy says which versions it takes), the figures it reports (counts within its
+patterns, a finite loss: server/plausible.py), and its claim on the lease (the lease book
 says which frames it covers). A refused update's frames are queued again, so nothing is
-lost. NaN and Inf are found later, on the step's result (server/stepping.py).
+lost. Its values (norm, NaN, Inf) are checked in the step thread (server/stepping.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from snet.protocol.network import ElementLayout
 
 from .decoding import UpdateDecoder
 from .leases import LeaseBook
+from .plausible import update_figures_problem
 from .policies import StepPolicy
 from .pool import ElementLoan, ElementPool, Received
 from .session import WorkerSession
@@ -88,7 +90,11 @@ class UpdateIntake:
                 f"{message.element.dtype}, the network needs ({self.layout.size},) float32"
             )
         else:
-            reason = self.policy.refusal(message.base_version, version)
+            reason = self.policy.refusal(message.base_version, version) or (
+                update_figures_problem(
+                    message.patterns, message.correct, message.loss_sum, message.compute_seconds
+                )
+            )
         if reason:
             self._refuse(session, message, reason)
         return self.book.accept(

@@ -81,8 +81,8 @@ class LeaseBook:
     _next_id: int = 1
     accepted_frames: int = 0
     applied_frames: int = 0
-    ledgers: list[EpochLedger] = field(default_factory=list)
-    _used_up: dict[int, int] = field(default_factory=dict)  # lease id -> its worker's id
+    _ledger: EpochLedger | None = None  # the current epoch's (its summary is kept in stats)
+    _used_up: dict[int, int] = field(default_factory=dict)  # this epoch: lease id -> worker id
 
     @classmethod
     def for_job(cls, job: JobSpec, train_frames: np.ndarray, total_frames: int) -> LeaseBook:
@@ -114,13 +114,22 @@ class LeaseBook:
                 for start in range(0, len(order), self.chunk_frames)
             )
         self.accepted_frames = self.applied_frames = 0
-        ledger = EpochLedger(epoch, np.zeros(self.total_frames, np.uint16), self.train_frames)
-        ledger.chunks = len(self._queue)
-        self.ledgers.append(ledger)
+        self._used_up.clear()  # bounded: a repeat is told apart within its epoch
+        # One count array, reused: an ended epoch's ledger lives on as its summary only
+        # (a server that kept every epoch's array grew 0.11 MB per epoch).
+        if self._ledger is None:
+            uses = np.zeros(self.total_frames, np.uint16)
+        else:
+            uses = self._ledger.uses
+            uses.fill(0)
+        self._ledger = EpochLedger(epoch, uses, self.train_frames)
+        self._ledger.chunks = len(self._queue)
 
     @property
     def ledger(self) -> EpochLedger:
-        return self.ledgers[-1]
+        if self._ledger is None:
+            raise RuntimeError("no epoch has started")
+        return self._ledger
 
     def grant(self, worker_id: int) -> LeaseRecord | None:
         """Lease the next waiting chunk to ``worker_id``, or None when none is waiting."""

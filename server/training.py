@@ -47,6 +47,7 @@ from snet.protocol.messages import (
 from snet.protocol.network import ElementLayout, initial_weights
 
 from .dataplan import DataPlan
+from .departures import Departures
 from .epochs import EpochControl, EpochDecision
 from .evaluations import Evaluations
 from .inline import InlineFrames
@@ -100,7 +101,7 @@ class Coordinator:
         self.trace = trace
         self.stats = TrainingStats(job.epochs)
         self.sessions: dict[int, WorkerSession] = {}
-        self.departed: list[WorkerSession] = []
+        self.departed = Departures()
         self.version = 0
         self._received: deque[PendingUpdate] = deque()
         self._applying = False
@@ -149,7 +150,7 @@ class Coordinator:
         if self.sessions.pop(session.worker_id, None) is None:
             return
         session.state, session.left_reason = "gone", reason
-        self.departed.append(session)
+        self.departed.add(session)
         returned = self.desk.worker_gone(session)
         log.info("worker %s left (%s); %d frames back in the queue", session.name, reason, returned)
         self.evaluations.worker_gone(session.worker_id)
@@ -372,14 +373,15 @@ class Coordinator:
             session.send(Evaluate(job.version, job.epoch, job.weights))
 
     def on_eval_result(self, session: WorkerSession, message: EvalResult) -> None:
-        job = self.evaluations.take_result(session, message)
+        try:
+            job = self.evaluations.take_result(session, message, len(self.plan.cv_frames))
+        except RejectedUpdate:
+            self.assign_evaluations()  # a refused result's job goes to another worker
+            raise
         self.stats.record_cv(message.epoch, message.frames, message.correct, message.loss_sum)
-        log.info(
-            "epoch %d cross-validation: %.2f%% of %d frames",
-            message.epoch,
-            100 * message.correct / max(message.frames, 1),
-            message.frames,
-        )
+        accuracy = 100 * message.correct / max(message.frames, 1)
+        log.info("epoch %d cross-validation: %.2f%% of %d frames", message.epoch, accuracy,
+                 message.frames)  # fmt: skip
         self._apply_decision(message, self.epochs.cv_result(message.epoch, job.weights, message))
 
     def _apply_decision(self, result: EvalResult, decision: EpochDecision) -> None:
