@@ -83,6 +83,7 @@ class LeaseBook:
     applied_frames: int = 0
     _ledger: EpochLedger | None = None  # the current epoch's (its summary is kept in stats)
     _used_up: dict[int, int] = field(default_factory=dict)  # this epoch: lease id -> worker id
+    _largest: dict[int, int] = field(default_factory=dict)  # worker id -> its largest update
 
     @classmethod
     def for_job(cls, job: JobSpec, train_frames: np.ndarray, total_frames: int) -> LeaseBook:
@@ -165,6 +166,7 @@ class LeaseBook:
             )
         lease.received += patterns
         self.accepted_frames += patterns
+        self._largest[worker_id] = max(self._largest.get(worker_id, 0), patterns)
         frames = lease.indices[offset : offset + patterns]
         if lease.remaining == 0:
             del self._leases[lease_id]
@@ -180,19 +182,24 @@ class LeaseBook:
             return lease.worker_id == worker_id and offset < lease.received
         return self._used_up.get(lease_id) == worker_id
 
-    def lost_before(self, worker_id: int, lease_id: int, offset: int) -> list[int]:
-        """Frames that an update on ``(lease_id, offset)`` shows were lost on the way.
+    def lost_before(
+        self, worker_id: int, lease_id: int, offset: int, patterns: int
+    ) -> tuple[int, int]:
+        """What an update of ``patterns`` frames on ``(lease_id, offset)`` shows was lost
+        on the way: ``(frames, updates)``.
 
         A worker trains its leases in the order granted and each lease from its start,
         so an update there means every earlier update was sent: the rest of the worker's
         earlier leases, and this lease's frames before ``offset`` that no update covered,
         were in updates that never arrived. They go back to the queue and the leases
-        move past them; returns each gap's size in frames (the caller counts the lost
-        updates). Nothing for a claim on a lease the worker does not hold.
+        move past them. The updates are counted in the largest this worker has delivered
+        (or this one): exact when its updates are all of one size (a bunch, a block),
+        never too many, so that its flow control recovers and is never loosened.
+        Nothing for a claim on a lease the worker does not hold.
         """
         lease = self._leases.get(lease_id)
         if lease is None or lease.worker_id != worker_id or offset > len(lease.indices):
-            return []
+            return 0, 0
         gaps: list[np.ndarray] = []
         for earlier in self.held_by(worker_id):
             if earlier.lease_id < lease_id:  # granted (and so trained) before this one
@@ -201,9 +208,11 @@ class LeaseBook:
         if offset > lease.received:
             gaps.append(lease.indices[lease.received : offset])
             lease.received = offset
+        size = max(self._largest.get(worker_id, 0), patterns, 1)
         for frames in gaps:
             self.requeue(frames)
-        return [len(frames) for frames in gaps if len(frames)]
+        sizes = [len(frames) for frames in gaps if len(frames)]
+        return sum(sizes), sum(-(-n // size) for n in sizes)
 
     def skip(self, worker_id: int, lease_id: int, offset: int, patterns: int) -> None:
         """An update for these frames was refused: the lease moves on, the frames requeue."""
@@ -223,6 +232,7 @@ class LeaseBook:
 
     def worker_gone(self, worker_id: int) -> int:
         """Return the undelivered part of every lease of a worker to the queue."""
+        self._largest.pop(worker_id, None)
         returned = 0
         for lease in self.held_by(worker_id):
             self.requeue(lease.indices[lease.received :])

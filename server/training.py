@@ -202,11 +202,13 @@ class Coordinator:
             return
         session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
         session.probation = False  # alive after all: it may hold leases again
-        gaps = self.book.lost_before(session.worker_id, message.lease_id, message.offset)
-        if gaps:  # updates lost on the way: settled, so the worker's flow control recovers
-            session.updates_settled += sum(-(-frames // self.job.bunch_size) for frames in gaps)
+        lost, updates = self.book.lost_before(
+            session.worker_id, message.lease_id, message.offset, message.patterns
+        )
+        if lost:  # updates lost on the way: settled, so the worker's flow control recovers
+            session.updates_settled += updates
             log.warning("updates of %s were lost: %d frames back in the queue", session.name,
-                        sum(gaps))  # fmt: skip
+                        lost)  # fmt: skip
         try:
             pending = self.intake.admit(session, received, self.version)
         except RejectedUpdate:

@@ -224,16 +224,19 @@ def test_lost_updates_are_found_by_the_next_one_and_requeued() -> None:
     assert first is not None and second is not None and other is not None
     book.record_applied(book.accept(1, first.lease_id, 0, 3))
     # the update covering 3:6 was lost; the one on 6:9 shows it
-    assert book.lost_before(1, first.lease_id, 6) == [3]
+    assert book.lost_before(1, first.lease_id, 6, 3) == (3, 1)
     book.record_applied(book.accept(1, first.lease_id, 6, 3))
     # the update on 9:10 was lost too; the next one is on the second lease
-    assert book.lost_before(1, second.lease_id, 0) == [1]
+    assert book.lost_before(1, second.lease_id, 0, 3) == (1, 1)
     assert first.lease_id not in {lease.lease_id for lease in book.held_by(1)}
-    assert book.lost_before(1, second.lease_id, 0) == []  # nothing more is missing
-    assert book.lost_before(2, second.lease_id, 4) == []  # not its lease: nothing moves
-    assert book.lost_before(1, second.lease_id, 11) == []  # past the lease's end
-    assert book.ledger.requeued_frames == 4
-    deliver(book, second, 3)
+    assert book.lost_before(1, second.lease_id, 0, 3) == (0, 0)  # nothing more is missing
+    assert book.lost_before(2, second.lease_id, 4, 3) == (0, 0)  # not its lease
+    assert book.lost_before(1, second.lease_id, 11, 3) == (0, 0)  # past the lease's end
+    book.record_applied(book.accept(1, second.lease_id, 0, 2))
+    # two updates of 3 lost (2:5, 5:8): counted in its largest update, 3 frames
+    assert book.lost_before(1, second.lease_id, 8, 2) == (6, 2)
+    assert book.ledger.requeued_frames == 10
+    book.record_applied(book.accept(1, second.lease_id, 8, 2))
     deliver(book, other, 4)
     while (lease := book.grant(3)) is not None:
         deliver(book, lease, 5)
