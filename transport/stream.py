@@ -166,11 +166,12 @@ class FrameStream(asyncio.BufferedProtocol):
     # ------------------------------------------------------------ receiving
 
     def _deliver_all(self, received: list[Decoded]) -> None:
-        for item in received:
+        for position, item in enumerate(received):
             if self.faults is not None:
                 try:
                     self._receive_faulty(item)
                 except ProtocolError as exc:
+                    release_tokens([later.slot for later in received[position + 1 :]])
                     self.refuse(exc)
                     return
             else:
