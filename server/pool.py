@@ -16,13 +16,16 @@ Ownership: an element out of the pool always has exactly one owner, and one way 
 nothing; the element is unreachable through the loan after the first). The loan moves,
 it is never shared:
 
-    decoder (payload_target)  ->  connection: ``Received`` (the update and its loan)
-      -> coordinator: refuses it (releases) or queues it (``PendingUpdate`` holds the loan)
-      -> step: applies it, then releases it (whatever happened).
+    decoder (payload_target) -> the frame's ``Decoded`` (message, loan)
+      -> connection: a ``Received`` (the update and its loan), to the coordinator
+      -> ``UpdateIntake.admit``: refuses it (releases it) or makes a ``PendingUpdate``
+         (which holds the loan) for the queue; an update that came twice is released
+      -> step: applies it, then releases it in its ``finally`` (whatever happened).
 
-A frame that never completes gives its loan back through ``FrameDecoder.abandon()``; a
-message the connection does not hand on (it is closing) is released there. An encoded
-update is decoded into a second loan, which replaces the first in its ``Received``.
+What never reaches the connection goes back in the transport (transport/stream.py):
+a frame cut short (``Channel.abandon()``), a frame refused as out of turn, a message
+arriving while the connection closes. An encoded update is decoded into a second loan,
+which replaces the first in its ``Received`` (``adopt``).
 """
 
 from __future__ import annotations
