@@ -7,7 +7,6 @@ import re
 
 import numpy as np
 import pytest
-from wire_samples import readme_text, table_cells
 
 from snet.protocol.channel import Channel
 from snet.protocol.conversation import (
@@ -37,6 +36,8 @@ from snet.protocol.messages import (
     Weights,
     Welcome,
 )
+
+from wire_samples import readme_text, table_cells
 
 SERVER_HELLO = ServerHello(1, "s", b"n" * 32, False)
 HELLO = Hello(1, "w", "numpy", (), b"")
