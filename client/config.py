@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
+from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
+from snet.transport.faults import FaultSwitch
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -62,6 +64,13 @@ class WorkerConfig:
             "choices": ("auto", "local", "inline"),
         },
     )
+    faults: str = field(
+        default="",
+        metadata={
+            "help": "faults injected on purpose, for tests: e.g. drop:update:5;corrupt:weights:9 "
+            "(transport/faults.py)"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.address()  # validates
@@ -78,6 +87,7 @@ class WorkerConfig:
         if self.compress:
             object.__setattr__(self, "compress", canonical(self.compress))
         object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))
+        FaultSwitch.from_text(self.faults, Role.WORKER)  # refuses a bad rule with a clear error
 
     def address(self) -> tuple[str, int]:
         host, sep, port = self.server.rpartition(":")
