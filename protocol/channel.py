@@ -25,12 +25,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from .conversation import Conversation
 from .decoder import Decoded, FrameDecoder, TrafficCounters
-from .errors import ProtocolError
+from .errors import OutOfTurn, ProtocolError
 from .framing import FrameLimits, PayloadSink, encode
 from .messages import Message, Weights
+
+# Until the handshake is done (the server welcomed the worker after its token proof), a
+# peer's frames are at most this large: a hello or a server's greeting needs a few hundred
+# bytes; a 177-byte frame declaring a 512 MiB payload made the server allocate it before
+# any hello was read (issue 12).
+HANDSHAKE_PAYLOAD_BYTES = 4096
+HANDSHAKE_HEADER_BYTES = 8192
 
 WriteFunction = Callable[[bytes | memoryview], None]
 WritelinesFunction = Callable[[list[bytes | memoryview]], None]
@@ -66,6 +74,16 @@ class Channel:
         self._writelines = writelines
         self.decoder = FrameDecoder(limits, sink)
         self.conversation = conversation
+        self.limits = self.decoder.limits  # once the peer is trusted
+        if conversation is not None:
+            # Bounded before trust: until the handshake is done a peer's frames are small,
+            # and no frame's payload goes anywhere before its type is in turn.
+            self.decoder.limits = replace(
+                self.limits,
+                max_payload_bytes=min(self.limits.max_payload_bytes, HANDSHAKE_PAYLOAD_BYTES),
+                max_header_bytes=min(self.limits.max_header_bytes, HANDSHAKE_HEADER_BYTES),
+            )
+            self.decoder.admit = self._admit
         self._orphans: list[object] = []  # sink tokens decoded, then refused with their frame
         self._backlog: deque[tuple[Message, int, bool]] = deque()
         self._paused = False
@@ -103,7 +121,23 @@ class Channel:
                 held = [d.slot for d in decoded[position:]] + [partial]
                 self._orphans.extend(token for token in held if token is not None)
                 raise
+        self._open_when_trusted()
         return decoded
+
+    def _admit(self, message_type: str, payload_bytes: int) -> None:
+        """The decoder read a frame's header: refuse a message out of turn before its
+        payload is taken anywhere (a pooled element is lent only to an update in turn)."""
+        assert self.conversation is not None
+        if not self.conversation.may_receive(message_type):
+            peer = self.conversation.role.peer
+            raise OutOfTurn(
+                f"a {peer.value} may not send {message_type} in state "
+                f"{self.conversation.states[peer].value}"
+            )
+
+    def _open_when_trusted(self) -> None:
+        if self.conversation is not None and self.conversation.trusted:
+            self.decoder.limits = self.limits  # the handshake is done: the full limits
 
     def feed(self, data: bytes) -> list[Decoded]:
         """Decode bytes in hand as if received (the fault switch's duplicates), checked."""
@@ -142,6 +176,7 @@ class Channel:
         breaks the frame's magic, so that the peer refuses it as a malformed frame."""
         if self.conversation is not None:
             self.conversation.sent(message)
+            self._open_when_trusted()
         if copies < 1:
             return
         if self._paused or self._backlog:

@@ -143,6 +143,18 @@ class Conversation:
         """This end said goodbye or a fatal error: it sends nothing more."""
         return self.state is State.CLOSED
 
+    @property
+    def trusted(self) -> bool:
+        """The handshake is done: the server welcomed the worker (after checking its
+        token proof). Until then a peer may send only small frames (``Channel``)."""
+        return self.states[Role.WORKER] in (State.TRAINING, State.EVALUATING)
+
+    def may_receive(self, message_type: str) -> bool:
+        """Whether the peer may send a message of ``message_type`` now (checked on a
+        frame's header, before its payload is read into anything)."""
+        allowed = SENDS[self.role.peer][self.states[self.role.peer]]
+        return message_type in allowed or (message_type == "error" and FATAL_ERROR in allowed)
+
     def may_send(self, message: Message) -> bool:
         return event_name(message) in SENDS[self.role][self.state]
 

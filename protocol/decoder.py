@@ -16,6 +16,7 @@ sink, where there is nothing to give back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from . import PROTOCOL_VERSION
@@ -61,8 +62,11 @@ class FrameDecoder:
     """Decode a byte stream of frames into messages, checking every size first."""
 
     def __init__(self, limits: FrameLimits | None = None, sink: PayloadSink | None = None):
-        self.limits = limits or FrameLimits()
+        self.limits = limits or FrameLimits()  # the owner may change them between frames
         self.sink = sink
+        # Called with a frame's type and payload size once its header is read, before the
+        # payload is given anywhere to go; raises to refuse the frame (``Channel``).
+        self.admit: Callable[[str, int], None] | None = None
         self._state = _PREFIX
         self._buffer: memoryview = memoryview(bytearray(PREFIX_SIZE))
         self._filled = 0
@@ -186,6 +190,8 @@ class FrameDecoder:
     def _on_header(self) -> None:
         self._type, self._header = parse_header(self._buffer)
         self._arrays = parse_arrays(self._type, self._header, self._payload_len, self.limits)
+        if self.admit is not None:
+            self.admit(self._type, self._payload_len)
         target = None
         if self.sink is not None and self._payload_len:
             target = self.sink.payload_target(self._type, self._arrays, self._payload_len)

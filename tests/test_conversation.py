@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from snet.protocol.channel import Channel
+from snet.protocol.channel import HANDSHAKE_PAYLOAD_BYTES, Channel
 from snet.protocol.conversation import (
     FATAL_ERROR,
     PEER_MOVES,
@@ -18,8 +18,8 @@ from snet.protocol.conversation import (
     State,
     senders,
 )
-from snet.protocol.errors import LocalProtocolError, OutOfTurn, ProtocolError
-from snet.protocol.framing import ArrayInfo, encode_bytes
+from snet.protocol.errors import FrameTooLarge, LocalProtocolError, OutOfTurn, ProtocolError
+from snet.protocol.framing import MAGIC, PREFIX, ArrayInfo, FrameLimits, encode_bytes
 from snet.protocol.messages import (
     MESSAGE_TYPES,
     DataInfo,
@@ -181,15 +181,28 @@ class OneSlotSink:
         return memoryview(bytearray(payload_bytes)), token
 
 
-def test_channel_refuses_a_message_out_of_turn_and_keeps_its_token() -> None:
+def test_channel_refuses_a_message_out_of_turn_before_lending_it_anything() -> None:
     sink = OneSlotSink()
     channel = Channel(Wire().write, sink=sink, conversation=Conversation(Role.SERVER))
     channel.send(SERVER_HELLO)
     update = Update(0, 1, 0, 4, 1.0, 2, 0.01, element=np.ones(4, np.float32))
     with pytest.raises(OutOfTurn):
         channel.feed(encode_bytes(update))  # an update before hello
-    assert channel.abandon() == ["slot-0"]  # the caller gives it back
+    assert sink.given == []  # refused on its header: no pooled element was lent to it
     assert channel.abandon() == []
+
+
+def test_until_the_handshake_is_done_a_peer_may_send_only_small_frames() -> None:
+    channel = Channel(Wire().write, conversation=Conversation(Role.SERVER))
+    channel.send(SERVER_HELLO)
+    declared = PREFIX.pack(MAGIC, 1, 0, 177, 512 << 20) + b"\x80" * 177  # 512 MiB declared
+    with pytest.raises(FrameTooLarge, match=f"limit {HANDSHAKE_PAYLOAD_BYTES}"):
+        channel.feed(declared)
+    trusted = Channel(Wire().write, conversation=Conversation(Role.SERVER))
+    trusted.send(SERVER_HELLO)
+    trusted.feed(encode_bytes(HELLO))
+    trusted.send(WELCOME)  # the server welcomes a worker only after its token proof
+    assert trusted.decoder.limits == FrameLimits()  # the full limits from now on
 
 
 def test_channel_hands_in_turn_messages_out_with_their_tokens() -> None:
@@ -203,7 +216,7 @@ def test_channel_hands_in_turn_messages_out_with_their_tokens() -> None:
     assert [d.message for d in decoded] == [SERVER_HELLO]
     with pytest.raises(OutOfTurn):  # weights before welcome
         channel.feed(frames[len(encode_bytes(SERVER_HELLO)) :])
-    assert channel.abandon() == ["slot-0"]
+    assert sink.given == [] and channel.abandon() == []  # refused before anything was lent
 
 
 # ---------------------------------------------------------------- protocol/README.md

@@ -148,10 +148,18 @@ async def test_messages_out_of_turn_close_that_connection_only(lab: Lab) -> None
     )
     early = await AsyncRawClient.connect(server.port, "early")
     await early.receive(ServerHello)
-    await early.send(Update(0, 1, 0, 128, 1.0, 0, 0.01, np.zeros(LAYOUT.size, np.float32)))
+    await early.send(Update(0, 1, 0, 128, 1.0, 0, 0.01, np.zeros(4, np.float32)))
     refusal = await early.receive(ErrorMessage)
     assert refusal.fatal and refusal.code == "protocol" and "update" in refusal.text
     assert await early.closed_by_peer()
+    # a whole element before the handshake is refused on its size, before anything is
+    # allocated for it (bounded before trust)
+    greedy = await AsyncRawClient.connect(server.port, "greedy")
+    await greedy.receive(ServerHello)
+    await greedy.send(Update(0, 1, 0, 128, 1.0, 0, 0.01, np.zeros(LAYOUT.size, np.float32)))
+    refusal = await greedy.receive(ErrorMessage)
+    assert refusal.fatal and refusal.code == "frame_too_large" and "limit 4096" in refusal.text
+    assert await greedy.closed_by_peer()
 
     bold = await AsyncRawClient.connect(server.port, "bold")
     await bold.handshake()
@@ -162,8 +170,8 @@ async def test_messages_out_of_turn_close_that_connection_only(lab: Lab) -> None
     assert await bold.closed_by_peer()
 
     status = await server.status()
-    assert status["frames_refused"] == 2
-    assert status["queues"]["free"] == status["queues"]["pool_size"]  # the early update's
+    assert status["frames_refused"] == 3
+    assert status["queues"]["free"] == status["queues"]["pool_size"]  # nothing was lent
     assert [row["state"] for row in status["workers"] if row["name"] == "bold"] == ["gone"]
     assert status["queues"]["leases_out"] == 0  # its leases are back in the queue
 
