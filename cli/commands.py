@@ -59,6 +59,12 @@ JOB_FLAGS = (
     "labels",
     "norm_file",
     "context",
+    "cv_source",
+    "cv_labels",
+    "test_source",
+    "test_labels",
+    "cv_fraction",
+    "split_seed",
     "compress",
 )
 WORKER_FIELDS = (

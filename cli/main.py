@@ -49,7 +49,26 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--labels", help="Kaldi alignment archive with the per-frame labels")
     group.add_argument("--norm-file", dest="norm_file", help="Quicknet norm file to use")
-    group.add_argument("--context", type=int, help="frames of context either side")
+    group.add_argument(
+        "--context", type=int, help="frames of context either side (0: data without sequences)"
+    )
+    group.add_argument(
+        "--cv-data", dest="cv_source", help="a separate cross-validation file (any data format)"
+    )
+    group.add_argument("--cv-labels", dest="cv_labels", help="Kaldi alignments of --cv-data")
+    group.add_argument(
+        "--test-data", dest="test_source", help="a test file scored once with the final weights"
+    )
+    group.add_argument("--test-labels", dest="test_labels", help="Kaldi alignments of --test-data")
+    group.add_argument(
+        "--cv-fraction",
+        dest="cv_fraction",
+        type=float,
+        help="share of the utterances held out for CV when there is no --cv-data (default 0.1)",
+    )
+    group.add_argument(
+        "--split-seed", dest="split_seed", type=int, help="seed of the train/CV split (default 0)"
+    )
     group.add_argument(
         "--compress",
         help="update codec of workers that choose none: none, fp16, int8, sign, topk:F, "
@@ -178,13 +197,23 @@ def _parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="score saved weights on data")
     evaluate.add_argument("--weights", required=True, help="a weights .npz written by snet")
-    evaluate.add_argument("--data", dest="source", help="data to score on (default fsdd)")
+    saved = "default: the job's, as saved with the weights"
+    evaluate.add_argument("--data", dest="source", help=f"data to score on ({saved})")
     evaluate.add_argument("--labels", help="Kaldi alignment archive")
     evaluate.add_argument("--norm-file", dest="norm_file", help="Quicknet norm file")
-    evaluate.add_argument("--context", type=int, help="default: as saved with the weights")
-    evaluate.add_argument("--subset", choices=("cv", "train", "all"), default="cv")
-    evaluate.add_argument("--cv-fraction", dest="cv_fraction", type=float, default=0.1)
-    evaluate.add_argument("--split-seed", dest="split_seed", type=int, default=0)
+    evaluate.add_argument("--context", type=int, help=saved)
+    evaluate.add_argument(
+        "--subset",
+        choices=("cv", "test", "train", "all"),
+        default="cv",
+        help="the job's CV frames (default), its test file, its training frames, or all",
+    )
+    evaluate.add_argument("--cv-data", dest="cv_source", help=f"the CV file ({saved})")
+    evaluate.add_argument("--cv-labels", dest="cv_labels", help="Kaldi alignments of --cv-data")
+    evaluate.add_argument("--test-data", dest="test_source", help=f"the test file ({saved})")
+    evaluate.add_argument("--test-labels", dest="test_labels", help="Kaldi alignments")
+    evaluate.add_argument("--cv-fraction", dest="cv_fraction", type=float, help=saved)
+    evaluate.add_argument("--split-seed", dest="split_seed", type=int, help=saved)
     evaluate.add_argument("--json", action="store_true")
 
     train = commands.add_parser("train", help="sequential training in this process")

@@ -4,70 +4,116 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from snet.client.network import BunchNetwork
-from snet.data.corpus import corpus_from_source, job_norms, split_frames
+from snet.data.corpus import corpus_from_source, job_norms
+from snet.data.joined import open_job_source, split_frames
 from snet.data.kaldi import write_kaldi
+from snet.data.norms import Norms
 from snet.data.pfile import write_pfile
 from snet.data.sources import check_against_network, open_source, total_frames
-from snet.protocol.errors import DataError
+from snet.protocol.errors import ConfigError, DataError
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.job import DataSpec
-from snet.server.export import read_weights, weights_npz, write_atomically
+from snet.server.export import SavedWeights, read_weights, weights_npz, write_atomically
+from snet.server.testset import score_test_set
 
 from .sequential import train_sequential
 from .settings import build_job
 
+EVAL_DATA_FLAGS = (
+    "source",
+    "labels",
+    "context",
+    "cv_source",
+    "cv_labels",
+    "test_source",
+    "test_labels",
+    "cv_fraction",
+    "split_seed",
+)
 
-def run_eval(args: argparse.Namespace) -> int:
-    """Score saved weights on data: frame accuracy and mean cross-entropy."""
-    saved = read_weights(args.weights)
-    context = args.context if args.context is not None else saved.context
-    spec = DataSpec(
-        source=args.source or "fsdd",
-        context=4 if context is None else context,
-        labels=args.labels or "",
-        norm_file=args.norm_file or "",
-        cv_fraction=args.cv_fraction,
-        split_seed=args.split_seed,
-    )
-    source = open_source(spec)
-    network = saved.spec
-    check_against_network(source, spec.window, network.input_size, network.output_size)
-    train, cv = split_frames(spec, source.lengths)
+
+def eval_spec(args: argparse.Namespace, saved: SavedWeights) -> DataSpec:
+    """The job's data as saved with the weights, with the flags given on top."""
+    changes = {k: v for k in EVAL_DATA_FLAGS if (v := getattr(args, k, None)) is not None}
+    changes["norm_file"] = args.norm_file or ""
+    if saved.data is not None:
+        return replace(saved.data, **changes)
+    if saved.context is not None:
+        changes.setdefault("context", saved.context)
+    if args.subset == "cv" and not ({"cv_source", "cv_fraction", "split_seed"} & set(changes)):
+        print(
+            f"snet eval: {args.weights} does not say how its job split the data (written "
+            "before snet saved the split): assuming cv_fraction 0.1 and split_seed 0",
+            file=sys.stderr,
+        )
+    return DataSpec(**changes)
+
+
+def _eval_norms(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -> Norms:
+    source = open_job_source(spec)
     if saved.norms is not None and not spec.norm_file:
-        norms = saved.norms
-        if len(norms.mean) != source.features:
-            raise DataError(f"{args.weights} was trained on {len(norms.mean)} features")
-    else:
-        norms = job_norms(spec, source, train)
+        if len(saved.norms.mean) != source.features:
+            raise DataError(f"{args.weights} was trained on {len(saved.norms.mean)} features")
+        return saved.norms
+    return job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])
+
+
+def _score(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -> dict[str, Any]:
+    """Frames scored, accuracy and mean loss of the weights on the chosen subset."""
+    network = saved.spec
+    norms = _eval_norms(args, saved, spec)
+    if args.subset == "test":
+        if not spec.test_source:
+            raise ConfigError(f"{args.weights}'s job has no test file: name one with --test-data")
+        test = open_source(spec.part("test"))
+        check_against_network(test, spec.window, network.input_size, network.output_size)
+        # the function the server scores the test file with, so the figures agree
+        return score_test_set(network, saved.flat, test, norms, spec.context)
+    source = open_job_source(spec)
+    check_against_network(source, spec.window, network.input_size, network.output_size)
     corpus = corpus_from_source(spec, source, norms)
-    frames = {"cv": cv, "train": train, "all": np.arange(total_frames(source))}[args.subset]
+    everything = np.arange(total_frames(source))
+    frames = {"cv": corpus.cv_frames, "train": corpus.train_frames, "all": everything}
+    chosen = frames[args.subset]
+    # BunchNetwork: the numpy workers' own arithmetic, so CV figures agree with /status
     scorer = BunchNetwork(network, 1024)
     loss, correct = 0.0, 0
-    for start in range(0, len(frames), 8192):
-        part = frames[start : start + 8192]
+    for start in range(0, len(chosen), 8192):
+        part = chosen[start : start + 8192]
         part_loss, part_correct = scorer.evaluate(
             saved.flat, corpus.windows(part), corpus.labels_of(part)
         )
         loss, correct = loss + part_loss, correct + part_correct
-    result = {
-        "weights": args.weights,
-        "data": source.description,
-        "subset": args.subset,
-        "frames": len(frames),
-        "accuracy": round(correct / max(len(frames), 1), 6),
-        "loss": round(loss / max(len(frames), 1), 6),
+    data = spec.cv_source if args.subset == "cv" and spec.cv_source else source.description
+    return {
+        "data": data,
+        "frames": len(chosen),
+        "accuracy": round(correct / max(len(chosen), 1), 6),
+        "loss": round(loss / max(len(chosen), 1), 6),
     }
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Score saved weights on the job's CV frames (or test file, training frames, all):
+    frame accuracy and mean cross-entropy."""
+    saved = read_weights(args.weights)
+    spec = eval_spec(args, saved)
+    scored = _score(args, saved, spec)
+    result = {"weights": args.weights, "subset": args.subset, **scored}
     if args.json:
         print(json.dumps(result))
     else:
         print(
-            f"{args.weights} on {source.description} ({args.subset}, {len(frames)} frames): "
-            f"frame accuracy {100 * result['accuracy']:.2f}%, loss {result['loss']:.4f}"
+            f"{args.weights} on {result['data']} ({args.subset}, {result['frames']} frames): "
+            f"frame accuracy {100 * float(result['accuracy']):.2f}%, loss {result['loss']:.4f}"
         )
     return 0
 
@@ -88,10 +134,12 @@ def run_train(args: argparse.Namespace, job_flags: dict[str, object]) -> int:
 
     result = train_sequential(job, standard_hooks(), weights, show)
     spec = job.data
-    source = open_source(spec)
-    norms = job_norms(spec, source, split_frames(spec, source.lengths)[0])
+    source = open_job_source(spec)
+    norms = job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])
     path = Path(args.out_dir) / "weights.npz"
-    payload = weights_npz(job.network, result.weights, 0, len(result.epochs), norms, spec.context)
+    payload = weights_npz(
+        job.network, result.weights, 0, len(result.epochs), norms, spec.context, spec
+    )
     write_atomically(path, payload)
     print(f"weights in {path}")
     return 0

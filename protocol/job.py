@@ -32,27 +32,67 @@ class DataSpec:
     ``features.npy``/``labels.npy``/``lengths.npy``, a Quicknet pfile, or Kaldi features
     (``.scp``/``.ark``) with the alignment archive ``labels`` (see ``snet.data.sources``).
     ``norm_file`` names a Quicknet norm file to normalise with; empty: the mean and
-    standard deviation of the training frames. Utterances, never frames, are split
-    between training and cross-validation so that no utterance is in both.
+    standard deviation of the training frames.
+
+    Cross-validation: with ``cv_source`` (a file in any of the same formats) all of
+    ``source`` trains and ``cv_source`` is the CV set; without it, utterances (never
+    frames, so that no utterance is in both) are split between training and CV by
+    ``cv_fraction`` and ``split_seed``. ``test_source`` is scored once with the final
+    weights. ``context`` is chosen per data set: 0 for data without sequences (images),
+    whose ``.npz`` then needs no ``lengths``.
     """
 
-    source: str = "fsdd"
-    context: int = 4
-    cv_fraction: float = 0.1
-    split_seed: int = 0
-    labels: str = ""
-    norm_file: str = ""
+    source: str = field(
+        default="fsdd",
+        metadata={"help": 'training data: "fsdd", .npz, a directory of .npy, .pfile, Kaldi .scp'},
+    )
+    context: int = field(
+        default=4,
+        metadata={"help": "frames of context either side of the centre frame (0: no sequences)"},
+    )
+    cv_fraction: float = field(
+        default=0.1,
+        metadata={"help": "share of the utterances held out for cross-validation (no cv_source)"},
+    )
+    split_seed: int = field(
+        default=0, metadata={"help": "seed of the train/CV split of the utterances"}
+    )
+    labels: str = field(
+        default="", metadata={"help": "Kaldi: the alignment archive with per-frame labels"}
+    )
+    norm_file: str = field(
+        default="", metadata={"help": "a Quicknet norm file (empty: training-set statistics)"}
+    )
+    cv_source: str = field(
+        default="",
+        metadata={"help": "a separate cross-validation file (empty: split off cv_fraction)"},
+    )
+    cv_labels: str = field(default="", metadata={"help": "Kaldi: alignments of cv_source"})
+    test_source: str = field(
+        default="", metadata={"help": "a test file scored once with the final weights"}
+    )
+    test_labels: str = field(default="", metadata={"help": "Kaldi: alignments of test_source"})
 
     def __post_init__(self) -> None:
         if self.context < 0:
             raise ConfigError(f"context must be >= 0 frames, got {self.context}")
         if not 0.0 < self.cv_fraction < 1.0:
             raise ConfigError(f"cv_fraction must be in (0, 1), got {self.cv_fraction}")
+        if self.cv_source and self.cv_source == self.source:
+            raise ConfigError(f"cv_source is the training data itself ({self.source})")
 
     @property
     def window(self) -> int:
         """Frames per pattern: the centre frame and ``context`` frames either side."""
         return 2 * self.context + 1
+
+    def part(self, which: str) -> DataSpec:
+        """The spec of one file of the job's data ("cv" or "test") as a source of its own."""
+        source, labels = {
+            "cv": (self.cv_source, self.cv_labels),
+            "test": (self.test_source, self.test_labels),
+        }[which]
+        return DataSpec(source=source, context=self.context, labels=labels)
 
 
 @dataclass(frozen=True)
@@ -183,11 +223,20 @@ def split_utterances(
 
 def frames_of(utterances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Global frame indices (into the concatenated frames) of the given utterances."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    utterances = np.asarray(utterances, dtype=np.int64)
     if len(utterances) == 0:
         return np.zeros(0, dtype=np.int64)
-    pieces = [np.arange(starts[u], starts[u] + lengths[u], dtype=np.int64) for u in utterances]
-    return np.concatenate(pieces)
+    # Without a Python loop: data without sequences has an "utterance" per frame (70,000
+    # for Fashion-MNIST). Each frame is its utterance's start plus its place within it.
+    counts = lengths[utterances]
+    first = np.repeat(starts[utterances], counts)
+    place = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(counts) - counts, counts
+    )
+    frames: np.ndarray = first + place
+    return frames
 
 
 def resolve_source(source: str) -> str:

@@ -53,6 +53,7 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "learning_rate": coordinator.learning_rate,
         "train_accuracy": stats.latest("train_accuracy"),
         "cv_accuracy": stats.latest("cv_accuracy"),
+        "test": server.test_result,  # the test file's score once training ended, else null
         "staleness_mean": round(stats.staleness_mean, 3),
         "staleness_max": stats.staleness_max,
         "staleness_histogram": {str(k): v for k, v in sorted(stats.staleness_histogram.items())},
