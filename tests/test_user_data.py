@@ -1,0 +1,159 @@
+"""Data as users bring it: images without sequences, a separate CV file and a test file.
+
+A small synthetic set of Fashion-MNIST's shape (28 x 28 images, ten classes, no
+``lengths``) trains on a real server with real workers; ``snet eval`` then reports the
+CV accuracy the server reported, because the split travels with the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from snet.data.joined import JoinedSource, open_job_source, split_frames
+from snet.data.sources import open_source
+from snet.protocol.errors import DataError
+from snet.protocol.job import DataSpec
+from snet.server.export import read_weights
+
+from helpers import Cluster
+
+IMAGE_JOB = ["--network", "784:24:10", "--context", "0", "--bunch-size", "50"]
+
+
+def image_set(path: Path, count: int, seed: int) -> Path:
+    """``count`` 28 x 28 uint8 images in ten classes, each class a blurred template plus
+    noise (learnable in an epoch or two), stored as Fashion-MNIST users store it: X and
+    y only."""
+    templates = np.random.default_rng(0).integers(0, 256, (10, 28, 28)).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, count)
+    images = templates[labels] * 0.6 + rng.integers(0, 256, (count, 28, 28)) * 0.4
+    np.savez(path, X=images.astype(np.uint8), y=labels.astype(np.int64))
+    return path
+
+
+def snet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "snet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def test_images_without_lengths_are_frames_of_their_own(tmp_path: Path) -> None:
+    source = open_source(DataSpec(source=str(image_set(tmp_path / "i.npz", 30, 1)), context=0))
+    assert source.features == 784 and len(source.lengths) == 30
+    assert (source.lengths == 1).all()
+
+
+def test_image_data_with_the_default_context_suggests_context_0(tmp_path: Path) -> None:
+    data = image_set(tmp_path / "images.npz", 40, 1)
+    result = snet("train", "--data", str(data), "--network", "784:24:10", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "with a window of 9 frames a pattern has 7056 inputs" in result.stderr
+    assert "use --context 0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_cv_file_is_joined_after_the_training_data(tmp_path: Path) -> None:
+    train = image_set(tmp_path / "train.npz", 50, 1)
+    cv = image_set(tmp_path / "cv.npz", 20, 2)
+    spec = DataSpec(source=str(train), cv_source=str(cv), context=0)
+    source = open_job_source(spec)
+    assert source.cv_utterances == 20 and len(source.lengths) == 70
+    train_frames, cv_frames = split_frames(spec, source.lengths, source.cv_utterances)
+    assert train_frames.tolist() == list(range(50)) and cv_frames.tolist() == list(range(50, 70))
+    with np.load(cv) as data:
+        expected = data["X"].reshape(20, -1)[[3, 7]].astype(np.float32)
+    rows = np.array([53, 10, 57])
+    read = source.read(rows)
+    assert np.array_equal(read[[0, 2]], expected)
+    assert np.array_equal(source.labels[50:], np.load(cv)["y"])
+
+
+def test_a_cv_file_of_other_features_is_refused(tmp_path: Path) -> None:
+    train = open_source(DataSpec(source=str(image_set(tmp_path / "t.npz", 10, 1))))
+    np.savez(tmp_path / "cv.npz", X=np.zeros((4, 5), "f4"), y=np.zeros(4, np.int64))
+    cv = open_source(DataSpec(source=str(tmp_path / "cv.npz")))
+    with pytest.raises(DataError, match=r"the CV file .* has 5 features per frame"):
+        JoinedSource(train, cv)
+
+
+def test_fashion_shaped_data_with_a_cv_file_trains_and_eval_agrees(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    train = image_set(tmp_path / "train.npz", 3000, 1)
+    cv = image_set(tmp_path / "cv.npz", 600, 2)
+    test = image_set(tmp_path / "test.npz", 500, 3)
+    server = cluster.server(
+        "--data", str(train), "--cv-data", str(cv), "--test-data", str(test),
+        *IMAGE_JOB, "--epochs", "2", "--learning-rates", "0.05", "--mode", "sync",
+        "--min-workers", "2",
+    )  # fmt: skip
+    workers = [cluster.worker(server, f"w{i}", "--backend", "numpy") for i in range(2)]
+    assert server.wait(120) == 0, server.log.read_text()[-3000:]
+    for worker in workers:
+        assert worker.wait(30) == 0
+    status = server.final_status()
+    last = status["epochs"][-1]
+    assert last["cv_frames"] == 600  # the CV file, not a share of the training file
+    assert status["epochs"][0]["ledger"]["frames"] == 3000  # all of train.npz trains
+    assert last["cv_accuracy"] > 0.5  # learnt something: chance is 0.1
+    assert status["test"]["frames"] == 500 and status["test"]["data"] == str(test)
+    assert "test set" in server.log.read_text()
+
+    weights = server.out_dir / "weights.npz"
+    saved = read_weights(weights)
+    assert saved.data is not None and saved.data.cv_source == str(cv)
+    result = snet("eval", "--weights", str(weights), "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    scored = json.loads(result.stdout)
+    assert scored["frames"] == 600 and scored["data"] == str(cv)
+    assert scored["accuracy"] == pytest.approx(last["cv_accuracy"], abs=1e-6)
+    tested = json.loads(
+        snet("eval", "--weights", str(weights), "--subset", "test", "--json", cwd=tmp_path).stdout
+    )
+    assert tested["frames"] == 500
+    assert tested["accuracy"] == status["test"]["accuracy"]
+
+
+def test_eval_scores_the_jobs_split_not_the_default(tmp_path: Path) -> None:
+    data = image_set(tmp_path / "images.npz", 400, 1)
+    out = tmp_path / "out"
+    trained = snet(
+        "train", "--data", str(data), *IMAGE_JOB, "--epochs", "1", "--cv-fraction", "0.25",
+        "--split-seed", "7", "--out-dir", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    cv_line = [line for line in trained.stdout.splitlines() if line.startswith("epoch")][-1]
+    scored = json.loads(
+        snet("eval", "--weights", str(out / "weights.npz"), "--json", cwd=tmp_path).stdout
+    )
+    assert scored["frames"] == 100  # a quarter of 400, as the job said; not 40
+    assert f"CV {100 * scored['accuracy']:6.2f}%" in cv_line
+
+
+def test_eval_of_weights_without_a_saved_split_says_what_it_assumes(tmp_path: Path) -> None:
+    data = image_set(tmp_path / "images.npz", 100, 1)
+    out = tmp_path / "out"
+    trained = snet("train", "--data", str(data), *IMAGE_JOB, "--epochs", "1",
+                   "--out-dir", str(out), cwd=tmp_path)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    with np.load(out / "weights.npz") as saved:  # as written before the split was saved
+        arrays = {k: saved[k] for k in saved.files if k != "data_spec"}
+    np.savez(out / "old.npz", **arrays)
+    result = snet("eval", "--weights", str(out / "old.npz"), "--data", str(data), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "assuming cv_fraction 0.1 and split_seed 0" in result.stderr
+    missing = snet("eval", "--weights", str(out / "weights.npz"), "--subset", "test",
+                   cwd=tmp_path)  # fmt: skip
+    assert missing.returncode == 2
+    assert "has no test file: name one with --test-data" in missing.stderr
