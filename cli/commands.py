@@ -81,6 +81,7 @@ WORKER_FIELDS = (
     "max_frame_mb",
     "log_level",
     "data_access",
+    "data_cache",
 )
 
 

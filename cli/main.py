@@ -137,6 +137,12 @@ def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "local", "inline"),
         help="read the data here (local), have the server send it (inline), or try (auto)",
     )
+    parser.add_argument(
+        "--data-cache",
+        dest="data_cache",
+        help="directory where this machine's workers share the normalised data read-only "
+        "(default $XDG_CACHE_HOME/snet or ~/.cache/snet; none: a copy each)",
+    )
     parser.add_argument("--config", help="TOML file with a [worker] (and [spert]) table")
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
@@ -27,6 +28,13 @@ class WorkerConfig:
     max_frame_mb: int = 512
     log_level: str = "info"
     data_access: str = "auto"  # auto: read the data, else frames inline; local; inline
+    data_cache: str = field(
+        default="",
+        metadata={
+            "help": "directory where the workers of one machine share the normalised data "
+            "read-only (empty: $XDG_CACHE_HOME/snet or ~/.cache/snet; none: a copy each)"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.address()  # validates
@@ -43,6 +51,16 @@ class WorkerConfig:
         if self.compress:
             object.__setattr__(self, "compress", canonical(self.compress))
         object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))
+
+    def data_cache_directory(self) -> Path | None:
+        """Where this machine's workers share the normalised data (None: not shared)."""
+        if self.data_cache == "none":
+            return None
+        if self.data_cache:
+            return Path(self.data_cache)
+        from snet.data.cache import default_cache_directory
+
+        return default_cache_directory()
 
     def address(self) -> tuple[str, int]:
         host, sep, port = self.server.rpartition(":")

@@ -13,6 +13,7 @@ frame (``windows.UtteranceBounds``), so raw frames are stored once, not once per
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -20,6 +21,7 @@ import numpy as np
 from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec
 
+from .cache import shared_frames
 from .joined import JoinedSource, open_job_source, split_frames
 from .norms import Norms, compute_norms, read_norm_file
 from .sources import FrameSource, check_against_network, total_frames
@@ -218,13 +220,20 @@ def job_norms(spec: DataSpec, source: FrameSource, train: np.ndarray) -> Norms:
     return compute_norms(source, train)
 
 
-def corpus_from_source(spec: DataSpec, source: JoinedSource, norms: Norms) -> Corpus:
-    """Held in memory when it fits under ``DENSE_LIMIT_BYTES``, else read on demand."""
+def corpus_from_source(
+    spec: DataSpec, source: JoinedSource, norms: Norms, cache: Path | None = None
+) -> Corpus:
+    """Held in memory when it fits under ``DENSE_LIMIT_BYTES``, else read on demand.
+
+    With a ``cache`` directory the frames held in memory are a read-only memory map of
+    a normalised copy shared by every process on this machine (``data/cache.py``)."""
     train, cv = split_frames(spec, source.lengths, source.cv_utterances)
     count = total_frames(source)
     store: FrameStore
     if count * source.features * 4 <= DENSE_LIMIT_BYTES:
-        frames = norms.apply(source.read(np.arange(count)))
+        frames = shared_frames(source, norms, cache) if cache is not None else None
+        if frames is None:
+            frames = norms.apply(source.read(np.arange(count)))
         store = DenseStore(frames, source.labels)
     else:
         store = SourceStore(source, norms)

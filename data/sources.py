@@ -18,6 +18,7 @@ features of any rows on demand. ``open_source`` picks the format from the job's
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Protocol
 
@@ -70,10 +71,14 @@ def checked_labels(
 
 
 class ArraySource:
-    """Features in a 2-D array: in memory (.npz) or memory-mapped (.npy)."""
+    """Features in a 2-D array: from an .npz (read on first use) or memory-mapped (.npy)."""
 
     def __init__(
-        self, description: str, features: np.ndarray, labels: np.ndarray, lengths: np.ndarray
+        self,
+        description: str,
+        features: np.ndarray | NpzFeatures,
+        labels: np.ndarray,
+        lengths: np.ndarray,
     ) -> None:
         if features.ndim != 2:
             raise DataError(f"{description}: features must be 2-D (frames x features)")
@@ -105,18 +110,45 @@ def no_sequences(frames: int) -> np.ndarray:
     return np.ones(frames, dtype=np.int64)
 
 
+class NpzFeatures:
+    """The ``X`` array of an ``.npz``, read from the file only when rows are first asked
+    for: a worker that maps the shared normalised copy (``data/cache.py``) never reads it.
+    Images (count x height x width) are one frame each."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with zipfile.ZipFile(path) as archive, archive.open("X.npy") as member:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape = np.lib.format.read_array_header_1_0(member)[0]
+            else:
+                shape = np.lib.format.read_array_header_2_0(member)[0]
+        self.ndim = 2 if len(shape) >= 2 else len(shape)
+        self.shape = (shape[0], int(np.prod(shape[1:]))) if len(shape) >= 2 else tuple(shape)
+        self._array: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        if self._array is None:
+            with np.load(self.path) as data:
+                self._array = data["X"].reshape(self.shape)
+        selected: np.ndarray = self._array[rows]
+        return selected
+
+
 def _npz(path: str) -> ArraySource:
     try:
         with np.load(path) as data:
-            frames, labels = data["X"], data["y"]
-            lengths = data["lengths"] if "lengths" in data.files else no_sequences(len(frames))
-    except (OSError, KeyError, ValueError) as exc:
+            labels = data["y"]
+            features = NpzFeatures(path)
+            lengths = data["lengths"] if "lengths" in data.files else no_sequences(len(features))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise DataError(
             f"cannot read {path}: needs arrays X and y (and lengths for sequences) ({exc})"
         ) from exc
-    if frames.ndim > 2:  # images stored as (count, height, width): one frame per image
-        frames = frames.reshape(len(frames), -1)
-    return ArraySource(path, frames, labels, lengths)
+    return ArraySource(path, features, labels, lengths)
 
 
 def _npy_directory(path: Path) -> ArraySource:

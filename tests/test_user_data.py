@@ -15,7 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from snet.data.cache import shared_frames
+from snet.data.corpus import job_norms
 from snet.data.joined import JoinedSource, open_job_source, split_frames
+from snet.data.norms import Norms
 from snet.data.sources import open_source
 from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec
@@ -98,7 +101,11 @@ def test_fashion_shaped_data_with_a_cv_file_trains_and_eval_agrees(
         *IMAGE_JOB, "--epochs", "2", "--learning-rates", "0.05", "--mode", "sync",
         "--min-workers", "2",
     )  # fmt: skip
-    workers = [cluster.worker(server, f"w{i}", "--backend", "numpy") for i in range(2)]
+    cache = tmp_path / "cache"
+    workers = [
+        cluster.worker(server, f"w{i}", "--backend", "numpy", "--data-cache", str(cache))
+        for i in range(2)
+    ]
     assert server.wait(120) == 0, server.log.read_text()[-3000:]
     for worker in workers:
         assert worker.wait(30) == 0
@@ -109,6 +116,9 @@ def test_fashion_shaped_data_with_a_cv_file_trains_and_eval_agrees(
     assert last["cv_accuracy"] > 0.5  # learnt something: chance is 0.1
     assert status["test"]["frames"] == 500 and status["test"]["data"] == str(test)
     assert "test set" in server.log.read_text()
+    # both workers mapped one normalised copy: the training file and the CV file joined
+    (shared,) = cache.glob("frames-*.npy")
+    assert np.load(shared, mmap_mode="r").shape == (3600, 784)
 
     weights = server.out_dir / "weights.npz"
     saved = read_weights(weights)
@@ -157,3 +167,46 @@ def test_eval_of_weights_without_a_saved_split_says_what_it_assumes(tmp_path: Pa
                    cwd=tmp_path)  # fmt: skip
     assert missing.returncode == 2
     assert "has no test file: name one with --test-data" in missing.stderr
+
+
+def test_workers_of_one_machine_share_one_normalised_copy(tmp_path: Path) -> None:
+    train = image_set(tmp_path / "train.npz", 300, 1)
+    cv = image_set(tmp_path / "cv.npz", 50, 2)
+    spec = DataSpec(source=str(train), cv_source=str(cv), context=0)
+    source = open_job_source(spec)
+    assert source.parts[0]._features._array is None  # type: ignore[attr-defined]
+    norms = job_norms(spec, source, split_frames(spec, source.lengths, 50)[0])
+    first = shared_frames(source, norms, tmp_path / "cache")
+    again = shared_frames(open_job_source(spec), norms, tmp_path / "cache")
+    assert isinstance(first, np.memmap) and isinstance(again, np.memmap)
+    assert not first.flags.writeable and first.filename == again.filename
+    assert np.array_equal(first, norms.apply(source.read(np.arange(350))))
+    assert len(list((tmp_path / "cache").glob("frames-*.npy"))) == 1
+    # another normalisation, or a rewritten data file, is another copy
+    other = Norms(norms.mean + 1.0, norms.std)
+    assert shared_frames(source, other, tmp_path / "cache").filename != first.filename
+    image_set(train, 300, 9)
+    changed = shared_frames(open_job_source(spec), norms, tmp_path / "cache")
+    assert changed is not None and not np.array_equal(changed, first)
+
+
+def test_the_copies_of_deleted_data_are_pruned(tmp_path: Path) -> None:
+    gone = image_set(tmp_path / "gone.npz", 40, 1)
+    source = open_job_source(DataSpec(source=str(gone), context=0))
+    norms = Norms(np.zeros(784), np.ones(784))
+    assert shared_frames(source, norms, tmp_path / "cache") is not None
+    gone.unlink()
+    kept = open_job_source(DataSpec(source=str(image_set(tmp_path / "kept.npz", 40, 2))))
+    shared_frames(kept, norms, tmp_path / "cache")
+    assert len(list((tmp_path / "cache").glob("frames-*.npy"))) == 1
+
+
+def test_an_unusable_cache_directory_means_a_copy_of_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = open_job_source(DataSpec(source=str(image_set(tmp_path / "i.npz", 40, 1))))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    norms = Norms(np.zeros(784), np.ones(784))
+    assert shared_frames(source, norms, blocker / "cache") is None
+    assert "cannot use the data cache" in caplog.text
