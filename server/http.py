@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from .export import current_weights_npz
-from .status import metrics_text, status_document
+from .metrics import metrics_text
+from .status import status_document
 
 if TYPE_CHECKING:
     from .app import SnetServer
