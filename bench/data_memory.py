@@ -68,14 +68,11 @@ def main() -> int:
             time.sleep(0.1)
         ports = json.loads(ready.read_text())
         cache = ["--data-cache", args.cache] if args.cache else []
+        address = f"127.0.0.1:{ports['port']}"
         for number in range(args.workers):
-            workers.append(
-                subprocess.Popen(
-                    [*snet, "worker", "--server", f"127.0.0.1:{ports['port']}", "--backend",
-                     "numpy", "--name", f"w{number}", *cache],
-                    stderr=open(work / f"w{number}.log", "wb"),  # noqa: SIM115
-                )  # fmt: skip
-            )
+            command = [*snet, "worker", "--server", address, "--backend", "numpy", *cache]
+            log = open(work / f"w{number}.log", "wb")  # noqa: SIM115 - lives with the worker
+            workers.append(subprocess.Popen([*command, "--name", f"w{number}"], stderr=log))
         peak: dict[int, dict[str, int]] = {}
         url = f"http://127.0.0.1:{ports['http_port']}/status"
         trained_for = 0

@@ -154,10 +154,16 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
         "--link-mbps",
         dest="link_mbps",
         type=float,
-        help="link speed in Mbit/s (default: the measured 127.0.0.1 link of the constants)",
+        help="your link's speed in Mbit/s, e.g. 1000 (without it: the 127.0.0.1 loopback "
+        "the constants were measured on, and a note saying so)",
     )
     parser.add_argument("--workers", default="1,2,4,8", help="comma-separated worker counts")
-    parser.add_argument("--strategies", default="pattern,network")
+    parser.add_argument(
+        "--strategies",
+        default="pattern",
+        help="pattern (what snet trains, the default), network (the model only: snet "
+        "cannot train network-parallel yet), or both: pattern,network",
+    )
     parser.add_argument("--modes", default="sync,async")
     parser.add_argument(
         "--exemplars", type=int, default=1_000_000, help="exemplars per epoch (BSP table)"

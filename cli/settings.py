@@ -9,6 +9,8 @@ in ``SNET_JOB_<FIELD>`` variables.
 from __future__ import annotations
 
 import os
+import re
+import sys
 import tomllib
 from dataclasses import MISSING, fields
 from typing import Any, TypeVar
@@ -49,6 +51,26 @@ def _convert(text: str, kind: Any, name: str) -> Any:
     return text
 
 
+SERVICE_LINK = re.compile(r"^(tcp|udp|sctp)://[^/:]+:\d+$")
+
+
+def _service_link(name: str, value: str) -> bool:
+    """Whether ``name=value`` is a Kubernetes service link, not a setting: a Service named
+    ``snet`` (``snet-http``) gives every pod ``SNET_PORT=tcp://10.96.0.12:7000``
+    (``SNET_HTTP_PORT=...``), which would otherwise be read as the port. It is ignored,
+    with a line that says why and how to stop it."""
+    if not SERVICE_LINK.match(value):
+        return False
+    service = name.removesuffix("_PORT").lower().replace("_", "-")
+    print(
+        f"snet: ignoring {name}={value}: that is the Kubernetes service link of a Service "
+        f"named {service!r}, not a setting (set enableServiceLinks: false in the pod spec, "
+        "or name the Service otherwise)",
+        file=sys.stderr,
+    )
+    return True
+
+
 def merge(
     cls: type[T],
     table: dict[str, Any],
@@ -68,7 +90,7 @@ def merge(
         env_name = env_prefix + f.name.upper()
         if flags.get(f.name) is not None:
             values[f.name] = flags[f.name]
-        elif env_name in os.environ:
+        elif env_name in os.environ and not _service_link(env_name, os.environ[env_name]):
             values[f.name] = _convert(os.environ[env_name], f.type, env_name)
         elif f.name in table:
             values[f.name] = table[f.name]

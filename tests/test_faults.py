@@ -128,10 +128,10 @@ def test_token_is_required_and_never_sent(cluster: Cluster) -> None:
         "--mode", "async", "--epochs", "1", "--token", "s3cret-token", *SMALL_JOB
     )
     intruder = cluster.worker(server, "intruder", "--token", "wrong")
-    assert intruder.wait(30) == 1
+    assert intruder.wait(30) == 4  # refused: EXIT_REFUSED
     assert "auth_failed" in cluster.log("intruder")
     anonymous = cluster.worker(server, "anonymous")
-    assert anonymous.wait(30) == 1
+    assert anonymous.wait(30) == 4
     honest = cluster.worker(server, "honest", "--token", "s3cret-token")
     assert server.wait(90) == 0 and honest.wait(30) == 0
     assert server.final_status()["handshakes_refused"] >= 1

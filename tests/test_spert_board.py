@@ -206,7 +206,7 @@ def test_wall_clock_follows_the_model_at_ten_times_real_time() -> None:
 def test_snet_spert_refuses_a_network_that_does_not_fit(cluster: Cluster) -> None:
     server = cluster.server("--network", "117:10000:10", "--epochs", "1", "--pool-size", "4")
     board = cluster.spert(server, "big")
-    assert board.wait(60) == 1  # it tells the server why (bad_job) and leaves
+    assert board.wait(60) == 4  # refused; it tells the server why (bad_job) and leaves
     log = cluster.log("big")
     assert "does not fit the Spert board" in log and "Traceback" not in log
     assert "does not fit the Spert board" in server.log.read_text()
