@@ -57,12 +57,14 @@ def trained_server(cluster: Cluster, tmp_path: Path) -> tuple[ServerProcess, str
     )  # fmt: skip
     for _ in range(2):
         cluster.worker(server, "same-name", "--backend", "numpy", "--compress", "int8")
-    wait_until(
-        lambda: server.status()["workers_live"] == 2 and server.status()["updates_applied"] > 0,
-        60,
-        "both workers training",
-    )
-    during = server.get("/metrics").decode()
+
+    def both_training() -> str | None:
+        text = server.get("/metrics").decode()
+        connected = re.findall(r"^snet_worker_connected\{.*\} 1\.0$", text, re.MULTILINE)
+        started = "snet_updates_applied_total 0.0" not in text
+        return text if len(connected) == 2 and started else None
+
+    during: str = wait_until(both_training, 60, "both workers training")
     wait_until(lambda: server.status()["test"] is not None, 90, "training and the test score")
     wait_until(lambda: server.status()["workers_live"] == 0, 30, "the workers to leave")
     return server, during, server.get("/metrics").decode()
