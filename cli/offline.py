@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +27,8 @@ from snet.server.testset import score_test_set
 from .sequential import train_sequential
 from .settings import build_job
 
-EVAL_DATA_FLAGS = (
-    "source",
-    "labels",
-    "context",
-    "cv_source",
-    "cv_labels",
-    "test_source",
-    "test_labels",
-    "cv_fraction",
-    "split_seed",
-)
+# every data setting but the norm file: the normalisation saved with the weights is used
+EVAL_DATA_FLAGS = tuple(f.name for f in fields(DataSpec) if f.name != "norm_file")
 
 
 def eval_spec(args: argparse.Namespace, saved: SavedWeights) -> DataSpec:
