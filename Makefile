@@ -26,11 +26,12 @@ demo: $(STAMP)
 	$(BIN)/snet demo --mode async --workers 2
 
 lint: $(STAMP)
-	$(BIN)/ruff check server client protocol cli data tests bench
-	$(BIN)/ruff format --check server client protocol cli data tests bench
+	$(BIN)/ruff check server client protocol cli data perf tests bench
+	$(BIN)/ruff format --check server client protocol cli data perf tests bench
 
+# bench/ is not part of the package: it is checked as a package of its own, beside snet.
 typecheck: $(STAMP)
-	$(BIN)/mypy -p snet
+	$(BIN)/mypy -p snet -p bench
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -59,10 +60,11 @@ browser:
 	fi
 
 screenshot: $(STAMP) browser
-	$(BIN)/python -m snet.bench.dashboard_screenshot docs/dashboard.png
+	$(BIN)/python -m bench.dashboard_screenshot docs/dashboard.png
 
+# The benchmarks run from the checkout; they are not installed with snet.
 bench: $(STAMP)
-	$(BIN)/snet bench
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .mypy_cache .pytest_cache .ruff_cache

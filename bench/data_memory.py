@@ -6,7 +6,7 @@ PSS (shared pages divided among the processes that map them: the honest share), 
 memory (its own pages alone), each the largest of samples taken every 0.5 s, and the
 kernel's high-water mark of RSS (``VmHWM``, transient peaks included). Usage::
 
-    python -m snet.bench.data_memory --workers 4 -- --data train.npz --cv-data test.npz \\
+    python -m bench.data_memory --workers 4 -- --data train.npz --cv-data test.npz \\
         --context 0 --network 784:256:10 --epochs 1
 
 Everything after ``--`` goes to ``snet server``. Workers use ``--data-cache DIR``

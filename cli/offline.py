@@ -4,48 +4,94 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from dataclasses import fields, replace
+from collections.abc import Callable, Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from snet.client.network import BunchNetwork
-from snet.data.corpus import corpus_from_source, job_norms
+from snet.client.sequential import SequentialResult, train_sequential
+from snet.data.corpus import Corpus, corpus_from_source, job_norms, load_corpus
 from snet.data.joined import open_job_source, split_frames
 from snet.data.kaldi import write_kaldi
 from snet.data.norms import Norms
 from snet.data.pfile import write_pfile
 from snet.data.sources import check_against_network, open_source, total_frames
 from snet.protocol.errors import ConfigError, DataError
-from snet.protocol.hooks import standard_hooks
-from snet.protocol.job import DataSpec
+from snet.protocol.hooks import HookSet, standard_hooks
+from snet.protocol.job import DataSpec, JobSpec
+from snet.protocol.network import initial_weights
 from snet.server.export import SavedWeights, read_weights, weights_npz, write_atomically
+from snet.server.leases import LeaseBook
 from snet.server.testset import score_test_set
+from snet.server.update_rule import UpdateRule
 
-from .sequential import train_sequential
-from .settings import build_job
+from .flags import given, given_job
+from .settings import build_job, env_name, merge, read_toml
 
-# every data setting but the norm file: the normalisation saved with the weights is used
-EVAL_DATA_FLAGS = tuple(f.name for f in fields(DataSpec) if f.name != "norm_file")
+
+def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
+    """The frame order a server's ``LeaseBook`` leases to a single worker: each epoch's
+    chunks, each taken as done (accepted and applied) once the trainer asks for the next."""
+    book = LeaseBook(
+        corpus.train_frames,
+        corpus.bounds.total_frames,
+        job.chunk_frames,
+        job.seed,
+        cache_frames=job.bunch_size * job.shuffle_cache_bunches,
+        sequential=job.frame_order == "sequential",
+    )
+
+    def epoch_chunks(epoch: int) -> Iterator[np.ndarray]:
+        book.start_epoch(epoch)
+        while (lease := book.grant(0)) is not None:
+            yield lease.indices
+            book.record_applied(book.accept(0, lease.lease_id, 0, len(lease.indices)))
+
+    return epoch_chunks
+
+
+def train_job(
+    job: JobSpec,
+    hooks: HookSet | None = None,
+    weights: np.ndarray | None = None,
+    progress: Callable[[dict[str, float | int | bool]], None] | None = None,
+) -> SequentialResult:
+    """Sequential training of ``job`` with the server's update rule and frame order and the
+    worker's arithmetic (client/sequential.py); the parts meet here, where both may be
+    imported."""
+    spec = job.network
+    corpus = load_corpus(job.data, spec.output_size, spec.input_size)
+    rule = UpdateRule(initial_weights(spec, job.seed) if weights is None else weights, job.momentum)
+    return train_sequential(job, corpus, rule, lone_worker_chunks(job, corpus), hooks, progress)
 
 
 def eval_spec(args: argparse.Namespace, saved: SavedWeights) -> DataSpec:
-    """The job's data as saved with the weights, with the flags given on top."""
-    changes = {k: v for k in EVAL_DATA_FLAGS if (v := getattr(args, k, None)) is not None}
-    changes["norm_file"] = args.norm_file or ""
+    """The job's data as saved with the weights, with the data flags given (text, decoded
+    by ``settings.merge`` like every flag) and SNET_JOB_DATA_* variables on top. The norm
+    file is not taken from the job: the normalisation saved with the weights is used."""
+    flags = given(args, DataSpec)
+    where = f"{args.weights} (the job's data)"
     if saved.data is not None:
-        return replace(saved.data, **changes)
-    if saved.context is not None:
-        changes.setdefault("context", saved.context)
-    if args.subset == "cv" and not ({"cv_source", "cv_fraction", "split_seed"} & set(changes)):
+        base = {f.name: getattr(saved.data, f.name) for f in fields(DataSpec)}
+        base["norm_file"] = ""
+        return merge(DataSpec, base, "SNET_JOB_DATA_", flags, where)
+    base = {} if saved.context is None else {"context": saved.context}
+    spec = merge(DataSpec, base, "SNET_JOB_DATA_", flags, where)
+    split = [f for f in fields(DataSpec) if f.name in ("cv_source", "cv_fraction", "split_seed")]
+    told = any(f.name in flags or env_name("SNET_JOB_DATA_", f) in os.environ for f in split)
+    if args.subset == "cv" and not told:
         print(
             f"snet eval: {args.weights} does not say how its job split the data (written "
-            "before snet saved the split): assuming cv_fraction 0.1 and split_seed 0",
+            f"before snet saved the split): assuming cv_fraction {spec.cv_fraction:g} and "
+            f"split_seed {spec.split_seed}",
             file=sys.stderr,
         )
-    return DataSpec(**changes)
+    return spec
 
 
 def _eval_norms(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -> Norms:
@@ -109,9 +155,11 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_train(args: argparse.Namespace, job_flags: dict[str, object]) -> int:
-    """Sequential training in this process; writes weights.npz like the server."""
-    job = build_job({}, dict(job_flags))
+def run_train(args: argparse.Namespace) -> int:
+    """Sequential training in this process of the job a server would run (the same flags,
+    SNET_JOB_* variables and [job] table); writes weights.npz like the server."""
+    values, where = read_toml(args.config).table("job")
+    job = build_job(values, given_job(args), where)
     weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
 
     def show(row: dict[str, float | int | bool]) -> None:
@@ -123,7 +171,7 @@ def run_train(args: argparse.Namespace, job_flags: dict[str, object]) -> int:
             flush=True,
         )
 
-    result = train_sequential(job, standard_hooks(), weights, show)
+    result = train_job(job, standard_hooks(), weights, show)
     spec = job.data
     source = open_job_source(spec)
     norms = job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])

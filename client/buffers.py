@@ -120,11 +120,6 @@ class WeightsBox:
         newest = self._pending or self.current
         return newest.settled if newest else 0
 
-    @property
-    def newest_version(self) -> int:
-        newest = self._pending or self.current
-        return newest.version if newest else -1
-
 
 class SendBuffers:
     """Update elements: free, or in flight until the transport has written them out."""

@@ -26,6 +26,7 @@ from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    ROUND_DEADLINE,
     TRAINING_COMPLETE,
     Encoded,
     ErrorMessage,
@@ -53,6 +54,7 @@ from .connection import (
 )
 from .data import Corpus
 from .joining import Joining
+from .policies import ComputeState, make_compute_policy
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
@@ -230,6 +232,8 @@ class Worker(Joining):
             elif isinstance(message, Goodbye):
                 self._goodbye = message.reason
             elif isinstance(message, ErrorMessage):
+                if message.fatal and message.code == ROUND_DEADLINE:
+                    raise ServerGone(f"dropped from the sync rounds: {message.text}")
                 if message.fatal:
                     self._refused = RemoteError(message.code, message.text)
                 else:
@@ -241,7 +245,7 @@ class Worker(Joining):
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and connection.send_buffers is not None
         loop = asyncio.get_running_loop()
-        sync = self.job.mode == "sync"
+        policy = make_compute_policy(self.job.mode, self.job.max_in_flight)
         last_base = -1
         scratch = box.layout.allocate()
         while True:
@@ -259,14 +263,10 @@ class Worker(Joining):
                 continue
             weights = box.take_newest()
             ready = weights is not None and self._work.lease_ready(self.corpus)
-            in_flight = self._sent_this_session - box.settled
-            if sync:
-                # Wait for the next version, unless the server refused (settled) the update
-                # on this one: then the round still waits for this worker, on this version.
-                newer = weights is not None and weights.version > last_base
-                ready = ready and (newer or in_flight == 0)
-            else:
-                ready = ready and in_flight < self.job.max_in_flight
+            if ready:
+                assert weights is not None
+                in_flight = self._sent_this_session - box.settled
+                ready = policy.may_compute(ComputeState(weights.version, last_base, in_flight))
             if not ready:
                 await self._wake.wait()
                 continue

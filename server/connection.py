@@ -12,7 +12,6 @@ affects the server; a refused update is answered with a non-fatal ``ErrorMessage
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -47,23 +46,15 @@ from snet.protocol.messages import (
 )
 
 from .ledger import CompressionLedger
+from .plausible import checked_report
 from .pool import PooledElement
-from .session import WorkerSession
+from .session import WorkerSession, name_problem, unique_name
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
 
 HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coalesce
 LOW_WATER = 1024 * 1024
-
-
-def json_safe_report(report: dict[str, Any]) -> dict[str, Any]:
-    """The report as /status can show it; refuses values JSON cannot carry (e.g. bytes)."""
-    try:
-        safe: dict[str, Any] = json.loads(json.dumps(report, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise RejectedUpdate(f"worker report is not plain JSON data: {exc}") from exc
-    return safe
 
 
 class ConnectionCounters:
@@ -150,13 +141,14 @@ class WorkerConnection(asyncio.BufferedProtocol):
         return None  # close the transport; connection_lost does the cleanup
 
     def connection_lost(self, exc: Exception | None) -> None:
+        was_closing, self.closing = self.closing, True  # nothing can be written any more
         self.connections.discard(self)
         if self.channel is not None:
             slot = self.channel.decoder.abandon()
             if isinstance(slot, PooledElement):
                 self.coordinator.pool.release(slot)
         if self.session is not None:
-            reason = "closed" if self.closing else f"connection lost ({exc or 'eof'})"
+            reason = "closed" if was_closing else f"connection lost ({exc or 'eof'})"
             self.coordinator.remove_worker(self.session, reason)
             self.session = None
 
@@ -186,7 +178,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         elif isinstance(message, Heartbeat):
             pass
         elif isinstance(message, WorkerReport):
-            report = json_safe_report(message.report)
+            report = checked_report(message.report)
             figures = report.pop("compression", None)  # goes to the compression ledger
             if self.session.ledger is not None:
                 self.session.ledger.absorb_report(figures)
@@ -201,6 +193,10 @@ class WorkerConnection(asyncio.BufferedProtocol):
             raise ProtocolError(f"a worker may not send {message.TYPE}")
 
     def _handshake(self, hello: Hello) -> None:
+        problem = name_problem(hello.worker_name)
+        if problem:
+            self.counters.handshakes_refused += 1
+            raise ProtocolError(problem)
         if hello.protocol_version != PROTOCOL_VERSION:
             self.counters.handshakes_refused += 1
             raise VersionMismatch(
@@ -222,7 +218,10 @@ class WorkerConnection(asyncio.BufferedProtocol):
         )
         self.session = WorkerSession(
             worker_id=self.next_id(),
-            name=hello.worker_name[:64] or f"worker-{self.peer}",
+            name=unique_name(
+                hello.worker_name or f"worker-{self.peer}",
+                (s.name for s in self.coordinator.sessions.values()),
+            ),
             address=self.peer,
             backend=hello.backend[:32],
             capabilities=hello.capabilities,
@@ -243,9 +242,20 @@ class WorkerConnection(asyncio.BufferedProtocol):
         return self.session.name if self.session else self.peer
 
     def send(self, message: Message) -> None:
-        if self.channel is not None and self.transport is not None and not self.closing:
+        """Queue ``message`` for this worker; a no-op once the connection is closing or
+        gone. Never raises: what one peer's socket does must not reach the caller (the
+        step machinery sends to every worker after each step)."""
+        transport = self.transport
+        if self.channel is None or transport is None or self.closing or transport.is_closing():
+            return
+        try:
             self.channel.send(message)
-            self.last_sent = time.monotonic()
+        except (OSError, RuntimeError) as exc:  # uvloop: "unable to perform operation ..."
+            log.warning("cannot write to %s (%s); dropping the connection", self.describe(), exc)
+            self.closing = True
+            transport.abort()
+            return
+        self.last_sent = time.monotonic()
 
     def fail(self, code: str, text: str) -> None:
         """Refuse this peer: tell it why, close this connection only."""

@@ -8,112 +8,82 @@ epoch boundary for the CV result (no leases are granted meanwhile: every update 
 epoch has been applied, so nothing is in flight), then applies the decision. This is
 exactly qnstrn's sequence; the price is one CV pass per epoch during which the workers
 idle (0.1 s on the default data). See docs/schedules.md.
+
+This part owns the epoch number, the rate and the schedule's state, and only decides: it
+returns what is to happen (an ``EpochDecision``) and the coordinator carries it out
+(leases, weights, hooks), so nothing here writes another part's state.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
-from snet.protocol.hooks import EpochEvent
+from snet.protocol.job import JobSpec
 from snet.protocol.messages import EvalResult
 from snet.protocol.schedule import make_schedule
 
-if TYPE_CHECKING:
-    from .training import Coordinator
-
 log = logging.getLogger("snet.server")
+
+
+@dataclass(frozen=True)
+class EpochDecision:
+    """What an epoch's CV result means for training."""
+
+    kept: bool  # the epoch's weights stand (newbob may reject them)
+    restore: np.ndarray | None = None  # roll the weights back to these
+    next_epoch: int | None = None  # start this epoch now (at ``EpochControl.rate``)
+    finish: bool = False  # training is over
 
 
 class EpochControl:
     """Decides when the next epoch starts, at which rate, and when training is over."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
-        self.job = coordinator.job
-        self.newbob = make_schedule(self.job)
-        self.rate = self.newbob.rate if self.newbob else self.job.learning_rate(0)
+    def __init__(self, job: JobSpec) -> None:
+        self.job = job
+        self.newbob = make_schedule(job)
+        self.rate = self.newbob.rate if self.newbob else job.learning_rate(0)
+        self.epoch = 0
         self.waiting_for_cv = False
         self.best_weights: np.ndarray | None = None
         self.kept: dict[int, bool] = {}
 
-    def begin(self, epoch: int) -> None:
-        self.start_epoch(epoch)
+    def start(self, epoch: int) -> None:
+        """``epoch`` begins (the coordinator shuffles and leases its frames)."""
+        self.epoch = epoch
 
-    def epoch_trained(self, epoch: int) -> None:
-        """Every frame of ``epoch`` is applied; its CV evaluation is being assigned."""
+    def epoch_trained(self, epoch: int) -> int | None:
+        """Every frame of ``epoch`` is applied. Returns the epoch to start now (the fixed
+        list of rates goes straight on), or None (newbob waits for the CV result; or it was
+        the last epoch)."""
         if self.newbob is not None:
             self.waiting_for_cv = True
-        elif epoch + 1 < self.job.epochs:
+            return None
+        if epoch + 1 < self.job.epochs:
             self.rate = self.job.learning_rate(epoch + 1)
-            self.start_epoch(epoch + 1)
+            return epoch + 1
+        return None
 
-    def cv_result(self, epoch: int, weights: np.ndarray, result: EvalResult) -> None:
-        """An epoch's CV result is in: apply the schedule, maybe finish."""
-        coordinator = self.coordinator
+    def cv_result(self, epoch: int, weights: np.ndarray, result: EvalResult) -> EpochDecision:
+        """An epoch's CV result is in (``weights`` are the ones it scored)."""
         error = 100.0 * (1.0 - result.correct / max(result.frames, 1))
-        kept = True
-        next_rate = 0.0
-        if self.newbob is not None:
-            decision = self.newbob.after_epoch(error)
-            kept = not decision.restore_best
-            if kept:
-                self.best_weights = weights  # a published snapshot: never written again
-            elif self.best_weights is not None:
-                log.info("epoch %d made CV worse (%.2f%% error): weights rolled back", epoch, error)
-                self.restore_weights(self.best_weights)
-            next_rate = decision.next_rate
+        if self.newbob is None:
+            self.kept[epoch] = True
+            return EpochDecision(kept=True, finish=len(self.kept) == self.job.epochs)
+        decision = self.newbob.after_epoch(error)
+        kept = not decision.restore_best
+        restore = None
+        if kept:
+            self.best_weights = weights  # a published snapshot: never written again
+        elif self.best_weights is not None:
+            log.info("epoch %d made CV worse (%.2f%% error): weights rolled back", epoch, error)
+            restore = self.best_weights
         self.kept[epoch] = kept
-        record = coordinator.stats.record_of(epoch)
-        record.kept = kept
-        coordinator.hooks.call(
-            "after_epoch",
-            EpochEvent(
-                epoch,
-                record.learning_rate,
-                record.train_patterns,
-                record.train_correct,
-                result.frames,
-                result.correct,
-                result.loss_sum,
-                kept,
-            ),
-        )
-        if self.newbob is not None:
-            self.waiting_for_cv = False
-            if next_rate == 0.0:
-                log.info("newbob: training stops after epoch %d", epoch)
-                self.finish()
-            else:
-                self.rate = next_rate
-                self.start_epoch(epoch + 1)
-        elif len(self.kept) == self.job.epochs:
-            self.finish()
-
-    def start_epoch(self, epoch: int) -> None:
-        """Shuffle and lease the frames of ``epoch``."""
-        coordinator = self.coordinator
-        coordinator.epoch = epoch
-        coordinator.book.start_epoch(epoch)
-        coordinator.stats.start_epoch(epoch, self.rate)
-        coordinator.hooks.call("before_epoch", epoch, self.rate)
-        if coordinator.sessions:
-            coordinator.fill_leases()
-
-    def restore_weights(self, weights: np.ndarray) -> None:
-        """Roll back to earlier weights: a new version, sent to every worker."""
-        coordinator = self.coordinator
-        coordinator.rule.load(weights)
-        coordinator.version += 1
-        for session in coordinator.sessions.values():
-            coordinator.send_weights(session)
-
-    def finish(self) -> None:
-        """Every epoch trained and cross-validated (or the schedule stopped)."""
-        coordinator = self.coordinator
-        coordinator.hooks.call("after_training")
-        coordinator.finished.set()
-        if coordinator.on_finished is not None:
-            coordinator.on_finished()
+        self.waiting_for_cv = False
+        if decision.next_rate == 0.0:
+            log.info("newbob: training stops after epoch %d", epoch)
+            return EpochDecision(kept, restore, finish=True)
+        self.rate = decision.next_rate
+        return EpochDecision(kept, restore, next_epoch=epoch + 1)

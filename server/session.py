@@ -3,13 +3,36 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from snet.protocol.messages import Message
 
 from .ledger import CompressionLedger
+from .progress import DeliveryClock
+
+NAME_CHARS = 64  # a worker name's length
+
+
+def name_problem(name: str) -> str:
+    """Why a worker name cannot be used ("" if it can): it goes into logs, /status and
+    /metrics labels, so it is short and printable (a newline would forge log lines)."""
+    if len(name) > NAME_CHARS:
+        return f"worker name is {len(name)} characters long, over {NAME_CHARS}"
+    if not name.isprintable():
+        return f"worker name {name!r} has characters that are not printable"
+    return ""
+
+
+def unique_name(name: str, taken: Iterable[str]) -> str:
+    """``name``, or with a suffix (``name-2``, ...) if a live worker has it already."""
+    names = set(taken)
+    candidate, number = name, 1
+    while candidate in names:
+        number += 1
+        candidate = f"{name}-{number}"
+    return candidate
 
 
 @dataclass
@@ -41,6 +64,9 @@ class WorkerSession:
     inline_frames: bool = False  # it cannot read the data; the server sends its frames
     report: dict[str, Any] = field(default_factory=dict)  # the worker's latest WorkerReport
     ledger: CompressionLedger | None = None  # codecs agreed at the handshake, bytes, ratios
+    clock: DeliveryClock = field(default_factory=lambda: DeliveryClock(time.monotonic()))
+    leases_revoked: int = 0  # leases taken back because it delivered nothing in time
+    probation: bool = False  # its leases were taken back: none again until it delivers
 
     @property
     def momentum_corrected(self) -> bool:
@@ -83,5 +109,10 @@ class WorkerSession:
             "last_seen_ago": round(time.monotonic() - self.last_seen, 3),
             "report": self.report,
             "inline_frames": self.inline_frames,
+            "leases_revoked": self.leases_revoked,
+            "probation": self.probation,
+            "update_interval": (
+                round(self.clock.interval, 6) if self.clock.interval is not None else None
+            ),
             "compression": self.ledger.row() if self.ledger is not None else None,
         }

@@ -57,7 +57,8 @@ class TrainingStats:
     steps: int = 0
     updates_applied: int = 0
     updates_rejected: int = 0
-    frames_rejected: int = 0
+    leases_revoked: int = 0  # async: leases of late workers given to the others
+    workers_dropped_late: int = 0  # sync: workers that missed the round deadline
     patterns_applied: int = 0
     staleness_max: int = 0
     staleness_sum: int = 0
@@ -71,6 +72,12 @@ class TrainingStats:
 
     def record_of(self, epoch: int) -> EpochRecord:
         return next(r for r in self.epochs if r.epoch == epoch)
+
+    def mark_kept(self, epoch: int, kept: bool) -> EpochRecord:
+        """Whether the schedule kept the epoch's weights (newbob may roll them back)."""
+        record = self.record_of(epoch)
+        record.kept = kept
+        return record
 
     def record_train(self, patterns: int, correct: int, loss_sum: float) -> None:
         current = self.epochs[-1]
@@ -89,6 +96,11 @@ class TrainingStats:
         self.updates_applied += updates
         self.patterns_applied += patterns
         self.step_seconds += seconds
+
+    def record_late(self, leases_revoked: int = 0, dropped: bool = False) -> None:
+        """A late worker's leases were taken back (async), or it was dropped (sync)."""
+        self.leases_revoked += leases_revoked
+        self.workers_dropped_late += int(dropped)
 
     def record_pass(self) -> None:
         self.step_passes += 1

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .ledger import ledger_totals
+from .plausible import finite
 
 if TYPE_CHECKING:
     from .app import SnetServer
@@ -25,12 +26,17 @@ def queues(coordinator: Coordinator) -> dict[str, int]:
 
 
 def status_document(server: SnetServer) -> dict[str, Any]:
-    """The JSON of GET /status."""
+    """The JSON of GET /status: finite figures only (JSON has no NaN)."""
+    document: dict[str, Any] = finite(_status_document(server))
+    return document
+
+
+def _status_document(server: SnetServer) -> dict[str, Any]:
     coordinator = server.coordinator
     stats = coordinator.stats
     connections = coordinator.connections
     workers = [s.row(connections) for s in coordinator.sessions.values()]
-    workers += [s.row(connections) for s in coordinator.departed]
+    workers += [s.row(connections) for s in coordinator.departed.recent]
     elapsed = time.time() - stats.started
     return {
         "server": server.config.name,
@@ -46,6 +52,8 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "updates_rejected": stats.updates_rejected,
         "frames_refused": server.counters.frames_refused,
         "handshakes_refused": server.counters.handshakes_refused,
+        "leases_revoked": stats.leases_revoked,
+        "workers_dropped_late": stats.workers_dropped_late,
         "epoch": coordinator.epoch,
         "epochs_planned": coordinator.job.epochs,
         "epochs_done": stats.epochs_done,
@@ -62,10 +70,11 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "queues": queues(coordinator),
         "workers_live": len(coordinator.sessions),
         "compression": ledger_totals(
-            s.ledger
-            for s in [*coordinator.sessions.values(), *coordinator.departed]
-            if s.ledger is not None
+            (s.ledger for s in coordinator.sessions.values() if s.ledger is not None),
+            coordinator.departed.compression_sums,
+            coordinator.departed.codecs,
         ),
+        "departed": coordinator.departed.summary(),
         "workers": workers,
         "epochs": [record.as_dict() for record in stats.epochs],
         "schedule": coordinator.job.schedule,

@@ -1,46 +1,46 @@
-"""``Stepping``: when the coordinator takes a step, and what taking one involves.
+"""``StepRunner``: applies steps with the update rule in the step thread, NaN-safe.
 
-A mixin of ``Coordinator`` (server/training.py), kept apart because it is the one piece
-that runs numpy off the event loop: the update rule runs in the step thread, NaN and Inf
-are caught once on the result (the updates that carry them are then found and refused,
-their frames queued again), and a finished step is published with its version, recorded
-in the ledger and the statistics, and sent to every worker. Steps that queue up behind a
-running one are applied together in one fused pass (``UpdateRule.steps``), each still
-with its own version, so a loaded server spends less per update, not more.
+The one part that runs numpy off the event loop. It is handed groups of queued updates
+(consecutive steps, as a policy chose them) and returns what became of each: the new
+weights and the groups applied, and the updates refused with the reason. It publishes
+nothing, sends nothing and knows no worker: the coordinator does that with the result.
+
+Each update's norm is checked first (server/plausible.py: one BLAS dot; NaN, Inf, zeros
+and norms far from the running mean of accepted updates are refused). Overflow is caught
+once, on the result of a pass (one BLAS dot per block in the update rule): only when a pass
+finds one are the groups applied one at a time, the updates that carry one found and
+refused, and the step taken with the rest (all are refused if only their sum overflows
+float32). Steps that queued behind a running one
+are applied together in one fused pass (``UpdateRule.steps``) with exactly the result of
+applying them one by one, so a busy server spends less per update, not more.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from snet.protocol.errors import RejectedUpdate
-from snet.protocol.hooks import BunchEvent, HookSet
-from snet.protocol.job import JobSpec
-from snet.protocol.messages import ErrorMessage, Update
+from snet.protocol.messages import Update
 
-from .leases import LeaseBook
-from .pool import ElementPool, PooledElement, is_finite
+from .plausible import NormBounds
+from .pool import PooledElement, is_finite
 from .session import WorkerSession
-from .stats import TrainingStats
 from .update_rule import UpdateRule
 
-log = logging.getLogger("snet.server")
-
-MAX_FUSED_STEPS = 16  # steps applied in one pass when updates pile up (bounds latency)
 OVERFLOW = "the sum of these updates overflows float32"  # each finite, their step is not
+NOT_FINITE = "update contains NaN or infinite values"
 
 
 @dataclass
 class PendingUpdate:
+    """A received update waiting for its step. It owns its pooled element (if any) from
+    the moment it is queued until the coordinator releases it after the step."""
+
     session: WorkerSession
     message: Update
     frames: np.ndarray
@@ -51,197 +51,125 @@ class PendingUpdate:
         """The float32 element to apply: the pooled one (received into or decoded into)."""
         return self.element.flat if self.element is not None else self.message.element
 
-
-class Stepping:
-    """Step scheduling and application; the state it uses is the Coordinator's."""
-
-    job: JobSpec
-    sessions: dict[int, WorkerSession]
-    book: LeaseBook
-    pool: ElementPool
-    rule: UpdateRule
-    stats: TrainingStats
-    hooks: HookSet
-    executor: Executor
-    trace: Callable[[dict[str, Any]], None] | None
-    version: int
-    epoch: int
-    closed: bool
-    _applying: bool
-    _received: deque[PendingUpdate]
+    @property
+    def patterns(self) -> int:
+        return self.message.patterns
 
     @property
-    def learning_rate(self) -> float:
-        raise NotImplementedError
+    def kind(self) -> tuple[bool, str]:
+        """What its norm is compared with: updates of the same codec and momentum."""
+        ledger = self.session.ledger
+        return self.session.momentum_corrected, ledger.update_codec if ledger else "none"
 
-    def send_weights(self, session: WorkerSession) -> None:
-        raise NotImplementedError
 
-    def fill_leases(self) -> None:
-        raise NotImplementedError
+@dataclass
+class StepOutcome:
+    """What became of the groups handed to ``StepRunner.run``."""
 
-    def _end_epoch(self) -> None:
-        raise NotImplementedError
+    snapshot: np.ndarray | None = None  # the weights after the last applied group
+    applied: list[list[PendingUpdate]] = field(default_factory=list)  # one list per version
+    refused: list[tuple[PendingUpdate, str]] = field(default_factory=list)
+    seconds: float = 0.0
 
-    def _waiting_for(self) -> int:
-        """Workers that hold undelivered frames and have no update in the queue."""
-        pending = {p.session.worker_id for p in self._received}
-        return sum(
-            1
-            for worker_id in self.sessions
-            if worker_id not in pending and self.book.remaining_frames(worker_id) > 0
-        )
 
-    def _maybe_step(self) -> None:
-        if self._applying or not self._received or self.closed:
-            return
-        groups = self._take_groups()
-        if groups:
-            self._applying = True
-            asyncio.get_running_loop().create_task(self._step(groups))
+class StepRunner:
+    """Runs the update rule over groups of pending updates in the step thread."""
 
-    def _take_groups(self) -> list[list[PendingUpdate]]:
-        """The steps that are ready, each a group of queued updates, taken off the queue.
+    def __init__(self, rule: UpdateRule, executor: Executor) -> None:
+        self.rule = rule
+        self.executor = executor
+        self.bounds = NormBounds()  # only ever used in the step thread
 
-        Sync: one step over every update of the round, once nobody else is expected.
-        Async: a step per ``updates_per_step`` updates (default: one per worker), or
-        over what is queued when no other worker is still computing. When updates pile
-        up while a step runs, the steps waiting behind it are all taken (up to
-        ``MAX_FUSED_STEPS``) and applied in one fused pass with exactly the result of
-        applying them one after another, so a busy server does less work per update.
-        """
-        received = self._received
-        if self.job.mode == "sync":
-            if self._waiting_for() > 0:
-                return []
-            group = list(received)
-            received.clear()
-            return [group]
-        wanted = self.job.updates_per_step or max(len(self.sessions), 1)
-        groups: list[list[PendingUpdate]] = []
-        while len(received) >= wanted and len(groups) < MAX_FUSED_STEPS:
-            groups.append([received.popleft() for _ in range(wanted)])
-        if received and len(groups) < MAX_FUSED_STEPS and self._waiting_for() == 0:
-            groups.append(list(received))
-            received.clear()
-        return groups
-
-    async def _step(self, groups: list[list[PendingUpdate]]) -> None:
-        rate = self.learning_rate
+    async def run(self, groups: list[list[PendingUpdate]], rate: float) -> StepOutcome:
+        """Apply ``groups`` as consecutive steps at ``rate``; refuse what cannot be applied."""
         started = time.perf_counter()
-        try:
-            snapshot = await self._apply(groups, rate)
-            if snapshot is not None:
-                self._publish(groups, snapshot, rate, time.perf_counter() - started)
-            else:
-                # A NaN or Inf somewhere (nothing was changed): step group by group,
-                # refusing the updates that carry one.
-                for group in groups:
-                    await self._step_checked(group, rate)
-        finally:
-            for group in groups:
-                for pending in group:
-                    if pending.element is not None:
-                        self.pool.release(pending.element)
-            self._applying = False
-        self._maybe_step()
-
-    async def _step_checked(self, batch: list[PendingUpdate], rate: float) -> None:
-        """One step, refusing the updates that carry NaN or Inf (all, if only the sum
-        overflows float32), and stepping with the rest."""
+        outcome = StepOutcome()
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        snapshot = await self._apply([batch], rate)
+        snapshot, groups, outcome.refused = await loop.run_in_executor(
+            self.executor, self._screened_steps, groups, rate
+        )
+        if snapshot is not None or not groups:
+            outcome.snapshot, outcome.applied = snapshot, list(groups)
+        else:
+            # A NaN or Inf somewhere (nothing was changed): group by group, refusing the
+            # updates that carry one.
+            for group in groups:
+                await self._run_checked(group, rate, outcome)
+        outcome.seconds = time.perf_counter() - started
+        return outcome
+
+    async def _run_checked(
+        self, group: list[PendingUpdate], rate: float, outcome: StepOutcome
+    ) -> None:
+        snapshot = await self._apply([group], rate)
         if snapshot is None:
+            loop = asyncio.get_running_loop()
             finite = await loop.run_in_executor(
-                self.executor, lambda: [is_finite(p.gradient) for p in batch]
+                self.executor, lambda: [is_finite(p.gradient) for p in group]
             )
             # by position, not ``p in bad``: a dataclass compare would reach the arrays
-            bad = [p for p, ok in zip(batch, finite, strict=True) if not ok]
-            good = [p for p, ok in zip(batch, finite, strict=True) if ok] if bad else []
-            reason = "update contains NaN or infinite values" if bad else OVERFLOW
-            for pending in bad or batch:
-                self._refuse_accepted(pending, reason)
-            batch = good
-            snapshot = await self._apply([batch], rate) if batch else None
+            bad = [p for p, ok in zip(group, finite, strict=True) if not ok]
+            good = [p for p, ok in zip(group, finite, strict=True) if ok] if bad else []
+            reason = NOT_FINITE if bad else OVERFLOW
+            outcome.refused += [(pending, reason) for pending in bad or group]
+            group = good
+            snapshot = await self._apply([group], rate) if group else None
             if snapshot is None:
-                for pending in batch:
-                    self._refuse_accepted(pending, OVERFLOW)
+                outcome.refused += [(pending, OVERFLOW) for pending in group]
                 return
-        self._publish([batch], snapshot, rate, time.perf_counter() - started)
+        outcome.snapshot = snapshot
+        outcome.applied.append(group)
+
+    def _screened_steps(
+        self, groups: list[list[PendingUpdate]], rate: float
+    ) -> tuple[np.ndarray | None, list[list[PendingUpdate]], list[tuple[PendingUpdate, str]]]:
+        """Step thread: refuse the updates whose norm is implausible (NaN and Inf among
+        them), then one fused pass of the update rule over the rest."""
+        refused: list[tuple[PendingUpdate, str]] = []
+        kept_groups: list[list[PendingUpdate]] = []
+        for group in groups:
+            kept = []
+            for pending in group:
+                problem = self.bounds.problem(pending.kind, pending.gradient, pending.patterns)
+                if problem:
+                    refused.append((pending, problem))
+                else:
+                    kept.append(pending)
+            if kept:
+                kept_groups.append(kept)
+        if not kept_groups:
+            return None, [], refused
+        gradients, patterns, direct = self._arguments(kept_groups)
+        return self.rule.steps(gradients, patterns, rate, direct), kept_groups, refused
 
     @staticmethod
-    def _gradients(batch: list[PendingUpdate]) -> list[np.ndarray]:
-        return [p.gradient for p in batch if not p.session.momentum_corrected]
-
-    @staticmethod
-    def _direct(batch: list[PendingUpdate]) -> list[np.ndarray]:
-        """The updates that carry their worker's momentum (protocol 8.8): applied outside
-        the server's."""
-        return [p.gradient for p in batch if p.session.momentum_corrected]
-
-    @staticmethod
-    def _patterns(batch: list[PendingUpdate]) -> int:
-        return sum(p.message.patterns for p in batch)
+    def _arguments(
+        groups: list[list[PendingUpdate]],
+    ) -> tuple[list[list[np.ndarray]], list[int], list[list[np.ndarray]]]:
+        """The update rule's arguments. Updates that carry their worker's momentum
+        (protocol 8.8) are applied outside the server's."""
+        gradients = [[p.gradient for p in g if not p.session.momentum_corrected] for g in groups]
+        direct = [[p.gradient for p in g if p.session.momentum_corrected] for g in groups]
+        patterns = [sum(p.patterns for p in g) for g in groups]
+        return gradients, patterns, direct
 
     async def _apply(self, groups: list[list[PendingUpdate]], rate: float) -> np.ndarray | None:
         """The update rule over ``groups`` (consecutive steps) in the step thread."""
+        gradients, patterns, direct = self._arguments(groups)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self.executor, self.rule.steps, [self._gradients(g) for g in groups],
-            [self._patterns(g) for g in groups], rate, [self._direct(g) for g in groups],
-        )  # fmt: skip
-
-    def _publish(
-        self, groups: list[list[PendingUpdate]], snapshot: np.ndarray, rate: float,
-        seconds: float,
-    ) -> None:  # fmt: skip
-        """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
-        self.rule.snapshot = snapshot  # published with its version, on the event loop
-        self.stats.record_pass()
-        for batch in groups:
-            base = self.version
-            self.version += 1
-            for pending in batch:
-                staleness = base - pending.message.base_version
-                pending.session.record_staleness(staleness)
-                pending.session.updates_settled += 1
-                self.stats.record_staleness(staleness)
-                self.book.record_applied(pending.frames)
-            patterns = self._patterns(batch)
-            self.stats.record_step(len(batch), patterns, seconds / len(groups))
-            correct = sum(p.message.correct for p in batch)
-            loss = sum(p.message.loss_sum for p in batch)
-            event = BunchEvent(self.epoch, self.version, len(batch), patterns, correct, loss,
-                               rate)  # fmt: skip
-            self.hooks.call("after_bunch", event)
-            if self.trace is not None:
-                self.trace(self._trace_record(batch, rate))
-        for session in self.sessions.values():
-            self.send_weights(session)
-        if self.book.epoch_complete:
-            self._end_epoch()
-
-    def _refuse_accepted(self, pending: PendingUpdate, reason: str) -> None:
-        """Refuse a queued update at step time: its frames go back, the worker is told."""
-        session, message = pending.session, pending.message
-        self.book.unaccept(pending.frames)
-        self.stats.record_train(-message.patterns, -message.correct, -message.loss_sum)
-        session.updates_rejected += 1
-        session.updates_settled += 1
-        self.stats.updates_rejected += 1
-        log.warning("refused update from %s: %s", session.name, reason)
-        session.send(
-            ErrorMessage(RejectedUpdate.code, reason, False, message.lease_id, message.offset)
+            self.executor, self.rule.steps, gradients, patterns, rate, direct
         )
-        self.send_weights(session)
-        self.fill_leases()
 
-    def _trace_record(self, batch: list[PendingUpdate], rate: float) -> dict[str, Any]:
-        updates = [
-            {"worker": p.session.name, "base_version": p.message.base_version,
-             "frames": p.frames.tolist()}
-            for p in batch
-        ]  # fmt: skip
-        return {"version": self.version, "epoch": self.epoch, "learning_rate": rate,
-                "updates": updates}  # fmt: skip
+
+def trace_record(
+    batch: list[PendingUpdate], version: int, epoch: int, rate: float
+) -> dict[str, Any]:
+    """One line of the trace file: the step's version and which frames each update covered
+    (``bench/replay.py`` replays a run from these)."""
+    updates = [
+        {"worker": p.session.name, "base_version": p.message.base_version,
+         "frames": p.frames.tolist()}
+        for p in batch
+    ]  # fmt: skip
+    return {"version": version, "epoch": epoch, "learning_rate": rate, "updates": updates}

@@ -1,43 +1,46 @@
-"""``Coordinator``: the server's training loop in both modes, driven by worker events.
+"""``Coordinator``: the server's training, driven by worker events, composed of parts.
 
-It is called from the connections (on the event loop) and runs every numpy step in a
-single worker thread, so receiving never waits behind computing.
+Each part owns its state and nothing writes another's fields:
 
-- **sync**: a step is taken once every worker that holds frames has delivered one update
-  against the current version; workers that leave or hold no frames are not waited for.
-- **async**: a step is taken whenever ``updates_per_step`` updates (default: one per live
-  worker) are queued, whoever sent them; each update's staleness (current version minus
-  its base version) is recorded. In both modes the queue is flushed as soon as no other
-  worker could still contribute (the tail of an epoch, a worker gone).
+- ``ElementPool`` (pool.py): preallocated elements updates are received into;
+- ``UpdateIntake`` (intake.py): an update checked and turned into a pending one;
+- the mode's ``StepPolicy`` (policies.py): which queued updates make a step;
+- ``StepRunner`` (stepping.py): the update rule applied in the step thread, NaN-safe;
+- ``LeaseBook`` (leases.py), ``LeaseDesk`` (leasing.py), ``InlineFrames`` (inline.py): who
+  trains on which frames;
+- ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
+- ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
+- ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
+- ``TrainingStats`` (stats.py) and the hooks: what /status and the hooks see.
 
-After each step every worker is sent the new weights. After each epoch the weights are
-sent to one worker for cross-validation while the others go on (with newbob the next
-epoch waits for it: ``server/epochs.py``). Workers that cannot read the data get their
-frames inline (``server/inline.py``); hooks (``protocol/hooks.py``) see every step.
+The coordinator routes the events (a worker joins, sends an update or a CV result, is
+late (lateness.py), leaves) to them and carries out what they decide: it publishes each
+step's weights with a new version, sends them to every worker, starts epochs. It runs on
+the event loop; only the ``StepRunner`` does numpy work, in the step thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
-from snet.protocol.errors import CodecError, RejectedUpdate
-from snet.protocol.hooks import HookSet, RunInfo
+from snet.protocol.errors import RejectedUpdate
+from snet.protocol.hooks import BunchEvent, EpochEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     TRAINING_COMPLETE,
+    ErrorMessage,
     EvalResult,
     Evaluate,
     FramesWanted,
     Goodbye,
-    Lease,
     Update,
     Weights,
     Welcome,
@@ -45,30 +48,26 @@ from snet.protocol.messages import (
 from snet.protocol.network import ElementLayout, initial_weights
 
 from .dataplan import DataPlan
-from .decoding import UpdateDecoder
-from .epochs import EpochControl
+from .departures import Departures
+from .epochs import EpochControl, EpochDecision
+from .evaluations import Evaluations
 from .inline import InlineFrames
+from .intake import UpdateIntake
+from .lateness import check_progress, is_late
 from .leases import LeaseBook
+from .leasing import LeaseDesk
+from .policies import PendingView, QueueView, WorkerView, make_step_policy
 from .pool import ElementPool, PooledElement
+from .progress import ProgressWatch
 from .session import WorkerSession
 from .stats import TrainingStats
-from .stepping import PendingUpdate, Stepping
+from .stepping import PendingUpdate, StepOutcome, StepRunner, trace_record
 from .update_rule import UpdateRule
 
 log = logging.getLogger("snet.server")
 
-LEASES_PER_WORKER = 2  # the next chunk is always at hand, so no worker idles between chunks
 
-
-@dataclass
-class EvalJob:
-    epoch: int
-    version: int
-    weights: np.ndarray
-    worker_id: int | None = None
-
-
-class Coordinator(Stepping):
+class Coordinator:
     """Holds the network and decides when to step, whom to lease frames and who scores."""
 
     def __init__(
@@ -81,50 +80,46 @@ class Coordinator(Stepping):
         hooks: HookSet | None = None,
         weights: np.ndarray | None = None,
         min_workers: int = 1,
+        progress: ProgressWatch | None = None,
     ) -> None:
         self.job = job
-        # No frames are leased before this many workers have joined (then never again
-        # held back), so that a fixed set of workers starts together.
-        self.min_workers = min_workers
-        self._quorum = min_workers <= 1
         self.plan = plan
         self.layout = ElementLayout.for_network(job.network)
         self.connections = job.network.connections
         start = initial_weights(job.network, job.seed) if weights is None else weights
         self.rule = UpdateRule(start, job.momentum)
         self.pool = ElementPool(self.layout, pool_size)
-        self.decoder = UpdateDecoder(self.layout, self.pool)
-        self.book = LeaseBook(
-            plan.train_frames,
-            plan.total_frames,
-            job.chunk_frames,
-            job.seed,
-            cache_frames=job.bunch_size * job.shuffle_cache_bunches,
-            sequential=job.frame_order == "sequential",
-        )
+        self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames)
+        self.policy = make_step_policy(job.mode, job.updates_per_step)
+        self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
+        self.runner = StepRunner(self.rule, executor)
         self.inline = InlineFrames(plan, job.data.context)
+        self.desk = LeaseDesk(self.book, self.inline, min_workers)
+        self.epochs = EpochControl(job)
+        self.evaluations = Evaluations()
+        self.progress = progress or ProgressWatch()
         self.hooks = hooks or HookSet([])
-        self.executor = executor
         self.trace = trace
         self.stats = TrainingStats(job.epochs)
         self.sessions: dict[int, WorkerSession] = {}
-        self.departed: list[WorkerSession] = []
+        self.departed = Departures()
         self.version = 0
-        self.epoch = 0
         self._received: deque[PendingUpdate] = deque()
         self._applying = False
-        self._evals: dict[int, EvalJob] = {}
+        self._in_step: set[int] = set()  # workers with an update in the running step
         self.finished = asyncio.Event()
         self.closed = False  # set at shutdown: no new steps
         self.on_finished: Callable[[], None] | None = None
-        self.epochs = EpochControl(self)
+        self.on_failure: Callable[[str], None] | None = None  # the step machinery broke
         info = RunInfo(
             job.network.describe(), self.connections, job.mode, job.epochs, len(plan.train_frames)
         )
         self.hooks.call("before_training", info)
-        self.epochs.begin(0)
+        self._start_epoch(0)
 
-    # ------------------------------------------------------------ workers
+    @property
+    def epoch(self) -> int:
+        return self.epochs.epoch
 
     @property
     def learning_rate(self) -> float:
@@ -133,6 +128,8 @@ class Coordinator(Stepping):
     @property
     def received_queue(self) -> int:
         return len(self._received)
+
+    # ------------------------------------------------------------ workers
 
     def add_worker(self, session: WorkerSession) -> None:
         """A worker passed the handshake: send it the job, the weights and its frames."""
@@ -147,23 +144,20 @@ class Coordinator(Stepping):
             session.close(TRAINING_COMPLETE)
             return
         self.fill_leases()
-        self._assign_evals()
+        self.assign_evaluations()
 
     def remove_worker(self, session: WorkerSession, reason: str) -> None:
         """A worker left (goodbye, lost connection, timeout): requeue its frames."""
         if self.sessions.pop(session.worker_id, None) is None:
             return
         session.state, session.left_reason = "gone", reason
-        self.departed.append(session)
-        returned = self.book.worker_gone(session.worker_id)
-        self.inline.forget(session.worker_id)
+        self.departed.add(session)
+        returned = self.desk.worker_gone(session)
         log.info("worker %s left (%s); %d frames back in the queue", session.name, reason, returned)
-        for job in self._evals.values():
-            if job.worker_id == session.worker_id:
-                job.worker_id = None
+        self.evaluations.worker_gone(session.worker_id)
         self.fill_leases()
-        self._assign_evals()
-        self._maybe_step()
+        self.assign_evaluations()
+        self.maybe_step()
 
     def send_weights(self, session: WorkerSession) -> None:
         session.weights_version_sent = self.version
@@ -185,140 +179,221 @@ class Coordinator(Stepping):
         self.send_weights(session)
 
     def fill_leases(self) -> None:
-        if self.epochs.waiting_for_cv:
-            return
-        if not self._quorum:
-            if len(self.sessions) < self.min_workers:
-                log.info("%d of %d workers joined; waiting", len(self.sessions), self.min_workers)
-                return
-            self._quorum = True
-        for session in list(self.sessions.values()):
-            while len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER:
-                lease = self.book.grant(session.worker_id)
-                if lease is None:
-                    return
-                self.inline.send(session, lease.chunk)
-                session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8")))
+        if not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
+            self.desk.fill(self.sessions.values())
 
     def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """The worker cannot read the data: send its frames inline from now on."""
-        chunks = [lease.chunk for lease in self.book.held_by(session.worker_id)]
-        evaluating = any(job.worker_id == session.worker_id for job in self._evals.values())
-        self.inline.begin(session, message.reason, chunks, evaluating)
+        evaluating = bool(self.evaluations.held_by(session.worker_id))
+        self.desk.frames_wanted(session, message, evaluating)
 
     # ------------------------------------------------------------ updates
 
     def on_update(self, session: WorkerSession, message: Update) -> None:
-        """Check an update; queue it for the next step or refuse it (raises RejectedUpdate).
-
-        A compressed update is decoded into a free pooled element first, so the update
-        rule only ever sees float32 elements; one that does not decode is refused.
-        """
+        """Check an update; queue it for the next step or refuse it (raises RejectedUpdate)."""
         element = message.slot if isinstance(message.slot, PooledElement) else None
-        if session.ledger is not None:
-            payload = message.encoded.nbytes if message.encoded else message.element.nbytes
-            session.ledger.record_update(payload, self.layout.nbytes)
+        session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
+        session.probation = False  # alive after all: it may hold leases again
         try:
-            if message.encoded is not None:
-                element = self._decode_update(session, message)
-            frames = self._check_update(session, message, element)
-        except RejectedUpdate as exc:
-            if element is not None:
-                self.pool.release(element)
+            pending = self.intake.admit(session, message, element, self.version)
+        except RejectedUpdate:
             session.updates_rejected += 1
             session.updates_settled += 1
             self.stats.updates_rejected += 1
             self.send_weights(session)  # tells the worker the update is settled
-            self._maybe_step()
-            # the error frame names the refused update (the worker's error feedback needs it)
-            raise RejectedUpdate(str(exc), message.lease_id, message.offset) from exc
+            self.fill_leases()  # the refused frames are queued again
+            self._note_if_dry(session)
+            self.maybe_step()
+            raise
         session.updates_sent += 1
         session.patterns += message.patterns
         session.compute_seconds += message.compute_seconds
         self.stats.record_train(message.patterns, message.correct, message.loss_sum)
-        self._received.append(PendingUpdate(session, message, frames, element))
-        if len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER:
+        self._received.append(pending)
+        if self.desk.wants_more(session):
             self.fill_leases()
-        self._maybe_step()
+        self._note_if_dry(session)
+        self.maybe_step()
 
-    def _decode_update(self, session: WorkerSession, message: Update) -> PooledElement:
-        """The encoded update decoded into a pooled element (``RejectedUpdate`` if it can't)."""
-        assert message.encoded is not None
-        agreed = session.ledger.update_codec if session.ledger is not None else "none"
-        try:
-            return self.decoder.decode(agreed, message.encoded)
-        except CodecError as exc:
-            if session.ledger is not None:
-                session.ledger.undecodable += 1
-            self._refuse(session, message, f"undecodable update: {exc}")
+    def _note_if_dry(self, session: WorkerSession) -> None:
+        if self.book.remaining_frames(session.worker_id) == 0:
+            session.clock.ran_dry()  # it owes nothing until it is given frames again
 
-    def _refuse(self, session: WorkerSession, message: Update, reason: str) -> NoReturn:
-        # The lease moves past these frames and they are queued again: nothing is lost.
-        # (skip() itself refuses a claim on frames the worker does not hold.)
-        self.book.skip(session.worker_id, message.lease_id, message.offset, message.patterns)
-        self.fill_leases()
-        raise RejectedUpdate(reason)
+    # ------------------------------------------------------------ steps
 
-    def _check_update(
-        self, session: WorkerSession, message: Update, element: PooledElement | None
-    ) -> np.ndarray:
-        reason = ""
-        if (
-            session.ledger is not None
-            and message.encoded is None
-            and (session.ledger.update_codec != "none")
-        ):
-            reason = f"update sent as float32, agreed codec is {session.ledger.update_codec}"
-        elif element is None:  # the pool only takes payloads of exactly the element's layout
-            reason = (
-                f"update element has shape {tuple(message.element.shape)} "
-                f"{message.element.dtype}, the network needs ({self.layout.size},) float32"
+    def queue_view(self, late: Callable[[WorkerSession], bool]) -> QueueView:
+        """The queue and the workers as the mode's policy sees them."""
+        pending = tuple(PendingView(p.session.worker_id, p.message.base_version)
+                        for p in self._received)  # fmt: skip
+        book = self.book
+        workers = tuple(
+            WorkerView(
+                s.worker_id, book.remaining_frames(s.worker_id) > 0, late(s), s.clock.delivered
             )
-        elif not 0 <= message.base_version <= self.version:
-            reason = f"update names unknown weights version {message.base_version}"
-        elif self.job.mode == "sync" and message.base_version != self.version:
-            reason = f"sync mode: update on version {message.base_version}, round is {self.version}"
-        if reason:
-            self._refuse(session, message, reason)
-        return self.book.accept(
-            session.worker_id, message.lease_id, message.offset, message.patterns
+            for s in self.sessions.values()
         )
+        return QueueView(pending, workers, self.version)
+
+    def check_progress(self, now: float) -> None:
+        """Act on workers past their delivery deadline (server/lateness.py)."""
+        check_progress(self, now)
+
+    def pending_workers(self) -> set[int]:
+        """Workers with an update queued or in the running step (they wait on the server)."""
+        return {p.session.worker_id for p in self._received} | self._in_step
+
+    def maybe_step(self) -> None:
+        if self._applying or not self._received or self.closed:
+            return
+        now = time.monotonic()
+        chosen = self.policy.take(self.queue_view(lambda s: is_late(self, s, now)))
+        if not chosen:
+            return
+        queued = list(self._received)
+        taken = {index for group in chosen for index in group}
+        groups = [[queued[index] for index in group] for group in chosen]
+        self._received = deque(p for index, p in enumerate(queued) if index not in taken)
+        self._applying = True
+        self._in_step = {p.session.worker_id for group in groups for p in group}
+        asyncio.get_running_loop().create_task(self._step(groups))
+
+    async def _step(self, groups: list[list[PendingUpdate]]) -> None:
+        rate = self.learning_rate
+        try:
+            outcome = await self.runner.run(groups, rate)
+            self._publish(outcome, rate)
+        except Exception as exc:
+            # A bug, never a peer's doing (sending to a peer cannot raise). Training
+            # cannot go on from a half-published step: say so loudly and stop the
+            # server, rather than freeze silently while /status looks healthy.
+            log.critical("the step machinery failed; stopping", exc_info=True)
+            if self.on_failure is not None:
+                self.on_failure(f"step failed: {exc!r}")
+            return
+        finally:
+            for group in groups:  # the one release point of a queued update's element
+                for pending in group:
+                    if pending.element is not None:
+                        self.pool.release(pending.element)
+            self._applying = False
+            self._in_step = set()
+        self.maybe_step()
+
+    def _publish(self, outcome: StepOutcome, rate: float) -> None:
+        """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
+        now = time.monotonic()
+        for pending, reason in outcome.refused:
+            pending.session.clock.settled(now)
+            self._refuse_queued(pending, reason)
+        if outcome.snapshot is None:
+            return
+        self.rule.snapshot = outcome.snapshot  # published with its version, on the event loop
+        self.stats.record_pass()
+        for batch in outcome.applied:
+            base = self.version
+            self.version += 1
+            for pending in batch:
+                staleness = base - pending.message.base_version
+                pending.session.record_staleness(staleness)
+                pending.session.updates_settled += 1
+                pending.session.clock.settled(now)
+                self.stats.record_staleness(staleness)
+                self.book.record_applied(pending.frames)
+            patterns = sum(p.patterns for p in batch)
+            self.stats.record_step(len(batch), patterns, outcome.seconds / len(outcome.applied))
+            correct = sum(p.message.correct for p in batch)
+            loss = sum(p.message.loss_sum for p in batch)
+            event = BunchEvent(self.epoch, self.version, len(batch), patterns, correct, loss,
+                               rate)  # fmt: skip
+            self.hooks.call("after_bunch", event)
+            if self.trace is not None:
+                self.trace(trace_record(batch, self.version, self.epoch, rate))
+        for session in self.sessions.values():
+            self.send_weights(session)
+        if self.book.epoch_complete:
+            self._end_epoch()
+
+    def _refuse_queued(self, pending: PendingUpdate, reason: str) -> None:
+        """Refuse a queued update at step time: its frames go back, the worker is told."""
+        session, message = pending.session, pending.message
+        self.book.unaccept(pending.frames)
+        self.stats.record_train(-message.patterns, -message.correct, -message.loss_sum)
+        session.updates_rejected += 1
+        session.updates_settled += 1
+        self.stats.updates_rejected += 1
+        log.warning("refused update from %s: %s", session.name, reason)
+        if session.state != "gone":  # a departed worker is told nothing (and owes nothing)
+            session.send(
+                ErrorMessage(RejectedUpdate.code, reason, False, message.lease_id, message.offset)
+            )
+            self.send_weights(session)
+        self.fill_leases()
 
     # ------------------------------------------------------------ epochs
 
-    def _end_epoch(self) -> None:
-        ledger = self.book.ledger.summary()
-        self.stats.end_epoch(self.epoch, self.version, ledger)
-        accuracy = 100 * self.stats.train_accuracy(self.epoch)
-        log.info("epoch %d done at version %d: train accuracy %.2f%%", self.epoch, self.version,
-                 accuracy)  # fmt: skip
-        self._evals[self.epoch] = EvalJob(self.epoch, self.version, self.rule.snapshot)
-        self.epochs.epoch_trained(self.epoch)
-        self._assign_evals()
+    def _start_epoch(self, epoch: int) -> None:
+        """Shuffle and lease the frames of ``epoch``."""
+        self.epochs.start(epoch)
+        self.book.start_epoch(epoch)
+        self.stats.start_epoch(epoch, self.learning_rate)
+        self.hooks.call("before_epoch", epoch, self.learning_rate)
+        if self.sessions:
+            self.fill_leases()
 
-    def _assign_evals(self) -> None:
-        for job in self._evals.values():
-            if job.worker_id is not None or not self.sessions:
-                continue
-            # Prefer a worker with the fewest frames to train on, so training goes on.
-            session = min(
-                self.sessions.values(), key=lambda s: self.book.remaining_frames(s.worker_id)
-            )
-            job.worker_id = session.worker_id
-            session.evaluations += 1
+    def _end_epoch(self) -> None:
+        epoch = self.epoch
+        self.stats.end_epoch(epoch, self.version, self.book.ledger.summary())
+        accuracy = 100 * self.stats.train_accuracy(epoch)
+        log.info("epoch %d done at version %d: train accuracy %.2f%%", epoch, self.version,
+                 accuracy)  # fmt: skip
+        self.evaluations.add(epoch, self.version, self.rule.snapshot)
+        following = self.epochs.epoch_trained(epoch)
+        if following is not None:
+            self._start_epoch(following)
+        self.assign_evaluations()
+
+    def assign_evaluations(self) -> None:
+        now = time.monotonic()
+        for session, job in self.evaluations.assign(
+            self.sessions.values(), self.book.remaining_frames, now
+        ):
             self.inline.send(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
 
     def on_eval_result(self, session: WorkerSession, message: EvalResult) -> None:
-        job = self._evals.get(message.epoch)
-        if job is None or job.version != message.version or job.worker_id != session.worker_id:
-            raise RejectedUpdate(f"no evaluation of epoch {message.epoch} was asked of you")
-        del self._evals[message.epoch]
+        try:
+            job = self.evaluations.take_result(session, message, len(self.plan.cv_frames))
+        except RejectedUpdate:
+            self.assign_evaluations()  # a refused result's job goes to another worker
+            raise
         self.stats.record_cv(message.epoch, message.frames, message.correct, message.loss_sum)
-        log.info(
-            "epoch %d cross-validation: %.2f%% of %d frames",
-            message.epoch,
-            100 * message.correct / max(message.frames, 1),
-            message.frames,
+        accuracy = 100 * message.correct / max(message.frames, 1)
+        log.info("epoch %d cross-validation: %.2f%% of %d frames", message.epoch, accuracy,
+                 message.frames)  # fmt: skip
+        self._apply_decision(message, self.epochs.cv_result(message.epoch, job.weights, message))
+
+    def _apply_decision(self, result: EvalResult, decision: EpochDecision) -> None:
+        if decision.restore is not None:  # roll back: a new version, sent to every worker
+            self.rule.load(decision.restore)
+            self.version += 1
+            for session in self.sessions.values():
+                self.send_weights(session)
+        record = self.stats.mark_kept(result.epoch, decision.kept)
+        event = EpochEvent(
+            result.epoch,
+            record.learning_rate,
+            record.train_patterns,
+            record.train_correct,
+            result.frames,
+            result.correct,
+            result.loss_sum,
+            decision.kept,
         )
-        self.epochs.cv_result(message.epoch, job.weights, message)
+        self.hooks.call("after_epoch", event)
+        if decision.next_epoch is not None:
+            self._start_epoch(decision.next_epoch)
+        if decision.finish:
+            self.hooks.call("after_training")
+            self.finished.set()
+            if self.on_finished is not None:
+                self.on_finished()

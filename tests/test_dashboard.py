@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from snet.bench.browser import Browser, find_chromium
+from bench.browser import Browser, find_chromium
 
 from helpers import SMALL_JOB, Cluster, ServerProcess, wait_until
 

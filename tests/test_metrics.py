@@ -84,11 +84,13 @@ def test_metrics_pass_promtool_and_keep_their_series(cluster: Cluster, tmp_path:
     assert helped == set(kinds)
 
     names = ("snet_worker_updates_total", "snet_worker_connected", "snet_worker_mcups")
-    # two workers named alike are two series, told apart by worker_id ...
-    ids = {row["id"] for row in server.status()["workers"]}
-    assert len(ids) == 2
-    for worker_id in ids:
-        label = f'worker_id="{worker_id}",worker="same-name",backend="numpy"'
+    # two workers named alike are two series, told apart by worker_id (the server also
+    # tells live workers of one name apart by a suffix: same-name, same-name-2) ...
+    names_of = {row["id"]: row["name"] for row in server.status()["workers"]}
+    assert len(names_of) == 2
+    assert sorted(names_of.values()) == ["same-name", "same-name-2"]
+    for worker_id, name in names_of.items():
+        label = f'worker_id="{worker_id}",worker="{name}",backend="numpy"'
         assert f"snet_worker_updates_total{{{label}}}" in after
         assert f"snet_worker_connected{{{label}}} 0.0" in after
         assert f"snet_worker_connected{{{label}}} 1.0" in during

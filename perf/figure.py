@@ -16,7 +16,7 @@ from typing import Any
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
 
-from .perfmodel import Constants, predict
+from .model import Constants, predict
 
 _STYLE = {"sync": "--", "async": "-"}
 _COLOUR = {"pattern": "tab:blue", "network": "tab:orange"}

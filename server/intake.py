@@ -1,0 +1,108 @@
+"""``UpdateIntake``: an update from the wire checked and turned into a ``PendingUpdate``.
+
+Everything that can be known about an update before its step is checked here: the agreed
+codec (a compressed update is decoded into a free pooled element, so the update rule only
+ever sees float32 elements), the element's layout, the weights version it names (the
+mode's policy says which versions it takes), the figures it reports (counts within its
+patterns, a finite loss: server/plausible.py), and its claim on the lease (the lease book
+says which frames it covers). A refused update's frames are queued again, so nothing is
+lost. Its values (norm, NaN, Inf) are checked in the step thread (server/stepping.py).
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import numpy as np
+
+from snet.protocol.errors import CodecError, RejectedUpdate
+from snet.protocol.messages import Update
+from snet.protocol.network import ElementLayout
+
+from .decoding import UpdateDecoder
+from .leases import LeaseBook
+from .plausible import update_figures_problem
+from .policies import StepPolicy
+from .pool import ElementPool, PooledElement
+from .session import WorkerSession
+from .stepping import PendingUpdate
+
+
+class UpdateIntake:
+    """Checks updates against the layout, the policy and the lease book."""
+
+    def __init__(
+        self, layout: ElementLayout, pool: ElementPool, book: LeaseBook, policy: StepPolicy
+    ) -> None:
+        self.layout = layout
+        self.pool = pool
+        self.book = book
+        self.policy = policy
+        self.decoder = UpdateDecoder(layout, pool)
+
+    def admit(
+        self,
+        session: WorkerSession,
+        message: Update,
+        element: PooledElement | None,
+        version: int,
+    ) -> PendingUpdate:
+        """The update as a pending one (it then owns ``element``), or ``RejectedUpdate``
+        naming the update (the worker's error feedback needs the name); on refusal the
+        pooled element, if any, is back in the pool."""
+        if session.ledger is not None:
+            payload = message.encoded.nbytes if message.encoded else message.element.nbytes
+            session.ledger.record_update(payload, self.layout.nbytes)
+        try:
+            if message.encoded is not None:
+                element = self._decode(session, message)
+            frames = self._check(session, message, element, version)
+        except RejectedUpdate as exc:
+            if element is not None:
+                self.pool.release(element)
+            raise RejectedUpdate(str(exc), message.lease_id, message.offset) from exc
+        return PendingUpdate(session, message, frames, element)
+
+    def _decode(self, session: WorkerSession, message: Update) -> PooledElement:
+        assert message.encoded is not None
+        agreed = session.ledger.update_codec if session.ledger is not None else "none"
+        try:
+            return self.decoder.decode(agreed, message.encoded)
+        except CodecError as exc:
+            if session.ledger is not None:
+                session.ledger.undecodable += 1
+            self._refuse(session, message, f"undecodable update: {exc}")
+
+    def _refuse(self, session: WorkerSession, message: Update, reason: str) -> NoReturn:
+        # The lease moves past these frames and they are queued again: nothing is lost.
+        # (skip() itself refuses a claim on frames the worker does not hold.)
+        self.book.skip(session.worker_id, message.lease_id, message.offset, message.patterns)
+        raise RejectedUpdate(reason)
+
+    def _check(
+        self,
+        session: WorkerSession,
+        message: Update,
+        element: PooledElement | None,
+        version: int,
+    ) -> np.ndarray:
+        reason = ""
+        agreed = session.ledger.update_codec if session.ledger is not None else "none"
+        if message.encoded is None and agreed != "none":
+            reason = f"update sent as float32, agreed codec is {agreed}"
+        elif element is None:  # the pool only takes payloads of exactly the element's layout
+            reason = (
+                f"update element has shape {tuple(message.element.shape)} "
+                f"{message.element.dtype}, the network needs ({self.layout.size},) float32"
+            )
+        else:
+            reason = self.policy.refusal(message.base_version, version) or (
+                update_figures_problem(
+                    message.patterns, message.correct, message.loss_sum, message.compute_seconds
+                )
+            )
+        if reason:
+            self._refuse(session, message, reason)
+        return self.book.accept(
+            session.worker_id, message.lease_id, message.offset, message.patterns
+        )

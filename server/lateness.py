@@ -1,0 +1,109 @@
+"""What the server does about workers past their delivery deadline (issue 12, finding 2).
+
+A worker is late when it holds frames, has no update queued or in the step being applied,
+and has not delivered within its deadline since it last had to (the clock restarts when an
+update of its is settled) (``ProgressWatch``: measured from its
+own interval between updates). What being late costs depends on the mode's policy:
+
+- ``revoke`` (async): it is not counted or waited for (``AsyncSteps``), and once the other
+  workers have nothing left to do its undelivered leases are taken back, given to them,
+  and it gets no more until it delivers an update (any: a refused one shows it is alive);
+- ``drop`` (sync): the round cannot go on without it, so it is dropped with the fatal
+  ``round_deadline`` error and its frames go to the others; it may connect again at once.
+
+A CV evaluation not returned within its deadline is asked of another worker. These run
+from ``check_progress``, which the server calls a few times a second.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from snet.protocol.messages import ROUND_DEADLINE, ErrorMessage
+
+from .session import WorkerSession
+
+if TYPE_CHECKING:
+    from .training import Coordinator
+
+log = logging.getLogger("snet.server")
+
+
+def overdue(coordinator: Coordinator, session: WorkerSession, now: float) -> float:
+    """Seconds ``session`` is past its deadline; <= 0 while it is not late or owes nothing."""
+    started = session.clock.clock_start()
+    if started is None or session.worker_id in coordinator.pending_workers():
+        return 0.0  # it owes nothing, or it waits on the server
+    return now - started - deadline(coordinator, session)
+
+
+def deadline(coordinator: Coordinator, session: WorkerSession) -> float:
+    """Seconds ``session`` may take for its next update."""
+    others = [s.clock for s in coordinator.sessions.values() if s is not session]
+    scoring = bool(coordinator.evaluations.held_by(session.worker_id))
+    cv_frames = len(coordinator.plan.cv_frames) if scoring else 0
+    patient = coordinator.policy.late_action == "drop"  # it would lose its connection
+    return coordinator.progress.deadline(session.clock, others, cv_frames, patient)
+
+
+def is_late(coordinator: Coordinator, session: WorkerSession, now: float) -> bool:
+    return overdue(coordinator, session, now) > 0
+
+
+def check_progress(coordinator: Coordinator, now: float) -> None:
+    """Act on the workers past their deadline, as the mode's policy says."""
+    if coordinator.closed or coordinator.finished.is_set():
+        return
+    late = [s for s in coordinator.sessions.values() if is_late(coordinator, s, now)]
+    if coordinator.policy.late_action == "drop":
+        for session in late:
+            _drop(coordinator, session, now)
+    elif late and coordinator.book.waiting_chunks == 0 and _someone_idle(coordinator, late):
+        for session in late:
+            _revoke(coordinator, session, now)
+    _reassign_evaluations(coordinator, now)
+    coordinator.maybe_step()  # who counts for a step may have changed
+
+
+def _someone_idle(coordinator: Coordinator, late: list[WorkerSession]) -> bool:
+    book = coordinator.book
+    return any(
+        s not in late and book.remaining_frames(s.worker_id) == 0
+        for s in coordinator.sessions.values()
+    )
+
+
+def _drop(coordinator: Coordinator, session: WorkerSession, now: float) -> None:
+    allowed = deadline(coordinator, session)
+    waited = overdue(coordinator, session, now) + allowed
+    text = (
+        f"missed the round deadline: no update in {waited:.1f} s (deadline {allowed:.1f} s); "
+        "its frames go to the others"
+    )
+    log.warning("worker %s %s", session.name, text)
+    coordinator.stats.record_late(dropped=True)
+    session.send(ErrorMessage(ROUND_DEADLINE, text, True))
+    session.close(text)  # the coordinator's remove_worker requeues its frames
+
+
+def _revoke(coordinator: Coordinator, session: WorkerSession, now: float) -> None:
+    waited = now - (session.clock.clock_start() or now)
+    leases, frames = coordinator.desk.revoke(session)
+    coordinator.stats.record_late(leases_revoked=leases)
+    log.warning(
+        "worker %s delivered nothing in %.1f s: its %d leases (%d frames) go to the others",
+        session.name, waited, leases, frames,
+    )  # fmt: skip
+    coordinator.fill_leases()
+
+
+def _reassign_evaluations(coordinator: Coordinator, now: float) -> None:
+    def allowed(session: WorkerSession) -> float:
+        return deadline(coordinator, session)
+
+    for session, job in coordinator.evaluations.overdue(now, allowed, coordinator.sessions):
+        log.warning("worker %s did not score epoch %d in %.1f s; asking another",
+                    session.name, job.epoch, now - job.assigned_at)  # fmt: skip
+        session.probation = True  # not asked again before it delivers something
+    coordinator.assign_evaluations()

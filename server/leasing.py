@@ -1,0 +1,81 @@
+"""``LeaseDesk``: which worker gets which chunk of frames, and when.
+
+The lease book (leases.py) keeps the chunks, the leases and the ledger; the desk decides
+whom to give them to: nobody before ``min_workers`` have joined (then never again held
+back, so a fixed set of workers starts together), workers that have delivered first, up to
+``LEASES_PER_WORKER`` each so the next chunk is always at hand; a newcomer one (it may
+never compute: issue 12); a worker whose leases were taken back for sitting on them none
+until it delivers. A worker that cannot read the data gets its frames inline
+(``InlineFrames``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from snet.protocol.messages import FramesWanted, Lease
+
+from .inline import InlineFrames
+from .leases import LeaseBook
+from .session import WorkerSession
+
+log = logging.getLogger("snet.server")
+
+LEASES_PER_WORKER = 2  # the next chunk is always at hand, so no worker idles between chunks
+
+
+class LeaseDesk:
+    """Grants the lease book's chunks to workers."""
+
+    def __init__(self, book: LeaseBook, inline: InlineFrames, min_workers: int) -> None:
+        self.book = book
+        self.inline = inline
+        self.min_workers = min_workers
+        self._quorum = min_workers <= 1
+
+    def fill(self, sessions: Iterable[WorkerSession]) -> None:
+        """Lease waiting chunks to the workers that should hold more."""
+        workers = list(sessions)
+        if not self._quorum:
+            if len(workers) < self.min_workers:
+                log.info("%d of %d workers joined; waiting", len(workers), self.min_workers)
+                return
+            self._quorum = True
+        for session in sorted(workers, key=lambda s: not s.clock.delivered):
+            if session.probation:
+                continue
+            wanted = LEASES_PER_WORKER if session.clock.delivered else 1
+            while len(self.book.held_by(session.worker_id)) < wanted:
+                lease = self.book.grant(session.worker_id)
+                if lease is None:
+                    return
+                session.clock.got_work(time.monotonic())
+                self.inline.send(session, lease.chunk)
+                session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8")))
+
+    def wants_more(self, session: WorkerSession) -> bool:
+        return len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER
+
+    def frames_wanted(
+        self, session: WorkerSession, message: FramesWanted, evaluating: bool
+    ) -> None:
+        """The worker cannot read the data: send its frames inline from now on."""
+        chunks = [lease.chunk for lease in self.book.held_by(session.worker_id)]
+        self.inline.begin(session, message.reason, chunks, evaluating)
+
+    def worker_gone(self, session: WorkerSession) -> int:
+        """Its undelivered frames go back to the queue; returns how many."""
+        self.inline.forget(session.worker_id)
+        return self.book.worker_gone(session.worker_id)
+
+    def revoke(self, session: WorkerSession) -> tuple[int, int]:
+        """Take back a late worker's undelivered leases; no more for it until it delivers.
+        Returns (leases, frames)."""
+        leases = len(self.book.held_by(session.worker_id))
+        frames = self.book.worker_gone(session.worker_id)
+        session.leases_revoked += leases
+        session.probation = True
+        session.clock.ran_dry()
+        return leases, frames

@@ -1,0 +1,145 @@
+"""Modes as policies: which queued updates make a step, and what a late worker costs.
+
+The coordinator, the pool, the lease book and the update rule do not know which mode runs.
+What differs between modes is decided here, by a policy object, from a plain snapshot of
+the queue and the workers (``QueueView``): no server, no sockets, no clock. So each mode is
+tested by handing it a list of pending updates (tests/test_policies.py), and a new mode is a
+new class, not a branch in every module.
+
+- ``SyncSteps`` (SNet v1, v2's safe mode): one step over every update of the round, once
+  every worker that holds frames has delivered; an update must be on the current version;
+  a worker that misses the round deadline is dropped, since the round cannot go on
+  without it otherwise.
+- ``AsyncSteps`` (SNet v2): a step per ``updates_per_step`` updates (default: one per
+  worker that is keeping up), whoever sent them; the queue is flushed when no worker that
+  is keeping up could still add to it. A late worker is simply not counted; its frames go
+  to the others when they run dry.
+
+Every policy may take several steps at once (a backlog that built up while the last step
+was applied: they are applied in one fused pass, each with its own version), at most
+``MAX_FUSED_STEPS``.
+
+Further modes fit the same interface: bounded staleness holds an update whose base is too
+old (``take`` skips it) or tells its worker to wait; block-wise model-update filtering
+sizes a step by blocks of model deltas and combines them with block momentum (a
+different update rule chosen by the policy); network-parallel training has every worker
+see every pattern, so a "step" is one bunch's partial outputs from all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MAX_FUSED_STEPS = 16  # steps applied in one pass when updates pile up (bounds latency)
+
+LateAction = Literal["drop", "revoke"]
+
+
+@dataclass(frozen=True)
+class PendingView:
+    """One queued update as a policy sees it."""
+
+    worker_id: int
+    base_version: int
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One connected worker as a policy sees it."""
+
+    worker_id: int
+    holds_frames: bool  # leased frames for which no update has arrived yet
+    late: bool  # past its delivery deadline (server/progress.py)
+    delivered: bool  # it has delivered at least one update on this connection
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """The queue of received updates, oldest first, and the workers, at one moment."""
+
+    pending: tuple[PendingView, ...]
+    workers: tuple[WorkerView, ...]
+    version: int  # the current weights version
+
+
+class StepPolicy:
+    """The server side of a mode. Subclasses decide; the coordinator carries out."""
+
+    name = ""
+    late_action: LateAction = "revoke"
+
+    def __init__(self, updates_per_step: int = 0) -> None:
+        self.updates_per_step = updates_per_step
+
+    def take(self, view: QueueView) -> list[list[int]]:
+        """The steps that are ready now: each a list of indexes into ``view.pending``, in
+        the order the steps are to be applied (an empty list: wait)."""
+        raise NotImplementedError
+
+    def refusal(self, base_version: int, version: int) -> str:
+        """Why an update computed on ``base_version`` cannot be queued ("" if it can)."""
+        if not 0 <= base_version <= version:
+            return f"update names unknown weights version {base_version}"
+        return ""
+
+    @staticmethod
+    def _waiting_for(view: QueueView, workers: list[WorkerView]) -> int:
+        """Of ``workers``, those that hold undelivered frames and have nothing queued."""
+        queued = {p.worker_id for p in view.pending}
+        return sum(1 for w in workers if w.holds_frames and w.worker_id not in queued)
+
+
+class SyncSteps(StepPolicy):
+    """One step over the whole round, once nobody who holds frames is still computing."""
+
+    name = "sync"
+    late_action: LateAction = "drop"
+
+    def take(self, view: QueueView) -> list[list[int]]:
+        if not view.pending or self._waiting_for(view, list(view.workers)) > 0:
+            return []
+        return [list(range(len(view.pending)))]
+
+    def refusal(self, base_version: int, version: int) -> str:
+        reason = super().refusal(base_version, version)
+        if not reason and base_version != version:
+            reason = f"sync mode: update on version {base_version}, round is {version}"
+        return reason
+
+
+class AsyncSteps(StepPolicy):
+    """A step per ``updates_per_step`` updates, whoever sent them; nobody is waited for
+    past their deadline."""
+
+    name = "async"
+
+    def counted(self, view: QueueView) -> list[WorkerView]:
+        """The workers a step is sized for and waits for: those keeping up. Once any has
+        delivered, only those that have (a newcomer may still be loading its data: its
+        updates are welcome, but nobody waits for its first)."""
+        timely = [w for w in view.workers if not w.late]
+        proven = [w for w in timely if w.delivered]
+        return proven or timely
+
+    def take(self, view: QueueView) -> list[list[int]]:
+        counted = self.counted(view)
+        wanted = self.updates_per_step or max(len(counted), 1)
+        queued = len(view.pending)
+        groups: list[list[int]] = []
+        start = 0
+        while queued - start >= wanted and len(groups) < MAX_FUSED_STEPS:
+            groups.append(list(range(start, start + wanted)))
+            start += wanted
+        rest = view.pending[start:]
+        if rest and len(groups) < MAX_FUSED_STEPS:
+            others = QueueView(rest, view.workers, view.version)
+            if self._waiting_for(others, counted) == 0:
+                groups.append(list(range(start, queued)))
+        return groups
+
+
+def make_step_policy(mode: str, updates_per_step: int = 0) -> StepPolicy:
+    """The policy of a job's ``mode``."""
+    policies: dict[str, type[StepPolicy]] = {"sync": SyncSteps, "async": AsyncSteps}
+    return policies[mode](updates_per_step)

@@ -1,0 +1,104 @@
+"""``ProgressWatch``: who is delivering, who is late, and by when each worker must deliver.
+
+No step may wait for a particular worker longer than its deadline (SNet v2's asynchronous
+mode exists so that a slow machine delays nobody; issue 12). A worker's deadline is
+measured, not configured: ``STALL_FACTOR`` times its own mean interval between updates
+(or, before it has delivered twice, the median of the others'), never less than
+``stall_seconds``. Its clock starts when it last delivered an update or, if later, when it
+was last given frames while it held none, so waiting for a lease never counts against it.
+Where being late costs the worker its connection (sync mode), its first update on a
+connection gets ``join_seconds`` more (it may still be loading the data); a worker scoring
+a CV set gets the time that takes at its measured rate.
+
+What the coordinator does with a late worker depends on the mode: in async mode a late
+worker is not counted or waited for, and its undelivered frames are taken back once the
+others have nothing left to do (``Coordinator.check_progress``); sync mode drops a worker
+that misses the round deadline. The arithmetic is here, apart from both, so that it can be
+tested with a clock in hand.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+STALL_FACTOR = 10.0  # a worker is late after this many of its usual intervals
+INTERVAL_WEIGHT = 0.2  # weight of the newest interval in the running mean
+
+
+@dataclass
+class DeliveryClock:
+    """One worker's delivery times (monotonic seconds)."""
+
+    joined_at: float
+    work_since: float | None = None  # given frames while it held none (None: holds none)
+    last_update_at: float | None = None
+    interval: float | None = None  # running mean seconds between its updates
+    seconds_per_pattern: float | None = None  # its measured compute time per pattern
+
+    @property
+    def delivered(self) -> bool:
+        """It has delivered at least one update on this connection."""
+        return self.last_update_at is not None
+
+    def got_work(self, now: float) -> None:
+        """It was given frames; its clock starts now if it held none."""
+        if self.work_since is None:
+            self.work_since = now
+
+    def ran_dry(self) -> None:
+        """It holds no undelivered frames any more."""
+        self.work_since = None
+
+    def update_arrived(self, now: float, patterns: int, compute_seconds: float) -> None:
+        """An update came in (accepted or refused: either way it is alive)."""
+        if self.work_since is not None and self.last_update_at is not None:
+            sample = max(now - self.work_since, 0.0)  # the first includes start-up: not counted
+            self.interval = (
+                sample
+                if self.interval is None
+                else (1 - INTERVAL_WEIGHT) * self.interval + INTERVAL_WEIGHT * sample
+            )
+        self.last_update_at = now
+        if patterns > 0 and compute_seconds > 0:
+            self.seconds_per_pattern = compute_seconds / patterns
+        if self.work_since is not None:
+            self.work_since = now  # it owes the next one from now
+
+    def settled(self, now: float) -> None:
+        """Its update was applied or refused: it was waiting on the server until now."""
+        if self.work_since is not None:
+            self.work_since = max(self.work_since, now)
+
+    def clock_start(self) -> float | None:
+        """Since when it owes an update (None: it holds no frames, it owes nothing)."""
+        return self.work_since
+
+
+@dataclass(frozen=True)
+class ProgressWatch:
+    """Deadlines from the workers' measured delivery intervals."""
+
+    stall_seconds: float = 2.0
+    join_seconds: float = 10.0
+
+    def deadline(
+        self,
+        clock: DeliveryClock,
+        others: list[DeliveryClock],
+        cv_frames: int = 0,
+        patient: bool = False,
+    ) -> float:
+        """Seconds the worker may take from ``clock.clock_start()`` to its next update
+        (``patient``: with the start-up allowance for a first update)."""
+        typical = clock.interval
+        if typical is None:
+            measured = [other.interval for other in others if other.interval is not None]
+            typical = statistics.median(measured) if measured else None
+        allowed = max(self.stall_seconds, STALL_FACTOR * typical if typical else 0.0)
+        if patient and not clock.delivered:
+            allowed += self.join_seconds
+        if cv_frames:
+            per_pattern = clock.seconds_per_pattern
+            allowed += STALL_FACTOR * cv_frames * per_pattern if per_pattern else self.join_seconds
+        return allowed

@@ -1,0 +1,125 @@
+"""Nothing one peer does can stop training for the others (issue 12, findings 1 and 2).
+
+Each test runs a real server and honest worker processes on 127.0.0.1 beside a hand-driven
+peer that misbehaves. The waits are liveness bounds well below the 60 s silence timeout:
+before the fix each of these runs stopped training until that timeout (or for good).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from snet.protocol.messages import ErrorMessage, Heartbeat, Lease, Update, Weights
+from snet.protocol.network import ElementLayout, NetworkSpec
+
+from helpers import SMALL_JOB, Cluster, RawClient, ServerProcess, wait_until
+
+LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
+FINISH_SECONDS = 45  # well below worker_timeout_seconds (60): no waiting out a silent peer
+
+
+def _exact_ledgers(status: dict[str, Any]) -> None:
+    assert len(status["epochs"]) == 2
+    for epoch in status["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0, ledger
+
+
+def _trained(server: ServerProcess) -> bool:
+    return bool(server.status()["state"] == "trained")
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_nan_update_then_disconnect_does_not_stop_training(cluster: Cluster, mode: str) -> None:
+    """The NaN update is refused at step time, after its sender is gone: the refusal
+    must not be written to the closed connection, and the step must go on."""
+    server = cluster.server(
+        "--mode", mode, "--epochs", "2", "--min-workers", "3", "--linger-seconds", "30",
+        *SMALL_JOB,
+    )  # fmt: skip
+    poisoner = RawClient(server.port, "poisoner")
+    poisoner.handshake()
+    for name in ("w1", "w2"):
+        cluster.worker(server, name)
+    weights = poisoner.receive(Weights)
+    lease = poisoner.receive(Lease, timeout=30)
+    poisoned = np.zeros(LAYOUT.size, dtype=np.float32)
+    poisoned[7] = np.nan
+    poisoner.send(Update(weights.version, lease.lease_id, 0, 64, 1.0, 0, 0.01, poisoned))
+    poisoner.close()  # gone before the step that finds the NaN
+
+    wait_until(lambda: _trained(server), FINISH_SECONDS, "training to finish")
+    status = server.status()
+    assert status["updates_rejected"] >= 1
+    _exact_ledgers(status)
+    assert "Traceback" not in server.log.read_text()
+    assert "never retrieved" not in server.log.read_text()
+
+
+def test_idle_worker_does_not_freeze_async_training(cluster: Cluster) -> None:
+    """A joined peer that holds leases and computes nothing (heartbeats only) delays no
+    one: its leases are taken back once the others have nothing left to do."""
+    server = cluster.server(
+        "--mode", "async", "--epochs", "2", "--min-workers", "3", "--linger-seconds", "30",
+        *SMALL_JOB,
+    )  # fmt: skip
+    idle = RawClient(server.port, "idle")
+    idle.handshake()
+    for name in ("w1", "w2"):
+        cluster.worker(server, name)
+    idle.receive(Lease, timeout=30)
+
+    def finished_with_idle_connected() -> bool:
+        idle.send(Heartbeat(0.0))  # stays connected and alive the whole time
+        return _trained(server)
+
+    wait_until(finished_with_idle_connected, FINISH_SECONDS, "training to finish")
+    status = server.status()
+    _exact_ledgers(status)
+    rows = {row["name"]: row for row in status["workers"]}
+    # not dropped (it stayed until the server, trained, said goodbye): its leases were revoked
+    assert rows["idle"]["left_reason"] == "server trained", rows["idle"]
+    assert rows["idle"]["leases_revoked"] >= 1
+    assert status["leases_revoked"] >= 1
+    idle.close()
+
+
+def test_many_idle_handshakes_do_not_freeze_async_training(cluster: Cluster) -> None:
+    server = cluster.server("--mode", "async", "--epochs", "2", "--linger-seconds", "30",
+                            *SMALL_JOB)  # fmt: skip
+    idlers = [RawClient(server.port, f"idle-{i}") for i in range(30)]
+    for client in idlers:
+        client.handshake()
+    for name in ("w1", "w2"):
+        cluster.worker(server, name)
+    wait_until(lambda: _trained(server), FINISH_SECONDS, "training to finish")
+    _exact_ledgers(server.status())
+    for client in idlers:
+        client.close()
+
+
+def test_idle_worker_is_dropped_from_sync_rounds(cluster: Cluster) -> None:
+    """Sync mode waits for every worker that holds frames, but only until the round
+    deadline derived from the measured round time: then it drops the one that is late
+    and says so."""
+    server = cluster.server(
+        "--mode", "sync", "--epochs", "2", "--min-workers", "3", "--linger-seconds", "30",
+        *SMALL_JOB,
+    )  # fmt: skip
+    idle = RawClient(server.port, "idle")
+    idle.handshake()
+    for name in ("w1", "w2"):
+        cluster.worker(server, name)
+    idle.receive(Lease, timeout=30)
+    refusal = idle.receive(ErrorMessage, timeout=FINISH_SECONDS)
+    assert refusal.fatal and refusal.code == "round_deadline", refusal
+    assert "round deadline" in refusal.text
+    wait_until(lambda: _trained(server), FINISH_SECONDS, "training to finish")
+    status = server.status()
+    _exact_ledgers(status)
+    assert status["workers_dropped_late"] == 1
+    assert "missed the round deadline" in server.log.read_text()
+    idle.close()

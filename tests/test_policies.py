@@ -1,0 +1,157 @@
+"""Each mode's step decision, driven from a plain list of pending updates: no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from snet.client.policies import AsyncCompute, ComputeState, SyncCompute, make_compute_policy
+from snet.server.policies import (
+    MAX_FUSED_STEPS,
+    AsyncSteps,
+    PendingView,
+    QueueView,
+    StepPolicy,
+    SyncSteps,
+    WorkerView,
+    make_step_policy,
+)
+from snet.server.progress import STALL_FACTOR, DeliveryClock, ProgressWatch
+
+
+def _view(
+    pending: list[int],
+    workers: int,
+    computing: set[int],
+    late: frozenset[int] = frozenset(),
+    new: frozenset[int] = frozenset(),
+) -> QueueView:
+    """``pending``: the queued updates' workers, oldest first; ``computing``: the workers
+    that still hold frames with no update for them; ``new``: not yet delivered."""
+    return QueueView(
+        tuple(PendingView(worker, 0) for worker in pending),
+        tuple(WorkerView(i, i in computing, i in late, i not in new) for i in range(workers)),
+        version=0,
+    )
+
+
+def _shape(view: QueueView, groups: list[list[int]]) -> list[list[int]]:
+    return [[view.pending[index].worker_id for index in group] for group in groups]
+
+
+def test_a_backlog_is_taken_as_consecutive_steps_up_to_the_limit() -> None:
+    policy = AsyncSteps(updates_per_step=1)
+    view = _view([0] * (MAX_FUSED_STEPS + 5), workers=1, computing={0})
+    groups = policy.take(view)
+    assert _shape(view, groups) == [[0]] * MAX_FUSED_STEPS
+    assert groups == [[i] for i in range(MAX_FUSED_STEPS)]  # consecutive, oldest first
+    rest = _view([0] * 5, workers=1, computing={0})  # the rest waits for the next pass
+    assert _shape(rest, policy.take(rest)) == [[0]] * 5
+    assert policy.take(_view([], workers=1, computing={0})) == []
+
+
+def test_async_groups_keep_updates_per_step_and_wait_for_computing_workers() -> None:
+    policy = AsyncSteps()  # one step per worker keeping up: 3 updates
+    view = _view([0, 1, 2, 0, 1], workers=3, computing={0, 1, 2})
+    assert _shape(view, policy.take(view)) == [[0, 1, 2]]
+    rest = _view([0, 1], workers=3, computing={0, 1, 2})
+    assert policy.take(rest) == []  # worker 2 is still computing: wait for it
+    done = _view([0, 1], workers=3, computing={0, 1})  # ...until it has nothing left to send
+    assert _shape(done, policy.take(done)) == [[0, 1]]
+
+
+def test_async_never_waits_for_a_late_worker() -> None:
+    """Issue 12: a joined worker that computes nothing froze every async step."""
+    policy = AsyncSteps()
+    view = _view([0, 1], workers=3, computing={0, 1, 2}, late=frozenset({2}))
+    assert _shape(view, policy.take(view)) == [[0, 1]]  # sized for the two keeping up
+    view = _view([0], workers=3, computing={1, 2}, late=frozenset({2}))
+    assert policy.take(view) == []  # worker 1 keeps up and computes: wait for it
+
+
+def test_async_does_not_wait_for_a_newcomers_first_update() -> None:
+    policy = AsyncSteps()
+    view = _view([0, 1], workers=3, computing={0, 1, 2}, new=frozenset({2}))
+    assert _shape(view, policy.take(view)) == [[0, 1]]
+    start = _view([0], workers=2, computing={0, 1}, new=frozenset({0, 1}))
+    assert policy.take(start) == []  # at the start nobody has delivered: all are waited for
+
+
+@pytest.mark.parametrize("computing", [0, 1])
+def test_sync_takes_the_whole_round_once_nobody_is_expected(computing: int) -> None:
+    policy = SyncSteps()
+    view = _view([0, 1], workers=3, computing={2} if computing else set())
+    groups = policy.take(view)
+    assert _shape(view, groups) == ([] if computing else [[0, 1]])
+
+
+def test_sync_waits_for_a_late_worker_until_it_is_dropped() -> None:
+    policy = SyncSteps()
+    view = _view([0, 1], workers=3, computing={2}, late=frozenset({2}))
+    assert policy.take(view) == [] and policy.late_action == "drop"
+    assert AsyncSteps().late_action == "revoke"
+
+
+def test_versions_each_policy_takes() -> None:
+    assert SyncSteps().refusal(3, 3) == ""
+    assert "round is 4" in SyncSteps().refusal(3, 4)
+    assert AsyncSteps().refusal(3, 4) == ""  # stale, but async takes it
+    for policy in (SyncSteps(), AsyncSteps()):
+        assert "unknown weights version 5" in policy.refusal(5, 4)
+        assert "unknown weights version -1" in policy.refusal(-1, 4)
+
+
+def test_make_step_policy_names_the_modes() -> None:
+    assert isinstance(make_step_policy("sync"), SyncSteps)
+    policy: StepPolicy = make_step_policy("async", 4)
+    assert isinstance(policy, AsyncSteps) and policy.updates_per_step == 4
+
+
+# ---------------------------------------------------------------- deadlines
+
+
+def test_a_deadline_follows_the_workers_measured_interval() -> None:
+    watch = ProgressWatch(stall_seconds=2.0, join_seconds=10.0)
+    clock = DeliveryClock(joined_at=0.0)
+    clock.got_work(0.0)
+    assert watch.deadline(clock, []) == 2.0  # nothing measured: the floor
+    assert watch.deadline(clock, [], patient=True) == 12.0  # sync: time to load the data
+    clock.update_arrived(5.0, 64, 0.5)  # the first: start-up, not an interval
+    assert clock.interval is None and clock.clock_start() == 5.0
+    clock.update_arrived(5.5, 64, 0.5)
+    assert clock.interval == pytest.approx(0.5)
+    assert watch.deadline(clock, []) == pytest.approx(STALL_FACTOR * 0.5)
+    clock.ran_dry()
+    assert clock.clock_start() is None  # holds no frames: owes nothing
+
+
+def test_a_newcomer_is_judged_by_the_others_intervals_and_a_scorer_by_its_rate() -> None:
+    watch = ProgressWatch(stall_seconds=0.1, join_seconds=0.0)
+    others = []
+    for interval in (0.2, 0.3, 0.4):
+        other = DeliveryClock(0.0, interval=interval)
+        others.append(other)
+    newcomer = DeliveryClock(0.0)
+    assert watch.deadline(newcomer, others) == pytest.approx(STALL_FACTOR * 0.3)
+    scorer = DeliveryClock(0.0, interval=0.05, seconds_per_pattern=1e-4)
+    assert watch.deadline(scorer, others, cv_frames=1000) == pytest.approx(
+        STALL_FACTOR * 0.05 + STALL_FACTOR * 1000 * 1e-4
+    )
+
+
+# ---------------------------------------------------------------- the worker's side
+
+
+def test_sync_worker_waits_for_the_step_of_its_update_unless_refused() -> None:
+    policy = make_compute_policy("sync", max_in_flight=2)
+    assert isinstance(policy, SyncCompute)
+    assert policy.may_compute(ComputeState(version=0, last_base=-1, in_flight=0))  # first
+    assert not policy.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
+    assert policy.may_compute(ComputeState(version=4, last_base=3, in_flight=0))  # stepped
+    assert policy.may_compute(ComputeState(version=3, last_base=3, in_flight=0))  # refused
+
+
+def test_async_worker_never_waits_for_weights_only_for_its_in_flight_bound() -> None:
+    policy = make_compute_policy("async", max_in_flight=2)
+    assert isinstance(policy, AsyncCompute)
+    assert policy.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
+    assert not policy.may_compute(ComputeState(version=9, last_base=3, in_flight=2))
