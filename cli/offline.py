@@ -111,7 +111,9 @@ def _score(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -> dic
         if not spec.test_source:
             raise ConfigError(f"{args.weights}'s job has no test file: name one with --test-data")
         test = open_source(spec.part("test"))
-        check_against_network(test, spec.window, network.input_size, network.output_size)
+        check_against_network(
+            test, spec.window, network.input_size, network.output_size, every_class=False
+        )
         # the function the server scores the test file with, so the figures agree
         return score_test_set(network, saved.flat, test, norms, spec.context)
     source = open_job_source(spec)

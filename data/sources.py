@@ -206,8 +206,12 @@ def open_source(spec: DataSpec) -> FrameSource:
     )
 
 
-def check_against_network(source: FrameSource, window: int, inputs: int, outputs: int) -> None:
-    """A clear error when the data does not fit the network (features or labels)."""
+def check_against_network(
+    source: FrameSource, window: int, inputs: int, outputs: int, *, every_class: bool = True
+) -> None:
+    """A clear error when the data does not fit the network (features or labels). Training
+    data must have a label for the network's last output (``every_class``); a test file
+    scored with the weights may lack some classes."""
     if source.features * window != inputs:
         hint = ""
         if source.features == inputs:
@@ -229,7 +233,7 @@ def check_against_network(source: FrameSource, window: int, inputs: int, outputs
             f"{source.labels.max()} (frame {bad} has label {source.labels[bad]}), "
             f"but the network has {outputs} outputs (labels 0..{outputs - 1})"
         )
-    if len(source.labels) and outputs > source.labels.max() + 1:
+    if every_class and len(source.labels) and outputs > source.labels.max() + 1:
         classes = int(source.labels.max()) + 1
         raise DataError(
             f"{source.description} has {classes} classes (labels 0..{classes - 1}), but the "

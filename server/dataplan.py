@@ -56,7 +56,9 @@ def plan_data(job: JobSpec) -> DataPlan:
     check_against_network(source, job.data.window, network.input_size, network.output_size)
     test = open_source(job.data.part("test")) if job.data.test_source else None
     if test is not None:
-        check_against_network(test, job.data.window, network.input_size, network.output_size)
+        check_against_network(
+            test, job.data.window, network.input_size, network.output_size, every_class=False
+        )
     train, cv = split_frames(job.data, source.lengths, source.cv_utterances)
     norms = job_norms(job.data, source, train)
     bounds = UtteranceBounds(source.lengths)
