@@ -210,3 +210,28 @@ def test_an_unusable_cache_directory_means_a_copy_of_its_own(
     norms = Norms(np.zeros(784), np.ones(784))
     assert shared_frames(source, norms, blocker / "cache") is None
     assert "cannot use the data cache" in caplog.text
+
+
+def test_eval_flags_are_decoded_on_top_of_the_saved_data(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from snet.cli.main import _parser
+    from snet.cli.offline import eval_spec
+    from snet.protocol.errors import ConfigError
+    from snet.protocol.network import NetworkSpec
+    from snet.server.export import SavedWeights
+
+    monkeypatch.delenv("SNET_JOB_DATA_SPLIT_SEED", raising=False)
+    job = DataSpec(source="t.npz", cv_source="cv.npz", context=0, norm_file="job.norms")
+    saved = SavedWeights(NetworkSpec((784, 10), ()), np.zeros(7850, "f4"), 1, None, 0, job)
+
+    def spec(*flags: str) -> DataSpec:
+        return eval_spec(_parser().parse_args(["eval", "--weights", "w.npz", *flags]), saved)
+
+    assert spec() == DataSpec(source="t.npz", cv_source="cv.npz", context=0)  # saved norms
+    assert spec("--split-seed", "7", "--test-data", "x.npz").split_seed == 7
+    assert spec("--test-data", "x.npz").test_source == "x.npz"
+    monkeypatch.setenv("SNET_JOB_DATA_SPLIT_SEED", "3")
+    assert spec().split_seed == 3
+    with pytest.raises(ConfigError, match=r"--context: 'two' is not a whole number"):
+        spec("--context", "two")
