@@ -58,9 +58,13 @@ def add_field_flags(
         default = (defaults or {}).get(field.name, default_of(field))
         text = str(field.metadata["help"])  # every field has help: a KeyError here is a bug
         flag = flag_name(field)
+        switch: dict[str, Any] = {}
+        if field.type in (bool, "bool"):  # --insecure alone means true; a value may follow
+            switch = {"nargs": "?", "const": "true"}
         parser.add_argument(
             flag,
             dest=field.name,
+            **switch,
             metavar="{" + ",".join(choices) + "}"
             if choices
             else flag[2:].replace("-", "_").upper(),

@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
         "--url", default=None, help="HTTP address (default SNET_URL or http://127.0.0.1:7080)"
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument(
+        "--token-file", help="the server's token, read from this file (default SNET_TOKEN)"
+    )
 
     plan = commands.add_parser(
         "plan", help="predict MCUPS and speed-up per strategy and mode (performance models)"

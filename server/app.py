@@ -33,6 +33,7 @@ from .dataplan import plan_data
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
 from .progress import ProgressWatch
+from .security import resolve_token
 from .service import PidFile, notify
 from .testset import score_test_set
 from .training import Coordinator
@@ -77,6 +78,7 @@ class SnetServer:
         """
         loop = asyncio.get_running_loop()
         job = self.config.job
+        token = resolve_token(self.config)  # before anything else: a refusal costs nothing
         if self.pid_file is not None:
             self.pid_file.claim()
         plan = await loop.run_in_executor(self.executor, plan_data, job)
@@ -104,7 +106,6 @@ class SnetServer:
         self.coordinator.on_finished = self._on_trained
         self.coordinator.on_failure = self.request_stop
         limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
-        token = self.config.token or None
         where = f"{self.config.host}:{self.config.port}"
         try:
             self._tcp = await loop.create_server(
@@ -122,7 +123,7 @@ class SnetServer:
             )
             self.port = self._tcp.sockets[0].getsockname()[1]
             where = f"{self.config.http_bind_host}:{self.config.http_port} (HTTP)"
-            self._http = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=5.0)
+            self._http = web.AppRunner(make_app(self, token), access_log=None, shutdown_timeout=5.0)
             await self._http.setup()
             site = web.TCPSite(self._http, self.config.http_bind_host, self.config.http_port)
             await site.start()

@@ -35,6 +35,19 @@ class ServerConfig:
         default="",
         metadata={"help": "shared secret workers must prove (empty: none required)"},
     )
+    token_file: str = field(
+        default="",
+        metadata={
+            "help": "read the shared secret from this file (keeps it out of ps and the environment)"
+        },
+    )
+    insecure: bool = field(
+        default=False,
+        metadata={
+            "help": "allow listening beyond loopback without a token (anyone who reaches "
+            "the ports could then change the weights)"
+        },
+    )
     out_dir: str = field(
         default="snet-out", metadata={"help": "directory for the weights, norms and stats"}
     )

@@ -51,6 +51,9 @@ def test_three_workers_on_their_own_hosts_one_link_cut_and_mended(
     monitor_ip = lab.add_host("mon", 100)
     worker_ips = {name: lab.add_host(name, 10 + i) for i, name in enumerate(WORKERS, 1)}
     tmp = cluster.tmp_path
+    # A server beyond loopback needs a token: every host has it in its environment, as a
+    # systemd unit's EnvironmentFile would give it (server, workers and snet status).
+    cluster.env["SNET_TOKEN"] = "many-hosts-secret"
     ready, out_dir = tmp / "server.ready", tmp / "server-out"
     server = cluster._spawn(
         [
