@@ -36,7 +36,8 @@ def test_page_is_self_contained_and_events_stream_status(cluster: Cluster) -> No
     with urllib.request.urlopen(server.url + "/", timeout=10) as response:
         assert response.headers["Content-Type"] == "text/html; charset=utf-8"
         page = response.read().decode()
-    assert 'new EventSource("events")' in page
+    # the stream is the relative "events" (with ?token=... when the page was opened so)
+    assert re.search(r'new EventSource\(token \? "events\?token=" \+ .* : "events"\)', page)
     # Nothing is loaded from elsewhere: no external scripts, styles, fonts or images.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert not re.search(r"""@import|url\(\s*["']?(https?:)?//""", page)
