@@ -54,7 +54,7 @@ from .connection import (
 )
 from .data import Corpus
 from .joining import Joining
-from .policies import ComputeState, make_compute_policy
+from .policies import Compute, ComputeState, make_compute_policy
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
@@ -245,7 +245,9 @@ class Worker(Joining):
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and connection.send_buffers is not None
         loop = asyncio.get_running_loop()
-        policy = make_compute_policy(self.job.mode, self.job.max_in_flight)
+        policy = make_compute_policy(self.job)
+        compute = policy.make_compute(self.backend, box.layout, self.job)
+        per_update = policy.frames_per_update(self.job)
         last_base = -1
         scratch = box.layout.allocate()
         while True:
@@ -271,21 +273,22 @@ class Worker(Joining):
                 await self._wake.wait()
                 continue
             assert weights is not None
-            lease, offset, frames = self._work.next_bunch(self.job.bunch_size)
-            count = len(frames)
+            lease, offset, frames = self._work.next_bunch(per_update)
+            rate = lease.learning_rate or weights.learning_rate  # bmuf: the lease's epoch
             started = time.perf_counter()
             if self.compressor is None:
                 gradient = await connection.send_buffers.acquire()
-                loss, correct = await loop.run_in_executor(
-                    self.executor, self.backend.gradient, weights.flat, frames, gradient
+                loss, correct, count = await loop.run_in_executor(
+                    self.executor, compute, weights.flat, frames, gradient, rate
                 )
                 connection.send_buffers.mark_in_flight(gradient)
                 encoded = None
             else:  # the encoded parts are new arrays: one scratch gradient buffer will do
                 key = (lease.lease_id, offset)
-                loss, correct, encoded = await loop.run_in_executor(
-                    self.executor, self._compressed_gradient, weights.flat, frames, scratch, key
-                )
+                loss, correct, count, encoded = await loop.run_in_executor(
+                    self.executor, self._compressed, compute, weights.flat, frames, scratch,
+                    rate, key,
+                )  # fmt: skip
                 gradient = np.zeros(0, dtype=np.float32)
             seconds = time.perf_counter() - started
             connection.send(
@@ -311,13 +314,20 @@ class Worker(Joining):
             last_base = weights.version
             self._work.advance(count)
 
-    def _compressed_gradient(
-        self, weights: np.ndarray, frames: np.ndarray, scratch: np.ndarray, key: UpdateKey
-    ) -> tuple[float, int, Encoded]:
-        """Compute thread: the gradient sum, then its encoding with error feedback."""
+    def _compressed(
+        self,
+        compute: Compute,
+        weights: np.ndarray,
+        frames: np.ndarray,
+        scratch: np.ndarray,
+        rate: float,
+        key: UpdateKey,
+    ) -> tuple[float, int, int, Encoded]:
+        """Compute thread: the update (a gradient sum, or a block's delta), then its
+        encoding with error feedback."""
         assert self.compressor is not None
-        loss, correct = self.backend.gradient(weights, frames, scratch)
-        return loss, correct, self.compressor.compress(scratch, key, len(frames))
+        loss, correct, count = compute(weights, frames, scratch, rate)
+        return loss, correct, count, self.compressor.compress(scratch, key, count)
 
     def _undo_refused(self, message: ErrorMessage) -> None:
         """A refused compressed update gives back what it carried from the residual (the

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import canonical
+from .codecs import canonical, carries_momentum
 from .errors import ConfigError
 from .network import NetworkSpec
 
-MODES = ("sync", "async")
+MODES = ("sync", "async", "bmuf")
+BLOCK_FILTERS = ("cbm", "nbm", "average", "nesterov")
 SCHEDULES = ("list", "newbob")
 FRAME_ORDERS = ("shuffled", "sequential")
 
@@ -193,6 +194,41 @@ class JobSpec:
             "parallel": True,
         },
     )
+    block_bunches: int = field(
+        default=16,
+        metadata={"help": "bmuf: bunches a worker trains on its own per block (tau)",
+                  "parallel": True},
+    )  # fmt: skip
+    block_seconds: float = field(
+        default=0.0,
+        metadata={"help": "bmuf: end a block after this much compute instead (0: after "
+                  "block_bunches)", "parallel": True},
+    )  # fmt: skip
+    block_filter: str = field(
+        default="cbm",
+        metadata={
+            "help": "bmuf: how the server combines blocks: cbm (classical block momentum), "
+            "nbm (Nesterov block momentum), average (model averaging), nesterov (an outer "
+            "Nesterov optimiser, as DiLoCo)",
+            "choices": BLOCK_FILTERS,
+            "parallel": True,
+        },
+    )
+    block_momentum: float = field(
+        default=-1.0,
+        metadata={"help": "bmuf: block momentum eta (negative: the filter's default: 1 - 1/N "
+                  "for cbm and nbm, 0 for average, 0.9 for nesterov)", "parallel": True},
+    )  # fmt: skip
+    block_lr: float = field(
+        default=-1.0,
+        metadata={"help": "bmuf: block learning rate zeta, the outer rate for nesterov "
+                  "(negative: 1, or 0.7 for nesterov)", "parallel": True},
+    )  # fmt: skip
+    block_sync: bool = field(
+        default=True,
+        metadata={"help": "bmuf: the server waits for every worker's block (false: filters "
+                  "each block as it arrives, scaled by 1/N)", "parallel": True},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -223,7 +259,18 @@ class JobSpec:
             raise ConfigError(f"frame_order must be one of {FRAME_ORDERS}")
         if self.shuffle_cache_bunches < 1:
             raise ConfigError("shuffle_cache_bunches must be >= 1 (1: no worker shuffle)")
+        if self.block_bunches < 1 or self.block_seconds < 0:
+            raise ConfigError("block_bunches must be >= 1 and block_seconds >= 0")
+        if self.block_filter not in BLOCK_FILTERS:
+            raise ConfigError(f"block_filter must be one of {BLOCK_FILTERS}")
+        if self.block_momentum >= 1.0 or self.block_lr == 0.0:
+            raise ConfigError("block_momentum must be < 1 and block_lr non-zero")
         object.__setattr__(self, "compress", canonical(self.compress))
+        if self.mode == "bmuf" and carries_momentum(self.compress):
+            raise ConfigError(
+                f"compress {self.compress} carries the worker's momentum for gradients; bmuf "
+                "workers send model deltas: use none, fp16, int8, sign or powersgd:R"
+            )
         expected_input = 13 * self.data.window if self.data.source == "fsdd" else None
         if expected_input is not None and self.network.input_size != expected_input:
             raise ConfigError(

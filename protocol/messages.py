@@ -120,6 +120,8 @@ class Lease:
     lease_id: int
     epoch: int
     indices: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    # the epoch's learning rate (0: not given), for a worker that steps locally (bmuf)
+    learning_rate: float = 0.0
 
 
 @dataclass(frozen=True)

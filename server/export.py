@@ -62,7 +62,7 @@ def current_weights_npz(coordinator: Coordinator) -> bytes:
     """The coordinator's current weights, normalisation and context as an .npz."""
     return weights_npz(
         coordinator.job.network,
-        coordinator.rule.snapshot,
+        coordinator.rule.model,
         coordinator.version,
         coordinator.epoch,
         coordinator.plan.norms,

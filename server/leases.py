@@ -84,11 +84,15 @@ class LeaseBook:
 
     @classmethod
     def for_job(cls, job: JobSpec, train_frames: np.ndarray, total_frames: int) -> LeaseBook:
-        """The book for ``job``'s chunk size, seed, shuffle cache and frame order."""
+        """The book for ``job``'s chunk size, seed, shuffle cache and frame order (bmuf: a
+        chunk holds at least one whole block, so blocks are not cut at lease ends)."""
+        chunk = job.chunk_frames
+        if job.mode == "bmuf" and job.block_seconds == 0:
+            chunk = max(chunk, job.block_bunches * job.bunch_size)
         return cls(
             train_frames,
             total_frames,
-            job.chunk_frames,
+            chunk,
             job.seed,
             cache_frames=job.bunch_size * job.shuffle_cache_bunches,
             sequential=job.frame_order == "sequential",

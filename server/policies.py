@@ -31,6 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
+from snet.protocol.codecs import carries_momentum
+from snet.protocol.job import JobSpec
+
+from .block_filter import BlockFilter
+from .update_rule import StepRule, UpdateRule
+
 MAX_FUSED_STEPS = 16  # steps applied in one pass when updates pile up (bounds latency)
 
 LateAction = Literal["drop", "revoke"]
@@ -72,10 +80,18 @@ class StepPolicy:
     def __init__(self, updates_per_step: int = 0) -> None:
         self.updates_per_step = updates_per_step
 
+    def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
+        """How a step's updates combine: momentum SGD on gradient sums by default."""
+        return UpdateRule(weights, job.momentum)
+
     def take(self, view: QueueView) -> list[list[int]]:
         """The steps that are ready now: each a list of indexes into ``view.pending``, in
         the order the steps are to be applied (an empty list: wait)."""
         raise NotImplementedError
+
+    def codec_problem(self, update_codec: str) -> str:
+        """Why a worker may not send updates in ``update_codec`` ("" if it may)."""
+        return ""
 
     def refusal(self, base_version: int, version: int) -> str:
         """Why an update computed on ``base_version`` cannot be queued ("" if it can)."""
@@ -139,7 +155,48 @@ class AsyncSteps(StepPolicy):
         return groups
 
 
-def make_step_policy(mode: str, updates_per_step: int = 0) -> StepPolicy:
-    """The policy of a job's ``mode``."""
+def block_codec_problem(update_codec: str) -> str:
+    """bmuf workers send model deltas: a codec that folds the worker's momentum into
+    gradients (topk) would distort them."""
+    if carries_momentum(update_codec):
+        return (
+            f"update codec {update_codec} carries a worker's momentum for gradients; bmuf "
+            "workers send model deltas: use none, fp16, int8, sign or powersgd:R"
+        )
+    return ""
+
+
+class SyncBlocks(SyncSteps):
+    """bmuf, synchronous blocks: one filtered step over every worker's block delta."""
+
+    name = "bmuf"
+
+    def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
+        return BlockFilter(weights, job)
+
+    def codec_problem(self, update_codec: str) -> str:
+        return block_codec_problem(update_codec)
+
+
+class AsyncBlocks(AsyncSteps):
+    """bmuf, asynchronous blocks: each delta is filtered as it arrives (scaled by 1/N),
+    so a slow machine delays nobody."""
+
+    name = "bmuf"
+
+    def __init__(self, updates_per_step: int = 0) -> None:
+        super().__init__(1)  # a block is a step of its own
+
+    def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
+        return BlockFilter(weights, job)
+
+    def codec_problem(self, update_codec: str) -> str:
+        return block_codec_problem(update_codec)
+
+
+def make_step_policy(job: JobSpec) -> StepPolicy:
+    """The policy of a job's ``mode`` (bmuf: sync or async blocks, ``block_sync``)."""
+    if job.mode == "bmuf":
+        return SyncBlocks() if job.block_sync else AsyncBlocks()
     policies: dict[str, type[StepPolicy]] = {"sync": SyncSteps, "async": AsyncSteps}
-    return policies[mode](updates_per_step)
+    return policies[job.mode](job.updates_per_step)

@@ -75,6 +75,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
             coordinator.departed.codecs,
         ),
         "departed": coordinator.departed.summary(),
+        "rule": coordinator.rule.figures() or None,  # bmuf: the block filter
         "workers": workers,
         "epochs": [record.as_dict() for record in stats.epochs],
         "schedule": coordinator.job.schedule,

@@ -30,7 +30,7 @@ from snet.protocol.messages import Update
 from .plausible import NormBounds
 from .pool import PooledElement, is_finite
 from .session import WorkerSession
-from .update_rule import UpdateRule
+from .update_rule import StepRule
 
 OVERFLOW = "the sum of these updates overflows float32"  # each finite, their step is not
 NOT_FINITE = "update contains NaN or infinite values"
@@ -75,7 +75,7 @@ class StepOutcome:
 class StepRunner:
     """Runs the update rule over groups of pending updates in the step thread."""
 
-    def __init__(self, rule: UpdateRule, executor: Executor) -> None:
+    def __init__(self, rule: StepRule, executor: Executor) -> None:
         self.rule = rule
         self.executor = executor
         self.bounds = NormBounds()  # only ever used in the step thread

@@ -62,7 +62,6 @@ from .progress import ProgressWatch
 from .session import WorkerSession
 from .stats import TrainingStats
 from .stepping import PendingUpdate, StepOutcome, StepRunner, trace_record
-from .update_rule import UpdateRule
 
 log = logging.getLogger("snet.server")
 
@@ -87,10 +86,10 @@ class Coordinator:
         self.layout = ElementLayout.for_network(job.network)
         self.connections = job.network.connections
         start = initial_weights(job.network, job.seed) if weights is None else weights
-        self.rule = UpdateRule(start, job.momentum)
+        self.policy = make_step_policy(job)
+        self.rule = self.policy.make_rule(start, job)
         self.pool = ElementPool(self.layout, pool_size)
         self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames)
-        self.policy = make_step_policy(job.mode, job.updates_per_step)
         self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
         self.runner = StepRunner(self.rule, executor)
         self.inline = InlineFrames(plan, job.data.context)
@@ -134,6 +133,7 @@ class Coordinator:
     def add_worker(self, session: WorkerSession) -> None:
         """A worker passed the handshake: send it the job, the weights and its frames."""
         self.sessions[session.worker_id] = session
+        self.rule.set_workers(len(self.sessions))
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         codecs = session.ledger.agreed() if session.ledger is not None else {}
         session.send(Welcome(session.worker_id, self.job.to_dict(), codecs))
@@ -150,6 +150,7 @@ class Coordinator:
         """A worker left (goodbye, lost connection, timeout): requeue its frames."""
         if self.sessions.pop(session.worker_id, None) is None:
             return
+        self.rule.set_workers(len(self.sessions))
         session.state, session.left_reason = "gone", reason
         self.departed.add(session)
         returned = self.desk.worker_gone(session)
@@ -180,7 +181,7 @@ class Coordinator:
 
     def fill_leases(self) -> None:
         if not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
-            self.desk.fill(self.sessions.values())
+            self.desk.fill(self.sessions.values(), self.learning_rate)
 
     def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """The worker cannot read the data: send its frames inline from now on."""
@@ -287,7 +288,7 @@ class Coordinator:
             self._refuse_queued(pending, reason)
         if outcome.snapshot is None:
             return
-        self.rule.snapshot = outcome.snapshot  # published with its version, on the event loop
+        self.rule.publish(outcome.snapshot)  # with its version, on the event loop
         self.stats.record_pass()
         for batch in outcome.applied:
             base = self.version
@@ -346,7 +347,7 @@ class Coordinator:
         accuracy = 100 * self.stats.train_accuracy(epoch)
         log.info("epoch %d done at version %d: train accuracy %.2f%%", epoch, self.version,
                  accuracy)  # fmt: skip
-        self.evaluations.add(epoch, self.version, self.rule.snapshot)
+        self.evaluations.add(epoch, self.version, self.rule.model)
         following = self.epochs.epoch_trained(epoch)
         if following is not None:
             self._start_epoch(following)

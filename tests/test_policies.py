@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from snet.client.policies import AsyncCompute, ComputeState, SyncCompute, make_compute_policy
+from snet.protocol.job import JobSpec
 from snet.server.policies import (
     MAX_FUSED_STEPS,
+    AsyncBlocks,
     AsyncSteps,
     PendingView,
     QueueView,
     StepPolicy,
+    SyncBlocks,
     SyncSteps,
     WorkerView,
     make_step_policy,
@@ -101,9 +104,13 @@ def test_versions_each_policy_takes() -> None:
 
 
 def test_make_step_policy_names_the_modes() -> None:
-    assert isinstance(make_step_policy("sync"), SyncSteps)
-    policy: StepPolicy = make_step_policy("async", 4)
+    assert isinstance(make_step_policy(JobSpec(mode="sync")), SyncSteps)
+    policy: StepPolicy = make_step_policy(JobSpec(mode="async", updates_per_step=4))
     assert isinstance(policy, AsyncSteps) and policy.updates_per_step == 4
+    blocks = make_step_policy(JobSpec(mode="bmuf"))
+    assert isinstance(blocks, SyncBlocks) and blocks.late_action == "drop"
+    loose = make_step_policy(JobSpec(mode="bmuf", block_sync=False))
+    assert isinstance(loose, AsyncBlocks) and loose.updates_per_step == 1  # each block alone
 
 
 # ---------------------------------------------------------------- deadlines
@@ -142,7 +149,7 @@ def test_a_newcomer_is_judged_by_the_others_intervals_and_a_scorer_by_its_rate()
 
 
 def test_sync_worker_waits_for_the_step_of_its_update_unless_refused() -> None:
-    policy = make_compute_policy("sync", max_in_flight=2)
+    policy = make_compute_policy(JobSpec(mode="sync", max_in_flight=2))
     assert isinstance(policy, SyncCompute)
     assert policy.may_compute(ComputeState(version=0, last_base=-1, in_flight=0))  # first
     assert not policy.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
@@ -151,7 +158,7 @@ def test_sync_worker_waits_for_the_step_of_its_update_unless_refused() -> None:
 
 
 def test_async_worker_never_waits_for_weights_only_for_its_in_flight_bound() -> None:
-    policy = make_compute_policy("async", max_in_flight=2)
+    policy = make_compute_policy(JobSpec(mode="async", max_in_flight=2))
     assert isinstance(policy, AsyncCompute)
     assert policy.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
     assert not policy.may_compute(ComputeState(version=9, last_base=3, in_flight=2))

@@ -225,7 +225,7 @@ def samples() -> list[Sample]:
         ),
         Sample(
             "lease",
-            {"lease_id": 7, "epoch": 0},
+            {"lease_id": 7, "epoch": 0, "learning_rate": 0.0},
             [("<i8", [3], indices)],
             Lease(7, 0, np.array([5, 9, 2], dtype="<i8")),
         ),
