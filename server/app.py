@@ -255,7 +255,7 @@ class SnetServer:
                 self.executor,
                 score_test_set,
                 job.network,
-                coordinator.rule.snapshot,
+                coordinator.rule.model,  # the weights saved (bmuf: not the snapshot sent)
                 plan.test,
                 plan.norms,
                 job.data.context,

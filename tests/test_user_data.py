@@ -225,3 +225,25 @@ def test_eval_flags_are_decoded_on_top_of_the_saved_data(
     assert spec().split_seed == 3
     with pytest.raises(ConfigError, match=r"--context: 'two' is not a whole number"):
         spec("--context", "two")
+
+
+def test_bmuf_scores_the_test_file_with_the_weights_it_saves(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With Nesterov block momentum the weights sent to workers (the look-ahead point) are
+    not the model saved: the test file is scored with the saved model, as snet eval is."""
+    server = cluster.server(
+        "--data", str(image_set(tmp_path / "train.npz", 800, 1)),
+        "--test-data", str(image_set(tmp_path / "test.npz", 300, 3)),
+        *IMAGE_JOB, "--epochs", "2", "--learning-rates", "0.05", "--mode", "bmuf",
+        "--block-filter", "nbm", "--block-bunches", "2", "--block-momentum", "0.5",
+    )  # fmt: skip
+    worker = cluster.worker(server, "alone", "--backend", "numpy")
+    assert server.wait(120) == 0, server.log.read_text()[-3000:]
+    assert worker.wait(30) == 0
+    status = server.final_status()
+    assert status["rule"]["blocks"] > 0 and status["test"]["frames"] == 300
+    weights = str(server.out_dir / "weights.npz")
+    tested = run_snet("eval", "--weights", weights, "--subset", "test", "--json", cwd=tmp_path)
+    assert tested.returncode == 0, tested.stderr
+    assert json.loads(tested.stdout)["loss"] == status["test"]["loss"]
