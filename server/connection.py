@@ -207,7 +207,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
             raise AuthError("wrong or missing token proof")
         try:
             codecs = agree_codecs(hello.capabilities, self.coordinator.job.compress)
-            problem = self.coordinator.policy.codec_problem(codecs["update"])
+            problem = self.coordinator.policy.combination.codec_problem(codecs["update"])
             if problem:
                 raise UnknownCodec(problem)
         except UnknownCodec:

@@ -83,12 +83,11 @@ class LeaseBook:
     _ledger: EpochLedger | None = None  # the current epoch's (its summary is kept in stats)
 
     @classmethod
-    def for_job(cls, job: JobSpec, train_frames: np.ndarray, total_frames: int) -> LeaseBook:
-        """The book for ``job``'s chunk size, seed, shuffle cache and frame order (bmuf: a
-        chunk holds at least one whole block, so blocks are not cut at lease ends)."""
-        chunk = job.chunk_frames
-        if job.mode == "bmuf" and job.block_seconds == 0:
-            chunk = max(chunk, job.block_bunches * job.bunch_size)
+    def for_job(
+        cls, job: JobSpec, train_frames: np.ndarray, total_frames: int, chunk: int
+    ) -> LeaseBook:
+        """The book for ``job``'s seed, shuffle cache and frame order, in chunks of
+        ``chunk`` frames (the mode's policy says how many: ``StepPolicy.chunk_frames``)."""
         return cls(
             train_frames,
             total_frames,

@@ -56,6 +56,11 @@ class LeaseDesk:
                 self.inline.send(session, lease.chunk)
                 session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8"), rate))
 
+    def note_if_dry(self, session: WorkerSession) -> None:
+        """A worker with no undelivered frames owes nothing until it is given some."""
+        if self.book.remaining_frames(session.worker_id) == 0:
+            session.clock.ran_dry()
+
     def wants_more(self, session: WorkerSession) -> bool:
         return len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER
 

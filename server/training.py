@@ -4,10 +4,10 @@ Each part owns its state and nothing writes another's fields:
 
 - ``ElementPool`` (pool.py): preallocated elements updates are received into;
 - ``UpdateIntake`` (intake.py): an update checked and turned into a pending one;
-- the mode's ``StepPolicy`` (policies.py): which queued updates make a step;
+- the mode's ``StepPolicy`` (policies.py): which queued updates make a step, and its
+  ``Combination``: how they combine (the rule: momentum SGD, or bmuf's block filter);
 - ``StepRunner`` (stepping.py): the update rule applied in the step thread, NaN-safe;
-- ``LeaseBook`` (leases.py), ``LeaseDesk`` (leasing.py), ``InlineFrames`` (inline.py): who
-  trains on which frames;
+- ``LeaseBook``, ``LeaseDesk``, ``InlineFrames``: who trains on which frames;
 - ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
 - ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
 - ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
@@ -87,9 +87,10 @@ class Coordinator:
         self.connections = job.network.connections
         start = initial_weights(job.network, job.seed) if weights is None else weights
         self.policy = make_step_policy(job)
-        self.rule = self.policy.make_rule(start, job)
+        self.rule = self.policy.combination.make_rule(start, job)
         self.pool = ElementPool(self.layout, pool_size)
-        self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames)
+        chunk = self.policy.combination.chunk_frames(job)
+        self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames, chunk)
         self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
         self.runner = StepRunner(self.rule, executor)
         self.inline = InlineFrames(plan, job.data.context)
@@ -123,10 +124,6 @@ class Coordinator:
     @property
     def learning_rate(self) -> float:
         return self.epochs.rate
-
-    @property
-    def received_queue(self) -> int:
-        return len(self._received)
 
     # ------------------------------------------------------------ workers
 
@@ -203,7 +200,7 @@ class Coordinator:
             self.stats.updates_rejected += 1
             self.send_weights(session)  # tells the worker the update is settled
             self.fill_leases()  # the refused frames are queued again
-            self._note_if_dry(session)
+            self.desk.note_if_dry(session)
             self.maybe_step()
             raise
         session.updates_sent += 1
@@ -213,12 +210,8 @@ class Coordinator:
         self._received.append(pending)
         if self.desk.wants_more(session):
             self.fill_leases()
-        self._note_if_dry(session)
+        self.desk.note_if_dry(session)
         self.maybe_step()
-
-    def _note_if_dry(self, session: WorkerSession) -> None:
-        if self.book.remaining_frames(session.worker_id) == 0:
-            session.clock.ran_dry()  # it owes nothing until it is given frames again
 
     # ------------------------------------------------------------ steps
 
@@ -238,6 +231,10 @@ class Coordinator:
     def check_progress(self, now: float) -> None:
         """Act on workers past their delivery deadline (server/lateness.py)."""
         check_progress(self, now)
+
+    @property
+    def received_queue(self) -> int:
+        return len(self._received)
 
     def pending_workers(self) -> set[int]:
         """Workers with an update queued or in the running step (they wait on the server)."""

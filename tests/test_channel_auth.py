@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from protocol_samples import (
-    assert_same_message,
-)
 
 from snet.protocol import auth
 from snet.protocol.channel import Channel, gathering_writer
@@ -20,6 +17,10 @@ from snet.protocol.messages import (
     Lease,
     Message,
     Weights,
+)
+
+from protocol_samples import (
+    assert_same_message,
 )
 
 # ---------------------------------------------------------------- channel

@@ -8,14 +8,6 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from protocol_samples import (
-    array_entry,
-    assert_refuses_further_use,
-    assert_same_message,
-    raw_frame,
-    sample_messages,
-    weights_header,
-)
 
 from snet.protocol import PROTOCOL_VERSION
 from snet.protocol.decoder import FrameDecoder
@@ -43,6 +35,15 @@ from snet.protocol.messages import (
     Lease,
     Message,
     Weights,
+)
+
+from protocol_samples import (
+    array_entry,
+    assert_refuses_further_use,
+    assert_same_message,
+    raw_frame,
+    sample_messages,
+    weights_header,
 )
 
 # ---------------------------------------------------------------- round trips

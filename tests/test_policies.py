@@ -8,12 +8,12 @@ from snet.client.policies import AsyncCompute, ComputeState, SyncCompute, make_c
 from snet.protocol.job import JobSpec
 from snet.server.policies import (
     MAX_FUSED_STEPS,
-    AsyncBlocks,
     AsyncSteps,
+    BlockDeltas,
+    Combination,
     PendingView,
     QueueView,
     StepPolicy,
-    SyncBlocks,
     SyncSteps,
     WorkerView,
     make_step_policy,
@@ -108,9 +108,14 @@ def test_make_step_policy_names_the_modes() -> None:
     policy: StepPolicy = make_step_policy(JobSpec(mode="async", updates_per_step=4))
     assert isinstance(policy, AsyncSteps) and policy.updates_per_step == 4
     blocks = make_step_policy(JobSpec(mode="bmuf"))
-    assert isinstance(blocks, SyncBlocks) and blocks.late_action == "drop"
+    assert isinstance(blocks, SyncSteps) and blocks.late_action == "drop"
+    assert isinstance(blocks.combination, BlockDeltas)
+    assert "carries a worker's momentum" in blocks.combination.codec_problem("topk:0.01")
+    assert blocks.combination.codec_problem("int8") == ""
+    assert blocks.combination.chunk_frames(JobSpec(mode="bmuf", block_bunches=64)) == 64 * 128
     loose = make_step_policy(JobSpec(mode="bmuf", block_sync=False))
-    assert isinstance(loose, AsyncBlocks) and loose.updates_per_step == 1  # each block alone
+    assert isinstance(loose, AsyncSteps) and loose.updates_per_step == 1  # each block alone
+    assert type(policy.combination) is Combination
 
 
 # ---------------------------------------------------------------- deadlines
