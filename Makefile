@@ -26,8 +26,8 @@ demo: $(STAMP)
 	$(BIN)/snet demo --mode async --workers 2
 
 lint: $(STAMP)
-	$(BIN)/ruff check server client protocol cli data perf tests bench
-	$(BIN)/ruff format --check server client protocol cli data perf tests bench
+	$(BIN)/ruff check server client protocol transport cli data perf tests bench
+	$(BIN)/ruff format --check server client protocol transport cli data perf tests bench
 
 # bench/ is not part of the package: it is checked as a package of its own, beside snet.
 typecheck: $(STAMP)

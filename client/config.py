@@ -8,7 +8,9 @@ from pathlib import Path
 
 from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
+from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
+from snet.transport.faults import FaultSwitch
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -70,6 +72,13 @@ class WorkerConfig:
             "read-only (empty: $XDG_CACHE_HOME/snet or ~/.cache/snet; none: a copy each)"
         },
     )
+    faults: str = field(
+        default="",
+        metadata={
+            "help": "faults injected on purpose, for tests: e.g. drop:update:5;corrupt:weights:9 "
+            "(transport/faults.py)"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.address()  # validates
@@ -86,6 +95,7 @@ class WorkerConfig:
         if self.compress:
             object.__setattr__(self, "compress", canonical(self.compress))
         object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))
+        FaultSwitch.from_text(self.faults, Role.WORKER)  # refuses a bad rule with a clear error
 
     def data_cache_directory(self) -> Path | None:
         """Where this machine's workers share the normalised data (None: not shared)."""

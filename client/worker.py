@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from snet.protocol.errors import RejectedUpdate, RemoteError
+from snet.protocol.conversation import Role
+from snet.protocol.errors import ConnectionLost, RejectedUpdate, RemoteError, ServerUnreachable
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
@@ -40,18 +41,14 @@ from snet.protocol.messages import (
     WorkerReport,
 )
 from snet.protocol.network import ElementLayout
+from snet.transport.dial import MAX_BACKOFF_SECONDS, connect_with_backoff
+from snet.transport.faults import FaultSwitch
 
 from .backend import ComputeBackend, make_backend
 from .buffers import SendBuffers, WeightsBox
 from .compression import UpdateCompressor, UpdateKey
 from .config import WorkerConfig
-from .connection import (
-    MAX_BACKOFF_SECONDS,
-    ServerConnection,
-    ServerGone,
-    ServerUnreachable,
-    connect_with_backoff,
-)
+from .connection import ServerConnection
 from .data import Corpus
 from .joining import Joining
 from .policies import Compute, ComputeState, make_compute_policy
@@ -77,6 +74,7 @@ class Worker(Joining):
         self._inbox: deque[Message] = deque()
         self._wake = asyncio.Event()
         self._work = WorkQueue()
+        self._faults = FaultSwitch.from_text(config.faults, Role.WORKER)  # one per process
         self._goodbye: str | None = None
         self._refused: RemoteError | None = None
         self._lost = False
@@ -111,7 +109,7 @@ class Worker(Joining):
             while True:
                 try:
                     await self._session()
-                except ServerGone as exc:
+                except ConnectionLost as exc:
                     retry = self.config.retry_seconds
                     log.warning("lost the server (%s); reconnecting for up to %.0f s", exc, retry)
                     # A server that accepts and then drops connections must not be
@@ -156,6 +154,10 @@ class Worker(Joining):
             self._task.cancel()
 
     def _reset(self) -> None:
+        # The ended connection may still report its loss (an abort's callback comes a
+        # moment later, during the pause before reconnecting): a new generation ignores
+        # it, or it would mark the next connection lost before its handshake.
+        self._generation += 1
         self._inbox.clear()
         self._work.clear()
         self._lost = False
@@ -179,12 +181,8 @@ class Worker(Joining):
             if generation == self._generation:
                 self._on_lost(exc)
 
-        connection = await connect_with_backoff(
-            host,
-            port,
-            lambda: ServerConnection(limits, on_message, on_lost),
-            self.config.retry_seconds,
-        )
+        connection = ServerConnection(limits, on_message, on_lost, self._faults)
+        await connect_with_backoff(host, port, connection.new_stream, self.config.retry_seconds)
         gone = False
         try:
             if not await self._handshake(connection):
@@ -199,7 +197,7 @@ class Worker(Joining):
                 heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await heartbeat
-        except ServerGone:
+        except ConnectionLost:
             gone = True
             connection.abort()  # on a dead link a graceful close would never finish
             raise
@@ -233,14 +231,14 @@ class Worker(Joining):
                 self._goodbye = message.reason
             elif isinstance(message, ErrorMessage):
                 if message.fatal and message.code == ROUND_DEADLINE:
-                    raise ServerGone(f"dropped from the sync rounds: {message.text}")
+                    raise ConnectionLost(f"dropped from the sync rounds: {message.text}")
                 if message.fatal:
                     self._refused = RemoteError(message.code, message.text)
                 else:
                     log.warning("server refused: %s: %s", message.code, message.text)
                     self._undo_refused(message)
-            elif not isinstance(message, Heartbeat):
-                log.warning("unexpected %s from the server; ignored", message.TYPE)
+            # else a Heartbeat: the conversation (protocol/conversation.py) lets a training
+            # server send nothing else, and the channel has refused anything out of turn
 
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and connection.send_buffers is not None
@@ -256,7 +254,7 @@ class Worker(Joining):
             if self._goodbye is not None or self._refused is not None:
                 return
             if self._lost:
-                raise ServerGone("connection lost")
+                raise ConnectionLost("connection lost")
             assert self.corpus is not None
             request = self._work.evaluation(self.corpus)
             if request is not None:

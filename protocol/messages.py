@@ -30,8 +30,9 @@ def _no_array() -> np.ndarray:
     return np.zeros(0, dtype="<f4")
 
 
-# Array fields are compared with numpy, not ==. ``slot`` is the pool token of the buffer
-# a received element landed in; it is not on the wire.
+# Array fields are compared with numpy, not ==. A received message never carries the pool
+# buffer its payload landed in: the decoder hands that token out beside the message
+# (``decoder.Decoded``), so that a frozen wire message owns nothing.
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,6 @@ class Weights:
     learning_rate: float
     settled: int
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
-    slot: object = field(default=None, compare=False, repr=False)
     encoded: Encoded | None = field(default=None, compare=False, repr=False)
     delta_from: int = -1
 
@@ -141,7 +141,6 @@ class Update:
     correct: int
     compute_seconds: float
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
-    slot: object = field(default=None, compare=False, repr=False)
     encoded: Encoded | None = field(default=None, compare=False, repr=False)
 
 
@@ -154,7 +153,6 @@ class Evaluate:
     version: int
     epoch: int
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
-    slot: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

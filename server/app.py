@@ -21,11 +21,13 @@ from typing import Any
 from aiohttp import web
 
 from snet.data.norms import write_norm_file
+from snet.protocol.conversation import Role
 from snet.protocol.errors import ListenError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
+from snet.transport.faults import FaultSwitch
 
 from .config import ServerConfig
 from .connection import ConnectionCounters, WorkerConnection
@@ -106,17 +108,21 @@ class SnetServer:
         self.coordinator.on_finished = self._on_trained
         self.coordinator.on_failure = self.request_stop
         limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
+        faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)
         where = f"{self.config.host}:{self.config.port}"
         try:
             self._tcp = await loop.create_server(
-                lambda: WorkerConnection(
-                    self.coordinator,
-                    limits,
-                    token,
-                    self.config.name,
-                    self._new_worker_id,
-                    self.counters,
-                    self.connections,
+                lambda: (
+                    WorkerConnection(
+                        self.coordinator,
+                        limits,
+                        token,
+                        self.config.name,
+                        self._new_worker_id,
+                        self.counters,
+                        self.connections,
+                        faults,
+                    ).stream
                 ),
                 self.config.host,
                 self.config.port,

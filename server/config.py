@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
+from snet.transport.faults import FaultSwitch
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -97,6 +99,13 @@ class ServerConfig:
     hooks: str = field(
         default="", metadata={"help": "extra behaviour hooks: package.module:ClassName,..."}
     )
+    faults: str = field(
+        default="",
+        metadata={
+            "help": "faults injected on purpose, for tests: e.g. drop:update:5 "
+            "(transport/faults.py)"
+        },
+    )
     job: JobSpec = field(default_factory=JobSpec)
 
     def __post_init__(self) -> None:
@@ -112,6 +121,7 @@ class ServerConfig:
             raise ConfigError("stall_seconds must be > 0 and join_seconds >= 0")
         if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
             raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
+        FaultSwitch.from_text(self.faults, Role.SERVER)  # refuses a bad rule with a clear error
 
     @property
     def http_bind_host(self) -> str:

@@ -23,7 +23,7 @@ from .decoding import UpdateDecoder
 from .leases import LeaseBook
 from .plausible import update_figures_problem
 from .policies import StepPolicy
-from .pool import ElementPool, PooledElement
+from .pool import ElementLoan, ElementPool, Received
 from .session import WorkerSession
 from .stepping import PendingUpdate
 
@@ -40,30 +40,24 @@ class UpdateIntake:
         self.policy = policy
         self.decoder = UpdateDecoder(layout, pool)
 
-    def admit(
-        self,
-        session: WorkerSession,
-        message: Update,
-        element: PooledElement | None,
-        version: int,
-    ) -> PendingUpdate:
-        """The update as a pending one (it then owns ``element``), or ``RejectedUpdate``
-        naming the update (the worker's error feedback needs the name); on refusal the
-        pooled element, if any, is back in the pool."""
+    def admit(self, session: WorkerSession, received: Received, version: int) -> PendingUpdate:
+        """The update as a pending one (it then owns the loan ``received`` held), or
+        ``RejectedUpdate`` naming the update (the worker's error feedback needs the name);
+        on refusal the pooled element, if any, is back in the pool."""
+        message = received.message
         if session.ledger is not None:
             payload = message.encoded.nbytes if message.encoded else message.element.nbytes
             session.ledger.record_update(payload, self.layout.nbytes)
         try:
             if message.encoded is not None:
-                element = self._decode(session, message)
-            frames = self._check(session, message, element, version)
+                received.adopt(self._decode(session, message))
+            frames = self._check(session, message, received.loan, version)
         except RejectedUpdate as exc:
-            if element is not None:
-                self.pool.release(element)
+            received.release()
             raise RejectedUpdate(str(exc), message.lease_id, message.offset) from exc
-        return PendingUpdate(session, message, frames, element)
+        return PendingUpdate(session, message, frames, received.loan)
 
-    def _decode(self, session: WorkerSession, message: Update) -> PooledElement:
+    def _decode(self, session: WorkerSession, message: Update) -> ElementLoan:
         assert message.encoded is not None
         agreed = session.ledger.update_codec if session.ledger is not None else "none"
         try:
@@ -83,7 +77,7 @@ class UpdateIntake:
         self,
         session: WorkerSession,
         message: Update,
-        element: PooledElement | None,
+        element: ElementLoan | None,
         version: int,
     ) -> np.ndarray:
         reason = ""

@@ -7,7 +7,8 @@ bunch by bunch, in the order ``protocol.shuffle.cache_order`` gives (its shuffle
 cache of several bunches, which the book reproduces); each update names its lease and
 offset, so the book knows exactly which frames every update used. Frames a worker never
 delivered (it died, disconnected, or an update was refused) go back to the front of the
-queue as a new chunk. The ledger counts, per epoch, how often each training frame was
+queue as a new chunk, and so do frames whose update was lost on the way (a later update
+of the same worker shows the gap). The ledger counts, per epoch, how often each training frame was
 applied: every frame exactly once, whatever joins or leaves, is the invariant the tests
 and ``/status`` check.
 """
@@ -81,6 +82,8 @@ class LeaseBook:
     accepted_frames: int = 0
     applied_frames: int = 0
     _ledger: EpochLedger | None = None  # the current epoch's (its summary is kept in stats)
+    _used_up: dict[int, int] = field(default_factory=dict)  # this epoch: lease id -> worker id
+    _largest: dict[int, int] = field(default_factory=dict)  # worker id -> its largest update
 
     @classmethod
     def for_job(
@@ -115,6 +118,7 @@ class LeaseBook:
                 for start in range(0, len(order), self.chunk_frames)
             )
         self.accepted_frames = self.applied_frames = 0
+        self._used_up.clear()  # bounded: a repeat is told apart within its epoch
         # One count array, reused: an ended epoch's ledger lives on as its summary only
         # (a server that kept every epoch's array grew 0.11 MB per epoch).
         if self._ledger is None:
@@ -161,10 +165,53 @@ class LeaseBook:
             )
         lease.received += patterns
         self.accepted_frames += patterns
+        self._largest[worker_id] = max(self._largest.get(worker_id, 0), patterns)
         frames = lease.indices[offset : offset + patterns]
         if lease.remaining == 0:
             del self._leases[lease_id]
+            self._used_up[lease_id] = worker_id
         return frames
+
+    def is_repeat(self, worker_id: int, lease_id: int, offset: int) -> bool:
+        """True for an update of ``worker_id`` on frames of its lease that an earlier
+        update already covered: a second delivery of one update (a worker never resends;
+        see ``skip``), to be ignored rather than refused, which would settle it twice."""
+        lease = self._leases.get(lease_id)
+        if lease is not None:
+            return lease.worker_id == worker_id and offset < lease.received
+        return self._used_up.get(lease_id) == worker_id
+
+    def lost_before(
+        self, worker_id: int, lease_id: int, offset: int, patterns: int
+    ) -> tuple[int, int]:
+        """What an update of ``patterns`` frames on ``(lease_id, offset)`` shows was lost
+        on the way: ``(frames, updates)``.
+
+        A worker trains its leases in the order granted and each lease from its start,
+        so an update there means every earlier update was sent: the rest of the worker's
+        earlier leases, and this lease's frames before ``offset`` that no update covered,
+        were in updates that never arrived. They go back to the queue and the leases
+        move past them. The updates are counted in the largest this worker has delivered
+        (or this one): exact when its updates are all of one size (a bunch, a block),
+        never too many, so that its flow control recovers and is never loosened.
+        Nothing for a claim on a lease the worker does not hold.
+        """
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id or offset > len(lease.indices):
+            return 0, 0
+        gaps: list[np.ndarray] = []
+        for earlier in self.held_by(worker_id):
+            if earlier.lease_id < lease_id:  # granted (and so trained) before this one
+                gaps.append(earlier.indices[earlier.received :])
+                del self._leases[earlier.lease_id]
+        if offset > lease.received:
+            gaps.append(lease.indices[lease.received : offset])
+            lease.received = offset
+        size = max(self._largest.get(worker_id, 0), patterns, 1)
+        for frames in gaps:
+            self.requeue(frames)
+        sizes = [len(frames) for frames in gaps if len(frames)]
+        return sum(sizes), sum(-(-n // size) for n in sizes)
 
     def skip(self, worker_id: int, lease_id: int, offset: int, patterns: int) -> None:
         """An update for these frames was refused: the lease moves on, the frames requeue."""
@@ -184,6 +231,7 @@ class LeaseBook:
 
     def worker_gone(self, worker_id: int) -> int:
         """Return the undelivered part of every lease of a worker to the queue."""
+        self._largest.pop(worker_id, None)
         returned = 0
         for lease in self.held_by(worker_id):
             self.requeue(lease.indices[lease.received :])

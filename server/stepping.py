@@ -28,7 +28,7 @@ import numpy as np
 from snet.protocol.messages import Update
 
 from .plausible import NormBounds
-from .pool import PooledElement, is_finite
+from .pool import ElementLoan, is_finite
 from .session import WorkerSession
 from .update_rule import StepRule
 
@@ -44,7 +44,7 @@ class PendingUpdate:
     session: WorkerSession
     message: Update
     frames: np.ndarray
-    element: PooledElement | None
+    element: ElementLoan | None  # owned: the step releases it
 
     @property
     def gradient(self) -> np.ndarray:

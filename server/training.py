@@ -41,7 +41,6 @@ from snet.protocol.messages import (
     Evaluate,
     FramesWanted,
     Goodbye,
-    Update,
     Weights,
     Welcome,
 )
@@ -57,7 +56,7 @@ from .lateness import check_progress, is_late
 from .leases import LeaseBook
 from .leasing import LeaseDesk
 from .policies import PendingView, QueueView, WorkerView, make_step_policy
-from .pool import ElementPool, PooledElement
+from .pool import ElementPool, Received
 from .progress import ProgressWatch
 from .session import WorkerSession
 from .stats import TrainingStats
@@ -187,13 +186,28 @@ class Coordinator:
 
     # ------------------------------------------------------------ updates
 
-    def on_update(self, session: WorkerSession, message: Update) -> None:
-        """Check an update; queue it for the next step or refuse it (raises RejectedUpdate)."""
-        element = message.slot if isinstance(message.slot, PooledElement) else None
+    def on_update(self, session: WorkerSession, received: Received) -> None:
+        """Check an update; queue it for the next step or refuse it (raises RejectedUpdate).
+
+        The coordinator owns ``received`` (and its pooled element) from here: a refused
+        update is released by the intake, a queued one after the step that applies it."""
+        message = received.message
+        if self.book.is_repeat(session.worker_id, message.lease_id, message.offset):
+            received.release()  # delivered twice: taken once, settled once
+            log.warning("update of %s on lease %d offset %d came again; ignored", session.name,
+                        message.lease_id, message.offset)  # fmt: skip
+            return
         session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
         session.probation = False  # alive after all: it may hold leases again
+        lost, updates = self.book.lost_before(
+            session.worker_id, message.lease_id, message.offset, message.patterns
+        )
+        if lost:  # updates lost on the way: settled, so the worker's flow control recovers
+            session.updates_settled += updates
+            log.warning("updates of %s were lost: %d frames back in the queue", session.name,
+                        lost)  # fmt: skip
         try:
-            pending = self.intake.admit(session, message, element, self.version)
+            pending = self.intake.admit(session, received, self.version)
         except RejectedUpdate:
             session.updates_rejected += 1
             session.updates_settled += 1
@@ -272,7 +286,7 @@ class Coordinator:
             for group in groups:  # the one release point of a queued update's element
                 for pending in group:
                     if pending.element is not None:
-                        self.pool.release(pending.element)
+                        pending.element.release()
             self._applying = False
             self._in_step = set()
         self.maybe_step()

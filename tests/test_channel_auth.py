@@ -183,7 +183,7 @@ def test_channel_decodes_incoming_through_buffer_protocol() -> None:
         n = min(len(target), len(frame) - position)
         target[:n] = frame[position : position + n]
         position += n
-        received.extend(channel.buffer_updated(n))
+        received.extend(message for message, _slot in channel.buffer_updated(n))
     assert received == [Heartbeat(2.5), Goodbye("bye")]
 
 

@@ -4,6 +4,7 @@ an in-process server and workers: the fast ring)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from snet.protocol.framing import MAGIC, PREFIX
 from snet.protocol.messages import (
@@ -138,6 +139,33 @@ async def test_token_is_required_and_never_sent(lab: Lab) -> None:
     assert server.final_status()["handshakes_refused"] >= 1
     assert "s3cret-token" not in lab.log("server")
     assert "s3cret-token" not in lab.capture.text()  # nor in what its threads logged
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the transport tests run both
+async def test_messages_out_of_turn_close_that_connection_only(lab: Lab) -> None:
+    server = await lab.server(
+        "--mode", "async", "--epochs", "1", "--linger-seconds", "30", *SMALL_JOB
+    )
+    early = await AsyncRawClient.connect(server.port, "early")
+    await early.receive(ServerHello)
+    await early.send(Update(0, 1, 0, 128, 1.0, 0, 0.01, np.zeros(LAYOUT.size, np.float32)))
+    refusal = await early.receive(ErrorMessage)
+    assert refusal.fatal and refusal.code == "protocol" and "update" in refusal.text
+    assert await early.closed_by_peer()
+
+    bold = await AsyncRawClient.connect(server.port, "bold")
+    await bold.handshake()
+    await bold.receive(Lease)
+    await bold.send(Lease(1, 0, np.arange(4, dtype="<i8")))  # a server's message
+    refusal = await bold.receive(ErrorMessage)
+    assert refusal.fatal and refusal.code == "protocol" and "lease" in refusal.text
+    assert await bold.closed_by_peer()
+
+    status = await server.status()
+    assert status["frames_refused"] == 2
+    assert status["queues"]["free"] == status["queues"]["pool_size"]  # the early update's
+    assert [row["state"] for row in status["workers"] if row["name"] == "bold"] == ["gone"]
+    assert status["queues"]["leases_out"] == 0  # its leases are back in the queue
 
 
 async def _state_is(server: LabServer, state: str) -> bool:

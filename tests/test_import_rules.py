@@ -2,6 +2,7 @@
 
 - protocol/ does no I/O: it imports no asyncio, sockets or file access modules and calls
   no ``open``;
+- transport/ (the I/O protocol/ must not do, shared by both sides) imports protocol/ only;
 - server/ and client/ never import each other; only cli/ imports both;
 - nothing in the package imports bench/ (bench/ may import the package);
 - the packages' imports of one another have no cycle.
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("server", "client", "protocol", "data", "perf", "cli")
+PRODUCT = ("server", "client", "protocol", "transport", "data", "perf", "cli")
 PARTS = (*PRODUCT, "bench")
 NO_IO = {
     "asyncio", "socket", "socketserver", "selectors", "ssl", "uvloop", "aiohttp", "urllib",
@@ -87,6 +88,10 @@ def test_protocol_does_no_io() -> None:
 
 def test_protocol_imports_no_other_part() -> None:
     assert _graph()["protocol"] <= {"snet"}
+
+
+def test_transport_imports_only_protocol() -> None:
+    assert _graph()["transport"] <= {"protocol", "snet"}
 
 
 @pytest.mark.parametrize(("part", "other"), [("server", "client"), ("client", "server")])
