@@ -38,9 +38,9 @@ pytest: $(STAMP)
 
 test: lint typecheck browser pytest
 
-# The dashboard's browser test and `make screenshot` need Debian's chromium. As root with
-# apt-get (CI, a fresh test machine) it is installed; otherwise the browser test skips
-# and says why.
+# The dashboard's browser test and `make screenshot` need Debian's chromium, the /metrics
+# test Debian's prometheus (for promtool). As root with apt-get (CI, a fresh test machine)
+# they are installed; otherwise those tests skip and say why.
 browser:
 	@if command -v chromium >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -49,6 +49,14 @@ browser:
 			apt-get install -y -qq chromium >/dev/null; } \
 		|| echo "could not install chromium: the browser test will be skipped"; \
 	else echo "chromium is not installed (needs root and apt-get): the browser test will be skipped"; \
+	fi
+	@if command -v promtool >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing prometheus (promtool) for the /metrics check"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+		|| echo "could not install prometheus: the promtool check will be skipped"; \
+	else echo "promtool is not installed (needs root and apt-get): the promtool check will be skipped"; \
 	fi
 
 screenshot: $(STAMP) browser

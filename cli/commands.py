@@ -58,7 +58,7 @@ def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfi
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    """Exit status: see ``Worker.run`` (0 done or stopped, 1 refused, 3 unreachable)."""
+    """Exit status: see ``Worker.run`` (0 done or stopped, 3 unreachable, 4 refused)."""
     config = worker_config(args, read_toml(getattr(args, "config", None)))
     setup_logging(config.log_level)
     return run_worker_process(config)

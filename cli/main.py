@@ -23,11 +23,15 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
         "--link-mbps",
         dest="link_mbps",
         type=float,
-        help="link speed in Mbit/s (default: the measured 127.0.0.1 link of the constants)",
+        help="your link's speed in Mbit/s, e.g. 1000 (without it: the 127.0.0.1 loopback "
+        "the constants were measured on, and a note saying so)",
     )
     parser.add_argument("--workers", default="1,2,4,8", help="comma-separated worker counts")
     parser.add_argument(
-        "--strategies", default="pattern,network", help="comma-separated: pattern, network"
+        "--strategies",
+        default="pattern",
+        help="pattern (what snet trains, the default), network (the model only: snet "
+        "cannot train network-parallel yet), or both: pattern,network",
     )
     parser.add_argument("--modes", default="sync,async", help="comma-separated: sync, async")
     parser.add_argument(
@@ -43,6 +47,8 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     # imported here, not at the top: the config classes import numpy, which must wait
     # for the BLAS limit (main)
+    from dataclasses import fields
+
     from snet import __version__
     from snet.client.config import WorkerConfig
     from snet.client.spert.config import BoardConfig
@@ -92,13 +98,14 @@ def _parser() -> argparse.ArgumentParser:
         evaluate,
         DataSpec,
         "SNET_JOB_DATA_",
-        defaults={
-            "context": "as saved with the weights",
-            "norm_file": "the normalisation saved with the weights",
-        },
+        defaults={f.name: "the job's, as saved with the weights" for f in fields(DataSpec)}
+        | {"norm_file": "the normalisation saved with the weights"},
     )
     evaluate.add_argument(
-        "--subset", choices=("cv", "train", "all"), default="cv", help="frames to score"
+        "--subset",
+        choices=("cv", "test", "train", "all"),
+        default="cv",
+        help="the job's CV frames (default), its test file, its training frames, or all",
     )
     evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,33 @@ from snet.protocol.network import NetworkSpec
 from .checkout import bench_process
 
 BENCHMARKS_FILE = Path("docs/benchmarks.json")
+TRAINED_TODAY = "pattern"  # the strategy snet trains (in sync and async mode); the rest is model
+TRAINS_NOTE = (
+    "snet trains pattern-parallel (data-parallel: every worker holds the whole network), "
+    "in sync and async mode"
+)
+
+
+def link_note(args: argparse.Namespace, constants: Constants) -> str:
+    """What the link in the table is: the speed given, or a warning that it is loopback."""
+    if args.link_mbps:
+        return f"link: {args.link_mbps:g} Mbit/s at the server and at every worker (--link-mbps)"
+    speed = 1e-6 / max(constants.link_seconds_per_byte, 1e-30)
+    return (
+        f"note: no --link-mbps given, so the link is the one the constants were measured on "
+        f"({speed:,.0f} MB/s: 127.0.0.1 loopback, {constants.source}), which no network "
+        "between machines reaches; give your link's speed, e.g. --link-mbps 1000 for "
+        "gigabit Ethernet"
+    )
+
+
+def strategy_note(strategies: list[str]) -> str:
+    if strategies == [TRAINED_TODAY]:
+        return TRAINS_NOTE
+    return (
+        f"{TRAINS_NOTE}; the network-parallel rows (each worker a slice of the hidden units) "
+        "are the model only: snet cannot train that way yet"
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -106,13 +134,20 @@ def run_plan(args: argparse.Namespace) -> int:
         for count in workers
     ]
     if args.json:
-        print(json.dumps(plan_document(network, args.bunch, constants, predictions), indent=2))
+        document = plan_document(network, args.bunch, constants, predictions)
+        document["link_mbps"] = args.link_mbps  # null: the constants' (loopback) link
+        document["trains"] = TRAINS_NOTE
+        print(json.dumps(document, indent=2))
+        if not args.link_mbps:
+            print(f"snet plan: {link_note(args, constants)}", file=sys.stderr)
     else:
         element_mb = network.connections * 4 / 1e6
         print(
             f"snet plan: network {network.describe()} ({network.connections:,} connections, "
             f"{element_mb:.2f} MB element), bunch {args.bunch} per worker"
         )
+        print(strategy_note(strategies))
+        print(link_note(args, constants))
         print(describe_constants(constants, network))
         print("\n".join(render(predictions)))
         print()

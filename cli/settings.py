@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
+import sys
 import tomllib
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -131,6 +133,26 @@ def _decode(value: Any, kind: Any) -> Any:
     raise TypeError(f"no decoder for {kind}")
 
 
+SERVICE_LINK = re.compile(r"^(tcp|udp|sctp)://[^/:]+:\d+$")
+
+
+def _service_link(name: str, value: str) -> bool:
+    """Whether ``name=value`` is a Kubernetes service link, not a setting: a Service named
+    ``snet`` (``snet-http``) gives every pod ``SNET_PORT=tcp://10.96.0.12:7000``
+    (``SNET_HTTP_PORT=...``), which would otherwise be read as the port. It is ignored,
+    with a line that says why and how to stop it."""
+    if not SERVICE_LINK.match(value):
+        return False
+    service = name.removesuffix("_PORT").lower().replace("_", "-")
+    print(
+        f"snet: ignoring {name}={value}: that is the Kubernetes service link of a Service "
+        f"named {service!r}, not a setting (set enableServiceLinks: false in the pod spec, "
+        "or name the Service otherwise)",
+        file=sys.stderr,
+    )
+    return True
+
+
 def merge(
     cls: type[T],
     values: dict[str, Any],
@@ -153,7 +175,7 @@ def merge(
         env = env_name(env_prefix, f)
         if flags.get(f.name) is not None:
             value, label = flags[f.name], flag_name(f)
-        elif env in os.environ:
+        elif env in os.environ and not _service_link(env, os.environ[env]):
             value, label = os.environ[env], env
         elif f.name in values:
             value, label = values[f.name], f"{where} {f.name}"

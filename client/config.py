@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
@@ -64,6 +65,13 @@ class WorkerConfig:
             "choices": ("auto", "local", "inline"),
         },
     )
+    data_cache: str = field(
+        default="",
+        metadata={
+            "help": "directory where the workers of one machine share the normalised data "
+            "read-only (empty: $XDG_CACHE_HOME/snet or ~/.cache/snet; none: a copy each)"
+        },
+    )
     faults: str = field(
         default="",
         metadata={
@@ -88,6 +96,16 @@ class WorkerConfig:
             object.__setattr__(self, "compress", canonical(self.compress))
         object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))
         FaultSwitch.from_text(self.faults, Role.WORKER)  # refuses a bad rule with a clear error
+
+    def data_cache_directory(self) -> Path | None:
+        """Where this machine's workers share the normalised data (None: not shared)."""
+        if self.data_cache == "none":
+            return None
+        if self.data_cache:
+            return Path(self.data_cache)
+        from snet.data.cache import default_cache_directory
+
+        return default_cache_directory()
 
     def address(self) -> tuple[str, int]:
         host, sep, port = self.server.rpartition(":")

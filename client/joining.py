@@ -144,7 +144,10 @@ class Joining:
         """Open the data (or ask for it inline) and prepare the backend (compute thread)."""
         loop = asyncio.get_running_loop()
         access = self.config.data_access
-        corpus, reason = await loop.run_in_executor(self.executor, open_corpus, job, info, access)
+        cache = self.config.data_cache_directory()
+        corpus, reason = await loop.run_in_executor(
+            self.executor, open_corpus, job, info, access, cache
+        )
         if reason:
             log.info("frames come inline from the server: %s", reason)
             connection.send(FramesWanted(reason[:500]))

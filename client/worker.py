@@ -55,6 +55,7 @@ from .policies import Compute, ComputeState, make_compute_policy
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
+EXIT_REFUSED = 4  # refused by the server: a restart would be refused again
 
 REPORT_SECONDS = 1.0
 REPORT_UPDATES = 32  # a compressing worker also reports after every this many updates
@@ -95,9 +96,11 @@ class Worker(Joining):
         """Train until the server says the job is done; reconnect whenever it is lost.
 
         Exit codes: 0 training complete, or the server stopped and did not come back within
-        ``retry_seconds``, or this worker was stopped by SIGTERM/SIGINT; 1 refused by the
-        server (token, protocol version, a job it cannot run); 3 the server unreachable
-        for ``retry_seconds`` (never reached, or lost without a goodbye).
+        ``retry_seconds``, or this worker was stopped by SIGTERM/SIGINT; 3 the server
+        unreachable for ``retry_seconds`` (never reached, or lost without a goodbye); 4
+        (``EXIT_REFUSED``) refused by the server (token, protocol version, a job it cannot
+        run): retrying cannot help, so service managers are told not to (1 stays what
+        Python exits with on an unforeseen error, which a restart may cure).
         """
         self._task = asyncio.current_task()
         server_stopped = False  # the last server said goodbye without finishing the job
@@ -118,7 +121,7 @@ class Worker(Joining):
                     continue
                 if self._refused is not None:
                     log.error("refused by the server: %s", self._refused)
-                    return 1
+                    return EXIT_REFUSED
                 if self._goodbye != TRAINING_COMPLETE:
                     retry = self.config.retry_seconds
                     message = "server said goodbye (%s) mid-job; waiting %.0f s for it to return"

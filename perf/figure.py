@@ -28,7 +28,7 @@ def require_matplotlib() -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError(
             "--png needs matplotlib, which is not installed: "
-            "pip install 'snet[bench]' (or pip install matplotlib)"
+            "pip install 'snet-train[bench]' (or pip install matplotlib)"
         )
 
 

@@ -33,21 +33,33 @@ class DataSpec:
     ``features.npy``/``labels.npy``/``lengths.npy``, a Quicknet pfile, or Kaldi features
     (``.scp``/``.ark``) with the alignment archive ``labels`` (see ``snet.data.sources``).
     ``norm_file`` names a Quicknet norm file to normalise with; empty: the mean and
-    standard deviation of the training frames. Utterances, never frames, are split
-    between training and cross-validation so that no utterance is in both.
+    standard deviation of the training frames.
+
+    Cross-validation: with ``cv_source`` (a file in any of the same formats) all of
+    ``source`` trains and ``cv_source`` is the CV set; without it, utterances (never
+    frames, so that no utterance is in both) are split between training and CV by
+    ``cv_fraction`` and ``split_seed``. ``test_source`` is scored once with the final
+    weights. ``context`` is chosen per data set: 0 for data without sequences (images),
+    whose ``.npz`` then needs no ``lengths``.
     """
 
     source: str = field(
         default="fsdd",
         metadata={
-            "help": '"fsdd", an .npz (X, y, lengths), a directory of .npy, a .pfile, or Kaldi '
-            ".scp/.ark",
+            "help": '"fsdd", an .npz (X, y, and lengths unless --context 0), a directory of '
+            ".npy, a .pfile, or Kaldi .scp/.ark",
             "flag": "data",
         },
     )
-    context: int = field(default=4, metadata={"help": "frames of context either side"})
+    context: int = field(
+        default=4,
+        metadata={"help": "frames of context either side of the centre frame (0: no sequences)"},
+    )
     cv_fraction: float = field(
-        default=0.1, metadata={"help": "share of the utterances held out for cross-validation"}
+        default=0.1,
+        metadata={
+            "help": "share of the utterances held out for cross-validation (without a CV file)"
+        },
     )
     split_seed: int = field(
         default=0, metadata={"help": "seed of the training / cross-validation split"}
@@ -59,17 +71,41 @@ class DataSpec:
         default="",
         metadata={"help": "Quicknet norm file to normalise with (empty: the training frames')"},
     )
+    cv_source: str = field(
+        default="",
+        metadata={
+            "help": "a separate cross-validation file "
+            "(empty: hold out a share of the training data)",
+            "flag": "cv_data",
+        },
+    )
+    cv_labels: str = field(default="", metadata={"help": "Kaldi: alignments of the CV file"})
+    test_source: str = field(
+        default="",
+        metadata={"help": "a test file scored once with the final weights", "flag": "test_data"},
+    )
+    test_labels: str = field(default="", metadata={"help": "Kaldi: alignments of the test file"})
 
     def __post_init__(self) -> None:
         if self.context < 0:
             raise ConfigError(f"context must be >= 0 frames, got {self.context}")
         if not 0.0 < self.cv_fraction < 1.0:
             raise ConfigError(f"cv_fraction must be in (0, 1), got {self.cv_fraction}")
+        if self.cv_source and self.cv_source == self.source:
+            raise ConfigError(f"cv_source is the training data itself ({self.source})")
 
     @property
     def window(self) -> int:
         """Frames per pattern: the centre frame and ``context`` frames either side."""
         return 2 * self.context + 1
+
+    def part(self, which: str) -> DataSpec:
+        """The spec of one file of the job's data ("cv" or "test") as a source of its own."""
+        source, labels = {
+            "cv": (self.cv_source, self.cv_labels),
+            "test": (self.test_source, self.test_labels),
+        }[which]
+        return DataSpec(source=source, context=self.context, labels=labels)
 
 
 @dataclass(frozen=True)
@@ -284,8 +320,17 @@ def split_utterances(
 
 def frames_of(utterances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Global frame indices (into the concatenated frames) of the given utterances."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    utterances = np.asarray(utterances, dtype=np.int64)
     if len(utterances) == 0:
         return np.zeros(0, dtype=np.int64)
-    pieces = [np.arange(starts[u], starts[u] + lengths[u], dtype=np.int64) for u in utterances]
-    return np.concatenate(pieces)
+    # Without a Python loop: data without sequences has an "utterance" per frame (70,000
+    # for Fashion-MNIST). Each frame is its utterance's start plus its place within it.
+    counts = lengths[utterances]
+    first = np.repeat(starts[utterances], counts)
+    place = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(counts) - counts, counts
+    )
+    frames: np.ndarray = first + place
+    return frames

@@ -172,7 +172,9 @@ class EvalResult:
 class DataInfo:
     """The data as the server sees it, sent right after ``Welcome``: the feature count,
     the normalisation (row 0 means, row 1 standard deviations, float64) every worker
-    applies, and the utterance lengths (from which the split and the windows follow)."""
+    applies, and the utterance lengths (from which the split and the windows follow).
+    ``cv_utterances > 0``: the last that many utterances are the job's separate CV file
+    and all others train; 0: the split follows the job's cv_fraction and split_seed."""
 
     TYPE: ClassVar[str] = "data_info"
     ARRAYS: ClassVar[tuple[str, ...]] = ("norms", "lengths")
@@ -180,6 +182,7 @@ class DataInfo:
     total_frames: int
     norms: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
     lengths: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    cv_utterances: int = field(default=0, kw_only=True)  # added later: keyword only
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from .http import make_app
 from .progress import ProgressWatch
 from .security import resolve_token
 from .service import PidFile, notify
+from .testset import score_test_set
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
@@ -50,6 +51,8 @@ class SnetServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.state = "starting"
+        self.test_result: dict[str, Any] | None = None  # the test file's score, at the end
+        self._test_task: asyncio.Task[None] | None = None
         self.counters = ConnectionCounters()
         self.connections: set[WorkerConnection] = set()
         self.executor = ThreadPoolExecutor(
@@ -191,6 +194,10 @@ class SnetServer:
         self.coordinator.closed = True
         if self._tcp is not None:
             self._tcp.close()
+        if self._test_task is not None and not self._test_task.done():
+            self._test_task.cancel()  # stopped while scoring the test file: not scored
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._test_task
         goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
         self._send_goodbyes(goodbye, f"server {reason}")
         path = self.write_final_weights()
@@ -243,6 +250,30 @@ class SnetServer:
         self.state = "trained"
         log.info("training complete after %d epochs", self.coordinator.stats.epochs_done)
         self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # even while it lingers
+        self._test_task = asyncio.get_running_loop().create_task(self._finish_trained())
+
+    async def _finish_trained(self) -> None:
+        """Score the job's test file (if any) with the final weights, then linger."""
+        plan, coordinator = self.coordinator.plan, self.coordinator
+        if plan.test is not None:
+            job = coordinator.job
+            result = await asyncio.get_running_loop().run_in_executor(
+                self.executor,
+                score_test_set,
+                job.network,
+                coordinator.rule.model,  # the weights saved (bmuf: not the snapshot sent)
+                plan.test,
+                plan.norms,
+                job.data.context,
+            )
+            self.test_result = result
+            log.info(
+                "test set %s: frame accuracy %.2f%% of %d frames, loss %.4f",
+                result["data"],
+                100 * float(result["accuracy"]),
+                result["frames"],
+                result["loss"],
+            )
         if self.config.linger_seconds >= 0:  # negative: serve the results until stopped
             loop = asyncio.get_running_loop()
             loop.call_later(self.config.linger_seconds, self.request_stop, "trained")

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from .export import current_weights_npz
+from .metrics import metrics_text
 from .security import bearer_middleware
-from .status import metrics_text, status_document
+from .status import status_document
 
 if TYPE_CHECKING:
     from .app import SnetServer

@@ -13,6 +13,7 @@ process (``helpers`` refuses otherwise).
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield nodes
     finally:
         nodes.close()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _data_cache_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Workers share normalised data through a cache directory (data/cache.py): the test
+    run's own, never the home directory's."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
 
 
 @pytest.fixture(params=LOOPS)

@@ -298,6 +298,17 @@ class RawClient:
         self.sock.close()
 
 
+def run_snet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The real ``snet`` command, as a user runs it, to its end (at most 120 s)."""
+    return subprocess.run(
+        [sys.executable, "-m", "snet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
 def status_table(url: str) -> str:
     """What ``snet status --url URL`` prints (the table)."""
     return run_process(

@@ -4,8 +4,6 @@ with exit status 2 and no traceback (issue 18); flags come from the config field
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -19,6 +17,8 @@ from snet.client.spert.config import BoardConfig
 from snet.protocol.job import DataSpec, JobSpec
 from snet.server.config import ServerConfig
 
+from helpers import run_snet
+
 
 def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run ``snet ARGV`` in this process; its one-line error (exit status 2 asserted)."""
@@ -26,17 +26,6 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     return err
-
-
-def _snet(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """The real ``snet`` command, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "snet.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
 
 
 def _toml(tmp_path: Path, text: str) -> str:
@@ -132,7 +121,7 @@ def test_a_network_without_its_output_layer_is_checked_against_the_labels(
         "has 10 classes (labels 0..9), but the network has 512 outputs: end the network with :10"
     )
     # the daemon says the same, as a real process, before it trains anything
-    server = _snet(
+    server = run_snet(
         "server", "--network", "117:512", "--port", "0", "--http-port", "0",
         "--out-dir", str(tmp_path / "out"),
     )  # fmt: skip
@@ -142,7 +131,7 @@ def test_a_network_without_its_output_layer_is_checked_against_the_labels(
 
 
 def test_version() -> None:
-    done = _snet("--version")
+    done = run_snet("--version")
     assert (done.returncode, done.stdout.strip()) == (0, f"snet {__version__}")
 
 
@@ -162,7 +151,7 @@ def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
         '[server]\nport = 7001\n\n[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n'
         "learning_rates = [0.1]\n\n[job.data]\ncv_fraction = 0.2\nsplit_seed = 3\n",
     )
-    done = _snet("train", "--config", path, "--out-dir", str(tmp_path / "out"))
+    done = run_snet("train", "--config", path, "--out-dir", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     assert "epoch  1  lr 0.1 " in done.stdout
     with np.load(tmp_path / "out" / "weights.npz") as saved:
@@ -171,7 +160,7 @@ def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
 
 def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     path = _toml(tmp_path, '[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n')
-    done = _snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))
+    done = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("snet demo: sync mode, 1 workers, network 117:16:10, 1 epochs")
     assert "Traceback" not in done.stderr

@@ -4,6 +4,8 @@ full float32 copy, and compressed training reports its ledger in /status and /me
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -198,7 +200,11 @@ def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
     assert "sign x1" in line and "topk:0.01 x1" in line  # snet status
     metrics = server.get("/metrics").decode()
     assert 'snet_compression_ratio{direction="received"}' in metrics
-    assert 'snet_worker_residual_norm{worker="own-codec",codec="topk:0.01"}' in metrics
+    assert re.search(
+        r'snet_worker_residual_norm\{worker_id="\d+",worker="own-codec",backend="\w+",'
+        r'codec="topk:0.01"\}',
+        metrics,
+    )
     assert "snet_worker_update_cosine" in metrics
     for worker in workers:
         assert worker.wait(60) == 0

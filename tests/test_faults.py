@@ -130,10 +130,10 @@ async def test_token_is_required_and_never_sent(lab: Lab) -> None:
         "--mode", "async", "--epochs", "1", "--token", "s3cret-token", *SMALL_JOB
     )
     intruder = lab.worker(server, "intruder", "--token", "wrong")
-    assert await intruder.wait(30) == 1
+    assert await intruder.wait(30) == 4  # refused: EXIT_REFUSED
     assert "auth_failed" in lab.log("intruder")
     anonymous = lab.worker(server, "anonymous")
-    assert await anonymous.wait(30) == 1
+    assert await anonymous.wait(30) == 4
     honest = lab.worker(server, "honest", "--token", "s3cret-token")
     assert await server.wait(90) == "trained" and await honest.wait(30) == 0
     assert server.final_status()["handshakes_refused"] >= 1

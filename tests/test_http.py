@@ -102,8 +102,8 @@ def _check_the_api(healthz: bytes, document: bytes, metrics_text: bytes, weights
     ]
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in samples}
     assert values["snet_weight_version"] == status["weight_version"]
-    assert values["snet_updates_applied"] == status["updates_applied"]
-    assert "# TYPE snet_updates_applied counter" in metrics
+    assert values["snet_updates_applied_total"] == status["updates_applied"]
+    assert "# TYPE snet_updates_applied_total counter" in metrics
 
     with np.load(io.BytesIO(weights)) as npz:
         assert list(npz["sizes"]) == [117, 64, 10]

@@ -39,14 +39,16 @@ def test_the_wheel_holds_snet_alone_without_the_benchmarks(tmp_path: Path) -> No
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
-    (wheel,) = out.glob("snet-*.whl")
+    (wheel,) = out.glob("snet_train-*.whl")  # the distribution snet-train
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         info = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
         assert archive.read(info).decode().split() == ["snet"]
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"snet"}
-    packages = {name.split("/")[1] for name in names if name.count("/") >= 2}
+    packages = {
+        name.split("/")[1] for name in names if name.startswith("snet/") and name.count("/") >= 2
+    }
     assert packages == PACKAGES
     assert not [name for name in names if "bench" in name.split("/")[1]]
     assert "snet/server/dashboard/index.html" in names

@@ -289,6 +289,8 @@ def test_plan_prints_every_strategy_mode_and_worker_count(
             "1000",
             "--workers",
             "1,2,8",
+            "--strategies",
+            "pattern,network",
         ]
     )
     out = capsys.readouterr().out

@@ -205,7 +205,7 @@ def test_wall_clock_follows_the_model_at_ten_times_real_time() -> None:
 async def test_snet_spert_refuses_a_network_that_does_not_fit(lab: Lab) -> None:
     server = await lab.server("--network", "117:10000:10", "--epochs", "1", "--pool-size", "4")
     board = lab.spert(server, "big")
-    assert await board.wait(60) == 1  # it tells the server why (bad_job) and leaves
+    assert await board.wait(60) == 4  # refused; it tells the server why (bad_job) and leaves
     log = lab.log("big")
     assert "does not fit the Spert board" in log and "Traceback" not in log
     assert "does not fit the Spert board" in lab.log("server")

@@ -246,13 +246,14 @@ def samples() -> list[Sample]:
         Sample("resync", {"reason": "no base"}, [], Resync("no base")),
         Sample(
             "data_info",
-            {"features": 2, "total_frames": 5},
+            {"features": 2, "total_frames": 5, "cv_utterances": 1},
             [("<f8", [2, 2], norms_raw), ("<i8", [2], struct.pack("<2q", 3, 2))],
             DataInfo(
                 2,
                 5,
                 np.frombuffer(norms_raw, "<f8").reshape(2, 2),
                 np.array([3, 2], dtype="<i8"),
+                cv_utterances=1,
             ),
         ),
         Sample(
