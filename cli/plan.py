@@ -16,13 +16,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-from snet.perf.model import DEFAULT_CONSTANTS, MODES, STRATEGIES, Constants, predict
+from snet.perf.model import (
+    BLOCK_MODES,
+    DEFAULT_CONSTANTS,
+    MODES,
+    STRATEGIES,
+    Constants,
+    predict,
+    update_bytes,
+)
 from snet.perf.plan import (
     describe_constants,
     find_constants,
     find_scaling,
     plan_document,
     render,
+    render_blocks,
     render_bsp,
 )
 from snet.protocol.errors import ConfigError
@@ -95,18 +104,26 @@ def run_plan(args: argparse.Namespace) -> int:
     modes = _choices(args.modes, MODES, "--modes")
     if args.exemplars < 1:
         raise ConfigError(f"--exemplars must be >= 1, got {args.exemplars}")
+    if args.block_bunches < 1:
+        raise ConfigError(f"--block-bunches must be >= 1, got {args.block_bunches}")
+    update_bytes(network, args.compress)  # a clear error for a codec the plan cannot size
     measured = None
     if args.measured:
         measured = find_scaling(_read_json(Path(args.measured)), args.measured)
     constants = load_constants(args, network)
     predictions = [
-        predict(network, args.bunch, count, constants, strategy, mode)
+        predict(network, args.bunch, count, constants, strategy, mode, 1.0,
+                args.block_bunches, args.compress if strategy == "pattern" else "none")
         for strategy in strategies
         for mode in modes
         for count in workers
-    ]
+        if strategy == "pattern" or mode not in BLOCK_MODES  # bmuf trains whole copies
+    ]  # fmt: skip
     if args.json:
-        print(json.dumps(plan_document(network, args.bunch, constants, predictions), indent=2))
+        document = plan_document(
+            network, args.bunch, constants, predictions, args.block_bunches, args.compress
+        )
+        print(json.dumps(document, indent=2))
     else:
         element_mb = network.connections * 4 / 1e6
         print(
@@ -116,10 +133,25 @@ def run_plan(args: argparse.Namespace) -> int:
         print(describe_constants(constants, network))
         print("\n".join(render(predictions)))
         print()
+        blocks = render_blocks(
+            network, args.bunch, constants, predictions, args.block_bunches, args.compress
+        )
+        if blocks:
+            print("\n".join([*blocks, ""]))
         print("\n".join(render_bsp(network, constants, args.bunch, workers, args.exemplars)))
     if args.png:
         from snet.perf.figure import draw
 
-        draw(Path(args.png), network, args.bunch, constants, workers, strategies, modes, measured)
+        draw(
+            Path(args.png),
+            network,
+            args.bunch,
+            constants,
+            workers,
+            strategies,
+            modes,
+            measured,
+            args.block_bunches,
+        )
         print(f"wrote {args.png}")
     return 0
