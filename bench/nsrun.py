@@ -47,6 +47,9 @@ def watch(url: str, interval: float = 0.1) -> None:
         if now != last:
             line = {"t": time.time(), "patterns": now[0], "cv": cv, "live": now[2]}
             line["compression"] = status.get("compression")
+            reports = [row.get("report") or {} for row in status.get("workers", [])]
+            line["modelled_seconds"] = sum(r.get("modelled_seconds", 0.0) for r in reports)
+            line["real_seconds"] = sum(r.get("real_seconds", 0.0) for r in reports)
             print(json.dumps(line), flush=True)
             last = now
         time.sleep(interval)
@@ -79,7 +82,8 @@ def train(
     stop_after: float | None = None,
 ) -> Run:
     """Launch a server and ``workers`` workers (in ``network``'s namespaces if given) and
-    watch until the server exits (or ``stop_after`` seconds, then stop it)."""
+    watch until the server exits, or ``stop_after`` seconds after all the workers have
+    made progress (then stop it); ``timeout`` bounds the whole run."""
     directory.mkdir(parents=True, exist_ok=True)
     env = {**(env or blas_thread_env(1)), "SNET_TOKEN": TOKEN}
     host = SERVER_ADDRESS if network else "127.0.0.1"
@@ -100,6 +104,7 @@ def train(
 
     run = Run(time.time())
     ready = directory / "ready.json"
+    ready.unlink(missing_ok=True)  # a run before in the same directory
     server = spawn(
         network.server if network else None,
         ["snet.cli", "server", "--host", host, "--port", "0", "--http-port", "0",
@@ -129,9 +134,13 @@ def train(
         )  # fmt: skip
         processes.append(watcher)
         assert watcher.stdout is not None
-        deadline = run.launched + (stop_after or timeout)
+        deadline = run.launched + timeout
         for raw in watcher.stdout:
-            run.readings.append(json.loads(raw))
+            reading = json.loads(raw)
+            run.readings.append(reading)
+            if stop_after is not None and reading["live"] == workers and reading["patterns"]:
+                # measure from the first progress of them all: start-up is not counted
+                deadline = min(deadline, reading["t"] + stop_after)
             if time.time() > deadline or server.poll() is not None:
                 break
         if stop_after is None:
