@@ -61,8 +61,16 @@ def run_sequential(job_args: list[str], timeout: float) -> dict[str, Any]:
     return {"cv": accuracy}
 
 
-def run_one(name: str, workers: int, bunch: int, job_args: list[str], timeout: float) -> dict:
-    """One named configuration (see the module's docstring); its CV accuracy per epoch."""
+def run_one(
+    name: str,
+    workers: int,
+    bunch: int,
+    job_args: list[str],
+    timeout: float,
+    server_args: list[str] | None = None,
+) -> dict:
+    """One named configuration (see the module's docstring); its CV accuracy per epoch.
+    ``server_args``: flags for the server alone (e.g. ``--join-seconds``)."""
     started = time.perf_counter()
     if name == "sequential":
         result = run_sequential(["--bunch-size", str(bunch), *job_args], timeout)
@@ -75,11 +83,14 @@ def run_one(name: str, workers: int, bunch: int, job_args: list[str], timeout: f
         else:
             mode = "bmuf"
             flags = [*per_worker, "--block-filter", kind, "--block-bunches", rest[1], *job_args]
-        status = run_parallel(mode, workers, flags, timeout)
+        status = run_parallel(mode, workers, [*flags, *(server_args or [])], timeout)
         result = {
             "cv": [e["cv_accuracy"] for e in status["epochs"]],
             "staleness_mean": status.get("staleness_mean"),
             "rule": status.get("rule"),
+            # sync rounds drop a worker past its deadline (server/lateness.py); it rejoins
+            "workers_dropped_late": status.get("workers_dropped_late"),
+            "server_args": server_args or [],
         }
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
@@ -120,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--filters", default=",".join(FILTERS))
     parser.add_argument("--only", help="comma-separated run names to do (of the grid or not)")
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument(
+        "--server-args",
+        dest="server_args",
+        default="",
+        help='flags for the servers alone, e.g. "--join-seconds 120"',
+    )
+    parser.add_argument("--again", action="store_true", help="rerun runs already done")
     parser.add_argument("--table", action="store_true", help="print the table and stop")
     parser.add_argument("job_args", nargs="*", help="extra job flags for every run")
     args = parser.parse_args(argv)
@@ -140,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         wanted = [name.strip() for name in args.only.split(",")]
         todo = [(name, int(name.split()[1]) if " " in name else 1) for name in wanted]
     for name, count in todo:
-        if name in runs:
+        if name in runs and not args.again:
             continue
-        runs[name] = run_one(name, count, args.bunch, job_args, args.timeout)
+        server_args = args.server_args.split()
+        runs[name] = run_one(name, count, args.bunch, job_args, args.timeout, server_args)
         path.write_text(json.dumps(results, indent=1) + "\n")
         print(name, runs[name], file=sys.stderr, flush=True)
     print(markdown(results))

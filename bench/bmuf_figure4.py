@@ -33,7 +33,7 @@ from snet.perf.model import DEFAULT_CONSTANTS, Constants, alone_mcups, predict
 from snet.perf.plan import find_constants
 from snet.protocol.network import NetworkSpec
 
-from .calibrate import measure_compute
+from .calibrate import calibrate, measure_compute
 from .netns import SlowNetwork
 from .nsrun import train
 from .processes import best_rate, job_flags, modelled_env, synthetic_corpus
@@ -49,19 +49,23 @@ MODES: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def constants_here(link_mbps: float, network: NetworkSpec, bunch: int, measure: bool) -> Constants:
-    """docs/benchmarks.json's constants (or the defaults), with the link at ``link_mbps``
-    and, if ``measure``, the numpy step measured now (on a busy machine that measures the
-    neighbours as much as numpy: the recorded rate is the default)."""
+def constants_here(
+    link_mbps: float, network: NetworkSpec, bunch: int, measure: bool, calibrated: bool
+) -> Constants:
+    """docs/benchmarks.json's constants (or the defaults), with the link at ``link_mbps``;
+    ``calibrated``: the server's and the messages' costs measured now (bench/calibrate.py,
+    as the scaling benchmark does: the model and the measurement then share the machine's
+    state); ``measure``: the numpy step measured now too, else the recorded rate (on a
+    busy machine a measurement now measures the neighbours as much as numpy)."""
     path = ROOT / "docs" / "benchmarks.json"
-    constants = (
+    recorded = (
         find_constants(json.loads(path.read_text()), str(path))
         if path.is_file()
         else DEFAULT_CONSTANTS
     )
-    if measure:
-        constants = replace(constants, cu_seconds=measure_compute(network, bunch))
-    return constants.with_link_mbps(link_mbps)
+    constants = calibrate(network, bunch) if calibrated else recorded
+    cu_seconds = measure_compute(network, bunch) if measure else recorded.cu_seconds
+    return replace(constants, cu_seconds=cu_seconds).with_link_mbps(link_mbps)
 
 
 def point(
@@ -111,6 +115,8 @@ def point(
         "measured_mcups": round(measured, 1),
         "mean_mcups": round(network.connections * mean / 1e6, 1),
         "measured_speedup": round(measured / alone, 3),
+        # over one worker alone at the compute rate the workers' sleeps really had
+        "measured_speedup_compute_spent": round(measured * spent / alone, 3),
         "predicted_mcups": round(model.mcups, 1),
         "predicted_speedup": round(model.mcups / alone, 3),
         "measured_over_predicted": round(measured / model.mcups, 3),
@@ -136,13 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-bunches", dest="tau", type=int, default=16)
     parser.add_argument("--link", type=float, default=1000.0, help="Mbit/s")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured per point")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure the server's and the messages' costs now (about 40 s)",
+    )
     parser.add_argument("--json", help="write the result here too")
     parser.add_argument("--workdir", help="keep the runs' logs in this directory")
     args = parser.parse_args(argv)
     network = NetworkSpec.parse(args.network)
     counts = [int(p) for p in args.workers.split(",")]
     names = args.modes.split(",")
-    constants = constants_here(args.link, network, args.bunch, args.measure_compute)
+    constants = constants_here(args.link, network, args.bunch, args.measure_compute, args.calibrate)
     rows = []
     with tempfile.TemporaryDirectory(prefix="snet-figure4-") as tmp:
         workdir = Path(args.workdir or tmp)
