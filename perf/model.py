@@ -17,6 +17,11 @@ Two models, both written down in docs/performance-model.md:
 - **BSP cost of exemplar parallelism with batch learning** (Rogers & Skillicorn, 1998):
   supersteps of cost ``w + h * g + l``, in flops, for an epoch of E exemplars.
 
+bmuf (block-wise model-update filtering, docs/bmuf.md) is the pattern-parallel round
+with a block of τ bunches of compute per exchange: ``τ T_c + L + P T_d + T_h`` with sync
+blocks, ``max(τ T_c + L / 2, P T_d + T_h)`` with async ones; a compressed update or
+delta shrinks the way to the server only (``update_bytes``).
+
 Every time is in seconds unless a name says otherwise; MCUPS counts connection updates
 (weights and biases times patterns) per second, in millions, as snet's /status does.
 """
