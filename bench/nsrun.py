@@ -62,13 +62,25 @@ class Run:
     launched: float
     readings: list[dict[str, Any]] = field(default_factory=list)
     final: dict[str, Any] = field(default_factory=dict)
+    final_written: float | None = None  # when the server wrote its final status
 
     def time_to(self, accuracy: float) -> float | None:
-        """Seconds from launch to the first reading with an epoch's CV >= ``accuracy``."""
+        """Seconds from launch to the first reading with an epoch's CV >= ``accuracy``;
+        the last epoch's CV may come only with the final status (the server exits at
+        once), which counts from the time it was written."""
         for reading in self.readings:
             if any(value >= accuracy for value in reading["cv"]):
                 return float(reading["t"]) - self.launched
+        cv = [e.get("cv_accuracy") or 0.0 for e in self.final.get("epochs", [])]
+        if self.final_written is not None and any(value >= accuracy for value in cv):
+            return self.final_written - self.launched
         return None
+
+    def cv(self) -> list[float]:
+        """Each epoch's CV accuracy: the final status's, else the last reading's."""
+        if self.final.get("epochs"):
+            return [e.get("cv_accuracy") for e in self.final["epochs"]]
+        return list(self.readings[-1]["cv"]) if self.readings else []
 
 
 def train(
@@ -156,7 +168,8 @@ def train(
                 process.kill()
                 process.wait()
     status = directory / "out" / "status.json"
-    run.final = json.loads(status.read_text()) if status.is_file() else {}
+    if status.is_file():
+        run.final, run.final_written = json.loads(status.read_text()), status.stat().st_mtime
     return run
 
 
