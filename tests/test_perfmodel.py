@@ -366,6 +366,22 @@ def test_plan_prints_every_strategy_mode_and_worker_count(
     assert "link 125 MB/s" in out and "BSP exemplar parallelism" in out
 
 
+def test_plan_says_where_blocks_pay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    constants = tmp_path / "constants.json"
+    constants.write_text(json.dumps(DEFAULT_CONSTANTS.to_dict()))
+    argv = ["plan", "--network", "39:500:42", "--link-mbps", "1000", "--workers", "5"]
+    argv += ["--strategies", "pattern", "--constants", str(constants)]
+    assert main([*argv, "--block-bunches", "64", "--compress", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert "bmuf, blocks of 64 bunches, deltas in int8" in out
+    gigabit = DEFAULT_CONSTANTS.with_link_mbps(1000)
+    network = NetworkSpec.parse("39:500:42")
+    row = next(line.split() for line in out.splitlines() if line.split()[:2] == ["5", "bmuf"])
+    block = predict(network, 1000, 5, gigabit, "pattern", "bmuf", block_bunches=64, codec="int8")
+    assert float(row[2]) == pytest.approx(block.speedup, abs=0.005)
+    assert row[-1] == str(smallest_block(network, 1000, 5, gigabit, "bmuf", 0.9, "int8"))
+
+
 def test_plan_json_reads_constants_from_a_benchmark_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
