@@ -33,7 +33,17 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
         help="pattern (what snet trains, the default), network (the model only: snet "
         "cannot train network-parallel yet), or both: pattern,network",
     )
-    parser.add_argument("--modes", default="sync,async", help="comma-separated: sync, async")
+    parser.add_argument(
+        "--modes",
+        default="sync,async,bmuf,bmuf-async",
+        help="comma-separated: sync, async, bmuf (sync blocks), bmuf-async",
+    )
+    parser.add_argument(
+        "--block-bunches", dest="block_bunches", type=int, default=16, help="bmuf: tau"
+    )
+    parser.add_argument(
+        "--compress", default="none", help="update codec: none, fp16, int8, sign (bmuf deltas too)"
+    )
     parser.add_argument(
         "--exemplars", type=int, default=1_000_000, help="exemplars per epoch (BSP table)"
     )

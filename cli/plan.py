@@ -17,13 +17,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from snet.perf.model import DEFAULT_CONSTANTS, MODES, STRATEGIES, Constants, predict
+from snet.perf.model import (
+    BLOCK_MODES,
+    DEFAULT_CONSTANTS,
+    MODES,
+    STRATEGIES,
+    Constants,
+    predict,
+    update_bytes,
+)
 from snet.perf.plan import (
     describe_constants,
     find_constants,
     find_scaling,
     plan_document,
     render,
+    render_blocks,
     render_bsp,
 )
 from snet.protocol.errors import ConfigError
@@ -35,7 +44,7 @@ BENCHMARKS_FILE = Path("docs/benchmarks.json")
 TRAINED_TODAY = "pattern"  # the strategy snet trains (in sync and async mode); the rest is model
 TRAINS_NOTE = (
     "snet trains pattern-parallel (data-parallel: every worker holds the whole network), "
-    "in sync and async mode"
+    "in sync, async and bmuf mode"
 )
 
 
@@ -123,18 +132,25 @@ def run_plan(args: argparse.Namespace) -> int:
     modes = _choices(args.modes, MODES, "--modes")
     if args.exemplars < 1:
         raise ConfigError(f"--exemplars must be >= 1, got {args.exemplars}")
+    if args.block_bunches < 1:
+        raise ConfigError(f"--block-bunches must be >= 1, got {args.block_bunches}")
+    update_bytes(network, args.compress)  # a clear error for a codec the plan cannot size
     measured = None
     if args.measured:
         measured = find_scaling(_read_json(Path(args.measured)), args.measured)
     constants = load_constants(args, network)
     predictions = [
-        predict(network, args.bunch, count, constants, strategy, mode)
+        predict(network, args.bunch, count, constants, strategy, mode, 1.0,
+                args.block_bunches, args.compress if strategy == "pattern" else "none")
         for strategy in strategies
         for mode in modes
         for count in workers
-    ]
+        if strategy == "pattern" or mode not in BLOCK_MODES  # bmuf trains whole copies
+    ]  # fmt: skip
     if args.json:
-        document = plan_document(network, args.bunch, constants, predictions)
+        document = plan_document(
+            network, args.bunch, constants, predictions, args.block_bunches, args.compress
+        )
         document["link_mbps"] = args.link_mbps  # null: the constants' (loopback) link
         document["trains"] = TRAINS_NOTE
         print(json.dumps(document, indent=2))
@@ -151,10 +167,25 @@ def run_plan(args: argparse.Namespace) -> int:
         print(describe_constants(constants, network))
         print("\n".join(render(predictions)))
         print()
+        blocks = render_blocks(
+            network, args.bunch, constants, predictions, args.block_bunches, args.compress
+        )
+        if blocks:
+            print("\n".join([*blocks, ""]))
         print("\n".join(render_bsp(network, constants, args.bunch, workers, args.exemplars)))
     if args.png:
         from snet.perf.figure import draw
 
-        draw(Path(args.png), network, args.bunch, constants, workers, strategies, modes, measured)
+        draw(
+            Path(args.png),
+            network,
+            args.bunch,
+            constants,
+            workers,
+            strategies,
+            modes,
+            measured,
+            args.block_bunches,
+        )
         print(f"wrote {args.png}")
     return 0

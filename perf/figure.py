@@ -16,9 +16,9 @@ from typing import Any
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
 
-from .model import Constants, predict
+from .model import BLOCK_MODES, Constants, predict
 
-_STYLE = {"sync": "--", "async": "-"}
+_STYLE = {"sync": "--", "async": "-", "bmuf": "-.", "bmuf-async": ":"}
 _COLOUR = {"pattern": "tab:blue", "network": "tab:orange"}
 _MEASURED_COLOUR = {"sync": "tab:red", "async": "tab:green"}
 
@@ -40,8 +40,12 @@ def _curve(
     strategy: str,
     mode: str,
     time_scale: float = 1.0,
+    block_bunches: int = 16,
 ) -> list[float]:
-    return [predict(network, bunch, p, constants, strategy, mode, time_scale).mcups for p in counts]
+    return [
+        predict(network, bunch, p, constants, strategy, mode, time_scale, block_bunches).mcups
+        for p in counts
+    ]
 
 
 def draw(
@@ -53,6 +57,7 @@ def draw(
     strategies: list[str],
     modes: list[str],
     measured: dict[str, Any] | None = None,
+    block_bunches: int = 16,
 ) -> None:
     """Write the figure to ``path`` (PNG)."""
     require_matplotlib()
@@ -67,12 +72,15 @@ def draw(
     counts = list(range(1, max(workers) + 1))
     for strategy in strategies:
         for mode in modes:
+            if strategy != "pattern" and mode in BLOCK_MODES:
+                continue  # bmuf workers train whole copies
             left.plot(
                 counts,
-                _curve(network, bunch, constants, counts, strategy, mode),
+                _curve(network, bunch, constants, counts, strategy, mode, 1.0, block_bunches),
                 _STYLE[mode],
                 color=_COLOUR[strategy],
-                label=f"{strategy}-parallel, {mode}",
+                label=f"{strategy}-parallel, {mode}"
+                + (f" (tau {block_bunches})" if mode in BLOCK_MODES else ""),
             )
     one = (
         predict(network, bunch, 1, constants).mcups / predict(network, bunch, 1, constants).speedup

@@ -17,6 +17,11 @@ Two models, both written down in docs/performance-model.md:
 - **BSP cost of exemplar parallelism with batch learning** (Rogers & Skillicorn, 1998):
   supersteps of cost ``w + h * g + l``, in flops, for an epoch of E exemplars.
 
+bmuf (block-wise model-update filtering, docs/bmuf.md) is the pattern-parallel round
+with a block of τ bunches of compute per exchange: ``τ T_c + L + P T_d + T_h`` with sync
+blocks, ``max(τ T_c + L / 2, P T_d + T_h)`` with async ones; a compressed update or
+delta shrinks the way to the server only (``update_bytes``).
+
 Every time is in seconds unless a name says otherwise; MCUPS counts connection updates
 (weights and biases times patterns) per second, in millions, as snet's /status does.
 """
@@ -27,12 +32,20 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+import numpy as np
+
+from snet.protocol.codecs import parse_codec
 from snet.protocol.errors import ConfigError
-from snet.protocol.network import ELEMENT_DTYPE, NetworkSpec
+from snet.protocol.network import ELEMENT_DTYPE, ElementLayout, NetworkSpec
 
 STRATEGIES = ("pattern", "network")
-MODES = ("sync", "async")
+MODES = ("sync", "async", "bmuf", "bmuf-async")
+# bmuf: a worker trains a block of ``block_bunches`` bunches on its own copy, then sends
+# its model delta once (server/block_filter.py); "bmuf" waits for every worker's block,
+# "bmuf-async" filters each block as it arrives. Pattern-parallel only.
+BLOCK_MODES = ("bmuf", "bmuf-async")
 WORD_BYTES = ELEMENT_DTYPE.itemsize  # float32 on the wire
+FIXED_SIZE_CODECS = ("none", "fp16", "int8", "sign")
 
 
 def per_pattern_coefficients(network: NetworkSpec, cu_seconds: float) -> tuple[float, float]:
@@ -160,25 +173,56 @@ def alone_mcups(network: NetworkSpec, constants: Constants, time_scale: float = 
     return network.connections / (time_scale * pattern_seconds(network, constants)) / 1e6
 
 
-def _transfers(size: int, constants: Constants) -> tuple[float, float]:
-    """(T_d, L) of a round trip of ``size`` bytes each way: the server's end of both
-    messages, and the worker's end with the latencies."""
+def update_bytes(network: NetworkSpec, codec: str = "none") -> int:
+    """Bytes of one update (or bmuf delta) element sent in ``codec``: the sum of the
+    codec's parts over the element's segments (protocol/codecs). Only codecs whose size
+    does not depend on the values (none, fp16, int8, sign) can be planned."""
+    parsed = parse_codec(codec)
+    if parsed.family not in FIXED_SIZE_CODECS:
+        raise ConfigError(
+            f"the plan models codecs of a fixed size ({', '.join(FIXED_SIZE_CODECS)}), "
+            f"not {codec!r}: its size depends on the values"
+        )
+    layout = ElementLayout.for_network(network)
+    return sum(
+        int(np.dtype(part.dtype).itemsize) * math.prod(part.shape)
+        for shape in layout.shapes
+        for part in parsed.part_specs(shape)
+    )
+
+
+def _transfers(up: int, down: int, constants: Constants) -> tuple[float, float]:
+    """(T_d, L) of a round trip of ``up`` bytes to the server and ``down`` back: the
+    server's end of both messages, and the worker's end with the latencies."""
+    size = up + down
     return (
-        2 * (size * constants.link_seconds_per_byte + constants.message_seconds),
-        2 * (size * constants.worker_seconds_per_byte + constants.latency_seconds),
+        size * constants.link_seconds_per_byte + 2 * constants.message_seconds,
+        size * constants.worker_seconds_per_byte + 2 * constants.latency_seconds,
     )
 
 
 def pattern_parallel_phases(
-    network: NetworkSpec, bunch: int, workers: int, constants: Constants, time_scale: float = 1.0
+    network: NetworkSpec,
+    bunch: int,
+    workers: int,
+    constants: Constants,
+    time_scale: float = 1.0,
+    block_bunches: int = 1,
+    up_bytes: int | None = None,
 ) -> Phases:
     """Data division: each worker trains ``bunch`` patterns of its own per round, sends its
-    update element and gets the new weights back; the server adds P updates and steps."""
+    update element and gets the new weights back; the server adds P updates and steps.
+
+    In bmuf a round is a block: ``block_bunches`` bunches computed locally, then one
+    exchange, so the compute grows τ-fold and the transfers and the step do not.
+    ``up_bytes``: the update's size on the wire (a compressed codec; default float32).
+    """
     element = network.connections * WORD_BYTES
-    compute = time_scale * bunch * pattern_seconds(network, constants)
-    transfer, latency = _transfers(element, constants)
+    compute = time_scale * block_bunches * bunch * pattern_seconds(network, constants)
+    transfer, latency = _transfers(element if up_bytes is None else up_bytes, element, constants)
     host = element * (workers * constants.apply_seconds_per_byte + constants.step_seconds_per_byte)
-    return Phases(compute, transfer, host + constants.step_fixed_seconds, latency, workers * bunch)
+    patterns = workers * block_bunches * bunch
+    return Phases(compute, transfer, host + constants.step_fixed_seconds, latency, patterns)
 
 
 def network_parallel_phases(
@@ -197,7 +241,7 @@ def network_parallel_phases(
     per_pattern = c1 * hidden / workers + c2 + constants.pattern_seconds
     compute = time_scale * patterns * per_pattern
     activations = patterns * network.output_size * WORD_BYTES
-    transfer, latency = _transfers(activations, constants)
+    transfer, latency = _transfers(activations, activations, constants)
     host = activations * (workers * constants.apply_seconds_per_byte)
     return Phases(compute, transfer, host + constants.step_fixed_seconds, latency, patterns)
 
@@ -252,17 +296,30 @@ def predict(
     strategy: str = "pattern",
     mode: str = "async",
     time_scale: float = 1.0,
+    block_bunches: int = 16,
+    codec: str = "none",
 ) -> Prediction:
-    """Predicted MCUPS and speed-up of ``workers`` workers for one strategy and mode."""
+    """Predicted MCUPS and speed-up of ``workers`` workers for one strategy and mode.
+
+    ``block_bunches`` (τ) matters in the bmuf modes only; ``codec`` is the update codec
+    of the pattern-parallel modes (``update_bytes``). Throughput only: how many epochs a
+    mode needs to reach an accuracy is the convergence benchmark's question.
+    """
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-    if bunch < 1 or workers < 1:
-        raise ConfigError("bunch and workers must be >= 1")
-    phases_of = pattern_parallel_phases if strategy == "pattern" else network_parallel_phases
-    phases = phases_of(network, bunch, workers, constants, time_scale)
-    if mode == "async":
+    if bunch < 1 or workers < 1 or block_bunches < 1:
+        raise ConfigError("bunch, workers and block bunches must be >= 1")
+    if mode in BLOCK_MODES and strategy != "pattern":
+        raise ConfigError(f"mode {mode} is pattern-parallel only (workers train whole copies)")
+    if strategy == "pattern":
+        up = None if codec == "none" else update_bytes(network, codec)
+        tau = block_bunches if mode in BLOCK_MODES else 1
+        phases = pattern_parallel_phases(network, bunch, workers, constants, time_scale, tau, up)
+    else:
+        phases = network_parallel_phases(network, bunch, workers, constants, time_scale)
+    if mode in ("async", "bmuf-async"):
         seconds = overlapped_round_seconds(phases, workers)
         compute_bound = (
             phases.compute + phases.latency / 2 >= workers * phases.transfer + phases.host
@@ -284,6 +341,38 @@ def predict(
         "compute" if compute_bound else "link",
         phases,
     )
+
+
+def smallest_block(
+    network: NetworkSpec,
+    bunch: int,
+    workers: int,
+    constants: Constants,
+    mode: str = "bmuf",
+    efficiency: float = 0.9,
+    codec: str = "none",
+    limit: int = 4096,
+) -> int | None:
+    """The fewest bunches per block (τ) at which ``mode`` reaches ``efficiency`` x P of
+    one worker's rate, or None if even ``limit`` does not. The speed-up grows with τ
+    (the exchange is paid once per block), so the first τ that reaches it is the answer."""
+    if mode not in BLOCK_MODES:
+        raise ConfigError(f"smallest_block is for the block modes {BLOCK_MODES}, not {mode!r}")
+    if not 0.0 < efficiency < 1.0:
+        raise ConfigError(f"efficiency must be between 0 and 1, got {efficiency}")
+    low, high = 1, limit
+    if predict(network, bunch, workers, constants, "pattern", mode, 1.0, high, codec).speedup < (
+        efficiency * workers
+    ):
+        return None
+    while low < high:  # bisection on the monotone speed-up
+        middle = (low + high) // 2
+        reached = predict(network, bunch, workers, constants, "pattern", mode, 1.0, middle, codec)
+        if reached.speedup >= efficiency * workers:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 # ---------------------------------------------------------------- BSP (Rogers & Skillicorn)

@@ -13,11 +13,13 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
 
 from .model import (
+    BLOCK_MODES,
     Constants,
     Prediction,
     bsp_epoch_seconds,
     bsp_machine_from_constants,
     pattern_seconds,
+    smallest_block,
 )
 
 
@@ -57,15 +59,49 @@ def describe_constants(constants: Constants, network: NetworkSpec) -> str:
 
 def render(predictions: list[Prediction]) -> list[str]:
     lines = [
-        f"{'P':>3} {'strategy':8} {'mode':5} {'round ms':>9} {'T_c ms':>8} {'T_d ms':>8} "
+        f"{'P':>3} {'strategy':8} {'mode':10} {'round ms':>9} {'T_c ms':>8} {'T_d ms':>8} "
         f"{'T_h ms':>8} {'L ms':>7} {'MCUPS':>9} {'speed-up':>8}  bound"
     ]
     for p in predictions:
         lines.append(
-            f"{p.workers:>3} {p.strategy:8} {p.mode:5} {p.round_seconds * 1e3:9.2f} "
+            f"{p.workers:>3} {p.strategy:8} {p.mode:10} {p.round_seconds * 1e3:9.2f} "
             f"{p.phases.compute * 1e3:8.2f} {p.phases.transfer * 1e3:8.3f} "
             f"{p.phases.host * 1e3:8.3f} {p.phases.latency * 1e3:7.3f} {p.mcups:9,.0f} "
             f"{p.speedup:8.2f}  {p.bound}"
+        )
+    return lines
+
+
+def render_blocks(
+    network: NetworkSpec,
+    bunch: int,
+    constants: Constants,
+    predictions: list[Prediction],
+    block_bunches: int,
+    codec: str,
+) -> list[str]:
+    """Where bmuf beats per-bunch exchange: per worker count, each bmuf mode's speed-up
+    over the better per-bunch mode's, and the fewest bunches per block that reach 90 %
+    of linear speed-up (the exchange paid once per block)."""
+    pattern = [p for p in predictions if p.strategy == "pattern"]
+    blocks = [p for p in pattern if p.mode in BLOCK_MODES]
+    if not blocks:
+        return []
+    lines = [
+        f"bmuf, blocks of {block_bunches} bunches, deltas in {codec}: against the better of "
+        "per-bunch sync and async",
+        f"{'P':>3} {'mode':10} {'speed-up':>8} {'per-bunch':>9} {'gain':>6} {'tau for 90%':>11}",
+    ]
+    for block in blocks:
+        per_bunch = [
+            p.speedup for p in pattern if p.workers == block.workers and p.mode not in BLOCK_MODES
+        ]
+        best = max(per_bunch) if per_bunch else None
+        tau = smallest_block(network, bunch, block.workers, constants, block.mode, 0.9, codec)
+        lines.append(
+            f"{block.workers:>3} {block.mode:10} {block.speedup:8.2f} "
+            + (f"{best:9.2f} {block.speedup / best:5.2f}x" if best else f"{'-':>9} {'-':>6}")
+            + f" {tau if tau is not None else '> 4096':>11}"
         )
     return lines
 
@@ -92,11 +128,18 @@ def render_bsp(
 
 
 def plan_document(
-    network: NetworkSpec, bunch: int, constants: Constants, predictions: list[Prediction]
+    network: NetworkSpec,
+    bunch: int,
+    constants: Constants,
+    predictions: list[Prediction],
+    block_bunches: int = 16,
+    codec: str = "none",
 ) -> dict[str, Any]:
     return {
         "network": network.describe(),
         "bunch": bunch,
+        "block_bunches": block_bunches,
+        "codec": codec,
         "constants": constants.to_dict(),
         "predictions": [
             {

@@ -34,6 +34,8 @@ from snet.perf.model import (
     per_pattern_coefficients,
     predict,
     serial_round_seconds,
+    smallest_block,
+    update_bytes,
 )
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
@@ -181,6 +183,64 @@ def test_network_parallel_phases_worked_by_hand() -> None:
     assert phases.host == pytest.approx(120 * 3 * 1e-10 + 3e-6)  # adding the sums, a step
 
 
+def test_a_bmuf_round_is_a_block_of_compute_and_one_exchange() -> None:
+    # TINY, bunch 10, 2 workers, blocks of 4 bunches: 4 x 130 us of compute, then the
+    # same transfers and step as one per-bunch round (worked above), for 2 x 40 patterns.
+    phases = pattern_parallel_phases(TINY, 10, 2, HAND, block_bunches=4)
+    assert phases.compute == pytest.approx(4 * 130e-6)
+    assert phases.transfer == pytest.approx(2 * (52e-9 + 1e-4))
+    assert phases.patterns == 80
+    block = predict(TINY, 10, 2, HAND, "pattern", "bmuf", block_bunches=4)
+    assert block.round_seconds == pytest.approx(5.2e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 3.0208e-6)
+    assert block.speedup == pytest.approx(13 * 80 / block.round_seconds / 1e6)
+    assert block.bound == "compute"  # 520 us of 1023 us
+    # one bunch a block is per-bunch exchange, in either mode
+    for blocks, bunches in (("bmuf", "sync"), ("bmuf-async", "async")):
+        one = predict(TINY, 10, 2, HAND, "pattern", blocks, block_bunches=1)
+        assert one.round_seconds == predict(TINY, 10, 2, HAND, "pattern", bunches).round_seconds
+    # async blocks overlap the exchange: max(520 us + L/2, 2 T_d + T_h), compute-bound
+    loose = predict(TINY, 10, 2, HAND, "pattern", "bmuf-async", block_bunches=4)
+    assert loose.round_seconds == pytest.approx(5.2e-4 + 1.00208e-4 / 2)
+
+
+def test_compressed_updates_shrink_only_the_way_to_the_server() -> None:
+    # TINY's segments hold 6, 3, 3 and 1 values: int8 sends them as bytes plus one
+    # float32 scale per segment (a block of 256 values or fewer), fp16 as 2 bytes each.
+    assert update_bytes(TINY) == 52
+    assert update_bytes(TINY, "int8") == 13 + 4 * 4
+    assert update_bytes(TINY, "fp16") == 26
+    phases = predict(TINY, 10, 2, HAND, "pattern", "bmuf", codec="int8").phases
+    assert phases.transfer == pytest.approx((29 + 52) * 1e-9 + 2e-4)  # the weights come back whole
+    assert phases.latency == pytest.approx((29 + 52) * 2e-9 + 1e-4)
+    with pytest.raises(ConfigError, match="fixed size"):
+        update_bytes(TINY, "topk:0.01")
+
+
+def test_smallest_block_for_ninety_percent_of_linear() -> None:
+    # Sync blocks on TINY with 2 workers: speed-up 2 x 130 tau / (130 tau + 503.436) (us)
+    # reaches 1.8 when 26 tau >= 1.8 x 503.436 = 906.2, at tau = 35.
+    assert smallest_block(TINY, 10, 2, HAND, "bmuf") == 35
+    assert predict(TINY, 10, 2, HAND, "pattern", "bmuf", block_bunches=34).speedup < 1.8
+    # async blocks: 2 x 130 tau / max(130 tau + 50.104, 403.2) >= 1.8 needs both
+    # 26 tau >= 90.2 and 260 tau >= 725.8: tau = 4 (at 3, 780 / 440.1 = 1.77)
+    assert smallest_block(TINY, 10, 2, HAND, "bmuf-async") == 4
+    assert smallest_block(TINY, 10, 2, HAND, "bmuf", limit=8) is None
+    with pytest.raises(ConfigError, match="block modes"):
+        smallest_block(TINY, 10, 2, HAND, "sync")
+
+
+def test_snets_figure_4_setting_pays_only_with_blocks() -> None:
+    # 39:500:42, bunch 1000, gigabit: per-bunch exchange is link-bound below one worker's
+    # rate, as issue 15 says; blocks of 16 bunches are compute-bound and grow with P.
+    network, gigabit = NetworkSpec.parse("39:500:42"), DEFAULT_CONSTANTS.with_link_mbps(1000)
+    per_bunch = [predict(network, 1000, 5, gigabit, "pattern", m) for m in ("sync", "async")]
+    assert all(p.speedup < 1 and p.bound == "link" for p in per_bunch)
+    blocks = [predict(network, 1000, p, gigabit, "pattern", "bmuf-async") for p in (1, 3, 5)]
+    assert all(b.bound == "compute" for b in blocks)
+    assert blocks[0].speedup < blocks[1].speedup < blocks[2].speedup
+    assert blocks[2].speedup > 4 * max(p.speedup for p in per_bunch)
+
+
 def test_more_workers_never_lower_the_round_time_of_a_link_bound_model() -> None:
     network = NetworkSpec.parse("351:1262:45")
     slow_link = DEFAULT_CONSTANTS.with_link_mbps(100)
@@ -196,6 +256,10 @@ def test_bad_model_inputs_are_clear_errors() -> None:
         predict(TINY, 10, 2, HAND, "layer", "sync")
     with pytest.raises(ConfigError, match="mode must be one of"):
         predict(TINY, 10, 2, HAND, "pattern", "eventual")
+    with pytest.raises(ConfigError, match="pattern-parallel only"):
+        predict(TINY, 10, 2, HAND, "network", "bmuf")
+    with pytest.raises(ConfigError, match="block bunches must be >= 1"):
+        predict(TINY, 10, 2, HAND, "pattern", "bmuf", block_bunches=0)
     with pytest.raises(ConfigError, match="constants lack pattern_seconds, link_seconds_per_byte"):
         Constants.from_dict({"cu_seconds": 1e-9}, "x.json")
     older = {k: v for k, v in HAND.to_dict().items() if k != "step_fixed_seconds"}
@@ -297,8 +361,27 @@ def test_plan_prints_every_strategy_mode_and_worker_count(
     assert code == 0
     rows = [line.split() for line in out.splitlines() if line[:3].strip() in ("1", "2", "8")]
     table = {(r[0], r[1], r[2]) for r in rows if r[1] in ("pattern", "network")}
-    assert len(table) == 3 * 2 * 2
+    # sync and async for both strategies, bmuf's two modes pattern-parallel only
+    assert len(table) == 3 * (2 * 2 + 2)
+    assert {r[2] for r in rows if r[1] == "network"} == {"sync", "async"}
+    assert "bmuf, blocks of 16 bunches, deltas in none" in out
     assert "link 125 MB/s" in out and "BSP exemplar parallelism" in out
+
+
+def test_plan_says_where_blocks_pay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    constants = tmp_path / "constants.json"
+    constants.write_text(json.dumps(DEFAULT_CONSTANTS.to_dict()))
+    argv = ["plan", "--network", "39:500:42", "--link-mbps", "1000", "--workers", "5"]
+    argv += ["--strategies", "pattern", "--constants", str(constants)]
+    assert main([*argv, "--block-bunches", "64", "--compress", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert "bmuf, blocks of 64 bunches, deltas in int8" in out
+    gigabit = DEFAULT_CONSTANTS.with_link_mbps(1000)
+    network = NetworkSpec.parse("39:500:42")
+    row = next(line.split() for line in out.splitlines() if line.split()[:2] == ["5", "bmuf"])
+    block = predict(network, 1000, 5, gigabit, "pattern", "bmuf", block_bunches=64, codec="int8")
+    assert float(row[2]) == pytest.approx(block.speedup, abs=0.005)
+    assert row[-1] == str(smallest_block(network, 1000, 5, gigabit, "bmuf", 0.9, "int8"))
 
 
 def test_plan_json_reads_constants_from_a_benchmark_file(
@@ -326,6 +409,8 @@ def test_plan_json_reads_constants_from_a_benchmark_file(
     document = json.loads(capsys.readouterr().out)
     sync = next(p for p in document["predictions"] if p["mode"] == "sync")
     assert sync["strategy"] == "pattern"
+    assert (document["block_bunches"], document["codec"]) == (16, "none")
+    assert {p["mode"] for p in document["predictions"]} == {"sync", "async", "bmuf", "bmuf-async"}
     assert sync["round_seconds"] == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 3.0208e-6)
 
 
@@ -333,7 +418,11 @@ def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["plan", "--workers", "1,two"]) == 2
     assert "--workers must be comma-separated whole numbers" in capsys.readouterr().err
     assert main(["plan", "--modes", "eventual"]) == 2
-    assert "--modes must be some of sync, async" in capsys.readouterr().err
+    assert "--modes must be some of sync, async, bmuf, bmuf-async" in capsys.readouterr().err
+    assert main(["plan", "--block-bunches", "0"]) == 2
+    assert "--block-bunches must be >= 1" in capsys.readouterr().err
+    assert main(["plan", "--compress", "topk:0.1"]) == 2
+    assert "fixed size" in capsys.readouterr().err
     (tmp_path / "c.json").write_text("{}")
     assert main(["plan", "--constants", str(tmp_path / "c.json")]) == 2
     assert "no performance-model constants" in capsys.readouterr().err
