@@ -94,7 +94,7 @@ def test_plan_says_what_snet_trains_and_asks_for_the_link(
 ) -> None:
     assert main(["plan", "--workers", "1,2"]) == 0
     out = capsys.readouterr().out
-    assert "snet trains pattern-parallel" in out and "in sync and async mode" in out
+    assert "snet trains pattern-parallel" in out and "in sync, async and bmuf mode" in out
     assert "note: no --link-mbps given" in out and "127.0.0.1 loopback" in out
     rows = [line.split() for line in out.splitlines() if line[:3].strip() in ("1", "2")]
     assert {row[1] for row in rows if len(row) > 2 and row[2] in ("sync", "async")} == {"pattern"}
