@@ -52,6 +52,7 @@ class BlockFilter:
         self.model: np.ndarray = self.inner.weights  # what is evaluated and saved
         self._pending_model = self.model
         self.blocks = 0
+        self.last_momentum = 0.0  # η of the last step, for /status
 
     @property
     def weights(self) -> np.ndarray:
@@ -81,7 +82,7 @@ class BlockFilter:
         ]  # a worker's own momentum means nothing here: every delta is a delta
         workers = len(merged[0]) if self.sync else self.workers
         eta = self.momentum(workers)
-        self.inner.momentum = eta
+        self.inner.momentum = self.last_momentum = eta
         scale = self.rate if self.sync else self.rate / self.workers
         weights = self.inner.steps(merged, patterns, -scale)  # v = η v + ζ G; w += v
         if weights is None:
@@ -112,7 +113,7 @@ class BlockFilter:
             "filter": self.kind,
             "sync": int(self.sync),
             "blocks": self.blocks,
-            "block_momentum": round(self.momentum(self.workers), 6),
+            "block_momentum": round(self.last_momentum, 6),  # as last applied
             "block_lr": self.rate,
             "delta_norm": round(float(np.sqrt(np.dot(velocity, velocity))), 6),
         }
