@@ -1,10 +1,12 @@
-"""``Joining``: the worker's handshake with a server, and getting ready for its job.
+"""``Handshake``: one connection's handshake with a server, and getting ready for its job.
 
-A mixin of ``Worker`` (client/worker.py): ServerHello -> Hello (with the token proof and
-the codecs this worker offers) -> Welcome (the job) -> DataInfo; then the worker opens the
-data (or asks for frames inline), prepares its backend and agrees on codecs. A server that
-refuses the worker, or a job this worker cannot run, ends the session with the reason
-logged on both sides.
+ServerHello -> Hello (with the token proof and the codecs this worker offers) -> Welcome
+(the job) -> DataInfo; then the worker opens the data (or asks for frames inline),
+prepares its backend and agrees on codecs. It reads the worker's inbox (what the
+connection filed) and returns what the worker needs to train (``Joined``), or why it
+cannot (``NotJoined``: the server refused it or said goodbye first); it writes none of the
+worker's state. A job this worker cannot run ends the session with the reason logged on
+both sides.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 from snet.protocol import PROTOCOL_VERSION, auth
@@ -46,30 +50,47 @@ M = TypeVar("M", ServerHello, Welcome, DataInfo)
 HANDSHAKE_SECONDS = 30.0
 
 
-class Joining:
-    """Handshake and preparation; the state it uses is the Worker's."""
+@dataclass(frozen=True)
+class Joined:
+    """What a worker needs to train, from a handshake that succeeded."""
 
-    config: WorkerConfig
-    name: str
-    backend: ComputeBackend
-    executor: ThreadPoolExecutor
-    job: JobSpec | None
-    corpus: Corpus | None
+    job: JobSpec
+    corpus: Corpus
     codecs: dict[str, str]
     compressor: UpdateCompressor | None
-    _inbox: deque[Message]
-    _wake: asyncio.Event
-    _lost: bool
-    _refused: RemoteError | None
-    _goodbye: str | None
-    _joined: bool
+
+
+@dataclass(frozen=True)
+class NotJoined:
+    """A handshake that ended without joining: refused, or a goodbye first."""
+
+    refused: RemoteError | None = None
+    goodbye: str | None = None
+
+
+class Handshake:
+    """The handshake of one connection, reading the worker's inbox."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        name: str,
+        backend: ComputeBackend,
+        executor: ThreadPoolExecutor,
+        inbox: deque[Message],
+        wake: asyncio.Event,
+        lost: Callable[[], bool],
+    ) -> None:
+        self.config, self.name, self.backend, self.executor = config, name, backend, executor
+        self._inbox, self._wake, self._lost = inbox, wake, lost
+        self._goodbye: str | None = None
 
     async def _next_message(self, kind: type[M]) -> M | None:
         """The next message, which the conversation (protocol/conversation.py) allows only
         to be ``kind``, an error (raised as ``RemoteError``) or a goodbye (kept; None)."""
         deadline = time.monotonic() + HANDSHAKE_SECONDS
         while not self._inbox:
-            if self._lost:
+            if self._lost():
                 raise ConnectionLost("connection closed during the handshake")
             self._wake.clear()
             remaining = deadline - time.monotonic()
@@ -87,13 +108,15 @@ class Joining:
             raise AssertionError(f"{message.TYPE} passed the conversation; {kind} expected")
         return message
 
-    async def _handshake(self, connection: ServerConnection) -> bool:
-        """ServerHello -> Hello -> Welcome -> DataInfo. False when the server refused this
-        worker (``_refused``) or said goodbye first (``_goodbye``)."""
+    async def run(
+        self, connection: ServerConnection, compressor: UpdateCompressor | None
+    ) -> Joined | NotJoined:
+        """ServerHello -> Hello -> Welcome -> DataInfo, then the data and the backend
+        (``compressor``: the worker's, kept if the codecs did not change)."""
         try:
             hello = await self._next_message(ServerHello)
             if hello is None:
-                return False
+                return NotJoined(goodbye=self._goodbye)
             proof = b""
             if hello.auth_required:
                 if not self.config.token:
@@ -106,41 +129,38 @@ class Joining:
             welcome = await self._next_message(Welcome)
             info = await self._next_message(DataInfo) if welcome is not None else None
             if welcome is None or info is None:
-                return False
+                return NotJoined(goodbye=self._goodbye)
         except RemoteError as exc:
-            self._refused = exc
-            return False
+            return NotJoined(refused=exc)
         try:
             job = JobSpec.from_dict(welcome.job)
-            await self._prepare(job, info, connection)
-            self._agree(welcome.codecs)
+            corpus = await self._prepare(job, info, connection)
+            codecs, compressor = self._agree(job, welcome.codecs, compressor)
         except (ConfigError, DataError, RemoteError) as exc:
             # Tell the server why this worker cannot take part, then leave.
             connection.send(ErrorMessage("bad_job", str(exc), True))
-            self._refused = RemoteError("bad_job", str(exc))
-            return False
-        self._joined = True
+            return NotJoined(refused=RemoteError("bad_job", str(exc)))
         log.info(
             "joined %s as worker %d (%s mode, network %s, updates %s, weights %s)",
             hello.server_name,
             welcome.worker_id,
             job.mode,
             job.network.describe(),
-            self.codecs["update"],
-            self.codecs["weights"],
+            codecs["update"],
+            codecs["weights"],
         )
-        return True
+        return Joined(job, corpus, codecs, compressor)
 
-    def _agree(self, codecs: dict[str, object]) -> None:
-        """Use the codecs the server agreed to (a new compressor only if they changed)."""
-        assert self.job is not None
-        self.codecs = {key: str(codecs.get(key, "none")) for key in ("update", "weights")}
-        layout = ElementLayout.for_network(self.job.network)
-        self.compressor = UpdateCompressor.reuse(
-            self.compressor, self.codecs["update"], layout, self.job.momentum
-        )
+    @staticmethod
+    def _agree(
+        job: JobSpec, agreed: dict[str, object], compressor: UpdateCompressor | None
+    ) -> tuple[dict[str, str], UpdateCompressor | None]:
+        """The codecs the server agreed to (a new compressor only if they changed)."""
+        codecs = {key: str(agreed.get(key, "none")) for key in ("update", "weights")}
+        layout = ElementLayout.for_network(job.network)
+        return codecs, UpdateCompressor.reuse(compressor, codecs["update"], layout, job.momentum)
 
-    async def _prepare(self, job: JobSpec, info: DataInfo, connection: ServerConnection) -> None:
+    async def _prepare(self, job: JobSpec, info: DataInfo, connection: ServerConnection) -> Corpus:
         """Open the data (or ask for it inline) and prepare the backend (compute thread)."""
         loop = asyncio.get_running_loop()
         access = self.config.data_access
@@ -152,4 +172,4 @@ class Joining:
             log.info("frames come inline from the server: %s", reason)
             connection.send(FramesWanted(reason[:500]))
         await loop.run_in_executor(self.executor, self.backend.prepare, job, corpus)
-        self.job, self.corpus = job, corpus
+        return corpus

@@ -50,7 +50,7 @@ from .compression import UpdateCompressor, UpdateKey
 from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus
-from .joining import Joining
+from .joining import Handshake, NotJoined
 from .policies import Compute, ComputeState, make_compute_policy
 from .work import WorkQueue
 
@@ -61,7 +61,7 @@ REPORT_SECONDS = 1.0
 REPORT_UPDATES = 32  # a compressing worker also reports after every this many updates
 
 
-class Worker(Joining):
+class Worker:
     """One worker process's life: connect, handshake, train until told goodbye."""
 
     def __init__(self, config: WorkerConfig, backend: ComputeBackend | None = None) -> None:
@@ -185,9 +185,15 @@ class Worker(Joining):
         await connect_with_backoff(host, port, connection.new_stream, self.config.retry_seconds)
         gone = False
         try:
-            if not await self._handshake(connection):
+            handshake = Handshake(self.config, self.name, self.backend, self.executor,
+                                  self._inbox, self._wake, lambda: self._lost)  # fmt: skip
+            joined = await handshake.run(connection, self.compressor)
+            if isinstance(joined, NotJoined):
+                self._refused, self._goodbye = joined.refused, joined.goodbye
                 return
-            assert self.job is not None
+            self.job, self.corpus = joined.job, joined.corpus
+            self.codecs, self.compressor = joined.codecs, joined.compressor
+            self._joined = True
             box = WeightsBox(ElementLayout.for_network(self.job.network), wake=self._wake)
             connection.attach(box, SendBuffers(box.layout))
             heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(connection))
