@@ -96,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--token-file", help="the server's token, read from this file (default SNET_TOKEN)"
     )
+    status.add_argument(
+        "--tls-ca", help="an https server's certificate must be signed by this CA file"
+    )
 
     plan = commands.add_parser(
         "plan", help="predict MCUPS and speed-up per strategy and mode (performance models)"
@@ -163,6 +166,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_config_flag(demo, "a [job] table (as the server reads it)")
     add_job_flags(demo)
+
+    tls = commands.add_parser("tls", help="TLS certificates for a cluster")
+    tls_commands = tls.add_subparsers(dest="tls_command", required=True)
+    init = tls_commands.add_parser(
+        "init", help="make a private CA, the server's certificate and the workers'"
+    )
+    init.add_argument("directory", help="where to write ca.pem, server.pem, worker.pem, keys")
+    init.add_argument(
+        "--hosts", default="", help="the server's host names and addresses, comma-separated"
+    )
+    init.add_argument(
+        "--workers", default="", help="one certificate per worker name (default: one shared)"
+    )
     return parser
 
 
@@ -212,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
             from .status import run_status
 
             return run_status(args)
+        if args.command == "tls":
+            from .status import run_tls_init
+
+            return run_tls_init(args)
         if args.command == "plan":
             from .plan import run_plan
 

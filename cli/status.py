@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -13,11 +14,15 @@ from pathlib import Path
 from typing import Any
 
 
-def fetch_status(url: str, timeout: float = 5.0, token: str = "") -> dict[str, Any]:
-    """GET ``url``/status (with ``token``: as ``Authorization: Bearer``)."""
+def fetch_status(
+    url: str, timeout: float = 5.0, token: str = "", tls_ca: str = ""
+) -> dict[str, Any]:
+    """GET ``url``/status (with ``token``: as ``Authorization: Bearer``; with ``tls_ca``:
+    an https server's certificate must be signed by that CA)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(url.rstrip("/") + "/status", headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    context = ssl.create_default_context(cafile=tls_ca) if tls_ca else None
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
         document: dict[str, Any] = json.load(response)
         return document
 
@@ -97,13 +102,24 @@ def _board_lines(workers: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def run_tls_init(args: argparse.Namespace) -> int:
+    """``snet tls init DIR``: a private CA and the cluster's certificates."""
+    from snet.transport.certificates import make_cluster_certificates
+
+    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+    workers = [w.strip() for w in args.workers.split(",") if w.strip()] or None
+    for path in make_cluster_certificates(Path(args.directory), hosts, workers):
+        print(path)
+    return 0
+
+
 def run_status(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080")
     token = os.environ.get("SNET_TOKEN", "")
     try:
         if args.token_file:
             token = Path(args.token_file).read_text(encoding="utf-8").strip()
-        document = fetch_status(url, token=token)
+        document = fetch_status(url, token=token, tls_ca=args.tls_ca or "")
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
             print(f"snet: {url} needs the server's token (SNET_TOKEN or --token-file)",

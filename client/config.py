@@ -72,6 +72,15 @@ class WorkerConfig:
             "read-only (empty: $XDG_CACHE_HOME/snet or ~/.cache/snet; none: a copy each)"
         },
     )
+    tls_ca: str = field(
+        default="",
+        metadata={"help": "connect with TLS and trust a server whose certificate this CA "
+                  "file signed (empty: plain TCP)"},
+    )  # fmt: skip
+    tls_cert: str = field(
+        default="", metadata={"help": "this worker's TLS certificate, for mutual TLS"}
+    )
+    tls_key: str = field(default="", metadata={"help": "the key of tls_cert"})
     faults: str = field(
         default="",
         metadata={

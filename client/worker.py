@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from snet.protocol.conversation import Role
-from snet.protocol.errors import ConnectionLost, RejectedUpdate, RemoteError, ServerUnreachable
+from snet.protocol.errors import (
+    ConfigError,
+    ConnectionLost,
+    RejectedUpdate,
+    RemoteError,
+    ServerUnreachable,
+    TlsRefused,
+)
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
@@ -43,6 +51,8 @@ from snet.protocol.messages import (
 from snet.protocol.network import ElementLayout
 from snet.transport.dial import MAX_BACKOFF_SECONDS, connect_with_backoff
 from snet.transport.faults import FaultSwitch
+from snet.transport.tls import client_context
+from snet.transport.tls import refusal as tls_refusal
 
 from .backend import ComputeBackend, make_backend
 from .buffers import SendBuffers, WeightsBox
@@ -75,6 +85,9 @@ class Worker:
         self._wake = asyncio.Event()
         self._work = WorkQueue()
         self._faults = FaultSwitch.from_text(config.faults, Role.WORKER)  # one per process
+        self._tls: ssl.SSLContext | None = None  # made in run(): its files are read then
+        self._tls_refusal = ""  # why the server's TLS refused this worker, if it did
+        self._ungreeted = 0  # TLS connections closed in a row before the server's hello
         self._goodbye: str | None = None
         self._refused: RemoteError | None = None
         self._lost = False
@@ -103,6 +116,10 @@ class Worker:
         Python exits with on an unforeseen error, which a restart may cure).
         """
         self._task = asyncio.current_task()
+        tls = self.config.tls_ca
+        self._tls = client_context(tls, self.config.tls_cert, self.config.tls_key) if tls else None
+        if self.config.tls_cert and not tls:
+            raise ConfigError("tls_cert needs tls_ca: the CA that signed the server's certificate")
         server_stopped = False  # the last server said goodbye without finishing the job
         pause = 0.1  # before reconnecting after a lost connection
         try:
@@ -110,6 +127,8 @@ class Worker:
                 try:
                     await self._session()
                 except ConnectionLost as exc:
+                    if self._tls_refusal:  # the server refused our certificate: for good
+                        raise TlsRefused(self._tls_refusal) from exc
                     retry = self.config.retry_seconds
                     log.warning("lost the server (%s); reconnecting for up to %.0f s", exc, retry)
                     # A server that accepts and then drops connections must not be
@@ -133,6 +152,9 @@ class Worker:
                     "server said goodbye (%s) after %d updates", self._goodbye, self.updates_sent
                 )
                 return 0
+        except TlsRefused as exc:
+            log.error("refused by the server: %s", exc)
+            return EXIT_REFUSED
         except ServerUnreachable as exc:
             if server_stopped:
                 log.info("the server did not come back (%s); exiting", exc)
@@ -182,18 +204,25 @@ class Worker:
                 self._on_lost(exc)
 
         connection = ServerConnection(limits, on_message, on_lost, self._faults)
-        await connect_with_backoff(host, port, connection.new_stream, self.config.retry_seconds)
+        await connect_with_backoff(
+            host, port, connection.new_stream, self.config.retry_seconds, self._tls
+        )
         gone = False
         try:
             handshake = Handshake(self.config, self.name, self.backend, self.executor,
                                   self._inbox, self._wake, lambda: self._lost)  # fmt: skip
-            joined = await handshake.run(connection, self.compressor)
+            try:
+                joined = await handshake.run(connection, self.compressor)
+            except ConnectionLost:
+                self._note_unjoined()
+                raise
             if isinstance(joined, NotJoined):
                 self._refused, self._goodbye = joined.refused, joined.goodbye
                 return
             self.job, self.corpus = joined.job, joined.corpus
             self.codecs, self.compressor = joined.codecs, joined.compressor
             self._joined = True
+            self._ungreeted = 0
             box = WeightsBox(ElementLayout.for_network(self.job.network), wake=self._wake)
             connection.attach(box, SendBuffers(box.layout))
             heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(connection))
@@ -222,6 +251,18 @@ class Worker:
 
     def _on_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        if self._tls is not None:
+            self._tls_refusal = self._tls_refusal or tls_refusal(exc)
+
+    def _note_unjoined(self) -> None:
+        """A TLS server that closes twice in a row during the handshake refused this
+        worker's certificate (TLS 1.3 tells it with an alert that arrives as a plain EOF)."""
+        self._ungreeted = 0 if self._tls is None else self._ungreeted + 1
+        if self._ungreeted >= 2:
+            self._tls_refusal = (
+                "the server closed the TLS connection during the handshake, twice: it wants "
+                "a client certificate it trusts (--tls-cert, --tls-key)"
+            )
         self._wake.set()
 
     # ------------------------------------------------------------ computing

@@ -55,6 +55,9 @@ def gathering_writer(transport: object) -> WritelinesFunction | None:
     """
     if type(transport).__module__.split(".")[0] != "uvloop":
         return None
+    get_extra_info = getattr(transport, "get_extra_info", None)
+    if get_extra_info is not None and get_extra_info("sslcontext") is not None:
+        return None  # uvloop's TLS transport held gathered writes back until close
     writelines: WritelinesFunction = getattr(transport, "writelines")  # noqa: B009
     return writelines
 

@@ -17,7 +17,8 @@
     ├── LocalProtocolError         this side tried to send out of turn: a bug, not the peer
     ├── TransportError             the connection itself failed, not what came over it
     │   ├── ConnectionLost         the peer or the link went away (socket error, EOF)
-    │   └── ServerUnreachable      no connection to the server within the retry window
+    │   ├── ServerUnreachable      no connection to the server within the retry window
+    │   └── TlsRefused             the server's certificate untrusted, or ours refused
     ├── AuthError                  the shared-token proof is missing or wrong
     ├── CodecError                 an encoded element that does not fit its codec and
     │                              layout (part count or shape, index, NaN scale)
@@ -98,6 +99,10 @@ class ConnectionLost(TransportError):
 
 class ServerUnreachable(TransportError):
     """No connection to the server could be made within the retry window."""
+
+
+class TlsRefused(TransportError):
+    """TLS failed for good: the server's certificate is not trusted, or it refused ours."""
 
 
 class UnknownMessage(ProtocolError):

@@ -35,7 +35,7 @@ from .dataplan import plan_data
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
 from .progress import ProgressWatch
-from .security import resolve_token
+from .security import over_tls, resolve_token, tls_contexts
 from .service import PidFile, notify
 from .testset import score_test_set
 from .training import Coordinator
@@ -81,6 +81,7 @@ class SnetServer:
         loop = asyncio.get_running_loop()
         job = self.config.job
         token = resolve_token(self.config)  # before anything else: a refusal costs nothing
+        tls, https = tls_contexts(self.config)
         if self.pid_file is not None:
             self.pid_file.claim()
         plan = await loop.run_in_executor(self.executor, plan_data, job)
@@ -112,7 +113,7 @@ class SnetServer:
         where = f"{self.config.host}:{self.config.port}"
         try:
             self._tcp = await loop.create_server(
-                lambda: (
+                lambda: over_tls(
                     WorkerConnection(
                         self.coordinator,
                         limits,
@@ -122,16 +123,20 @@ class SnetServer:
                         self.counters,
                         self.connections,
                         faults,
-                    ).stream
+                    ).stream,
+                    tls,
                 ),
                 self.config.host,
                 self.config.port,
+                ssl=tls,
             )
             self.port = self._tcp.sockets[0].getsockname()[1]
             where = f"{self.config.http_bind_host}:{self.config.http_port} (HTTP)"
             self._http = web.AppRunner(make_app(self, token), access_log=None, shutdown_timeout=5.0)
             await self._http.setup()
-            site = web.TCPSite(self._http, self.config.http_bind_host, self.config.http_port)
+            site = web.TCPSite(
+                self._http, self.config.http_bind_host, self.config.http_port, ssl_context=https
+            )
             await site.start()
         except OSError as exc:
             raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from exc

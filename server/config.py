@@ -43,6 +43,16 @@ class ServerConfig:
             "help": "read the shared secret from this file (keeps it out of ps and the environment)"
         },
     )
+    tls_cert: str = field(
+        default="",
+        metadata={"help": "serve both ports over TLS with this certificate (PEM; empty: "
+                  "plain TCP and HTTP)"},
+    )  # fmt: skip
+    tls_key: str = field(default="", metadata={"help": "the key of tls_cert (PEM)"})
+    tls_client_ca: str = field(
+        default="",
+        metadata={"help": "mutual TLS: workers must show a certificate this CA signed"},
+    )
     insecure: bool = field(
         default=False,
         metadata={

@@ -9,14 +9,19 @@
 - With a token, every HTTP endpoint but ``/healthz`` needs it, as ``Authorization: Bearer
   TOKEN`` (``snet status`` sends it) or, for a browser, ``?token=TOKEN`` in the address
   (the dashboard passes it on to ``/events``). Tokens are compared in constant time.
+- TLS on both ports (``--tls-cert``, ``--tls-key``; transport/tls.py), with mutual TLS on
+  the worker port (``--tls-client-ca``); a worker certificate is then proof enough to
+  listen beyond loopback without a token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -24,6 +29,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from snet.protocol.errors import ConfigError
+from snet.transport.tls import CopyingProtocol, http_context, server_context
 
 from .config import ServerConfig
 
@@ -57,7 +63,7 @@ def resolve_token(config: ServerConfig) -> str | None:
         log.warning("the token was given as a flag or in the config file; prefer "
                     "--token-file or SNET_TOKEN (a flag shows in ps)")  # fmt: skip
     exposed = [h for h in (config.host, config.http_bind_host) if not is_loopback(h)]
-    if exposed and not token and not config.insecure:
+    if exposed and not token and not config.insecure and not config.tls_client_ca:
         raise ConfigError(
             f"listening on {exposed[0] or 'every interface'} (beyond loopback) without a "
             "token: anyone who reaches the ports could change or read the weights. Give "
@@ -66,6 +72,23 @@ def resolve_token(config: ServerConfig) -> str | None:
     if exposed and not token:
         log.warning("listening beyond loopback with no token (--insecure): the ports are open")
     return token or None
+
+
+def tls_contexts(config: ServerConfig) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """The worker port's and the HTTP port's TLS contexts (None, None: plain TCP)."""
+    if not (config.tls_cert or config.tls_key):
+        if config.tls_client_ca:
+            raise ConfigError("tls_client_ca needs tls_cert and tls_key: the server's own")
+        return None, None
+    if not (config.tls_cert and config.tls_key):
+        raise ConfigError("TLS needs both tls_cert and tls_key")
+    workers = server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+    return workers, http_context(config.tls_cert, config.tls_key)
+
+
+def over_tls(stream: asyncio.BufferedProtocol, tls: ssl.SSLContext | None) -> asyncio.BaseProtocol:
+    """The worker port's protocol: the stream itself, or behind TLS a copying adapter."""
+    return CopyingProtocol(stream) if tls is not None else stream
 
 
 def bearer_middleware(token: str) -> Middleware:

@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from snet.protocol.errors import ServerUnreachable
+from snet.protocol.errors import ServerUnreachable, TlsRefused
+
+from .tls import CopyingProtocol, refusal
 
 log = logging.getLogger("snet.worker")
 
@@ -26,21 +29,40 @@ async def connect_with_backoff(
     port: int,
     make_protocol: Callable[[], P],
     retry_seconds: float,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> P:
     """Connect, retrying with exponential backoff (0.1 s doubling to 5 s, with jitter)
-    for up to ``retry_seconds``; raises ``ServerUnreachable`` after that."""
+    for up to ``retry_seconds``; raises ``ServerUnreachable`` after that, and
+    ``TlsRefused`` at once when the server's certificate is not trusted."""
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + retry_seconds
+    made: list[P] = []
+
+    def protocol() -> asyncio.BaseProtocol:
+        made.append(make_protocol())
+        inner = made[-1]
+        if ssl_context is not None and isinstance(inner, asyncio.BufferedProtocol):
+            return CopyingProtocol(inner)
+        return inner
+
     delay, attempts = 0.1, 0
     while True:
         attempts += 1
         timeout = max(min(CONNECT_SECONDS, deadline - time.monotonic()), 1.0)
         try:
-            _, connection = await asyncio.wait_for(
-                loop.create_connection(make_protocol, host, port), timeout
+            await asyncio.wait_for(
+                loop.create_connection(protocol, host, port, ssl=ssl_context), timeout
             )
+            connection = made[-1]
+        except ssl.SSLError as exc:
+            raise TlsRefused(f"TLS with {host}:{port}: {refusal(exc)}") from exc
         except OSError as exc:  # TimeoutError is an OSError too
             reason = exc.strerror or f"no answer in {timeout:.0f} s"
+            if ssl_context is not None and not exc.strerror:  # TCP was fine, TLS was not
+                reason = f"{type(exc).__name__} {exc}".strip() + (
+                    ": the TLS handshake did not complete; a server that wants a client "
+                    "certificate got none it trusts (--tls-cert, --tls-key)"
+                )
             if time.monotonic() + delay > deadline:
                 raise ServerUnreachable(
                     f"cannot reach the server at {host}:{port} ({reason}); "

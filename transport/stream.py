@@ -152,6 +152,8 @@ class FrameStream(asyncio.BufferedProtocol):
             release_tokens([item.slot for item in self._delayed])
             self._delayed.clear()
         error = None if exc is None else ConnectionLost(f"connection lost: {exc}")
+        if error is not None:
+            error.__cause__ = exc  # e.g. the TLS alert of a server that refused us
         self.handler.stream_lost(error)
 
     def pause_writing(self) -> None:

@@ -1,0 +1,71 @@
+"""TLS on both ports and mutual TLS, end to end with real processes (issue 12 item 4)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from snet.protocol.errors import ConfigError
+from snet.transport.certificates import make_cluster_certificates
+from snet.transport.tls import client_context, server_context
+
+from helpers import SMALL_JOB, Cluster
+
+pytest.importorskip("cryptography")
+
+
+def _pki(tmp_path: Path) -> tuple[Path, Path]:
+    ours, theirs = tmp_path / "pki", tmp_path / "other-pki"
+    make_cluster_certificates(ours, ["127.0.0.1"])
+    make_cluster_certificates(theirs, ["127.0.0.1"])
+    return ours, theirs
+
+
+def test_certificates_and_contexts(tmp_path: Path) -> None:
+    pki, _ = _pki(tmp_path)
+    assert (pki / "ca.key").stat().st_mode & 0o777 == 0o600
+    server_context(str(pki / "server.pem"), str(pki / "server.key"), str(pki / "ca.pem"))
+    client_context(str(pki / "ca.pem"), str(pki / "worker.pem"), str(pki / "worker.key"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        client_context(str(pki / "missing.pem"))
+    with pytest.raises(ConfigError, match="both tls_cert and tls_key"):
+        client_context(str(pki / "ca.pem"), str(pki / "worker.pem"))
+    with pytest.raises(ConfigError, match="already holds a CA"):
+        make_cluster_certificates(pki, [])
+
+
+def test_workers_train_over_mutual_tls_and_strangers_are_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    pki, other = _pki(tmp_path)
+    server = cluster.server(
+        "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+        "--tls-client-ca", str(pki / "ca.pem"), "--epochs", "1", "--linger-seconds", "30",
+        *SMALL_JOB,
+    )  # fmt: skip
+    stranger = cluster.worker(server, "stranger", "--tls-ca", str(other / "ca.pem"))
+    assert stranger.wait(60) == 4
+    assert "the server's certificate is not trusted" in cluster.log("stranger")
+    anonymous = cluster.worker(server, "anonymous", "--tls-ca", str(pki / "ca.pem"))
+    assert anonymous.wait(60) in (3, 4)
+    assert "client certificate" in cluster.log("anonymous")
+    honest = cluster.worker(
+        server, "honest", "--tls-ca", str(pki / "ca.pem"),
+        "--tls-cert", str(pki / "worker.pem"), "--tls-key", str(pki / "worker.key"),
+    )  # fmt: skip
+    assert honest.wait(120) == 0
+    https = server.url.replace("http://", "https://")
+    shown = subprocess.run(
+        [sys.executable, "-m", "snet.cli", "status", "--url", https, "--tls-ca",
+         str(pki / "ca.pem")],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert shown.returncode == 0 and "(trained)" in shown.stdout, shown.stderr
+    plain = subprocess.run(
+        [sys.executable, "-m", "snet.cli", "status", "--url", https],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert plain.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in plain.stderr

@@ -1,0 +1,154 @@
+"""TLS for both ports, with the standard library's ``ssl`` (issue 12).
+
+The server presents ``--tls-cert``/``--tls-key`` on its worker port and its HTTP port;
+workers verify it against ``--tls-ca`` (the host name they connect to must be in the
+certificate). With ``--tls-client-ca`` the worker port also asks every worker for a
+certificate signed by that CA (mutual TLS); the HTTP port never does (browsers and
+``snet status`` carry the token instead). ``snet tls init`` makes a private CA and these
+certificates for a small cluster (transport/certificates.py).
+
+A worker whose CA does not sign the server's certificate, or whose own certificate the
+server refuses, is refused for good (exit 4): retrying cannot cure either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+
+from snet.protocol.errors import ConfigError
+
+
+def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str) -> None:
+    for path in (cert, key):
+        if not Path(path).is_file():
+            raise ConfigError(f"{role} TLS file {path} does not exist")
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"cannot use {cert} with {key} as a TLS certificate: {exc}") from None
+
+
+def _load_ca(context: ssl.SSLContext, ca: str, what: str) -> None:
+    if not Path(ca).is_file():
+        raise ConfigError(f"{what} {ca} does not exist")
+    try:
+        context.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"cannot read {what} {ca}: {exc}") from None
+
+
+def server_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
+    """The worker port's context (``client_ca``: workers must show a certificate it signed)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain(context, cert, key, "the server's")
+    if client_ca:
+        _load_ca(context, client_ca, "tls_client_ca")
+        context.verify_mode = ssl.CERT_REQUIRED
+        # TLS 1.3 checks a client's certificate after the client has finished its side of
+        # the handshake, and a refused worker learnt it (here) only after 30 s of silence,
+        # as a plain EOF, again and again; under TLS 1.2 its handshake does not complete,
+        # which the worker reports as such within its retry window.
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def http_context(cert: str, key: str) -> ssl.SSLContext:
+    """The HTTP port's context: the server's certificate, no client certificates."""
+    return server_context(cert, key)
+
+
+def client_context(ca: str, cert: str = "", key: str = "") -> ssl.SSLContext:
+    """A worker's context: the server must be signed by ``ca``; ``cert`` and ``key`` are
+    this worker's own certificate, for a server that asks for one."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_ca(context, ca, "tls_ca")
+    if cert or key:
+        if not (cert and key):
+            raise ConfigError("a worker's TLS certificate needs both tls_cert and tls_key")
+        _load_chain(context, cert, key, "the worker's")
+    return context
+
+
+def refusal(exc: BaseException | None) -> str:
+    """Why a TLS peer refused us, for a one-line message ("" if ``exc`` is not that)."""
+    while exc is not None and not isinstance(exc, ssl.SSLError):
+        exc = exc.__cause__
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"the server's certificate is not trusted: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError):
+        reason = exc.reason or str(exc)
+        if "CERTIFICATE" in reason.upper() or "UNKNOWN_CA" in reason.upper():
+            return f"the server refused this worker's certificate ({reason})"
+        return f"TLS failed ({reason})"
+    return ""
+
+
+class CopyingTransport:
+    """What a stream behind TLS writes to: every write is copied at once (a TLS transport
+    keeps a reference to what it is given until it has encrypted it, and the streams reuse
+    their buffers once a write returns), so nothing is ever pending on the stream's side;
+    the TLS transport's own flow control still pauses and resumes the stream."""
+
+    def __init__(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._transport.write(bytes(data))  # type: ignore[attr-defined]
+
+    def writelines(self, pieces: list[bytes | bytearray | memoryview]) -> None:
+        self._transport.write(b"".join(bytes(piece) for piece in pieces))  # type: ignore[attr-defined]
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        # the stream's "pause at once" (high water 0) would never be lifted behind TLS
+        self._transport.set_write_buffer_limits(high=max(high or 0, 1 << 18))  # type: ignore[attr-defined]
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # copied at once: nothing of the stream's is pending
+
+
+class CopyingProtocol(asyncio.Protocol):
+    """A ``BufferedProtocol`` behind TLS, fed by copying.
+
+    asyncio's and uvloop's TLS transports hand a buffered protocol its bytes unreliably
+    (measured here: a worker over TLS stalled after the handshake on asyncio and after
+    about a hundred updates on uvloop, waiting for bytes already decrypted). Over TLS the
+    stream is therefore a plain protocol that copies what arrives into the buffers the
+    stream hands out; decryption copies the bytes anyway, so this costs one more copy."""
+
+    def __init__(self, inner: asyncio.BufferedProtocol) -> None:
+        self.inner = inner
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.inner.connection_made(CopyingTransport(transport))  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and not (self.transport is None or self.transport.is_closing()):
+            target = memoryview(self.inner.get_buffer(len(view))).cast("B")
+            count = min(len(target), len(view))
+            if count == 0:
+                return
+            target[:count] = view[:count]
+            self.inner.buffer_updated(count)
+            view = view[count:]
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
