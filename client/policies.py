@@ -12,14 +12,19 @@ mode is server/policies.py.
   ``max_in_flight`` updates unsettled, since without that bound a fast worker filled the
   socket buffers and the server's queue with ever staler updates and training collapsed.
 
-Further modes fit here too: bounded staleness waits while its weights lag too far behind;
-block-wise model-update filtering computes a block of bunches locally and sends the model
-delta at the block's end.
+- ``BoundedCompute`` (async with bounded staleness ``S``, protocol/staleness.py): as
+  async, but with at most ``S + 1`` updates unsettled, so an update is rarely computed on
+  weights the server will find more than ``S`` versions old (the server refuses those).
+
+Further modes fit here too: block-wise model-update filtering computes a block of bunches
+locally and sends the model delta at the block's end.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from snet.protocol.staleness import StalenessSetting
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,18 @@ class AsyncCompute(ComputePolicy):
         return state.in_flight < self.max_in_flight
 
 
-def make_compute_policy(mode: str, max_in_flight: int) -> ComputePolicy:
-    """The policy of a job's ``mode``."""
+class BoundedCompute(AsyncCompute):
+    name = "bounded"
+
+    def __init__(self, max_in_flight: int, bound: int) -> None:
+        super().__init__(min(max_in_flight, bound + 1))
+        self.bound = bound
+
+
+def make_compute_policy(mode: str, max_in_flight: int, staleness: str = "none") -> ComputePolicy:
+    """The policy of a job's ``mode`` (and, in async mode, its staleness policy)."""
+    setting = StalenessSetting.parse(staleness)
+    if mode == "async" and setting.policy == "bounded":
+        return BoundedCompute(max_in_flight, setting.bound)
     policies: dict[str, type[ComputePolicy]] = {"sync": SyncCompute, "async": AsyncCompute}
     return policies[mode](max_in_flight)

@@ -242,7 +242,7 @@ class Worker(Joining):
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and connection.send_buffers is not None
         loop = asyncio.get_running_loop()
-        policy = make_compute_policy(self.job.mode, self.job.max_in_flight)
+        policy = make_compute_policy(self.job.mode, self.job.max_in_flight, self.job.staleness)
         last_base = -1
         scratch = box.layout.allocate()
         while True:

@@ -16,6 +16,7 @@ import numpy as np
 from .codecs import canonical
 from .errors import ConfigError
 from .network import NetworkSpec
+from .staleness import canonical_staleness
 
 MODES = ("sync", "async")
 SCHEDULES = ("list", "newbob")
@@ -158,6 +159,15 @@ class JobSpec:
         },
     )
 
+    staleness: str = field(
+        default="none",
+        metadata={
+            "help": "async: what to do about stale updates: none, bounded:S, rate, dcasgd[:L], "
+            "gap (docs/staleness.md)",
+            "parallel": True,
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
@@ -188,6 +198,7 @@ class JobSpec:
         if self.shuffle_cache_bunches < 1:
             raise ConfigError("shuffle_cache_bunches must be >= 1 (1: no worker shuffle)")
         object.__setattr__(self, "compress", canonical(self.compress))
+        object.__setattr__(self, "staleness", canonical_staleness(self.staleness))
         expected_input = 13 * self.data.window if self.data.source == "fsdd" else None
         if expected_input is not None and self.network.input_size != expected_input:
             raise ConfigError(

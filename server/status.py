@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .ledger import ledger_totals
 from .plausible import finite
+from .staleness_report import staleness_metrics, staleness_status
 
 if TYPE_CHECKING:
     from .app import SnetServer
@@ -64,6 +65,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "staleness_mean": round(stats.staleness_mean, 3),
         "staleness_max": stats.staleness_max,
         "staleness_histogram": {str(k): v for k, v in sorted(stats.staleness_histogram.items())},
+        "staleness": staleness_status(coordinator),
         "mcups": round(connections * stats.patterns_applied / max(elapsed, 1e-9) / 1e6, 2),
         "elapsed_seconds": round(elapsed, 3),
         "queues": queues(coordinator),
@@ -131,6 +133,7 @@ def metrics_text(server: SnetServer) -> str:
         labels = {"worker": row["name"], "backend": row["backend"], "state": row["state"]}
         lines.append(_line("worker_mcups", float(row["mcups"]), labels))
     lines += _compression_metrics(document)
+    lines += staleness_metrics(document)
     return "\n".join(lines) + "\n"
 
 
