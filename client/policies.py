@@ -13,8 +13,9 @@ mode is server/policies.py.
   socket buffers and the server's queue with ever staler updates and training collapsed.
 
 - ``BoundedCompute`` (async with bounded staleness ``S``, protocol/staleness.py): as
-  async, but with at most ``S + 1`` updates unsettled, so an update is rarely computed on
-  weights the server will find more than ``S`` versions old (the server refuses those).
+  async, but with at most ``max(S, 1)`` updates unsettled, so an update is rarely
+  computed on weights the server will find more than ``S`` versions old (the server
+  refuses those: with ``S + 1`` in flight a fifth of them were, at 4 workers).
 
 Further modes fit here too: block-wise model-update filtering computes a block of bunches
 locally and sends the model delta at the block's end.
@@ -66,7 +67,7 @@ class BoundedCompute(AsyncCompute):
     name = "bounded"
 
     def __init__(self, max_in_flight: int, bound: int) -> None:
-        super().__init__(min(max_in_flight, bound + 1))
+        super().__init__(min(max_in_flight, max(bound, 1)))
         self.bound = bound
 
 

@@ -6,7 +6,7 @@ control endpoint, at run time) names a policy with a short text:
 
 - ``none``: apply every update as it is (SNet v2; the default);
 - ``bounded:S``: bounded staleness (SSP, Ho et al. 2013): no update older than ``S``
-  versions is applied; workers keep at most ``S + 1`` updates unsettled so they rarely
+  versions is applied; workers keep at most ``max(S, 1)`` updates unsettled so they rarely
   compute one, and the server refuses (and requeues the frames of) any that still is;
 - ``rate``: the staleness-aware learning rate (Zhang et al. 2016): an update of
   staleness ``t`` counts ``1 / max(t, 1)`` of its gradient;

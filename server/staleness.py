@@ -8,7 +8,7 @@ for /status and the trace. The policy's effect on gradients is the step runner's
 loop, when the step policy has chosen the steps: an update that would be applied more
 than ``S`` versions after its base is refused, and its frames go back to the queue (a
 version only grows, so holding it could never make it fresher). Workers that know the
-bound from the job keep at most ``S + 1`` updates unsettled (client/policies.py), so
+bound from the job keep at most ``max(S, 1)`` updates unsettled (client/policies.py), so
 this is rare.
 
 State is plain attributes (``setting`` text, ``changes``) so it can be checkpointed.
