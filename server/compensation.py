@@ -78,9 +78,10 @@ class WeightHistory:
         while len(self._weights) > self.limit:
             self._weights.popitem(last=False)
 
-    def get(self, version: int) -> np.ndarray | None:
+    def get(self, version: int, count: bool = True) -> np.ndarray | None:
+        """The weights of ``version``, or None (counted as a miss unless ``count`` is off)."""
         weights = self._weights.get(version)
-        if weights is None:
+        if weights is None and count:
             self.misses += 1
         return weights
 

@@ -116,6 +116,8 @@ class StepRunner:
         if not self.setting.needs_base_weights:
             self.history.clear()  # nothing to compare with: keep no old networks alive
             self.step_sizes.clear()
+        elif self.history.get(version, count=False) is None:  # e.g. just switched to it
+            self.history.add(version, self.rule.weights)
         outcome = StepOutcome()
         loop = asyncio.get_running_loop()
         snapshot, groups, outcome.refused = await loop.run_in_executor(
