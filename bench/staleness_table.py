@@ -36,7 +36,7 @@ POLICIES = ("none", "bounded:1", "rate", "dcasgd", "gap")
 
 def job_flags(job_args: list[str]) -> dict[str, object]:
     """The few job flags the sequential run needs, from the extra server flags."""
-    names = {"--context": ("context", int), "--network": ("network", str)}
+    names = {"--context": ("context", int), "--network": ("network", str), "--seed": ("seed", int)}
     flags: dict[str, object] = {}
     for flag, value in itertools.pairwise(job_args):
         if flag in names:
@@ -87,6 +87,7 @@ def measure(args: argparse.Namespace) -> None:
     results = load(args.results)
     table = results.setdefault(args.name, {"epochs": args.epochs, "runs": {}})
     table["epochs"], table["extra"] = args.epochs, args.job_args
+    table["group"] = args.group or args.name
     runs: dict[str, Any] = table["runs"]
     plan: list[tuple[str, str, int, str]] = [("sequential", "", 1, "none")]
     for count in (int(n) for n in args.workers.split(",")):
@@ -130,13 +131,49 @@ def report(results: dict[str, Any]) -> str:
                 + " |"
             )
         parts.append("\n".join(lines))
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for table in results.values():
+        groups.setdefault(table.get("group", ""), []).append(table)
+    for group, tables in groups.items():
+        if len(tables) > 1:
+            parts.append(mean_table(group, tables))
     return "\n\n".join(parts) + "\n"
+
+
+def mean_table(group: str, tables: list[dict[str, Any]]) -> str:
+    """Final CV accuracy minus sequential's, mean and range over the tables of a group
+    (the same runs with other seeds)."""
+    lines = [
+        f"### {group}: mean of {len(tables)} seeds",
+        "",
+        "| run | CV accuracy % (mean) | vs sequential: mean | worst | epoch time vs "
+        "async none (mean) |",
+        "|---|---|---|---|---|",
+    ]
+    names = [n for n in tables[0]["runs"] if all(n in t["runs"] for t in tables)]
+    for name in names:
+        finals = [t["runs"][name]["cv"][-1] for t in tables]
+        gaps = [t["runs"][name]["cv"][-1] - t["runs"]["sequential"]["cv"][-1] for t in tables]
+        workers = name.split()[1] if " " in name else ""
+        ratios = [
+            t["runs"][name]["epoch_seconds"] / t["runs"][f"async {workers} none"]["epoch_seconds"]
+            for t in tables
+            if name.startswith("async") and f"async {workers} none" in t["runs"]
+        ]
+        lines.append(
+            f"| {name} | {100 * sum(finals) / len(finals):.2f} | "
+            f"{100 * sum(gaps) / len(gaps):+.2f} | {100 * min(gaps):+.2f} | "
+            + (f"{sum(ratios) / len(ratios):.2f}" if ratios else "—")
+            + " |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="fsdd")
     parser.add_argument("--name", default="", help="the data set's name in the table")
+    parser.add_argument("--group", default="", help="tables averaged together (seeds)")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--workers", default="4,8")
     parser.add_argument("--policies", default=",".join(POLICIES))
