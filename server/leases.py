@@ -13,12 +13,13 @@ and ``/status`` check.
 
 **Lease sizes** (with ``bunch_frames`` set, as a server's book has, and two workers or
 more): a chunk is cut to its lease's size when it is granted, never bigger than
-``chunk_frames`` and a whole number of bunches: the frames still waiting divided among
-all the leases the workers hold at once (``lease_size``), so a small data set is spread
-over every worker instead of a few chunks going to a few of them; and the epoch's tail,
-the last ``TAIL_ROUNDS`` rounds' worth of frames, is leased one bunch at a time, so every
-worker holds frames until the very end and every step but the epoch's last holds one full
-bunch from each of them (the global bunch). The last step holds what is left; the update
+``chunk_frames`` and a whole number of bunches: a part of the frames still waiting divided
+among all the leases the workers hold at once (``lease_size``), so a small data set is
+spread over every worker instead of a few chunks going to a few of them; sizes shrink as
+the epoch goes on, and its tail, the last ``TAIL_ROUNDS`` rounds' worth of frames and
+more, is leased one bunch at a time, so every worker holds frames until the very end
+and every step but the epoch's last holds one full bunch from each of them (the global
+bunch). The last step holds what is left; the update
 rule divides by its pattern count, and the trace lists its updates. A lone worker (and
 the sequential trainer, cli/offline.py) keeps the fixed chunks: its steps are full anyway.
 """
@@ -41,12 +42,12 @@ TAIL_ROUNDS = 4  # rounds of the epoch's end leased a bunch at a time
 
 def lease_size(waiting: int, workers: int, bunch: int, chunk_frames: int) -> int:
     """Frames in the next lease when ``waiting`` frames wait for ``workers`` workers of
-    ``bunch`` frames per update: a share of what waits, a whole number of bunches, at most
-    ``chunk_frames``; one bunch at the epoch's tail."""
-    holders = workers * LEASES_PER_WORKER
-    if waiting <= TAIL_ROUNDS * holders * bunch:
-        return bunch
-    share = waiting // holders // bunch * bunch
+    ``bunch`` frames per update: a ``TAIL_ROUNDS``-th of each lease holder's share of what
+    waits, a whole number of bunches, at most ``chunk_frames``. So sizes shrink smoothly
+    to one bunch over the epoch's last ``TAIL_ROUNDS`` rounds and whatever a worker holds
+    is done long before the queue runs dry (a jump from 4 bunches to 1 let a worker's two
+    4-bunch leases outlast the others' tail: two one-worker steps at the epoch's end)."""
+    share = waiting // (workers * LEASES_PER_WORKER * TAIL_ROUNDS) // bunch * bunch
     return max(bunch, min(share, chunk_frames // bunch * bunch or bunch))
 
 

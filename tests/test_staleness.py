@@ -129,9 +129,11 @@ def test_bounded_staleness_worker_keeps_at_most_max_s_1_updates_unsettled() -> N
 def test_lease_sizes_follow_the_data_and_the_workers() -> None:
     bunch = 32
     assert lease_size(100_000, 4, bunch, 2048) == 2048  # plenty: the configured chunk
-    share = 8 * 4 * LEASES_PER_WORKER * bunch * 2  # well above the tail
-    assert lease_size(share, 4, bunch, 2048) == share // (4 * LEASES_PER_WORKER)
-    assert lease_size(TAIL_ROUNDS * 4 * LEASES_PER_WORKER * bunch, 4, bunch, 2048) == bunch
+    holders = 4 * LEASES_PER_WORKER
+    waiting = 3 * TAIL_ROUNDS * holders * bunch  # above the tail: three bunches per lease
+    assert lease_size(waiting, 4, bunch, 2048) == 3 * bunch
+    assert lease_size(waiting + bunch, 4, bunch, 2048) == 3 * bunch  # whole bunches
+    assert lease_size(2 * TAIL_ROUNDS * holders * bunch - 1, 4, bunch, 2048) == bunch
 
 
 def test_four_workers_on_eight_chunks_all_get_frames_and_the_tail_is_bunches() -> None:
