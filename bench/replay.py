@@ -45,11 +45,12 @@ SAMPLE_FRAMES = 1024
 
 
 def read_trace(path: Path) -> Iterator[dict[str, Any]]:
-    """The trace's step records, in order."""
+    """The trace's step records, in order (not its other records, e.g. policy changes)."""
     with path.open(encoding="utf-8") as handle:
         for line in handle:
-            if line.strip():
-                yield json.loads(line)
+            record = json.loads(line) if line.strip() else {}
+            if "updates" in record:
+                yield record
 
 
 @dataclass

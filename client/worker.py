@@ -253,6 +253,7 @@ class Worker:
         self._lost = True
         if self._tls is not None:
             self._tls_refusal = self._tls_refusal or tls_refusal(exc)
+        self._wake.set()
 
     def _note_unjoined(self) -> None:
         """A TLS server that closes twice in a row during the handshake refused this

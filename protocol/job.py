@@ -16,6 +16,7 @@ import numpy as np
 from .codecs import canonical, carries_momentum
 from .errors import ConfigError
 from .network import NetworkSpec
+from .staleness import canonical_staleness
 
 MODES = ("sync", "async", "bmuf")
 BLOCK_FILTERS = ("cbm", "nbm", "average", "nesterov")
@@ -230,6 +231,15 @@ class JobSpec:
                   "each block as it arrives, scaled by 1/N)", "parallel": True},
     )  # fmt: skip
 
+    staleness: str = field(
+        default="none",
+        metadata={
+            "help": "async: what to do about stale updates: none, bounded:S, rate, dcasgd[:L], "
+            "gap (docs/staleness.md)",
+            "parallel": True,
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
@@ -271,6 +281,7 @@ class JobSpec:
                 f"compress {self.compress} carries the worker's momentum for gradients; bmuf "
                 "workers send model deltas: use none, fp16, int8, sign or powersgd:R"
             )
+        object.__setattr__(self, "staleness", canonical_staleness(self.staleness))
         expected_input = 13 * self.data.window if self.data.source == "fsdd" else None
         if expected_input is not None and self.network.input_size != expected_input:
             raise ConfigError(

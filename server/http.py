@@ -6,8 +6,14 @@ GET /status    JSON: mode, versions, epochs, accuracies, queues, a row per worke
 GET /metrics   Prometheus text format
 GET /weights   the current weights as .npz
 GET /healthz   200 "ok" while the server runs
+GET /control   JSON: the staleness policy in force and its changes
+POST /control  JSON ``{"staleness": "bounded:2"}``: another staleness policy from the
+               next step (docs/staleness.md); 400 for a bad one, with the reason
 
-With a token every path but /healthz needs it (server/security.py).
+With a token every path but /healthz needs it (server/security.py). Without a token the
+read-only paths are open to whoever reaches the port, but POST /control only to clients
+on loopback (403 otherwise): changing how training runs is never left open to the network
+(a server without a token listens beyond loopback only with ``--insecure``).
 """
 
 from __future__ import annotations
@@ -21,15 +27,19 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from snet.protocol.errors import ConfigError
+
 from .export import current_weights_npz
 from .metrics import metrics_text
-from .security import bearer_middleware
+from .security import bearer_middleware, is_loopback
 from .status import status_document
 
 if TYPE_CHECKING:
     from .app import SnetServer
 
 SERVER_KEY: web.AppKey[SnetServer] = web.AppKey("snet_server")
+TOKEN_KEY: web.AppKey[bool] = web.AppKey("snet_token_required")
+CONTROL_BODY_BYTES = 4096  # a control request is a few words of JSON
 EVENT_SECONDS = 0.5
 
 
@@ -97,6 +107,34 @@ async def _weights(request: web.Request) -> web.Response:
     )
 
 
+async def _control_state(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVER_KEY].coordinator.staleness.figures())
+
+
+async def _control(request: web.Request) -> web.Response:
+    """Change the staleness policy (the token, or loopback without one, was checked)."""
+    if not request.app[TOKEN_KEY] and not is_loopback(request.remote or ""):
+        raise web.HTTPForbidden(text="control from loopback only (the server has no token)\n")
+    if request.content_length is None or request.content_length > CONTROL_BODY_BYTES:
+        raise web.HTTPBadRequest(text=f"a JSON body of at most {CONTROL_BODY_BYTES} bytes\n")
+    try:
+        body = json.loads(await request.read())
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=f"the body is not JSON: {exc}\n") from None
+    if (
+        not isinstance(body, dict)
+        or set(body) != {"staleness"}
+        or not isinstance(body["staleness"], str)
+    ):
+        raise web.HTTPBadRequest(text='expected {"staleness": "<policy>"}\n')
+    coordinator = request.app[SERVER_KEY].coordinator
+    try:
+        record = coordinator.set_staleness(body["staleness"], by=request.remote or "?")
+    except ConfigError as exc:
+        raise web.HTTPBadRequest(text=f"{exc}\n") from None
+    return web.json_response(record)
+
+
 async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
@@ -106,10 +144,13 @@ def make_app(server: SnetServer, token: str | None = None) -> web.Application:
     needs it; server/security.py)."""
     app = web.Application(middlewares=[bearer_middleware(token)] if token else [])
     app[SERVER_KEY] = server
+    app[TOKEN_KEY] = bool(token)
     app.router.add_get("/", _dashboard)
     app.router.add_get("/events", _events)
     app.router.add_get("/status", _status)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/weights", _weights)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/control", _control_state)
+    app.router.add_post("/control", _control)
     return app

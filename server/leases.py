@@ -11,6 +11,18 @@ queue as a new chunk, and so do frames whose update was lost on the way (a later
 of the same worker shows the gap). The ledger counts, per epoch, how often each training frame was
 applied: every frame exactly once, whatever joins or leaves, is the invariant the tests
 and ``/status`` check.
+
+**Lease sizes** (with ``bunch_frames`` set, as a server's book has, and two workers or
+more): a chunk is cut to its lease's size when it is granted, never bigger than
+``chunk_frames`` and a whole number of bunches: a part of the frames still waiting divided
+among all the leases the workers hold at once (``lease_size``), so a small data set is
+spread over every worker instead of a few chunks going to a few of them; sizes shrink as
+the epoch goes on, and its tail, the last ``TAIL_ROUNDS`` rounds' worth of frames and
+more, is leased one bunch at a time, so every worker holds frames until the very end
+and every step but the epoch's last holds one full bunch from each of them (the global
+bunch). The last step holds what is left; the update
+rule divides by its pattern count, and the trace lists its updates. A lone worker (and
+the sequential trainer, cli/offline.py) keeps the fixed chunks: its steps are full anyway.
 """
 
 from __future__ import annotations
@@ -24,6 +36,20 @@ import numpy as np
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.job import JobSpec
 from snet.protocol.shuffle import cache_order
+
+LEASES_PER_WORKER = 2  # the next chunk is always at hand, so no worker idles between chunks
+TAIL_ROUNDS = 4  # rounds of the epoch's end leased a bunch at a time
+
+
+def lease_size(waiting: int, workers: int, bunch: int, chunk_frames: int) -> int:
+    """Frames in the next lease when ``waiting`` frames wait for ``workers`` workers of
+    ``bunch`` frames per update: a ``TAIL_ROUNDS``-th of each lease holder's share of what
+    waits, a whole number of bunches, at most ``chunk_frames``. So sizes shrink smoothly
+    to one bunch over the epoch's last ``TAIL_ROUNDS`` rounds and whatever a worker holds
+    is done long before the queue runs dry (a jump from 4 bunches to 1 let a worker's two
+    4-bunch leases outlast the others' tail: two one-worker steps at the epoch's end)."""
+    share = waiting // (workers * LEASES_PER_WORKER * TAIL_ROUNDS) // bunch * bunch
+    return max(bunch, min(share, chunk_frames // bunch * bunch or bunch))
 
 
 @dataclass
@@ -75,6 +101,7 @@ class LeaseBook:
     seed: int
     cache_frames: int = 1  # the workers' shuffle cache (bunches x bunch size)
     sequential: bool = False
+    bunch_frames: int = 0  # a worker update's frames (0: fixed chunks of chunk_frames)
     epoch: int = -1
     _queue: deque[np.ndarray] = field(default_factory=deque)
     _leases: dict[int, LeaseRecord] = field(default_factory=dict)
@@ -84,6 +111,7 @@ class LeaseBook:
     _ledger: EpochLedger | None = None  # the current epoch's (its summary is kept in stats)
     _used_up: dict[int, int] = field(default_factory=dict)  # this epoch: lease id -> worker id
     _largest: dict[int, int] = field(default_factory=dict)  # worker id -> its largest update
+    granted: dict[int, int] = field(default_factory=dict)  # frames leased per worker, epoch
 
     @classmethod
     def for_job(
@@ -98,6 +126,7 @@ class LeaseBook:
             job.seed,
             cache_frames=job.bunch_size * job.shuffle_cache_bunches,
             sequential=job.frame_order == "sequential",
+            bunch_frames=job.bunch_size,
         )
 
     def start_epoch(self, epoch: int) -> None:
@@ -119,6 +148,7 @@ class LeaseBook:
             )
         self.accepted_frames = self.applied_frames = 0
         self._used_up.clear()  # bounded: a repeat is told apart within its epoch
+        self.granted = {}
         # One count array, reused: an ended epoch's ledger lives on as its summary only
         # (a server that kept every epoch's array grew 0.11 MB per epoch).
         if self._ledger is None:
@@ -135,11 +165,20 @@ class LeaseBook:
             raise RuntimeError("no epoch has started")
         return self._ledger
 
-    def grant(self, worker_id: int) -> LeaseRecord | None:
-        """Lease the next waiting chunk to ``worker_id``, or None when none is waiting."""
+    def grant(self, worker_id: int, workers: int = 1) -> LeaseRecord | None:
+        """Lease the next waiting chunk to ``worker_id`` (one of ``workers`` connected), cut
+        to its lease size (see the module's notes); None when none is waiting."""
         if not self._queue:
             return None
         chunk = self._queue.popleft()
+        if self.bunch_frames and workers > 1:
+            waiting = len(chunk) + sum(len(c) for c in self._queue)
+            size = lease_size(waiting, workers, self.bunch_frames, self.chunk_frames)
+            if len(chunk) > size:
+                self._queue.appendleft(chunk[size:])
+                chunk = chunk[:size]
+                self.ledger.chunks += 1
+        self.granted[worker_id] = self.granted.get(worker_id, 0) + len(chunk)
         order = cache_order(chunk, self._next_id, self.seed, self.cache_frames)
         lease = LeaseRecord(self._next_id, self.epoch, worker_id, order, chunk)
         self._next_id += 1

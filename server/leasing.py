@@ -18,12 +18,10 @@ from collections.abc import Iterable
 from snet.protocol.messages import FramesWanted, Lease
 
 from .inline import InlineFrames
-from .leases import LeaseBook
+from .leases import LEASES_PER_WORKER, LeaseBook
 from .session import WorkerSession
 
 log = logging.getLogger("snet.server")
-
-LEASES_PER_WORKER = 2  # the next chunk is always at hand, so no worker idles between chunks
 
 
 class LeaseDesk:
@@ -49,7 +47,7 @@ class LeaseDesk:
                 continue
             wanted = LEASES_PER_WORKER if session.clock.delivered else 1
             while len(self.book.held_by(session.worker_id)) < wanted:
-                lease = self.book.grant(session.worker_id)
+                lease = self.book.grant(session.worker_id, len(workers))
                 if lease is None:
                     return
                 session.clock.got_work(time.monotonic())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from .staleness_report import staleness_metrics
 from .status import status_document
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def metrics_text(server: SnetServer) -> str:
     for name, kind, text, key in _WORKER_FIGURES:
         out.metric(name, kind, text, [(worker_labels(r), float(r[key])) for r in rows])
     _compression(out, document)
-    return out.text()
+    return out.text().rstrip("\n") + "\n" + "\n".join(staleness_metrics(document)) + "\n"
 
 
 def _compression(out: Exposition, document: dict[str, Any]) -> None:

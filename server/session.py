@@ -59,6 +59,8 @@ class WorkerSession:
     staleness_last: int = 0
     staleness_sum: int = 0
     staleness_count: int = 0
+    staleness_histogram: dict[int, int] = field(default_factory=dict)  # versions -> updates
+    idle_epochs: int = 0  # epochs it was connected for but leased no frame (idleness.py)
     weights_version_sent: int = -1
     evaluations: int = 0
     inline_frames: bool = False  # it cannot read the data; the server sends its frames
@@ -82,6 +84,7 @@ class WorkerSession:
         self.staleness_last = staleness
         self.staleness_sum += staleness
         self.staleness_count += 1
+        self.staleness_histogram[staleness] = self.staleness_histogram.get(staleness, 0) + 1
 
     def mcups(self, connections: int) -> float:
         """Million connection updates per second of the worker's own compute time."""
@@ -104,6 +107,8 @@ class WorkerSession:
             "patterns": self.patterns,
             "staleness_last": self.staleness_last,
             "staleness_mean": round(mean, 3),
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
+            "idle_epochs": self.idle_epochs,
             "mcups": round(self.mcups(connections), 2),
             "last_seen": self.last_seen_wall,
             "last_seen_ago": round(time.monotonic() - self.last_seen, 3),

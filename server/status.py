@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .ledger import ledger_totals
 from .plausible import finite
+from .staleness_report import staleness_status
 
 if TYPE_CHECKING:
     from .app import SnetServer
@@ -65,6 +66,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "staleness_mean": round(stats.staleness_mean, 3),
         "staleness_max": stats.staleness_max,
         "staleness_histogram": {str(k): v for k, v in sorted(stats.staleness_histogram.items())},
+        "staleness": staleness_status(coordinator),
         "mcups": round(connections * stats.patterns_applied / max(elapsed, 1e-9) / 1e6, 2),
         "elapsed_seconds": round(elapsed, 3),
         "queues": queues(coordinator),

@@ -13,12 +13,20 @@ refused, and the step taken with the rest (all are refused if only their sum ove
 float32). Steps that queued behind a running one
 are applied together in one fused pass (``UpdateRule.steps``) with exactly the result of
 applying them one by one, so a busy server spends less per update, not more.
+
+A staleness policy that changes gradients (``protocol/staleness.py``) is applied here too,
+to each update as its step is taken (server/compensation.py): with ``none`` (the default)
+the gradients go to the update rule untouched and nothing else is done. DC-ASGD and
+Gap-Aware need the weights each update was computed on: the runner keeps the last few
+versions (``WeightHistory``) while one of them is in force, and the coordinator hands it
+one step per pass then, so every version's weights exist.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +34,15 @@ from typing import Any
 import numpy as np
 
 from snet.protocol.messages import Update
+from snet.protocol.staleness import StalenessSetting
 
+from .compensation import (
+    StepSizes,
+    WeightHistory,
+    delay_compensated,
+    gap_penalised,
+    staleness_scaled,
+)
 from .plausible import NormBounds
 from .pool import ElementLoan, is_finite
 from .session import WorkerSession
@@ -79,10 +95,29 @@ class StepRunner:
         self.rule = rule
         self.executor = executor
         self.bounds = NormBounds()  # only ever used in the step thread
+        # The staleness policy's state, used in the step thread only (plain attributes).
+        self.setting = StalenessSetting()
+        self.version = 0  # the version the next applied group is applied to
+        self.history = WeightHistory()
+        self.step_sizes = StepSizes()
 
-    async def run(self, groups: list[list[PendingUpdate]], rate: float) -> StepOutcome:
-        """Apply ``groups`` as consecutive steps at ``rate``; refuse what cannot be applied."""
+    async def run(
+        self,
+        groups: list[list[PendingUpdate]],
+        rate: float,
+        version: int = 0,
+        setting: StalenessSetting | None = None,
+    ) -> StepOutcome:
+        """Apply ``groups`` as consecutive steps at ``rate`` to the weights of ``version``
+        with the staleness ``setting`` (default: none); refuse what cannot be applied."""
         started = time.perf_counter()
+        self.setting = setting or StalenessSetting()
+        self.version = version
+        if not self.setting.needs_base_weights:
+            self.history.clear()  # nothing to compare with: keep no old networks alive
+            self.step_sizes.clear()
+        elif self.history.get(version, count=False) is None:  # e.g. just switched to it
+            self.history.add(version, self.rule.weights)
         outcome = StepOutcome()
         loop = asyncio.get_running_loop()
         snapshot, groups, outcome.refused = await loop.run_in_executor(
@@ -97,6 +132,11 @@ class StepRunner:
                 await self._run_checked(group, rate, outcome)
         outcome.seconds = time.perf_counter() - started
         return outcome
+
+    def forget_weights(self) -> None:
+        """The weights were replaced (roll-back): old versions compare with nothing now."""
+        self.history.clear()
+        self.step_sizes.clear()
 
     async def _run_checked(
         self, group: list[PendingUpdate], rate: float, outcome: StepOutcome
@@ -139,27 +179,73 @@ class StepRunner:
                 kept_groups.append(kept)
         if not kept_groups:
             return None, [], refused
-        gradients, patterns, direct = self._arguments(kept_groups)
-        return self.rule.steps(gradients, patterns, rate, direct), kept_groups, refused
+        return self._steps(kept_groups, rate), kept_groups, refused
+
+    def _steps(self, groups: list[list[PendingUpdate]], rate: float) -> np.ndarray | None:
+        """Step thread: the update rule over consecutive ``groups`` (with the staleness
+        policy's gradients, if it changes them)."""
+        if not self.setting.changes_gradients:
+            gradients, patterns, direct = self._arguments(groups)
+            return self.rule.steps(gradients, patterns, rate, direct)
+        before = self.rule.weights
+        gradients, patterns, direct = self._arguments(groups, self._compensated)
+        snapshot = self.rule.steps(gradients, patterns, rate, direct)
+        if snapshot is not None:
+            self.version += len(groups)
+            if self.setting.needs_base_weights:
+                self.history.add(self.version, snapshot)
+                if self.setting.policy == "gap":
+                    self.step_sizes.observe(before, snapshot)
+        return snapshot
+
+    def _compensated(self, pending: PendingUpdate, index: int) -> np.ndarray:
+        """Step thread: an update's gradient as the staleness policy has it, applied in
+        the ``index``-th of the steps of this pass."""
+        base_version = pending.message.base_version
+        staleness = self.version + index - base_version
+        setting = self.setting
+        if setting.policy == "rate":
+            return staleness_scaled(pending.gradient, staleness)
+        if staleness <= 0:
+            return pending.gradient
+        base = self.history.get(base_version)
+        if base is None:  # older than the history (or the policy just came into force)
+            return pending.gradient
+        now = self.rule.weights
+        if setting.policy == "dcasgd":
+            return delay_compensated(
+                pending.gradient, pending.patterns, now, base, setting.dc_lambda
+            )
+        if self.step_sizes.mean is None:
+            return pending.gradient
+        return gap_penalised(pending.gradient, now, base, self.step_sizes.mean)
 
     @staticmethod
     def _arguments(
         groups: list[list[PendingUpdate]],
+        gradient_of: Callable[[PendingUpdate, int], np.ndarray] | None = None,
     ) -> tuple[list[list[np.ndarray]], list[int], list[list[np.ndarray]]]:
         """The update rule's arguments. Updates that carry their worker's momentum
         (protocol 8.8) are applied outside the server's."""
-        gradients = [[p.gradient for p in g if not p.session.momentum_corrected] for g in groups]
-        direct = [[p.gradient for p in g if p.session.momentum_corrected] for g in groups]
+
+        def gradient(p: PendingUpdate, index: int) -> np.ndarray:
+            return p.gradient if gradient_of is None else gradient_of(p, index)
+
+        gradients = [
+            [gradient(p, i) for p in g if not p.session.momentum_corrected]
+            for i, g in enumerate(groups)
+        ]
+        direct = [
+            [gradient(p, i) for p in g if p.session.momentum_corrected]
+            for i, g in enumerate(groups)
+        ]
         patterns = [sum(p.patterns for p in g) for g in groups]
         return gradients, patterns, direct
 
     async def _apply(self, groups: list[list[PendingUpdate]], rate: float) -> np.ndarray | None:
         """The update rule over ``groups`` (consecutive steps) in the step thread."""
-        gradients, patterns, direct = self._arguments(groups)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self.executor, self.rule.steps, gradients, patterns, rate, direct
-        )
+        return await loop.run_in_executor(self.executor, self._steps, groups, rate)
 
 
 def trace_record(

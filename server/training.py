@@ -11,6 +11,8 @@ Each part owns its state and nothing writes another's fields:
 - ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
 - ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
 - ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
+- ``StalenessControl`` (staleness.py): the staleness policy in force (switchable while
+  training) and its bound;
 - ``TrainingStats`` (stats.py) and the hooks: what /status and the hooks see.
 
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
@@ -50,6 +52,7 @@ from .dataplan import DataPlan
 from .departures import Departures
 from .epochs import EpochControl, EpochDecision
 from .evaluations import Evaluations
+from .idleness import IdleWatch
 from .inline import InlineFrames
 from .intake import UpdateIntake
 from .lateness import check_progress, is_late
@@ -59,6 +62,7 @@ from .policies import PendingView, QueueView, WorkerView, make_step_policy
 from .pool import ElementPool, Received
 from .progress import ProgressWatch
 from .session import WorkerSession
+from .staleness import StalenessControl
 from .stats import TrainingStats
 from .stepping import PendingUpdate, StepOutcome, StepRunner, trace_record
 
@@ -92,6 +96,8 @@ class Coordinator:
         self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames, chunk)
         self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
         self.runner = StepRunner(self.rule, executor)
+        self.staleness = StalenessControl(job.staleness, job.mode)
+        self.idle = IdleWatch()
         self.inline = InlineFrames(plan, job.data.context)
         self.desk = LeaseDesk(self.book, self.inline, min_workers)
         self.epochs = EpochControl(job)
@@ -130,6 +136,7 @@ class Coordinator:
         """A worker passed the handshake: send it the job, the weights and its frames."""
         self.sessions[session.worker_id] = session
         self.rule.set_workers(len(self.sessions))
+        self.idle.joined(session, self.book.waiting_chunks > 0)
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         codecs = session.ledger.agreed() if session.ledger is not None else {}
         session.send(Welcome(session.worker_id, self.job.to_dict(), codecs))
@@ -259,6 +266,11 @@ class Coordinator:
             return
         now = time.monotonic()
         chosen = self.policy.take(self.queue_view(lambda s: is_late(self, s, now)))
+        if self.staleness.setting.needs_base_weights:
+            chosen = chosen[:1]  # one step per pass: every version's weights exist
+        if self._refuse_over_bound(chosen):
+            self.maybe_step()  # the queue changed: choose again from what is left
+            return
         if not chosen:
             return
         queued = list(self._received)
@@ -269,10 +281,39 @@ class Coordinator:
         self._in_step = {p.session.worker_id for group in groups for p in group}
         asyncio.get_running_loop().create_task(self._step(groups))
 
+    def _refuse_over_bound(self, chosen: list[list[int]]) -> bool:
+        """Bounded staleness: refuse the chosen updates that would lag more than the bound
+        (their frames go back to the queue); whether any was."""
+        queued = list(self._received)
+        bases = [p.message.base_version for p in queued]
+        stale = self.staleness.over_bound(chosen, bases, self.version)
+        if not stale:
+            return False
+        now = time.monotonic()
+        self._received = deque(p for index, p in enumerate(queued) if index not in stale)
+        for index in sorted(stale):
+            pending = queued[index]
+            pending.session.clock.settled(now)
+            if pending.element is not None:
+                pending.element.release()
+            self.staleness.refused_stale += 1
+            self._refuse_queued(pending, self.staleness.reason(stale[index]))
+        return True
+
+    def set_staleness(self, text: str, by: str) -> dict[str, Any]:
+        """Put another staleness policy in force from the next step (the control endpoint);
+        recorded in /status and the trace. ConfigError for a bad one."""
+        record = self.staleness.change(text, self.version, self.epoch, by)
+        log.info("staleness policy %s -> %s (by %s, version %d)", record["from"],
+                 record["to"], by, self.version)  # fmt: skip
+        if self.trace is not None:
+            self.trace({"staleness_policy": record})
+        return record
+
     async def _step(self, groups: list[list[PendingUpdate]]) -> None:
         rate = self.learning_rate
         try:
-            outcome = await self.runner.run(groups, rate)
+            outcome = await self.runner.run(groups, rate, self.version, self.staleness.setting)
             self._publish(outcome, rate)
         except Exception as exc:
             # A bug, never a peer's doing (sending to a peer cannot raise). Training
@@ -347,6 +388,7 @@ class Coordinator:
         """Shuffle and lease the frames of ``epoch``."""
         self.epochs.start(epoch)
         self.book.start_epoch(epoch)
+        self.idle.start_epoch(self.sessions.values())
         self.stats.start_epoch(epoch, self.learning_rate)
         self.hooks.call("before_epoch", epoch, self.learning_rate)
         if self.sessions:
@@ -355,6 +397,7 @@ class Coordinator:
     def _end_epoch(self) -> None:
         epoch = self.epoch
         self.stats.end_epoch(epoch, self.version, self.book.ledger.summary())
+        self.idle.end_epoch(epoch, self.sessions.values(), self.book.granted)
         accuracy = 100 * self.stats.train_accuracy(epoch)
         log.info("epoch %d done at version %d: train accuracy %.2f%%", epoch, self.version,
                  accuracy)  # fmt: skip
@@ -387,6 +430,7 @@ class Coordinator:
     def _apply_decision(self, result: EvalResult, decision: EpochDecision) -> None:
         if decision.restore is not None:  # roll back: a new version, sent to every worker
             self.rule.load(decision.restore)
+            self.runner.forget_weights()
             self.version += 1
             for session in self.sessions.values():
                 self.send_weights(session)

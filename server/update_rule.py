@@ -46,6 +46,9 @@ class StepRule(Protocol):
     snapshot: np.ndarray  # what the workers are sent
 
     @property
+    def weights(self) -> np.ndarray: ...  # the master weights, as the last step left them
+
+    @property
     def model(self) -> np.ndarray: ...  # what is evaluated and saved
 
     def steps(

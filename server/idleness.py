@@ -1,0 +1,50 @@
+"""``IdleWatch``: workers that trained on nothing for a whole epoch, said out loud.
+
+A worker that is connected while an epoch's frames are handed out but is given none of
+them (too few chunks for the workers, or always beaten to them) costs a machine and shows
+nothing in the accuracy; before, nothing said so. A worker counts for an epoch when it was
+connected at the epoch's start, or joined while frames were still waiting; at the epoch's
+end each such worker that was leased no frame is reported in the log and counted in its
+/status row (``idle_epochs``). State is plain attributes (checkpointable).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from .session import WorkerSession
+
+log = logging.getLogger("snet.server")
+
+
+class IdleWatch:
+    """Which workers could have been given frames this epoch."""
+
+    def __init__(self) -> None:
+        self.eligible: set[int] = set()
+        self.idle_worker_epochs = 0  # (worker, epoch) pairs without frames, the whole run
+
+    def start_epoch(self, sessions: Iterable[WorkerSession]) -> None:
+        self.eligible = {s.worker_id for s in sessions}
+
+    def joined(self, session: WorkerSession, frames_waiting: bool) -> None:
+        if frames_waiting:
+            self.eligible.add(session.worker_id)
+
+    def end_epoch(
+        self, epoch: int, sessions: Iterable[WorkerSession], granted: dict[int, int]
+    ) -> list[WorkerSession]:
+        """The eligible workers leased no frame in ``epoch``: logged and counted."""
+        idle = [
+            s for s in sessions if s.worker_id in self.eligible and not granted.get(s.worker_id)
+        ]
+        for session in idle:
+            session.idle_epochs += 1
+            self.idle_worker_epochs += 1
+            log.warning(
+                "worker %s trained on no frames in epoch %d (too few chunks for the workers?)",
+                session.name,
+                epoch,
+            )
+        return idle

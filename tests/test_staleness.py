@@ -1,0 +1,222 @@
+"""Staleness policies on their own: parsing, the bound, the gradient rules (hand-computed),
+the worker's wait, lease sizes and idle workers, the control endpoint's loopback rule.
+Through real servers: tests/test_staleness_server.py."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from snet.client.policies import AsyncCompute, BoundedCompute, ComputeState, make_compute_policy
+from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
+from snet.protocol.staleness import StalenessSetting
+from snet.server.compensation import (
+    StepSizes,
+    WeightHistory,
+    delay_compensated,
+    gap_penalised,
+    staleness_scaled,
+)
+from snet.server.http import make_app
+from snet.server.idleness import IdleWatch
+from snet.server.leases import LEASES_PER_WORKER, TAIL_ROUNDS, LeaseBook, lease_size
+from snet.server.staleness import StalenessControl
+from snet.server.staleness_report import staleness_metrics
+
+
+def test_policies_parse_to_canonical_text_and_bad_ones_are_refused() -> None:
+    assert StalenessSetting.parse("none").describe() == "none"
+    assert StalenessSetting.parse(" Bounded:3 ") == StalenessSetting("bounded", bound=3)
+    assert StalenessSetting.parse("dcasgd").dc_lambda == pytest.approx(0.04)
+    assert StalenessSetting.parse("dcasgd:0.5").describe() == "dcasgd:0.5"
+    assert StalenessSetting.parse("gap").needs_base_weights
+    assert not StalenessSetting.parse("rate").needs_base_weights
+    assert not StalenessSetting.parse("none").changes_gradients
+    for bad in ("fast", "bounded", "bounded:x", "bounded:-1", "rate:2", "dcasgd:x", "gap:1"):
+        with pytest.raises(ConfigError):
+            StalenessSetting.parse(bad)
+    assert JobSpec(staleness="BOUNDED:2").staleness == "bounded:2"
+    with pytest.raises(ConfigError, match="staleness policy must be one of"):
+        JobSpec(staleness="ssp")
+
+
+def test_bounded_staleness_refuses_what_would_lag_more_than_the_bound() -> None:
+    control = StalenessControl("bounded:1", "async")
+    bases = [5, 3, 4, 4, 2]
+    # version 5: step 0 is taken on 5, step 1 on 6
+    refused = control.over_bound([[0, 1], [2, 3, 4]], bases, version=5)
+    assert refused == {1: 2, 3: 2, 2: 2, 4: 4}
+    # a step whose every update is refused takes no version: the next is still on 5
+    assert control.over_bound([[0], [1]], [2, 4], version=5) == {0: 3}
+    assert StalenessControl("none", "async").over_bound([[0]], [0], version=99) == {}
+
+
+def test_a_policy_change_is_recorded_and_sync_accepts_only_none() -> None:
+    control = StalenessControl("none", "async")
+    record = control.change("dcasgd:0.1", version=7, epoch=1, by="127.0.0.1")
+    assert (record["from"], record["to"], record["version"], record["epoch"]) == (
+        "none", "dcasgd:0.1", 7, 1,
+    )  # fmt: skip
+    assert control.figures()["policy"] == "dcasgd:0.1"
+    assert control.figures()["changes"] == [record]
+    with pytest.raises(ConfigError):
+        control.change("nonsense", 8, 1, "x")
+    assert control.name == "dcasgd:0.1"  # a refused change changes nothing
+    with pytest.raises(ConfigError, match="sync mode"):
+        StalenessControl("none", "sync").change("rate", 0, 0, "x")
+
+
+def test_dcasgd_matches_a_hand_computed_example() -> None:
+    # Two patterns' gradient sum G = [2, -4, 0]: mean g = [1, -2, 0]; lambda = 0.5;
+    # W_now - W_base = [0.5, -1, 3]. g + 0.5 g*g*(dW) = [1 + 0.25, -2 - 2, 0] = [1.25, -4, 0],
+    # times the two patterns: [2.5, -8, 0].
+    gradient = np.array([2.0, -4.0, 0.0], np.float32)
+    now = np.array([1.0, 1.0, 4.0], np.float32)
+    base = np.array([0.5, 2.0, 1.0], np.float32)
+    got = delay_compensated(gradient, 2, now, base, 0.5)
+    np.testing.assert_array_equal(got, np.array([2.5, -8.0, 0.0], np.float32))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(gradient, [2.0, -4.0, 0.0])  # the input is untouched
+
+
+def test_staleness_aware_rate_and_gap_aware_by_hand() -> None:
+    gradient = np.array([3.0, -6.0], np.float32)
+    assert staleness_scaled(gradient, 0) is gradient and staleness_scaled(gradient, 1) is gradient
+    np.testing.assert_array_equal(staleness_scaled(gradient, 3), [1.0, -2.0])
+    # gaps |now - base| = [0.1, 0.8] over mean step sizes [0.2, 0.2]: [0.5, 4] -> [1, 4]
+    now = np.array([1.1, 0.2], np.float32)
+    base = np.array([1.0, 1.0], np.float32)
+    sizes = np.array([0.2, 0.2], np.float32)
+    np.testing.assert_allclose(gap_penalised(gradient, now, base, sizes), [3.0, -1.5], rtol=1e-6)
+    # a weight that never moved but did now gets no step; one that never moved keeps it
+    still = gap_penalised(gradient, np.array([1.0, 0.5], np.float32), base,
+                          np.zeros(2, np.float32))  # fmt: skip
+    assert still[0] == 3.0 and abs(still[1]) < 1e-30
+    steps = StepSizes(decay=0.5)
+    steps.observe(np.zeros(2, np.float32), np.array([1.0, -2.0], np.float32))
+    steps.observe(np.zeros(2, np.float32), np.array([3.0, 0.0], np.float32))
+    assert steps.mean is not None
+    np.testing.assert_array_equal(steps.mean, [2.0, 1.0])
+
+
+def test_the_weight_history_is_bounded() -> None:
+    history = WeightHistory(limit=3)
+    for version in range(5):
+        history.add(version, np.full(2, version, np.float32))
+    assert len(history) == 3
+    assert history.get(1) is None and history.misses == 1
+    got = history.get(4)
+    assert got is not None and got[0] == 4.0
+
+
+def test_bounded_staleness_worker_keeps_at_most_max_s_1_updates_unsettled() -> None:
+    policy = make_compute_policy(JobSpec(mode="async", max_in_flight=4, staleness="bounded:2"))
+    assert isinstance(policy, BoundedCompute) and policy.max_in_flight == 2
+    assert policy.may_compute(ComputeState(9, 9, 1))
+    assert not policy.may_compute(ComputeState(9, 9, 2))
+    assert (
+        make_compute_policy(
+            JobSpec(mode="async", max_in_flight=2, staleness="bounded:0")
+        ).max_in_flight
+        == 1
+    )
+    assert (
+        type(make_compute_policy(JobSpec(mode="async", max_in_flight=2, staleness="dcasgd")))
+        is AsyncCompute
+    )
+    assert make_compute_policy(JobSpec(mode="sync", max_in_flight=2)).name == "sync"
+
+
+def test_lease_sizes_follow_the_data_and_the_workers() -> None:
+    bunch = 32
+    assert lease_size(100_000, 4, bunch, 2048) == 2048  # plenty: the configured chunk
+    holders = 4 * LEASES_PER_WORKER
+    waiting = 3 * TAIL_ROUNDS * holders * bunch  # above the tail: three bunches per lease
+    assert lease_size(waiting, 4, bunch, 2048) == 3 * bunch
+    assert lease_size(waiting + bunch, 4, bunch, 2048) == 3 * bunch  # whole bunches
+    assert lease_size(2 * TAIL_ROUNDS * holders * bunch - 1, 4, bunch, 2048) == bunch
+
+
+def test_four_workers_on_eight_chunks_all_get_frames_and_the_tail_is_bunches() -> None:
+    bunch, chunk = 16, 256
+    train = np.arange(8 * chunk)  # eight chunks of the configured size
+    book = LeaseBook(train, len(train), chunk, seed=1, bunch_frames=bunch)
+    book.start_epoch(0)
+    holding: dict[int, list[int]] = {w: [] for w in range(4)}
+    sizes = []
+    # the desk's way: each worker tops up to LEASES_PER_WORKER, delivering one at a time
+    while True:
+        for worker, leases in holding.items():
+            while len(leases) < LEASES_PER_WORKER and (lease := book.grant(worker, 4)):
+                leases.append(len(lease.indices))
+                sizes.append(len(lease.indices))
+                book.accept(worker, lease.lease_id, 0, len(lease.indices))
+        if not any(holding.values()):
+            break
+        for leases in holding.values():
+            if leases:
+                leases.pop(0)
+    assert set(book.granted) == {0, 1, 2, 3}  # nobody idles
+    assert sum(sizes) == len(train) and all(size % bunch == 0 for size in sizes)
+    assert max(sizes) <= chunk
+    tail = TAIL_ROUNDS * 4 * LEASES_PER_WORKER * bunch
+    assert sum(s for s in sizes if s == bunch) >= tail - bunch  # the tail bunch by bunch
+    # a lone worker (and the sequential trainer) keeps the fixed chunks
+    alone = LeaseBook(train, len(train), chunk, seed=1, bunch_frames=bunch)
+    alone.start_epoch(0)
+    assert all(len(lease.indices) == chunk for lease in iter(lambda: alone.grant(0, 1), None))
+
+
+def test_a_worker_without_frames_for_a_whole_epoch_is_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    workers = [SimpleNamespace(worker_id=i, name=f"w{i}", idle_epochs=0) for i in range(3)]
+    watch = IdleWatch()
+    watch.start_epoch(workers[:2])  # type: ignore[arg-type]
+    watch.joined(workers[2], frames_waiting=False)  # type: ignore[arg-type]
+    idle = watch.end_epoch(4, workers, {0: 100})  # type: ignore[arg-type]
+    assert idle == [workers[1]]  # w2 joined when nothing was left to hand out
+    assert workers[1].idle_epochs == 1 and watch.idle_worker_epochs == 1
+    assert "worker w1 trained on no frames in epoch 4" in caplog.text
+
+
+def test_staleness_metrics_are_prometheus_histograms() -> None:
+    document = {
+        "staleness_histogram": {"0": 5, "2": 3},
+        "workers": [{"name": 'w"1', "staleness_histogram": {"1": 4}}],
+        "staleness": {"policy": "gap", "refused_stale": 0, "idle_worker_epochs": 2},
+    }
+    lines = staleness_metrics(document)
+    assert 'snet_staleness_bucket{le="1"} 5' in lines
+    assert 'snet_staleness_bucket{le="+Inf"} 8' in lines
+    assert "snet_staleness_sum 6" in lines and "snet_staleness_count 8" in lines
+    assert 'snet_staleness_bucket{worker="w\\"1",le="0"} 0' in lines
+    assert 'snet_staleness_count{worker="w\\"1"} 4' in lines
+    assert 'snet_staleness_policy{policy="gap"} 1' in lines
+
+
+def _control_request(app: web.Application, peer: str) -> web.Request:
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda key, default=None: (
+        (peer, 40000) if key == "peername" else default
+    )
+    return make_mocked_request(
+        "POST", "/control", app=app, transport=transport,
+        headers={"Content-Length": "24"},
+    )  # fmt: skip
+
+
+def test_without_a_token_control_is_refused_beyond_loopback() -> None:
+    server = mock.Mock()
+    app = make_app(server, token=None)
+    handler = next(r.handler for r in app.router.routes() if r.method == "POST")
+    with pytest.raises(web.HTTPForbidden):
+        asyncio.run(handler(_control_request(app, "192.0.2.7")))
+    server.coordinator.set_staleness.assert_not_called()
