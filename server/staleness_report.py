@@ -52,8 +52,7 @@ def staleness_metrics(document: dict[str, Any]) -> list[str]:
     ]
     for row in document["workers"]:
         name = row["name"].replace("\\", "\\\\").replace('"', '\\"')
-        labels = f'worker="{name}",worker_id="{row["id"]}"'
-        lines += _histogram_lines(row.get("staleness_histogram", {}), labels)
+        lines += _histogram_lines(row.get("staleness_histogram", {}), f'worker="{name}"')
     section = document["staleness"]
     lines += [
         "# HELP snet_staleness_policy The staleness policy in force (1 for its name).",
