@@ -38,6 +38,11 @@ SERVER_FIELDS = (
     "log_level",
     "init_weights",
     "hooks",
+    "checkpoint_seconds",
+    "checkpoint_steps",
+    "checkpoint_keep",
+    "fresh",
+    "force",
 )
 JOB_FLAGS = (
     "mode",

@@ -99,8 +99,26 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
         "--init-weights", dest="init_weights", help="continue training from a weights .npz"
     )
     parser.add_argument("--hooks", help="extra hooks: package.module:ClassName,...")
+    _add_checkpoint_flags(parser)
     parser.add_argument("--config", help="TOML file with [server] and [job] tables")
     _add_job_flags(parser)
+
+
+def _add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
+    from dataclasses import fields
+
+    from snet.server.config import ServerConfig
+
+    help_of = {f.name: f.metadata.get("help") for f in fields(ServerConfig)}
+    group = parser.add_argument_group("checkpoints (resumed by default from --out-dir)")
+    group.add_argument("--checkpoint-seconds", dest="checkpoint_seconds", type=float,
+                       help=help_of["checkpoint_seconds"])  # fmt: skip
+    group.add_argument("--checkpoint-steps", dest="checkpoint_steps", type=int,
+                       help=help_of["checkpoint_steps"])  # fmt: skip
+    group.add_argument("--checkpoint-keep", dest="checkpoint_keep", type=int,
+                       help=help_of["checkpoint_keep"])  # fmt: skip
+    for name in ("fresh", "force"):
+        group.add_argument(f"--{name}", action="store_true", default=None, help=help_of[name])
 
 
 def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
@@ -109,7 +127,7 @@ def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token")
     parser.add_argument("--threads", type=int, help="BLAS threads (default 1)")
     parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", type=float)
-    retry_help = "keep trying to (re)connect this long (default 30)"
+    retry_help = "keep trying to get back to the server this long after losing it (default 300)"
     parser.add_argument("--retry-seconds", type=float, help=retry_help)
     silence_help = "drop and redo a connection silent this long (default 30)"
     parser.add_argument("--server-timeout-seconds", type=float, help=silence_help)
@@ -259,7 +277,7 @@ def _early_blas_limit(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     _early_blas_limit(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
-    from snet.protocol.errors import ConfigError, DataError, ListenError
+    from snet.protocol.errors import ConfigError, DataError, ListenError, OutDirInUse
 
     try:
         if args.command == "server":
@@ -299,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(args)
-    except ListenError as exc:
+    except (ListenError, OutDirInUse) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 1
     except (ConfigError, DataError) as exc:

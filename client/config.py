@@ -22,7 +22,7 @@ class WorkerConfig:
     compress: str = ""  # update codec (see protocol/codecs); empty: the job's choice
     weights_codec: str = "none"  # how to receive weights: none, fp16 or delta:CODEC
     heartbeat_seconds: float = 5.0
-    retry_seconds: float = 30.0  # how long to keep trying to (re)connect before giving up
+    retry_seconds: float = 300.0  # one deadline to get back to a server (a restart takes a while)
     server_timeout_seconds: float = 30.0  # silence after which the link is taken for dead
     max_frame_mb: int = 512
     log_level: str = "info"

@@ -163,11 +163,13 @@ async def connect_with_backoff(
     port: int,
     make_protocol: Callable[[], ServerConnection],
     retry_seconds: float,
+    deadline: float | None = None,
 ) -> ServerConnection:
     """Connect, retrying with exponential backoff (0.1 s doubling to 5 s, with jitter)
-    for up to ``retry_seconds``; raises ``ServerUnreachable`` after that."""
+    for up to ``retry_seconds``, or until ``deadline`` (``time.monotonic()``) when given:
+    the caller's one deadline across reconnects; raises ``ServerUnreachable`` after that."""
     loop = asyncio.get_running_loop()
-    deadline = time.monotonic() + retry_seconds
+    deadline = time.monotonic() + retry_seconds if deadline is None else deadline
     delay, attempts = 0.1, 0
     while True:
         attempts += 1

@@ -83,6 +83,10 @@ class Worker(Joining):
         self._task: asyncio.Task[int] | None = None  # the task running run()
         self._generation = 0  # counts connections; callbacks of older ones are ignored
         self._joined = False  # the current connection got past the handshake
+        # One deadline for getting back to a server, from the moment it was lost: not
+        # renewed by a connection that is accepted and then dropped (e.g. by a server
+        # still starting), only by joining again.
+        self._retry_deadline: float | None = None
         self.job: JobSpec | None = None
         self.corpus: Corpus | None = None
         self.updates_sent = 0
@@ -115,6 +119,7 @@ class Worker(Joining):
                     # hammered: pause longer after each session that never got going.
                     pause = 0.1 if self._joined else min(pause * 2, MAX_BACKOFF_SECONDS)
                     server_stopped = False
+                    self._start_retry_window()
                     self._reset()
                     await asyncio.sleep(pause)
                     continue
@@ -126,6 +131,7 @@ class Worker(Joining):
                     message = "server said goodbye (%s) mid-job; waiting %.0f s for it to return"
                     log.warning(message, self._goodbye, retry)
                     server_stopped = True
+                    self._start_retry_window()
                     self._reset()
                     continue
                 log.info(
@@ -151,6 +157,10 @@ class Worker(Joining):
         if self._stop_reason is None and self._task is not None:
             self._stop_reason = reason
             self._task.cancel()
+
+    def _start_retry_window(self) -> None:
+        if self._joined or self._retry_deadline is None:
+            self._retry_deadline = time.monotonic() + self.config.retry_seconds
 
     def _reset(self) -> None:
         self._inbox.clear()
@@ -181,6 +191,7 @@ class Worker(Joining):
             port,
             lambda: ServerConnection(limits, on_message, on_lost),
             self.config.retry_seconds,
+            self._retry_deadline,
         )
         gone = False
         try:

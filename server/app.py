@@ -1,10 +1,12 @@
 """``SnetServer``: startup, serve, shutdown of the daemon (in the manner of uvicorn).
 
-Startup reads the data plan, opens the TCP port for workers and the HTTP port for
-status (both inside one event loop), and writes the ready file. Serving ends when the
-job is trained (after ``linger_seconds``) or on SIGTERM/SIGINT: the first signal shuts
-down gracefully (workers are told goodbye, the final weights are written), a second one
-forces the exit.
+Startup locks the out-dir, reads the data plan, resumes from the out-dir's newest
+checkpoint of the same job (server/durability.py), opens the TCP port for workers and the
+HTTP port for status (both inside one event loop), and writes the ready file. Serving
+ends when the job is trained (after ``linger_seconds``; the results are written as soon
+as training completes) or on SIGTERM/SIGINT: the first signal shuts down gracefully (a
+last checkpoint, workers are told goodbye, the final weights are written), a second one
+forces the exit. A server that trained nothing leaves an existing ``weights.npz`` alone.
 """
 
 from __future__ import annotations
@@ -23,19 +25,21 @@ from typing import Any
 from aiohttp import web
 
 from snet.data.norms import write_norm_file
-from snet.protocol.errors import ListenError
+from snet.protocol.errors import ConfigError, ListenError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
 
+from .checkpoint import CheckpointStore
 from .config import ServerConfig
 from .connection import ConnectionCounters, WorkerConnection
 from .dataplan import plan_data
+from .durability import Checkpointer, job_identity, resume_point
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
 from .progress import ProgressWatch
-from .service import PidFile, notify
+from .service import OutDirLock, PidFile, notify
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
@@ -61,6 +65,11 @@ class SnetServer:
         self._next_worker_id = 0
         self._trace_handle: Any = None
         self.pid_file = PidFile(config.pid_file) if config.pid_file else None
+        self.out_lock = OutDirLock(config.out_dir)
+        self.checkpointer: Checkpointer | None = None
+        self.resumed: dict[str, Any] | None = None  # the checkpoint this server resumed from
+        self._start_version = 0
+        self._results_task: asyncio.Task[None] | None = None
         self.stopping = asyncio.Event()  # set when shutdown begins (ends live HTTP streams)
         self.port = 0
         self.http_port = 0
@@ -71,21 +80,28 @@ class SnetServer:
     async def startup(self) -> None:
         """Claim the pid file, load the data plan, listen on both ports, write the ready file.
 
-        Raises ``ConfigError`` (pid file taken or unwritable), ``DataError`` and
-        ``ListenError`` (a port in use or an address not on this machine).
+        Raises ``ConfigError`` (pid file taken or unwritable, a checkpoint of another job),
+        ``OutDirInUse``, ``DataError`` and ``ListenError`` (a port in use or an address not
+        on this machine).
         """
         loop = asyncio.get_running_loop()
         job = self.config.job
         if self.pid_file is not None:
             self.pid_file.claim()
+        self.out_lock.acquire()
         plan = await loop.run_in_executor(self.executor, plan_data, job)
+        checkpoints = Path(self.config.out_dir) / "checkpoints"
+        store = CheckpointStore(checkpoints, self.config.checkpoint_keep)
+        identity = job_identity(job.to_dict(), plan.fingerprint())
+        loaded = resume_point(self.config, store, identity)
         weights = None
-        if self.config.init_weights:
+        if self.config.init_weights and loaded is None:
             weights = read_weights(self.config.init_weights, job.network).flat
             log.info("continuing from the weights in %s", self.config.init_weights)
         trace = None
         if self.config.trace_file:
-            self._trace_handle = open(self.config.trace_file, "w", encoding="utf-8")  # noqa: SIM115
+            mode = "a" if loaded is not None else "w"  # a resumed run's trace goes on
+            self._trace_handle = open(self.config.trace_file, mode, encoding="utf-8")  # noqa: SIM115
             trace = self._write_trace
         self.coordinator = Coordinator(
             job,
@@ -98,6 +114,18 @@ class SnetServer:
             self.config.min_workers,
             ProgressWatch(self.config.stall_seconds, self.config.join_seconds),
         )
+        if loaded is not None:
+            self._resume(loaded.path, loaded.state)
+        self._start_version = self.coordinator.version
+        self.checkpointer = Checkpointer(
+            store,
+            self.coordinator,
+            identity,
+            lambda: {"next_worker_id": self._next_worker_id},
+            self.config.checkpoint_seconds,
+            self.config.checkpoint_steps,
+        )
+        self.coordinator.on_between_steps = self.checkpointer.between_steps
         self.coordinator.pool.on_empty = lambda: self._set_reading(False)
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
         self.coordinator.on_finished = self._on_trained
@@ -144,6 +172,34 @@ class SnetServer:
             ready = {"pid": os.getpid(), "port": self.port, "http_port": self.http_port}
             write_atomically(Path(self.config.ready_file), json.dumps(ready).encode())
         notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
+        if self.coordinator.finished.is_set():  # resumed a run that had completed
+            self._on_trained()
+
+    def _resume(self, path: Path, state: dict[str, Any]) -> None:
+        """Give the coordinator the checkpoint's state; log and trace where it resumed."""
+        coordinator = self.coordinator
+        try:
+            requeued = coordinator.restore_checkpoint(state["coordinator"])
+            self._next_worker_id = int(state["server"]["next_worker_id"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{path} cannot be resumed: {exc}; use --fresh") from exc
+        self.resumed = {
+            "checkpoint": path.name,
+            "version": coordinator.version,
+            "digest": coordinator.digest,
+            "epoch": coordinator.epoch,
+            "requeued_frames": requeued,
+            "at": time.time(),
+        }
+        log.info(
+            "resumed from %s: version %d (weights digest %s), epoch %d at rate %g; "
+            "%d frames of the epoch not in these weights are leased again",
+            path.name, coordinator.version, coordinator.digest, coordinator.epoch,
+            coordinator.learning_rate, requeued,
+        )  # fmt: skip
+        if coordinator.trace is not None:
+            coordinator.trace({"resumed": coordinator.version, "digest": coordinator.digest,
+                               "epoch": coordinator.epoch, "checkpoint": path.name})  # fmt: skip
 
     def release(self) -> None:
         """Give back what startup took outside the event loop: ports and the pid file.
@@ -153,6 +209,7 @@ class SnetServer:
             self._tcp.close()
         if self.pid_file is not None:
             self.pid_file.release()
+        self.out_lock.release()
 
     async def serve(self) -> str:
         """Start, run until trained or stopped, shut down; returns why it stopped."""
@@ -163,6 +220,8 @@ class SnetServer:
         """After ``startup()``: serve until trained or stopped, then shut down."""
         loop = asyncio.get_running_loop()
         chores = [loop.create_task(self._housekeeping()), loop.create_task(self._watch_progress())]
+        if self.checkpointer is not None:
+            chores.append(loop.create_task(self.checkpointer.run_timer()))
         try:
             await self._stop.wait()
         finally:
@@ -188,8 +247,12 @@ class SnetServer:
             self._tcp.close()
         goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
         self._send_goodbyes(goodbye, f"server {reason}")
-        path = self.write_final_weights()
-        log.info("final weights (version %d) written to %s", self.coordinator.version, path)
+        if self._results_task is not None:
+            await self._results_task
+        if self.checkpointer is not None:
+            await self.checkpointer.final()  # after the running step, if any
+            self.checkpointer.close()
+        self.write_final_weights()
         if self._http is not None:
             await self._http.cleanup()
         if self._tcp is not None:
@@ -200,11 +263,21 @@ class SnetServer:
         self.state = "stopped"
 
     def write_final_weights(self) -> Path:
+        """Write weights.npz, the norms and status.json; a server that trained nothing
+        since it started leaves the weights a previous run wrote alone."""
         coordinator = self.coordinator
         path = Path(self.config.out_dir) / "weights.npz"
-        write_atomically(path, current_weights_npz(coordinator))
+        if coordinator.version == self._start_version and path.exists():
+            log.info("trained nothing since it started: %s left as it is", path)
+        else:
+            write_atomically(path, current_weights_npz(coordinator))
+            log.info("final weights (version %d, digest %s) written to %s",
+                     coordinator.version, coordinator.digest, path)  # fmt: skip
         write_norm_file(Path(self.config.out_dir) / "norms", coordinator.plan.norms)
-        status = json.dumps(self._final_status(), indent=1).encode()
+        document = self._final_status()
+        if coordinator.finished.is_set():  # not "stopping": what the run came to
+            document["state"] = "trained"
+        status = json.dumps(document, indent=1).encode()
         write_atomically(Path(self.config.out_dir) / "status.json", status)
         return path
 
@@ -238,9 +311,17 @@ class SnetServer:
         self.state = "trained"
         log.info("training complete after %d epochs", self.coordinator.stats.epochs_done)
         self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # even while it lingers
+        self._results_task = asyncio.get_running_loop().create_task(self._save_results())
         if self.config.linger_seconds >= 0:  # negative: serve the results until stopped
             loop = asyncio.get_running_loop()
             loop.call_later(self.config.linger_seconds, self.request_stop, "trained")
+
+    async def _save_results(self) -> None:
+        """Training is complete: the last checkpoint and the results, now (not at exit)."""
+        if self.checkpointer is not None:
+            await self.checkpointer.final()
+        path = self.write_final_weights()
+        log.info("results written to %s", path.parent)
 
     async def _housekeeping(self) -> None:
         """Heartbeats to quiet workers; drop workers silent past the timeout."""

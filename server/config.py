@@ -42,6 +42,24 @@ class ServerConfig:
     log_level: str = "info"
     init_weights: str = ""  # an snet weights .npz to continue training from
     hooks: str = ""  # extra behaviour hooks, comma-separated package.module:ClassName
+    checkpoint_seconds: float = field(
+        default=60.0,
+        metadata={"help": "checkpoint the whole training state this often (default 60; "
+                  "also at each epoch end, at SIGTERM and when training completes)"},
+    )  # fmt: skip
+    checkpoint_steps: int = field(
+        default=0, metadata={"help": "also checkpoint every this many steps (0: by time only)"}
+    )
+    checkpoint_keep: int = field(
+        default=2, metadata={"help": "keep this many newest checkpoints (default 2)"}
+    )
+    fresh: bool = field(
+        default=False,
+        metadata={"help": "start over instead of resuming from the out-dir's checkpoint"},
+    )
+    force: bool = field(
+        default=False, metadata={"help": "with --fresh: overwrite a finished run's results"}
+    )
     job: JobSpec = field(default_factory=JobSpec)
 
     def __post_init__(self) -> None:
@@ -55,6 +73,10 @@ class ServerConfig:
             raise ConfigError("max_frame_mb must be at least 1")
         if self.stall_seconds <= 0 or self.join_seconds < 0:
             raise ConfigError("stall_seconds must be > 0 and join_seconds >= 0")
+        if self.checkpoint_seconds <= 0 or self.checkpoint_steps < 0 or self.checkpoint_keep < 1:
+            raise ConfigError(
+                "checkpoint_seconds must be > 0, checkpoint_steps >= 0, checkpoint_keep >= 1"
+            )
         if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
             raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
 

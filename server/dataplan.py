@@ -11,6 +11,7 @@ for workers that cannot read the data and are sent their frames inline
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,17 @@ class DataPlan:
         """What every worker is told after ``Welcome``."""
         norms, lengths = self.norms.as_array(), self.bounds.lengths.astype("<i8")
         return DataInfo(self.source.features, self.total_frames, norms=norms, lengths=lengths)
+
+    def fingerprint(self) -> str:
+        """What identifies the data a checkpoint was trained on: the utterance lengths, the
+        split, the feature count and the normalisation (not the features themselves, which
+        the server never reads in full)."""
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(f"{self.source.features}:{self.total_frames}".encode())
+        for array in (self.bounds.lengths, self.train_frames, self.cv_frames,
+                      self.norms.mean, self.norms.std):  # fmt: skip
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()
 
 
 def plan_data(job: JobSpec) -> DataPlan:

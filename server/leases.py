@@ -97,6 +97,14 @@ class LeaseBook:
     def start_epoch(self, epoch: int) -> None:
         """Shuffle the training frames for ``epoch`` and queue them as chunks."""
         self.epoch = epoch
+        self._queue = deque(self._epoch_chunks(epoch))
+        self.accepted_frames = self.applied_frames = 0
+        ledger = EpochLedger(epoch, np.zeros(self.total_frames, np.uint16), self.train_frames)
+        ledger.chunks = len(self._queue)
+        self.ledgers.append(ledger)
+
+    def _epoch_chunks(self, epoch: int) -> list[np.ndarray]:
+        """The chunks of ``epoch`` in leasing order (a function of the seed and epoch)."""
         rng = np.random.default_rng([self.seed, epoch])
         if self.sequential:
             frames = np.sort(self.train_frames)
@@ -104,17 +112,52 @@ class LeaseBook:
                 frames[start : start + self.chunk_frames]
                 for start in range(0, len(frames), self.chunk_frames)
             ]
-            self._queue = deque(chunks[i] for i in rng.permutation(len(chunks)))
-        else:
-            order = rng.permutation(self.train_frames)
-            self._queue = deque(
-                order[start : start + self.chunk_frames]
-                for start in range(0, len(order), self.chunk_frames)
-            )
+            return [chunks[i] for i in rng.permutation(len(chunks))]
+        order = rng.permutation(self.train_frames)
+        return [
+            order[start : start + self.chunk_frames]
+            for start in range(0, len(order), self.chunk_frames)
+        ]
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The ledgers (which frames the current weights include) and the lease counter.
+
+        Leases are not saved: on restore every frame of the epoch not yet applied is
+        queued again, whether it was waiting, leased, or in an update not yet applied."""
+        ledgers = [
+            {"epoch": ledger.epoch, "uses": ledger.uses, "requeued_frames": ledger.requeued_frames,
+             "chunks": ledger.chunks}
+            for ledger in self.ledgers
+        ]  # fmt: skip
+        if ledgers:  # the current one changes with every step: copied
+            ledgers[-1]["uses"] = self.ledger.uses.copy()
+        return {"epoch": self.epoch, "next_lease": self._next_id, "ledgers": ledgers}
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> int:
+        """Continue from ``checkpoint_state()``; returns the frames queued again.
+
+        The epoch's chunks are rebuilt in their order with the applied frames left out, so
+        each training frame is still applied exactly once with respect to the weights."""
+        self.ledgers = [
+            EpochLedger(int(saved["epoch"]), np.asarray(saved["uses"], np.uint16),
+                        self.train_frames, int(saved["requeued_frames"]), int(saved["chunks"]))
+            for saved in state["ledgers"]
+        ]  # fmt: skip
+        if any(ledger.uses.shape != (self.total_frames,) for ledger in self.ledgers):
+            raise ValueError(f"a ledger is not of {self.total_frames} frames")
+        self.epoch, self._next_id = int(state["epoch"]), int(state["next_lease"])
+        self._leases = {}
+        self._queue = deque()
         self.accepted_frames = self.applied_frames = 0
-        ledger = EpochLedger(epoch, np.zeros(self.total_frames, np.uint16), self.train_frames)
-        ledger.chunks = len(self._queue)
-        self.ledgers.append(ledger)
+        if self.epoch < 0:
+            return 0
+        uses = self.ledger.uses
+        for chunk in self._epoch_chunks(self.epoch):
+            left = chunk[uses[chunk] == 0]
+            if len(left):
+                self._queue.append(left)
+        self.applied_frames = self.accepted_frames = int(uses[self.train_frames].sum())
+        return sum(len(chunk) for chunk in self._queue)
 
     @property
     def ledger(self) -> EpochLedger:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,6 +126,22 @@ class TrainingStats:
             if value is not None:
                 return float(value)
         return None
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Every counter and epoch record, as plain data."""
+        state = dataclasses.asdict(self)
+        state["staleness_histogram"] = {str(k): v for k, v in self.staleness_histogram.items()}
+        return state
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> None:
+        """Continue counting from ``checkpoint_state()``."""
+        for name in (f.name for f in dataclasses.fields(self)):
+            if name not in ("epochs", "staleness_histogram") and name in state:
+                setattr(self, name, state[name])
+        self.staleness_histogram = {int(k): v for k, v in state["staleness_histogram"].items()}
+        known = {f.name for f in dataclasses.fields(EpochRecord)}
+        self.epochs = [EpochRecord(**{k: v for k, v in r.items() if k in known})
+                       for r in state["epochs"]]  # fmt: skip
 
     @property
     def staleness_mean(self) -> float:

@@ -39,6 +39,9 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "network": coordinator.job.network.describe(),
         "connections_per_pattern": connections,
         "weight_version": coordinator.version,
+        "weights_digest": coordinator.digest,
+        "checkpoints": server.checkpointer.figures() if server.checkpointer else None,
+        "resumed": server.resumed,
         "steps": stats.steps,
         "step_passes": stats.step_passes,
         "step_seconds": round(stats.step_seconds, 6),
@@ -68,6 +71,7 @@ def status_document(server: SnetServer) -> dict[str, Any]:
             if s.ledger is not None
         ),
         "workers": workers,
+        "earlier": coordinator.earlier,  # workers and compression totals before restarts
         "epochs": [record.as_dict() for record in stats.epochs],
         "schedule": coordinator.job.schedule,
         "hooks": coordinator.hooks.figures(),

@@ -13,6 +13,11 @@ Each part owns its state and nothing writes another's fields:
 - ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
 - ``TrainingStats`` (stats.py) and the hooks: what /status and the hooks see.
 
+Between steps (never while one runs: the step thread writes the velocity) the coordinator
+gathers the parts' ``checkpoint_state()`` into one consistent snapshot, the weights of
+``version`` and exactly the ledger they include; ``restore_checkpoint`` gives each part its
+state back (server/durability.py writes and reads the files).
+
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
 late (lateness.py), leaves) to them and carries out what they decide: it publishes each
 step's weights with a new version, sends them to every worker, starts epochs. It runs on
@@ -31,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from snet.protocol.digest import weights_digest
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.hooks import BunchEvent, EpochEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
@@ -55,6 +61,7 @@ from .intake import UpdateIntake
 from .lateness import check_progress, is_late
 from .leases import LeaseBook
 from .leasing import LeaseDesk
+from .ledger import ledger_totals
 from .policies import PendingView, QueueView, WorkerView, make_step_policy
 from .pool import ElementPool, PooledElement
 from .progress import ProgressWatch
@@ -103,8 +110,15 @@ class Coordinator:
         self.sessions: dict[int, WorkerSession] = {}
         self.departed: list[WorkerSession] = []
         self.version = 0
+        self.digest = weights_digest(self.rule.snapshot)  # of the weights of ``version``
+        self.earlier: dict[str, Any] = {"workers": [], "compression": []}  # before restarts
         self._received: deque[PendingUpdate] = deque()
         self._applying = False
+        self._step_task: asyncio.Task[None] | None = None
+        self._boundary = False  # an epoch ended or a CV decision came during a step
+        # Called between steps (True after an epoch end or a CV decision): the moments a
+        # consistent checkpoint can be taken.
+        self.on_between_steps: Callable[[bool], None] | None = None
         self._in_step: set[int] = set()  # workers with an update in the running step
         self.finished = asyncio.Event()
         self.closed = False  # set at shutdown: no new steps
@@ -167,6 +181,7 @@ class Coordinator:
                 self.learning_rate,
                 session.updates_settled,
                 self.rule.snapshot,
+                digest=self.digest,
             )
         )
 
@@ -254,7 +269,7 @@ class Coordinator:
         self._received = deque(p for index, p in enumerate(queued) if index not in taken)
         self._applying = True
         self._in_step = {p.session.worker_id for group in groups for p in group}
-        asyncio.get_running_loop().create_task(self._step(groups))
+        self._step_task = asyncio.get_running_loop().create_task(self._step(groups))
 
     async def _step(self, groups: list[list[PendingUpdate]]) -> None:
         rate = self.learning_rate
@@ -276,7 +291,28 @@ class Coordinator:
                         self.pool.release(pending.element)
             self._applying = False
             self._in_step = set()
+        self._between_steps(False)
         self.maybe_step()
+
+    def _between_steps(self, boundary: bool) -> None:
+        """Offer the moment for a checkpoint (deferred to the step's end if one runs)."""
+        if self._applying:
+            self._boundary = self._boundary or boundary
+            return
+        boundary, self._boundary = boundary or self._boundary, False
+        if self.on_between_steps is not None:
+            self.on_between_steps(boundary)
+
+    @property
+    def between_steps(self) -> bool:
+        """No step is running: the parts' states agree with each other."""
+        return not self._applying
+
+    async def settle(self) -> None:
+        """Wait for the running step, if any, to be published (at shutdown)."""
+        task = self._step_task
+        if task is not None and not task.done():
+            await asyncio.shield(task)
 
     def _publish(self, outcome: StepOutcome, rate: float) -> None:
         """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
@@ -287,7 +323,9 @@ class Coordinator:
         if outcome.snapshot is None:
             return
         self.rule.snapshot = outcome.snapshot  # published with its version, on the event loop
+        self.digest = outcome.digest
         self.stats.record_pass()
+        last = outcome.applied[-1] if outcome.applied else None
         for batch in outcome.applied:
             base = self.version
             self.version += 1
@@ -306,11 +344,13 @@ class Coordinator:
                                rate)  # fmt: skip
             self.hooks.call("after_bunch", event)
             if self.trace is not None:
-                self.trace(trace_record(batch, self.version, self.epoch, rate))
+                digest = self.digest if batch is last else None
+                self.trace(trace_record(batch, self.version, self.epoch, rate, digest))
         for session in self.sessions.values():
             self.send_weights(session)
         if self.book.epoch_complete:
             self._end_epoch()
+            self._boundary = True
 
     def _refuse_queued(self, pending: PendingUpdate, reason: str) -> None:
         """Refuse a queued update at step time: its frames go back, the worker is told."""
@@ -374,6 +414,7 @@ class Coordinator:
         if decision.restore is not None:  # roll back: a new version, sent to every worker
             self.rule.load(decision.restore)
             self.version += 1
+            self.digest = weights_digest(self.rule.snapshot)
             for session in self.sessions.values():
                 self.send_weights(session)
         record = self.stats.mark_kept(result.epoch, decision.kept)
@@ -393,5 +434,60 @@ class Coordinator:
         if decision.finish:
             self.hooks.call("after_training")
             self.finished.set()
-            if self.on_finished is not None:
-                self.on_finished()
+        self._between_steps(True)  # before the results are written: on_finished may stop
+        if decision.finish and self.on_finished is not None:
+            self.on_finished()
+
+    # ------------------------------------------------------------ checkpoints
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The whole training state as plain data; only between steps.
+
+        Updates accepted but not yet applied are not in the weights: their frames are
+        trained again after a restore, so their figures are left out of the epoch's."""
+        if self._applying:
+            raise RuntimeError("a checkpoint is taken between steps, not during one")
+        stats = self.stats.checkpoint_state()
+        if stats["epochs"]:
+            current = stats["epochs"][-1]
+            for pending in self._received:
+                current["train_patterns"] -= pending.message.patterns
+                current["train_correct"] -= pending.message.correct
+                current["train_loss"] -= pending.message.loss_sum
+        sessions = [*self.sessions.values(), *self.departed]
+        rows = [s.row(self.connections) for s in sessions]
+        for row in rows:
+            if row["state"] != "gone":
+                row["state"], row["left_reason"] = "gone", "server restarted"
+        totals = ledger_totals(s.ledger for s in sessions if s.ledger is not None)
+        return {
+            "version": self.version,
+            "digest": self.digest,
+            "finished": self.finished.is_set(),
+            "rule": self.rule.checkpoint_state(),
+            "book": self.book.checkpoint_state(),
+            "epochs": self.epochs.checkpoint_state(),
+            "evaluations": self.evaluations.checkpoint_state(),
+            "stats": stats,
+            "earlier": {
+                "workers": [*self.earlier["workers"], *rows],
+                "compression": [*self.earlier["compression"], totals],
+            },
+        }
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> int:
+        """Continue from ``checkpoint_state()``, before any worker joins. Returns the frames
+        of the current epoch queued again (leased or in flight when it was taken)."""
+        self.rule.restore_checkpoint(state["rule"])
+        digest = weights_digest(self.rule.snapshot)
+        if digest != state["digest"]:
+            raise ValueError(f"weights digest {digest}, the checkpoint says {state['digest']}")
+        self.version, self.digest = int(state["version"]), digest
+        requeued = self.book.restore_checkpoint(state["book"])
+        self.epochs.restore_checkpoint(state["epochs"])
+        self.evaluations.restore_checkpoint(state["evaluations"])
+        self.stats.restore_checkpoint(state["stats"])
+        self.earlier = state["earlier"]
+        if state["finished"]:
+            self.finished.set()
+        return requeued

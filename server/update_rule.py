@@ -144,6 +144,20 @@ class UpdateRule:
         self.velocity[...] = 0.0
         self._spare_velocity[...] = 0.0
 
+    def checkpoint_state(self) -> dict[str, np.ndarray]:
+        """The weights and the velocity, consistent only between steps (the step thread
+        writes the velocity). The weights are never written again; the velocity is copied,
+        as the step after next overwrites its buffer."""
+        return {"weights": self.weights, "velocity": self.velocity.copy()}
+
+    def restore_checkpoint(self, state: dict[str, np.ndarray]) -> None:
+        """Continue from ``checkpoint_state()``: the same weights and momentum."""
+        self.load(state["weights"])
+        velocity = np.asarray(state["velocity"], dtype=ELEMENT_DTYPE)
+        if velocity.shape != self.velocity.shape:
+            raise ValueError(f"velocity of shape {velocity.shape}, need {self.velocity.shape}")
+        self.velocity[...] = velocity
+
 
 @dataclass(frozen=True)
 class _Pass:
