@@ -120,6 +120,7 @@ class Worker(Joining):
                     pause = 0.1 if self._joined else min(pause * 2, MAX_BACKOFF_SECONDS)
                     server_stopped = False
                     self._start_retry_window()
+                    self._give_up_if_past_deadline(exc)
                     self._reset()
                     await asyncio.sleep(pause)
                     continue
@@ -161,6 +162,15 @@ class Worker(Joining):
     def _start_retry_window(self) -> None:
         if self._joined or self._retry_deadline is None:
             self._retry_deadline = time.monotonic() + self.config.retry_seconds
+
+    def _give_up_if_past_deadline(self, why: Exception) -> None:
+        """Connections that are accepted and dropped do not extend the retry window."""
+        if self._retry_deadline is not None and time.monotonic() >= self._retry_deadline:
+            host, port = self.config.address()
+            raise ServerUnreachable(
+                f"cannot join the server at {host}:{port} ({why}); "
+                f"gave up after {self.config.retry_seconds:.0f} s"
+            )
 
     def _reset(self) -> None:
         self._inbox.clear()

@@ -101,7 +101,10 @@ class SnetServer:
         trace = None
         if self.config.trace_file:
             mode = "a" if loaded is not None else "w"  # a resumed run's trace goes on
-            self._trace_handle = open(self.config.trace_file, mode, encoding="utf-8")  # noqa: SIM115
+            if loaded is not None:
+                _drop_torn_line(Path(self.config.trace_file))
+            # Line-buffered: a killed server's trace holds every step it published.
+            self._trace_handle = open(self.config.trace_file, mode, 1, encoding="utf-8")  # noqa: SIM115
             trace = self._write_trace
         self.coordinator = Coordinator(
             job,
@@ -363,3 +366,13 @@ class SnetServer:
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, handle, signum)
+
+
+def _drop_torn_line(path: Path) -> None:
+    """Cut a trace a killed server left back to its last whole line."""
+    try:
+        with open(path, "r+b") as handle:
+            data = handle.read()
+            handle.truncate(data.rfind(b"\n") + 1)
+    except FileNotFoundError:
+        pass

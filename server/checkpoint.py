@@ -99,7 +99,10 @@ def decode_checkpoint(data: bytes, name: str = "checkpoint") -> dict[str, Any]:
         raise CheckpointDamaged(f"{name}: not an snet checkpoint of format {FORMAT}")
     end = PREFIX.size + header_length + payload_length
     if len(data) != end + CHECKSUM_BYTES:
-        raise CheckpointDamaged(f"{name}: {len(data)} bytes, the header says {end + 32}")
+        raise CheckpointDamaged(
+            f"{name}: truncated or extended ({len(data)} bytes, the header says "
+            f"{end + CHECKSUM_BYTES})"
+        )
     body = memoryview(data)[:end]
     if _checksum(body) != data[end:]:
         raise CheckpointDamaged(f"{name}: checksum mismatch (torn or changed)")

@@ -65,11 +65,13 @@ def resume_point(
     if saved.get("job") != identity["job"]:
         theirs, ours = saved.get("job", {}), identity["job"]
         differing = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k))
-        network = theirs.get("network", {})
+        sizes = [
+            ":".join(map(str, job.get("network", {}).get("sizes", []))) for job in (theirs, ours)
+        ]
         raise ConfigError(
             f"{loaded.path} is a checkpoint of another job ({', '.join(differing)} differ; "
-            f"its network {network.get('sizes')}): use --fresh to start over, or another "
-            "--out-dir"
+            f"network {sizes[0]} there, {sizes[1]} here): use --fresh to start over, or "
+            "another --out-dir"
         )
     if saved.get("data") != identity["data"]:
         raise ConfigError(

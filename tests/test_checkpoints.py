@@ -1,0 +1,175 @@
+"""Checkpoint files, the parts' saved states, and the worker's one retry deadline.
+
+The file format is fed damaged bytes (truncated, one bit flipped); the store keeps the
+newest K and passes over a damaged newest file; the lease book restored from a checkpoint
+queues exactly the frames its weights do not include. The worker's retry deadline is tried
+against a real process and a port that accepts connections and drops them at once (a
+server still starting, or broken): each TCP connect used to renew the deadline for ever.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from snet.protocol.job import JobSpec
+from snet.protocol.messages import EvalResult
+from snet.server.checkpoint import (
+    CheckpointDamaged,
+    CheckpointStore,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from snet.server.epochs import EpochControl
+from snet.server.leases import LeaseBook
+from snet.server.stats import TrainingStats
+
+from helpers import Cluster
+
+
+def _state() -> dict[str, object]:
+    return {
+        "version": 7,
+        "nested": {"weights": np.arange(10, dtype=np.float32), "flags": [True, None, 1.5]},
+        "ledgers": [{"uses": np.zeros(5, np.uint16)}, {"uses": np.ones(5, np.uint16)}],
+        "empty": np.zeros(0, np.int64),
+    }
+
+
+def test_checkpoint_bytes_round_trip_and_damage_is_detected() -> None:
+    data = encode_checkpoint(_state())
+    back = decode_checkpoint(data)
+    assert back["version"] == 7 and back["nested"]["flags"] == [True, None, 1.5]
+    assert back["nested"]["weights"].dtype == np.float32
+    assert back["nested"]["weights"].tolist() == list(range(10))
+    assert back["ledgers"][1]["uses"].tolist() == [1] * 5 and back["empty"].shape == (0,)
+    with pytest.raises(CheckpointDamaged, match="truncated"):
+        decode_checkpoint(data[:-1])
+    for position in (3, 40, len(data) // 2, len(data) - 40):
+        flipped = bytearray(data)
+        flipped[position] ^= 0x10
+        with pytest.raises(CheckpointDamaged):
+            decode_checkpoint(bytes(flipped))
+
+
+def test_store_keeps_the_newest_and_falls_back_past_a_damaged_one(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "ckpt", keep=2)
+    assert store.newest() is None
+    for version in range(4):
+        store.write({"version": version})
+    assert store.sequence_numbers() == [3, 4]
+    assert store.newest().state["version"] == 3  # type: ignore[union-attr]
+    (tmp_path / "ckpt" / ".ckpt-00000005.snet.x1y2").write_bytes(b"half")  # a crash mid-write
+    newest = store.path(4)
+    newest.write_bytes(newest.read_bytes()[:20])
+    loaded = store.newest()
+    assert loaded is not None and loaded.state["version"] == 2 and loaded.skipped
+    assert CheckpointStore(tmp_path / "ckpt").sequence_numbers() == [3, 4]
+    store.remove_leftovers()
+    assert not list((tmp_path / "ckpt").glob(".ckpt-*"))
+    store.path(3).write_bytes(b"SNETCKPT" + bytes(60))
+    with pytest.raises(CheckpointDamaged, match="no usable checkpoint"):
+        store.newest()
+    store.clear()
+    assert store.sequence_numbers() == [] and store.newest() is None
+
+
+def _book(job: JobSpec) -> LeaseBook:
+    return LeaseBook.for_job(job, np.arange(5, 1005), 1010)
+
+
+def test_restored_book_leases_exactly_what_the_weights_lack() -> None:
+    job = JobSpec(chunk_frames=64, bunch_size=16, shuffle_cache_bunches=1)
+    book = _book(job)
+    book.start_epoch(0)
+    book.start_epoch(1)
+    applied: list[np.ndarray] = []
+    for worker in (1, 2):
+        lease = book.grant(worker)
+        assert lease is not None
+        applied.append(book.accept(worker, lease.lease_id, 0, 32))  # applied
+        book.accept(worker, lease.lease_id, 32, 16)  # accepted, never applied
+    for frames in applied:
+        book.record_applied(frames)
+    saved = decode_checkpoint(encode_checkpoint(book.checkpoint_state()))
+
+    restored = _book(job)
+    requeued = restored.restore_checkpoint(saved)
+    assert requeued == 1000 - 64 and restored.leases_out == 0 and restored.epoch == 1
+    assert len(restored.ledgers) == 2 and restored.ledger.uses.sum() == 64
+    worker = 1
+    while (lease := restored.grant(worker)) is not None:
+        frames = restored.accept(worker, lease.lease_id, 0, len(lease.indices))
+        restored.record_applied(frames)
+    assert restored.epoch_complete
+    assert restored.ledger.summary()["used_once"] == 1000
+    assert restored.ledger.summary()["used_more"] == 0
+
+
+def test_schedule_and_statistics_survive_a_round_trip() -> None:
+    job = JobSpec(schedule="newbob", epochs=8)
+    control = EpochControl(job)
+    weights = np.ones(4, np.float32)
+    control.epoch_trained(0)
+    control.cv_result(0, weights, EvalResult(1, 0, 100, 60, 1.0))
+    control.epoch_trained(1)
+    control.cv_result(1, weights * 2, EvalResult(2, 1, 100, 61, 1.0))
+    stats = TrainingStats(8)
+    stats.start_epoch(0, 0.2)
+    stats.record_train(128, 100, 3.5)
+    stats.record_staleness(2)
+    stats.end_epoch(0, 40, {"used_once": 5})
+    saved = decode_checkpoint(
+        encode_checkpoint({"epochs": control.checkpoint_state(), "stats": stats.checkpoint_state()})
+    )
+    again, counted = EpochControl(job), TrainingStats(8)
+    again.restore_checkpoint(saved["epochs"])
+    counted.restore_checkpoint(saved["stats"])
+    assert (again.rate, again.kept, again.epoch) == (control.rate, control.kept, control.epoch)
+    assert again.newbob is not None and control.newbob is not None
+    assert vars(again.newbob) == vars(control.newbob)
+    assert again.best_weights is not None and again.best_weights.tolist() == [2.0] * 4
+    assert counted.staleness_histogram == {2: 1} and counted.epochs_done == 1
+    assert counted.epochs[0].as_dict() | {"seconds": 0} == stats.epochs[0].as_dict() | {
+        "seconds": 0
+    }
+
+
+@pytest.fixture
+def slammer() -> Iterator[int]:
+    """A port that accepts every connection and closes it at once."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_one_retry_deadline_across_connections_that_drop(cluster: Cluster, slammer: int) -> None:
+    worker = cluster._spawn(
+        ["worker", "--server", f"127.0.0.1:{slammer}", "--name", "w", "--retry-seconds", "3"],
+        cluster.tmp_path / "w.log",
+    )
+    assert worker.wait(60) == 3, cluster.log("w")[-2000:]
+    log = cluster.log("w")
+    assert "connection closed during the handshake" in log and "gave up after" in log
