@@ -9,29 +9,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
-from helpers import SMALL_JOB, Cluster, wait_until
-
-
-def _snet(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "snet.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=cluster.env,
-        cwd=cluster.tmp_path,
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from helpers import SMALL_JOB, Cluster, free_port, run_snet, wait_until
 
 
 def _ledger_exact(status: dict[str, object]) -> bool:
@@ -54,18 +34,22 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
     assert server.status()["state"] == "training"
 
     # A second daemon with the same pid file is refused (2: configuration) ...
-    clash = _snet(cluster, "server", "--port", "0", "--http-port", "0", "--pid-file", str(pid_file))
+    clash = run_snet(
+        cluster, "server", "--port", "0", "--http-port", "0", "--pid-file", str(pid_file)
+    )
     assert clash.returncode == 2, clash.stderr
     assert f"names process {server.process.pid}, which is still running" in clash.stderr
     # ... one on a port in use fails to start (1: error) and says where ...
-    taken = _snet(cluster, "server", "--port", str(server.port), "--http-port", "0")
+    taken = run_snet(cluster, "server", "--port", str(server.port), "--http-port", "0")
     assert taken.returncode == 1, taken.stderr
     assert f"cannot listen on 127.0.0.1:{server.port}: " in taken.stderr
     assert "Traceback" not in taken.stderr
     # ... and a bad setting is a configuration error (2).
-    bad = _snet(cluster, "server", "--port", "70000")
+    bad = run_snet(cluster, "server", "--port", "70000")
     assert bad.returncode == 2 and "port must be a TCP port" in bad.stderr
-    lonely = _snet(cluster, "worker", "--server", f"127.0.0.1:{_free_port()}", "--retry-seconds=1")
+    lonely = run_snet(
+        cluster, "worker", "--server", f"127.0.0.1:{free_port()}", "--retry-seconds=1"
+    )
     assert lonely.returncode == 3  # no server at all: 3, after retrying
     assert "cannot reach the server" in lonely.stderr and "gave up after" in lonely.stderr
     assert pid_file.read_text() == f"{server.process.pid}\n"  # untouched by the refusals
@@ -97,7 +81,7 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
 
 
 def test_workers_started_first_survive_server_restart_and_crash(cluster: Cluster) -> None:
-    port = _free_port()
+    port = free_port()
     workers = [
         cluster._spawn(
             ["worker", "--server", f"127.0.0.1:{port}", "--name", name, "--retry-seconds", "60"],

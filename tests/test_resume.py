@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import random
 import signal
-import socket
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -25,27 +23,9 @@ import pytest
 
 from snet.protocol.schedule import NewbobSchedule
 
-from helpers import Cluster, ServerProcess, wait_until
+from helpers import Cluster, ServerProcess, free_port, run_snet, wait_until
 
 TRAIN_FRAMES = 48_479  # the default data's training frames
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _snet(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "snet.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=cluster.env,
-        cwd=cluster.tmp_path,
-    )
 
 
 def surviving_steps(trace: Path) -> list[dict[str, Any]]:
@@ -77,7 +57,7 @@ class Run:
         self.out_dir = cluster.tmp_path / f"{name}-out"
         self.trace = cluster.tmp_path / f"{name}.trace"
         self.name = name
-        self.port = _free_port()
+        self.port = free_port()
         self.args = (*job, "--port", str(self.port), "--out-dir", str(self.out_dir),
                      "--trace-file", str(self.trace))  # fmt: skip
         self.starts = 0
@@ -219,7 +199,7 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     wait_until(lambda: _version(server) > 300, 60, "a few hundred steps")
 
     # A second server on the same out-dir: refused in one line, exit 1.
-    clash = _snet(cluster, "server", "--port", "0", "--http-port", "0", *run.args[-4:-2])
+    clash = run_snet(cluster, "server", "--port", "0", "--http-port", "0", *run.args[-4:-2])
     assert clash.returncode == 1, clash.stderr
     assert f"out-dir {run.out_dir} is in use by another snet server (pid {server.process.pid})" in (
         clash.stderr
@@ -234,7 +214,7 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # killed mid-write
 
     # A checkpoint of another network: one line, exit 2, nothing touched.
-    other = _snet(cluster, "server", *run.args, "--port", "0", "--network", "117:64:10")
+    other = run_snet(cluster, "server", *run.args, "--port", "0", "--network", "117:64:10")
     assert other.returncode == 2, other.stderr
     errors = [line for line in other.stderr.splitlines() if line.startswith("snet: ")]
     assert len(errors) == 1, other.stderr
@@ -259,6 +239,6 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     assert run.final()["state"] == "trained"
 
     # --fresh would discard a finished run: refused without --force.
-    fresh = _snet(cluster, "server", "--port", "0", "--http-port", "0", *run.args, "--fresh")
+    fresh = run_snet(cluster, "server", "--port", "0", "--http-port", "0", *run.args, "--fresh")
     assert fresh.returncode == 2 and "holds the results of a finished run" in fresh.stderr
     assert (run.out_dir / "weights.npz").read_bytes() == trained
