@@ -180,13 +180,14 @@ def run_job(directory: Path, job: list[str], workers: int) -> dict[str, Any]:
 
 def run_chaos(
     directory: Path, job: list[str], workers: int, server_kills: int, worker_kills: int,
-    expected_seconds: float, rng: random.Random,
+    versions: int, rng: random.Random,
 ) -> dict[str, Any]:  # fmt: skip
-    """The same job under faults, at moments drawn over the fault-free run's duration."""
-    span = (0.05 * expected_seconds, 0.9 * expected_seconds)
+    """The same job under faults, at random moments of its progress: each kill waits for
+    the weight version to pass a mark drawn from 5-90% of the fault-free run's versions."""
+    span = (versions // 20, versions * 9 // 10)
     events = sorted(
-        [(rng.uniform(*span), "server") for _ in range(server_kills)]
-        + [(rng.uniform(*span), "worker") for _ in range(worker_kills)]
+        [(rng.randrange(*span), "server") for _ in range(server_kills)]
+        + [(rng.randrange(*span), "worker") for _ in range(worker_kills)]
     )
     run = JobRun(directory, job, workers)
     kills: list[dict[str, Any]] = []
@@ -194,10 +195,13 @@ def run_chaos(
     try:
         started = run.start_server()
         run.start_workers()
-        since_start = 0.0  # the running server's first version, to know it has stepped
-        base = run.version() or 0
-        for at, kind in events:
-            while time.monotonic() - started < at and not run.trained():
+        base = 0  # the version the running server started from
+        for mark, kind in events:
+            # the mark passed, and (for a server kill) a step since the server started
+            while not run.trained():
+                version = run.version()
+                if version is not None and version >= mark and (kind == "worker" or version > base):
+                    break
                 time.sleep(POLL_SECONDS)
             if run.trained():
                 break
@@ -205,24 +209,16 @@ def run_chaos(
                 run.restart_worker(rng.randrange(workers))
                 worker_kill_count += 1
                 continue
-            while (version := run.version()) is None or version <= base:  # it has stepped
-                if run.trained():
-                    break
-                time.sleep(POLL_SECONDS)
-            if run.trained():
-                break
             assert run.server is not None
             run.server.send_signal(signal.SIGKILL)
             killed = time.monotonic()
             run.server.wait(30)
             run.start_server()
             base = run.version() or 0  # the version it resumed from
-            while (version := run.version()) is None or version <= base:
-                if run.trained():
-                    break
+            while not run.trained() and ((version := run.version()) is None or version <= base):
                 time.sleep(POLL_SECONDS)
-            since_start = time.monotonic() - killed
-            kills.append({"kill_to_first_step_seconds": round(since_start, 3)})
+            seconds = round(time.monotonic() - killed, 3)
+            kills.append({"at_version": mark, "kill_to_first_step_seconds": seconds})
         assert run.server is not None
         run.server.wait(RUN_SECONDS)
         seconds = time.monotonic() - started
@@ -271,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         clean = run_job(root / "clean", job, args.workers)
         chaos = run_chaos(
             root / "chaos", job, args.workers, args.server_kills, args.worker_kills,
-            clean["seconds"], random.Random(seed),
+            clean["weight_version"], random.Random(seed),
         )  # fmt: skip
     kills = chaos["server_kills"]
     result = {
