@@ -142,7 +142,8 @@ def lineage(trace: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         lost = [s for s in steps if s["version"] > record["resumed"]]
         steps = steps[: len(steps) - len(lost)]
         resumes.append({"resumed_version": record["resumed"], "versions_lost": len(lost),
-                        "updates_lost": sum(len(s["updates"]) for s in lost)})  # fmt: skip
+                        "updates_lost": sum(len(s["updates"]) for s in lost),
+                        "epochs_of_lost_steps": sorted({s["epoch"] for s in lost})})  # fmt: skip
     return steps, resumes
 
 
