@@ -469,6 +469,7 @@ class Coordinator:
             "epochs": self.epochs.checkpoint_state(),
             "evaluations": self.evaluations.checkpoint_state(),
             "stats": stats,
+            "hooks": self.hooks.checkpoint_state(),
             "earlier": {
                 "workers": [*self.earlier["workers"], *rows],
                 "compression": [*self.earlier["compression"], totals],
@@ -487,6 +488,7 @@ class Coordinator:
         self.epochs.restore_checkpoint(state["epochs"])
         self.evaluations.restore_checkpoint(state["evaluations"])
         self.stats.restore_checkpoint(state["stats"])
+        self.hooks.restore_checkpoint(state.get("hooks", {}))  # none before hooks kept any
         self.earlier = state["earlier"]
         if state["finished"]:
             self.finished.set()
