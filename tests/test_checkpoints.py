@@ -9,6 +9,7 @@ server still starting, or broken): each TCP connect used to renew the deadline f
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from collections.abc import Iterator
@@ -17,8 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from snet.client.buffers import WeightsBox
+from snet.protocol.digest import weights_digest
+from snet.protocol.errors import CodecError
 from snet.protocol.job import JobSpec
-from snet.protocol.messages import EvalResult
+from snet.protocol.messages import EvalResult, Weights
+from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.checkpoint import (
     CheckpointDamaged,
     CheckpointStore,
@@ -138,6 +143,20 @@ def test_schedule_and_statistics_survive_a_round_trip() -> None:
     assert counted.epochs[0].as_dict() | {"seconds": 0} == stats.epochs[0].as_dict() | {
         "seconds": 0
     }
+
+
+def test_a_worker_checks_the_digest_the_server_announced() -> None:
+    layout = ElementLayout.for_network(NetworkSpec((4, 3, 2), ("sigmoid",)))
+    box = WeightsBox(layout, wake=asyncio.Event())
+    flat = np.arange(layout.size, dtype=np.float32)
+    box.receive(Weights(1, 0, 0.1, 0, flat, digest=weights_digest(flat)))
+    box.receive(Weights(2, 0, 0.1, 0, flat))  # none announced: nothing to check
+    changed = flat.copy()
+    changed[3] += 1e-6  # one value off by the least amount
+    with pytest.raises(CodecError, match="the server announced"):
+        box.receive(Weights(3, 0, 0.1, 0, changed, digest=weights_digest(flat)))
+    assert box.undecodable == 1 and box.take_newest() is not None
+    assert box.current is not None and box.current.version == 2
 
 
 @pytest.fixture
