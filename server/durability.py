@@ -150,6 +150,8 @@ class Checkpointer:
     def take(self, forced: bool = False) -> Future[None] | None:
         """Take a checkpoint now (between steps) and queue it for writing. A periodic one is
         skipped while the previous write is still running (the next offer retries)."""
+        if self.coordinator.broken:  # the last checkpoint stands: this state is not whole
+            return None
         self._writing = [f for f in self._writing if not f.done()]
         if self._writing and not forced:
             self.skipped_busy += 1

@@ -122,6 +122,7 @@ class Coordinator:
         self._in_step: set[int] = set()  # workers with an update in the running step
         self.finished = asyncio.Event()
         self.closed = False  # set at shutdown: no new steps
+        self.broken = False  # a step failed half-way: the state must not be checkpointed
         self.on_finished: Callable[[], None] | None = None
         self.on_failure: Callable[[str], None] | None = None  # the step machinery broke
         info = RunInfo(
@@ -281,6 +282,7 @@ class Coordinator:
             # cannot go on from a half-published step: say so loudly and stop the
             # server, rather than freeze silently while /status looks healthy.
             log.critical("the step machinery failed; stopping", exc_info=True)
+            self.broken = True
             if self.on_failure is not None:
                 self.on_failure(f"step failed: {exc!r}")
             return
