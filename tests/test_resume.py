@@ -63,13 +63,11 @@ class Run:
         self.starts = 0
 
     def start(self, *extra: str) -> ServerProcess:
+        """The server, by the same command each time. It serves until stopped once trained
+        (``--linger-seconds -1``), so a worker that was still rejoining is sent home too."""
         self.starts += 1
-        ready = self.cluster.tmp_path / f"{self.name}-{self.starts}.ready"
-        return (
-            self.cluster.server(*self.args, *extra, name=f"{self.name}-{self.starts}")
-            if (not ready.exists())
-            else pytest.fail("stale ready file")
-        )
+        name = f"{self.name}-{self.starts}"
+        return self.cluster.server(*self.args, "--linger-seconds", "-1", *extra, name=name)
 
     def workers(self, server: ServerProcess, count: int = 2) -> list[subprocess.Popen[bytes]]:
         return [
@@ -77,52 +75,59 @@ class Run:
             for i in range(count)
         ]
 
+    def finish(self, server: ServerProcess, workers: list[subprocess.Popen[bytes]]) -> None:
+        """The workers are sent home once trained; then the server is stopped (SIGTERM)."""
+        assert [w.wait(180) for w in workers] == [0] * len(workers)
+        assert server.status()["state"] == "trained"
+        server.process.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+
     def final(self) -> dict[str, Any]:
         status: dict[str, Any] = json.loads((self.out_dir / "status.json").read_text())
         return status
 
 
-def _version(server: ServerProcess) -> int:
-    try:
-        return int(server.status()["weight_version"])
-    except OSError:  # the server finished and left
-        return -1
+def _progress(server: ServerProcess) -> tuple[int, bool]:
+    """The weight version and whether training is complete."""
+    status = server.status()
+    return int(status["weight_version"]), status["state"] == "trained"
 
 
 def run_with_kills(
     cluster: Cluster, name: str, job: tuple[str, ...], marks: list[int]
 ) -> tuple[Run, int]:
     """Run ``job`` with two workers, SIGKILLing the server as its version passes each
-    mark and starting it again with the same command. Returns the run and the kills."""
+    mark (once it has a checkpoint to resume from) and starting it again with the same
+    command. Returns the run and the number of kills made."""
     run = Run(cluster, name, job)
     server = run.start()
     workers = run.workers(server)
+    checkpoints = run.out_dir / "checkpoints"
     kills = 0
     for mark in marks:
-        reached = wait_until(
-            lambda server=server, mark=mark: (
-                _version(server) >= mark or server.process.poll() is not None
-            ),
-            120,
-            f"version {mark}",
-        )
-        if server.process.poll() is not None or not reached:
+
+        def due(server: ServerProcess = server, mark: int = mark) -> tuple[int, bool] | None:
+            version, trained = _progress(server)
+            if trained or (version >= mark and any(checkpoints.glob("ckpt-*.snet"))):
+                return version, trained
+            return None  # the mark not passed yet, or nothing to resume from yet
+
+        _, trained = wait_until(due, 120, f"version {mark}")
+        if trained:
             break
         server.process.send_signal(signal.SIGKILL)
         server.wait(30)
         kills += 1
         server = run.start()
         assert "resumed from ckpt-" in server.log.read_text()
-    assert server.wait(180) == 0
-    assert [w.wait(60) for w in workers] == [0, 0]
+    run.finish(server, workers)
     return run, kills
 
 
 def reference_cv(cluster: Cluster, name: str, job: tuple[str, ...]) -> dict[str, Any]:
     run = Run(cluster, name, job)
     server = run.start()
-    workers = run.workers(server)
-    assert server.wait(180) == 0 and [w.wait(60) for w in workers] == [0, 0]
+    run.finish(server, run.workers(server))
     return run.final()
 
 
@@ -139,18 +144,21 @@ def assert_exactly_once(run: Run, epochs: int) -> None:
         assert len(frames) == TRAIN_FRAMES and len(np.unique(frames)) == TRAIN_FRAMES
 
 
-# The default job (its network; 10 epochs with the rate decaying from epoch 6): its final
-# CV varies by about 0.05 points between uninterrupted runs (0.9163-0.9168 in three async
-# runs), so 0.5 points measures what the kills did, not chance. The small job's varies by
-# over a point. ``--min-workers 2``: a restarted server leases nothing until both workers
-# are back, as with a fixed set of workers. Without it the first worker to rejoin trains
-# alone for a moment, in steps of one update instead of two: more progress per pattern at
-# the same rate, and a final CV up to 0.65 points *higher* than the reference's, which
-# would measure the step size, not the kills.
+# The default job (its network; 10 epochs with the rate decaying from epoch 6), with
+# ``--min-workers 2``: a restarted server leases nothing until both workers are back, as
+# with a fixed set of workers. Otherwise the first worker to rejoin trains alone for a
+# moment, in steps of one update instead of two (more progress per pattern at the same
+# rate), and the final CV came out up to 0.65 points *higher* than the reference's: that
+# would measure the step size, not the kills. For the same reason the async run takes two
+# updates per step whoever is live (a late worker does not shrink the steps either).
+# Measured on this (shared, loaded) machine: sync runs so set up are deterministic (CV
+# 0.917029 in three runs); async ones are not (0.9139-0.9185 in six runs), so the async
+# run is compared with the nearer of two uninterrupted runs.
 JOBS = {
-    "async": ("--mode", "async", "--min-workers", "2"),
+    "async": ("--mode", "async", "--min-workers", "2", "--updates-per-step", "2"),
     "sync": ("--mode", "sync", "--min-workers", "2"),
 }
+REFERENCES = {"async": 2, "sync": 1}  # uninterrupted runs to compare the CV with
 NEWBOB = ("--mode", "async", "--min-workers", "2", "--schedule", "newbob", "--epochs", "8")
 
 
@@ -160,29 +168,32 @@ def _kill_marks(versions: int, kills: int) -> tuple[int, list[int]]:
     return seed, sorted(marks)
 
 
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize("kind", list(JOBS))
 def test_server_killed_three_times_resumes_exactly_once(cluster: Cluster, kind: str) -> None:
     job = JOBS[kind]
-    reference = reference_cv(cluster, "reference", job)
+    references = [reference_cv(cluster, f"reference{i}", job) for i in range(REFERENCES[kind])]
+    reference = references[0]
     seed, marks = _kill_marks(reference["weight_version"], 3)
     run, kills = run_with_kills(cluster, "chaos", (*job, "--checkpoint-seconds", "0.5"), marks)
     assert kills == 3, f"seed {seed}: marks {marks} of {reference['weight_version']} versions"
     final = run.final()
     assert_exactly_once(run, 10)
     assert final["resumed"]["version"] <= final["weight_version"]
-    assert abs(final["cv_accuracy"] - reference["cv_accuracy"]) <= 0.005, (
-        seed,
-        final["cv_accuracy"],
-        reference["cv_accuracy"],
-    )
+    rates = [e["learning_rate"] for e in final["epochs"]]
+    assert rates == [e["learning_rate"] for e in reference["epochs"]]  # the schedule went on
+    cvs = [r["cv_accuracy"] for r in references]
+    nearest = min(cvs, key=lambda cv: abs(cv - final["cv_accuracy"]))
+    assert abs(final["cv_accuracy"] - nearest) <= 0.005, (seed, final["cv_accuracy"], cvs)
 
 
+@pytest.mark.timeout(360)
 def test_newbob_resumes_its_schedule(cluster: Cluster) -> None:
     """Newbob's rate, ramping and roll-backs survive the kills: every epoch's rate and kept
     flag is what the rule gives for the CV errors the run recorded. (Its final CV is not
     compared: uninterrupted newbob runs stop after 6 to 8 epochs and differ by a point.)"""
     seed, marks = _kill_marks(1200, 3)
-    run, kills = run_with_kills(cluster, "newbob", NEWBOB, marks)
+    run, kills = run_with_kills(cluster, "newbob", (*NEWBOB, "--checkpoint-seconds", "0.5"), marks)
     assert kills == 3, f"seed {seed}: marks {marks}"
     final = run.final()
     assert_exactly_once(run, final["epochs_done"])
@@ -195,12 +206,13 @@ def test_newbob_resumes_its_schedule(cluster: Cluster) -> None:
     assert expected[-1].stop
 
 
+@pytest.mark.timeout(240)
 def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster) -> None:
     job = ("--mode", "async", "--epochs", "3", "--checkpoint-seconds", "0.3")
     run = Run(cluster, "run", job)
     server = run.start()
     workers = run.workers(server)
-    wait_until(lambda: _version(server) > 300, 60, "a few hundred steps")
+    wait_until(lambda: _progress(server)[0] > 300, 60, "a few hundred steps")
 
     # A second server on the same out-dir: refused in one line, exit 1.
     clash = run_snet(cluster, "server", "--port", "0", "--http-port", "0", *run.args[-4:-2])
@@ -230,12 +242,12 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     log = server.log.read_text()
     assert f"{newest.name}: truncated" in log and "trying the previous checkpoint" in log
     assert f"resumed from {previous.name}" in log
-    assert server.wait(120) == 0 and [w.wait(60) for w in workers] == [0, 0]
+    run.finish(server, workers)
     assert_exactly_once(run, 3)
     trained = (run.out_dir / "weights.npz").read_bytes()
 
     # Restarted on the finished run and stopped at once: the trained weights stay.
-    server = run.start("--linger-seconds", "-1")
+    server = run.start()
     assert server.status()["state"] == "trained"
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
