@@ -79,8 +79,17 @@ class Run:
         """The workers are sent home once trained; then the server is stopped (SIGTERM)."""
         assert [w.wait(180) for w in workers] == [0] * len(workers)
         assert server.status()["state"] == "trained"
+        # the results are written when training completes, not when the server stops
+        wait_until(lambda: self.final_if_written().get("state") == "trained", 30, "results")
+        assert (self.out_dir / "weights.npz").exists()
         server.process.send_signal(signal.SIGTERM)
         assert server.wait(30) == 0
+
+    def final_if_written(self) -> dict[str, Any]:
+        try:
+            return self.final()
+        except (OSError, ValueError):
+            return {}
 
     def final(self) -> dict[str, Any]:
         status: dict[str, Any] = json.loads((self.out_dir / "status.json").read_text())
