@@ -202,4 +202,5 @@ class CheckpointStore:
         """Temporary files of writes a crash interrupted: never renamed, never read."""
         if self.directory.is_dir():
             for path in self.directory.glob(".ckpt-*"):
+                log.info("removing %s: a checkpoint whose write was cut short", path.name)
                 path.unlink(missing_ok=True)

@@ -158,12 +158,17 @@ class Checkpointer:
             self._due = True
             return None
         started = time.perf_counter()
-        state = {
-            **self.identity,
-            "taken": time.time(),
-            "server": self.server_state(),
-            "coordinator": self.coordinator.checkpoint_state(),
-        }
+        try:
+            state = {
+                **self.identity,
+                "taken": time.time(),
+                "server": self.server_state(),
+                "coordinator": self.coordinator.checkpoint_state(),
+            }
+        except Exception:  # a bug in a part's state: loudly, but training goes on
+            self.failed += 1
+            log.exception("cannot take a checkpoint")
+            return None
         self.take_seconds += time.perf_counter() - started
         self._due = False
         self._taken_at, self._taken_mark = time.monotonic(), self._mark()
@@ -179,6 +184,10 @@ class Checkpointer:
         except OSError as exc:  # e.g. a full disk: training goes on, the next one retries
             self.failed += 1
             log.error("cannot write a checkpoint: %s", exc)
+            return
+        except Exception:  # a bug: said loudly (a future's exception is otherwise unseen)
+            self.failed += 1
+            log.exception("cannot encode a checkpoint")
             return
         seconds = time.perf_counter() - started
         self.write_seconds += seconds
