@@ -70,6 +70,7 @@ class JobRun:
         self.http_port = 0
         self.workers: list[subprocess.Popen[bytes]] = []
         self.starts = 0
+        self.completed = False
         self._logs: list[Any] = []
 
     def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen[bytes]:
@@ -109,12 +110,15 @@ class JobRun:
         try:
             url = f"http://127.0.0.1:{self.http_port}/status"
             with urllib.request.urlopen(url, timeout=2) as response:
-                return int(json.loads(response.read())["weight_version"])
-        except (OSError, ValueError, KeyError):
+                status = json.loads(response.read())
+        except (OSError, ValueError):
             return None
+        self.completed = self.completed or status["state"] in ("trained", "stopping")
+        return int(status["weight_version"])
 
     def trained(self) -> bool:
-        return self.server is not None and self.server.poll() is not None
+        """Training is complete (a kill now would not be a fault of the run)."""
+        return self.completed or (self.server is not None and self.server.poll() is not None)
 
     def status(self) -> dict[str, Any]:
         document: dict[str, Any] = json.loads((self.directory / "out" / "status.json").read_text())
