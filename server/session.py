@@ -9,7 +9,7 @@ from typing import Any
 
 from snet.protocol.messages import Message
 
-from .ledger import CompressionLedger
+from .ledger import CompressionLedger, ledger_totals
 from .progress import DeliveryClock
 
 
@@ -94,3 +94,18 @@ class WorkerSession:
             ),
             "compression": self.ledger.row() if self.ledger is not None else None,
         }
+
+
+def restart_history(
+    earlier: dict[str, Any], sessions: list[WorkerSession], connections: int
+) -> dict[str, Any]:
+    """The rows of the workers seen so far (marked gone) and their compression totals,
+    after those of earlier server lives: what /status shows under ``earlier`` once the
+    server is restarted from a checkpoint."""
+    rows = [session.row(connections) for session in sessions]
+    for row in rows:
+        if row["state"] != "gone":
+            row["state"], row["left_reason"] = "gone", "server restarted"
+    totals = ledger_totals(s.ledger for s in sessions if s.ledger is not None)
+    return {"workers": [*earlier["workers"], *rows],
+            "compression": [*earlier["compression"], totals]}  # fmt: skip

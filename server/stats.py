@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,10 +128,20 @@ class TrainingStats:
                 return float(value)
         return None
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Every counter and epoch record, as plain data."""
+    def checkpoint_state(
+        self, not_applied: Iterable[tuple[int, int, float]] = ()
+    ) -> dict[str, Any]:
+        """Every counter and epoch record, as plain data. ``not_applied``: (patterns,
+        correct, loss) of updates counted but not in the weights; they are trained again
+        after a restore, so they are left out of the current epoch's figures."""
         state = dataclasses.asdict(self)
         state["staleness_histogram"] = {str(k): v for k, v in self.staleness_histogram.items()}
+        if state["epochs"]:
+            current = state["epochs"][-1]
+            for patterns, correct, loss in not_applied:
+                current["train_patterns"] -= patterns
+                current["train_correct"] -= correct
+                current["train_loss"] -= loss
         return state
 
     def restore_checkpoint(self, state: dict[str, Any]) -> None:

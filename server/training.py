@@ -61,11 +61,10 @@ from .intake import UpdateIntake
 from .lateness import check_progress, is_late
 from .leases import LeaseBook
 from .leasing import LeaseDesk
-from .ledger import ledger_totals
 from .policies import PendingView, QueueView, WorkerView, make_step_policy
 from .pool import ElementPool, PooledElement
 from .progress import ProgressWatch
-from .session import WorkerSession
+from .session import WorkerSession, restart_history
 from .stats import TrainingStats
 from .stepping import PendingUpdate, StepOutcome, StepRunner, trace_record
 from .update_rule import UpdateRule
@@ -449,19 +448,10 @@ class Coordinator:
         trained again after a restore, so their figures are left out of the epoch's."""
         if self._applying:
             raise RuntimeError("a checkpoint is taken between steps, not during one")
-        stats = self.stats.checkpoint_state()
-        if stats["epochs"]:
-            current = stats["epochs"][-1]
-            for pending in self._received:
-                current["train_patterns"] -= pending.message.patterns
-                current["train_correct"] -= pending.message.correct
-                current["train_loss"] -= pending.message.loss_sum
+        stats = self.stats.checkpoint_state(
+            (p.message.patterns, p.message.correct, p.message.loss_sum) for p in self._received
+        )
         sessions = [*self.sessions.values(), *self.departed]
-        rows = [s.row(self.connections) for s in sessions]
-        for row in rows:
-            if row["state"] != "gone":
-                row["state"], row["left_reason"] = "gone", "server restarted"
-        totals = ledger_totals(s.ledger for s in sessions if s.ledger is not None)
         return {
             "version": self.version,
             "digest": self.digest,
@@ -472,10 +462,7 @@ class Coordinator:
             "evaluations": self.evaluations.checkpoint_state(),
             "stats": stats,
             "hooks": self.hooks.checkpoint_state(),
-            "earlier": {
-                "workers": [*self.earlier["workers"], *rows],
-                "compression": [*self.earlier["compression"], totals],
-            },
+            "earlier": restart_history(self.earlier, sessions, self.connections),
         }
 
     def restore_checkpoint(self, state: dict[str, Any]) -> int:

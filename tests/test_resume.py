@@ -253,6 +253,10 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     assert f"resumed from {previous.name}" in log
     run.finish(server, workers)
     assert_exactly_once(run, 3)
+    final = run.final()
+    earlier = {row["name"] for row in final["earlier"]["workers"]}  # the first life's
+    assert earlier and earlier <= {"run-w0", "run-w1"} and len(final["earlier"]["compression"]) == 1
+    assert [e["epoch"] for e in final["hooks"]["accuracy"]["epochs"]] == [0, 1, 2]  # kept
     trained = (run.out_dir / "weights.npz").read_bytes()
 
     # Restarted on the finished run and stopped at once: the trained weights stay.
