@@ -271,3 +271,22 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     fresh = run_snet(cluster, "server", "--port", "0", "--http-port", "0", *run.args, "--fresh")
     assert fresh.returncode == 2 and "holds the results of a finished run" in fresh.stderr
     assert (run.out_dir / "weights.npz").read_bytes() == trained
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_checkpoints_where_it_stopped(cluster: Cluster) -> None:
+    """A stop (``systemctl restart``) loses nothing: the server resumes at the very version
+    it stopped at, and what it wrote at the stop are the weights it resumes with."""
+    run = Run(cluster, "stop", ("--mode", "async", "--epochs", "3"))
+    server = run.start()
+    workers = run.workers(server)
+    wait_until(lambda: _progress(server)[0] > 200, 60, "two hundred steps")
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    stopped = run.final()
+    version, digest = stopped["weight_version"], stopped["weights_digest"]
+    assert stopped["checkpoints"]["last"]["version"] == version
+    server = run.start()
+    assert f"version {version} (weights digest {digest})" in server.log.read_text()
+    run.finish(server, workers)
+    assert_exactly_once(run, 3)
