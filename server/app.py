@@ -313,18 +313,20 @@ class SnetServer:
     def _on_trained(self) -> None:
         self.state = "trained"
         log.info("training complete after %d epochs", self.coordinator.stats.epochs_done)
-        self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # even while it lingers
         self._results_task = asyncio.get_running_loop().create_task(self._save_results())
-        if self.config.linger_seconds >= 0:  # negative: serve the results until stopped
-            loop = asyncio.get_running_loop()
-            loop.call_later(self.config.linger_seconds, self.request_stop, "trained")
 
     async def _save_results(self) -> None:
-        """Training is complete: the last checkpoint and the results, now (not at exit)."""
+        """Training is complete: the last checkpoint and the results, now (not at exit).
+        Only then are the workers sent home: a server killed before its last checkpoint
+        is on disk resumes short of the end, and needs them back."""
         if self.checkpointer is not None:
             await self.checkpointer.final()
         path = self.write_final_weights()
         log.info("results written to %s", path.parent)
+        self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # even while it lingers
+        if self.config.linger_seconds >= 0:  # negative: serve the results until stopped
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.config.linger_seconds, self.request_stop, "trained")
 
     async def _housekeeping(self) -> None:
         """Heartbeats to quiet workers; drop workers silent past the timeout."""
