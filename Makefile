@@ -26,20 +26,21 @@ demo: $(STAMP)
 	$(BIN)/snet demo --mode async --workers 2
 
 lint: $(STAMP)
-	$(BIN)/ruff check server client protocol cli data tests bench
-	$(BIN)/ruff format --check server client protocol cli data tests bench
+	$(BIN)/ruff check server client protocol transport cli data perf tests bench
+	$(BIN)/ruff format --check server client protocol transport cli data perf tests bench
 
+# bench/ is not part of the package: it is checked as a package of its own, beside snet.
 typecheck: $(STAMP)
-	$(BIN)/mypy -p snet
+	$(BIN)/mypy -p snet -p bench
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck browser pytest
 
-# The dashboard's browser test and `make screenshot` need Debian's chromium. As root with
-# apt-get (CI, a fresh test machine) it is installed; otherwise the browser test skips
-# and says why.
+# The dashboard's browser test and `make screenshot` need Debian's chromium, the /metrics
+# test Debian's prometheus (for promtool). As root with apt-get (CI, a fresh test machine)
+# they are installed; otherwise those tests skip and say why.
 browser:
 	@if command -v chromium >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -49,12 +50,21 @@ browser:
 		|| echo "could not install chromium: the browser test will be skipped"; \
 	else echo "chromium is not installed (needs root and apt-get): the browser test will be skipped"; \
 	fi
+	@if command -v promtool >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing prometheus (promtool) for the /metrics check"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+		|| echo "could not install prometheus: the promtool check will be skipped"; \
+	else echo "promtool is not installed (needs root and apt-get): the promtool check will be skipped"; \
+	fi
 
 screenshot: $(STAMP) browser
-	$(BIN)/python -m snet.bench.dashboard_screenshot docs/dashboard.png
+	$(BIN)/python -m bench.dashboard_screenshot docs/dashboard.png
 
+# The benchmarks run from the checkout; they are not installed with snet.
 bench: $(STAMP)
-	$(BIN)/snet bench
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -14,12 +14,14 @@
   over 127.0.0.1 (``measure_loopback``: 2 MB and 64-byte messages, each answered by a
   one-byte acknowledgement).
 
-``snet plan --calibrate`` and the scaling benchmark call ``calibrate``; ``snet bench``
-records the constants in docs/benchmarks.json, which ``snet plan --constants`` reads.
+The scaling benchmark calls ``calibrate``; ``snet plan --calibrate`` runs
+``python -m bench.calibrate --constants NETWORK BUNCH``, which prints them as JSON;
+``snet bench`` records them in docs/benchmarks.json, which ``snet plan --constants`` reads.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -33,13 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-from snet.cli.perfmodel import Constants
 from snet.cli.runtime import blas_thread_env
 from snet.client.network import BunchNetwork
+from snet.perf.model import Constants
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
 from snet.server.update_rule import UpdateRule
 
+from . import child_env
 from .processes import job_flags, modelled_env, synthetic_corpus, train_modelled
 from .timing import seconds_per_call
 
@@ -75,8 +78,8 @@ def measure_compute(network: NetworkSpec, bunch: int) -> float:
     Measured in a child process, because BLAS fixes its thread count when numpy is
     first imported, and this process may use more (a worker uses one unless told).
     """
-    env = blas_thread_env(1)
-    command = [sys.executable, "-m", "snet.bench.calibrate", network.describe(), str(bunch)]
+    env = child_env(blas_thread_env(1))
+    command = [sys.executable, "-m", "bench.calibrate", network.describe(), str(bunch)]
     output = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if output.returncode != 0:
         raise RuntimeError(
@@ -271,5 +274,9 @@ def calibrate(network: NetworkSpec | None = None, bunch: int = 1000) -> Constant
     )
 
 
-if __name__ == "__main__":  # the child of ``measure_compute``: NETWORK BUNCH
-    print(repr(_compute_seconds(NetworkSpec.parse(sys.argv[1]), int(sys.argv[2]))))
+if __name__ == "__main__":
+    if sys.argv[1] == "--constants":  # snet plan --calibrate: every constant, as JSON
+        found = calibrate(NetworkSpec.parse(sys.argv[2]), int(sys.argv[3]))
+        print(json.dumps(found.to_dict()))
+    else:  # the child of ``measure_compute``: NETWORK BUNCH
+        print(repr(_compute_seconds(NetworkSpec.parse(sys.argv[1]), int(sys.argv[2]))))

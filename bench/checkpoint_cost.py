@@ -81,7 +81,7 @@ def element_costs(sizes: tuple[int, ...], directory: Path) -> dict[str, Any]:
     velocity = np.zeros_like(weights)
     uses = np.zeros(54_000, np.uint16)
     state = {"weights": weights, "velocity": velocity.copy(), "best": weights,
-             "ledgers": [uses] * 10}  # fmt: skip
+             "ledger": uses}  # fmt: skip
     store = CheckpointStore(directory / "-".join(map(str, sizes)), keep=2)
     return {
         "network": ":".join(map(str, sizes)),

@@ -2,8 +2,8 @@
 
 ::
 
-    python -m snet.bench.compression accuracy [--repeats N]   # any user
-    python -m snet.bench.compression slowlink                 # root: network namespaces
+    python -m bench.compression accuracy [--repeats N]   # any user
+    python -m bench.compression slowlink                 # root: network namespaces
 
 ``accuracy``: the default job (FSDD, 117:512:10, 10 epochs, async) with 4 workers, once per
 update codec; for each, the bytes per update frame and the ratio to float32 (both from the

@@ -4,7 +4,7 @@ Trains the default job (network 117:512:10, the FSDD MFCCs, 10 epochs, the defau
 list, momentum 0.9) five ways and tabulates the CV frame accuracy after every epoch:
 
 - sequential: one process, no server, one bunch of 128 patterns per step
-  (``cli/sequential.py``);
+  (``client/sequential.py`` through ``snet.cli.offline.train_job``);
 - sync with 2 and 4 workers and async with 2 and 4 workers: a real server and real
   worker processes on 127.0.0.1.
 
@@ -31,8 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from snet.cli.offline import train_job
 from snet.cli.runtime import blas_thread_env
-from snet.cli.sequential import train_sequential
 from snet.cli.settings import build_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def main() -> int:
     flags["bunch_size"] = args.bunch
     job = build_job({}, flags)
     started = time.perf_counter()
-    sequential = train_sequential(job)
+    sequential = train_job(job)
     first = [float(row["cv_accuracy"]) for row in sequential.epochs]
     seconds = {"sequential": time.perf_counter() - started}
     print("sequential", first, flush=True)

@@ -1,6 +1,6 @@
 """Run a demo and save a picture of its live dashboard (``make screenshot``).
 
-    python -m snet.bench.dashboard_screenshot [PATH]     (default docs/dashboard.png)
+    python -m bench.dashboard_screenshot [PATH]     (default docs/dashboard.png)
 
 Starts ``snet demo`` (async mode, three workers, the default job and data) with the HTTP
 port on 127.0.0.1, opens the dashboard in headless Chromium, waits until a few epochs have

@@ -45,7 +45,9 @@ def synthetic_corpus(
     utterances = max(frames // UTTERANCE_FRAMES, 20)
     lengths = np.full(utterances, UTTERANCE_FRAMES, dtype=np.int64)
     x = rng.standard_normal((utterances * UTTERANCE_FRAMES, inputs // window), dtype=np.float32)
-    y = rng.integers(0, network.output_size, utterances)
+    # a label per frame, every class present (the data must have as many classes as the
+    # network has outputs)
+    y = rng.permutation(np.arange(len(x)) % network.output_size)
     np.savez(path, X=x, y=y, lengths=lengths)
     return path, (window - 1) // 2
 

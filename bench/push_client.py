@@ -108,7 +108,8 @@ def push_snet(port: int, seconds: float, elements: int, sync: bool = False) -> d
     send_frame(sock, encode(Hello(PROTOCOL_VERSION, "push", "bench", (), b"")))
     if not reader.welcome.wait(30) or not reader.lease_ready.wait(30):
         raise SystemExit("no welcome or lease")
-    element = np.zeros(elements, dtype=np.float32)
+    # a tiny constant: the server refuses all-zero updates as implausible
+    element = np.full(elements, 1e-6, dtype=np.float32)
     sent, started, cpu = 0, time.perf_counter(), time.process_time()
     lease, offset = reader.leases.popleft(), 0
     while time.perf_counter() - started < seconds:

@@ -13,7 +13,7 @@ float rounding.)
 
 ::
 
-    python -m snet.bench.replay TRACE --codec topk:0.01 [--epochs N] [--watch STEPS]
+    python -m bench.replay TRACE --codec topk:0.01 [--epochs N] [--watch STEPS]
 
 ``--watch`` prints, for each of the first STEPS steps, the applied step's norm per layer
 array, the staleness, the hidden biases' median magnitude, the share of saturated hidden

@@ -2,13 +2,13 @@
 
 A real server and P real worker processes train over 127.0.0.1; the workers use the
 compute-free ``modelled`` backend (client/modelled_backend.py), which sleeps the time
-Quicknet's model gives a bunch, ``bunch * (c1 * N_h + c2)``, and sends zero gradients. So
+Quicknet's model gives a bunch, ``bunch * (c1 * N_h + c2)``, and sends a tiny constant gradient. So
 the networking, the server's steps and the flow control are real, the compute is not, and
 eight workers fit on a two-core machine. The measured MCUPS (connections x patterns the
 server applied / wall seconds, from two /status readings) is set beside the prediction of
-``snet.cli.perfmodel`` calibrated with constants measured in the same run.
+``snet.perf.model`` calibrated with constants measured in the same run.
 
-Standalone: ``python -m snet.bench.scaling --seconds 6 --json out.json``.
+Standalone: ``python -m bench.scaling --seconds 6 --json out.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from snet.cli.perfmodel import Constants, predict
+from snet.perf.model import Constants, predict
 from snet.protocol.network import NetworkSpec
 
 from .calibrate import calibrate, measure_loopback
@@ -157,7 +157,7 @@ def run_scaling(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snet.bench.scaling", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__)
     parser.add_argument("--workers", default="1,2,4,8", help="comma-separated worker counts")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per point")
     parser.add_argument("--repeats", type=int, default=2, help="runs per point; the best kept")

@@ -30,6 +30,7 @@ from typing import Any
 
 from snet.protocol.network import NetworkSpec
 
+from . import child_env
 from .processes import cpu_seconds, synthetic_corpus
 
 SIZES = {"164kB": "39:500:42", "2MB": "351:1262:45"}
@@ -64,7 +65,7 @@ def _start_clients(
             [
                 sys.executable,
                 "-m",
-                "snet.bench.push_client",
+                "bench.push_client",
                 "--target",
                 target,
                 "--port",
@@ -76,6 +77,7 @@ def _start_clients(
             ],
             stdout=subprocess.PIPE,
             text=True,
+            env=child_env(),
         )
         for _ in range(clients)
     ]
@@ -135,10 +137,11 @@ def through_server(network: str, clients: int, seconds: float, workdir: Path) ->
 
 def through_plain_socket(network: str, clients: int, seconds: float) -> dict[str, float]:
     sink = subprocess.Popen(
-        [sys.executable, "-m", "snet.bench.plain_sink"],
+        [sys.executable, "-m", "bench.plain_sink"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env=child_env(),
     )
     assert sink.stdout is not None and sink.stdin is not None
     port = int(sink.stdout.readline())

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import child_env
 from .server_throughput import _elements, _status, start_bench_server
 
 NETWORK = "351:1262:45"
@@ -36,7 +37,7 @@ def snet_rounds_per_second(seconds: float, workdir: Path) -> float:
                 [
                     sys.executable,
                     "-m",
-                    "snet.bench.push_client",
+                    "bench.push_client",
                     "--target",
                     "snet",
                     "--sync",
@@ -49,6 +50,7 @@ def snet_rounds_per_second(seconds: float, workdir: Path) -> float:
                 ],
                 stdout=subprocess.PIPE,
                 text=True,
+                env=child_env(),
             )
             for _ in range(2)
         ]

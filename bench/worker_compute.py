@@ -1,7 +1,7 @@
 """Worker arithmetic: MCUPS of snet's backends beside PyTorch and the GEMM ceiling.
 
 Run in a fresh process per thread count (BLAS fixes its thread count when loaded):
-``python -m snet.bench.worker_compute --network 351:1262:45 --bunch 1000 --threads 1``
+``python -m bench.worker_compute --network 351:1262:45 --bunch 1000 --threads 1``
 prints one JSON object. MCUPS = (weights + biases) x patterns / seconds / 1e6.
 
 - ``numpy`` / ``torch_backend``: snet's backends computing one bunch's summed gradient,

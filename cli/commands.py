@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any
 
 from snet.client.backend import ComputeBackend
 from snet.client.config import WorkerConfig
@@ -13,85 +12,18 @@ from snet.client.worker import Worker
 from snet.server.app import SnetServer
 from snet.server.config import ServerConfig
 
+from .flags import given, given_job
 from .runtime import install_stop_signals, loop_name, run, setup_logging
-from .settings import build_job, merge, read_toml
-
-SERVER_FIELDS = (
-    "host",
-    "port",
-    "http_host",
-    "http_port",
-    "name",
-    "token",
-    "out_dir",
-    "ready_file",
-    "pid_file",
-    "trace_file",
-    "pool_size",
-    "min_workers",
-    "max_frame_mb",
-    "heartbeat_seconds",
-    "worker_timeout_seconds",
-    "stall_seconds",
-    "join_seconds",
-    "linger_seconds",
-    "log_level",
-    "init_weights",
-    "hooks",
-    "checkpoint_seconds",
-    "checkpoint_steps",
-    "checkpoint_keep",
-    "fresh",
-    "force",
-)
-JOB_FLAGS = (
-    "mode",
-    "epochs",
-    "network",
-    "activation",
-    "bunch_size",
-    "learning_rates",
-    "momentum",
-    "updates_per_step",
-    "max_in_flight",
-    "chunk_frames",
-    "seed",
-    "schedule",
-    "newbob_scale",
-    "newbob_ramp",
-    "newbob_stop",
-    "frame_order",
-    "shuffle_cache_bunches",
-    "source",
-    "labels",
-    "norm_file",
-    "context",
-    "compress",
-)
-WORKER_FIELDS = (
-    "server",
-    "name",
-    "token",
-    "threads",
-    "backend",
-    "compress",
-    "weights_codec",
-    "heartbeat_seconds",
-    "retry_seconds",
-    "server_timeout_seconds",
-    "max_frame_mb",
-    "log_level",
-    "data_access",
-)
+from .settings import ConfigFile, build_job, merge, read_toml
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """Flags > SNET_* environment > TOML [server]/[job] > defaults."""
     document = read_toml(getattr(args, "config", None))
-    job_flags = {k: v for k in JOB_FLAGS if (v := getattr(args, k, None)) is not None}
-    job = build_job(document.get("job", {}), job_flags)
-    flags = {name: getattr(args, name, None) for name in SERVER_FIELDS}
-    return merge(ServerConfig, document.get("server", {}), "SNET_", flags, job=job)
+    values, where = document.table("job")
+    job = build_job(values, given_job(args), where)
+    values, where = document.table("server")
+    return merge(ServerConfig, values, "SNET_", given(args, ServerConfig), where, job=job)
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -103,7 +35,7 @@ def run_server(args: argparse.Namespace) -> int:
 
     async def serve() -> str:
         server = SnetServer(config)
-        server.install_signal_handlers()
+        install_stop_signals(server.request_stop, log)
         try:
             return await server.serve()
         finally:
@@ -116,16 +48,17 @@ def run_server(args: argparse.Namespace) -> int:
     return status
 
 
-def worker_config(args: argparse.Namespace, document: dict[str, Any]) -> WorkerConfig:
+def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfig:
     """Flags > SNET_WORKER_* (and SNET_TOKEN) environment > TOML [worker] > defaults."""
-    flags = {name: getattr(args, name, None) for name in WORKER_FIELDS}
-    if flags["token"] is None and os.environ.get("SNET_TOKEN"):
+    flags = given(args, WorkerConfig)
+    if "token" not in flags and os.environ.get("SNET_TOKEN"):
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
-    return merge(WorkerConfig, document.get("worker", {}), "SNET_WORKER_", flags)
+    values, where = document.table("worker")
+    return merge(WorkerConfig, values, "SNET_WORKER_", flags, where)
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    """Exit status: see ``Worker.run`` (0 done or stopped, 1 refused, 3 unreachable)."""
+    """Exit status: see ``Worker.run`` (0 done or stopped, 3 unreachable, 4 refused)."""
     config = worker_config(args, read_toml(getattr(args, "config", None)))
     setup_logging(config.log_level)
     return run_worker_process(config)

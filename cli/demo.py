@@ -11,15 +11,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
+import os
 import sys
 import time
 
 from snet.server.app import SnetServer
 from snet.server.config import ServerConfig
 
-from .commands import JOB_FLAGS
-from .runtime import loop_name, run, setup_logging
-from .settings import build_job
+from .flags import given_job
+from .runtime import install_stop_signals, loop_name, run, setup_logging
+from .settings import build_job, read_toml
 
 WORKER_EXIT_SECONDS = 30.0
 
@@ -43,9 +45,10 @@ async def _progress(server: SnetServer, started: float) -> None:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    job_flags = {k: v for k in JOB_FLAGS if (v := getattr(args, k, None)) is not None}
-    job = build_job({}, job_flags)
-    if args.bunch_size is None:
+    values, where = read_toml(args.config).table("job")
+    job = build_job(values, given_job(args), where)
+    chosen = args.bunch_size is not None or "bunch_size" in values
+    if not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ):
         # Data division as in SNet: the job's bunch is the global one, split among the
         # workers (docs/convergence.md: 128 per worker instead cost 2-3 CV points at N=4).
         workers = max(args.workers + args.spert, 1)
@@ -60,7 +63,7 @@ async def _demo(args: argparse.Namespace) -> int:
         min_workers=args.workers + args.spert,  # all start together: repeatable runs
     )
     server = SnetServer(config)
-    server.install_signal_handlers()
+    install_stop_signals(server.request_stop, logging.getLogger("snet.demo"))
     await server.startup()
     url = f"http://127.0.0.1:{server.http_port}"
     boards = (

@@ -4,77 +4,164 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from snet.client.network import BunchNetwork
-from snet.data.corpus import corpus_from_source, job_norms, split_frames
+from snet.client.sequential import SequentialResult, train_sequential
+from snet.data.corpus import Corpus, corpus_from_source, job_norms, load_corpus
+from snet.data.joined import open_job_source, split_frames
 from snet.data.kaldi import write_kaldi
+from snet.data.norms import Norms
 from snet.data.pfile import write_pfile
 from snet.data.sources import check_against_network, open_source, total_frames
-from snet.protocol.errors import DataError
-from snet.protocol.hooks import standard_hooks
-from snet.protocol.job import DataSpec
-from snet.server.export import read_weights, weights_npz, write_atomically
+from snet.protocol.errors import ConfigError, DataError
+from snet.protocol.hooks import HookSet, standard_hooks
+from snet.protocol.job import DataSpec, JobSpec
+from snet.protocol.network import initial_weights
+from snet.server.export import SavedWeights, read_weights, weights_npz, write_atomically
+from snet.server.leases import LeaseBook
+from snet.server.testset import score_test_set
+from snet.server.update_rule import UpdateRule
 
-from .sequential import train_sequential
-from .settings import build_job
+from .flags import given, given_job
+from .settings import build_job, env_name, merge, read_toml
 
 
-def run_eval(args: argparse.Namespace) -> int:
-    """Score saved weights on data: frame accuracy and mean cross-entropy."""
-    saved = read_weights(args.weights)
-    context = args.context if args.context is not None else saved.context
-    spec = DataSpec(
-        source=args.source or "fsdd",
-        context=4 if context is None else context,
-        labels=args.labels or "",
-        norm_file=args.norm_file or "",
-        cv_fraction=args.cv_fraction,
-        split_seed=args.split_seed,
+def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
+    """The frame order a server's ``LeaseBook`` leases to a single worker: each epoch's
+    chunks, each taken as done (accepted and applied) once the trainer asks for the next."""
+    book = LeaseBook(
+        corpus.train_frames,
+        corpus.bounds.total_frames,
+        job.chunk_frames,
+        job.seed,
+        cache_frames=job.bunch_size * job.shuffle_cache_bunches,
+        sequential=job.frame_order == "sequential",
     )
-    source = open_source(spec)
-    network = saved.spec
-    check_against_network(source, spec.window, network.input_size, network.output_size)
-    train, cv = split_frames(spec, source.lengths)
+
+    def epoch_chunks(epoch: int) -> Iterator[np.ndarray]:
+        book.start_epoch(epoch)
+        while (lease := book.grant(0)) is not None:
+            yield lease.indices
+            book.record_applied(book.accept(0, lease.lease_id, 0, len(lease.indices)))
+
+    return epoch_chunks
+
+
+def train_job(
+    job: JobSpec,
+    hooks: HookSet | None = None,
+    weights: np.ndarray | None = None,
+    progress: Callable[[dict[str, float | int | bool]], None] | None = None,
+) -> SequentialResult:
+    """Sequential training of ``job`` with the server's update rule and frame order and the
+    worker's arithmetic (client/sequential.py); the parts meet here, where both may be
+    imported."""
+    spec = job.network
+    corpus = load_corpus(job.data, spec.output_size, spec.input_size)
+    rule = UpdateRule(initial_weights(spec, job.seed) if weights is None else weights, job.momentum)
+    return train_sequential(job, corpus, rule, lone_worker_chunks(job, corpus), hooks, progress)
+
+
+def eval_spec(args: argparse.Namespace, saved: SavedWeights) -> DataSpec:
+    """The job's data as saved with the weights, with the data flags given (text, decoded
+    by ``settings.merge`` like every flag) and SNET_JOB_DATA_* variables on top. The norm
+    file is not taken from the job: the normalisation saved with the weights is used."""
+    flags = given(args, DataSpec)
+    where = f"{args.weights} (the job's data)"
+    if saved.data is not None:
+        base = {f.name: getattr(saved.data, f.name) for f in fields(DataSpec)}
+        base["norm_file"] = ""
+        return merge(DataSpec, base, "SNET_JOB_DATA_", flags, where)
+    base = {} if saved.context is None else {"context": saved.context}
+    spec = merge(DataSpec, base, "SNET_JOB_DATA_", flags, where)
+    split = [f for f in fields(DataSpec) if f.name in ("cv_source", "cv_fraction", "split_seed")]
+    told = any(f.name in flags or env_name("SNET_JOB_DATA_", f) in os.environ for f in split)
+    if args.subset == "cv" and not told:
+        print(
+            f"snet eval: {args.weights} does not say how its job split the data (written "
+            f"before snet saved the split): assuming cv_fraction {spec.cv_fraction:g} and "
+            f"split_seed {spec.split_seed}",
+            file=sys.stderr,
+        )
+    return spec
+
+
+def _eval_norms(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -> Norms:
+    source = open_job_source(spec)
     if saved.norms is not None and not spec.norm_file:
-        norms = saved.norms
-        if len(norms.mean) != source.features:
-            raise DataError(f"{args.weights} was trained on {len(norms.mean)} features")
-    else:
-        norms = job_norms(spec, source, train)
+        if len(saved.norms.mean) != source.features:
+            raise DataError(f"{args.weights} was trained on {len(saved.norms.mean)} features")
+        return saved.norms
+    return job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])
+
+
+def _score(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -> dict[str, Any]:
+    """Frames scored, accuracy and mean loss of the weights on the chosen subset."""
+    network = saved.spec
+    norms = _eval_norms(args, saved, spec)
+    if args.subset == "test":
+        if not spec.test_source:
+            raise ConfigError(f"{args.weights}'s job has no test file: name one with --test-data")
+        test = open_source(spec.part("test"))
+        check_against_network(
+            test, spec.window, network.input_size, network.output_size, every_class=False
+        )
+        # the function the server scores the test file with, so the figures agree
+        return score_test_set(network, saved.flat, test, norms, spec.context)
+    source = open_job_source(spec)
+    check_against_network(source, spec.window, network.input_size, network.output_size)
     corpus = corpus_from_source(spec, source, norms)
-    frames = {"cv": cv, "train": train, "all": np.arange(total_frames(source))}[args.subset]
+    everything = np.arange(total_frames(source))
+    frames = {"cv": corpus.cv_frames, "train": corpus.train_frames, "all": everything}
+    chosen = frames[args.subset]
+    # BunchNetwork: the numpy workers' own arithmetic, so CV figures agree with /status
     scorer = BunchNetwork(network, 1024)
     loss, correct = 0.0, 0
-    for start in range(0, len(frames), 8192):
-        part = frames[start : start + 8192]
+    for start in range(0, len(chosen), 8192):
+        part = chosen[start : start + 8192]
         part_loss, part_correct = scorer.evaluate(
             saved.flat, corpus.windows(part), corpus.labels_of(part)
         )
         loss, correct = loss + part_loss, correct + part_correct
-    result = {
-        "weights": args.weights,
-        "data": source.description,
-        "subset": args.subset,
-        "frames": len(frames),
-        "accuracy": round(correct / max(len(frames), 1), 6),
-        "loss": round(loss / max(len(frames), 1), 6),
+    data = spec.cv_source if args.subset == "cv" and spec.cv_source else source.description
+    return {
+        "data": data,
+        "frames": len(chosen),
+        "accuracy": round(correct / max(len(chosen), 1), 6),
+        "loss": round(loss / max(len(chosen), 1), 6),
     }
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Score saved weights on the job's CV frames (or test file, training frames, all):
+    frame accuracy and mean cross-entropy."""
+    saved = read_weights(args.weights)
+    spec = eval_spec(args, saved)
+    scored = _score(args, saved, spec)
+    result = {"weights": args.weights, "subset": args.subset, **scored}
     if args.json:
         print(json.dumps(result))
     else:
         print(
-            f"{args.weights} on {source.description} ({args.subset}, {len(frames)} frames): "
-            f"frame accuracy {100 * result['accuracy']:.2f}%, loss {result['loss']:.4f}"
+            f"{args.weights} on {result['data']} ({args.subset}, {result['frames']} frames): "
+            f"frame accuracy {100 * float(result['accuracy']):.2f}%, loss {result['loss']:.4f}"
         )
     return 0
 
 
-def run_train(args: argparse.Namespace, job_flags: dict[str, object]) -> int:
-    """Sequential training in this process; writes weights.npz like the server."""
-    job = build_job({}, dict(job_flags))
+def run_train(args: argparse.Namespace) -> int:
+    """Sequential training in this process of the job a server would run (the same flags,
+    SNET_JOB_* variables and [job] table); writes weights.npz like the server."""
+    values, where = read_toml(args.config).table("job")
+    job = build_job(values, given_job(args), where)
     weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
 
     def show(row: dict[str, float | int | bool]) -> None:
@@ -86,12 +173,14 @@ def run_train(args: argparse.Namespace, job_flags: dict[str, object]) -> int:
             flush=True,
         )
 
-    result = train_sequential(job, standard_hooks(), weights, show)
+    result = train_job(job, standard_hooks(), weights, show)
     spec = job.data
-    source = open_source(spec)
-    norms = job_norms(spec, source, split_frames(spec, source.lengths)[0])
+    source = open_job_source(spec)
+    norms = job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])
     path = Path(args.out_dir) / "weights.npz"
-    payload = weights_npz(job.network, result.weights, 0, len(result.epochs), norms, spec.context)
+    payload = weights_npz(
+        job.network, result.weights, 0, len(result.epochs), norms, spec.context, spec
+    )
     write_atomically(path, payload)
     print(f"weights in {path}")
     return 0

@@ -51,7 +51,9 @@ def setup_logging(level: str) -> None:
     """Log to stderr with time, level and source, as a service manager expects."""
     numeric = getattr(logging, level.upper(), None)
     if not isinstance(numeric, int):
-        raise SystemExit(f"snet: unknown log level {level!r}")
+        from snet.protocol.errors import ConfigError
+
+        raise ConfigError(f"unknown log level {level!r}")
     logging.basicConfig(
         stream=sys.stderr,
         level=numeric,

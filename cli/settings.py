@@ -3,14 +3,24 @@
 A dataclass field ``http_port`` is the flag ``--http-port``, the environment variable
 ``SNET_HTTP_PORT`` and the key ``http_port`` in the file's table (``[server]`` or
 ``[worker]``). Job fields live in the ``[job]`` table (``[job.data]`` for the data) and
-in ``SNET_JOB_<FIELD>`` variables.
+in ``SNET_JOB_<FIELD>`` variables (``SNET_JOB_DATA_<FIELD>``).
+
+Every value, whichever source it comes from, is decoded here against its field's type
+and allowed values, so a mistake is one ``ConfigError`` naming the key, the value and
+what was expected (the command line prints it and exits 2). Unknown tables and keys are
+refused, with the nearest known name as a suggestion.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
+import re
+import sys
 import tomllib
-from dataclasses import MISSING, fields
+import typing
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
 from snet.protocol.errors import ConfigError
@@ -19,99 +29,220 @@ from snet.protocol.network import NetworkSpec
 
 T = TypeVar("T")
 
+TABLES = ("server", "job", "worker", "spert")  # one file may serve server and workers
+ACTIVATIONS = ("sigmoid", "tanh", "relu")
+ACTIVATION_HELP = "activation of the hidden layers"  # a part of the network, not a field
 
-def read_toml(path: str | None) -> dict[str, Any]:
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A TOML file's tables (``[server]``, ``[job]``, ``[worker]``, ``[spert]``), with its
+    path to name in messages; empty when no file was given."""
+
+    path: str = ""
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def table(self, name: str) -> tuple[dict[str, Any], str]:
+        """The table's keys and how to name the table in a message."""
+        where = f"{self.path} [{name}]" if self.path else f"[{name}]"
+        return dict(self.tables.get(name, {})), where
+
+
+def read_toml(path: str | None) -> ConfigFile:
+    """The file's tables (none without a path); refuses tables no command knows."""
     if not path:
-        return {}
+        return ConfigFile()
     try:
         with open(path, "rb") as handle:
-            return tomllib.load(handle)
+            document = tomllib.load(handle)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    for name, value in document.items():
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{path}: {name} = {value!r} is outside a table: settings go in "
+                + ", ".join(f"[{known}]" for known in TABLES)
+            )
+        if name not in TABLES:
+            raise ConfigError(f"{path}: unknown table [{name}]{_suggest(name, TABLES, '[{}]')}")
+    return ConfigFile(path, document)
 
 
-def _convert(text: str, kind: Any, name: str) -> Any:
+def _suggest(name: str, known: typing.Iterable[str], form: str = "{!r}") -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {form.format(close[0])}?)" if close else ""
+
+
+def env_name(prefix: str, setting: Field[Any]) -> str:
+    """A field's environment variable: the prefix and the field's name in capitals."""
+    return prefix + setting.name.upper()
+
+
+def flag_name(setting: Field[Any]) -> str:
+    """A field's flag: its name (or its metadata's ``flag``) with dashes."""
+    return "--" + str(setting.metadata.get("flag", setting.name)).replace("_", "-")
+
+
+def _expected(kind: Any) -> str:
+    if kind is int:
+        return "a whole number"
+    if kind is float:
+        return "a number"
+    if kind is bool:
+        return "true or false"
+    if kind == tuple[float, ...]:
+        return "a list of numbers (as a flag or variable: 0.2,0.1; in TOML: [0.2, 0.1])"
+    return "text"
+
+
+def decode(value: Any, kind: Any, label: str) -> Any:
+    """``value`` (text from a flag or the environment, or a TOML value) as ``kind``;
+    ``label`` names the key and the value's source in the error."""
     try:
-        if kind in (int, "int"):
-            return int(text)
-        if kind in (float, "float"):
-            return float(text)
-        if kind in (bool, "bool"):
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-    except ValueError as exc:
-        raise ConfigError(f"{name}={text!r} is not a valid {kind}") from exc
-    return text
+        return _decode(value, kind)
+    except (TypeError, ValueError, KeyError):
+        raise ConfigError(f"{label}: {value!r} is not {_expected(kind)}") from None
+
+
+def _decode(value: Any, kind: Any) -> Any:
+    if kind is str:
+        if not isinstance(value, str):
+            raise TypeError(value)
+        return value
+    if kind is bool:
+        words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+        return value if isinstance(value, bool) else words[str(value).strip().lower()]
+    if kind == tuple[float, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not items:
+            raise TypeError(value)
+        return tuple(_decode(item, float) for item in items)
+    if isinstance(value, bool):
+        raise TypeError(value)
+    if kind is int:
+        if isinstance(value, float) or (isinstance(value, str) and not value.strip()):
+            raise TypeError(value)
+        return int(value)
+    if kind is float:
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(value)
+        return number
+    raise TypeError(f"no decoder for {kind}")
+
+
+SERVICE_LINK = re.compile(r"^(tcp|udp|sctp)://[^/:]+:\d+$")
+
+
+def _service_link(name: str, value: str) -> bool:
+    """Whether ``name=value`` is a Kubernetes service link, not a setting: a Service named
+    ``snet`` (``snet-http``) gives every pod ``SNET_PORT=tcp://10.96.0.12:7000``
+    (``SNET_HTTP_PORT=...``), which would otherwise be read as the port. It is ignored,
+    with a line that says why and how to stop it."""
+    if not SERVICE_LINK.match(value):
+        return False
+    service = name.removesuffix("_PORT").lower().replace("_", "-")
+    print(
+        f"snet: ignoring {name}={value}: that is the Kubernetes service link of a Service "
+        f"named {service!r}, not a setting (set enableServiceLinks: false in the pod spec, "
+        "or name the Service otherwise)",
+        file=sys.stderr,
+    )
+    return True
 
 
 def merge(
     cls: type[T],
-    table: dict[str, Any],
+    values: dict[str, Any],
     env_prefix: str,
     flags: dict[str, Any],
+    where: str = "the file",
     **extra: Any,
 ) -> T:
-    """Build ``cls`` taking each field from flags, else environment, else table."""
-    values: dict[str, Any] = {}
-    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    unknown = set(table) - known
-    if unknown:
-        raise ConfigError(f"unknown setting(s) {sorted(unknown)} for {cls.__name__}")
+    """Build ``cls`` taking each field from flags, else environment, else ``values`` (a
+    TOML table named ``where`` in messages); ``extra`` fields are given ready-made."""
+    known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    for key in values:
+        if key not in known or key in extra:
+            raise ConfigError(f"{where}: unknown setting {key!r}{_suggest(key, known)}")
+    kinds = typing.get_type_hints(cls)
+    chosen: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name in extra:
             continue
-        env_name = env_prefix + f.name.upper()
+        env = env_name(env_prefix, f)
         if flags.get(f.name) is not None:
-            values[f.name] = flags[f.name]
-        elif env_name in os.environ:
-            values[f.name] = _convert(os.environ[env_name], f.type, env_name)
-        elif f.name in table:
-            values[f.name] = table[f.name]
-        elif f.default is MISSING and f.default_factory is MISSING:
-            raise ConfigError(f"{cls.__name__} needs {f.name}")
-    values.update(extra)
+            value, label = flags[f.name], flag_name(f)
+        elif env in os.environ and not _service_link(env, os.environ[env]):
+            value, label = os.environ[env], env
+        elif f.name in values:
+            value, label = values[f.name], f"{where} {f.name}"
+        else:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ConfigError(f"{cls.__name__} needs {f.name}")
+            continue
+        chosen[f.name] = decode(value, kinds[f.name], label)
+        allowed = f.metadata.get("choices")
+        if allowed and chosen[f.name] not in allowed:
+            raise ConfigError(
+                f"{label}: {value!r} is not one of {', '.join(allowed)}"
+                f"{_suggest(str(value), allowed)}"
+            )
+    chosen.update(extra)
     try:
-        return cls(**values)
+        return cls(**chosen)
     except TypeError as exc:
         raise ConfigError(f"bad settings for {cls.__name__}: {exc}") from exc
 
 
-def build_job(table: dict[str, Any], flags: dict[str, Any]) -> JobSpec:
-    """The job from the ``[job]`` table, ``SNET_JOB_*`` variables and job flags."""
-    table = dict(table)
-    data_table = dict(table.pop("data", {}))
-    network_text = flags.pop("network", None) or os.environ.get("SNET_JOB_NETWORK")
-    activation = flags.pop("activation", None) or os.environ.get("SNET_JOB_ACTIVATION")
-    network_value = table.pop("network", None)
-    table_activation = str(table.pop("activation", "sigmoid"))
-    if network_text or isinstance(network_value, str):
-        network = NetworkSpec.parse(
-            network_text or str(network_value),
-            activation or table_activation,
+def _network(values: dict[str, Any], flags: dict[str, Any], where: str) -> NetworkSpec:
+    """The job's network: sizes and the hidden layers' activation, from the ``network`` and
+    ``activation`` flags, SNET_JOB_* variables or keys (a table: the full wire form)."""
+    activation, label = flags.pop("activation", None), "--activation"
+    if activation is None and "SNET_JOB_ACTIVATION" in os.environ:
+        activation, label = os.environ["SNET_JOB_ACTIVATION"], "SNET_JOB_ACTIVATION"
+    if activation is None and "activation" in values:
+        activation, label = values["activation"], f"{where} activation"
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ConfigError(
+            f"{label}: {activation!r} is not one of {', '.join(ACTIVATIONS)}"
+            f"{_suggest(str(activation), ACTIVATIONS)}"
         )
-    elif isinstance(network_value, dict):
-        network = NetworkSpec.from_dict(network_value)
-    else:
+    sizes, label = flags.pop("network", None), "--network"
+    if sizes is None and "SNET_JOB_NETWORK" in os.environ:
+        sizes, label = os.environ["SNET_JOB_NETWORK"], "SNET_JOB_NETWORK"
+    if sizes is None and "network" in values:
+        sizes, label = values["network"], f"{where} network"
+    if isinstance(sizes, dict):
+        return NetworkSpec.from_dict(sizes)
+    if sizes is None:
         default = JobSpec().network
-        network = (
+        return (
             NetworkSpec(default.sizes, (activation,) * len(default.activations))
             if activation
             else default
         )
-    data_keys = ("source", "context", "labels", "norm_file")
-    data_flags: dict[str, Any] = {k: flags.pop(k) for k in data_keys if k in flags}
-    data = merge(DataSpec, data_table, "SNET_JOB_DATA_", data_flags)
-    rates = flags.pop("learning_rates", None)
-    if isinstance(rates, str):
-        flags["learning_rates"] = tuple(float(x) for x in rates.split(","))
-    if "learning_rates" in table:
-        table["learning_rates"] = tuple(float(x) for x in table["learning_rates"])
-    env_rates = os.environ.get("SNET_JOB_LEARNING_RATES")
-    if env_rates and not flags.get("learning_rates"):
-        flags["learning_rates"] = tuple(float(x) for x in env_rates.split(","))
-    return merge(JobSpec, table, "SNET_JOB_", flags, network=network, data=data)
+    parts = sizes.split(":") if isinstance(sizes, str) else []
+    if len(parts) < 2 or not all(part.strip().isdigit() and int(part) > 0 for part in parts):
+        raise ConfigError(
+            f"{label}: {sizes!r} is not layer sizes, input to output, such as 117:512:10"
+        )
+    return NetworkSpec.parse(sizes, activation or "sigmoid")
+
+
+def build_job(values: dict[str, Any], flags: dict[str, Any], where: str = "[job]") -> JobSpec:
+    """The job from the ``[job]`` table (named ``where``), ``SNET_JOB_*`` variables and job
+    flags (text as typed, or values already of the field's type)."""
+    values, flags = dict(values), dict(flags)
+    data_values = values.pop("data", {})
+    if not isinstance(data_values, dict):
+        raise ConfigError(f"{where} data: expected a table ([job.data]), got {data_values!r}")
+    network = _network(values, flags, where)
+    values.pop("network", None)
+    values.pop("activation", None)
+    data_keys = [f.name for f in fields(DataSpec)]
+    data_flags = {k: flags.pop(k) for k in data_keys if k in flags}
+    data = merge(DataSpec, data_values, "SNET_JOB_DATA_", data_flags, f"{where[:-1]}.data]")
+    return merge(JobSpec, values, "SNET_JOB_", flags, where, network=network, data=data)

@@ -8,43 +8,17 @@ It is ``snet worker --backend spert`` with the board's settings as flags: each f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-from snet.client.spert.config import BOARD_FIELDS, BoardConfig
+from snet.client.spert.config import BoardConfig
 
-from .settings import merge, read_toml
-
-_HELP = {
-    "memory_mb": "board memory in MB (default 8)",
-    "host_to_board_mb_s": "link rate towards the board, MB/s (default 4.0)",
-    "board_to_host_mb_s": "link rate back to the host, MB/s (default 2.7)",
-    "train_mcups": "raw training rate, MCUPS (default 115)",
-    "forward_mcps": "forward-pass rate, MCPS (default 345)",
-    "unit_ns": "ns per hidden unit and pattern (default 5)",
-    "pattern_us": "us per pattern (default 2)",
-    "call_us": "us per board call (default 50)",
-    "chunk_patterns": "patterns in a forward-pass chunk (default 1024)",
-    "time_scale": "run this many times faster than the modelled board (default 1)",
-}
+from .flags import given
+from .settings import ConfigFile, merge, read_toml
 
 
-def add_board_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per ``BoardConfig`` field."""
-    group = parser.add_argument_group("board (also [spert] in the TOML file)")
-    for field in dataclasses.fields(BoardConfig):
-        group.add_argument(
-            "--" + field.name.replace("_", "-"),
-            dest=field.name,
-            type=int if field.type in (int, "int") else float,
-            help=_HELP[field.name],
-        )
-
-
-def board_config(args: argparse.Namespace, document: dict[str, object]) -> BoardConfig:
+def board_config(args: argparse.Namespace, document: ConfigFile) -> BoardConfig:
     """Flags > SNET_SPERT_* environment > TOML [spert] > defaults."""
-    flags = {name: getattr(args, name, None) for name in BOARD_FIELDS}
-    table = document.get("spert", {})
-    return merge(BoardConfig, table if isinstance(table, dict) else {}, "SNET_SPERT_", flags)
+    values, where = document.table("spert")
+    return merge(BoardConfig, values, "SNET_SPERT_", given(args, BoardConfig), where)
 
 
 def run_spert(args: argparse.Namespace) -> int:

@@ -9,11 +9,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 
-def fetch_status(url: str, timeout: float = 5.0) -> dict[str, Any]:
-    with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout) as response:
+def fetch_status(url: str, timeout: float = 5.0, token: str = "") -> dict[str, Any]:
+    """GET ``url``/status (with ``token``: as ``Authorization: Bearer``)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url.rstrip("/") + "/status", headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         document: dict[str, Any] = json.load(response)
         return document
 
@@ -95,8 +99,18 @@ def _board_lines(workers: list[dict[str, Any]]) -> list[str]:
 
 def run_status(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080")
+    token = os.environ.get("SNET_TOKEN", "")
     try:
-        document = fetch_status(url)
+        if args.token_file:
+            token = Path(args.token_file).read_text(encoding="utf-8").strip()
+        document = fetch_status(url, token=token)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            print(f"snet: {url} needs the server's token (SNET_TOKEN or --token-file)",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"snet: cannot read {url}/status: {exc}", file=sys.stderr)
+        return 1
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"snet: cannot read {url}/status: {exc}", file=sys.stderr)
         return 1

@@ -34,6 +34,28 @@ class WeightsCopy:
     flat: np.ndarray
 
 
+class BoxSlot:
+    """A free element of a ``WeightsBox`` a weights payload is being received into; the
+    token the decoder hands back beside the message. ``release()`` returns it unused
+    (a frame cut short, or refused)."""
+
+    __slots__ = ("_free", "flat")
+
+    def __init__(self, flat: np.ndarray, free: deque[np.ndarray]) -> None:
+        self.flat = flat
+        self._free: deque[np.ndarray] | None = free
+
+    def take(self) -> np.ndarray:
+        """The element, now the box's (no longer returned by ``release``)."""
+        self._free = None
+        return self.flat
+
+    def release(self) -> None:
+        free, self._free = self._free, None
+        if free is not None:
+            free.append(self.flat)
+
+
 class WeightsBox:
     """Newest-wins queue of received weights over a few preallocated elements."""
 
@@ -61,18 +83,18 @@ class WeightsBox:
         if not fits:
             return None
         flat = self._free.popleft() if self._free else self.layout.allocate()
-        return flat.data.cast("B"), flat
+        return flat.data.cast("B"), BoxSlot(flat, self._free)
 
-    def receive(self, message: Weights) -> None:
+    def receive(self, message: Weights, slot: object = None) -> None:
         """File a received ``Weights``: in place, copied, or decoded into a free element.
 
-        Raises ``CodecError`` when a compressed copy cannot be applied (a delta from a
-        version this worker does not hold, a malformed encoding); the caller then asks
-        the server for a full copy and sets ``awaiting_full``.
+        ``slot`` is the decoder's token when the payload was received into one of this
+        box's elements. Raises ``CodecError`` when a compressed copy cannot be applied (a
+        delta from a version this worker does not hold, a malformed encoding); the caller
+        then asks the server for a full copy and sets ``awaiting_full``.
         """
         if message.encoded is None:
-            slot = message.slot
-            flat = slot if isinstance(slot, np.ndarray) else np.array(message.element, "<f4")
+            flat = slot.take() if isinstance(slot, BoxSlot) else np.array(message.element, "<f4")
             if flat.shape != (self.layout.size,):
                 raise CodecError(f"weights of shape {flat.shape}, need ({self.layout.size},)")
             if message.digest and (digest := weights_digest(flat)) != message.digest:
@@ -128,11 +150,6 @@ class WeightsBox:
         """This worker's updates applied or refused, as of the newest copy received."""
         newest = self._pending or self.current
         return newest.settled if newest else 0
-
-    @property
-    def newest_version(self) -> int:
-        newest = self._pending or self.current
-        return newest.version if newest else -1
 
 
 class SendBuffers:

@@ -3,30 +3,86 @@
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
+from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
+from snet.transport.faults import FaultSwitch
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """Settings of one worker; each field is a flag, a TOML key under [worker], an env var."""
+    """Settings of one worker; each field is a flag (its metadata's ``help`` the flag's help),
+    a TOML key under [worker] and an environment variable ``SNET_WORKER_<FIELD>``."""
 
-    server: str = "127.0.0.1:7000"
-    name: str = ""  # empty: hostname-pid
-    token: str = ""
-    threads: int = 1  # BLAS threads for this worker's compute
-    backend: str = "auto"  # auto, numpy, torch or spert (client/backend.py)
-    compress: str = ""  # update codec (see protocol/codecs); empty: the job's choice
-    weights_codec: str = "none"  # how to receive weights: none, fp16 or delta:CODEC
-    heartbeat_seconds: float = 5.0
-    retry_seconds: float = 300.0  # one deadline to get back to a server (a restart takes a while)
-    server_timeout_seconds: float = 30.0  # silence after which the link is taken for dead
-    max_frame_mb: int = 512
-    log_level: str = "info"
-    data_access: str = "auto"  # auto: read the data, else frames inline; local; inline
+    server: str = field(default="127.0.0.1:7000", metadata={"help": "HOST:PORT of the server"})
+    name: str = field(default="", metadata={"help": "this worker's name (empty: hostname-pid)"})
+    token: str = field(
+        default="", metadata={"help": "the server's shared secret (also SNET_TOKEN)"}
+    )
+    threads: int = field(default=1, metadata={"help": "BLAS threads for this worker's compute"})
+    backend: str = field(
+        default="auto",
+        metadata={
+            "help": "compute backend: auto (torch if installed, else numpy), numpy, "
+            "torch, spert or modelled"
+        },
+    )
+    compress: str = field(
+        default="",
+        metadata={
+            "help": "send updates in this codec with error feedback: none, fp16, int8, sign, "
+            "topk:F, powersgd:R (empty: the job's)"
+        },
+    )
+    weights_codec: str = field(
+        default="none",
+        metadata={"help": "receive weights as none (float32), fp16, or delta:CODEC"},
+    )
+    heartbeat_seconds: float = field(
+        default=5.0, metadata={"help": "send a heartbeat when quiet this long"}
+    )
+    retry_seconds: float = field(
+        default=300.0,
+        metadata={
+            "help": "keep trying to get back to the server this long after losing it: one "
+            "deadline across reconnects (a server's restart takes a while)"
+        },
+    )
+    server_timeout_seconds: float = field(
+        default=30.0, metadata={"help": "drop and redo a connection silent this long (> 1)"}
+    )
+    max_frame_mb: int = field(default=512, metadata={"help": "largest frame accepted, MB"})
+    log_level: str = field(
+        default="info", metadata={"help": "logging level", "choices": LOG_LEVELS}
+    )
+    data_access: str = field(
+        default="auto",
+        metadata={
+            "help": "read the data here (local), have the server send it (inline), or try "
+            "local first (auto)",
+            "choices": ("auto", "local", "inline"),
+        },
+    )
+    data_cache: str = field(
+        default="",
+        metadata={
+            "help": "directory where the workers of one machine share the normalised data "
+            "read-only (empty: $XDG_CACHE_HOME/snet or ~/.cache/snet; none: a copy each)"
+        },
+    )
+    faults: str = field(
+        default="",
+        metadata={
+            "help": "faults injected on purpose, for tests: e.g. drop:update:5;corrupt:weights:9 "
+            "(transport/faults.py)"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.address()  # validates
@@ -43,6 +99,17 @@ class WorkerConfig:
         if self.compress:
             object.__setattr__(self, "compress", canonical(self.compress))
         object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))
+        FaultSwitch.from_text(self.faults, Role.WORKER)  # refuses a bad rule with a clear error
+
+    def data_cache_directory(self) -> Path | None:
+        """Where this machine's workers share the normalised data (None: not shared)."""
+        if self.data_cache == "none":
+            return None
+        if self.data_cache:
+            return Path(self.data_cache)
+        from snet.data.cache import default_cache_directory
+
+        return default_cache_directory()
 
     def address(self) -> tuple[str, int]:
         host, sep, port = self.server.rpartition(":")

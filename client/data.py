@@ -10,6 +10,7 @@ context windows are cut here, from raw frames held once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -19,10 +20,9 @@ from snet.data.corpus import (
     InlineStore,
     corpus_from_source,
     load_corpus,
-    split_frames,
 )
+from snet.data.joined import open_job_source, split_frames
 from snet.data.norms import Norms
-from snet.data.sources import open_source
 from snet.data.windows import UtteranceBounds
 from snet.protocol.errors import DataError
 from snet.protocol.job import JobSpec
@@ -42,24 +42,28 @@ __all__ = [
 ]
 
 
-def local_corpus(job: JobSpec, info: DataInfo) -> Corpus:
-    """The job's data read from this machine; DataError when it cannot be read or is not
-    the data the server has."""
-    source = open_source(job.data)
+def local_corpus(job: JobSpec, info: DataInfo, cache: Path | None = None) -> Corpus:
+    """The job's data read from this machine (shared with its other workers through the
+    ``cache`` directory); DataError when it cannot be read or is not the server's."""
+    source = open_job_source(job.data)
     lengths = np.asarray(info.lengths, dtype=np.int64)
-    if source.features != info.features or not np.array_equal(source.lengths, lengths):
+    if (
+        source.features != info.features
+        or source.cv_utterances != info.cv_utterances
+        or not np.array_equal(source.lengths, lengths)
+    ):
         raise DataError(
             f"this machine's {source.description} ({len(source.lengths)} utterances, "
             f"{source.features} features) differs from the server's "
             f"({len(lengths)} utterances, {info.features} features)"
         )
-    return corpus_from_source(job.data, source, Norms.from_array(info.norms))
+    return corpus_from_source(job.data, source, Norms.from_array(info.norms), cache)
 
 
 def inline_corpus(job: JobSpec, info: DataInfo) -> Corpus:
     """An empty corpus that the server's ``Frames`` messages fill."""
     lengths = np.asarray(info.lengths, dtype=np.int64)
-    train, cv = split_frames(job.data, lengths)
+    train, cv = split_frames(job.data, lengths, info.cv_utterances)
     return Corpus(
         InlineStore(info.total_frames, info.features),
         UtteranceBounds(lengths),
@@ -85,17 +89,20 @@ class HeldLease:
         return cls(lease, cache_order(lease.indices, lease.lease_id, job.seed, cache))
 
 
-def open_corpus(job: JobSpec, info: DataInfo, access: str) -> tuple[Corpus, str]:
+def open_corpus(
+    job: JobSpec, info: DataInfo, access: str, cache: Path | None = None
+) -> tuple[Corpus, str]:
     """The worker's corpus and, when its frames must come inline, why ("" when local).
 
     ``access``: "local" (this machine's copy or a DataError), "inline" (always from the
     server), "auto" (this machine's copy when it can be read and is the server's).
+    ``cache``: the directory where this machine's workers share the normalised frames.
     """
     reason = "this worker runs with --data-access inline"
     corpus: Corpus | None = None
     if access != "inline":
         try:
-            corpus, reason = local_corpus(job, info), ""
+            corpus, reason = local_corpus(job, info, cache), ""
         except DataError as exc:
             if access == "local":
                 raise

@@ -15,15 +15,17 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from snet.protocol import PROTOCOL_VERSION, auth
 from snet.protocol.codecs.handshake import worker_capabilities
-from snet.protocol.errors import ConfigError, DataError, ProtocolError, RemoteError
+from snet.protocol.errors import ConfigError, ConnectionLost, DataError, RemoteError
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     DataInfo,
     ErrorMessage,
     FramesWanted,
+    Goodbye,
     Hello,
     Message,
     ServerHello,
@@ -34,10 +36,12 @@ from snet.protocol.network import ElementLayout
 from .backend import ComputeBackend
 from .compression import UpdateCompressor
 from .config import WorkerConfig
-from .connection import ServerConnection, ServerGone
+from .connection import ServerConnection
 from .data import Corpus, open_corpus
 
 log = logging.getLogger("snet.worker")
+
+M = TypeVar("M", ServerHello, Welcome, DataInfo)
 
 HANDSHAKE_SECONDS = 30.0
 
@@ -57,30 +61,39 @@ class Joining:
     _wake: asyncio.Event
     _lost: bool
     _refused: RemoteError | None
+    _goodbye: str | None
     _joined: bool
 
-    async def _next_message(self) -> Message:
+    async def _next_message(self, kind: type[M]) -> M | None:
+        """The next message, which the conversation (protocol/conversation.py) allows only
+        to be ``kind``, an error (raised as ``RemoteError``) or a goodbye (kept; None)."""
         deadline = time.monotonic() + HANDSHAKE_SECONDS
         while not self._inbox:
             if self._lost:
-                raise ServerGone("connection closed during the handshake")
+                raise ConnectionLost("connection closed during the handshake")
             self._wake.clear()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ServerGone(f"no answer from the server in {HANDSHAKE_SECONDS:.0f} s")
+                raise ConnectionLost(f"no answer from the server in {HANDSHAKE_SECONDS:.0f} s")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), remaining)
         message = self._inbox.popleft()
         if isinstance(message, ErrorMessage):
             raise RemoteError(message.code, message.text)
+        if isinstance(message, Goodbye):
+            self._goodbye = message.reason
+            return None
+        if not isinstance(message, kind):  # the channel has refused anything else
+            raise AssertionError(f"{message.TYPE} passed the conversation; {kind} expected")
         return message
 
     async def _handshake(self, connection: ServerConnection) -> bool:
-        """ServerHello -> Hello -> Welcome. False when the server refused this worker."""
+        """ServerHello -> Hello -> Welcome -> DataInfo. False when the server refused this
+        worker (``_refused``) or said goodbye first (``_goodbye``)."""
         try:
-            hello = await self._next_message()
-            if not isinstance(hello, ServerHello):
-                raise ProtocolError(f"expected server_hello, got {hello.TYPE}")
+            hello = await self._next_message(ServerHello)
+            if hello is None:
+                return False
             proof = b""
             if hello.auth_required:
                 if not self.config.token:
@@ -90,17 +103,12 @@ class Joining:
             connection.send(
                 Hello(PROTOCOL_VERSION, self.name, self.backend.name, capabilities, proof)
             )
-            welcome = await self._next_message()
-            if not isinstance(welcome, Welcome):
-                raise ProtocolError(f"expected welcome, got {welcome.TYPE}")
-            info = await self._next_message()
-            if not isinstance(info, DataInfo):
-                raise ProtocolError(f"expected data_info, got {info.TYPE}")
+            welcome = await self._next_message(Welcome)
+            info = await self._next_message(DataInfo) if welcome is not None else None
+            if welcome is None or info is None:
+                return False
         except RemoteError as exc:
             self._refused = exc
-            return False
-        except ProtocolError as exc:
-            self._refused = RemoteError(exc.code, str(exc))
             return False
         try:
             job = JobSpec.from_dict(welcome.job)
@@ -136,7 +144,10 @@ class Joining:
         """Open the data (or ask for it inline) and prepare the backend (compute thread)."""
         loop = asyncio.get_running_loop()
         access = self.config.data_access
-        corpus, reason = await loop.run_in_executor(self.executor, open_corpus, job, info, access)
+        cache = self.config.data_cache_directory()
+        corpus, reason = await loop.run_in_executor(
+            self.executor, open_corpus, job, info, access, cache
+        )
         if reason:
             log.info("frames come inline from the server: %s", reason)
             connection.send(FramesWanted(reason[:500]))

@@ -3,7 +3,7 @@
 It stands in for a worker whose arithmetic costs what Quicknet's performance model says a
 pattern costs, ``c1 * N_h + c2`` seconds (N_h hidden units; c1 the time per hidden unit
 and pattern, c2 the fixed time per pattern), scaled by ``time_scale``. It sleeps that
-long per bunch and returns a zero gradient, so the networking, the server and the flow
+long per bunch and returns a tiny constant gradient, so the networking, the server and the flow
 control are real while the compute is not: many emulated workers fit on a small machine
 and their compute never competes with the communication for the CPU. This is what the
 scaling benchmark (``bench/scaling.py``) measures against the model.
@@ -30,27 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from snet.perf.model import per_pattern_coefficients
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
-from snet.protocol.network import NetworkSpec
 
 from .data import Corpus
 
 DEFAULT_CU_SECONDS = 1.0 / 16_000e6  # 16,000 MCUPS: numpy on 351:1262:45 here, FTZ on
-
-
-def per_pattern_coefficients(network: NetworkSpec, cu_seconds: float) -> tuple[float, float]:
-    """(c1, c2) for a network whose every connection update costs ``cu_seconds``.
-
-    A pattern updates ``connections`` weights and biases; the ones that grow with the hidden
-    units go to c1 (per hidden unit), the output biases to c2. For one hidden layer
-    c1 = (I + O + 1) * cu_seconds and c2 = O * cu_seconds.
-    """
-    hidden = sum(network.sizes[1:-1])
-    fixed = network.output_size
-    if hidden == 0:
-        return 0.0, network.connections * cu_seconds
-    return (network.connections - fixed) / hidden * cu_seconds, fixed * cu_seconds
 
 
 def _env_float(name: str, default: float | None) -> float | None:
@@ -66,8 +52,12 @@ def _env_float(name: str, default: float | None) -> float | None:
     return value
 
 
+MODELLED_GRADIENT = 1e-6  # per pattern and weight
+
+
 class ModelledBackend:
-    """Sleeps ``time_scale * bunch * (c1 * N_h + c2)`` per bunch; returns zero gradients."""
+    """Sleeps ``time_scale * bunch * (c1 * N_h + c2)`` per bunch; returns a tiny constant
+    gradient (not zeros: the server refuses an all-zero update as implausible)."""
 
     name = "modelled"
 
@@ -119,8 +109,10 @@ class ModelledBackend:
     ) -> tuple[float, int]:
         started = time.perf_counter()
         target = self.bunch_seconds(len(frames))
-        out.fill(0.0)  # the send buffers are reused, so each update is zeroed anew
-        # Sleep to a deadline rather than for a duration, so that the zeroing above and the
+        # The send buffers are reused, so each update is filled anew; the weights drift by
+        # lr * MODELLED_GRADIENT per step, far below anything the timing depends on.
+        out.fill(MODELLED_GRADIENT * len(frames))
+        # Sleep to a deadline rather than for a duration, so that the filling above and the
         # sleep's own overshoot do not add up to more than the modelled time.
         deadline = started + target
         while (remaining := deadline - time.perf_counter()) > 0:

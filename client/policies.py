@@ -19,7 +19,19 @@ delta at the block's end.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
+
+from snet.protocol.job import JobSpec
+from snet.protocol.network import ElementLayout
+
+from .backend import ComputeBackend
+from .blocks import LocalTrainer
+
+# (weights, frames, out, rate) -> (loss sum, correct, patterns used); in the compute thread
+Compute = Callable[[np.ndarray, np.ndarray, np.ndarray, float], tuple[float, int, int]]
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,21 @@ class ComputePolicy:
     def may_compute(self, state: ComputeState) -> bool:
         raise NotImplementedError
 
+    def frames_per_update(self, job: JobSpec) -> int:
+        """How many of a lease's frames one update covers at most: one bunch."""
+        return job.bunch_size
+
+    def make_compute(self, backend: ComputeBackend, layout: ElementLayout, job: JobSpec) -> Compute:
+        """What one update is: the gradient sum of a bunch on the weights given."""
+
+        def gradient(
+            weights: np.ndarray, frames: np.ndarray, out: np.ndarray, rate: float
+        ) -> tuple[float, int, int]:
+            loss, correct = backend.gradient(weights, frames, out)
+            return loss, correct, len(frames)
+
+        return gradient
+
 
 class SyncCompute(ComputePolicy):
     name = "sync"
@@ -57,7 +84,33 @@ class AsyncCompute(ComputePolicy):
         return state.in_flight < self.max_in_flight
 
 
-def make_compute_policy(mode: str, max_in_flight: int) -> ComputePolicy:
+class BlockCompute(ComputePolicy):
+    """bmuf: an update is a block of bunches trained locally (client/blocks.py); with
+    synchronous blocks the worker waits for the filtered weights, else for nothing but
+    its in-flight bound."""
+
+    name = "bmuf"
+
+    def __init__(self, max_in_flight: int, sync: bool) -> None:
+        super().__init__(max_in_flight)
+        self.sync = sync
+        self._waits: ComputePolicy = (SyncCompute if sync else AsyncCompute)(max_in_flight)
+
+    def may_compute(self, state: ComputeState) -> bool:
+        return self._waits.may_compute(state)
+
+    def frames_per_update(self, job: JobSpec) -> int:
+        if job.block_seconds:  # the block ends by the clock, or at the lease's end
+            return 1 << 62
+        return job.block_bunches * job.bunch_size
+
+    def make_compute(self, backend: ComputeBackend, layout: ElementLayout, job: JobSpec) -> Compute:
+        return LocalTrainer(backend, layout, job).block
+
+
+def make_compute_policy(job: JobSpec) -> ComputePolicy:
     """The policy of a job's ``mode``."""
+    if job.mode == "bmuf":
+        return BlockCompute(job.max_in_flight, job.block_sync)
     policies: dict[str, type[ComputePolicy]] = {"sync": SyncCompute, "async": AsyncCompute}
-    return policies[mode](max_in_flight)
+    return policies[job.mode](job.max_in_flight)

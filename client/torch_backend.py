@@ -1,6 +1,6 @@
 """``TorchBackend``: the numpy backend's arithmetic with PyTorch's matrix products (MKL).
 
-Optional: used when ``torch`` is installed (``pip install 'snet[torch]'``) and chosen with
+Optional: used when ``torch`` is installed (``pip install 'snet-train[torch]'``) and chosen with
 ``--backend torch`` (or ``auto``, the default, which prefers it when importable). The
 matrix products are nearly all of a step's work, and MKL's were the fastest measured here
 (docs/benchmarks.md), and so is its fused ``tanh_backward`` (one pass over the hidden

@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from snet.protocol.errors import RejectedUpdate, RemoteError
+from snet.protocol.conversation import Role
+from snet.protocol.errors import ConnectionLost, RejectedUpdate, RemoteError, ServerUnreachable
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
@@ -40,24 +41,21 @@ from snet.protocol.messages import (
     WorkerReport,
 )
 from snet.protocol.network import ElementLayout
+from snet.transport.dial import MAX_BACKOFF_SECONDS, connect_with_backoff
+from snet.transport.faults import FaultSwitch
 
 from .backend import ComputeBackend, make_backend
 from .buffers import SendBuffers, WeightsBox
 from .compression import UpdateCompressor, UpdateKey
 from .config import WorkerConfig
-from .connection import (
-    MAX_BACKOFF_SECONDS,
-    ServerConnection,
-    ServerGone,
-    ServerUnreachable,
-    connect_with_backoff,
-)
+from .connection import ServerConnection
 from .data import Corpus
 from .joining import Joining
-from .policies import ComputeState, make_compute_policy
+from .policies import Compute, ComputeState, make_compute_policy
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
+EXIT_REFUSED = 4  # refused by the server: a restart would be refused again
 
 REPORT_SECONDS = 1.0
 REPORT_UPDATES = 32  # a compressing worker also reports after every this many updates
@@ -76,6 +74,7 @@ class Worker(Joining):
         self._inbox: deque[Message] = deque()
         self._wake = asyncio.Event()
         self._work = WorkQueue()
+        self._faults = FaultSwitch.from_text(config.faults, Role.WORKER)  # one per process
         self._goodbye: str | None = None
         self._refused: RemoteError | None = None
         self._lost = False
@@ -101,9 +100,11 @@ class Worker(Joining):
         """Train until the server says the job is done; reconnect whenever it is lost.
 
         Exit codes: 0 training complete, or the server stopped and did not come back within
-        ``retry_seconds``, or this worker was stopped by SIGTERM/SIGINT; 1 refused by the
-        server (token, protocol version, a job it cannot run); 3 the server unreachable
-        for ``retry_seconds`` (never reached, or lost without a goodbye).
+        ``retry_seconds``, or this worker was stopped by SIGTERM/SIGINT; 3 the server
+        unreachable for ``retry_seconds`` (never reached, or lost without a goodbye); 4
+        (``EXIT_REFUSED``) refused by the server (token, protocol version, a job it cannot
+        run): retrying cannot help, so service managers are told not to (1 stays what
+        Python exits with on an unforeseen error, which a restart may cure).
         """
         self._task = asyncio.current_task()
         server_stopped = False  # the last server said goodbye without finishing the job
@@ -112,7 +113,7 @@ class Worker(Joining):
             while True:
                 try:
                     await self._session()
-                except ServerGone as exc:
+                except ConnectionLost as exc:
                     retry = self.config.retry_seconds
                     log.warning("lost the server (%s); reconnecting for up to %.0f s", exc, retry)
                     # A server that accepts and then drops connections must not be
@@ -126,7 +127,7 @@ class Worker(Joining):
                     continue
                 if self._refused is not None:
                     log.error("refused by the server: %s", self._refused)
-                    return 1
+                    return EXIT_REFUSED
                 if self._goodbye != TRAINING_COMPLETE:
                     retry = self.config.retry_seconds
                     message = "server said goodbye (%s) mid-job; waiting %.0f s for it to return"
@@ -173,6 +174,10 @@ class Worker(Joining):
             )
 
     def _reset(self) -> None:
+        # The ended connection may still report its loss (an abort's callback comes a
+        # moment later, during the pause before reconnecting): a new generation ignores
+        # it, or it would mark the next connection lost before its handshake.
+        self._generation += 1
         self._inbox.clear()
         self._work.clear()
         self._lost = False
@@ -196,12 +201,9 @@ class Worker(Joining):
             if generation == self._generation:
                 self._on_lost(exc)
 
-        connection = await connect_with_backoff(
-            host,
-            port,
-            lambda: ServerConnection(limits, on_message, on_lost),
-            self.config.retry_seconds,
-            self._retry_deadline,
+        connection = ServerConnection(limits, on_message, on_lost, self._faults)
+        await connect_with_backoff(
+            host, port, connection.new_stream, self.config.retry_seconds, self._retry_deadline
         )
         gone = False
         try:
@@ -217,7 +219,7 @@ class Worker(Joining):
                 heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await heartbeat
-        except ServerGone:
+        except ConnectionLost:
             gone = True
             connection.abort()  # on a dead link a graceful close would never finish
             raise
@@ -251,19 +253,21 @@ class Worker(Joining):
                 self._goodbye = message.reason
             elif isinstance(message, ErrorMessage):
                 if message.fatal and message.code == ROUND_DEADLINE:
-                    raise ServerGone(f"dropped from the sync rounds: {message.text}")
+                    raise ConnectionLost(f"dropped from the sync rounds: {message.text}")
                 if message.fatal:
                     self._refused = RemoteError(message.code, message.text)
                 else:
                     log.warning("server refused: %s: %s", message.code, message.text)
                     self._undo_refused(message)
-            elif not isinstance(message, Heartbeat):
-                log.warning("unexpected %s from the server; ignored", message.TYPE)
+            # else a Heartbeat: the conversation (protocol/conversation.py) lets a training
+            # server send nothing else, and the channel has refused anything out of turn
 
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and connection.send_buffers is not None
         loop = asyncio.get_running_loop()
-        policy = make_compute_policy(self.job.mode, self.job.max_in_flight)
+        policy = make_compute_policy(self.job)
+        compute = policy.make_compute(self.backend, box.layout, self.job)
+        per_update = policy.frames_per_update(self.job)
         last_base = -1
         scratch = box.layout.allocate()
         while True:
@@ -272,7 +276,7 @@ class Worker(Joining):
             if self._goodbye is not None or self._refused is not None:
                 return
             if self._lost:
-                raise ServerGone("connection lost")
+                raise ConnectionLost("connection lost")
             assert self.corpus is not None
             request = self._work.evaluation(self.corpus)
             if request is not None:
@@ -289,21 +293,22 @@ class Worker(Joining):
                 await self._wake.wait()
                 continue
             assert weights is not None
-            lease, offset, frames = self._work.next_bunch(self.job.bunch_size)
-            count = len(frames)
+            lease, offset, frames = self._work.next_bunch(per_update)
+            rate = lease.learning_rate or weights.learning_rate  # bmuf: the lease's epoch
             started = time.perf_counter()
             if self.compressor is None:
                 gradient = await connection.send_buffers.acquire()
-                loss, correct = await loop.run_in_executor(
-                    self.executor, self.backend.gradient, weights.flat, frames, gradient
+                loss, correct, count = await loop.run_in_executor(
+                    self.executor, compute, weights.flat, frames, gradient, rate
                 )
                 connection.send_buffers.mark_in_flight(gradient)
                 encoded = None
             else:  # the encoded parts are new arrays: one scratch gradient buffer will do
                 key = (lease.lease_id, offset)
-                loss, correct, encoded = await loop.run_in_executor(
-                    self.executor, self._compressed_gradient, weights.flat, frames, scratch, key
-                )
+                loss, correct, count, encoded = await loop.run_in_executor(
+                    self.executor, self._compressed, compute, weights.flat, frames, scratch,
+                    rate, key,
+                )  # fmt: skip
                 gradient = np.zeros(0, dtype=np.float32)
             seconds = time.perf_counter() - started
             connection.send(
@@ -329,13 +334,20 @@ class Worker(Joining):
             last_base = weights.version
             self._work.advance(count)
 
-    def _compressed_gradient(
-        self, weights: np.ndarray, frames: np.ndarray, scratch: np.ndarray, key: UpdateKey
-    ) -> tuple[float, int, Encoded]:
-        """Compute thread: the gradient sum, then its encoding with error feedback."""
+    def _compressed(
+        self,
+        compute: Compute,
+        weights: np.ndarray,
+        frames: np.ndarray,
+        scratch: np.ndarray,
+        rate: float,
+        key: UpdateKey,
+    ) -> tuple[float, int, int, Encoded]:
+        """Compute thread: the update (a gradient sum, or a block's delta), then its
+        encoding with error feedback."""
         assert self.compressor is not None
-        loss, correct = self.backend.gradient(weights, frames, scratch)
-        return loss, correct, self.compressor.compress(scratch, key, len(frames))
+        loss, correct, count = compute(weights, frames, scratch, rate)
+        return loss, correct, count, self.compressor.compress(scratch, key, count)
 
     def _undo_refused(self, message: ErrorMessage) -> None:
         """A refused compressed update gives back what it carried from the residual (the

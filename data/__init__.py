@@ -11,6 +11,10 @@ the other; both import this package and ``snet.protocol``.
 - ``kaldi``: Kaldi features and alignments through ``kaldiio``.
 - ``norms``: mean and standard deviation over the training frames, and Quicknet norm files.
 - ``windows``: utterance bounds and context windows.
+- ``joined``: the job's training file and its separate CV file as one row space, and the
+  train/CV split.
+- ``cache``: normalised frames written once per machine and memory-mapped read-only by
+  every worker on it.
 - ``corpus``: the frames a process trains on (all in memory, read on demand, or received
   from the server), normalised, with labels and the train/CV split.
 """

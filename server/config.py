@@ -2,57 +2,121 @@
 
 Each field maps to one command-line flag (``--http-port`` -> ``http_port``), one key in
 the TOML file's ``[server]`` table, and one environment variable (``SNET_HTTP_PORT``);
-flags win over the environment, which wins over the file. The job (what to train)
-is a ``JobSpec`` in the same file's ``[job]`` table.
+flags win over the environment, which wins over the file. The command line builds its
+flags from these fields: the ``help`` in each field's metadata is the flag's help (and
+``choices`` its allowed values). The job (what to train) is a ``JobSpec`` in the same
+file's ``[job]`` table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
+from snet.transport.faults import FaultSwitch
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     """Settings of one server daemon."""
 
-    host: str = "127.0.0.1"
-    port: int = 7000
-    http_host: str = ""  # empty: the same as host
-    http_port: int = 7080
-    name: str = "snet"
-    token: str = ""  # shared secret workers must prove; empty: no token required
-    out_dir: str = "snet-out"
-    ready_file: str = ""  # written as JSON with the bound ports once both listen
-    pid_file: str = ""  # this process's id, written at startup and removed at exit
-    trace_file: str = ""  # JSON lines, one per step: which frames each update covered
-    pool_size: int = 32
-    min_workers: int = 1  # lease no frames before this many workers have joined
-    max_frame_mb: int = 512
-    heartbeat_seconds: float = 5.0
-    worker_timeout_seconds: float = 60.0
-    # The least time a worker holding frames may take to deliver its next update before
-    # it is late (its deadline is 10x its measured interval if that is longer): async mode
-    # then stops counting it and gives its frames to the others, sync mode drops it.
-    stall_seconds: float = 2.0
-    join_seconds: float = 10.0  # extra time for a worker's first update (loading data)
-    linger_seconds: float = 0.0  # keep serving HTTP this long after training (< 0: until stopped)
-    log_level: str = "info"
-    init_weights: str = ""  # an snet weights .npz to continue training from
-    hooks: str = ""  # extra behaviour hooks, comma-separated package.module:ClassName
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on for workers"})
+    port: int = field(default=7000, metadata={"help": "TCP port for workers (0: any free port)"})
+    http_host: str = field(
+        default="", metadata={"help": "address of the HTTP status API (empty: the same as host)"}
+    )
+    http_port: int = field(
+        default=7080, metadata={"help": "port of the HTTP status API and dashboard (0: any)"}
+    )
+    name: str = field(default="snet", metadata={"help": "this server's name in /status"})
+    token: str = field(
+        default="",
+        metadata={"help": "shared secret workers must prove (empty: none required)"},
+    )
+    token_file: str = field(
+        default="",
+        metadata={
+            "help": "read the shared secret from this file (keeps it out of ps and the environment)"
+        },
+    )
+    insecure: bool = field(
+        default=False,
+        metadata={
+            "help": "allow listening beyond loopback without a token (anyone who reaches "
+            "the ports could then change the weights)"
+        },
+    )
+    out_dir: str = field(
+        default="snet-out", metadata={"help": "directory for the weights, norms and stats"}
+    )
+    ready_file: str = field(
+        default="", metadata={"help": "write JSON with the pid and bound ports once both listen"}
+    )
+    pid_file: str = field(
+        default="", metadata={"help": "write this process's id here while it runs"}
+    )
+    trace_file: str = field(
+        default="",
+        metadata={"help": "JSON lines, one per step: which frames each update covered"},
+    )
+    pool_size: int = field(default=32, metadata={"help": "preallocated update elements (>= 2)"})
+    min_workers: int = field(
+        default=1, metadata={"help": "lease no frames before this many workers have joined"}
+    )
+    max_frame_mb: int = field(default=512, metadata={"help": "largest frame accepted, MB"})
+    heartbeat_seconds: float = field(
+        default=5.0, metadata={"help": "send a heartbeat to a worker quiet this long"}
+    )
+    worker_timeout_seconds: float = field(
+        default=60.0, metadata={"help": "drop a worker silent this long; its frames go to others"}
+    )
+    stall_seconds: float = field(
+        default=2.0,
+        metadata={
+            "help": "least time a worker holding frames may take to deliver its next update "
+            "before it is late (its deadline is 10x its measured interval if longer): async "
+            "stops counting it and gives its frames to the others, sync drops it"
+        },
+    )
+    join_seconds: float = field(
+        default=10.0,
+        metadata={"help": "sync mode: extra time for a worker's first update (loading data)"},
+    )
+    linger_seconds: float = field(
+        default=0.0,
+        metadata={"help": "keep serving HTTP this long after training (< 0: until stopped)"},
+    )
+    log_level: str = field(
+        default="info", metadata={"help": "logging level", "choices": LOG_LEVELS}
+    )
+    init_weights: str = field(
+        default="", metadata={"help": "an snet weights .npz to continue training from"}
+    )
+    hooks: str = field(
+        default="", metadata={"help": "extra behaviour hooks: package.module:ClassName,..."}
+    )
+    faults: str = field(
+        default="",
+        metadata={
+            "help": "faults injected on purpose, for tests: e.g. drop:update:5 "
+            "(transport/faults.py)"
+        },
+    )
     checkpoint_seconds: float = field(
         default=60.0,
-        metadata={"help": "checkpoint the whole training state this often (default 60; "
-                  "also at each epoch end, at SIGTERM and when training completes)"},
-    )  # fmt: skip
+        metadata={
+            "help": "checkpoint the whole training state this often (also at each epoch end, "
+            "at SIGTERM and when training completes)"
+        },
+    )
     checkpoint_steps: int = field(
         default=0, metadata={"help": "also checkpoint every this many steps (0: by time only)"}
     )
-    checkpoint_keep: int = field(
-        default=2, metadata={"help": "keep this many newest checkpoints (default 2)"}
-    )
+    checkpoint_keep: int = field(default=2, metadata={"help": "keep this many newest checkpoints"})
     fresh: bool = field(
         default=False,
         metadata={"help": "start over instead of resuming from the out-dir's checkpoint"},
@@ -79,6 +143,7 @@ class ServerConfig:
             )
         if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
             raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
+        FaultSwitch.from_text(self.faults, Role.SERVER)  # refuses a bad rule with a clear error
 
     @property
     def http_bind_host(self) -> str:

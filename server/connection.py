@@ -1,31 +1,33 @@
-"""``WorkerConnection``: one worker's TCP connection, as an ``asyncio.BufferedProtocol``.
+"""``WorkerConnection``: what one worker's TCP connection means to the server.
 
-The transport receives straight into the buffers the ``Channel``'s decoder hands out
-(update payloads into free pooled elements). The conversation is checked here: the first
-message must be a ``Hello`` with the right protocol version and token proof; after that,
-updates, evaluation results, heartbeats and goodbyes go to the ``Coordinator``.
+The socket glue is the shared ``FrameStream`` (transport/stream.py), which receives update
+payloads straight into free pooled elements and checks every message against the
+conversation (protocol/conversation.py): this class sees only messages the worker may
+send now. It checks the ``Hello`` (protocol version, token proof, codecs), hands each
+update to the ``Coordinator`` as a ``Received`` (the coordinator owns its pooled element
+from then on), and passes evaluation results, reports and resync requests on.
 
-A frame that cannot be decoded closes this connection with an ``ErrorMessage`` and never
-affects the server; a refused update is answered with a non-fatal ``ErrorMessage``.
+A frame that cannot be decoded, or a message out of turn, closes this connection with an
+``ErrorMessage`` and never affects the server; a refused update is answered with a
+non-fatal ``ErrorMessage``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
 import time
-import typing
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from snet.protocol import PROTOCOL_VERSION, auth
-from snet.protocol.channel import Channel, gathering_writer
 from snet.protocol.codecs.handshake import agree_codecs
 from snet.protocol.codecs.weights import WeightsEncoder
+from snet.protocol.conversation import Conversation, Role
+from snet.protocol.decoder import Decoded
 from snet.protocol.errors import (
     AuthError,
+    ConnectionLost,
     ProtocolError,
     RejectedUpdate,
     UnknownCodec,
@@ -37,7 +39,6 @@ from snet.protocol.messages import (
     EvalResult,
     FramesWanted,
     Goodbye,
-    Heartbeat,
     Hello,
     Message,
     Resync,
@@ -45,25 +46,21 @@ from snet.protocol.messages import (
     Update,
     WorkerReport,
 )
+from snet.transport.stream import FrameStream
 
 from .ledger import CompressionLedger
-from .pool import PooledElement
-from .session import WorkerSession
+from .plausible import checked_report
+from .pool import ElementLoan, Received
+from .session import WorkerSession, name_problem, unique_name
 from .training import Coordinator
+
+if TYPE_CHECKING:
+    from snet.transport.faults import FaultSwitch
 
 log = logging.getLogger("snet.server")
 
 HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coalesce
 LOW_WATER = 1024 * 1024
-
-
-def json_safe_report(report: dict[str, Any]) -> dict[str, Any]:
-    """The report as /status can show it; refuses values JSON cannot carry (e.g. bytes)."""
-    try:
-        safe: dict[str, Any] = json.loads(json.dumps(report, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise RejectedUpdate(f"worker report is not plain JSON data: {exc}") from exc
-    return safe
 
 
 class ConnectionCounters:
@@ -75,8 +72,8 @@ class ConnectionCounters:
         self.connections = 0
 
 
-class WorkerConnection(asyncio.BufferedProtocol):
-    """Transport glue between one socket, its ``Channel`` and the ``Coordinator``."""
+class WorkerConnection:
+    """One worker's connection: its ``FrameStream`` and the worker's session."""
 
     def __init__(
         self,
@@ -87,121 +84,111 @@ class WorkerConnection(asyncio.BufferedProtocol):
         next_id: Callable[[], int],
         counters: ConnectionCounters,
         connections: set[WorkerConnection],
+        faults: FaultSwitch | None = None,
     ) -> None:
         self.coordinator = coordinator
-        self.limits = limits
         self.token = token
         self.server_name = server_name
         self.next_id = next_id
         self.counters = counters
         self.connections = connections
-        self.transport: asyncio.Transport | None = None
-        self.channel: Channel | None = None
         self.session: WorkerSession | None = None
         self.nonce = os.urandom(auth.NONCE_BYTES)
-        self.peer = "?"
-        self.closing = False
         self.connected_at = time.monotonic()
-        self.last_sent = self.connected_at  # when a frame was last queued for this worker
-
-    # ------------------------------------------------------------ transport events
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it
-        self.transport = typing.cast(asyncio.Transport, transport)
-        transport = self.transport
-        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
-        peer: Any = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.channel = Channel(
-            transport.write, self.limits, self.coordinator.pool, gathering_writer(transport)
+        self.stream = FrameStream(
+            self,
+            Conversation(Role.SERVER),
+            limits,
+            sink=coordinator.pool,
+            water=(HIGH_WATER, LOW_WATER),
+            faults=faults,
         )
+
+    @property
+    def closing(self) -> bool:
+        return self.stream.closing
+
+    @property
+    def last_sent(self) -> float:
+        """When a frame was last queued for this worker."""
+        return self.stream.last_sent
+
+    # ------------------------------------------------------------ stream events
+
+    def stream_opened(self, stream: FrameStream) -> None:
         self.connections.add(self)
         self.counters.connections += 1
-        self.channel.send(
+        self.send(
             ServerHello(PROTOCOL_VERSION, self.server_name, self.nonce, self.token is not None)
         )
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        assert self.channel is not None
-        return self.channel.get_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        assert self.channel is not None
+    def stream_received(self, decoded: Decoded) -> None:
+        message = decoded.message
+        received = None
+        if isinstance(message, Update):  # the pooled element is owned from here on
+            loan = decoded.slot if isinstance(decoded.slot, ElementLoan) else None
+            received = Received(message, loan)
         try:
-            messages = self.channel.buffer_updated(nbytes)
-        except ProtocolError as exc:
-            self.counters.frames_refused += 1
+            self.dispatch(message, received)
+        except RejectedUpdate as exc:
+            log.warning("refused update from %s: %s", self.describe(), exc)
+            self.send(ErrorMessage(exc.code, str(exc), False, exc.lease_id, exc.offset))
+        except (ProtocolError, AuthError) as exc:
             self.fail(exc.code, str(exc))
-            return
-        for message in messages:
-            if self.closing:
-                self._release(message)
-                continue
-            try:
-                self.dispatch(message)
-            except RejectedUpdate as exc:
-                log.warning("refused update from %s: %s", self.describe(), exc)
-                self.send(ErrorMessage(exc.code, str(exc), False, exc.lease_id, exc.offset))
-            except (ProtocolError, AuthError) as exc:
-                self.fail(exc.code, str(exc))
 
-    def eof_received(self) -> bool | None:
-        return None  # close the transport; connection_lost does the cleanup
+    def stream_refused(self, error: ProtocolError) -> None:
+        self.counters.frames_refused += 1
+        log.warning("closing connection from %s: %s: %s", self.describe(), error.code, error)
+        self._leave(f"{error.code}: {error}")
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        was_closing, self.closing = self.closing, True  # nothing can be written any more
+    def stream_lost(self, error: ConnectionLost | None) -> None:
         self.connections.discard(self)
-        if self.channel is not None:
-            slot = self.channel.decoder.abandon()
-            if isinstance(slot, PooledElement):
-                self.coordinator.pool.release(slot)
-        if self.session is not None:
-            reason = "closed" if was_closing else f"connection lost ({exc or 'eof'})"
-            self.coordinator.remove_worker(self.session, reason)
-            self.session = None
+        reason = "closed" if self.stream.closing else f"connection lost ({error or 'eof'})"
+        self._leave(reason)
 
-    def pause_writing(self) -> None:
-        if self.channel is not None:
-            self.channel.writing_paused()
-
-    def resume_writing(self) -> None:
-        if self.channel is not None:
-            self.channel.writing_resumed()
+    def stream_drained(self) -> None:
+        pass  # the server's elements are the pool's; nothing waits for the socket
 
     # ------------------------------------------------------------ conversation
 
-    def dispatch(self, message: Message) -> None:
-        if self.session is None:
-            if not isinstance(message, Hello):
-                raise ProtocolError(f"expected hello, got {message.TYPE}")
-            self._handshake(message)
-            return
-        self.session.touch()
-        if isinstance(message, Update):
-            self.coordinator.on_update(self.session, message)
-        elif isinstance(message, EvalResult):
-            self.coordinator.on_eval_result(self.session, message)
-        elif isinstance(message, FramesWanted):
-            self.coordinator.on_frames_wanted(self.session, message)
-        elif isinstance(message, Heartbeat):
-            pass
-        elif isinstance(message, WorkerReport):
-            report = json_safe_report(message.report)
-            figures = report.pop("compression", None)  # goes to the compression ledger
-            if self.session.ledger is not None:
-                self.session.ledger.absorb_report(figures)
-            self.session.report = report
-        elif isinstance(message, Resync):
-            self.coordinator.on_resync(self.session, message.reason)
-        elif isinstance(message, Goodbye):
+    def dispatch(self, message: Message, received: Received | None = None) -> None:
+        """Act on a message the conversation allows now (protocol/conversation.py)."""
+        if isinstance(message, Goodbye):
             self.close(f"goodbye: {message.reason}")
         elif isinstance(message, ErrorMessage):
             log.warning("worker %s reports %s: %s", self.describe(), message.code, message.text)
+        elif isinstance(message, Hello):
+            self._handshake(message)
+        elif self.session is None:  # the conversation admits nothing else before hello
+            raise AssertionError(f"{message.TYPE} before the handshake")
         else:
-            raise ProtocolError(f"a worker may not send {message.TYPE}")
+            self.session.touch()
+            self._training(self.session, message, received)
+
+    def _training(
+        self, session: WorkerSession, message: Message, received: Received | None
+    ) -> None:
+        if received is not None:
+            self.coordinator.on_update(session, received)
+        elif isinstance(message, EvalResult):
+            self.coordinator.on_eval_result(session, message)
+        elif isinstance(message, FramesWanted):
+            self.coordinator.on_frames_wanted(session, message)
+        elif isinstance(message, WorkerReport):
+            report = checked_report(message.report)
+            figures = report.pop("compression", None)  # goes to the compression ledger
+            if session.ledger is not None:
+                session.ledger.absorb_report(figures)
+            session.report = report
+        elif isinstance(message, Resync):
+            self.coordinator.on_resync(session, message.reason)
+        # a Heartbeat only touches the session
 
     def _handshake(self, hello: Hello) -> None:
+        problem = name_problem(hello.worker_name)
+        if problem:
+            self.counters.handshakes_refused += 1
+            raise ProtocolError(problem)
         if hello.protocol_version != PROTOCOL_VERSION:
             self.counters.handshakes_refused += 1
             raise VersionMismatch(
@@ -212,19 +199,24 @@ class WorkerConnection(asyncio.BufferedProtocol):
             raise AuthError("wrong or missing token proof")
         try:
             codecs = agree_codecs(hello.capabilities, self.coordinator.job.compress)
+            problem = self.coordinator.policy.combination.codec_problem(codecs["update"])
+            if problem:
+                raise UnknownCodec(problem)
         except UnknownCodec:
             self.counters.handshakes_refused += 1
             raise
-        assert self.channel is not None
+        channel = self.stream.channel
+        assert channel is not None
         encoder = WeightsEncoder(codecs["weights"], self.coordinator.layout)
-        self.channel.before_send = encoder.prepare  # weights are encoded as they are written
-        ledger = CompressionLedger(
-            codecs["update"], encoder, self.channel.received, self.channel.sent
-        )
+        channel.before_send = encoder.prepare  # weights are encoded as they are written
+        ledger = CompressionLedger(codecs["update"], encoder, channel.received, channel.sent)
         self.session = WorkerSession(
             worker_id=self.next_id(),
-            name=hello.worker_name[:64] or f"worker-{self.peer}",
-            address=self.peer,
+            name=unique_name(
+                hello.worker_name or f"worker-{self.stream.peer}",
+                (s.name for s in self.coordinator.sessions.values()),
+            ),
+            address=self.stream.peer,
             backend=hello.backend[:32],
             capabilities=hello.capabilities,
             send=self.send,
@@ -233,31 +225,16 @@ class WorkerConnection(asyncio.BufferedProtocol):
         )
         self.coordinator.add_worker(self.session)
 
-    def _release(self, message: Message) -> None:
-        slot = getattr(message, "slot", None)
-        if isinstance(slot, PooledElement):
-            self.coordinator.pool.release(slot)
-
     # ------------------------------------------------------------ sending and closing
 
     def describe(self) -> str:
-        return self.session.name if self.session else self.peer
+        return self.session.name if self.session else self.stream.peer
 
     def send(self, message: Message) -> None:
-        """Queue ``message`` for this worker; a no-op once the connection is closing or
-        gone. Never raises: what one peer's socket does must not reach the caller (the
-        step machinery sends to every worker after each step)."""
-        transport = self.transport
-        if self.channel is None or transport is None or self.closing or transport.is_closing():
-            return
-        try:
-            self.channel.send(message)
-        except (OSError, RuntimeError) as exc:  # uvloop: "unable to perform operation ..."
-            log.warning("cannot write to %s (%s); dropping the connection", self.describe(), exc)
-            self.closing = True
-            transport.abort()
-            return
-        self.last_sent = time.monotonic()
+        """Send to this worker; a counted no-op once the connection is closing or gone.
+        Never raises for the peer's sake: what one peer's socket does must not reach the
+        caller (the step machinery sends to every worker after each step)."""
+        self.stream.send(message)
 
     def fail(self, code: str, text: str) -> None:
         """Refuse this peer: tell it why, close this connection only."""
@@ -266,20 +243,19 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self.close(f"{code}: {text}")
 
     def close(self, reason: str) -> None:
-        if self.closing or self.transport is None:
+        if self.stream.closing:
             return
-        self.closing = True
+        self._leave(reason)
+        self.stream.close()  # flushes what is queued, then stream_lost
+
+    def _leave(self, reason: str) -> None:
+        """The worker leaves training (once): its frames go back to the queue."""
         if self.session is not None:
-            self.coordinator.remove_worker(self.session, reason)
-            self.session = None
-        if self.channel is not None:
-            self.channel.writing_resumed()  # hand the backlog (e.g. the error) to the transport
-        self.transport.close()  # flushes what is queued, then connection_lost
+            session, self.session = self.session, None
+            self.coordinator.remove_worker(session, reason)
 
     def pause_reading(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.pause_reading()
+        self.stream.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        self.stream.resume_reading()

@@ -4,9 +4,10 @@ The server reads the utterance lengths (to split and lease the training frames),
 the labels and the feature count against the network before any worker joins (a wrong
 label or dimension fails at startup with a clear message), and fixes the normalisation
 every worker applies (the job's norm file, or the training frames' mean and standard
-deviation, computed here in one streaming pass). The features themselves are read only
-for workers that cannot read the data and are sent their frames inline
-(``server/inline.py``).
+deviation, computed here in one streaming pass). A separate CV file is joined after the
+training data (``snet.data.joined``); a test file is opened and checked too, and scored
+once training ends (``server/testset.py``). The features themselves are read only for
+workers that cannot read the data and are sent their frames inline (``server/inline.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from snet.data.corpus import job_norms, split_frames
+from snet.data.corpus import job_norms
+from snet.data.joined import JoinedSource, open_job_source, split_frames
 from snet.data.norms import Norms
 from snet.data.sources import FrameSource, check_against_network, open_source, total_frames
 from snet.data.windows import UtteranceBounds
@@ -28,17 +30,24 @@ from snet.protocol.messages import DataInfo
 class DataPlan:
     """The opened source, its split, bounds and normalisation."""
 
-    source: FrameSource
+    source: JoinedSource
     train_frames: np.ndarray
     cv_frames: np.ndarray
     total_frames: int
     bounds: UtteranceBounds
     norms: Norms
+    test: FrameSource | None = None  # the job's test file, scored once training ends
 
     def data_info(self) -> DataInfo:
         """What every worker is told after ``Welcome``."""
         norms, lengths = self.norms.as_array(), self.bounds.lengths.astype("<i8")
-        return DataInfo(self.source.features, self.total_frames, norms=norms, lengths=lengths)
+        return DataInfo(
+            self.source.features,
+            self.total_frames,
+            norms=norms,
+            lengths=lengths,
+            cv_utterances=self.source.cv_utterances,
+        )
 
     def fingerprint(self) -> str:
         """What identifies the data a checkpoint was trained on: the utterance lengths, the
@@ -54,9 +63,15 @@ class DataPlan:
 
 def plan_data(job: JobSpec) -> DataPlan:
     """Open and check the job's data (raises DataError with what is wrong)."""
-    source = open_source(job.data)
+    source = open_job_source(job.data)
     network = job.network
     check_against_network(source, job.data.window, network.input_size, network.output_size)
-    train, cv = split_frames(job.data, source.lengths)
+    test = open_source(job.data.part("test")) if job.data.test_source else None
+    if test is not None:
+        check_against_network(
+            test, job.data.window, network.input_size, network.output_size, every_class=False
+        )
+    train, cv = split_frames(job.data, source.lengths, source.cv_utterances)
     norms = job_norms(job.data, source, train)
-    return DataPlan(source, train, cv, total_frames(source), UtteranceBounds(source.lengths), norms)
+    bounds = UtteranceBounds(source.lengths)
+    return DataPlan(source, train, cv, total_frames(source), bounds, norms, test)

@@ -13,7 +13,7 @@ from snet.protocol.errors import CodecError
 from snet.protocol.messages import Encoded
 from snet.protocol.network import ElementLayout
 
-from .pool import ElementPool, PooledElement
+from .pool import ElementLoan, ElementPool
 
 
 class UpdateDecoder:
@@ -24,7 +24,7 @@ class UpdateDecoder:
         self.pool = pool
         self._codecs: dict[str, ElementCodec] = {}
 
-    def decode(self, agreed: str, encoded: Encoded) -> PooledElement:
+    def decode(self, agreed: str, encoded: Encoded) -> ElementLoan:
         """The update in a pooled element; ``CodecError`` (nothing held) when it is not in
         the ``agreed`` codec or does not decode."""
         if encoded.codec != agreed:
@@ -32,10 +32,10 @@ class UpdateDecoder:
         codec = self._codecs.get(agreed)
         if codec is None:
             codec = self._codecs[agreed] = parse_codec(agreed)
-        element = self.pool.acquire()
+        loan = self.pool.acquire()
         try:
-            codec.decode(self.layout, encoded, element.flat)
+            codec.decode(self.layout, encoded, loan.flat)
         except CodecError:
-            self.pool.release(element)
+            loan.release()
             raise
-        return element
+        return loan

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from snet.protocol.errors import ConfigError
 
 from .checkpoint import CheckpointStore, LoadedCheckpoint
+from .resume import coordinator_state
 
 if TYPE_CHECKING:
     from .config import ServerConfig
@@ -163,7 +164,7 @@ class Checkpointer:
                 **self.identity,
                 "taken": time.time(),
                 "server": self.server_state(),
-                "coordinator": self.coordinator.checkpoint_state(),
+                "coordinator": coordinator_state(self.coordinator),
             }
         except Exception:  # a bug in a part's state: loudly, but training goes on
             self.failed += 1

@@ -20,6 +20,7 @@ import numpy as np
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.messages import EvalResult
 
+from .plausible import eval_figures_problem
 from .session import WorkerSession
 
 log = logging.getLogger("snet.server")
@@ -82,11 +83,17 @@ class Evaluations:
             sent.append((session, job))
         return sent
 
-    def take_result(self, session: WorkerSession, result: EvalResult) -> EvalJob:
-        """The job ``result`` answers (``RejectedUpdate`` if it was not asked of ``session``)."""
+    def take_result(self, session: WorkerSession, result: EvalResult, cv_frames: int) -> EvalJob:
+        """The job ``result`` answers (``RejectedUpdate`` if it was not asked of ``session``,
+        or its figures are implausible: then the job is asked of another worker)."""
         job = self._jobs.get(result.epoch)
         if job is None or job.version != result.version or job.worker_id != session.worker_id:
             raise RejectedUpdate(f"no evaluation of epoch {result.epoch} was asked of you")
+        problem = eval_figures_problem(result.frames, result.correct, result.loss_sum, cv_frames)
+        if problem:
+            job.worker_id = None
+            session.probation = True  # not asked again before it delivers something
+            raise RejectedUpdate(problem)
         del self._jobs[result.epoch]
         return job
 

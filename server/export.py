@@ -1,17 +1,19 @@
 """Trained weights as a self-describing ``.npz``: W0, b0, W1, b1, ... plus the layer sizes.
 
 Besides the weights the file holds ``sizes``, ``activations``, ``version``, ``epoch`` and,
-when known, the normalisation the network was trained with (``norm_mean``, ``norm_std``)
-and the ``context``, so ``snet eval`` can score it on new data without anything else, and
-``snet server --init-weights`` can continue training from it.
+when known, the normalisation the network was trained with (``norm_mean``, ``norm_std``),
+the ``context`` and the job's data description (``data_spec``, JSON: the files, the
+train/CV split and the test file), so ``snet eval`` scores the job's own CV frames
+without being told the split, and ``snet server --init-weights`` can continue from it.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,7 @@ import numpy as np
 
 from snet.data.norms import Norms
 from snet.protocol.errors import ConfigError
+from snet.protocol.job import DataSpec
 from snet.protocol.network import ElementLayout, NetworkSpec
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ def weights_npz(
     epoch: int,
     norms: Norms | None = None,
     context: int | None = None,
+    data: DataSpec | None = None,
 ) -> bytes:
     """The weights as the bytes of an .npz file."""
     views = ElementLayout.for_network(spec).views(np.asarray(flat))
@@ -45,6 +49,8 @@ def weights_npz(
         arrays["norm_mean"], arrays["norm_std"] = norms.mean, norms.std
     if context is not None:
         arrays["context"] = np.array(context, dtype=np.int64)
+    if data is not None:
+        arrays["data_spec"] = np.array(json.dumps(asdict(data)))
     for layer in range(len(views) // 2):
         arrays[f"W{layer}"] = views[2 * layer]
         arrays[f"b{layer}"] = views[2 * layer + 1]
@@ -57,11 +63,12 @@ def current_weights_npz(coordinator: Coordinator) -> bytes:
     """The coordinator's current weights, normalisation and context as an .npz."""
     return weights_npz(
         coordinator.job.network,
-        coordinator.rule.snapshot,
+        coordinator.rule.model,
         coordinator.version,
         coordinator.epoch,
         coordinator.plan.norms,
         coordinator.job.data.context,
+        coordinator.job.data,
     )
 
 
@@ -74,6 +81,7 @@ class SavedWeights:
     version: int
     norms: Norms | None
     context: int | None
+    data: DataSpec | None  # the job's data and split (None in files written before it)
 
 
 def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> SavedWeights:
@@ -102,6 +110,11 @@ def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> Saved
             )
             context = int(data["context"]) if "context" in data.files else None
             version = int(data["version"]) if "version" in data.files else 0
+            data_spec = (
+                DataSpec(**json.loads(str(data["data_spec"])))
+                if "data_spec" in data.files
+                else None
+            )
     except (OSError, KeyError, ValueError, TypeError) as exc:
         raise ConfigError(f"cannot read weights from {path}: {exc}") from exc
     if not np.isfinite(flat).all():
@@ -111,7 +124,7 @@ def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> Saved
             f"{path} holds a {spec.describe()} network ({', '.join(spec.activations)}), "
             f"the job trains {expected.describe()} ({', '.join(expected.activations)})"
         )
-    return SavedWeights(spec, flat, version, norms, context)
+    return SavedWeights(spec, flat, version, norms, context, data_spec)
 
 
 def write_atomically(path: Path, payload: bytes) -> None:

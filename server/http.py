@@ -6,6 +6,8 @@ GET /status    JSON: mode, versions, epochs, accuracies, queues, a row per worke
 GET /metrics   Prometheus text format
 GET /weights   the current weights as .npz
 GET /healthz   200 "ok" while the server runs
+
+With a token every path but /healthz needs it (server/security.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from .export import current_weights_npz
-from .status import metrics_text, status_document
+from .metrics import metrics_text
+from .security import bearer_middleware
+from .status import status_document
 
 if TYPE_CHECKING:
     from .app import SnetServer
@@ -97,9 +101,10 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
-def make_app(server: SnetServer) -> web.Application:
-    """The aiohttp application for one server."""
-    app = web.Application()
+def make_app(server: SnetServer, token: str | None = None) -> web.Application:
+    """The aiohttp application for one server (with ``token``: every path but /healthz
+    needs it; server/security.py)."""
+    app = web.Application(middlewares=[bearer_middleware(token)] if token else [])
     app[SERVER_KEY] = server
     app.router.add_get("/", _dashboard)
     app.router.add_get("/events", _events)

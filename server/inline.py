@@ -35,9 +35,6 @@ class InlineFrames:
     def start(self, worker_id: int) -> None:
         self._sent[worker_id] = np.zeros(self.plan.total_frames, dtype=bool)
 
-    def wants_inline(self, worker_id: int) -> bool:
-        return worker_id in self._sent
-
     def forget(self, worker_id: int) -> None:
         self._sent.pop(worker_id, None)
 

@@ -3,9 +3,10 @@
 Everything that can be known about an update before its step is checked here: the agreed
 codec (a compressed update is decoded into a free pooled element, so the update rule only
 ever sees float32 elements), the element's layout, the weights version it names (the
-mode's policy says which versions it takes), and its claim on the lease (the lease book
+mode's policy says which versions it takes), the figures it reports (counts within its
+patterns, a finite loss: server/plausible.py), and its claim on the lease (the lease book
 says which frames it covers). A refused update's frames are queued again, so nothing is
-lost. NaN and Inf are found later, on the step's result (server/stepping.py).
+lost. Its values (norm, NaN, Inf) are checked in the step thread (server/stepping.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from snet.protocol.network import ElementLayout
 
 from .decoding import UpdateDecoder
 from .leases import LeaseBook
+from .plausible import update_figures_problem
 from .policies import StepPolicy
-from .pool import ElementPool, PooledElement
+from .pool import ElementLoan, ElementPool, Received
 from .session import WorkerSession
 from .stepping import PendingUpdate
 
@@ -38,30 +40,24 @@ class UpdateIntake:
         self.policy = policy
         self.decoder = UpdateDecoder(layout, pool)
 
-    def admit(
-        self,
-        session: WorkerSession,
-        message: Update,
-        element: PooledElement | None,
-        version: int,
-    ) -> PendingUpdate:
-        """The update as a pending one (it then owns ``element``), or ``RejectedUpdate``
-        naming the update (the worker's error feedback needs the name); on refusal the
-        pooled element, if any, is back in the pool."""
+    def admit(self, session: WorkerSession, received: Received, version: int) -> PendingUpdate:
+        """The update as a pending one (it then owns the loan ``received`` held), or
+        ``RejectedUpdate`` naming the update (the worker's error feedback needs the name);
+        on refusal the pooled element, if any, is back in the pool."""
+        message = received.message
         if session.ledger is not None:
             payload = message.encoded.nbytes if message.encoded else message.element.nbytes
             session.ledger.record_update(payload, self.layout.nbytes)
         try:
             if message.encoded is not None:
-                element = self._decode(session, message)
-            frames = self._check(session, message, element, version)
+                received.adopt(self._decode(session, message))
+            frames = self._check(session, message, received.loan, version)
         except RejectedUpdate as exc:
-            if element is not None:
-                self.pool.release(element)
+            received.release()
             raise RejectedUpdate(str(exc), message.lease_id, message.offset) from exc
-        return PendingUpdate(session, message, frames, element)
+        return PendingUpdate(session, message, frames, received.loan)
 
-    def _decode(self, session: WorkerSession, message: Update) -> PooledElement:
+    def _decode(self, session: WorkerSession, message: Update) -> ElementLoan:
         assert message.encoded is not None
         agreed = session.ledger.update_codec if session.ledger is not None else "none"
         try:
@@ -81,7 +77,7 @@ class UpdateIntake:
         self,
         session: WorkerSession,
         message: Update,
-        element: PooledElement | None,
+        element: ElementLoan | None,
         version: int,
     ) -> np.ndarray:
         reason = ""
@@ -94,7 +90,11 @@ class UpdateIntake:
                 f"{message.element.dtype}, the network needs ({self.layout.size},) float32"
             )
         else:
-            reason = self.policy.refusal(message.base_version, version)
+            reason = self.policy.refusal(message.base_version, version) or (
+                update_figures_problem(
+                    message.patterns, message.correct, message.loss_sum, message.compute_seconds
+                )
+            )
         if reason:
             self._refuse(session, message, reason)
         return self.book.accept(

@@ -7,7 +7,8 @@ bunch by bunch, in the order ``protocol.shuffle.cache_order`` gives (its shuffle
 cache of several bunches, which the book reproduces); each update names its lease and
 offset, so the book knows exactly which frames every update used. Frames a worker never
 delivered (it died, disconnected, or an update was refused) go back to the front of the
-queue as a new chunk. The ledger counts, per epoch, how often each training frame was
+queue as a new chunk, and so do frames whose update was lost on the way (a later update
+of the same worker shows the gap). The ledger counts, per epoch, how often each training frame was
 applied: every frame exactly once, whatever joins or leaves, is the invariant the tests
 and ``/status`` check.
 """
@@ -80,15 +81,20 @@ class LeaseBook:
     _next_id: int = 1
     accepted_frames: int = 0
     applied_frames: int = 0
-    ledgers: list[EpochLedger] = field(default_factory=list)
+    _ledger: EpochLedger | None = None  # the current epoch's (its summary is kept in stats)
+    _used_up: dict[int, int] = field(default_factory=dict)  # this epoch: lease id -> worker id
+    _largest: dict[int, int] = field(default_factory=dict)  # worker id -> its largest update
 
     @classmethod
-    def for_job(cls, job: JobSpec, train_frames: np.ndarray, total_frames: int) -> LeaseBook:
-        """The book for ``job``'s chunk size, seed, shuffle cache and frame order."""
+    def for_job(
+        cls, job: JobSpec, train_frames: np.ndarray, total_frames: int, chunk: int
+    ) -> LeaseBook:
+        """The book for ``job``'s seed, shuffle cache and frame order, in chunks of
+        ``chunk`` frames (the mode's policy says how many: ``StepPolicy.chunk_frames``)."""
         return cls(
             train_frames,
             total_frames,
-            job.chunk_frames,
+            chunk,
             job.seed,
             cache_frames=job.bunch_size * job.shuffle_cache_bunches,
             sequential=job.frame_order == "sequential",
@@ -99,9 +105,16 @@ class LeaseBook:
         self.epoch = epoch
         self._queue = deque(self._epoch_chunks(epoch))
         self.accepted_frames = self.applied_frames = 0
-        ledger = EpochLedger(epoch, np.zeros(self.total_frames, np.uint16), self.train_frames)
-        ledger.chunks = len(self._queue)
-        self.ledgers.append(ledger)
+        self._used_up.clear()  # bounded: a repeat is told apart within its epoch
+        # One count array, reused: an ended epoch's ledger lives on as its summary only
+        # (a server that kept every epoch's array grew 0.11 MB per epoch).
+        if self._ledger is None:
+            uses = np.zeros(self.total_frames, np.uint16)
+        else:
+            uses = self._ledger.uses
+            uses.fill(0)
+        self._ledger = EpochLedger(epoch, uses, self.train_frames)
+        self._ledger.chunks = len(self._queue)
 
     def _epoch_chunks(self, epoch: int) -> list[np.ndarray]:
         """The chunks of ``epoch`` in leasing order (a function of the seed and epoch)."""
@@ -120,34 +133,42 @@ class LeaseBook:
         ]
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """The ledgers (which frames the current weights include) and the lease counter.
+        """The current epoch's ledger (which frames the current weights include) and the
+        lease counter; ended epochs live on as summaries in the statistics.
 
         Leases are not saved: on restore every frame of the epoch not yet applied is
         queued again, whether it was waiting, leased, or in an update not yet applied."""
-        ledgers = [
-            {"epoch": ledger.epoch, "uses": ledger.uses, "requeued_frames": ledger.requeued_frames,
-             "chunks": ledger.chunks}
-            for ledger in self.ledgers
-        ]  # fmt: skip
-        if ledgers:  # the current one changes with every step: copied
-            ledgers[-1]["uses"] = self.ledger.uses.copy()
-        return {"epoch": self.epoch, "next_lease": self._next_id, "ledgers": ledgers}
+        ledger = self._ledger
+        saved = None
+        if ledger is not None:  # it changes with every step: copied
+            saved = {
+                "epoch": ledger.epoch,
+                "uses": ledger.uses.copy(),
+                "requeued_frames": ledger.requeued_frames,
+                "chunks": ledger.chunks,
+            }
+        return {"epoch": self.epoch, "next_lease": self._next_id, "ledger": saved}
 
     def restore_checkpoint(self, state: dict[str, Any]) -> int:
         """Continue from ``checkpoint_state()``; returns the frames queued again.
 
         The epoch's chunks are rebuilt in their order with the applied frames left out, so
         each training frame is still applied exactly once with respect to the weights."""
-        self.ledgers = [
-            EpochLedger(int(saved["epoch"]), np.asarray(saved["uses"], np.uint16),
-                        self.train_frames, int(saved["requeued_frames"]), int(saved["chunks"]))
-            for saved in state["ledgers"]
-        ]  # fmt: skip
-        if any(ledger.uses.shape != (self.total_frames,) for ledger in self.ledgers):
-            raise ValueError(f"a ledger is not of {self.total_frames} frames")
+        saved = state["ledger"]
+        self._ledger = None
+        if saved is not None:
+            uses = np.asarray(saved["uses"], np.uint16)
+            if uses.shape != (self.total_frames,):
+                raise ValueError(f"the ledger is not of {self.total_frames} frames")
+            requeued, chunks = int(saved["requeued_frames"]), int(saved["chunks"])
+            self._ledger = EpochLedger(
+                int(saved["epoch"]), uses, self.train_frames, requeued, chunks
+            )
         self.epoch, self._next_id = int(state["epoch"]), int(state["next_lease"])
         self._leases = {}
         self._queue = deque()
+        self._used_up.clear()
+        self._largest.clear()
         self.accepted_frames = self.applied_frames = 0
         if self.epoch < 0:
             return 0
@@ -161,7 +182,9 @@ class LeaseBook:
 
     @property
     def ledger(self) -> EpochLedger:
-        return self.ledgers[-1]
+        if self._ledger is None:
+            raise RuntimeError("no epoch has started")
+        return self._ledger
 
     def grant(self, worker_id: int) -> LeaseRecord | None:
         """Lease the next waiting chunk to ``worker_id``, or None when none is waiting."""
@@ -193,10 +216,53 @@ class LeaseBook:
             )
         lease.received += patterns
         self.accepted_frames += patterns
+        self._largest[worker_id] = max(self._largest.get(worker_id, 0), patterns)
         frames = lease.indices[offset : offset + patterns]
         if lease.remaining == 0:
             del self._leases[lease_id]
+            self._used_up[lease_id] = worker_id
         return frames
+
+    def is_repeat(self, worker_id: int, lease_id: int, offset: int) -> bool:
+        """True for an update of ``worker_id`` on frames of its lease that an earlier
+        update already covered: a second delivery of one update (a worker never resends;
+        see ``skip``), to be ignored rather than refused, which would settle it twice."""
+        lease = self._leases.get(lease_id)
+        if lease is not None:
+            return lease.worker_id == worker_id and offset < lease.received
+        return self._used_up.get(lease_id) == worker_id
+
+    def lost_before(
+        self, worker_id: int, lease_id: int, offset: int, patterns: int
+    ) -> tuple[int, int]:
+        """What an update of ``patterns`` frames on ``(lease_id, offset)`` shows was lost
+        on the way: ``(frames, updates)``.
+
+        A worker trains its leases in the order granted and each lease from its start,
+        so an update there means every earlier update was sent: the rest of the worker's
+        earlier leases, and this lease's frames before ``offset`` that no update covered,
+        were in updates that never arrived. They go back to the queue and the leases
+        move past them. The updates are counted in the largest this worker has delivered
+        (or this one): exact when its updates are all of one size (a bunch, a block),
+        never too many, so that its flow control recovers and is never loosened.
+        Nothing for a claim on a lease the worker does not hold.
+        """
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id or offset > len(lease.indices):
+            return 0, 0
+        gaps: list[np.ndarray] = []
+        for earlier in self.held_by(worker_id):
+            if earlier.lease_id < lease_id:  # granted (and so trained) before this one
+                gaps.append(earlier.indices[earlier.received :])
+                del self._leases[earlier.lease_id]
+        if offset > lease.received:
+            gaps.append(lease.indices[lease.received : offset])
+            lease.received = offset
+        size = max(self._largest.get(worker_id, 0), patterns, 1)
+        for frames in gaps:
+            self.requeue(frames)
+        sizes = [len(frames) for frames in gaps if len(frames)]
+        return sum(sizes), sum(-(-n // size) for n in sizes)
 
     def skip(self, worker_id: int, lease_id: int, offset: int, patterns: int) -> None:
         """An update for these frames was refused: the lease moves on, the frames requeue."""
@@ -216,6 +282,7 @@ class LeaseBook:
 
     def worker_gone(self, worker_id: int) -> int:
         """Return the undelivered part of every lease of a worker to the queue."""
+        self._largest.pop(worker_id, None)
         returned = 0
         for lease in self.held_by(worker_id):
             self.requeue(lease.indices[lease.received :])

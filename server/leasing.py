@@ -35,8 +35,9 @@ class LeaseDesk:
         self.min_workers = min_workers
         self._quorum = min_workers <= 1
 
-    def fill(self, sessions: Iterable[WorkerSession]) -> None:
-        """Lease waiting chunks to the workers that should hold more."""
+    def fill(self, sessions: Iterable[WorkerSession], rate: float) -> None:
+        """Lease waiting chunks to the workers that should hold more (``rate``: the
+        epoch's learning rate, which bmuf workers train at)."""
         workers = list(sessions)
         if not self._quorum:
             if len(workers) < self.min_workers:
@@ -53,7 +54,12 @@ class LeaseDesk:
                     return
                 session.clock.got_work(time.monotonic())
                 self.inline.send(session, lease.chunk)
-                session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8")))
+                session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8"), rate))
+
+    def note_if_dry(self, session: WorkerSession) -> None:
+        """A worker with no undelivered frames owes nothing until it is given some."""
+        if self.book.remaining_frames(session.worker_id) == 0:
+            session.clock.ran_dry()
 
     def wants_more(self, session: WorkerSession) -> bool:
         return len(self.book.held_by(session.worker_id)) < LEASES_PER_WORKER

@@ -11,7 +11,7 @@ and the uncompressed update), which it sends in its ``WorkerReport``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,10 +94,15 @@ class CompressionLedger:
         }
 
 
-def ledger_totals(ledgers: Iterable[CompressionLedger]) -> dict[str, Any]:
-    """All workers together, with the ratios of the sums."""
-    sums: dict[str, int] = {}
-    codecs: dict[str, int] = {}
+def ledger_totals(
+    ledgers: Iterable[CompressionLedger],
+    folded: Mapping[str, int] | None = None,
+    folded_codecs: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """All workers together, with the ratios of the sums (``folded``: the sums and codec
+    counts of ledgers no longer kept, e.g. of departed workers)."""
+    sums: dict[str, int] = dict(folded or {})
+    codecs: dict[str, int] = dict(folded_codecs or {})
     for ledger in ledgers:
         for key, value in ledger.totals().items():
             sums[key] = sums.get(key, 0) + value

@@ -19,17 +19,28 @@ Every policy may take several steps at once (a backlog that built up while the l
 was applied: they are applied in one fused pass, each with its own version), at most
 ``MAX_FUSED_STEPS``.
 
+How a step's updates combine is the policy's ``Combination``: gradient sums under the
+momentum rule, or (``BlockDeltas``, bmuf mode) model deltas of blocks of local steps,
+filtered with block momentum (server/block_filter.py); it also says which codecs fit and
+how large a lease is. bmuf is sync or async stepping over block deltas.
+
 Further modes fit the same interface: bounded staleness holds an update whose base is too
-old (``take`` skips it) or tells its worker to wait; block-wise model-update filtering
-sizes a step by blocks of model deltas and combines them with block momentum (a
-different update rule chosen by the policy); network-parallel training has every worker
-see every pattern, so a "step" is one bunch's partial outputs from all of them.
+old (``take`` skips it) or tells its worker to wait; network-parallel training has every
+worker see every pattern, so a "step" is one bunch's partial outputs from all of them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
+
+from snet.protocol.codecs import carries_momentum
+from snet.protocol.job import JobSpec
+
+from .block_filter import BlockFilter
+from .update_rule import StepRule, UpdateRule
 
 MAX_FUSED_STEPS = 16  # steps applied in one pass when updates pile up (bounds latency)
 
@@ -63,14 +74,54 @@ class QueueView:
     version: int  # the current weights version
 
 
+class Combination:
+    """How a step's updates combine: gradient sums under the momentum update rule."""
+
+    def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
+        return UpdateRule(weights, job.momentum)
+
+    def codec_problem(self, update_codec: str) -> str:
+        """Why a worker may not send updates in ``update_codec`` ("" if it may)."""
+        return ""
+
+    def chunk_frames(self, job: JobSpec) -> int:
+        """Frames per lease."""
+        return job.chunk_frames
+
+
+class BlockDeltas(Combination):
+    """bmuf: model deltas of blocks of local steps, filtered with block momentum."""
+
+    def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
+        return BlockFilter(weights, job)
+
+    def codec_problem(self, update_codec: str) -> str:
+        # A codec that folds the worker's momentum into gradients (topk) would distort them.
+        if carries_momentum(update_codec):
+            return (
+                f"update codec {update_codec} carries a worker's momentum for gradients; bmuf "
+                "workers send model deltas: use none, fp16, int8, sign or powersgd:R"
+            )
+        return ""
+
+    def chunk_frames(self, job: JobSpec) -> int:
+        """A lease holds at least one whole block, so blocks are not cut at lease ends."""
+        if job.block_seconds:
+            return job.chunk_frames
+        return max(job.chunk_frames, job.block_bunches * job.bunch_size)
+
+
 class StepPolicy:
-    """The server side of a mode. Subclasses decide; the coordinator carries out."""
+    """The server side of a mode: which queued updates make a step (``take``), which
+    versions it accepts, what a late worker costs; and how the updates combine (its
+    ``combination``). Subclasses decide; the coordinator carries out."""
 
     name = ""
     late_action: LateAction = "revoke"
 
-    def __init__(self, updates_per_step: int = 0) -> None:
+    def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
         self.updates_per_step = updates_per_step
+        self.combination = combination or Combination()
 
     def take(self, view: QueueView) -> list[list[int]]:
         """The steps that are ready now: each a list of indexes into ``view.pending``, in
@@ -139,7 +190,9 @@ class AsyncSteps(StepPolicy):
         return groups
 
 
-def make_step_policy(mode: str, updates_per_step: int = 0) -> StepPolicy:
-    """The policy of a job's ``mode``."""
+def make_step_policy(job: JobSpec) -> StepPolicy:
+    """The policy of a job's ``mode`` (bmuf: sync or async blocks, ``block_sync``)."""
+    if job.mode == "bmuf":  # a block is a step of its own when blocks are asynchronous
+        return SyncSteps(0, BlockDeltas()) if job.block_sync else AsyncSteps(1, BlockDeltas())
     policies: dict[str, type[StepPolicy]] = {"sync": SyncSteps, "async": AsyncSteps}
-    return policies[mode](updates_per_step)
+    return policies[job.mode](job.updates_per_step)

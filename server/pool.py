@@ -9,6 +9,23 @@ elements are free again, which bounds the overflow to one frame per connection.
 The free elements are a stack: the one released last is handed out first, so a server
 that is keeping up cycles through a few elements that stay in the cache instead of
 walking the whole pool (64 MB for 32 elements of 2 MB) through memory.
+
+Ownership: an element out of the pool always has exactly one owner, and one way back.
+``acquire()`` hands out an ``ElementLoan``; the loan is the owner's ticket, and its
+``release()`` is the only way an element returns to the free queue (a second call does
+nothing; the element is unreachable through the loan after the first). The loan moves,
+it is never shared:
+
+    decoder (payload_target) -> the frame's ``Decoded`` (message, loan)
+      -> connection: a ``Received`` (the update and its loan), to the coordinator
+      -> ``UpdateIntake.admit``: refuses it (releases it) or makes a ``PendingUpdate``
+         (which holds the loan) for the queue; an update that came twice is released
+      -> step: applies it, then releases it in its ``finally`` (whatever happened).
+
+What never reaches the connection goes back in the transport (transport/stream.py):
+a frame cut short (``Channel.abandon()``), a frame refused as out of turn, a message
+arriving while the connection closes. An encoded update is decoded into a second loan,
+which replaces the first in its ``Received`` (``adopt``).
 """
 
 from __future__ import annotations
@@ -19,6 +36,7 @@ from collections.abc import Callable
 import numpy as np
 
 from snet.protocol.framing import ArrayInfo
+from snet.protocol.messages import Update
 from snet.protocol.network import ELEMENT_DTYPE, ElementLayout
 
 
@@ -30,6 +48,61 @@ class PooledElement:
     def __init__(self, index: int, layout: ElementLayout) -> None:
         self.index = index
         self.flat = layout.allocate()
+
+
+class ElementLoan:
+    """One acquisition of a pooled element: the holder owns it until ``release()``."""
+
+    __slots__ = ("_element", "_pool")
+
+    def __init__(self, pool: ElementPool, element: PooledElement) -> None:
+        self._pool = pool
+        self._element: PooledElement | None = element
+
+    @property
+    def element(self) -> PooledElement:
+        if self._element is None:
+            raise RuntimeError("element used after its loan was released")
+        return self._element
+
+    @property
+    def flat(self) -> np.ndarray:
+        return self.element.flat
+
+    @property
+    def index(self) -> int:
+        """The element's place in the pool (-1: an overflow element, not kept)."""
+        return self.element.index
+
+    @property
+    def released(self) -> bool:
+        return self._element is None
+
+    def release(self) -> None:
+        """Give the element back to the pool; later calls do nothing."""
+        element, self._element = self._element, None
+        if element is not None:
+            self._pool._give_back(element)
+
+
+class Received:
+    """A received update and the loan of the pooled element its gradient sits in (none
+    when the payload did not fit the pool: the coordinator refuses such an update)."""
+
+    __slots__ = ("loan", "message")
+
+    def __init__(self, message: Update, loan: ElementLoan | None) -> None:
+        self.message = message
+        self.loan = loan
+
+    def adopt(self, loan: ElementLoan) -> None:
+        """Hold ``loan`` (an encoded update decoded into it) instead of the one held."""
+        self.release()
+        self.loan = loan
+
+    def release(self) -> None:
+        if self.loan is not None:
+            self.loan.release()
 
 
 class ElementPool:
@@ -50,7 +123,7 @@ class ElementPool:
     def free(self) -> int:
         return len(self._free)
 
-    def acquire(self) -> PooledElement:
+    def acquire(self) -> ElementLoan:
         """A free element, or a fresh one (counted) when the pool is exhausted."""
         if self._free:
             element = self._free.pop()  # the most recently released: warm in the cache
@@ -60,10 +133,10 @@ class ElementPool:
         self.in_use += 1
         if not self._free and self.on_empty is not None:
             self.on_empty()
-        return element
+        return ElementLoan(self, element)
 
-    def release(self, element: PooledElement) -> None:
-        """Give an element back; overflow elements are dropped for the collector."""
+    def _give_back(self, element: PooledElement) -> None:
+        """``ElementLoan.release``: overflow elements are dropped for the collector."""
         self.in_use -= 1
         if element.index < 0:
             return
@@ -87,8 +160,8 @@ class ElementPool:
         """The ``PayloadSink`` hook: updates of the right layout land in a free element."""
         if message_type != "update" or not self.matches(arrays):
             return None
-        element = self.acquire()
-        return element.flat.data.cast("B"), element
+        loan = self.acquire()
+        return loan.flat.data.cast("B"), loan
 
 
 def is_finite(flat: np.ndarray) -> bool:

@@ -3,14 +3,36 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from snet.protocol.messages import Message
 
-from .ledger import CompressionLedger, ledger_totals
+from .ledger import CompressionLedger
 from .progress import DeliveryClock
+
+NAME_CHARS = 64  # a worker name's length
+
+
+def name_problem(name: str) -> str:
+    """Why a worker name cannot be used ("" if it can): it goes into logs, /status and
+    /metrics labels, so it is short and printable (a newline would forge log lines)."""
+    if len(name) > NAME_CHARS:
+        return f"worker name is {len(name)} characters long, over {NAME_CHARS}"
+    if not name.isprintable():
+        return f"worker name {name!r} has characters that are not printable"
+    return ""
+
+
+def unique_name(name: str, taken: Iterable[str]) -> str:
+    """``name``, or with a suffix (``name-2``, ...) if a live worker has it already."""
+    names = set(taken)
+    candidate, number = name, 1
+    while candidate in names:
+        number += 1
+        candidate = f"{name}-{number}"
+    return candidate
 
 
 @dataclass
@@ -94,18 +116,3 @@ class WorkerSession:
             ),
             "compression": self.ledger.row() if self.ledger is not None else None,
         }
-
-
-def restart_history(
-    earlier: dict[str, Any], sessions: list[WorkerSession], connections: int
-) -> dict[str, Any]:
-    """The rows of the workers seen so far (marked gone) and their compression totals,
-    after those of earlier server lives: what /status shows under ``earlier`` once the
-    server is restarted from a checkpoint."""
-    rows = [session.row(connections) for session in sessions]
-    for row in rows:
-        if row["state"] != "gone":
-            row["state"], row["left_reason"] = "gone", "server restarted"
-    totals = ledger_totals(s.ledger for s in sessions if s.ledger is not None)
-    return {"workers": [*earlier["workers"], *rows],
-            "compression": [*earlier["compression"], totals]}  # fmt: skip

@@ -1,4 +1,4 @@
-"""What the server reports: the /status document and the Prometheus /metrics text."""
+"""What the server reports: the /status document (/metrics: ``server/metrics.py``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .ledger import ledger_totals
+from .plausible import finite
 
 if TYPE_CHECKING:
     from .app import SnetServer
@@ -25,12 +26,17 @@ def queues(coordinator: Coordinator) -> dict[str, int]:
 
 
 def status_document(server: SnetServer) -> dict[str, Any]:
-    """The JSON of GET /status."""
+    """The JSON of GET /status: finite figures only (JSON has no NaN)."""
+    document: dict[str, Any] = finite(_status_document(server))
+    return document
+
+
+def _status_document(server: SnetServer) -> dict[str, Any]:
     coordinator = server.coordinator
     stats = coordinator.stats
     connections = coordinator.connections
     workers = [s.row(connections) for s in coordinator.sessions.values()]
-    workers += [s.row(connections) for s in coordinator.departed]
+    workers += [s.row(connections) for s in coordinator.departed.recent]
     elapsed = time.time() - stats.started
     return {
         "server": server.config.name,
@@ -58,6 +64,7 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "learning_rate": coordinator.learning_rate,
         "train_accuracy": stats.latest("train_accuracy"),
         "cv_accuracy": stats.latest("cv_accuracy"),
+        "test": server.test_result,  # the test file's score once training ended, else null
         "staleness_mean": round(stats.staleness_mean, 3),
         "staleness_max": stats.staleness_max,
         "staleness_histogram": {str(k): v for k, v in sorted(stats.staleness_histogram.items())},
@@ -66,10 +73,12 @@ def status_document(server: SnetServer) -> dict[str, Any]:
         "queues": queues(coordinator),
         "workers_live": len(coordinator.sessions),
         "compression": ledger_totals(
-            s.ledger
-            for s in [*coordinator.sessions.values(), *coordinator.departed]
-            if s.ledger is not None
+            (s.ledger for s in coordinator.sessions.values() if s.ledger is not None),
+            coordinator.departed.compression_sums,
+            coordinator.departed.codecs,
         ),
+        "departed": coordinator.departed.summary(),
+        "rule": coordinator.rule.figures() or None,  # bmuf: the block filter
         "workers": workers,
         "earlier": coordinator.earlier,  # workers and compression totals before restarts
         "epochs": [record.as_dict() for record in stats.epochs],
@@ -80,85 +89,3 @@ def status_document(server: SnetServer) -> dict[str, Any]:
             "bytes_sent": coordinator.inline.bytes_sent,
         },
     }
-
-
-def _line(name: str, value: float, labels: dict[str, str] | None = None) -> str:
-    if labels:
-        rendered = ",".join(
-            f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-            for k, v in labels.items()
-        )
-        return f"snet_{name}{{{rendered}}} {value}"
-    return f"snet_{name} {value}"
-
-
-_METRICS = [
-    ("weight_version", "gauge", "Current weight version (steps applied)."),
-    ("updates_applied", "counter", "Updates applied to the weights."),
-    ("updates_rejected", "counter", "Updates refused (shape, NaN, lease)."),
-    ("frames_refused", "counter", "Connections closed for undecodable frames."),
-    ("patterns_processed", "counter", "Training patterns applied."),
-    ("epoch", "gauge", "Current epoch (0-based)."),
-    ("learning_rate", "gauge", "Learning rate in force."),
-    ("staleness_mean", "gauge", "Mean staleness of applied updates (versions)."),
-    ("workers_live", "gauge", "Connected workers."),
-    ("mcups", "gauge", "Million connection updates per second since start."),
-]
-
-
-def metrics_text(server: SnetServer) -> str:
-    """GET /metrics in the Prometheus text exposition format (version 0.0.4)."""
-    document = status_document(server)
-    lines: list[str] = []
-    for name, kind, text in _METRICS:
-        lines += [f"# HELP snet_{name} {text}", f"# TYPE snet_{name} {kind}"]
-        lines.append(_line(name, float(document[name])))
-    for key in ("train_accuracy", "cv_accuracy"):
-        if document[key] is not None:
-            lines += [f"# TYPE snet_{key} gauge", _line(key, float(document[key]))]
-    lines.append("# TYPE snet_queue_length gauge")
-    for queue, length in document["queues"].items():
-        lines.append(_line("queue_length", float(length), {"queue": queue}))
-    lines.append("# TYPE snet_worker_updates counter")
-    for row in document["workers"]:
-        labels = {"worker": row["name"], "backend": row["backend"], "state": row["state"]}
-        lines.append(_line("worker_updates", float(row["updates_sent"]), labels))
-    lines.append("# TYPE snet_worker_mcups gauge")
-    for row in document["workers"]:
-        labels = {"worker": row["name"], "backend": row["backend"], "state": row["state"]}
-        lines.append(_line("worker_mcups", float(row["mcups"]), labels))
-    lines += _compression_metrics(document)
-    return "\n".join(lines) + "\n"
-
-
-def _compression_metrics(document: dict[str, Any]) -> list[str]:
-    """The compression ledger: bytes on the wire and as float32, ratios, worker figures."""
-    total = document["compression"]
-    lines = [
-        "# HELP snet_compression_bytes Element-carrying frames: wire bytes and float32 bytes.",
-        "# TYPE snet_compression_bytes counter",
-    ]
-    for direction in ("received", "sent"):
-        for kind, key in (("wire", f"{direction}_bytes"), ("float32", f"{direction}_raw_bytes")):
-            labels = {"direction": direction, "kind": kind}
-            lines.append(_line("compression_bytes", float(total[key]), labels))
-    lines.append("# TYPE snet_compression_ratio gauge")
-    for direction in ("received", "sent"):
-        if total[f"{direction}_ratio"] is not None:
-            value = float(total[f"{direction}_ratio"])
-            lines.append(_line("compression_ratio", value, {"direction": direction}))
-    figures: tuple[tuple[str, str, dict[str, str]], ...] = (
-        ("worker_compression_ratio", "received_ratio", {"direction": "received"}),
-        ("worker_compression_ratio", "sent_ratio", {"direction": "sent"}),
-        ("worker_residual_norm", "residual_norm", {}),
-        ("worker_update_cosine", "cosine_last", {}),
-    )
-    for name, key, extra in figures:
-        if extra.get("direction") != "sent":
-            lines.append(f"# TYPE snet_{name} gauge")
-        for row in document["workers"]:
-            ledger = row.get("compression") or {}
-            if ledger.get(key) is not None:
-                labels = {"worker": row["name"], "codec": ledger["update_codec"], **extra}
-                lines.append(_line(name, float(ledger[key]), labels))
-    return lines

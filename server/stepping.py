@@ -5,10 +5,12 @@ The one part that runs numpy off the event loop. It is handed groups of queued u
 weights and the groups applied, and the updates refused with the reason. It publishes
 nothing, sends nothing and knows no worker: the coordinator does that with the result.
 
-NaN and Inf are caught once, on the result of a pass (one BLAS dot per block in the update
-rule), not per update: only when a pass finds one are the groups applied one at a time,
-the updates that carry NaN or Inf found and refused, and the step taken with the rest (all
-are refused if only their sum overflows float32). Steps that queued behind a running one
+Each update's norm is checked first (server/plausible.py: one BLAS dot; NaN, Inf, zeros
+and norms far from the running mean of accepted updates are refused). Overflow is caught
+once, on the result of a pass (one BLAS dot per block in the update rule): only when a pass
+finds one are the groups applied one at a time, the updates that carry one found and
+refused, and the step taken with the rest (all are refused if only their sum overflows
+float32). Steps that queued behind a running one
 are applied together in one fused pass (``UpdateRule.steps``) with exactly the result of
 applying them one by one, so a busy server spends less per update, not more.
 """
@@ -26,9 +28,10 @@ import numpy as np
 from snet.protocol.digest import weights_digest
 from snet.protocol.messages import Update
 
-from .pool import PooledElement, is_finite
+from .plausible import NormBounds
+from .pool import ElementLoan, is_finite
 from .session import WorkerSession
-from .update_rule import UpdateRule
+from .update_rule import StepRule
 
 OVERFLOW = "the sum of these updates overflows float32"  # each finite, their step is not
 NOT_FINITE = "update contains NaN or infinite values"
@@ -42,7 +45,7 @@ class PendingUpdate:
     session: WorkerSession
     message: Update
     frames: np.ndarray
-    element: PooledElement | None
+    element: ElementLoan | None  # owned: the step releases it
 
     @property
     def gradient(self) -> np.ndarray:
@@ -52,6 +55,12 @@ class PendingUpdate:
     @property
     def patterns(self) -> int:
         return self.message.patterns
+
+    @property
+    def kind(self) -> tuple[bool, str]:
+        """What its norm is compared with: updates of the same codec and momentum."""
+        ledger = self.session.ledger
+        return self.session.momentum_corrected, ledger.update_codec if ledger else "none"
 
 
 @dataclass
@@ -68,16 +77,20 @@ class StepOutcome:
 class StepRunner:
     """Runs the update rule over groups of pending updates in the step thread."""
 
-    def __init__(self, rule: UpdateRule, executor: Executor) -> None:
+    def __init__(self, rule: StepRule, executor: Executor) -> None:
         self.rule = rule
         self.executor = executor
+        self.bounds = NormBounds()  # only ever used in the step thread
 
     async def run(self, groups: list[list[PendingUpdate]], rate: float) -> StepOutcome:
         """Apply ``groups`` as consecutive steps at ``rate``; refuse what cannot be applied."""
         started = time.perf_counter()
         outcome = StepOutcome()
-        snapshot = await self._apply(groups, rate)
-        if snapshot is not None:
+        loop = asyncio.get_running_loop()
+        snapshot, groups, outcome.refused = await loop.run_in_executor(
+            self.executor, self._screened_steps, groups, rate
+        )
+        if snapshot is not None or not groups:
             outcome.snapshot, outcome.applied = snapshot, list(groups)
         else:
             # A NaN or Inf somewhere (nothing was changed): group by group, refusing the
@@ -114,13 +127,42 @@ class StepRunner:
         outcome.snapshot = snapshot
         outcome.applied.append(group)
 
-    async def _apply(self, groups: list[list[PendingUpdate]], rate: float) -> np.ndarray | None:
-        """The update rule over ``groups`` (consecutive steps) in the step thread. Updates
-        that carry their worker's momentum (protocol 8.8) are applied outside the
-        server's."""
+    def _screened_steps(
+        self, groups: list[list[PendingUpdate]], rate: float
+    ) -> tuple[np.ndarray | None, list[list[PendingUpdate]], list[tuple[PendingUpdate, str]]]:
+        """Step thread: refuse the updates whose norm is implausible (NaN and Inf among
+        them), then one fused pass of the update rule over the rest."""
+        refused: list[tuple[PendingUpdate, str]] = []
+        kept_groups: list[list[PendingUpdate]] = []
+        for group in groups:
+            kept = []
+            for pending in group:
+                problem = self.bounds.problem(pending.kind, pending.gradient, pending.patterns)
+                if problem:
+                    refused.append((pending, problem))
+                else:
+                    kept.append(pending)
+            if kept:
+                kept_groups.append(kept)
+        if not kept_groups:
+            return None, [], refused
+        gradients, patterns, direct = self._arguments(kept_groups)
+        return self.rule.steps(gradients, patterns, rate, direct), kept_groups, refused
+
+    @staticmethod
+    def _arguments(
+        groups: list[list[PendingUpdate]],
+    ) -> tuple[list[list[np.ndarray]], list[int], list[list[np.ndarray]]]:
+        """The update rule's arguments. Updates that carry their worker's momentum
+        (protocol 8.8) are applied outside the server's."""
         gradients = [[p.gradient for p in g if not p.session.momentum_corrected] for g in groups]
         direct = [[p.gradient for p in g if p.session.momentum_corrected] for g in groups]
         patterns = [sum(p.patterns for p in g) for g in groups]
+        return gradients, patterns, direct
+
+    async def _apply(self, groups: list[list[PendingUpdate]], rate: float) -> np.ndarray | None:
+        """The update rule over ``groups`` (consecutive steps) in the step thread."""
+        gradients, patterns, direct = self._arguments(groups)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self.executor, self.rule.steps, gradients, patterns, rate, direct

@@ -4,19 +4,19 @@ Each part owns its state and nothing writes another's fields:
 
 - ``ElementPool`` (pool.py): preallocated elements updates are received into;
 - ``UpdateIntake`` (intake.py): an update checked and turned into a pending one;
-- the mode's ``StepPolicy`` (policies.py): which queued updates make a step;
+- the mode's ``StepPolicy`` (policies.py): which queued updates make a step, and its
+  ``Combination``: how they combine (the rule: momentum SGD, or bmuf's block filter);
 - ``StepRunner`` (stepping.py): the update rule applied in the step thread, NaN-safe;
-- ``LeaseBook`` (leases.py), ``LeaseDesk`` (leasing.py), ``InlineFrames`` (inline.py): who
-  trains on which frames;
+- ``LeaseBook``, ``LeaseDesk``, ``InlineFrames``: who trains on which frames;
 - ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
 - ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
 - ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
 - ``TrainingStats`` (stats.py) and the hooks: what /status and the hooks see.
 
-Between steps (never while one runs: the step thread writes the velocity) the coordinator
-gathers the parts' ``checkpoint_state()`` into one consistent snapshot, the weights of
-``version`` and exactly the ledger they include; ``restore_checkpoint`` gives each part its
-state back (server/durability.py writes and reads the files).
+Between steps (never while one runs: the step thread writes the velocity) the parts'
+``checkpoint_state()`` make one consistent snapshot, the weights of ``version`` and exactly
+the ledger they include (server/resume.py gathers and restores it, server/durability.py
+writes and reads the files).
 
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
 late (lateness.py), leaves) to them and carries out what they decide: it publishes each
@@ -47,13 +47,13 @@ from snet.protocol.messages import (
     Evaluate,
     FramesWanted,
     Goodbye,
-    Update,
     Weights,
     Welcome,
 )
 from snet.protocol.network import ElementLayout, initial_weights
 
 from .dataplan import DataPlan
+from .departures import Departures
 from .epochs import EpochControl, EpochDecision
 from .evaluations import Evaluations
 from .inline import InlineFrames
@@ -62,12 +62,11 @@ from .lateness import check_progress, is_late
 from .leases import LeaseBook
 from .leasing import LeaseDesk
 from .policies import PendingView, QueueView, WorkerView, make_step_policy
-from .pool import ElementPool, PooledElement
+from .pool import ElementPool, Received
 from .progress import ProgressWatch
-from .session import WorkerSession, restart_history
+from .session import WorkerSession
 from .stats import TrainingStats
 from .stepping import PendingUpdate, StepOutcome, StepRunner, trace_record
-from .update_rule import UpdateRule
 
 log = logging.getLogger("snet.server")
 
@@ -92,10 +91,11 @@ class Coordinator:
         self.layout = ElementLayout.for_network(job.network)
         self.connections = job.network.connections
         start = initial_weights(job.network, job.seed) if weights is None else weights
-        self.rule = UpdateRule(start, job.momentum)
+        self.policy = make_step_policy(job)
+        self.rule = self.policy.combination.make_rule(start, job)
         self.pool = ElementPool(self.layout, pool_size)
-        self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames)
-        self.policy = make_step_policy(job.mode, job.updates_per_step)
+        chunk = self.policy.combination.chunk_frames(job)
+        self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames, chunk)
         self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
         self.runner = StepRunner(self.rule, executor)
         self.inline = InlineFrames(plan, job.data.context)
@@ -107,7 +107,7 @@ class Coordinator:
         self.trace = trace
         self.stats = TrainingStats(job.epochs)
         self.sessions: dict[int, WorkerSession] = {}
-        self.departed: list[WorkerSession] = []
+        self.departed = Departures()
         self.version = 0
         self.digest = weights_digest(self.rule.snapshot)  # of the weights of ``version``
         self.earlier: dict[str, Any] = {"workers": [], "compression": []}  # before restarts
@@ -138,15 +138,12 @@ class Coordinator:
     def learning_rate(self) -> float:
         return self.epochs.rate
 
-    @property
-    def received_queue(self) -> int:
-        return len(self._received)
-
     # ------------------------------------------------------------ workers
 
     def add_worker(self, session: WorkerSession) -> None:
         """A worker passed the handshake: send it the job, the weights and its frames."""
         self.sessions[session.worker_id] = session
+        self.rule.set_workers(len(self.sessions))
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         codecs = session.ledger.agreed() if session.ledger is not None else {}
         session.send(Welcome(session.worker_id, self.job.to_dict(), codecs))
@@ -163,8 +160,9 @@ class Coordinator:
         """A worker left (goodbye, lost connection, timeout): requeue its frames."""
         if self.sessions.pop(session.worker_id, None) is None:
             return
+        self.rule.set_workers(len(self.sessions))
         session.state, session.left_reason = "gone", reason
-        self.departed.append(session)
+        self.departed.add(session)
         returned = self.desk.worker_gone(session)
         log.info("worker %s left (%s); %d frames back in the queue", session.name, reason, returned)
         self.evaluations.worker_gone(session.worker_id)
@@ -194,7 +192,7 @@ class Coordinator:
 
     def fill_leases(self) -> None:
         if not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
-            self.desk.fill(self.sessions.values())
+            self.desk.fill(self.sessions.values(), self.learning_rate)
 
     def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """The worker cannot read the data: send its frames inline from now on."""
@@ -203,20 +201,35 @@ class Coordinator:
 
     # ------------------------------------------------------------ updates
 
-    def on_update(self, session: WorkerSession, message: Update) -> None:
-        """Check an update; queue it for the next step or refuse it (raises RejectedUpdate)."""
-        element = message.slot if isinstance(message.slot, PooledElement) else None
+    def on_update(self, session: WorkerSession, received: Received) -> None:
+        """Check an update; queue it for the next step or refuse it (raises RejectedUpdate).
+
+        The coordinator owns ``received`` (and its pooled element) from here: a refused
+        update is released by the intake, a queued one after the step that applies it."""
+        message = received.message
+        if self.book.is_repeat(session.worker_id, message.lease_id, message.offset):
+            received.release()  # delivered twice: taken once, settled once
+            log.warning("update of %s on lease %d offset %d came again; ignored", session.name,
+                        message.lease_id, message.offset)  # fmt: skip
+            return
         session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
         session.probation = False  # alive after all: it may hold leases again
+        lost, updates = self.book.lost_before(
+            session.worker_id, message.lease_id, message.offset, message.patterns
+        )
+        if lost:  # updates lost on the way: settled, so the worker's flow control recovers
+            session.updates_settled += updates
+            log.warning("updates of %s were lost: %d frames back in the queue", session.name,
+                        lost)  # fmt: skip
         try:
-            pending = self.intake.admit(session, message, element, self.version)
+            pending = self.intake.admit(session, received, self.version)
         except RejectedUpdate:
             session.updates_rejected += 1
             session.updates_settled += 1
             self.stats.updates_rejected += 1
             self.send_weights(session)  # tells the worker the update is settled
             self.fill_leases()  # the refused frames are queued again
-            self._note_if_dry(session)
+            self.desk.note_if_dry(session)
             self.maybe_step()
             raise
         session.updates_sent += 1
@@ -226,12 +239,8 @@ class Coordinator:
         self._received.append(pending)
         if self.desk.wants_more(session):
             self.fill_leases()
-        self._note_if_dry(session)
+        self.desk.note_if_dry(session)
         self.maybe_step()
-
-    def _note_if_dry(self, session: WorkerSession) -> None:
-        if self.book.remaining_frames(session.worker_id) == 0:
-            session.clock.ran_dry()  # it owes nothing until it is given frames again
 
     # ------------------------------------------------------------ steps
 
@@ -251,6 +260,10 @@ class Coordinator:
     def check_progress(self, now: float) -> None:
         """Act on workers past their delivery deadline (server/lateness.py)."""
         check_progress(self, now)
+
+    @property
+    def received_queue(self) -> int:
+        return len(self._received)
 
     def pending_workers(self) -> set[int]:
         """Workers with an update queued or in the running step (they wait on the server)."""
@@ -289,7 +302,7 @@ class Coordinator:
             for group in groups:  # the one release point of a queued update's element
                 for pending in group:
                     if pending.element is not None:
-                        self.pool.release(pending.element)
+                        pending.element.release()
             self._applying = False
             self._in_step = set()
         self._between_steps(False)
@@ -323,7 +336,7 @@ class Coordinator:
             self._refuse_queued(pending, reason)
         if outcome.snapshot is None:
             return
-        self.rule.snapshot = outcome.snapshot  # published with its version, on the event loop
+        self.rule.publish(outcome.snapshot)  # with its version, on the event loop
         self.digest = outcome.digest
         self.stats.record_pass()
         last = outcome.applied[-1] if outcome.applied else None
@@ -386,7 +399,7 @@ class Coordinator:
         accuracy = 100 * self.stats.train_accuracy(epoch)
         log.info("epoch %d done at version %d: train accuracy %.2f%%", epoch, self.version,
                  accuracy)  # fmt: skip
-        self.evaluations.add(epoch, self.version, self.rule.snapshot)
+        self.evaluations.add(epoch, self.version, self.rule.model)
         following = self.epochs.epoch_trained(epoch)
         if following is not None:
             self._start_epoch(following)
@@ -401,14 +414,15 @@ class Coordinator:
             session.send(Evaluate(job.version, job.epoch, job.weights))
 
     def on_eval_result(self, session: WorkerSession, message: EvalResult) -> None:
-        job = self.evaluations.take_result(session, message)
+        try:
+            job = self.evaluations.take_result(session, message, len(self.plan.cv_frames))
+        except RejectedUpdate:
+            self.assign_evaluations()  # a refused result's job goes to another worker
+            raise
         self.stats.record_cv(message.epoch, message.frames, message.correct, message.loss_sum)
-        log.info(
-            "epoch %d cross-validation: %.2f%% of %d frames",
-            message.epoch,
-            100 * message.correct / max(message.frames, 1),
-            message.frames,
-        )
+        accuracy = 100 * message.correct / max(message.frames, 1)
+        log.info("epoch %d cross-validation: %.2f%% of %d frames", message.epoch, accuracy,
+                 message.frames)  # fmt: skip
         self._apply_decision(message, self.epochs.cv_result(message.epoch, job.weights, message))
 
     def _apply_decision(self, result: EvalResult, decision: EpochDecision) -> None:
@@ -441,44 +455,13 @@ class Coordinator:
 
     # ------------------------------------------------------------ checkpoints
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        """The whole training state as plain data; only between steps.
+    def queued_updates(self) -> tuple[PendingUpdate, ...]:
+        """Updates accepted and not yet in a step (for a checkpoint: not in the weights)."""
+        return tuple(self._received)
 
-        Updates accepted but not yet applied are not in the weights: their frames are
-        trained again after a restore, so their figures are left out of the epoch's."""
-        if self._applying:
-            raise RuntimeError("a checkpoint is taken between steps, not during one")
-        stats = self.stats.checkpoint_state(
-            (p.message.patterns, p.message.correct, p.message.loss_sum) for p in self._received
-        )
-        sessions = [*self.sessions.values(), *self.departed]
-        return {
-            "version": self.version,
-            "digest": self.digest,
-            "finished": self.finished.is_set(),
-            "rule": self.rule.checkpoint_state(),
-            "book": self.book.checkpoint_state(),
-            "epochs": self.epochs.checkpoint_state(),
-            "evaluations": self.evaluations.checkpoint_state(),
-            "stats": stats,
-            "hooks": self.hooks.checkpoint_state(),
-            "earlier": restart_history(self.earlier, sessions, self.connections),
-        }
-
-    def restore_checkpoint(self, state: dict[str, Any]) -> int:
-        """Continue from ``checkpoint_state()``, before any worker joins. Returns the frames
-        of the current epoch queued again (leased or in flight when it was taken)."""
-        self.rule.restore_checkpoint(state["rule"])
-        digest = weights_digest(self.rule.snapshot)
-        if digest != state["digest"]:
-            raise ValueError(f"weights digest {digest}, the checkpoint says {state['digest']}")
-        self.version, self.digest = int(state["version"]), digest
-        requeued = self.book.restore_checkpoint(state["book"])
-        self.epochs.restore_checkpoint(state["epochs"])
-        self.evaluations.restore_checkpoint(state["evaluations"])
-        self.stats.restore_checkpoint(state["stats"])
-        self.hooks.restore_checkpoint(state.get("hooks", {}))  # none before hooks kept any
-        self.earlier = state["earlier"]
-        if state["finished"]:
+    def resume_at(self, version: int, digest: str, earlier: dict[str, Any], finished: bool) -> None:
+        """After the parts were restored from a checkpoint (server/resume.py), before any
+        worker joins: go on from ``version``, whose weights have ``digest``."""
+        self.version, self.digest, self.earlier = version, digest, earlier
+        if finished:
             self.finished.set()
-        return requeued

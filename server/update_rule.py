@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -37,6 +38,35 @@ from snet.protocol.network import ELEMENT_DTYPE
 
 BLOCK = 65_536  # values per cache block: 256 kB per array: the five a step walks fit in L2
 LANE_MIN_BLOCKS = 2  # split a step across threads only when each gets two blocks or more
+
+
+class StepRule(Protocol):
+    """What the step machinery needs of a rule: ``UpdateRule`` or ``BlockFilter``."""
+
+    snapshot: np.ndarray  # what the workers are sent
+
+    @property
+    def model(self) -> np.ndarray: ...  # what is evaluated and saved
+
+    def steps(
+        self,
+        groups: Sequence[Sequence[np.ndarray]],
+        patterns: Sequence[int],
+        learning_rate: float,
+        direct: Sequence[Sequence[np.ndarray]] | None = None,
+    ) -> np.ndarray | None: ...
+
+    def publish(self, snapshot: np.ndarray) -> None: ...
+
+    def load(self, weights: np.ndarray) -> None: ...
+
+    def figures(self) -> dict[str, float | int | str]: ...
+
+    def set_workers(self, workers: int) -> None: ...
+
+    def checkpoint_state(self) -> dict[str, Any]: ...  # only between steps
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> None: ...
 
 
 class UpdateRule:
@@ -66,6 +96,22 @@ class UpdateRule:
         )
         self.momentum = momentum
         self.snapshot: np.ndarray = self.weights
+
+    @property
+    def model(self) -> np.ndarray:
+        """The weights that are evaluated and saved: the published snapshot."""
+        return self.snapshot
+
+    def publish(self, snapshot: np.ndarray) -> None:
+        """The result of ``steps`` goes out with its version (on the event loop)."""
+        self.snapshot = snapshot
+
+    def figures(self) -> dict[str, float | int | str]:
+        """Nothing to add to /status (a ``BlockFilter`` has its constants)."""
+        return {}
+
+    def set_workers(self, workers: int) -> None:
+        """The number of workers training does not change this rule."""
 
     @property
     def lanes(self) -> int:

@@ -1,13 +1,31 @@
-"""Shared fixtures: ``cluster`` starts real processes and kills what is left at teardown."""
+"""Shared fixtures for the two rings of tests (tests/README.md).
+
+``lab``: the fast ring's in-process server and workers (``inprocess.Lab``), once on each
+event loop (asyncio, uvloop). A test that takes it is an ``async def`` and runs on the
+lab's loop, which fails it on any unhandled error (``loop_guard.py``).
+
+``cluster``: the system ring's real processes (``helpers.Cluster``); a test that takes it
+is in the ``system`` ring, and at teardown every process it started is killed if still
+running and its log scanned for tracebacks. Only a test in the system ring may start a
+process (``helpers`` refuses otherwise).
+"""
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import blas_threads  # noqa: F401 - first: numpy with one BLAS thread
+import helpers
 from helpers import Cluster
+from inprocess import Lab, run_in_lab
+from loop_guard import LOOPS
+
+LAB_SHUTDOWN_SECONDS = 15.0
 
 
 @pytest.fixture
@@ -17,3 +35,62 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield nodes
     finally:
         nodes.close()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _data_cache_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Workers share normalised data through a cache directory (data/cache.py): the test
+    run's own, never the home directory's."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
+@pytest.fixture(params=LOOPS)
+def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Lab:
+    """A lab on one loop; ``@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)``
+    keeps a test to one."""
+    return Lab(tmp_path, request.param)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts real processes through ``cluster`` is in the system ring, marked
+    or not (the marks in the files say so to the reader; this keeps a forgotten one out of
+    the fast ring)."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.system)
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_the_system_ring(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``helpers`` refuses to start a process for a test outside the system ring."""
+    helpers.PROCESSES_ALLOWED = request.node.get_closest_marker("system") is not None
+    try:
+        yield
+    finally:
+        helpers.PROCESSES_ALLOWED = False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an ``async def`` test on its lab's loop (a test without a lab cannot be async)."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    lab = pyfuncitem.funcargs.get("lab")
+    if not isinstance(lab, Lab):
+        raise pytest.UsageError(f"{pyfuncitem.nodeid}: an async test needs the lab fixture")
+    names = pyfuncitem._fixtureinfo.argnames
+    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+    run_in_lab(lab, pyfuncitem.obj, kwargs, _deadline(pyfuncitem))
+    return True
+
+
+def _deadline(item: pytest.Function) -> float | None:
+    """Seconds a lab test may run: pytest-timeout's limit less time to shut the lab down
+    (the loop ends the test itself: see loop_guard.py)."""
+    marker = item.get_closest_marker("timeout")
+    limit = (
+        float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout"))
+    )
+    if limit <= 0:
+        return None
+    return limit - LAB_SHUTDOWN_SECONDS if limit > 2 * LAB_SHUTDOWN_SECONDS else limit / 2

@@ -1,4 +1,11 @@
-"""Helpers that start real snet processes on 127.0.0.1 and always clean them up."""
+"""Helpers that start real snet processes on 127.0.0.1 and always clean them up.
+
+Every process a test starts goes through here (``Cluster`` for servers and workers,
+``run_process`` and ``Cluster.run`` for commands that run to their end), and each one's
+output is scanned for tracebacks when it has stopped: a "Traceback (most recent call
+last)" or "Task exception was never retrieved" fails the test with the log's excerpt,
+unless the test said it expects one (``Cluster.expect_traceback``).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,49 @@ from snet.protocol.messages import Hello, Message, ServerHello
 
 START_SECONDS = 30.0
 SMALL_JOB = ["--network", "117:64:10", "--chunk-frames", "4096"]
+TRACEBACK_MARKS = ("Traceback (most recent call last)", "Task exception was never retrieved")
+EXCERPT_LINES = 40
+PROCESSES_ALLOWED = False  # set per test by conftest.py: only the system ring's tests may
+
+
+def _allowed(argv: Sequence[str]) -> None:
+    if not PROCESSES_ALLOWED:
+        raise AssertionError(
+            f"a test outside the system ring started {' '.join(argv)[:100]}: mark it system"
+        )
+
+
+def traceback_excerpt(text: str) -> str:
+    """The lines around the first traceback in ``text`` (what a reader needs to see)."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if any(m in line for m in TRACEBACK_MARKS))
+    start = max(first - 3, 0)
+    return "\n".join(lines[start : first + EXCERPT_LINES])
+
+
+def check_output(name: str, text: str, expected: str | None = None) -> None:
+    """Fail if ``text`` (a process's output) holds a traceback, unless ``expected`` (why)."""
+    if expected is None and any(mark in text for mark in TRACEBACK_MARKS):
+        raise AssertionError(f"traceback in the output of {name}:\n{traceback_excerpt(text)}")
+
+
+def run_process(
+    argv: Sequence[str], *, expect_traceback: str | None = None, **options: Any
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv)`` with its output captured as text and scanned for
+    tracebacks once it has ended; ``options`` as for ``subprocess.run`` (a timeout of 60 s
+    unless given)."""
+    _allowed(argv)
+    options.setdefault("timeout", 60)
+    done = subprocess.run(list(argv), capture_output=True, text=True, **options)
+    check_output(" ".join(argv)[:200], done.stdout + done.stderr, expect_traceback)
+    return done
+
+
+def check_log_files(directory: Path, pattern: str = "*.log") -> None:
+    """Scan the logs that code outside this module (bench/'s ``LocalCluster``) left."""
+    for log in sorted(directory.rglob(pattern)):
+        check_output(str(log), log.read_text(errors="replace"))
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -43,18 +93,6 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-def run_snet(cluster: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``snet ARGS`` to completion, its output captured (for refusals and exit codes)."""
-    return subprocess.run(
-        [sys.executable, "-m", "snet.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=cluster.env,
-        cwd=cluster.tmp_path,
-    )
 
 
 @dataclass
@@ -101,22 +139,40 @@ class Cluster:
 
     tmp_path: Path
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)  # the log of each of ``processes``
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    expected_tracebacks: dict[Path, str] = field(default_factory=dict)
 
     def _spawn(
         self, args: list[str], log: Path, prefix: Sequence[str] = ()
     ) -> subprocess.Popen[bytes]:
         """``snet ARGS`` as a process (``prefix`` e.g. runs it in a network namespace)."""
+        argv = [*prefix, sys.executable, "-m", "snet.cli", *args]
+        _allowed(argv)
         handle = open(log, "wb")  # noqa: SIM115 - closed with the process at teardown
         process = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "snet.cli", *args],
+            argv,
             stdout=handle,
             stderr=subprocess.STDOUT,
             env=self.env,
             cwd=self.tmp_path,
         )
         self.processes.append(process)
+        self.logs.append(log)
         return process
+
+    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """``snet ARGS`` run to its end, in this cluster's directory and environment."""
+        return run_process(
+            [sys.executable, "-m", "snet.cli", *args],
+            timeout=timeout,
+            env=self.env,
+            cwd=self.tmp_path,
+        )
+
+    def expect_traceback(self, name: str, because: str) -> None:
+        """Allow a traceback in the log of process ``name`` (``because`` says why)."""
+        self.expected_tracebacks[self.tmp_path / f"{name}.log"] = because
 
     def server(self, *args: str, name: str = "server") -> ServerProcess:
         ready = self.tmp_path / f"{name}.ready"
@@ -176,10 +232,20 @@ class Cluster:
         return (self.tmp_path / f"{name}.log").read_text()
 
     def close(self) -> None:
+        """Kill what is still running, then scan every process's log for tracebacks."""
         for process in self.processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
             process.wait(10)
+        problems = []
+        for log in self.logs:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            try:
+                check_output(log.stem, text, self.expected_tracebacks.get(log))
+            except AssertionError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise AssertionError("\n".join(problems))
 
 
 class RawClient:
@@ -240,14 +306,21 @@ class RawClient:
         self.sock.close()
 
 
-def status_table(url: str) -> str:
-    """What ``snet status --url URL`` prints (the table)."""
+def run_snet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The real ``snet`` command, as a user runs it, to its end (at most 120 s)."""
     return subprocess.run(
-        [sys.executable, "-m", "snet.cli", "status", "--url", url],
+        [sys.executable, "-m", "snet.cli", *args],
         capture_output=True,
         text=True,
-        timeout=30,
-        check=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def status_table(url: str) -> str:
+    """What ``snet status --url URL`` prints (the table)."""
+    return run_process(
+        [sys.executable, "-m", "snet.cli", "status", "--url", url], timeout=30, check=True
     ).stdout
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from snet.cli import bench
-from snet.cli.bench_report import render_markdown
+from bench import suite as bench
+from bench.report import render_markdown
 
 
 def worker_row(bunch: int, **figures: float) -> dict[str, Any]:

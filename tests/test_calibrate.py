@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from snet.bench import calibrate
-from snet.bench.calibrate import RoundCosts, measure_snet_rounds
+from bench import calibrate
+from bench.calibrate import RoundCosts, measure_snet_rounds
 from snet.protocol.network import NetworkSpec
 
 NETWORK = NetworkSpec.parse("351:1262:45")

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from protocol_samples import (
-    assert_same_message,
-)
 
 from snet.protocol import auth
 from snet.protocol.channel import Channel, gathering_writer
@@ -20,6 +17,10 @@ from snet.protocol.messages import (
     Lease,
     Message,
     Weights,
+)
+
+from protocol_samples import (
+    assert_same_message,
 )
 
 # ---------------------------------------------------------------- channel
@@ -182,7 +183,7 @@ def test_channel_decodes_incoming_through_buffer_protocol() -> None:
         n = min(len(target), len(frame) - position)
         target[:n] = frame[position : position + n]
         position += n
-        received.extend(channel.buffer_updated(n))
+        received.extend(message for message, _slot in channel.buffer_updated(n))
     assert received == [Heartbeat(2.5), Goodbye("bye")]
 
 

@@ -85,7 +85,7 @@ def test_store_keeps_the_newest_and_falls_back_past_a_damaged_one(tmp_path: Path
 
 
 def _book(job: JobSpec) -> LeaseBook:
-    return LeaseBook.for_job(job, np.arange(5, 1005), 1010)
+    return LeaseBook.for_job(job, np.arange(5, 1005), 1010, job.chunk_frames)
 
 
 def test_restored_book_leases_exactly_what_the_weights_lack() -> None:
@@ -106,7 +106,7 @@ def test_restored_book_leases_exactly_what_the_weights_lack() -> None:
     restored = _book(job)
     requeued = restored.restore_checkpoint(saved)
     assert requeued == 1000 - 64 and restored.leases_out == 0 and restored.epoch == 1
-    assert len(restored.ledgers) == 2 and restored.ledger.uses.sum() == 64
+    assert restored.ledger.epoch == 1 and restored.ledger.uses.sum() == 64
     worker = 1
     while (lease := restored.grant(worker)) is not None:
         frames = restored.accept(worker, lease.lease_id, 0, len(lease.indices))

@@ -4,7 +4,10 @@ full float32 copy, and compressed training reports its ledger in /status and /me
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import pytest
 
 from snet.cli.status import render
 from snet.protocol.codecs import parse_codec
@@ -24,7 +27,10 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout, NetworkSpec
 
-from helpers import SMALL_JOB, Cluster, RawClient, load_weights, wait_until
+from async_raw import AsyncRawClient
+from helpers import SMALL_JOB, Cluster, load_weights, wait_until
+from inprocess import Lab, LabServer
+from inprocess import wait_until as wait_in_lab
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 TOPK = "topk:0.01"
@@ -40,25 +46,25 @@ def _replaced(encoded: Encoded, index: int, part: np.ndarray) -> Encoded:
     return Encoded(encoded.codec, tuple(parts))
 
 
-def test_malformed_compressed_updates_are_refused_and_never_applied(cluster: Cluster) -> None:
-    server = cluster.server(
+async def test_malformed_compressed_updates_are_refused_and_never_applied(lab: Lab) -> None:
+    server = await lab.server(
         "--mode", "async", "--epochs", "1", "--linger-seconds", "30", *SMALL_JOB
     )
-    weights_before = server.get("/weights")
+    weights_before = await server.get("/weights")
 
-    unknown = RawClient(server.port, "unknown-codec")
-    unknown.receive(ServerHello)
-    unknown.send(Hello(1, "unknown-codec", "raw", ("compress:zstd",), b""))
-    refusal = unknown.receive(ErrorMessage)
+    unknown = await AsyncRawClient.connect(server.port, "unknown-codec")
+    await unknown.receive(ServerHello)
+    await unknown.send(Hello(1, "unknown-codec", "raw", ("compress:zstd",), b""))
+    refusal = await unknown.receive(ErrorMessage)
     assert refusal.fatal and refusal.code == "unknown_codec" and "topk:F" in refusal.text
-    assert unknown.closed_by_peer()
+    assert await unknown.closed_by_peer()
 
-    client = RawClient(server.port, "bad-encodings")
-    welcome = client.handshake(("codec:topk", f"compress:{TOPK}", "weights:delta:int8"))
+    client = await AsyncRawClient.connect(server.port, "bad-encodings")
+    welcome = await client.handshake(("codec:topk", f"compress:{TOPK}", "weights:delta:int8"))
     assert welcome.codecs == {"update": TOPK, "weights": "delta:int8"}
-    first = client.receive(Weights)
+    first = await client.receive(Weights)
     assert first.encoded is None and first.delta_from == -1  # a whole float32 copy first
-    lease = client.receive(Lease)
+    lease = await client.receive(Lease)
     gradient = np.ones(LAYOUT.size, np.float32)
     gradient[: 117 * 64] = 10.0  # top-k takes all its values from W0 (7488 values)
     good = parse_codec(TOPK).encode(LAYOUT, gradient)
@@ -78,52 +84,57 @@ def test_malformed_compressed_updates_are_refused_and_never_applied(cluster: Clu
     ]
     offset = 0
     for encoded, why in bad:
-        client.send(_update(lease, offset, encoded))
-        refusal = client.receive(ErrorMessage)
+        await client.send(_update(lease, offset, encoded))
+        refusal = await client.receive(ErrorMessage)
         assert not refusal.fatal and refusal.code == "update_rejected", refusal
         assert why in refusal.text, (why, refusal.text)
         # The refusal names the update, so that the worker can undo its error feedback.
         assert (refusal.lease_id, refusal.offset) == (lease.lease_id, offset)
         offset += 128
-    client.send(Update(0, lease.lease_id, offset, 128, 1.0, 0, 0.01, np.ones(LAYOUT.size, "f4")))
-    refusal = client.receive(ErrorMessage)
+    await client.send(
+        Update(0, lease.lease_id, offset, 128, 1.0, 0, 0.01, np.ones(LAYOUT.size, "f4"))
+    )
+    refusal = await client.receive(ErrorMessage)
     assert "float32, agreed codec is topk:0.01" in refusal.text
     assert (refusal.lease_id, refusal.offset) == (lease.lease_id, offset)
     offset += 128
 
-    status = server.status()
+    status = await server.status()
     assert status["updates_rejected"] == len(bad) + 1 and status["weight_version"] == 0
-    assert server.get("/weights") == weights_before  # bit for bit
+    assert await server.get("/weights") == weights_before  # bit for bit
     row = next(r for r in status["workers"] if r["name"] == "bad-encodings")
     assert row["compression"]["undecodable"] == len(bad)
     assert row["compression"]["update_codec"] == TOPK
 
     # A well-formed update after all that is applied, and the weights come as a delta.
-    client.send(_update(lease, offset, good))
-    wait_until(lambda: server.status()["weight_version"] == 1, 10, "the good update")
-    delta = client.receive(Weights)
+    await client.send(_update(lease, offset, good))
+    await wait_in_lab(lambda: _version_is(server, 1), 10, "the good update")
+    delta = await client.receive(Weights)
     while delta.version < 1:
-        delta = client.receive(Weights)
+        delta = await client.receive(Weights)
     assert delta.encoded is not None and delta.encoded.codec == "delta:int8"[6:]
     assert delta.delta_from == 0
-    client.send(Resync("testing"))  # a worker can always ask for a whole float32 copy
-    full = client.receive(Weights)
+    await client.send(Resync("testing"))  # a worker can always ask for a whole float32 copy
+    full = await client.receive(Weights)
     assert full.encoded is None and full.delta_from == -1 and full.version == 1
-    served = np.concatenate([a.ravel() for a in _npz(server.get("/weights"))])
+    served = np.concatenate([a.ravel() for a in _npz(await server.get("/weights"))])
     assert np.array_equal(full.element, served)
-    client.send(Heartbeat(0.0))  # the connection survived everything
-    client.send(WorkerReport(0.0, {"compression": {"residual_norm": 2.5, "cosine_last": 0.9}}))
-    wait_until(
-        lambda: (
-            next(r for r in server.status()["workers"] if r["name"] == "bad-encodings")[
-                "compression"
-            ]["residual_norm"]
-            == 2.5
-        ),
-        10,
-        "the worker's compression figures",
+    await client.send(Heartbeat(0.0))  # the connection survived everything
+    await client.send(
+        WorkerReport(0.0, {"compression": {"residual_norm": 2.5, "cosine_last": 0.9}})
     )
-    client.close()
+
+    async def figures_in() -> bool:
+        rows = (await server.status())["workers"]
+        row = next(r for r in rows if r["name"] == "bad-encodings")
+        return bool(row["compression"]["residual_norm"] == 2.5)
+
+    await wait_in_lab(figures_in, 10, "the worker's compression figures")
+    await client.close()
+
+
+async def _version_is(server: LabServer, version: int) -> bool:
+    return bool((await server.status())["weight_version"] == version)
 
 
 def _npz(payload: bytes) -> list[np.ndarray]:
@@ -134,6 +145,7 @@ def _npz(payload: bytes) -> list[np.ndarray]:
         return [data[f"{kind}{i}"] for i in range(layers) for kind in ("W", "b")]
 
 
+@pytest.mark.system
 def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
     server = cluster.server(
         "--mode",
@@ -188,7 +200,11 @@ def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
     assert "sign x1" in line and "topk:0.01 x1" in line  # snet status
     metrics = server.get("/metrics").decode()
     assert 'snet_compression_ratio{direction="received"}' in metrics
-    assert 'snet_worker_residual_norm{worker="own-codec",codec="topk:0.01"}' in metrics
+    assert re.search(
+        r'snet_worker_residual_norm\{worker_id="\d+",worker="own-codec",backend="\w+",'
+        r'codec="topk:0.01"\}',
+        metrics,
+    )
     assert "snet_worker_update_cosine" in metrics
     for worker in workers:
         assert worker.wait(60) == 0

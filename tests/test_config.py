@@ -10,6 +10,8 @@ from snet.cli.commands import server_config
 from snet.cli.main import _parser, main
 from snet.protocol.errors import ConfigError
 
+from helpers import run_process
+
 TOML = """
 [server]
 port = 7100
@@ -89,16 +91,14 @@ def test_bad_settings_fail_clearly(
     assert "cannot read config file" in capsys.readouterr().err
 
 
+@pytest.mark.system
 def test_the_command_line_imports_no_numpy_before_the_blas_limit() -> None:
     # BLAS reads its thread count once, when numpy is imported: a worker must set it first
     # (two BLAS threads per worker on two cores made the demo ten times slower).
-    import subprocess
     import sys
 
     probe = "import sys, snet.cli.main; print('numpy' in sys.modules)"
-    output = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
+    output = run_process([sys.executable, "-c", probe], check=True).stdout
     assert output.strip() == "False"
     probe = (
         "import os, sys; from snet.cli.main import _early_blas_limit;"
@@ -106,12 +106,5 @@ def test_the_command_line_imports_no_numpy_before_the_blas_limit() -> None:
         "print(os.environ['OPENBLAS_NUM_THREADS'], 'numpy' in sys.modules)"
     )
     env = {k: v for k, v in __import__("os").environ.items() if "NUM_THREADS" not in k}
-    output = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env=env,
-    ).stdout
+    output = run_process([sys.executable, "-c", probe], check=True, env=env).stdout
     assert output.split() == ["2", "False"]

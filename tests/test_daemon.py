@@ -11,7 +11,9 @@ import signal
 import socket
 from pathlib import Path
 
-from helpers import SMALL_JOB, Cluster, free_port, run_snet, wait_until
+import pytest
+
+from helpers import SMALL_JOB, Cluster, free_port, wait_until
 
 
 def _ledger_exact(status: dict[str, object]) -> bool:
@@ -20,6 +22,7 @@ def _ledger_exact(status: dict[str, object]) -> bool:
     return all(e["ledger"]["used_once"] == e["ledger"]["frames"] for e in epochs)
 
 
+@pytest.mark.system
 def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> None:
     pid_file = tmp_path / "run" / "snet.pid"
     systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # stands in for systemd
@@ -34,22 +37,18 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
     assert server.status()["state"] == "training"
 
     # A second daemon with the same pid file is refused (2: configuration) ...
-    clash = run_snet(
-        cluster, "server", "--port", "0", "--http-port", "0", "--pid-file", str(pid_file)
-    )
+    clash = cluster.run("server", "--port", "0", "--http-port", "0", "--pid-file", str(pid_file))
     assert clash.returncode == 2, clash.stderr
     assert f"names process {server.process.pid}, which is still running" in clash.stderr
     # ... one on a port in use fails to start (1: error) and says where ...
-    taken = run_snet(cluster, "server", "--port", str(server.port), "--http-port", "0")
+    taken = cluster.run("server", "--port", str(server.port), "--http-port", "0")
     assert taken.returncode == 1, taken.stderr
     assert f"cannot listen on 127.0.0.1:{server.port}: " in taken.stderr
     assert "Traceback" not in taken.stderr
     # ... and a bad setting is a configuration error (2).
-    bad = run_snet(cluster, "server", "--port", "70000")
+    bad = cluster.run("server", "--port", "70000")
     assert bad.returncode == 2 and "port must be a TCP port" in bad.stderr
-    lonely = run_snet(
-        cluster, "worker", "--server", f"127.0.0.1:{free_port()}", "--retry-seconds=1"
-    )
+    lonely = cluster.run("worker", "--server", f"127.0.0.1:{free_port()}", "--retry-seconds=1")
     assert lonely.returncode == 3  # no server at all: 3, after retrying
     assert "cannot reach the server" in lonely.stderr and "gave up after" in lonely.stderr
     assert pid_file.read_text() == f"{server.process.pid}\n"  # untouched by the refusals
@@ -80,6 +79,7 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
     assert not pid_file.exists()
 
 
+@pytest.mark.system
 def test_workers_started_first_survive_server_restart_and_crash(cluster: Cluster) -> None:
     port = free_port()
     workers = [
@@ -133,6 +133,7 @@ def test_workers_started_first_survive_server_restart_and_crash(cluster: Cluster
         assert log.count("joined snet") == 3
 
 
+@pytest.mark.system
 def test_frozen_server_is_dropped_and_rejoined(cluster: Cluster) -> None:
     server = cluster.server(
         "--mode", "async", "--epochs", "2", "--heartbeat-seconds", "0.5", *SMALL_JOB

@@ -1,19 +1,20 @@
-"""The live dashboard at GET /: served self-contained, fed by /events, and seen working
-in a real headless Chromium while a server trains with two workers."""
+"""The live dashboard at GET /: served self-contained, fed by /events (in process), and
+seen working in a real headless Chromium while a server trains with two worker processes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
-import urllib.request
 from typing import Any
 
 import pytest
 
-from snet.bench.browser import Browser, find_chromium
+from bench.browser import Browser, find_chromium
 
 from helpers import SMALL_JOB, Cluster, ServerProcess, wait_until
+from inprocess import Lab
+from inprocess import wait_until as wait_in_lab
 
 TRICKY_NAME = "<i>w1</i>"  # a worker name is the worker's to choose: shown as text, never HTML
 
@@ -31,20 +32,32 @@ def _train(cluster: Cluster) -> ServerProcess:
     return server
 
 
-def test_page_is_self_contained_and_events_stream_status(cluster: Cluster) -> None:
-    server = _train(cluster)
-    with urllib.request.urlopen(server.url + "/", timeout=10) as response:
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # slow: one loop (tests/README.md)
+async def test_page_is_self_contained_and_events_stream_status(lab: Lab) -> None:
+    server = await lab.server(
+        "--mode", "async", "--epochs", "200", "--linger-seconds", "30", *SMALL_JOB
+    )
+    lab.worker(server, "w0", "--backend", "numpy")
+    lab.worker(server, TRICKY_NAME, "--backend", "numpy")
+
+    async def both_live() -> bool:
+        return bool((await server.status())["workers_live"] == 2)
+
+    await wait_in_lab(both_live, 60, "two workers")
+    session = await lab.http()
+    async with session.get(server.url + "/") as response:
         assert response.headers["Content-Type"] == "text/html; charset=utf-8"
-        page = response.read().decode()
-    assert 'new EventSource("events")' in page
+        page = await response.text()
+    # the relative events path, with the token the page was opened with (if any)
+    assert 'new EventSource(token ? "events?token=" + encodeURIComponent(token) : "events")' in page
     # Nothing is loaded from elsewhere: no external scripts, styles, fonts or images.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert not re.search(r"""@import|url\(\s*["']?(https?:)?//""", page)
 
     documents: list[dict[str, Any]] = []
-    with urllib.request.urlopen(server.url + "/events", timeout=10) as stream:
+    async with session.get(server.url + "/events") as stream:
         assert stream.headers["Content-Type"] == "text/event-stream"
-        for raw in stream:
+        async for raw in stream.content:
             line = raw.decode().rstrip("\n")
             if line.startswith("data: "):
                 documents.append(json.loads(line[len("data: ") :]))
@@ -58,6 +71,7 @@ def test_page_is_self_contained_and_events_stream_status(cluster: Cluster) -> No
     find_chromium() is None,
     reason="chromium is not installed (Debian: apt-get install chromium; make test tries it)",
 )
+@pytest.mark.system
 def test_dashboard_in_headless_chromium_shows_workers_and_moving_numbers(
     cluster: Cluster,
 ) -> None:

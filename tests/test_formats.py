@@ -224,3 +224,12 @@ def test_wrong_dimension_or_label_fails_with_a_clear_message(tmp_path: Path) -> 
     ):
         check_against_network(source, 9, 27, 3)
     check_against_network(source, 9, 27, 4)  # fits
+
+
+def test_a_test_file_may_lack_classes_that_training_data_must_have(tmp_path: Path) -> None:
+    frames, labels, lengths = small_corpus()
+    np.savez(tmp_path / "d.npz", X=frames, y=labels, lengths=lengths)
+    source = open_source(DataSpec(source=str(tmp_path / "d.npz")))
+    with pytest.raises(DataError, match=r"has 4 classes .* end the network with :4"):
+        check_against_network(source, 9, 27, 6)
+    check_against_network(source, 9, 27, 6, every_class=False)  # a test file: scored

@@ -8,17 +8,9 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from protocol_samples import (
-    array_entry,
-    assert_refuses_further_use,
-    assert_same_message,
-    raw_frame,
-    sample_messages,
-    weights_header,
-)
 
 from snet.protocol import PROTOCOL_VERSION
-from snet.protocol.decoder import FrameDecoder
+from snet.protocol.decoder import Decoded, FrameDecoder
 from snet.protocol.errors import (
     FrameError,
     FrameTooLarge,
@@ -43,6 +35,15 @@ from snet.protocol.messages import (
     Lease,
     Message,
     Weights,
+)
+
+from protocol_samples import (
+    array_entry,
+    assert_refuses_further_use,
+    assert_same_message,
+    raw_frame,
+    sample_messages,
+    weights_header,
 )
 
 # ---------------------------------------------------------------- round trips
@@ -417,13 +418,13 @@ def test_sink_receives_payload_in_place() -> None:
     decoder = FrameDecoder(sink=sink)
     sent = Weights(4, 1, 0.2, 3, element=np.arange(6, dtype="<f4"))
     frame = encode_bytes(sent)
-    decoded: list[Message] = []
+    decoded: list[Decoded] = []
     for i in range(len(frame)):  # byte by byte, so the payload is written piecewise
-        decoded.extend(decoder.feed(frame[i : i + 1]))
+        decoded.extend(decoder.feed_decoded(frame[i : i + 1]))
     assert len(decoded) == 1
-    message = decoded[0]
+    message = decoded[0].message
     assert isinstance(message, Weights)
-    assert message.slot == "token-1"
+    assert decoded[0].slot == "token-1"
     assert np.shares_memory(message.element, sink.buffers[0])
     np.testing.assert_array_equal(sink.buffers[0], np.arange(6))
     assert sink.calls[0][0] == "weights"
@@ -431,9 +432,10 @@ def test_sink_receives_payload_in_place() -> None:
     assert sink.calls[0][2] == 24
     # the sink is asked for every frame with a payload; a refusal means a private buffer
     other = Weights(5, 1, 0.2, 3, element=np.arange(4, dtype="<f4"))
-    got = decoder.feed(encode_bytes(other))[0]
+    got_decoded = decoder.feed_decoded(encode_bytes(other))[0]
+    got = got_decoded.message
     assert isinstance(got, Weights)
-    assert got.slot is None
+    assert got_decoded.slot is None
     assert not any(np.shares_memory(got.element, b) for b in sink.buffers)
     np.testing.assert_array_equal(got.element, np.arange(4))
 

@@ -1,16 +1,18 @@
-"""The HTTP API and ``snet status`` against a real training server."""
+"""The HTTP API (in process) and ``snet status`` (a real process) against a real training
+server."""
 
 from __future__ import annotations
 
 import io
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
+import pytest
 
 from helpers import SMALL_JOB, Cluster, status_table, wait_until
+from inprocess import Lab
+from inprocess import wait_until as wait_in_lab
 
 STATUS_KEYS = {
     "mode",
@@ -37,16 +39,50 @@ WORKER_KEYS = {
 METRIC_LINE = re.compile(r'^snet_[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+-]+$')
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: see tests/README.md
+async def test_status_metrics_weights_and_healthz(lab: Lab) -> None:
+    server = await lab.server(
+        "--mode", "async", "--epochs", "2", "--linger-seconds", "60", *SMALL_JOB
+    )
+    for i in range(2):
+        lab.worker(server, f"w{i}")
+
+    async def trained() -> bool:
+        return bool((await server.status())["state"] == "trained")
+
+    await wait_in_lab(trained, 90, "training to finish")
+    paths = ("/healthz", "/status", "/metrics", "/weights")
+    _check_the_api(*[await server.get(path) for path in paths])
+
+
+@pytest.mark.system
 def test_status_metrics_weights_healthz_and_cli(cluster: Cluster) -> None:
     server = cluster.server(
         "--mode", "async", "--epochs", "2", "--linger-seconds", "60", *SMALL_JOB
     )
     workers = [cluster.worker(server, f"w{i}") for i in range(2)]
     wait_until(lambda: server.status()["state"] == "trained", 90, "training to finish")
+    paths = ("/healthz", "/status", "/metrics", "/weights")
+    status = _check_the_api(*[server.get(path) for path in paths])
 
-    assert server.get("/healthz") == b"ok\n"
+    table = status_table(server.url)
+    assert "async mode" in table and "w0" in table and "w1" in table
+    assert f"{100 * status['cv_accuracy']:.2f}%" in table
+    raw = cluster.run("status", "--url", server.url, "--json", timeout=30).stdout
+    assert json.loads(raw)["weight_version"] == status["weight_version"]
 
-    status = server.status()
+    unreachable = cluster.run("status", "--url", "http://127.0.0.1:9", timeout=30)
+    assert unreachable.returncode == 1 and "cannot read" in unreachable.stderr
+    for worker in workers:
+        worker.kill()
+
+
+def _check_the_api(healthz: bytes, document: bytes, metrics_text: bytes, weights: bytes) -> dict:
+    """GET /healthz, /status, /metrics and /weights of a server trained 2 epochs with 2
+    workers, checked; the status document."""
+    assert healthz == b"ok\n"
+
+    status: dict = json.loads(document)
     assert set(status) >= STATUS_KEYS
     assert status["mode"] == "async" and status["epochs_done"] == 2
     assert status["updates_applied"] >= status["steps"] > 0
@@ -59,40 +95,19 @@ def test_status_metrics_weights_healthz_and_cli(cluster: Cluster) -> None:
         assert row["address"].startswith("127.0.0.1:") and row["mcups"] > 0
     assert sum(row["updates_sent"] for row in status["workers"]) == status["updates_applied"]
 
-    metrics = server.get("/metrics").decode()
+    metrics = metrics_text.decode()
     samples = [line for line in metrics.splitlines() if line and not line.startswith("#")]
     assert all(METRIC_LINE.match(line) for line in samples), [
         line for line in samples if not METRIC_LINE.match(line)
     ]
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in samples}
     assert values["snet_weight_version"] == status["weight_version"]
-    assert values["snet_updates_applied"] == status["updates_applied"]
-    assert "# TYPE snet_updates_applied counter" in metrics
+    assert values["snet_updates_applied_total"] == status["updates_applied"]
+    assert "# TYPE snet_updates_applied_total counter" in metrics
 
-    with np.load(io.BytesIO(server.get("/weights"))) as npz:
+    with np.load(io.BytesIO(weights)) as npz:
         assert list(npz["sizes"]) == [117, 64, 10]
         assert npz["W0"].shape == (117, 64) and npz["b1"].shape == (10,)
         assert int(npz["version"]) == status["weight_version"]
         assert np.isfinite(npz["W0"]).all()
-
-    table = status_table(server.url)
-    assert "async mode" in table and "w0" in table and "w1" in table
-    assert f"{100 * status['cv_accuracy']:.2f}%" in table
-    raw = subprocess.run(
-        [sys.executable, "-m", "snet.cli", "status", "--url", server.url, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    assert json.loads(raw)["weight_version"] == status["weight_version"]
-
-    unreachable = subprocess.run(
-        [sys.executable, "-m", "snet.cli", "status", "--url", "http://127.0.0.1:9"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert unreachable.returncode == 1 and "cannot read" in unreachable.stderr
-    for worker in workers:
-        worker.kill()
+    return status

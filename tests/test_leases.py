@@ -11,7 +11,7 @@ from snet.protocol.framing import ArrayInfo, encode_bytes
 from snet.protocol.messages import Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.leases import LeaseBook, LeaseRecord
-from snet.server.pool import ElementPool, PooledElement, is_finite
+from snet.server.pool import ElementLoan, ElementPool, Received, is_finite
 
 TOTAL = 120
 TRAIN = np.setdiff1d(np.arange(TOTAL), np.arange(0, TOTAL, 7))  # a train/cv-like subset
@@ -81,8 +81,7 @@ def test_epochs_are_shuffled_differently_and_reproducibly() -> None:
     second = a.grant(1)
     assert second is not None
     assert not np.array_equal(second.indices, first_a.indices)
-    assert len(a.ledgers) == 2
-    assert a.ledger.epoch == 1
+    assert a.ledger.epoch == 1 and not a.ledger.uses.any()  # one array, counted anew
 
 
 def test_lease_ids_are_unique() -> None:
@@ -217,6 +216,50 @@ def test_accept_rejects_repeated_and_unknown_leases() -> None:
         book.accept(1, lease.lease_id, 10, 1)
 
 
+def test_lost_updates_are_found_by_the_next_one_and_requeued() -> None:
+    book = new_book(chunk=10)
+    book.start_epoch(0)
+    first, second = book.grant(1), book.grant(1)
+    other = book.grant(2)
+    assert first is not None and second is not None and other is not None
+    book.record_applied(book.accept(1, first.lease_id, 0, 3))
+    # the update covering 3:6 was lost; the one on 6:9 shows it
+    assert book.lost_before(1, first.lease_id, 6, 3) == (3, 1)
+    book.record_applied(book.accept(1, first.lease_id, 6, 3))
+    # the update on 9:10 was lost too; the next one is on the second lease
+    assert book.lost_before(1, second.lease_id, 0, 3) == (1, 1)
+    assert first.lease_id not in {lease.lease_id for lease in book.held_by(1)}
+    assert book.lost_before(1, second.lease_id, 0, 3) == (0, 0)  # nothing more is missing
+    assert book.lost_before(2, second.lease_id, 4, 3) == (0, 0)  # not its lease
+    assert book.lost_before(1, second.lease_id, 11, 3) == (0, 0)  # past the lease's end
+    book.record_applied(book.accept(1, second.lease_id, 0, 2))
+    # two updates of 3 lost (2:5, 5:8): counted in its largest update, 3 frames
+    assert book.lost_before(1, second.lease_id, 8, 2) == (6, 2)
+    assert book.ledger.requeued_frames == 10
+    book.record_applied(book.accept(1, second.lease_id, 8, 2))
+    deliver(book, other, 4)
+    while (lease := book.grant(3)) is not None:
+        deliver(book, lease, 5)
+    assert book.epoch_complete
+    assert_every_frame_once(book)
+
+
+def test_an_update_delivered_twice_is_known_as_a_repeat() -> None:
+    book = new_book(chunk=10)
+    book.start_epoch(0)
+    lease = book.grant(1)
+    assert lease is not None
+    assert not book.is_repeat(1, lease.lease_id, 0)
+    book.accept(1, lease.lease_id, 0, 4)
+    assert book.is_repeat(1, lease.lease_id, 0)  # covered already
+    assert not book.is_repeat(1, lease.lease_id, 4)  # the next one
+    assert not book.is_repeat(2, lease.lease_id, 0)  # not its lease
+    book.accept(1, lease.lease_id, 4, 6)  # used up: the lease is gone from the book
+    assert book.is_repeat(1, lease.lease_id, 4)
+    assert not book.is_repeat(2, lease.lease_id, 4)
+    assert not book.is_repeat(1, lease.lease_id + 1, 0)  # never granted
+
+
 def test_epoch_complete_waits_for_application() -> None:
     book = new_book(chunk=1000)  # a single chunk
     book.start_epoch(0)
@@ -279,13 +322,13 @@ def test_pool_acquire_release_and_overflow() -> None:
     assert c.index == -1
     assert pool.overflows == 1 and pool.in_use == 3
     assert events == ["empty", "empty"]
-    pool.release(c)  # overflow elements are not kept
+    c.release()  # overflow elements are not kept
     assert pool.free == 0 and pool.in_use == 2
     assert events == ["empty", "empty"]
-    pool.release(a)
+    a.release()
     assert pool.free == 1 and pool.in_use == 1
     assert events == ["empty", "empty", "available"]
-    pool.release(b)
+    b.release()
     assert pool.free == 2 and pool.in_use == 0
     assert events == ["empty", "empty", "available"]  # only on the empty -> free edge
     again = {pool.acquire().index, pool.acquire().index}
@@ -303,7 +346,7 @@ def test_pool_payload_target_only_for_matching_updates() -> None:
     target = pool.payload_target("update", update_array(), LAYOUT.nbytes)
     assert target is not None
     buffer, token = target
-    assert isinstance(token, PooledElement)
+    assert isinstance(token, ElementLoan)
     assert len(buffer) == LAYOUT.nbytes
     assert np.shares_memory(np.frombuffer(buffer, dtype=np.float32), token.flat)
     assert pool.in_use == 1
@@ -329,23 +372,52 @@ def test_pool_receives_updates_in_place_through_the_decoder() -> None:
     decoder = FrameDecoder(sink=pool)
     element = np.arange(LAYOUT.size, dtype=np.float32)
     update = Update(1, 2, 0, 4, 3.5, 2, 0.01, element=element)
-    (message,) = decoder.feed(encode_bytes(update))
+    ((message, slot),) = decoder.feed_decoded(encode_bytes(update))
     assert isinstance(message, Update)
-    assert isinstance(message.slot, PooledElement)
-    assert message.slot.index == 0
-    assert np.shares_memory(message.element, message.slot.flat)
-    np.testing.assert_array_equal(message.slot.flat, element)
+    assert isinstance(slot, ElementLoan)
+    assert slot.index == 0
+    assert np.shares_memory(message.element, slot.flat)
+    np.testing.assert_array_equal(slot.flat, element)
     assert pool.free == 0
     # a Weights frame of the same layout is not put in the pool
-    (weights,) = decoder.feed(encode_bytes(Weights(1, 0, 0.1, 0, element=element)))
+    ((weights, weights_slot),) = decoder.feed_decoded(
+        encode_bytes(Weights(1, 0, 0.1, 0, element=element))
+    )
     assert isinstance(weights, Weights)
-    assert weights.slot is None
-    pool.release(message.slot)
+    assert weights_slot is None
+    slot_element = slot.element
+    slot.release()
     assert pool.free == 1
     # the released element is reused for the next update
-    (second,) = decoder.feed(encode_bytes(update))
+    ((second, second_slot),) = decoder.feed_decoded(encode_bytes(update))
     assert isinstance(second, Update)
-    assert second.slot is message.slot
+    assert second_slot.element is slot_element
+
+
+def test_a_loan_gives_its_element_back_once() -> None:
+    pool = ElementPool(LAYOUT, size=2)
+    loan = pool.acquire()
+    element = loan.element
+    loan.release()
+    loan.release()  # a second release does nothing: the element is not freed twice
+    assert pool.free == 2 and pool.in_use == 0 and loan.released
+    with pytest.raises(RuntimeError):
+        _ = loan.flat  # the element is not reachable through a released loan
+    again = pool.acquire()
+    assert again.element is element and not again.released
+
+
+def test_received_owns_the_loan_it_holds() -> None:
+    pool = ElementPool(LAYOUT, size=2)
+    update = Update(1, 2, 0, 4, 3.5, 2, 0.01)
+    received = Received(update, pool.acquire())
+    decoded_into = pool.acquire()
+    received.adopt(decoded_into)  # an encoded update decoded into a second element
+    assert pool.free == 1 and received.loan is decoded_into
+    received.release()
+    received.release()
+    assert pool.free == 2 and pool.in_use == 0
+    Received(update, None).release()  # a payload that did not fit the pool: nothing held
 
 
 def test_pool_element_of_abandoned_frame_comes_back() -> None:
@@ -355,8 +427,8 @@ def test_pool_element_of_abandoned_frame_comes_back() -> None:
     assert decoder.feed(frame[:-3]) == []
     assert pool.free == 0
     token = decoder.abandon()
-    assert isinstance(token, PooledElement)
-    pool.release(token)
+    assert isinstance(token, ElementLoan)
+    token.release()
     assert pool.free == 1 and pool.in_use == 0
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from helpers import SMALL_JOB, Cluster, wait_until
+from helpers import SMALL_JOB, Cluster, run_process, wait_until
 from netlab import NetLab
 
 PORT, HTTP_PORT = 7000, 7080  # each namespace has its own ports: no clash with anything
@@ -44,6 +43,7 @@ def _rows(status: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return sorted((r for r in status["workers"] if r["name"] == name), key=lambda r: r["id"])
 
 
+@pytest.mark.system
 def test_three_workers_on_their_own_hosts_one_link_cut_and_mended(
     lab: NetLab, cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -51,6 +51,9 @@ def test_three_workers_on_their_own_hosts_one_link_cut_and_mended(
     monitor_ip = lab.add_host("mon", 100)
     worker_ips = {name: lab.add_host(name, 10 + i) for i, name in enumerate(WORKERS, 1)}
     tmp = cluster.tmp_path
+    # A server beyond loopback needs a token: every host has it in its environment, as a
+    # systemd unit's EnvironmentFile would give it (server, workers and snet status).
+    cluster.env["SNET_TOKEN"] = "many-hosts-secret"
     ready, out_dir = tmp / "server.ready", tmp / "server-out"
     server = cluster._spawn(
         [
@@ -68,10 +71,8 @@ def test_three_workers_on_their_own_hosts_one_link_cut_and_mended(
 
     def status() -> dict[str, Any]:
         """GET /status from the monitor host, across the bridge."""
-        done = subprocess.run(
+        done = run_process(
             lab.command("mon", sys.executable, "-m", "snet.cli", "status", "--json", "--url", url),
-            capture_output=True,
-            text=True,
             timeout=30,
             env=cluster.env,
         )

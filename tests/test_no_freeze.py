@@ -106,9 +106,20 @@ def test_idle_worker_is_dropped_from_sync_rounds(cluster: Cluster) -> None:
     deadline derived from the measured round time: then it drops the one that is late
     and says so."""
     server = cluster.server(
-        "--mode", "sync", "--epochs", "2", "--min-workers", "3", "--linger-seconds", "30",
+        "--mode",
+        "sync",
+        "--epochs",
+        "2",
+        "--min-workers",
+        "3",
+        "--linger-seconds",
+        "30",
+        "--stall-seconds",
+        "1",
+        "--join-seconds",
+        "2",
         *SMALL_JOB,
-    )  # fmt: skip
+    )  # fmt: skip (a short first-update allowance: the workers here load their data fast)
     idle = RawClient(server.port, "idle")
     idle.handshake()
     for name in ("w1", "w2"):

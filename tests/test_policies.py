@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from snet.client.policies import AsyncCompute, ComputeState, SyncCompute, make_compute_policy
+from snet.protocol.job import JobSpec
 from snet.server.policies import (
     MAX_FUSED_STEPS,
     AsyncSteps,
+    BlockDeltas,
+    Combination,
     PendingView,
     QueueView,
     StepPolicy,
@@ -101,9 +104,18 @@ def test_versions_each_policy_takes() -> None:
 
 
 def test_make_step_policy_names_the_modes() -> None:
-    assert isinstance(make_step_policy("sync"), SyncSteps)
-    policy: StepPolicy = make_step_policy("async", 4)
+    assert isinstance(make_step_policy(JobSpec(mode="sync")), SyncSteps)
+    policy: StepPolicy = make_step_policy(JobSpec(mode="async", updates_per_step=4))
     assert isinstance(policy, AsyncSteps) and policy.updates_per_step == 4
+    blocks = make_step_policy(JobSpec(mode="bmuf"))
+    assert isinstance(blocks, SyncSteps) and blocks.late_action == "drop"
+    assert isinstance(blocks.combination, BlockDeltas)
+    assert "carries a worker's momentum" in blocks.combination.codec_problem("topk:0.01")
+    assert blocks.combination.codec_problem("int8") == ""
+    assert blocks.combination.chunk_frames(JobSpec(mode="bmuf", block_bunches=64)) == 64 * 128
+    loose = make_step_policy(JobSpec(mode="bmuf", block_sync=False))
+    assert isinstance(loose, AsyncSteps) and loose.updates_per_step == 1  # each block alone
+    assert type(policy.combination) is Combination
 
 
 # ---------------------------------------------------------------- deadlines
@@ -142,7 +154,7 @@ def test_a_newcomer_is_judged_by_the_others_intervals_and_a_scorer_by_its_rate()
 
 
 def test_sync_worker_waits_for_the_step_of_its_update_unless_refused() -> None:
-    policy = make_compute_policy("sync", max_in_flight=2)
+    policy = make_compute_policy(JobSpec(mode="sync", max_in_flight=2))
     assert isinstance(policy, SyncCompute)
     assert policy.may_compute(ComputeState(version=0, last_base=-1, in_flight=0))  # first
     assert not policy.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
@@ -151,7 +163,7 @@ def test_sync_worker_waits_for_the_step_of_its_update_unless_refused() -> None:
 
 
 def test_async_worker_never_waits_for_weights_only_for_its_in_flight_bound() -> None:
-    policy = make_compute_policy("async", max_in_flight=2)
+    policy = make_compute_policy(JobSpec(mode="async", max_in_flight=2))
     assert isinstance(policy, AsyncCompute)
     assert policy.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
     assert not policy.may_compute(ComputeState(version=9, last_base=3, in_flight=2))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from snet.bench.replay import Replay, read_trace, replay
+from bench.replay import Replay, read_trace, replay
 from snet.client.compression import UpdateCompressor
 from snet.client.network import BunchNetwork
 from snet.protocol.job import JobSpec

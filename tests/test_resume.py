@@ -23,7 +23,7 @@ import pytest
 
 from snet.protocol.schedule import NewbobSchedule
 
-from helpers import Cluster, ServerProcess, free_port, run_snet, wait_until
+from helpers import Cluster, ServerProcess, free_port, wait_until
 
 TRAIN_FRAMES = 48_479  # the default data's training frames
 
@@ -225,7 +225,7 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     wait_until(lambda: _progress(server)[0] > 300, 60, "a few hundred steps")
 
     # A second server on the same out-dir: refused in one line, exit 1.
-    clash = run_snet(cluster, "server", "--port", "0", "--http-port", "0", *run.args[-4:-2])
+    clash = cluster.run("server", "--port", "0", "--http-port", "0", *run.args[-4:-2])
     assert clash.returncode == 1, clash.stderr
     assert f"out-dir {run.out_dir} is in use by another snet server (pid {server.process.pid})" in (
         clash.stderr
@@ -240,7 +240,7 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # killed mid-write
 
     # A checkpoint of another network: one line, exit 2, nothing touched.
-    other = run_snet(cluster, "server", *run.args, "--port", "0", "--network", "117:64:10")
+    other = cluster.run("server", *run.args, "--port", "0", "--network", "117:64:10")
     assert other.returncode == 2, other.stderr
     errors = [line for line in other.stderr.splitlines() if line.startswith("snet: ")]
     assert len(errors) == 1, other.stderr
@@ -269,7 +269,7 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     assert run.final()["state"] == "trained"
 
     # --fresh would discard a finished run: refused without --force.
-    fresh = run_snet(cluster, "server", "--port", "0", "--http-port", "0", *run.args, "--fresh")
+    fresh = cluster.run("server", "--port", "0", "--http-port", "0", *run.args, "--fresh")
     assert fresh.returncode == 2 and "holds the results of a finished run" in fresh.stderr
     assert (run.out_dir / "weights.npz").read_bytes() == trained
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -20,7 +19,8 @@ from snet.client.spert.timing import BoardClock
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
 
-from helpers import Cluster
+from helpers import run_process
+from inprocess import Lab
 
 
 class FakeTime:
@@ -173,14 +173,13 @@ print(json.dumps({"elapsed": elapsed, "modelled": totals.busy_seconds / 10.0,
 
 def _timed_run() -> dict[str, Any]:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    output = subprocess.run(
-        [sys.executable, "-c", _TIMED_RUN], capture_output=True, text=True, env=env, timeout=60
-    )
+    output = run_process([sys.executable, "-c", _TIMED_RUN], env=env)
     assert output.returncode == 0, output.stderr
     run: dict[str, Any] = json.loads(output.stdout)
     return run
 
 
+@pytest.mark.system
 def test_wall_clock_follows_the_model_at_ten_times_real_time() -> None:
     """A run of 150 bunches (about 0.58 s at 10x) takes the modelled time within 10%.
 
@@ -203,10 +202,10 @@ def test_wall_clock_follows_the_model_at_ten_times_real_time() -> None:
     raise AssertionError(f"no run within 10% of the model: {runs}")
 
 
-def test_snet_spert_refuses_a_network_that_does_not_fit(cluster: Cluster) -> None:
-    server = cluster.server("--network", "117:10000:10", "--epochs", "1", "--pool-size", "4")
-    board = cluster.spert(server, "big")
-    assert board.wait(60) == 1  # it tells the server why (bad_job) and leaves
-    log = cluster.log("big")
+async def test_snet_spert_refuses_a_network_that_does_not_fit(lab: Lab) -> None:
+    server = await lab.server("--network", "117:10000:10", "--epochs", "1", "--pool-size", "4")
+    board = lab.spert(server, "big")
+    assert await board.wait(60) == 4  # refused; it tells the server why (bad_job) and leaves
+    log = lab.log("big")
     assert "does not fit the Spert board" in log and "Traceback" not in log
-    assert "does not fit the Spert board" in server.log.read_text()
+    assert "does not fit the Spert board" in lab.log("server")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+import pytest
+
 from helpers import SMALL_JOB, Cluster, status_table, wait_until
 
 BOARD = ("--time-scale", "10")
@@ -30,6 +32,7 @@ def _check_board_row(row: dict[str, Any]) -> None:
     assert 0 < report["modelled_mcups"] < 115
 
 
+@pytest.mark.system
 def test_sync_two_boards_train(cluster: Cluster) -> None:
     server = cluster.server("--mode", "sync", "--epochs", "2", "--linger-seconds", "60", *SMALL_JOB)
     boards = [cluster.spert(server, f"board{i}", *BOARD) for i in range(2)]
@@ -59,6 +62,7 @@ def test_sync_two_boards_train(cluster: Cluster) -> None:
     assert [b.wait(30) for b in boards] == [0, 0]
 
 
+@pytest.mark.system
 def test_async_numpy_workers_and_boards_together(cluster: Cluster) -> None:
     server = cluster.server(
         "--mode", "async", "--epochs", "3", "--linger-seconds", "60", *SMALL_JOB

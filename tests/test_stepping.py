@@ -1,5 +1,5 @@
-"""Fused steps change nothing (through a real server); which queued updates make a step is
-tested on the policies alone in test_policies.py."""
+"""Fused steps change nothing (through a real server, in process); which queued updates
+make a step is tested on the policies alone in test_policies.py."""
 
 from __future__ import annotations
 
@@ -10,23 +10,25 @@ from snet.protocol.messages import Lease, Update, Weights, Welcome
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.update_rule import UpdateRule
 
-from helpers import SMALL_JOB, Cluster, RawClient, wait_until
+from async_raw import AsyncRawClient
+from helpers import SMALL_JOB
+from inprocess import Lab, wait_until
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 UPDATES = 40
 
 
-def test_backlogged_async_steps_give_the_one_by_one_weights(cluster: Cluster) -> None:
+async def test_backlogged_async_steps_give_the_one_by_one_weights(lab: Lab) -> None:
     """A burst of updates sent back to back: whether the server applies them one by one or
     fuses the steps queued behind a running one, every update gets its own version and
     the final weights are bit for bit those of applying the updates in order."""
-    server = cluster.server(
+    server = await lab.server(
         "--mode", "async", "--updates-per-step", "1", "--epochs", "1", *SMALL_JOB
     )  # fmt: skip
-    client = RawClient(server.port, "burst")
-    welcome: Welcome = client.handshake()
-    start: Weights = client.receive(Weights)
-    lease: Lease = client.receive(Lease)
+    client = await AsyncRawClient.connect(server.port, "burst")
+    welcome: Welcome = await client.handshake()
+    start: Weights = await client.receive(Weights)
+    lease: Lease = await client.receive(Lease)
     assert len(lease.indices) >= UPDATES
     rng = np.random.default_rng(5)
     gradients = [rng.standard_normal(LAYOUT.size).astype(np.float32) for _ in range(UPDATES)]
@@ -34,17 +36,21 @@ def test_backlogged_async_steps_give_the_one_by_one_weights(cluster: Cluster) ->
         encode_bytes(Update(0, lease.lease_id, offset, 1, 0.5, 0, 0.001, gradient))
         for offset, gradient in enumerate(gradients)
     )
-    client.send_bytes(frames)  # all at once: steps queue up behind the first
-    wait_until(lambda: server.status()["updates_applied"] == UPDATES, 30, "every update")
+    await client.send_bytes(frames)  # all at once: steps queue up behind the first
 
-    status = server.status()
+    async def all_applied() -> bool:
+        return bool((await server.status())["updates_applied"] == UPDATES)
+
+    await wait_until(all_applied, 30, "every update")
+
+    status = await server.status()
     assert status["steps"] == UPDATES and status["weight_version"] == UPDATES
     assert status["staleness_max"] <= UPDATES - 1
     final = start
     while final.version < UPDATES:
-        final = client.receive(Weights)
+        final = await client.receive(Weights)
     reference = UpdateRule(start.element, welcome.job["momentum"])
     for gradient in gradients:
         reference.step([gradient], 1, final.learning_rate)
     np.testing.assert_array_equal(final.element, reference.weights)
-    client.close()
+    await client.close()

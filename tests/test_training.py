@@ -1,4 +1,6 @@
-"""End-to-end training with a real server and real worker processes on 127.0.0.1."""
+"""End-to-end training with a real server and real workers on 127.0.0.1: in-process (the
+fast ring) where the process boundary does not matter, as processes (the system ring)
+where it does (a worker killed, a signal, the loop chosen by SNET_LOOP)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
 from snet.server.update_rule import UpdateRule
 
 from helpers import SMALL_JOB, Cluster, load_weights, wait_until
+from inprocess import Lab
 
 
 def _replay_sequentially(trace: list[dict], spec: NetworkSpec, momentum: float) -> np.ndarray:
@@ -32,8 +35,8 @@ def _replay_sequentially(trace: list[dict], spec: NetworkSpec, momentum: float) 
     return rule.weights
 
 
-def test_sync_two_workers_equal_sequential_training(cluster: Cluster) -> None:
-    server = cluster.server(
+async def test_sync_two_workers_equal_sequential_training(lab: Lab) -> None:
+    server = await lab.server(
         "--mode",
         "sync",
         "--min-workers",
@@ -45,14 +48,14 @@ def test_sync_two_workers_equal_sequential_training(cluster: Cluster) -> None:
         "--learning-rates",
         "0.1",
         "--trace-file",
-        str(cluster.tmp_path / "trace.jsonl"),
+        str(lab.tmp_path / "trace.jsonl"),
         *SMALL_JOB,
     )
-    workers = [cluster.worker(server, f"w{i}") for i in range(2)]
-    assert server.wait(120) == 0
-    assert [w.wait(30) for w in workers] == [0, 0]
+    workers = [lab.worker(server, f"w{i}") for i in range(2)]
+    assert await server.wait(120) == "trained"
+    assert [await w.wait(30) for w in workers] == [0, 0]
 
-    trace = [json.loads(line) for line in (cluster.tmp_path / "trace.jsonl").open()]
+    trace = [json.loads(line) for line in (lab.tmp_path / "trace.jsonl").open()]
     assert len(trace) > 50
     # Each synchronous step combines one update per worker computed on the same version.
     two_worker_steps = [s for s in trace if len(s["updates"]) == 2]
@@ -69,13 +72,11 @@ def test_sync_two_workers_equal_sequential_training(cluster: Cluster) -> None:
     assert np.abs(got - initial_weights(spec, seed=1)).max() > 0.05  # it really trained
 
 
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
-def test_async_three_workers_converge_with_staleness(cluster: Cluster, loop: str) -> None:
-    cluster.env["SNET_LOOP"] = loop
-    server = cluster.server("--mode", "async", "--epochs", "3", *SMALL_JOB)
-    workers = [cluster.worker(server, f"w{i}") for i in range(3)]
-    assert server.wait(120) == 0
-    assert [w.wait(30) for w in workers] == [0, 0, 0]
+async def test_async_three_workers_converge_with_staleness(lab: Lab) -> None:
+    server = await lab.server("--mode", "async", "--epochs", "3", *SMALL_JOB)
+    workers = [lab.worker(server, f"w{i}") for i in range(3)]
+    assert await server.wait(120) == "trained"
+    assert [await w.wait(30) for w in workers] == [0, 0, 0]
     status = server.final_status()
     assert status["mode"] == "async"
     assert status["epochs_done"] == 3
@@ -93,7 +94,9 @@ def test_async_three_workers_converge_with_staleness(cluster: Cluster, loop: str
         assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
 
 
+@pytest.mark.system
 def test_worker_killed_mid_run_sync_mode_carries_on(cluster: Cluster) -> None:
+    cluster.env["SNET_LOOP"] = "asyncio"  # the other system tests run on uvloop
     server = cluster.server("--mode", "sync", "--epochs", "3", "--linger-seconds", "30", *SMALL_JOB)
     workers = [cluster.worker(server, f"w{i}") for i in range(3)]
     wait_until(
@@ -135,6 +138,7 @@ def test_worker_killed_mid_run_sync_mode_carries_on(cluster: Cluster) -> None:
     assert workers[0].wait(30) == 0 and workers[2].wait(30) == 0
 
 
+@pytest.mark.system
 def test_sigterm_shuts_down_gracefully_and_writes_weights(cluster: Cluster) -> None:
     server = cluster.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
     # It waits --retry-seconds for a stopped server to come back before it exits 0.

@@ -9,6 +9,23 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+
+from snet.protocol import PROTOCOL_VERSION
+from snet.protocol.codecs.sparse import TopKCodec
+from snet.protocol.decoder import FrameDecoder
+from snet.protocol.errors import ProtocolError
+from snet.protocol.framing import FrameLimits, encode_bytes
+from snet.protocol.messages import (
+    MESSAGE_TYPES,
+    ErrorMessage,
+    Goodbye,
+    Heartbeat,
+    Lease,
+    Update,
+    Weights,
+)
+from snet.protocol.network import ElementLayout, NetworkSpec
+
 from wire_samples import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     ELEMENT,
@@ -30,22 +47,6 @@ from wire_samples import (
     raw_frame,
     readme_text,
 )
-
-from snet.protocol import PROTOCOL_VERSION
-from snet.protocol.codecs.sparse import TopKCodec
-from snet.protocol.decoder import FrameDecoder
-from snet.protocol.errors import ProtocolError
-from snet.protocol.framing import FrameLimits, encode_bytes
-from snet.protocol.messages import (
-    MESSAGE_TYPES,
-    ErrorMessage,
-    Goodbye,
-    Heartbeat,
-    Lease,
-    Update,
-    Weights,
-)
-from snet.protocol.network import ElementLayout, NetworkSpec
 
 # ---------------------------------------------------------------- hand-built frames decode
 

@@ -11,18 +11,6 @@ from dataclasses import fields
 from typing import Any
 
 import numpy as np
-from wire_samples import (
-    NETWORK,
-    README_DTYPES,
-    decode_one,
-    example_frames,
-    fenced_block,
-    hand_frame,
-    message_sections,
-    parse_frame,
-    readme_text,
-    table_cells,
-)
 
 from snet.protocol import auth, errors
 from snet.protocol.framing import ALLOWED_DTYPES, NOT_IN_HEADER, encode_bytes
@@ -36,6 +24,19 @@ from snet.protocol.messages import (
     Welcome,
 )
 from snet.protocol.network import ELEMENT_DTYPE, ElementLayout
+
+from wire_samples import (
+    NETWORK,
+    README_DTYPES,
+    decode_one,
+    example_frames,
+    fenced_block,
+    hand_frame,
+    message_sections,
+    parse_frame,
+    readme_text,
+    table_cells,
+)
 
 # ---------------------------------------------------------------- the README's contents
 

@@ -232,7 +232,7 @@ def samples() -> list[Sample]:
         ),
         Sample(
             "lease",
-            {"lease_id": 7, "epoch": 0},
+            {"lease_id": 7, "epoch": 0, "learning_rate": 0.0},
             [("<i8", [3], indices)],
             Lease(7, 0, np.array([5, 9, 2], dtype="<i8")),
         ),
@@ -253,13 +253,14 @@ def samples() -> list[Sample]:
         Sample("resync", {"reason": "no base"}, [], Resync("no base")),
         Sample(
             "data_info",
-            {"features": 2, "total_frames": 5},
+            {"features": 2, "total_frames": 5, "cv_utterances": 1},
             [("<f8", [2, 2], norms_raw), ("<i8", [2], struct.pack("<2q", 3, 2))],
             DataInfo(
                 2,
                 5,
                 np.frombuffer(norms_raw, "<f8").reshape(2, 2),
                 np.array([3, 2], dtype="<i8"),
+                cv_utterances=1,
             ),
         ),
         Sample(

@@ -9,7 +9,7 @@ MB/s and MCUPS are decimal (10**6); the memory is binary (8 MB = 8 * 2**20 bytes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from snet.protocol.errors import ConfigError
 
@@ -18,16 +18,34 @@ from snet.protocol.errors import ConfigError
 class BoardConfig:
     """What the emulated Spert-II is like, and how much faster than real time it runs."""
 
-    memory_mb: float = 8.0  # board memory, MiB: weights, buffers and the pattern chunk
-    host_to_board_mb_s: float = 4.0  # SBus link, towards the board
-    board_to_host_mb_s: float = 2.7  # SBus link, back to the host
-    train_mcups: float = 115.0  # raw training rate (connection updates per second / 1e6)
-    forward_mcps: float = 345.0  # forward passes: about a third of training's work per pattern
-    unit_ns: float = 5.0  # per hidden unit and pattern: its table lookup and derivative
-    pattern_us: float = 2.0  # per pattern: softmax, loop set-up
-    call_us: float = 50.0  # per board call: SBus transaction and T0 dispatch
-    chunk_patterns: int = 1024  # patterns a forward-pass chunk holds (training: a bunch)
-    time_scale: float = 1.0  # 10 means the emulated board runs 10 times faster than real
+    memory_mb: float = field(
+        default=8.0, metadata={"help": "board memory, MiB: weights, buffers and the pattern chunk"}
+    )
+    host_to_board_mb_s: float = field(
+        default=4.0, metadata={"help": "SBus link rate towards the board, MB/s"}
+    )
+    board_to_host_mb_s: float = field(
+        default=2.7, metadata={"help": "SBus link rate back to the host, MB/s"}
+    )
+    train_mcups: float = field(
+        default=115.0, metadata={"help": "raw training rate (connection updates per s / 1e6)"}
+    )
+    forward_mcps: float = field(
+        default=345.0, metadata={"help": "forward-pass rate, MCPS (a third of training's work)"}
+    )
+    unit_ns: float = field(
+        default=5.0, metadata={"help": "ns per hidden unit and pattern (lookup, derivative)"}
+    )
+    pattern_us: float = field(default=2.0, metadata={"help": "us per pattern (softmax, loop)"})
+    call_us: float = field(
+        default=50.0, metadata={"help": "us per board call (SBus transaction, T0 dispatch)"}
+    )
+    chunk_patterns: int = field(
+        default=1024, metadata={"help": "patterns a forward-pass chunk holds"}
+    )
+    time_scale: float = field(
+        default=1.0, metadata={"help": "run this many times faster than the modelled board"}
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -41,6 +59,3 @@ class BoardConfig:
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_mb * (1 << 20))
-
-
-BOARD_FIELDS = tuple(f.name for f in fields(BoardConfig))

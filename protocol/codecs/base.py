@@ -129,6 +129,9 @@ class ElementCodec:
         return grouped
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def require_finite(codec: str, what: str, values: np.ndarray) -> None:
     """Refuse NaN and infinities in a part (a poisoned scale would poison the weights)."""
     if values.size and not np.isfinite(values).all():

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import CodecError
-from .base import ElementCodec, PartSpec, blocks_of, require_finite
+from .base import FLOAT32_MAX, ElementCodec, PartSpec, blocks_of, require_finite
 
 FP16_MAX = 65504.0
 INT8_BLOCK = 256
@@ -87,6 +87,7 @@ class _BlockScaledCodec(ElementCodec):
     values in units of their block's scale."""
 
     block = 1
+    largest_unit = 1.0  # the largest |value| in units of its scale (int8: 127)
 
     def units(self, values: np.ndarray, size: int) -> np.ndarray:
         """The segment's ``size`` values in units of their scale, from the second part."""
@@ -97,6 +98,9 @@ class _BlockScaledCodec(ElementCodec):
         require_finite(self.name, "scales", scales)
         if scales.size and scales.min() < 0:
             raise CodecError(f"{self.name}: negative scale {float(scales.min())}")
+        # a finite scale whose product overflows would still put Inf into the element
+        if scales.size and float(scales.max()) * self.largest_unit > FLOAT32_MAX:
+            raise CodecError(f"{self.name}: scale {float(scales.max()):.3g} overflows float32")
 
     def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
         flat = out.reshape(-1)
@@ -109,6 +113,7 @@ class Int8Codec(_BlockScaledCodec):
 
     family = "int8"
     block = INT8_BLOCK
+    largest_unit = 127.0
 
     def part_specs(self, shape: tuple[int, ...]) -> tuple[PartSpec, ...]:
         size = _size(shape)

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import CodecError, ConfigError
 from ..messages import Encoded
 from ..network import ElementLayout
-from .base import ElementCodec, PartSpec, require_finite
+from .base import FLOAT32_MAX, ElementCodec, PartSpec, require_finite
 from .varint import decode_gaps, encode_gaps
 
 MAX_RANK = 64
@@ -200,6 +200,11 @@ class PowerSgdCodec(ElementCodec):
     def check_values(self, parts: Sequence[np.ndarray], shape: tuple[int, ...]) -> None:
         for part in parts:
             require_finite(self.name, "factors" if len(shape) == 2 else "biases", part)
+        if len(parts) == 2:  # finite factors whose product overflows would still put Inf
+            p, q = parts  # into the element: |p q^T| <= rank * max|p| * max|q|
+            bound = p.shape[1] * float(np.abs(p).max(initial=0)) * float(np.abs(q).max(initial=0))
+            if bound > FLOAT32_MAX:
+                raise CodecError(f"{self.name}: factors whose product overflows float32")
 
     def decode_segment(self, parts: Sequence[np.ndarray], out: np.ndarray) -> None:
         if len(parts) == 1:

@@ -1,27 +1,46 @@
 """Sequential training in one process, without a server: the reference the parallel modes
 are measured against (``snet train``, bench/convergence.py).
 
-It uses the very pieces the service uses: the server's ``LeaseBook`` for the frame order
-(the same epochs, chunks and cache shuffle a one-worker server run would lease), the
-worker's ``BunchNetwork`` for the gradients, the server's ``UpdateRule`` for the step,
-the same schedules and the same hooks. Only the network between them is missing.
+It uses the very pieces the service uses: the worker's ``BunchNetwork`` for the gradients,
+the job's schedule and hooks, and, passed in by the caller because the client never
+imports the server, the server's ``UpdateRule`` for the step (any ``StepRule``) and the
+frame order its ``LeaseBook`` leases to a lone worker (any ``ChunkOrder``: the same
+epochs, chunks and cache shuffle). ``snet.cli.offline.train_job`` puts them together.
+Only the network between them is missing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from snet.client.network import BunchNetwork
-from snet.data.corpus import load_corpus
+from snet.data.corpus import Corpus
 from snet.protocol.hooks import BunchEvent, EpochEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
-from snet.protocol.network import ElementLayout, initial_weights
+from snet.protocol.network import ElementLayout
 from snet.protocol.schedule import make_schedule
-from snet.server.leases import LeaseBook
-from snet.server.update_rule import UpdateRule
+
+from .network import BunchNetwork
+
+
+class StepRule(Protocol):
+    """The update rule as the trainer uses it (the server's ``UpdateRule`` is one)."""
+
+    @property
+    def weights(self) -> np.ndarray: ...
+
+    def step(
+        self, gradients: Sequence[np.ndarray], patterns: int, learning_rate: float
+    ) -> np.ndarray | None: ...
+
+    def load(self, weights: np.ndarray) -> None: ...
+
+
+ChunkOrder = Callable[[int], Iterable[np.ndarray]]
+"""Epoch (0-based) -> the training frames of that epoch, chunk by chunk, in lease order."""
 
 
 @dataclass
@@ -34,25 +53,18 @@ class SequentialResult:
 
 def train_sequential(
     job: JobSpec,
+    corpus: Corpus,
+    rule: StepRule,
+    chunks: ChunkOrder,
     hooks: HookSet | None = None,
-    weights: np.ndarray | None = None,
     progress: Callable[[dict[str, float | int | bool]], None] | None = None,
 ) -> SequentialResult:
-    """Train ``job`` with one bunch of ``bunch_size`` patterns per step, epoch by epoch."""
+    """Train ``job`` with one bunch of ``bunch_size`` patterns per step, epoch by epoch,
+    starting from ``rule``'s weights and taking each epoch's frames from ``chunks``."""
     hooks = hooks or HookSet([])
     spec = job.network
-    corpus = load_corpus(job.data, spec.output_size, spec.input_size)
     network = BunchNetwork(spec, max(job.bunch_size, 1024))
-    rule = UpdateRule(initial_weights(spec, job.seed) if weights is None else weights, job.momentum)
     gradient = ElementLayout.for_network(spec).allocate()
-    book = LeaseBook(
-        corpus.train_frames,
-        corpus.bounds.total_frames,
-        job.chunk_frames,
-        job.seed,
-        cache_frames=job.bunch_size * job.shuffle_cache_bunches,
-        sequential=job.frame_order == "sequential",
-    )
     cv_x, cv_labels = corpus.windows(corpus.cv_frames), corpus.labels_of(corpus.cv_frames)
     newbob = make_schedule(job)
     rate = newbob.rate if newbob else job.learning_rate(0)
@@ -67,15 +79,13 @@ def train_sequential(
     version = 0
     for epoch in range(job.epochs):
         hooks.call("before_epoch", epoch, rate)
-        book.start_epoch(epoch)
         patterns = correct = 0
-        while (lease := book.grant(0)) is not None:
-            for offset in range(0, len(lease.indices), job.bunch_size):
-                frames = lease.indices[offset : offset + job.bunch_size]
+        for chunk in chunks(epoch):
+            for offset in range(0, len(chunk), job.bunch_size):
+                frames = chunk[offset : offset + job.bunch_size]
                 x = corpus.windows(frames)
                 loss, right = network.gradient(rule.weights, x, corpus.labels_of(frames), gradient)
                 rule.step([gradient], len(frames), rate)
-                book.record_applied(book.accept(0, lease.lease_id, offset, len(frames)))
                 version += 1
                 patterns, correct = patterns + len(frames), correct + right
                 hooks.call(

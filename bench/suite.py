@@ -1,4 +1,5 @@
-"""``snet bench``: the benchmark suite; JSON to a file and a readable table.
+"""The benchmark suite (``python -m bench``, ``make bench``, ``snet bench`` in a checkout):
+JSON to a file and a readable table.
 
 Every figure is a ratio measured in the same run (ours beside a peer, ours beside the
 physical limit), because the machines are shared and noisy. Sections: ``worker`` (the
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import os
 import platform
@@ -20,8 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .bench_report import render_markdown
-from .runtime import blas_thread_env
+from snet.cli.runtime import blas_thread_env
+
+from . import CHECKOUT, child_env
+from .report import render_markdown
 
 WORKER_NETWORKS = ("39:500:42", "351:1262:45")
 WORKER_BUNCHES = (12, 96, 1000)
@@ -36,12 +38,12 @@ def _worker_rows(quick: bool) -> list[dict[str, Any]]:
     for network in WORKER_NETWORKS:
         for bunch in bunches:
             for count in threads:
-                env = blas_thread_env(count)
+                env = child_env(blas_thread_env(count))
                 output = subprocess.run(
                     [
                         sys.executable,
                         "-m",
-                        "snet.bench.worker_compute",
+                        "bench.worker_compute",
                         "--network",
                         network,
                         "--bunch",
@@ -73,24 +75,40 @@ def run_sections(sections: list[str], quick: bool, seconds: float) -> dict[str, 
         print("worker arithmetic ...", flush=True)
         results["worker"] = _worker_rows(quick)
     if "server" in sections:
-        from snet.bench.server_throughput import run_server_bench
+        from .server_throughput import run_server_bench
 
         print("server throughput ...", flush=True)
         results["server"] = run_server_bench(seconds, (1, 2) if quick else (1, 2, 4))
     if "round" in sections:
-        from snet.bench.sync_round import run_round_bench
+        from .sync_round import run_round_bench
 
         print("synchronous round ...", flush=True)
         results["round"] = run_round_bench(seconds)
     if "scaling" in sections:
-        try:
-            scaling = importlib.import_module("snet.bench.scaling")
-        except ImportError:
-            print("scaling: not available in this build", flush=True)
-        else:
-            print("scaling ...", flush=True)
-            results["scaling"] = scaling.run_scaling()
+        from .scaling import run_scaling
+
+        print("scaling ...", flush=True)
+        results["scaling"] = run_scaling()
     return results
+
+
+def parser() -> argparse.ArgumentParser:
+    """The suite's flags (``snet bench`` passes its arguments through unchanged)."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--only", help="comma-separated sections: worker,server,round,scaling")
+    parser.add_argument("--quick", action="store_true", help="fewer configurations")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
+    parser.add_argument(
+        "--json",
+        default=str(CHECKOUT / "docs" / "benchmarks.json"),
+        help="results file (default: the checkout's docs/benchmarks.json)",
+    )
+    parser.add_argument(
+        "--markdown",
+        default=str(CHECKOUT / "docs" / "benchmarks.md"),
+        help="tables file (default: the checkout's docs/benchmarks.md; empty: none)",
+    )
+    return parser
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
 
-from .perfmodel import Constants, predict
+from .model import Constants, predict
 
 _STYLE = {"sync": "--", "async": "-"}
 _COLOUR = {"pattern": "tab:blue", "network": "tab:orange"}
@@ -28,7 +28,7 @@ def require_matplotlib() -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError(
             "--png needs matplotlib, which is not installed: "
-            "pip install 'snet[bench]' (or pip install matplotlib)"
+            "pip install 'snet-train[bench]' (or pip install matplotlib)"
         )
 
 

@@ -27,13 +27,27 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from snet.client.modelled_backend import per_pattern_coefficients
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import ELEMENT_DTYPE, NetworkSpec
 
 STRATEGIES = ("pattern", "network")
 MODES = ("sync", "async")
 WORD_BYTES = ELEMENT_DTYPE.itemsize  # float32 on the wire
+
+
+def per_pattern_coefficients(network: NetworkSpec, cu_seconds: float) -> tuple[float, float]:
+    """(c1, c2) of Quicknet's per-pattern cost ``c1 * N_h + c2`` for a network whose every
+    connection update costs ``cu_seconds``.
+
+    A pattern updates ``connections`` weights and biases; the ones that grow with the hidden
+    units go to c1 (per hidden unit), the output biases to c2. For one hidden layer
+    c1 = (I + O + 1) * cu_seconds and c2 = O * cu_seconds.
+    """
+    hidden = sum(network.sizes[1:-1])
+    fixed = network.output_size
+    if hidden == 0:
+        return 0.0, network.connections * cu_seconds
+    return (network.connections - fixed) / hidden * cu_seconds, fixed * cu_seconds
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,55 @@
+"""The benchmarks of a source checkout, run as a child process (``snet bench``,
+``snet plan --calibrate``).
+
+``bench/`` is not part of the installed package: the product never imports it. When snet
+runs from a checkout (an editable install, or the current directory is one), these
+commands start ``python -m bench...`` there with the checkout first on PYTHONPATH;
+otherwise they say in one line how to run the benchmarks from a checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from snet.protocol.errors import ConfigError
+
+NO_CHECKOUT = (
+    "the benchmarks are not installed with snet: in a source checkout run "
+    "`python -m bench` (or `make bench`)"
+)
+
+
+def find_checkout() -> Path | None:
+    """The checkout this code runs from (an editable install resolves into it), else the
+    current directory when it is one; None when neither holds ``bench/``."""
+    here = Path(__file__).resolve().parent.parent  # cli/ -> the checkout, if editable
+    for candidate in (here, Path.cwd()):
+        if (candidate / "bench" / "__main__.py").is_file():
+            return candidate
+    return None
+
+
+def bench_process(
+    module: str, args: list[str], capture: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m module ARGS`` (``bench`` or ``bench.X``) from the checkout."""
+    checkout = find_checkout()
+    if checkout is None:
+        raise ConfigError(NO_CHECKOUT)
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), path)))}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        capture_output=capture,
+        text=True,
+        check=False,
+    )
+
+
+def run_bench(args: list[str]) -> int:
+    """``snet bench ARGS``: ``python -m bench ARGS`` in the checkout; its exit status."""
+    return bench_process("bench", args).returncode

@@ -1,0 +1,117 @@
+"""The plan: the performance model's predictions as tables and as a JSON document.
+
+``snet plan`` prints these; the scaling benchmark (bench/scaling.py) and the constants
+files that ``snet bench`` writes are read with ``find_constants``/``find_scaling``. Pure:
+documents in, lines and documents out; reading files is the caller's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from snet.protocol.errors import ConfigError
+from snet.protocol.network import NetworkSpec
+
+from .model import (
+    Constants,
+    Prediction,
+    bsp_epoch_seconds,
+    bsp_machine_from_constants,
+    pattern_seconds,
+)
+
+
+def find_constants(document: dict[str, Any], source: str) -> Constants:
+    """Constants from a JSON document: the object itself, its "constants", or the
+    "constants" of its "scaling" benchmark (as ``snet bench`` writes them)."""
+    for candidate in (document, document.get("constants"), document.get("scaling")):
+        if isinstance(candidate, dict) and "cu_seconds" in candidate:
+            return Constants.from_dict(candidate, source)
+        if isinstance(candidate, dict) and isinstance(candidate.get("constants"), dict):
+            return Constants.from_dict(candidate["constants"], source)
+    raise ConfigError(f"{source}: no performance-model constants in it (see snet plan --help)")
+
+
+def find_scaling(document: dict[str, Any], source: str) -> dict[str, Any]:
+    """The scaling benchmark's result: the document itself or its "scaling" entry."""
+    for candidate in (document, document.get("scaling")):
+        if isinstance(candidate, dict) and isinstance(candidate.get("rows"), list):
+            return candidate
+    raise ConfigError(f"{source}: no scaling benchmark rows in it")
+
+
+def describe_constants(constants: Constants, network: NetworkSpec) -> str:
+    per_pattern = pattern_seconds(network, constants)
+    return (
+        f"constants ({constants.source}): compute {constants.mcups:,.0f} MCUPS per worker "
+        f"({per_pattern * 1e6:.1f} us a pattern), link "
+        f"{1e-6 / max(constants.link_seconds_per_byte, 1e-30):,.0f} MB/s at the server, "
+        f"{1e-6 / max(constants.worker_seconds_per_byte, 1e-30):,.0f} MB/s at a worker, "
+        f"message {constants.message_seconds * 1e6:.0f} us at the server + "
+        f"{constants.latency_seconds * 1e6:.0f} us elsewhere, server "
+        f"{constants.apply_seconds_per_byte * 1e9:.2f} ns/B per update + "
+        f"{constants.step_seconds_per_byte * 1e9:.2f} ns/B + "
+        f"{constants.step_fixed_seconds * 1e6:.0f} us per step"
+    )
+
+
+def render(predictions: list[Prediction]) -> list[str]:
+    lines = [
+        f"{'P':>3} {'strategy':8} {'mode':5} {'round ms':>9} {'T_c ms':>8} {'T_d ms':>8} "
+        f"{'T_h ms':>8} {'L ms':>7} {'MCUPS':>9} {'speed-up':>8}  bound"
+    ]
+    for p in predictions:
+        lines.append(
+            f"{p.workers:>3} {p.strategy:8} {p.mode:5} {p.round_seconds * 1e3:9.2f} "
+            f"{p.phases.compute * 1e3:8.2f} {p.phases.transfer * 1e3:8.3f} "
+            f"{p.phases.host * 1e3:8.3f} {p.phases.latency * 1e3:7.3f} {p.mcups:9,.0f} "
+            f"{p.speedup:8.2f}  {p.bound}"
+        )
+    return lines
+
+
+def render_bsp(
+    network: NetworkSpec, constants: Constants, bunch: int, workers: list[int], exemplars: int
+) -> list[str]:
+    machine = bsp_machine_from_constants(constants)
+    lines = [
+        f"BSP exemplar parallelism, batch learning, {exemplars:,} exemplars per epoch "
+        f"(s = {machine.s / 1e9:.1f} Gflop/s, g = {machine.g:.1f} flops/word, "
+        f"l = {machine.l:,.0f} flops):",
+        f"{'P':>3} {'total exchange s':>17} {'MCUPS':>9} {'via server s':>13} {'MCUPS':>9}",
+    ]
+    updates = network.connections * exemplars / 1e6
+    for count in workers:
+        total = bsp_epoch_seconds(network.connections, exemplars, bunch, count, machine, "total")
+        server = bsp_epoch_seconds(network.connections, exemplars, bunch, count, machine, "server")
+        lines.append(
+            f"{count:>3} {total:17.2f} {updates / total:9,.0f} "
+            f"{server:13.2f} {updates / server:9,.0f}"
+        )
+    return lines
+
+
+def plan_document(
+    network: NetworkSpec, bunch: int, constants: Constants, predictions: list[Prediction]
+) -> dict[str, Any]:
+    return {
+        "network": network.describe(),
+        "bunch": bunch,
+        "constants": constants.to_dict(),
+        "predictions": [
+            {
+                "workers": p.workers,
+                "strategy": p.strategy,
+                "mode": p.mode,
+                "round_seconds": p.round_seconds,
+                "mcups": p.mcups,
+                "speedup": p.speedup,
+                "bound": p.bound,
+                "compute_seconds": p.phases.compute,
+                "transfer_seconds": p.phases.transfer,
+                "host_seconds": p.phases.host,
+                "latency_seconds": p.phases.latency,
+            }
+            for p in predictions
+        ],
+    }

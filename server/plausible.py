@@ -1,0 +1,158 @@
+"""What a peer sends is checked for plausibility, not only for finiteness (issue 12).
+
+A single update with values of 1e30 was applied (weights 0.107 -> 1.56e27); an update with
+one byte changed (a value near 2^43) was applied; zero gradients "completed" a job in half a
+second; accuracy counts of 7.8e15 and a NaN loss reached /status. So:
+
+- ``NormBounds``: each update's gradient norm per pattern must lie within a factor of the
+  running (geometric) mean of the updates accepted so far, as DGC bounds its gradients by
+  their running norm; before that mean settles, within an absolute sanity bound. An
+  update with a zero, NaN or infinite norm is refused too. The mean is kept per kind of
+  update (plain gradients, or those that carry their worker's momentum) and per codec,
+  whose norms differ. It runs in the step thread (server/stepping.py): one BLAS dot per
+  update.
+- ``update_figures_problem`` and ``eval_figures_problem``: the counts an update or a CV
+  result reports are bounded by its patterns, and its loss is finite.
+- ``checked_report``: a worker's report is small, shallow, plain JSON.
+- ``finite``: every figure in /status is finite JSON (a NaN would make it not JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+
+from snet.protocol.errors import RejectedUpdate
+
+NORM_FACTOR = 100.0  # accepted: within this factor of the running mean norm per pattern
+ABSOLUTE_NORM = 1e6  # per pattern, while the running mean settles (or has no history)
+SETTLE_UPDATES = 8  # accepted updates of a kind before its running mean is trusted
+MEAN_WEIGHT = 0.05  # of the newest accepted update in the running mean of log norms
+MAX_LOSS_PER_PATTERN = 1e4  # cross-entropy of a float32 softmax stays far below this
+REPORT_BYTES = 64 * 1024  # a worker report's JSON size
+REPORT_DEPTH = 8  # nesting of a worker report
+
+
+class NormBounds:
+    """Running norms of accepted updates, by kind; says which new ones are implausible."""
+
+    def __init__(self, factor: float = NORM_FACTOR) -> None:
+        self.factor = factor
+        self._log_mean: dict[Hashable, float] = {}
+        self._seen: dict[Hashable, int] = {}
+
+    def problem(self, kind: Hashable, gradient: np.ndarray, patterns: int) -> str:
+        """Why this update is implausible ("" if it is not). Accepted ones join the mean."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            square = float(np.dot(gradient, gradient))
+        if not math.isfinite(square):  # the rare path: a second look tells which
+            if not np.isfinite(gradient).all():
+                return "update contains NaN or infinite values"
+            largest = float(np.abs(gradient).max())
+            return f"update norm overflows float32 (values up to {largest:.3g}): implausible"
+        per_pattern = math.sqrt(square) / max(patterns, 1)
+        if per_pattern == 0.0:
+            return "update is all zeros: no training happened"
+        seen = self._seen.get(kind, 0)
+        if seen < SETTLE_UPDATES:
+            if per_pattern > ABSOLUTE_NORM:
+                return f"update norm {per_pattern:.3g} per pattern is beyond {ABSOLUTE_NORM:g}"
+        else:
+            typical = math.exp(self._log_mean[kind])
+            if not typical / self.factor**2 <= per_pattern <= typical * self.factor:
+                return (
+                    f"update norm {per_pattern:.3g} per pattern is implausible: the accepted "
+                    f"updates' running mean is {typical:.3g}"
+                )
+        log_norm = math.log(per_pattern)
+        previous = self._log_mean.get(kind, log_norm)
+        weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))  # a plain mean while few are seen
+        self._log_mean[kind] = (1 - weight) * previous + weight * log_norm
+        self._seen[kind] = seen + 1
+        return ""
+
+    def checkpoint_state(self) -> list[list[Any]]:
+        """The running means, as ``[kind..., log mean, updates seen]`` rows (a kind is a
+        tuple of plain values); only between steps (the step thread updates them)."""
+        return [[*_as_tuple(kind), mean, self._seen[kind]] for kind, mean in self._log_mean.items()]
+
+    def restore_checkpoint(self, rows: list[list[Any]]) -> None:
+        """Continue from ``checkpoint_state()``: a restarted server keeps judging updates
+        against the norms it had learned, not from scratch."""
+        self._log_mean, self._seen = {}, {}
+        for row in rows:
+            *parts, mean, seen = row
+            kind = tuple(parts) if len(parts) > 1 else parts[0]
+            self._log_mean[kind], self._seen[kind] = float(mean), int(seen)
+
+    def figures(self) -> dict[str, float]:
+        """The running mean norm per pattern of each kind, for /status."""
+        return {str(kind): round(math.exp(value), 6) for kind, value in self._log_mean.items()}
+
+
+def update_figures_problem(patterns: int, correct: int, loss_sum: float, seconds: float) -> str:
+    """Why an update's reported figures are implausible ("" if they are not)."""
+    if patterns < 1:
+        return f"update claims {patterns} patterns"
+    if not 0 <= correct <= patterns:
+        return f"update claims {correct} correct of {patterns} patterns"
+    if not (math.isfinite(loss_sum) and 0.0 <= loss_sum <= MAX_LOSS_PER_PATTERN * patterns):
+        return f"update claims a loss of {loss_sum!r} over {patterns} patterns"
+    if not (math.isfinite(seconds) and seconds >= 0.0):
+        return f"update claims {seconds!r} seconds of compute"
+    return ""
+
+
+def eval_figures_problem(frames: int, correct: int, loss_sum: float, cv_frames: int) -> str:
+    """Why a CV result's figures are implausible ("" if they are not)."""
+    if frames != cv_frames:
+        return f"evaluation scored {frames} frames, the CV set has {cv_frames}"
+    if not 0 <= correct <= frames:
+        return f"evaluation claims {correct} correct of {frames} frames"
+    if not (math.isfinite(loss_sum) and 0.0 <= loss_sum <= MAX_LOSS_PER_PATTERN * max(frames, 1)):
+        return f"evaluation claims a loss of {loss_sum!r}"
+    return ""
+
+
+def checked_report(report: Any) -> dict[str, Any]:
+    """A worker report as /status can show it: a map of plain JSON values, at most
+    ``REPORT_DEPTH`` deep and ``REPORT_BYTES`` long (``RejectedUpdate`` otherwise). The
+    depth is measured without recursion, so a report nested a thousand deep is refused,
+    not a RecursionError."""
+    if not isinstance(report, dict):
+        raise RejectedUpdate("worker report is not a map")
+    stack: list[tuple[Any, int]] = [(report, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > REPORT_DEPTH:
+                raise RejectedUpdate(f"worker report is nested deeper than {REPORT_DEPTH}")
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+    try:
+        text = json.dumps(report, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise RejectedUpdate(f"worker report is not plain JSON data: {exc}") from exc
+    if len(text) > REPORT_BYTES:
+        raise RejectedUpdate(f"worker report is {len(text)} bytes, over {REPORT_BYTES}")
+    safe: dict[str, Any] = json.loads(text)
+    return safe
+
+
+def finite(document: Any) -> Any:
+    """``document`` with every NaN or infinite float replaced by None (JSON has neither)."""
+    if isinstance(document, float):
+        return document if math.isfinite(document) else None
+    if isinstance(document, dict):
+        return {key: finite(value) for key, value in document.items()}
+    if isinstance(document, list | tuple):
+        return [finite(value) for value in document]
+    return document
+
+
+def _as_tuple(kind: Hashable) -> tuple[Any, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)

@@ -1,0 +1,94 @@
+"""Secure by default: who may talk to the server, over both ports (issue 12).
+
+- A server that listens beyond loopback refuses to start without a token unless told
+  ``--insecure``: with no token, anyone who reaches the worker port can change the
+  weights, and anyone who reaches the HTTP port can read them.
+- The token comes from ``--token-file`` or the ``SNET_TOKEN`` environment variable, so it
+  need never be on a command line (where ``ps`` shows it); ``--token`` still works, with a
+  warning.
+- With a token, every HTTP endpoint but ``/healthz`` needs it, as ``Authorization: Bearer
+  TOKEN`` (``snet status`` sends it) or, for a browser, ``?token=TOKEN`` in the address
+  (the dashboard passes it on to ``/events``). Tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from snet.protocol.errors import ConfigError
+
+from .config import ServerConfig
+
+log = logging.getLogger("snet.server")
+
+OPEN_PATHS = frozenset({"/healthz"})  # for probes: says only that the process is up
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost, or "" (every interface)
+
+
+def resolve_token(config: ServerConfig) -> str | None:
+    """The shared secret from ``token_file``, else ``token`` (flag, SNET_TOKEN or TOML);
+    None when there is none. Refuses a server exposed beyond loopback without one."""
+    token = config.token
+    if config.token_file:
+        try:
+            token = Path(config.token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read token_file {config.token_file}: {exc}") from None
+        if not token:
+            raise ConfigError(f"token_file {config.token_file} is empty")
+    elif token and "SNET_TOKEN" not in os.environ:
+        log.warning("the token was given as a flag or in the config file; prefer "
+                    "--token-file or SNET_TOKEN (a flag shows in ps)")  # fmt: skip
+    exposed = [h for h in (config.host, config.http_bind_host) if not is_loopback(h)]
+    if exposed and not token and not config.insecure:
+        raise ConfigError(
+            f"listening on {exposed[0] or 'every interface'} (beyond loopback) without a "
+            "token: anyone who reaches the ports could change or read the weights. Give "
+            "--token-file FILE (or SNET_TOKEN), or --insecure to allow it"
+        )
+    if exposed and not token:
+        log.warning("listening beyond loopback with no token (--insecure): the ports are open")
+    return token or None
+
+
+def bearer_middleware(token: str) -> Middleware:
+    """aiohttp middleware: every path but ``OPEN_PATHS`` needs the token."""
+    expected = token.encode()
+
+    @web.middleware
+    async def check(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS and not _authorised(request, expected):
+            raise web.HTTPUnauthorized(
+                text="this server needs its token: Authorization: Bearer TOKEN "
+                "(snet status reads SNET_TOKEN), or ?token=TOKEN in a browser\n",
+                headers={"WWW-Authenticate": 'Bearer realm="snet"'},
+            )
+        return await handler(request)
+
+    return check
+
+
+def _authorised(request: web.Request, expected: bytes) -> bool:
+    header = request.headers.get("Authorization", "")
+    given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
+    return hmac.compare_digest(given.encode(), expected)

@@ -1,0 +1,154 @@
+"""bmuf mode: block-wise model-update filtering, model averaging and an outer Nesterov.
+
+The filter's arithmetic is checked against hand-written recurrences; end to end, a
+synchronous block of one bunch with η = 0 and plain SGD is a synchronous step, and one
+worker with η = 0 trains exactly as ``snet train`` does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from snet.client.blocks import LocalTrainer
+from snet.protocol.job import DataSpec, JobSpec
+from snet.protocol.network import ElementLayout, NetworkSpec
+from snet.server.block_filter import BlockFilter
+
+from helpers import SMALL_JOB, Cluster, load_weights
+
+RNG = np.random.default_rng(11)
+SIZE = 300
+
+
+def _deltas(count: int) -> list[np.ndarray]:
+    return [RNG.standard_normal(SIZE).astype(np.float32) for _ in range(count)]
+
+
+def test_cbm_is_block_momentum_over_the_pattern_weighted_mean() -> None:
+    start = RNG.standard_normal(SIZE).astype(np.float32)
+    job = JobSpec(mode="bmuf", block_filter="cbm", block_lr=0.8)
+    rule = BlockFilter(start, job)
+    w, delta = start.astype(np.float64), np.zeros(SIZE)
+    for _ in range(3):
+        deltas, patterns = _deltas(2), [128, 64]  # a short block at an epoch's tail
+        sent = [d * p for d, p in zip(deltas, patterns, strict=True)]
+        out = rule.steps([sent], [sum(patterns)], learning_rate=0.1)
+        assert out is not None
+        rule.publish(out)
+        mean = (deltas[0] * 128 + deltas[1] * 64) / 192  # weighted by the patterns covered
+        delta = (1 - 1 / 2) * delta + 0.8 * mean  # η = 1 - 1/N with N = 2 blocks
+        w = w + delta
+        np.testing.assert_allclose(rule.model, w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(rule.snapshot, w, rtol=1e-5, atol=1e-5)  # CBM: no look-ahead
+
+
+def test_nbm_sends_the_look_ahead_and_nesterov_is_pytorchs_outer_sgd() -> None:
+    start = RNG.standard_normal(SIZE).astype(np.float32)
+    nbm = BlockFilter(start, JobSpec(mode="bmuf", block_filter="nbm", block_momentum=0.5))
+    outer = BlockFilter(start, JobSpec(mode="bmuf", block_filter="nesterov"))
+    w_nbm, d_nbm = start.astype(np.float64), np.zeros(SIZE)
+    w_torch, u = start.astype(np.float64), np.zeros(SIZE)  # torch.optim.SGD(nesterov=True)
+    for _ in range(4):
+        (g,) = _deltas(1)
+        for rule in (nbm, outer):
+            out = rule.steps([[g * 10]], [10], 0.1)
+            assert out is not None
+            rule.publish(out)
+        d_nbm = 0.5 * d_nbm + g
+        w_nbm = w_nbm + d_nbm
+        np.testing.assert_allclose(nbm.model, w_nbm, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(nbm.snapshot, w_nbm + 0.5 * d_nbm, rtol=1e-5, atol=1e-5)
+        u = 0.9 * u + g  # the pseudo-gradient is -g; SGD's step with lr 0.7 subtracts it
+        w_torch = w_torch + 0.7 * (g + 0.9 * u)
+        np.testing.assert_allclose(outer.model, w_torch, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(outer.snapshot, outer.model)  # workers start from it
+
+
+def test_average_and_async_blocks_and_nan() -> None:
+    start = np.zeros(SIZE, np.float32)
+    average = BlockFilter(start, JobSpec(mode="bmuf", block_filter="average"))
+    d = _deltas(3)
+    out = average.steps([[x * 5 for x in d]], [15], 0.1)
+    assert out is not None
+    np.testing.assert_allclose(out, sum(d) / 3, rtol=1e-5, atol=1e-6)  # the models' mean
+    loose = BlockFilter(start, JobSpec(mode="bmuf", block_filter="average", block_sync=False))
+    loose.set_workers(4)
+    out = loose.steps([[d[0] * 5]], [5], 0.1)  # one block as it arrives, scaled by 1/N
+    assert out is not None
+    np.testing.assert_allclose(out, d[0] / 4, rtol=1e-5, atol=1e-6)
+    bad = d[1].copy()
+    bad[3] = np.nan
+    assert loose.steps([[bad]], [1], 0.1) is None  # nothing changed
+    np.testing.assert_array_equal(loose.weights, out)
+
+
+class _Quadratic:
+    """A backend whose gradient sum is ``sum over patterns of (w - target)``."""
+
+    def __init__(self, target: np.ndarray) -> None:
+        self.target = target
+
+    def gradient(
+        self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
+    ) -> tuple[float, int]:
+        np.multiply(weights - self.target, np.float32(len(frames)), out=out)
+        return 0.0, 0
+
+
+def test_a_local_block_is_momentum_sgd_and_sends_its_weighted_delta() -> None:
+    spec = NetworkSpec.parse("3:4:2")
+    layout = ElementLayout.for_network(spec)
+    job = JobSpec(network=spec, mode="bmuf", bunch_size=4, momentum=0.5,
+                  data=DataSpec(source="x.npz"))  # fmt: skip
+    target = RNG.standard_normal(layout.size).astype(np.float32)
+    trainer = LocalTrainer(_Quadratic(target), layout, job)  # type: ignore[arg-type]
+    start = np.zeros(layout.size, np.float32)
+    out = np.empty_like(start)
+    loss, correct, used = trainer.block(start, np.arange(10), out, rate=0.1)
+    assert used == 10 and (loss, correct) == (0.0, 0)
+    w, v = start.astype(np.float64), np.zeros(layout.size)
+    for _bunch in (4, 4, 2):  # bunches of 4, the last one short
+        v = 0.5 * v - 0.1 * (w - target)
+        w = w + v
+    np.testing.assert_allclose(out, 10 * (w - start), rtol=1e-5, atol=1e-5)
+
+
+def test_sync_blocks_of_one_bunch_without_momentum_are_sync_steps(cluster: Cluster) -> None:
+    plain = ("--momentum", "0", "--learning-rates", "0.2", "--epochs", "1", "--min-workers", "2")
+    finals = []
+    for name, mode in (("sync", ("--mode", "sync")),
+                       ("bmuf", ("--mode", "bmuf", "--block-bunches", "1",
+                                 "--block-filter", "average"))):  # fmt: skip
+        server = cluster.server(*mode, *plain, *SMALL_JOB, name=name)
+        workers = [cluster.worker(server, f"{name}-w{i}") for i in range(2)]
+        assert server.wait(120) == 0 and [w.wait(30) for w in workers] == [0, 0]
+        ledger = server.final_status()["epochs"][0]["ledger"]
+        assert ledger["used_once"] == ledger["frames"]
+        finals.append(
+            np.concatenate([a.ravel() for a in load_weights(server.out_dir / "weights.npz")])
+        )
+    np.testing.assert_allclose(finals[1], finals[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_filter", ["average"])
+def test_one_worker_with_no_block_momentum_trains_as_snet_train(
+    cluster: Cluster, block_filter: str
+) -> None:
+    job = ("--epochs", "2", "--learning-rates", "0.2,0.1", *SMALL_JOB)
+    server = cluster.server("--mode", "bmuf", "--block-filter", block_filter, *job)
+    worker = cluster.worker(server, "alone")
+    assert server.wait(120) == 0 and worker.wait(30) == 0
+    sequential = cluster.tmp_path / "sequential"
+    subprocess.run(
+        [sys.executable, "-m", "snet.cli", "train", "--out-dir", str(sequential), *job],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    got = np.concatenate([a.ravel() for a in load_weights(server.out_dir / "weights.npz")])
+    expected = np.concatenate([a.ravel() for a in load_weights(sequential / "weights.npz")])
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+    status = server.final_status()
+    assert status["rule"]["filter"] == block_filter and status["rule"]["blocks"] > 0

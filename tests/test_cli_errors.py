@@ -1,0 +1,210 @@
+"""Configuration mistakes are one line naming the key, the value and what is expected,
+with exit status 2 and no traceback (issue 18); flags come from the config fields."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from snet import __version__
+from snet.cli.main import _parser, main
+from snet.client.config import WorkerConfig
+from snet.client.spert.config import BoardConfig
+from snet.protocol.job import DataSpec, JobSpec
+from snet.server.config import ServerConfig
+
+from helpers import run_snet
+
+
+def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``snet ARGV`` in this process; its one-line error (exit status 2 asserted)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def _toml(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "snet.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_bad_learning_rate_flag_names_the_flag_and_the_value(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    err = _error(["server", "--learning-rates", "0.1,x"], capsys)
+    assert err == (
+        "snet: --learning-rates: '0.1,x' is not a list of numbers "
+        "(as a flag or variable: 0.2,0.1; in TOML: [0.2, 0.1])"
+    )
+
+
+def test_toml_learning_rates_must_be_a_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _toml(tmp_path, "[job]\nlearning_rates = 0.1\n")
+    err = _error(["server", "--config", path], capsys)
+    assert err.startswith(f"snet: {path} [job] learning_rates: 0.1 is not a list of numbers")
+
+
+def test_toml_port_must_be_a_whole_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _toml(tmp_path, '[server]\nport = "abc"\n')
+    err = _error(["server", "--config", path], capsys)
+    assert err == f"snet: {path} [server] port: 'abc' is not a whole number"
+
+
+def test_environment_values_are_decoded_the_same_way(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SNET_JOB_LEARNING_RATES", "0.2,,0.1")
+    err = _error(["train"], capsys)
+    assert err.startswith("snet: SNET_JOB_LEARNING_RATES: '0.2,,0.1' is not a list of numbers")
+    monkeypatch.delenv("SNET_JOB_LEARNING_RATES")
+    monkeypatch.setenv("SNET_WORKER_THREADS", "two")
+    err = _error(["worker"], capsys)
+    assert err == "snet: SNET_WORKER_THREADS: 'two' is not a whole number"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[sever]\nport = 7001\n", "unknown table [sever] (did you mean [server]?)"),
+        ("[jobs]\nepochs = 2\n", "unknown table [jobs] (did you mean [job]?)"),
+        ("[job]\nepohcs = 2\n", "[job]: unknown setting 'epohcs' (did you mean 'epochs'?)"),
+        ("[job.data]\nsplit_sed = 2\n", "[job.data]: unknown setting 'split_sed' (did you mean"),
+        ("[server]\nprot = 1\n", "[server]: unknown setting 'prot' (did you mean 'port'?)"),
+        ("port = 7001\n", "port = 7001 is outside a table: settings go in [server], [job], "),
+    ],
+)
+def test_unknown_tables_and_keys_are_refused_with_a_suggestion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    path = _toml(tmp_path, text)
+    command = "train" if "job" in text else "server"
+    assert message in _error([command, "--config", path], capsys)
+
+
+def test_a_worker_refuses_a_misspelt_worker_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _toml(tmp_path, '[worker]\nserver = "127.0.0.1:7000"\nthread = 2\n')
+    err = _error(["worker", "--config", path], capsys)
+    assert err == f"snet: {path} [worker]: unknown setting 'thread' (did you mean 'threads'?)"
+
+
+def test_an_unknown_log_level_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _error(["server", "--log-level", "loud"], capsys)
+    assert err == "snet: --log-level: 'loud' is not one of debug, info, warning, error, critical"
+    assert "--log-level: 'lod'" in _error(["worker", "--log-level", "lod"], capsys)
+
+
+def test_an_empty_network_is_an_error_not_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _error(["server", "--network", ""], capsys)
+    assert err == "snet: --network: '' is not layer sizes, input to output, such as 117:512:10"
+    assert "--network: '117:x:10' is not layer sizes" in _error(
+        ["train", "--network", "117:x:10"], capsys
+    )
+
+
+def test_a_network_without_its_output_layer_is_checked_against_the_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _error(["train", "--network", "117:512", "--out-dir", str(tmp_path)], capsys)
+    assert err.endswith(
+        "has 10 classes (labels 0..9), but the network has 512 outputs: end the network with :10"
+    )
+    # the daemon says the same, as a real process, before it trains anything
+    server = run_snet(
+        "server", "--network", "117:512", "--port", "0", "--http-port", "0",
+        "--out-dir", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert server.returncode == 2
+    assert "but the network has 512 outputs: end the network with :10" in server.stderr
+    assert "Traceback" not in server.stderr
+
+
+def test_version() -> None:
+    done = run_snet("--version")
+    assert (done.returncode, done.stdout.strip()) == (0, f"snet {__version__}")
+
+
+def test_train_offers_only_what_sequential_training_uses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for flag in ("--mode", "--compress", "--updates-per-step", "--max-in-flight"):
+        with pytest.raises(SystemExit) as stopped:
+            _parser().parse_args(["train", flag, "1"])
+        assert stopped.value.code == 2
+        assert f"unrecognized arguments: {flag} 1" in capsys.readouterr().err
+
+
+def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        '[server]\nport = 7001\n\n[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n'
+        "learning_rates = [0.1]\n\n[job.data]\ncv_fraction = 0.2\nsplit_seed = 3\n",
+    )
+    done = run_snet("train", "--config", path, "--out-dir", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert "epoch  1  lr 0.1 " in done.stdout
+    with np.load(tmp_path / "out" / "weights.npz") as saved:
+        assert [int(n) for n in saved["sizes"]] == [117, 16, 10]
+
+
+def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
+    path = _toml(tmp_path, '[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n')
+    done = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("snet demo: sync mode, 1 workers, network 117:16:10, 1 epochs")
+    assert "Traceback" not in done.stderr
+
+
+def test_cv_fraction_and_split_seed_are_flags(tmp_path: Path) -> None:
+    from snet.cli.commands import server_config
+
+    args = _parser().parse_args(["server", "--cv-fraction", "0.25", "--split-seed", "7"])
+    data = server_config(args).job.data
+    assert (data.cv_fraction, data.split_seed) == (0.25, 7)
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = _parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_flag_has_help_and_field_flags_show_default_and_variable() -> None:
+    for name, command in _commands().items():
+        for action in command._actions:
+            if action.option_strings and name != "bench":
+                assert action.help, f"snet {name} {action.option_strings[0]} has no help"
+    server = " ".join(_commands()["server"].format_help().split())
+    assert "(default 7000; env SNET_PORT)" in server
+    assert "(default 0.1; env SNET_JOB_DATA_CV_FRACTION)" in server
+    assert "(default 117:512:10; env SNET_JOB_NETWORK)" in server
+
+
+@pytest.mark.parametrize(
+    ("command", "classes"),
+    [
+        ("server", (ServerConfig, JobSpec, DataSpec)),
+        ("worker", (WorkerConfig,)),
+        ("spert", (BoardConfig,)),
+        ("demo", (JobSpec, DataSpec)),
+        ("eval", (DataSpec,)),
+    ],
+)
+def test_one_flag_per_field(command: str, classes: tuple[type, ...]) -> None:
+    """Every field of the classes a command configures is one of its flags."""
+    dests = {a.dest for a in _commands()[command]._actions if a.option_strings}
+    for cls in classes:
+        for field in fields(cls):
+            if field.type not in ("JobSpec", "DataSpec"):
+                assert field.name in dests, f"snet {command} has no flag for {field.name}"

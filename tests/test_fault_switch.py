@@ -1,0 +1,72 @@
+"""The fault switch (transport/faults.py) with real processes: each worker process is told
+its own faults through its environment (``SNET_WORKER_FAULTS``), and training must
+recover, with every training frame of every epoch applied exactly once (the system ring).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from helpers import SMALL_JOB, Cluster, ServerProcess, wait_until
+
+pytestmark = pytest.mark.system
+
+
+def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> None:
+    """The fault switch: worker 1 loses its 5th update on the way, worker 2 receives its
+    9th weights damaged. The server finds the gap the lost update left and queues its
+    frames again; worker 2 refuses the damaged frame, closes and joins again. Training
+    completes and every training frame of every epoch is applied exactly once."""
+    server = cluster.server(
+        "--mode", "async", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB
+    )
+    status = _train_with_faults(cluster, server, "drop:update:5;duplicate:update:9")
+    server_log = server.log.read_text()
+    assert "updates of w1 were lost: 128 frames back in the queue" in server_log
+    assert server_log.count("came again; ignored") == 1  # the 9th, delivered twice
+    rows = [row for row in status["workers"] if row["name"] == "w2"]
+    assert len(rows) == 2 and rows[0]["state"] == "gone"  # it joined again
+
+
+def test_a_lost_update_in_sync_mode_costs_no_frame(cluster: Cluster) -> None:
+    """The same faults in sync mode: after losing its update worker 1 waits for the round
+    and the round for it, so no later update shows the gap; the round deadline drops it
+    (``round_deadline``), it joins again, and its undelivered frames go back."""
+    server = cluster.server("--mode", "sync", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB)
+    _train_with_faults(cluster, server)
+    assert "dropped from the sync rounds: missed the round deadline" in cluster.log("w1")
+    assert server.log.read_text().count("worker w1 (numpy") == 2  # it joined again
+
+
+def _train_with_faults(
+    cluster: Cluster, server: ServerProcess, first_faults: str = "drop:update:5"
+) -> dict[str, Any]:
+    """Two workers, the first with ``first_faults``, the second receiving its 9th weights
+    damaged; checks the ledger, the pool and the logs once trained, and returns the
+    server's status."""
+    environment = dict(cluster.env)
+    cluster.env = {**environment, "SNET_WORKER_FAULTS": first_faults}
+    first = cluster.worker(server, "w1")
+    cluster.env = {**environment, "SNET_WORKER_FAULTS": "corrupt:weights:9"}
+    second = cluster.worker(server, "w2")
+    cluster.env = environment
+    wait_until(lambda: server.status()["state"] == "trained", 120, "training to finish")
+    status = server.status()
+    assert len(status["epochs"]) == 2
+    for epoch in status["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"], epoch
+        assert ledger["used_more"] == 0 and ledger["unused"] == 0, epoch
+    queues = status["queues"]
+    assert queues["free"] == queues["pool_size"]  # every pooled element came back, once
+    assert first.wait(30) == 0 and second.wait(30) == 0
+    assert "fault switch: drop:send:update:5" in cluster.log("w1")
+    assert "fault switch: corrupt:receive:weights:9" in cluster.log("w2")
+    server_log = server.log.read_text()
+    assert "malformed_frame" in server_log  # worker 2 told the server why it closed
+    for name in ("w1", "w2"):
+        assert "Traceback" not in cluster.log(name)
+    assert "Traceback" not in server_log
+    return status

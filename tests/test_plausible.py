@@ -1,0 +1,129 @@
+"""Plausibility, not only finiteness: norms, counts, reports, names, bounded records."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from snet.protocol.errors import RejectedUpdate
+from snet.server.departures import Departures
+from snet.server.plausible import (
+    ABSOLUTE_NORM,
+    NORM_FACTOR,
+    REPORT_DEPTH,
+    SETTLE_UPDATES,
+    NormBounds,
+    checked_report,
+    eval_figures_problem,
+    finite,
+    update_figures_problem,
+)
+from snet.server.session import WorkerSession, name_problem, unique_name
+
+RNG = np.random.default_rng(3)
+
+
+def _gradient(scale: float, size: int = 1000) -> np.ndarray:
+    return (scale * RNG.standard_normal(size)).astype(np.float32)
+
+
+def test_norm_bounds_refuse_what_no_honest_gradient_looks_like() -> None:
+    bounds = NormBounds()
+    kind = (False, "none")
+    assert "overflows" in bounds.problem(kind, np.full(1000, 1e30, np.float32), 64)
+    huge = np.zeros(1000, np.float32)
+    huge[3] = 2.0**43  # one mutated value
+    assert "beyond" in bounds.problem(kind, huge, 64)
+    assert "zeros" in bounds.problem(kind, np.zeros(1000, np.float32), 64)
+    nan = _gradient(1.0)
+    nan[5] = np.nan
+    assert "NaN" in bounds.problem(kind, nan, 64)
+    for _ in range(SETTLE_UPDATES):
+        assert bounds.problem(kind, _gradient(64.0), 64) == ""
+    # settled: within NORM_FACTOR of the running mean, whatever the bunch size
+    assert bounds.problem(kind, _gradient(640.0), 640) == ""
+    assert "implausible" in bounds.problem(kind, _gradient(64.0 * NORM_FACTOR * 3), 64)
+    assert "implausible" in bounds.problem(kind, _gradient(64.0 / NORM_FACTOR**3), 64)
+    # another kind has its own mean (a topk update's norm is not a dense one's)
+    assert bounds.problem((True, "topk:0.01"), _gradient(0.01), 64) == ""
+    assert ABSOLUTE_NORM > 1e3
+
+
+def test_a_refused_update_does_not_move_the_mean() -> None:
+    bounds = NormBounds()
+    kind = (False, "none")
+    for _ in range(SETTLE_UPDATES):
+        bounds.problem(kind, _gradient(1.0), 1)
+    before = bounds.figures()
+    for _ in range(50):
+        assert bounds.problem(kind, _gradient(1e4), 1)
+    assert bounds.figures() == before
+
+
+def test_reported_figures_are_bounded_by_the_patterns() -> None:
+    assert update_figures_problem(64, 10, 50.0, 0.01) == ""
+    assert "7800000000000000 correct" in update_figures_problem(64, 7_800_000_000_000_000, 1, 0)
+    assert "-1 correct" in update_figures_problem(64, -1, 1.0, 0.0)
+    assert "loss of nan" in update_figures_problem(64, 1, math.nan, 0.0)
+    assert "loss" in update_figures_problem(64, 1, -1.0, 0.0)
+    assert "0 patterns" in update_figures_problem(0, 0, 0.0, 0.0)
+    assert "seconds" in update_figures_problem(64, 1, 1.0, math.inf)
+    assert eval_figures_problem(500, 450, 100.0, 500) == ""
+    assert "the CV set has 500" in eval_figures_problem(499, 450, 100.0, 500)
+    assert "correct" in eval_figures_problem(500, 501, 100.0, 500)
+    assert "loss" in eval_figures_problem(500, 5, math.inf, 500)
+
+
+def test_worker_reports_are_small_shallow_plain_json() -> None:
+    assert checked_report({"board": {"busy": 1.5}}) == {"board": {"busy": 1.5}}
+    deep: object = 1
+    for _ in range(990):  # raised RecursionError in the server before
+        deep = [deep]
+    with pytest.raises(RejectedUpdate, match="nested deeper"):
+        checked_report({"x": deep})
+    assert checked_report({"x": _nest(REPORT_DEPTH - 1)})
+    with pytest.raises(RejectedUpdate, match="bytes"):
+        checked_report({"x": "y" * 100_000})
+    with pytest.raises(RejectedUpdate, match="not plain JSON"):
+        checked_report({"x": math.nan})
+    with pytest.raises(RejectedUpdate, match="not a map"):
+        checked_report([1, 2])
+
+
+def _nest(depth: int) -> object:
+    value: object = 0
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def test_status_figures_are_finite_json() -> None:
+    document = finite({"a": math.nan, "b": [1.0, math.inf], "c": {"d": -math.inf, "e": 2}})
+    assert document == {"a": None, "b": [1.0, None], "c": {"d": None, "e": 2}}
+    json.dumps(document, allow_nan=False)
+
+
+def test_worker_names_are_printable_bounded_and_unique() -> None:
+    assert name_problem("w1") == ""
+    assert "not printable" in name_problem("w1\nsnet_updates_applied 1e9")
+    assert "over 64" in name_problem("x" * 65)
+    assert unique_name("w", ["a", "b"]) == "w"
+    assert unique_name("w", ["w", "w-2"]) == "w-3"
+
+
+def test_departed_workers_are_summed_and_only_the_latest_kept() -> None:
+    departures = Departures(kept=3)
+    for i in range(1000):
+        session = WorkerSession(i, f"w{i}", "addr", "numpy", (), print, print)
+        session.updates_sent, session.patterns = 2, 128
+        session.left_reason = "timeout: no message" if i % 2 else f"goodbye {i}"
+        departures.add(session)
+    assert [s.name for s in departures.recent] == ["w997", "w998", "w999"]
+    summary = departures.summary()
+    assert summary["workers"] == 1000 and summary["updates"] == 2000
+    assert summary["patterns"] == 128_000 and summary["rows_kept"] == 3
+    assert summary["reasons"]["timeout"] == 500
+    assert len(summary["reasons"]) <= 17  # distinct reasons are bounded too

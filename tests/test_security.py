@@ -1,0 +1,87 @@
+"""Secure by default: no open ports beyond loopback without a token; HTTP needs it too."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from snet.protocol.errors import ConfigError
+from snet.server.config import ServerConfig
+from snet.server.security import is_loopback, resolve_token
+
+from helpers import SMALL_JOB, Cluster
+
+NOT_HERE = "10.255.255.1"  # an address this machine does not have: never actually bound
+
+
+def test_loopback_is_told_apart() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("127.3.4.5") and is_loopback("::1")
+    assert is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("::")
+    assert not is_loopback("10.0.0.1") and not is_loopback("server.example")
+
+
+def test_a_server_beyond_loopback_needs_a_token_or_insecure(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="beyond loopback"):
+        resolve_token(ServerConfig(host="0.0.0.0"))
+    with pytest.raises(ConfigError, match="beyond loopback"):
+        resolve_token(ServerConfig(http_host="0.0.0.0"))  # the HTTP port counts too
+    assert resolve_token(ServerConfig(host="0.0.0.0", insecure=True)) is None
+    assert resolve_token(ServerConfig()) is None  # loopback: no token needed
+    secret = tmp_path / "token"
+    secret.write_text("s3cret\n")
+    assert resolve_token(ServerConfig(host="0.0.0.0", token_file=str(secret))) == "s3cret"
+    secret.write_text("  \n")
+    with pytest.raises(ConfigError, match="is empty"):
+        resolve_token(ServerConfig(token_file=str(secret)))
+    with pytest.raises(ConfigError, match="cannot read token_file"):
+        resolve_token(ServerConfig(token_file=str(tmp_path / "missing")))
+
+
+def test_the_server_refuses_to_start_exposed_without_a_token(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "snet.cli", "server", "--host", NOT_HERE, "--port", "0",
+         "--http-port", "0", "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]  # one line, after the log's start line
+    assert last.startswith("snet: listening on 10.255.255.1") and "without a token" in last
+    assert "--insecure" in last
+    assert "Traceback" not in result.stderr
+
+
+def _get(url: str, token: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
+            return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_with_a_token_every_endpoint_but_healthz_needs_it(cluster: Cluster, tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("s3cret-token\n")
+    server = cluster.server("--token-file", str(secret), "--epochs", "1", *SMALL_JOB)
+    for path in ("/", "/status", "/metrics", "/weights", "/events"):
+        assert _get(server.url + path) == 401, path
+        assert _get(server.url + path, "wrong") == 401, path
+    for path in ("/", "/status", "/metrics", "/weights"):
+        assert _get(server.url + path, "s3cret-token") == 200, path
+    assert _get(server.url + "/status?token=s3cret-token") == 200  # the dashboard's way
+    assert _get(server.url + "/healthz") == 200
+    status = [sys.executable, "-m", "snet.cli", "status", "--url", server.url]
+    refused = subprocess.run(status, capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "SNET_TOKEN": ""})  # fmt: skip
+    assert refused.returncode == 1 and "needs the server's token" in refused.stderr
+    shown = subprocess.run([*status, "--token-file", str(secret)], capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+    assert shown.returncode == 0 and "server snet" in shown.stdout
+    assert "s3cret-token" not in server.log.read_text()

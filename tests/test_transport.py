@@ -1,0 +1,336 @@
+"""The shared transport (transport/stream.py) and the fault switch (transport/faults.py),
+in one process: real sockets on 127.0.0.1, on asyncio's loop and on uvloop's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from snet.client.config import WorkerConfig
+from snet.protocol.conversation import Conversation, Role
+from snet.protocol.decoder import Decoded
+from snet.protocol.errors import ConfigError, ConnectionLost, ProtocolError
+from snet.protocol.framing import FrameLimits, encode_bytes
+from snet.protocol.messages import (
+    DataInfo,
+    ErrorMessage,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Lease,
+    Message,
+    ServerHello,
+    Welcome,
+)
+from snet.server.config import ServerConfig
+from snet.transport.faults import FaultRule, FaultSwitch, parse_faults
+from snet.transport.stream import FrameStream
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+    uvloop = None
+
+LOOPS = ["asyncio"] + (["uvloop"] if uvloop is not None else [])
+
+# ---------------------------------------------------------------- parsing the switch
+
+
+def test_fault_rules_parse_with_their_direction_inferred() -> None:
+    rules = parse_faults("drop:update:5; corrupt:weights:9;delay:lease:2:0.25", Role.WORKER)
+    assert rules == (
+        FaultRule("drop", "send", "update", 5),
+        FaultRule("corrupt", "receive", "weights", 9),
+        FaultRule("delay", "receive", "lease", 2, 0.25),
+    )
+    assert parse_faults("drop:update:5", Role.SERVER) == (
+        FaultRule("drop", "receive", "update", 5),
+    )
+    assert parse_faults("duplicate:send:heartbeat:3;cut:receive:4096", Role.SERVER) == (
+        FaultRule("duplicate", "send", "heartbeat", 3),
+        FaultRule("cut", "receive", "", 4096),
+    )
+    assert parse_faults(" ; ", Role.SERVER) == ()
+    assert FaultSwitch.from_text("", Role.WORKER) is None  # off: no switch at all
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("lose:update:5", "unknown action 'lose'"),
+        ("drop:updates:5", "unknown message kind 'updates'"),
+        ("drop:update:0", "count '0' is not a whole number"),
+        ("drop:update:five", "count 'five'"),
+        ("drop:update", "expected a message kind and a count"),
+        ("drop:update:5:1.0", "expected a message kind and a count"),
+        ("drop:heartbeat:2", "both sends and receives heartbeat"),
+        ("drop:send:weights:2", "a worker never sends weights"),
+        ("delay:weights:2:soon", "delay seconds 'soon' is not a number"),
+        ("cut:update:100", "cut takes a direction"),
+    ],
+)
+def test_bad_fault_rules_are_refused_clearly(text: str, why: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_faults(f"drop:update:1;{text}", Role.WORKER)
+    assert why in str(caught.value) and repr(text) in str(caught.value)
+
+
+def test_the_settings_refuse_a_bad_fault_rule() -> None:
+    assert ServerConfig(faults="drop:update:5").faults == "drop:update:5"
+    assert WorkerConfig(faults="drop:update:5;corrupt:weights:9").faults
+    with pytest.raises(ConfigError, match="a server never sends update"):
+        ServerConfig(faults="drop:send:update:5")
+    with pytest.raises(ConfigError, match="unknown action 'lose'"):
+        WorkerConfig(faults="lose:update:5")
+
+
+def test_each_rule_fires_once_on_its_nth_message() -> None:
+    switch = FaultSwitch(parse_faults("drop:update:3;cut:send:100", Role.WORKER))
+    hits = [switch.message("send", "update") for _ in range(5)]
+    assert [rule is not None for rule in hits] == [False, False, True, False, False]
+    assert switch.message("receive", "weights") is None
+    assert switch.passing("send", 60) is None
+    assert switch.passing("send", 60) == 40  # the 100th byte is the last one through
+    assert switch.passing("send", 60) is None
+    assert switch.injected == ["drop:send:update:3", "cut:send:100"]
+
+
+# ---------------------------------------------------------------- streams on real sockets
+
+
+class Recorder:
+    """A ``StreamHandler`` that keeps what happens."""
+
+    def __init__(self) -> None:
+        self.stream: FrameStream | None = None
+        self.messages: list[Message] = []
+        self.refused: list[ProtocolError] = []
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def stream_opened(self, stream: FrameStream) -> None:
+        self.stream = stream
+
+    def stream_received(self, decoded: Decoded) -> None:
+        self.messages.append(decoded.message)
+
+    def stream_refused(self, error: ProtocolError) -> None:
+        self.refused.append(error)
+
+    def stream_lost(self, error: ConnectionLost | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(error)
+
+    def stream_drained(self) -> None:
+        pass
+
+    async def until(self, count: int, timeout: float = 5.0) -> list[Message]:
+        async with asyncio.timeout(timeout):
+            while len(self.messages) < count:
+                await asyncio.sleep(0.005)
+        return self.messages
+
+
+Pair = tuple[Recorder, Recorder]
+
+
+def run_pair(
+    loop_name: str,
+    body: Callable[[Pair], Awaitable[None]],
+    server_faults: str = "",
+    worker_faults: str = "",
+) -> None:
+    """Run ``body`` with a connected (server end, worker end) pair of streams."""
+
+    async def main() -> None:
+        limits = FrameLimits()
+        server_end, worker_end = Recorder(), Recorder()
+        switch = FaultSwitch.from_text(server_faults, Role.SERVER)
+        tcp = await asyncio.get_running_loop().create_server(
+            lambda: FrameStream(server_end, Conversation(Role.SERVER), limits, faults=switch),
+            "127.0.0.1",
+            0,
+        )
+        port = tcp.sockets[0].getsockname()[1]
+        worker_switch = FaultSwitch.from_text(worker_faults, Role.WORKER)
+        await asyncio.get_running_loop().create_connection(
+            lambda: FrameStream(
+                worker_end, Conversation(Role.WORKER), limits, faults=worker_switch
+            ),
+            "127.0.0.1",
+            port,
+        )
+        async with asyncio.timeout(5):
+            while server_end.stream is None or worker_end.stream is None:
+                await asyncio.sleep(0.005)
+        try:
+            await body((server_end, worker_end))
+        finally:
+            for end in (server_end, worker_end):
+                assert end.stream is not None
+                end.stream.abort()
+            tcp.close()
+            await tcp.wait_closed()
+
+    factory: Any = uvloop.new_event_loop if loop_name == "uvloop" else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
+
+
+def streams(pair: Pair) -> tuple[FrameStream, FrameStream]:
+    server_end, worker_end = pair
+    assert server_end.stream is not None and worker_end.stream is not None
+    return server_end.stream, worker_end.stream
+
+
+SERVER_HELLO = ServerHello(1, "s", b"n" * 32, False)
+HELLO = Hello(1, "w", "numpy", (), b"")
+
+
+async def join(pair: Pair) -> None:
+    """The handshake, up to where both sides train."""
+    server, worker = streams(pair)
+    server.send(SERVER_HELLO)
+    await pair[1].until(1)
+    worker.send(HELLO)
+    await pair[0].until(1)
+    server.send(Welcome(1, {}))
+    server.send(DataInfo(3, 10))
+    await pair[1].until(3)
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_sending_to_a_peer_that_is_gone_never_raises(loop_name: str) -> None:
+    async def body(pair: Pair) -> None:
+        await join(pair)
+        server, worker = streams(pair)
+        worker.abort()  # the worker's process dies
+        await asyncio.wait_for(pair[0].lost, 5)  # EOF or a reset: gone either way
+        assert server.lost and not server.open
+        for _ in range(3):  # what the step task does after every step
+            assert server.send(Heartbeat(1.0)) is False
+        assert server.sends_dropped == 3
+        server.close()  # closing twice, or after the loss, is harmless
+        server.close()
+        assert server.send(Goodbye("late")) is False
+
+    run_pair(loop_name, body)
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_nothing_is_sent_after_our_own_goodbye_or_close(loop_name: str) -> None:
+    async def body(pair: Pair) -> None:
+        await join(pair)
+        server, _ = streams(pair)
+        assert server.send(Goodbye("training complete"))
+        assert server.send(Heartbeat(1.0)) is False  # the conversation is closed for us
+        server.close()
+        assert server.send(Heartbeat(2.0)) is False
+        assert server.sends_dropped == 2
+        assert await asyncio.wait_for(pair[1].lost, 5) is None  # closed cleanly
+        assert [m.TYPE for m in pair[1].messages][-1] == "goodbye"
+
+    run_pair(loop_name, body)
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_message_out_of_turn_closes_with_the_protocol_code(loop_name: str) -> None:
+    async def body(pair: Pair) -> None:
+        server, worker = streams(pair)
+        server.send(SERVER_HELLO)
+        await pair[1].until(1)
+        assert worker.transport is not None
+        worker.transport.write(encode_bytes(Lease(1, 0)))  # a server's message, by hand
+        await asyncio.wait_for(pair[0].lost, 5)
+        assert [e.code for e in pair[0].refused] == ["protocol"]
+        refusal = (await pair[1].until(2))[1]
+        assert isinstance(refusal, ErrorMessage) and refusal.fatal
+        assert refusal.code == "protocol" and "lease" in refusal.text
+
+    run_pair(loop_name, body)
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_faults_on_send(loop_name: str) -> None:
+    async def body(pair: Pair) -> None:
+        await join(pair)
+        server, _ = streams(pair)
+        for n in range(1, 6):
+            server.send(Lease(n, 0))
+        leases = [m for m in await pair[1].until(3 + 5) if isinstance(m, Lease)]
+        # the 2nd never arrives, the 3rd arrives twice, the 4th comes late, after 0.2 s,
+        # and holds up the 5th behind it (TCP keeps order)
+        assert [m.lease_id for m in leases] == [1, 3, 3, 4, 5]
+        server.send(Lease(6, 0))  # the 6th is damaged: the worker refuses it and closes
+        await asyncio.wait_for(pair[0].lost, 5)
+        assert [e.code for e in pair[1].refused] == ["malformed_frame"]
+        assert isinstance(pair[0].messages[-1], ErrorMessage)
+        assert pair[0].messages[-1].code == "malformed_frame"
+
+    faults = "drop:lease:2;duplicate:lease:3;delay:lease:4:0.2;corrupt:lease:6"
+    run_pair(loop_name, body, server_faults=faults)
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_faults_on_receive(loop_name: str) -> None:
+    async def body(pair: Pair) -> None:
+        await join(pair)
+        server, worker = streams(pair)
+        for n in range(1, 6):
+            server.send(Lease(n, 0))
+        await pair[1].until(3 + 3)  # the 4th is held for a second, and the 5th behind it
+        assert [m.lease_id for m in pair[1].messages if isinstance(m, Lease)] == [1, 2, 2]
+        leases = [m for m in await pair[1].until(3 + 5) if isinstance(m, Lease)]
+        assert [m.lease_id for m in leases] == [1, 2, 2, 4, 5]
+        worker.send(Heartbeat(1.0))
+        worker.send(Heartbeat(2.0))  # the worker process cuts after the 1st byte of this
+        await asyncio.wait_for(pair[0].lost, 5)  # cut: aborted mid-frame
+        assert [m for m in pair[0].messages if isinstance(m, Heartbeat)] == [Heartbeat(1.0)]
+
+    run_pair(
+        loop_name,
+        body,
+        worker_faults="duplicate:lease:2;drop:lease:3;delay:lease:4:1;"
+        f"cut:send:{len(encode_bytes(HELLO)) + 58}",
+    )
+
+
+class RefusingTransport(asyncio.Transport):
+    """A transport whose socket is gone under it: every write raises, as uvloop's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def write(self, data: Any) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_a_write_the_transport_refuses_drops_the_connection_quietly() -> None:
+    async def main() -> None:
+        end = Recorder()
+        stream = FrameStream(end, Conversation(Role.SERVER), FrameLimits())
+        transport = RefusingTransport()
+        stream.connection_made(transport)
+        assert stream.send(SERVER_HELLO)  # handed on; the write fails below, not here
+        assert transport.aborted and stream.writes_dropped == 1
+        assert stream.send(Goodbye("x")) is False and stream.sends_dropped == 1
+
+    asyncio.run(main())

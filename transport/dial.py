@@ -1,0 +1,68 @@
+"""Connecting to a server: ``connect_with_backoff`` retries with exponential backoff and
+jitter while the server is unreachable (not started yet, restarting, or behind a cut
+link), and translates the socket errors of the last attempt into ``ServerUnreachable``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from snet.protocol.errors import ServerUnreachable
+
+log = logging.getLogger("snet.worker")
+
+CONNECT_SECONDS = 10.0  # one attempt; a cut link drops SYNs silently, so never wait forever
+MAX_BACKOFF_SECONDS = 5.0
+
+P = TypeVar("P", bound=asyncio.BaseProtocol)
+
+
+async def connect_with_backoff(
+    host: str,
+    port: int,
+    make_protocol: Callable[[], P],
+    retry_seconds: float,
+    deadline: float | None = None,
+) -> P:
+    """Connect, retrying with exponential backoff (0.1 s doubling to 5 s, with jitter)
+    for up to ``retry_seconds``, or until ``deadline`` (``time.monotonic()``) when given:
+    the caller's one deadline across reconnects; raises ``ServerUnreachable`` after that."""
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + retry_seconds if deadline is None else deadline
+    delay, attempts = 0.1, 0
+    while True:
+        attempts += 1
+        timeout = max(min(CONNECT_SECONDS, deadline - time.monotonic()), 1.0)
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(make_protocol, host, port), timeout
+            )
+        except OSError as exc:  # TimeoutError is an OSError too
+            reason = exc.strerror or f"no answer in {timeout:.0f} s"
+            if time.monotonic() + delay > deadline:
+                raise ServerUnreachable(
+                    f"cannot reach the server at {host}:{port} ({reason}); "
+                    f"gave up after {attempts} attempts in {retry_seconds:.0f} s"
+                ) from exc
+            level = logging.WARNING if attempts == 1 else logging.INFO
+            log.log(
+                level,
+                "server %s:%d not reachable (%s); retrying with backoff for up to %.0f s more "
+                "(next attempt in %.1f s)",
+                host,
+                port,
+                reason,
+                deadline - time.monotonic(),
+                delay,
+            )
+            await asyncio.sleep(delay)
+            # Jitter, so that many workers reconnecting to a restarted server spread out.
+            delay = min(delay * 2, MAX_BACKOFF_SECONDS) * random.uniform(0.8, 1.0)
+            continue
+        if attempts > 1:
+            log.info("reached the server at %s:%d after %d attempts", host, port, attempts)
+        return connection
