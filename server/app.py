@@ -135,7 +135,7 @@ class SnetServer:
             self.config.checkpoint_seconds,
             self.config.checkpoint_steps,
         )
-        self.coordinator.on_between_steps = self.checkpointer.between_steps
+        self.coordinator.steps.on_between_steps = self.checkpointer.between_steps
         self.coordinator.pool.on_empty = lambda: self._set_reading(False)
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
         self.coordinator.on_finished = self._on_trained
@@ -169,7 +169,8 @@ class SnetServer:
         except OSError as exc:
             raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
         self.http_port = int(self._http.addresses[0][1])
-        self.state = "training"
+        if self.state == "starting":  # workers may join while HTTP starts: a resumed run's
+            self.state = "training"  # last frames can even complete its training by now
         log.info(
             "serving %s (%s mode, network %s, %d training frames) on %s:%d, HTTP on %s:%d",
             self.config.name,

@@ -151,7 +151,7 @@ class Checkpointer:
     def take(self, forced: bool = False) -> Future[None] | None:
         """Take a checkpoint now (between steps) and queue it for writing. A periodic one is
         skipped while the previous write is still running (the next offer retries)."""
-        if self.coordinator.broken:  # the last checkpoint stands: this state is not whole
+        if self.coordinator.steps.broken:  # the last checkpoint stands: this state is not whole
             return None
         self._writing = [f for f in self._writing if not f.done()]
         if self._writing and not forced:
@@ -209,7 +209,7 @@ class Checkpointer:
         while True:
             await asyncio.sleep(min(self.seconds, TIMER_SECONDS))
             if self._time_due():
-                if self.coordinator.between_steps:
+                if self.coordinator.steps.between_steps:
                     self.take()
                 else:
                     self._due = True  # taken at the end of the running step
@@ -217,7 +217,7 @@ class Checkpointer:
     async def final(self) -> None:
         """The last checkpoint (at SIGTERM or when training completes), written before this
         returns; then the ones still queued are waited for."""
-        await self.coordinator.settle()
+        await self.coordinator.steps.settle()
         if self._mark() != self._taken_mark:
             self.take(forced=True)
         await self.flush()

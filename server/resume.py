@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
 def coordinator_state(coordinator: Coordinator) -> dict[str, Any]:
     """The whole training state as plain data; only between steps."""
-    if not coordinator.between_steps:
+    if not coordinator.steps.between_steps:
         raise RuntimeError("a checkpoint is taken between steps, not during one")
-    queued = coordinator.queued_updates()
+    queued = coordinator.steps.queued()
     stats = coordinator.stats.checkpoint_state(
         (p.message.patterns, p.message.correct, p.message.loss_sum) for p in queued
     )

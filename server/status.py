@@ -17,7 +17,7 @@ def queues(coordinator: Coordinator) -> dict[str, int]:
     """Lengths of the element pool's queues and of the lease queue."""
     return {
         "free": coordinator.pool.free,
-        "received": coordinator.received_queue,
+        "received": len(coordinator.steps),
         "pool_size": coordinator.pool.size,
         "pool_overflows": coordinator.pool.overflows,
         "chunks_waiting": coordinator.book.waiting_chunks,

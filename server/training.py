@@ -6,17 +6,17 @@ Each part owns its state and nothing writes another's fields:
 - ``UpdateIntake`` (intake.py): an update checked and turned into a pending one;
 - the mode's ``StepPolicy`` (policies.py): which queued updates make a step, and its
   ``Combination``: how they combine (the rule: momentum SGD, or bmuf's block filter);
-- ``StepRunner`` (stepping.py): the update rule applied in the step thread, NaN-safe;
+- ``StepQueue`` (stepqueue.py): the updates waiting, the one step running, the moments
+  between steps; ``StepRunner`` (stepping.py): the rule applied in the step thread;
 - ``LeaseBook``, ``LeaseDesk``, ``InlineFrames``: who trains on which frames;
 - ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
 - ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
 - ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
 - ``TrainingStats`` (stats.py) and the hooks: what /status and the hooks see.
 
-Between steps (never while one runs: the step thread writes the velocity) the parts'
-``checkpoint_state()`` make one consistent snapshot, the weights of ``version`` and exactly
-the ledger they include (server/resume.py gathers and restores it, server/durability.py
-writes and reads the files).
+Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the
+weights of ``version`` and exactly the ledger they include (server/resume.py gathers and
+restores it, server/durability.py writes and reads the files).
 
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
 late (lateness.py), leaves) to them and carries out what they decide: it publishes each
@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -67,6 +66,7 @@ from .progress import ProgressWatch
 from .session import WorkerSession
 from .stats import TrainingStats
 from .stepping import PendingUpdate, StepOutcome, StepRunner, trace_record
+from .stepqueue import Groups, StepQueue
 
 log = logging.getLogger("snet.server")
 
@@ -111,17 +111,9 @@ class Coordinator:
         self.version = 0
         self.digest = weights_digest(self.rule.snapshot)  # of the weights of ``version``
         self.earlier: dict[str, Any] = {"workers": [], "compression": []}  # before restarts
-        self._received: deque[PendingUpdate] = deque()
-        self._applying = False
-        self._step_task: asyncio.Task[None] | None = None
-        self._boundary = False  # an epoch ended or a CV decision came during a step
-        # Called between steps (True after an epoch end or a CV decision): the moments a
-        # consistent checkpoint can be taken.
-        self.on_between_steps: Callable[[bool], None] | None = None
-        self._in_step: set[int] = set()  # workers with an update in the running step
+        self.steps = StepQueue(self.runner)
         self.finished = asyncio.Event()
         self.closed = False  # set at shutdown: no new steps
-        self.broken = False  # a step failed half-way: the state must not be checkpointed
         self.on_finished: Callable[[], None] | None = None
         self.on_failure: Callable[[str], None] | None = None  # the step machinery broke
         info = RunInfo(
@@ -236,7 +228,7 @@ class Coordinator:
         session.patterns += message.patterns
         session.compute_seconds += message.compute_seconds
         self.stats.record_train(message.patterns, message.correct, message.loss_sum)
-        self._received.append(pending)
+        self.steps.append(pending)
         if self.desk.wants_more(session):
             self.fill_leases()
         self.desk.note_if_dry(session)
@@ -247,7 +239,7 @@ class Coordinator:
     def queue_view(self, late: Callable[[WorkerSession], bool]) -> QueueView:
         """The queue and the workers as the mode's policy sees them."""
         pending = tuple(PendingView(p.session.worker_id, p.message.base_version)
-                        for p in self._received)  # fmt: skip
+                        for p in self.steps.queued())  # fmt: skip
         book = self.book
         workers = tuple(
             WorkerView(
@@ -261,72 +253,19 @@ class Coordinator:
         """Act on workers past their delivery deadline (server/lateness.py)."""
         check_progress(self, now)
 
-    @property
-    def received_queue(self) -> int:
-        return len(self._received)
-
-    def pending_workers(self) -> set[int]:
-        """Workers with an update queued or in the running step (they wait on the server)."""
-        return {p.session.worker_id for p in self._received} | self._in_step
-
     def maybe_step(self) -> None:
-        if self._applying or not self._received or self.closed:
+        if not self.steps.between_steps or not self.steps or self.closed:
             return
         now = time.monotonic()
         chosen = self.policy.take(self.queue_view(lambda s: is_late(self, s, now)))
-        if not chosen:
-            return
-        queued = list(self._received)
-        taken = {index for group in chosen for index in group}
-        groups = [[queued[index] for index in group] for group in chosen]
-        self._received = deque(p for index, p in enumerate(queued) if index not in taken)
-        self._applying = True
-        self._in_step = {p.session.worker_id for group in groups for p in group}
-        self._step_task = asyncio.get_running_loop().create_task(self._step(groups))
+        if chosen:
+            self.steps.start(chosen, self._step)
 
-    async def _step(self, groups: list[list[PendingUpdate]]) -> None:
-        rate = self.learning_rate
-        try:
-            outcome = await self.runner.run(groups, rate)
-            self._publish(outcome, rate)
-        except Exception as exc:
-            # A bug, never a peer's doing (sending to a peer cannot raise). Training
-            # cannot go on from a half-published step: say so loudly and stop the
-            # server, rather than freeze silently while /status looks healthy.
-            log.critical("the step machinery failed; stopping", exc_info=True)
-            self.broken = True
-            if self.on_failure is not None:
-                self.on_failure(f"step failed: {exc!r}")
-            return
-        finally:
-            for group in groups:  # the one release point of a queued update's element
-                for pending in group:
-                    if pending.element is not None:
-                        pending.element.release()
-            self._applying = False
-            self._in_step = set()
-        self._between_steps(False)
-        self.maybe_step()
-
-    def _between_steps(self, boundary: bool) -> None:
-        """Offer the moment for a checkpoint (deferred to the step's end if one runs)."""
-        if self._applying:
-            self._boundary = self._boundary or boundary
-            return
-        boundary, self._boundary = boundary or self._boundary, False
-        if self.on_between_steps is not None:
-            self.on_between_steps(boundary)
-
-    @property
-    def between_steps(self) -> bool:
-        """No step is running: the parts' states agree with each other."""
-        return not self._applying
-
-    async def settle(self) -> None:
-        """Wait for the running step, if any, to be published (at shutdown)."""
-        task = self._step_task
-        if task is not None and not task.done():
-            await asyncio.shield(task)
+    async def _step(self, groups: Groups) -> None:
+        if await self.steps.run(groups, self.learning_rate, self._publish):
+            self.maybe_step()
+        elif self.on_failure is not None:
+            self.on_failure(self.steps.failure)
 
     def _publish(self, outcome: StepOutcome, rate: float) -> None:
         """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
@@ -364,7 +303,7 @@ class Coordinator:
             self.send_weights(session)
         if self.book.epoch_complete:
             self._end_epoch()
-            self._boundary = True
+            self.steps.mark_boundary()
 
     def _refuse_queued(self, pending: PendingUpdate, reason: str) -> None:
         """Refuse a queued update at step time: its frames go back, the worker is told."""
@@ -449,19 +388,12 @@ class Coordinator:
         if decision.finish:
             self.hooks.call("after_training")
             self.finished.set()
-        self._between_steps(True)  # before the results are written: on_finished may stop
+        self.steps.offer(True)  # before the results are written: on_finished may stop
         if decision.finish and self.on_finished is not None:
             self.on_finished()
 
-    # ------------------------------------------------------------ checkpoints
-
-    def queued_updates(self) -> tuple[PendingUpdate, ...]:
-        """Updates accepted and not yet in a step (for a checkpoint: not in the weights)."""
-        return tuple(self._received)
-
     def resume_at(self, version: int, digest: str, earlier: dict[str, Any], finished: bool) -> None:
-        """After the parts were restored from a checkpoint (server/resume.py), before any
-        worker joins: go on from ``version``, whose weights have ``digest``."""
+        """Go on from ``version`` (weights of ``digest``) after server/resume.py ran."""
         self.version, self.digest, self.earlier = version, digest, earlier
         if finished:
             self.finished.set()
