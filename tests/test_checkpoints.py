@@ -2,7 +2,8 @@
 
 The file format is fed damaged bytes (truncated, one bit flipped); the store keeps the
 newest K and passes over a damaged newest file; the lease book restored from a checkpoint
-queues exactly the frames its weights do not include. The worker's retry deadline is tried
+queues exactly the frames its weights do not include; bmuf's block filter and the norm
+bounds go on exactly as before. The worker's retry deadline is tried
 against a real process and a port that accepts connections and drops them at once (a
 server still starting, or broken): each TCP connect used to renew the deadline for ever.
 """
@@ -24,6 +25,7 @@ from snet.protocol.errors import CodecError
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import EvalResult, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
+from snet.server.block_filter import BlockFilter
 from snet.server.checkpoint import (
     CheckpointDamaged,
     CheckpointStore,
@@ -32,6 +34,7 @@ from snet.server.checkpoint import (
 )
 from snet.server.epochs import EpochControl
 from snet.server.leases import LeaseBook
+from snet.server.plausible import NormBounds
 from snet.server.stats import TrainingStats
 
 from helpers import Cluster
@@ -114,6 +117,54 @@ def test_restored_book_leases_exactly_what_the_weights_lack() -> None:
     assert restored.epoch_complete
     assert restored.ledger.summary()["used_once"] == 1000
     assert restored.ledger.summary()["used_more"] == 0
+
+
+@pytest.mark.parametrize("kind", ["cbm", "nbm", "nesterov"])
+def test_a_restored_block_filter_steps_exactly_as_the_original(kind: str) -> None:
+    """bmuf: what the workers start from (the look-ahead for nbm) and the model saved
+    (nesterov's look-ahead) are restored as they were, and so is Δ: the next blocks
+    give the same results bit for bit."""
+    rng = np.random.default_rng(3)
+    start = rng.standard_normal(300).astype(np.float32)
+    job = JobSpec(mode="bmuf", block_filter=kind, block_momentum=0.5)
+    deltas = [rng.standard_normal(300).astype(np.float32) for _ in range(5)]
+    original = BlockFilter(start, job)
+
+    def block(rule: BlockFilter, delta: np.ndarray) -> None:
+        out = rule.steps([[delta * 10]], [10], 0.1)
+        assert out is not None
+        rule.publish(out)
+
+    for delta in deltas[:3]:
+        block(original, delta)
+    saved = decode_checkpoint(encode_checkpoint(original.checkpoint_state()))
+    restored = BlockFilter(np.zeros(300, np.float32), job)
+    restored.restore_checkpoint(saved)
+    assert restored.blocks == original.blocks == 3
+    for rule in (original, restored):
+        for delta in deltas[3:]:
+            block(rule, delta)
+    assert np.array_equal(restored.snapshot, original.snapshot)
+    assert np.array_equal(restored.model, original.model)
+    assert not restored.snapshot.flags.writeable and not restored.model.flags.writeable
+
+
+def test_restored_norm_bounds_judge_updates_as_before() -> None:
+    """A restarted server refuses an implausible update at once, as it would have before
+    the restart, rather than learning the updates' norms from scratch."""
+    bounds = NormBounds()
+    kinds = [(False, "none"), (True, "int8")]
+    for _ in range(50):
+        for kind in kinds:
+            assert bounds.problem(kind, np.full(100, 0.01, np.float32), 10) == ""
+    restored = NormBounds()
+    restored.restore_checkpoint(
+        decode_checkpoint(encode_checkpoint({"b": bounds.checkpoint_state()}))["b"]
+    )
+    assert restored.figures() == bounds.figures()
+    huge = np.full(100, 100.0, np.float32)
+    assert "implausible" in restored.problem(kinds[0], huge, 10)
+    assert NormBounds().problem(kinds[0], huge, 10) == ""  # a fresh one would have taken it
 
 
 def test_schedule_and_statistics_survive_a_round_trip() -> None:
