@@ -182,12 +182,12 @@ class SnetServer:
             self.config.http_bind_host,
             self.http_port,
         )
+        if self.coordinator.finished.is_set() and self._results_task is None:
+            await self._save_results()  # resumed a run that had completed: "trained" once ready
         if self.config.ready_file:
             ready = {"pid": os.getpid(), "port": self.port, "http_port": self.http_port}
             write_atomically(Path(self.config.ready_file), json.dumps(ready).encode())
         notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
-        if self.coordinator.finished.is_set():  # resumed a run that had completed
-            self._on_trained()
 
     def _resume(self, path: Path, state: dict[str, Any]) -> None:
         """Give the coordinator the checkpoint's state; log and trace where it resumed."""
@@ -326,7 +326,6 @@ class SnetServer:
                 connection.pause_reading()
 
     def _on_trained(self) -> None:
-        self.state = "trained"
         log.info("training complete after %d epochs", self.coordinator.stats.epochs_done)
         self._results_task = asyncio.get_running_loop().create_task(self._save_results())
 
@@ -338,7 +337,8 @@ class SnetServer:
             await self.checkpointer.final()
         path = self.write_final_weights()
         log.info("results written to %s", path.parent)
-        self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # even while it lingers
+        self.state = "trained"  # as the workers are sent home: /status never shows one trained
+        self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # and a worker still there
         self._test_task = asyncio.get_running_loop().create_task(self._finish_trained())
 
     async def _finish_trained(self) -> None:

@@ -221,10 +221,8 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     job = ("--mode", "async", "--epochs", "3", "--checkpoint-seconds", "0.3")
     run = Run(cluster, "run", job)
     server = run.start()
-    workers = run.workers(server)
-    wait_until(lambda: _progress(server)[0] > 300, 60, "a few hundred steps")
-
-    # A second server on the same out-dir: refused in one line, exit 1.
+    # A second server on the same out-dir: refused in one line, exit 1. (Before the
+    # workers start: the job trains in a few seconds, and must not end before the kill.)
     clash = cluster.run("server", "--port", "0", "--http-port", "0", *run.args[-4:-2])
     assert clash.returncode == 1, clash.stderr
     assert f"out-dir {run.out_dir} is in use by another snet server (pid {server.process.pid})" in (
@@ -232,6 +230,8 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     )
     assert "Traceback" not in clash.stderr
 
+    workers = run.workers(server)
+    wait_until(lambda: _progress(server)[0] > 300, 60, "a few hundred steps")
     server.process.send_signal(signal.SIGKILL)
     server.wait(30)
     checkpoints = sorted((run.out_dir / "checkpoints").glob("ckpt-*.snet"))
