@@ -45,12 +45,22 @@ SAMPLE_FRAMES = 1024
 
 
 def read_trace(path: Path) -> Iterator[dict[str, Any]]:
-    """The trace's step records, in order (not its other records, e.g. policy changes)."""
+    """The trace's step records, in order (not its other records, e.g. policy changes).
+    Where a restarted server resumed from a checkpoint (a ``resumed`` record), the steps
+    the killed one published after that version are left out: the weights do not descend
+    from them."""
+    steps: list[dict[str, Any]] = []
     with path.open(encoding="utf-8") as handle:
         for line in handle:
-            record = json.loads(line) if line.strip() else {}
-            if "updates" in record:
-                yield record
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if "resumed" in record:
+                while steps and steps[-1]["version"] > record["resumed"]:
+                    steps.pop()
+            elif "updates" in record:
+                steps.append(record)
+    yield from steps
 
 
 @dataclass

@@ -199,7 +199,7 @@ def _early_blas_limit(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     _early_blas_limit(words)
-    from snet.protocol.errors import ConfigError, DataError, ListenError
+    from snet.protocol.errors import ConfigError, DataError, ListenError, OutDirInUse
 
     if words[:1] == ["bench"]:  # every argument, --help too, is the suite's own
         from .checkout import run_bench
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(args)
-    except ListenError as exc:
+    except (ListenError, OutDirInUse) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 1
     except (ConfigError, DataError) as exc:

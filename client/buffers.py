@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from snet.protocol.codecs.weights import decode_weights
+from snet.protocol.digest import weights_digest
 from snet.protocol.errors import CodecError
 from snet.protocol.framing import ArrayInfo
 from snet.protocol.messages import Weights
@@ -96,6 +97,14 @@ class WeightsBox:
             flat = slot.take() if isinstance(slot, BoxSlot) else np.array(message.element, "<f4")
             if flat.shape != (self.layout.size,):
                 raise CodecError(f"weights of shape {flat.shape}, need ({self.layout.size},)")
+            if message.digest and (digest := weights_digest(flat)) != message.digest:
+                self.undecodable += 1
+                if isinstance(slot, np.ndarray):
+                    self._free.append(slot)
+                raise CodecError(
+                    f"weights {message.version} have digest {digest}, "
+                    f"the server announced {message.digest}"
+                )
             self.awaiting_full = False
         else:
             newest = self._pending or self.current

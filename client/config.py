@@ -48,7 +48,11 @@ class WorkerConfig:
         default=5.0, metadata={"help": "send a heartbeat when quiet this long"}
     )
     retry_seconds: float = field(
-        default=30.0, metadata={"help": "keep trying to (re)connect this long before giving up"}
+        default=300.0,
+        metadata={
+            "help": "keep trying to get back to the server this long after losing it: one "
+            "deadline across reconnects (a server's restart takes a while)"
+        },
     )
     server_timeout_seconds: float = field(
         default=30.0, metadata={"help": "drop and redo a connection silent this long (> 1)"}

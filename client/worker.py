@@ -95,6 +95,10 @@ class Worker:
         self._task: asyncio.Task[int] | None = None  # the task running run()
         self._generation = 0  # counts connections; callbacks of older ones are ignored
         self._joined = False  # the current connection got past the handshake
+        # One deadline for getting back to a server, from the moment it was lost: not
+        # renewed by a connection that is accepted and then dropped (e.g. by a server
+        # still starting), only by joining again.
+        self._retry_deadline: float | None = None
         self.job: JobSpec | None = None
         self.corpus: Corpus | None = None
         self.updates_sent = 0
@@ -135,6 +139,8 @@ class Worker:
                     # hammered: pause longer after each session that never got going.
                     pause = 0.1 if self._joined else min(pause * 2, MAX_BACKOFF_SECONDS)
                     server_stopped = False
+                    self._start_retry_window()
+                    self._give_up_if_past_deadline(exc)
                     self._reset()
                     await asyncio.sleep(pause)
                     continue
@@ -146,6 +152,7 @@ class Worker:
                     message = "server said goodbye (%s) mid-job; waiting %.0f s for it to return"
                     log.warning(message, self._goodbye, retry)
                     server_stopped = True
+                    self._start_retry_window()
                     self._reset()
                     continue
                 log.info(
@@ -174,6 +181,19 @@ class Worker:
         if self._stop_reason is None and self._task is not None:
             self._stop_reason = reason
             self._task.cancel()
+
+    def _start_retry_window(self) -> None:
+        if self._joined or self._retry_deadline is None:
+            self._retry_deadline = time.monotonic() + self.config.retry_seconds
+
+    def _give_up_if_past_deadline(self, why: Exception) -> None:
+        """Connections that are accepted and dropped do not extend the retry window."""
+        if self._retry_deadline is not None and time.monotonic() >= self._retry_deadline:
+            host, port = self.config.address()
+            raise ServerUnreachable(
+                f"cannot join the server at {host}:{port} ({why}); "
+                f"gave up after {self.config.retry_seconds:.0f} s"
+            )
 
     def _reset(self) -> None:
         # The ended connection may still report its loss (an abort's callback comes a
@@ -205,7 +225,12 @@ class Worker:
 
         connection = ServerConnection(limits, on_message, on_lost, self._faults)
         await connect_with_backoff(
-            host, port, connection.new_stream, self.config.retry_seconds, self._tls
+            host,
+            port,
+            connection.new_stream,
+            self.config.retry_seconds,
+            self._tls,
+            self._retry_deadline,
         )
         gone = False
         try:

@@ -5,6 +5,7 @@
     SnetError                      anything snet raises on purpose
     ├── ConfigError                a bad job, network or process configuration
     ├── ListenError                the server cannot listen on a configured address
+    ├── OutDirInUse                another server holds the out-dir's lock
     ├── DataError                  a data set that cannot be used (missing, wrong shape)
     ├── ProtocolError              the peer broke the wire protocol; the connection is lost
     │   ├── FrameError             a frame that cannot be decoded
@@ -51,6 +52,10 @@ class DataError(SnetError):
 
 class ListenError(SnetError):
     """The server cannot open a port it was told to listen on (in use, no such address)."""
+
+
+class OutDirInUse(SnetError):
+    """Another running server holds the lock of the out-dir this one was given."""
 
 
 class ProtocolError(SnetError):

@@ -6,7 +6,9 @@ at the same points; the statistics snet reports (MCUPS, accuracy per epoch) are 
 by the built-in hooks below, and a user adds one by naming its class
 (``--hooks package.module:ClassName``; the class is built without arguments). A hook's
 ``figures()`` appear in /status under ``"hooks"``. A hook that raises is switched off and
-its error shown there: statistics never stop training.
+its error shown there: statistics never stop training. A hook that keeps a history gives it
+in ``checkpoint_state()`` (plain data) and takes it back in ``restore_checkpoint()``, so it
+survives a server restart with the rest of the training state.
 """
 
 from __future__ import annotations
@@ -80,6 +82,13 @@ class Hook:
     def figures(self) -> dict[str, Any]:
         return {}
 
+    def checkpoint_state(self) -> Any:
+        """What the hook must keep across a server restart, as plain data (None: nothing)."""
+        return None
+
+    def restore_checkpoint(self, state: Any) -> None:
+        """Take back what ``checkpoint_state`` gave (when the server resumes)."""
+
 
 class HookSet:
     """Calls every hook at each point; a hook that raises is switched off."""
@@ -90,11 +99,7 @@ class HookSet:
 
     def call(self, point: str, *args: Any) -> None:
         for hook in list(self.hooks):
-            try:
-                getattr(hook, point)(*args)
-            except Exception as exc:  # a user's hook must not stop training
-                self.errors[hook.name] = f"{point}: {type(exc).__name__}: {exc}"
-                self.hooks.remove(hook)
+            self._guarded(hook, point, *args)
 
     def figures(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -106,6 +111,28 @@ class HookSet:
         for name, error in self.errors.items():
             out[name] = {"error": error, "disabled": True}
         return out
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Each hook's state that is not None, by name."""
+        saved = {}
+        for hook in self.hooks:
+            state = self._guarded(hook, "checkpoint_state")
+            if state is not None:
+                saved[hook.name] = state
+        return saved
+
+    def restore_checkpoint(self, saved: dict[str, Any]) -> None:
+        for hook in list(self.hooks):
+            if hook.name in saved:
+                self._guarded(hook, "restore_checkpoint", saved[hook.name])
+
+    def _guarded(self, hook: Hook, point: str, *args: Any) -> Any:
+        try:
+            return getattr(hook, point)(*args)
+        except Exception as exc:  # a user's hook must not stop training
+            self.errors[hook.name] = f"{point}: {type(exc).__name__}: {exc}"
+            self.hooks.remove(hook)
+            return None
 
 
 class McupsHook(Hook):
@@ -144,6 +171,12 @@ class McupsHook(Hook):
             "per_epoch": self.per_epoch,
         }
 
+    def checkpoint_state(self) -> Any:
+        return {"per_epoch": self.per_epoch}  # the overall rate starts anew with the process
+
+    def restore_checkpoint(self, state: Any) -> None:
+        self.per_epoch = [float(rate) for rate in state["per_epoch"]]
+
 
 class AccuracyHook(Hook):
     """Training and CV frame accuracy per epoch, and the best CV epoch."""
@@ -167,6 +200,12 @@ class AccuracyHook(Hook):
     def figures(self) -> dict[str, Any]:
         best = max(self.epochs, key=lambda e: e["cv"], default=None)
         return {"epochs": self.epochs, "best_cv_epoch": best["epoch"] if best else None}
+
+    def checkpoint_state(self) -> Any:
+        return {"epochs": self.epochs}
+
+    def restore_checkpoint(self, state: Any) -> None:
+        self.epochs = [dict(epoch) for epoch in state["epochs"]]
 
 
 def load_hook(path: str) -> Hook:

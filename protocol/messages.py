@@ -97,7 +97,10 @@ class Weights:
 
     When the worker asked for compressed weights the element travels ``encoded``: a full
     copy (``delta_from`` -1, e.g. in fp16) or the difference from the copy the worker
-    reconstructed of version ``delta_from``."""
+    reconstructed of version ``delta_from``.
+
+    ``digest`` (optional, added with checkpoints) is ``weights_digest`` of the server's
+    float32 weights of ``version``: a worker that received them whole can check its copy."""
 
     TYPE: ClassVar[str] = "weights"
     ARRAYS: ClassVar[tuple[str, ...]] = ("element",)
@@ -109,6 +112,7 @@ class Weights:
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
     encoded: Encoded | None = field(default=None, compare=False, repr=False)
     delta_from: int = -1
+    digest: str = ""
 
 
 @dataclass(frozen=True)

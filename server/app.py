@@ -1,9 +1,12 @@
 """``SnetServer``: startup, serve, shutdown of the daemon (in the manner of uvicorn).
 
-Startup reads the data plan, opens the TCP port for workers and the HTTP port for
-status (both inside one event loop), and writes the ready file. Serving ends when the
-job is trained (after ``linger_seconds``) or on ``request_stop`` (the command line calls
-it on the first SIGTERM/SIGINT: workers are told goodbye, the final weights are written).
+Startup locks the out-dir, reads the data plan, resumes from the out-dir's newest
+checkpoint of the same job (server/durability.py), opens the TCP port for workers and the
+HTTP port for status (both inside one event loop), and writes the ready file. Serving
+ends when the job is trained (after ``linger_seconds``; the results are written as soon
+as training completes) or on ``request_stop`` (the command line calls it on the first
+SIGTERM/SIGINT: a last checkpoint, workers are told goodbye, the final weights are
+written). A server that trained nothing leaves an existing ``weights.npz`` alone.
 """
 
 from __future__ import annotations
@@ -22,21 +25,24 @@ from aiohttp import web
 
 from snet.data.norms import write_norm_file
 from snet.protocol.conversation import Role
-from snet.protocol.errors import ListenError
+from snet.protocol.errors import ConfigError, ListenError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
 from snet.transport.faults import FaultSwitch
 
+from .checkpoint import CheckpointStore
 from .config import ServerConfig
 from .connection import ConnectionCounters, WorkerConnection
 from .dataplan import plan_data
+from .durability import Checkpointer, job_identity, resume_point
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
 from .progress import ProgressWatch
+from .resume import restore_coordinator
 from .security import over_tls, resolve_token, tls_contexts
-from .service import PidFile, notify
+from .service import OutDirLock, PidFile, notify
 from .testset import score_test_set
 from .training import Coordinator
 
@@ -65,6 +71,11 @@ class SnetServer:
         self._next_worker_id = 0
         self._trace_handle: Any = None
         self.pid_file = PidFile(config.pid_file) if config.pid_file else None
+        self.out_lock = OutDirLock(config.out_dir)
+        self.checkpointer: Checkpointer | None = None
+        self.resumed: dict[str, Any] | None = None  # the checkpoint this server resumed from
+        self._start_version = 0
+        self._results_task: asyncio.Task[None] | None = None
         self.stopping = asyncio.Event()  # set when shutdown begins (ends live HTTP streams)
         self.port = 0
         self.http_port = 0
@@ -75,8 +86,9 @@ class SnetServer:
     async def startup(self) -> None:
         """Claim the pid file, load the data plan, listen on both ports, write the ready file.
 
-        Raises ``ConfigError`` (pid file taken or unwritable), ``DataError`` and
-        ``ListenError`` (a port in use or an address not on this machine).
+        Raises ``ConfigError`` (pid file taken or unwritable, a checkpoint of another job),
+        ``OutDirInUse``, ``DataError`` and ``ListenError`` (a port in use or an address not
+        on this machine).
         """
         loop = asyncio.get_running_loop()
         job = self.config.job
@@ -84,14 +96,23 @@ class SnetServer:
         tls, https = tls_contexts(self.config)
         if self.pid_file is not None:
             self.pid_file.claim()
+        self.out_lock.acquire()
         plan = await loop.run_in_executor(self.executor, plan_data, job)
+        checkpoints = Path(self.config.out_dir) / "checkpoints"
+        store = CheckpointStore(checkpoints, self.config.checkpoint_keep)
+        identity = job_identity(job.to_dict(), plan.fingerprint())
+        loaded = resume_point(self.config, store, identity)
         weights = None
-        if self.config.init_weights:
+        if self.config.init_weights and loaded is None:
             weights = read_weights(self.config.init_weights, job.network).flat
             log.info("continuing from the weights in %s", self.config.init_weights)
         trace = None
         if self.config.trace_file:
-            self._trace_handle = open(self.config.trace_file, "w", encoding="utf-8")  # noqa: SIM115
+            mode = "a" if loaded is not None else "w"  # a resumed run's trace goes on
+            if loaded is not None:
+                _drop_torn_line(Path(self.config.trace_file))
+            # Line-buffered: a killed server's trace holds every step it published.
+            self._trace_handle = open(self.config.trace_file, mode, 1, encoding="utf-8")  # noqa: SIM115
             trace = self._write_trace
         self.coordinator = Coordinator(
             job,
@@ -104,6 +125,18 @@ class SnetServer:
             self.config.min_workers,
             ProgressWatch(self.config.stall_seconds, self.config.join_seconds),
         )
+        if loaded is not None:
+            self._resume(loaded.path, loaded.state)
+        self._start_version = self.coordinator.version
+        self.checkpointer = Checkpointer(
+            store,
+            self.coordinator,
+            identity,
+            lambda: {"next_worker_id": self._next_worker_id},
+            self.config.checkpoint_seconds,
+            self.config.checkpoint_steps,
+        )
+        self.coordinator.steps.on_between_steps = self.checkpointer.between_steps
         self.coordinator.pool.on_empty = lambda: self._set_reading(False)
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
         self.coordinator.on_finished = self._on_trained
@@ -141,7 +174,8 @@ class SnetServer:
         except OSError as exc:
             raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
         self.http_port = int(self._http.addresses[0][1])
-        self.state = "training"
+        if self.state == "starting":  # workers may join while HTTP starts: a resumed run's
+            self.state = "training"  # last frames can even complete its training by now
         log.info(
             "serving %s (%s mode, network %s, %d training frames) on %s:%d, HTTP on %s:%d",
             self.config.name,
@@ -153,10 +187,38 @@ class SnetServer:
             self.config.http_bind_host,
             self.http_port,
         )
+        if self.coordinator.finished.is_set() and self._results_task is None:
+            await self._save_results()  # resumed a run that had completed: "trained" once ready
         if self.config.ready_file:
             ready = {"pid": os.getpid(), "port": self.port, "http_port": self.http_port}
             write_atomically(Path(self.config.ready_file), json.dumps(ready).encode())
         notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
+
+    def _resume(self, path: Path, state: dict[str, Any]) -> None:
+        """Give the coordinator the checkpoint's state; log and trace where it resumed."""
+        coordinator = self.coordinator
+        try:
+            requeued = restore_coordinator(coordinator, state["coordinator"])
+            self._next_worker_id = int(state["server"]["next_worker_id"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{path} cannot be resumed: {exc}; use --fresh") from exc
+        self.resumed = {
+            "checkpoint": path.name,
+            "version": coordinator.version,
+            "digest": coordinator.digest,
+            "epoch": coordinator.epoch,
+            "requeued_frames": requeued,
+            "at": time.time(),
+        }
+        log.info(
+            "resumed from %s: version %d (weights digest %s), epoch %d at rate %g; "
+            "%d frames of the epoch not in these weights are leased again",
+            path.name, coordinator.version, coordinator.digest, coordinator.epoch,
+            coordinator.learning_rate, requeued,
+        )  # fmt: skip
+        if coordinator.trace is not None:
+            coordinator.trace({"resumed": coordinator.version, "digest": coordinator.digest,
+                               "epoch": coordinator.epoch, "checkpoint": path.name})  # fmt: skip
 
     def release(self) -> None:
         """Give back what startup took outside the event loop: ports and the pid file.
@@ -166,6 +228,7 @@ class SnetServer:
             self._tcp.close()
         if self.pid_file is not None:
             self.pid_file.release()
+        self.out_lock.release()
 
     async def serve(self) -> str:
         """Start, run until trained or stopped, shut down; returns why it stopped."""
@@ -176,6 +239,8 @@ class SnetServer:
         """After ``startup()``: serve until trained or stopped, then shut down."""
         loop = asyncio.get_running_loop()
         chores = [loop.create_task(self._housekeeping()), loop.create_task(self._watch_progress())]
+        if self.checkpointer is not None:
+            chores.append(loop.create_task(self.checkpointer.run_timer()))
         try:
             await self._stop.wait()
         finally:
@@ -199,14 +264,18 @@ class SnetServer:
         self.coordinator.closed = True
         if self._tcp is not None:
             self._tcp.close()
+        if self._results_task is not None:  # the results first: it starts the test scoring
+            await self._results_task
         if self._test_task is not None and not self._test_task.done():
             self._test_task.cancel()  # stopped while scoring the test file: not scored
             with contextlib.suppress(asyncio.CancelledError):
                 await self._test_task
         goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
         self._send_goodbyes(goodbye, f"server {reason}")
-        path = self.write_final_weights()
-        log.info("final weights (version %d) written to %s", self.coordinator.version, path)
+        if self.checkpointer is not None:
+            await self.checkpointer.final()  # after the running step, if any
+            self.checkpointer.close()
+        self.write_final_weights()
         if self._http is not None:
             await self._http.cleanup()
         if self._tcp is not None:
@@ -217,11 +286,21 @@ class SnetServer:
         self.state = "stopped"
 
     def write_final_weights(self) -> Path:
+        """Write weights.npz, the norms and status.json; a server that trained nothing
+        since it started leaves the weights a previous run wrote alone."""
         coordinator = self.coordinator
         path = Path(self.config.out_dir) / "weights.npz"
-        write_atomically(path, current_weights_npz(coordinator))
+        if coordinator.version == self._start_version and path.exists():
+            log.info("trained nothing since it started: %s left as it is", path)
+        else:
+            write_atomically(path, current_weights_npz(coordinator))
+            log.info("final weights (version %d, digest %s) written to %s",
+                     coordinator.version, coordinator.digest, path)  # fmt: skip
         write_norm_file(Path(self.config.out_dir) / "norms", coordinator.plan.norms)
-        status = json.dumps(self._final_status(), indent=1).encode()
+        document = self._final_status()
+        if coordinator.finished.is_set():  # not "stopping": what the run came to
+            document["state"] = "trained"
+        status = json.dumps(document, indent=1).encode()
         write_atomically(Path(self.config.out_dir) / "status.json", status)
         return path
 
@@ -252,9 +331,19 @@ class SnetServer:
                 connection.pause_reading()
 
     def _on_trained(self) -> None:
-        self.state = "trained"
         log.info("training complete after %d epochs", self.coordinator.stats.epochs_done)
-        self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # even while it lingers
+        self._results_task = asyncio.get_running_loop().create_task(self._save_results())
+
+    async def _save_results(self) -> None:
+        """Training is complete: the last checkpoint and the results, now (not at exit).
+        Only then are the workers sent home: a server killed before its last checkpoint
+        is on disk resumes short of the end, and needs them back."""
+        if self.checkpointer is not None:
+            await self.checkpointer.final()
+        path = self.write_final_weights()
+        log.info("results written to %s", path.parent)
+        self.state = "trained"  # as the workers are sent home: /status never shows one trained
+        self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # and a worker still there
         self._test_task = asyncio.get_running_loop().create_task(self._finish_trained())
 
     async def _finish_trained(self) -> None:
@@ -309,3 +398,13 @@ class SnetServer:
         while True:
             await asyncio.sleep(PROGRESS_CHECK_SECONDS)
             self.coordinator.check_progress(time.monotonic())
+
+
+def _drop_torn_line(path: Path) -> None:
+    """Cut a trace a killed server left back to its last whole line."""
+    try:
+        with open(path, "r+b") as handle:
+            data = handle.read()
+            handle.truncate(data.rfind(b"\n") + 1)
+    except FileNotFoundError:
+        pass

@@ -26,10 +26,12 @@ blocks each delta is filtered as it arrives, scaled by 1/N (N: the workers train
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from snet.protocol.job import JobSpec
+from snet.protocol.network import ELEMENT_DTYPE
 
 from .update_rule import UpdateRule
 
@@ -105,6 +107,27 @@ class BlockFilter:
         """Replace the weights (a newbob roll-back, or continuing training); Δ is reset."""
         self.inner.load(weights)
         self.snapshot = self.model = self._pending_model = self.inner.weights
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The filter's weights and Δ (``inner``'s), what the workers start from and the
+        model saved (both derived from them with a momentum that depends on the workers,
+        so saved as they are), and the blocks counted; only between steps."""
+        return {**self.inner.checkpoint_state(), "snapshot": self.snapshot,
+                "model": self.model, "blocks": self.blocks}  # fmt: skip
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> None:
+        """Continue from ``checkpoint_state()``: the same Δ, snapshot and model."""
+        self.inner.restore_checkpoint(state)
+        arrays = []
+        for name in ("snapshot", "model"):
+            array = np.array(state[name], dtype=ELEMENT_DTYPE)
+            if array.shape != self.inner.weights.shape:
+                raise ValueError(f"{name} of shape {array.shape}, need {self.inner.weights.shape}")
+            array.flags.writeable = False
+            arrays.append(array)
+        self.snapshot, self.model = arrays
+        self._pending_model = self.model
+        self.blocks = int(state["blocks"])
 
     def figures(self) -> dict[str, float | int | str]:
         """For /status: the filter, its constants and the norm of Δ."""

@@ -116,6 +116,24 @@ class ServerConfig:
             "(transport/faults.py)"
         },
     )
+    checkpoint_seconds: float = field(
+        default=60.0,
+        metadata={
+            "help": "checkpoint the whole training state this often (also at each epoch end, "
+            "at SIGTERM and when training completes)"
+        },
+    )
+    checkpoint_steps: int = field(
+        default=0, metadata={"help": "also checkpoint every this many steps (0: by time only)"}
+    )
+    checkpoint_keep: int = field(default=2, metadata={"help": "keep this many newest checkpoints"})
+    fresh: bool = field(
+        default=False,
+        metadata={"help": "start over instead of resuming from the out-dir's checkpoint"},
+    )
+    force: bool = field(
+        default=False, metadata={"help": "with --fresh: overwrite a finished run's results"}
+    )
     job: JobSpec = field(default_factory=JobSpec)
 
     def __post_init__(self) -> None:
@@ -129,6 +147,10 @@ class ServerConfig:
             raise ConfigError("max_frame_mb must be at least 1")
         if self.stall_seconds <= 0 or self.join_seconds < 0:
             raise ConfigError("stall_seconds must be > 0 and join_seconds >= 0")
+        if self.checkpoint_seconds <= 0 or self.checkpoint_steps < 0 or self.checkpoint_keep < 1:
+            raise ConfigError(
+                "checkpoint_seconds must be > 0, checkpoint_steps >= 0, checkpoint_keep >= 1"
+            )
         if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
             raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
         FaultSwitch.from_text(self.faults, Role.SERVER)  # refuses a bad rule with a clear error

@@ -12,6 +12,7 @@ workers that cannot read the data and are sent their frames inline (``server/inl
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +48,17 @@ class DataPlan:
             lengths=lengths,
             cv_utterances=self.source.cv_utterances,
         )
+
+    def fingerprint(self) -> str:
+        """What identifies the data a checkpoint was trained on: the utterance lengths, the
+        split, the feature count and the normalisation (not the features themselves, which
+        the server never reads in full)."""
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(f"{self.source.features}:{self.total_frames}".encode())
+        for array in (self.bounds.lengths, self.train_frames, self.cv_frames,
+                      self.norms.mean, self.norms.std):  # fmt: skip
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()
 
 
 def plan_data(job: JobSpec) -> DataPlan:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,36 @@ class EpochControl:
         self.waiting_for_cv = False
         self.best_weights: np.ndarray | None = None
         self.kept: dict[int, bool] = {}
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The epoch, the rate in force and the schedule's state (plain data)."""
+        newbob = None
+        if self.newbob is not None:
+            names = ("rate", "ramping", "epoch", "lowest_error", "kept_error")
+            newbob = {name: getattr(self.newbob, name) for name in names}
+        return {
+            "epoch": self.epoch,
+            "rate": self.rate,
+            "waiting_for_cv": self.waiting_for_cv,
+            "best_weights": self.best_weights,
+            "kept": {str(epoch): kept for epoch, kept in self.kept.items()},
+            "newbob": newbob,
+        }
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> None:
+        """Continue from ``checkpoint_state()``: the same epoch, rate and schedule."""
+        self.epoch, self.rate = int(state["epoch"]), float(state["rate"])
+        self.waiting_for_cv = bool(state["waiting_for_cv"])
+        self.best_weights = state["best_weights"]
+        self.kept = {int(epoch): bool(kept) for epoch, kept in state["kept"].items()}
+        saved = state["newbob"]
+        if (saved is None) != (self.newbob is None):
+            raise ValueError("the checkpoint's schedule is not the job's")
+        if self.newbob is not None and saved is not None:
+            self.newbob.rate, self.newbob.ramping = float(saved["rate"]), bool(saved["ramping"])
+            self.newbob.epoch = int(saved["epoch"])
+            self.newbob.lowest_error = float(saved["lowest_error"])
+            self.newbob.kept_error = float(saved["kept_error"])
 
     def start(self, epoch: int) -> None:
         """``epoch`` begins (the coordinator shuffles and leases its frames)."""

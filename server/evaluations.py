@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,15 @@ class Evaluations:
 
     def add(self, epoch: int, version: int, weights: np.ndarray) -> None:
         self._jobs[epoch] = EvalJob(epoch, version, weights)
+
+    def checkpoint_state(self) -> list[dict[str, Any]]:
+        """The jobs not yet scored (whoever held them is gone after a restart)."""
+        return [{"epoch": j.epoch, "version": j.version, "weights": j.weights}
+                for j in self._jobs.values()]  # fmt: skip
+
+    def restore_checkpoint(self, state: list[dict[str, Any]]) -> None:
+        for saved in state:
+            self.add(int(saved["epoch"]), int(saved["version"]), saved["weights"])
 
     def held_by(self, worker_id: int) -> list[EvalJob]:
         return [job for job in self._jobs.values() if job.worker_id == worker_id]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,11 +128,23 @@ def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> Saved
 
 
 def write_atomically(path: Path, payload: bytes) -> None:
-    """Write atomically: a reader never sees half a file, a crash never leaves one."""
+    """Write atomically: a reader never sees half a file, a crash never leaves one (a
+    temporary file of a unique name, fsync'd, renamed over ``path``, and the directory
+    fsync'd so that the rename survives a power cut)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.fchmod(handle, 0o644)  # mkstemp makes it 0600: results are for reading
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(payload)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

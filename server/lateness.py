@@ -33,7 +33,7 @@ log = logging.getLogger("snet.server")
 def overdue(coordinator: Coordinator, session: WorkerSession, now: float) -> float:
     """Seconds ``session`` is past its deadline; <= 0 while it is not late or owes nothing."""
     started = session.clock.clock_start()
-    if started is None or session.worker_id in coordinator.pending_workers():
+    if started is None or session.worker_id in coordinator.steps.pending_workers():
         return 0.0  # it owes nothing, or it waits on the server
     return now - started - deadline(coordinator, session)
 

@@ -132,20 +132,7 @@ class LeaseBook:
     def start_epoch(self, epoch: int) -> None:
         """Shuffle the training frames for ``epoch`` and queue them as chunks."""
         self.epoch = epoch
-        rng = np.random.default_rng([self.seed, epoch])
-        if self.sequential:
-            frames = np.sort(self.train_frames)
-            chunks = [
-                frames[start : start + self.chunk_frames]
-                for start in range(0, len(frames), self.chunk_frames)
-            ]
-            self._queue = deque(chunks[i] for i in rng.permutation(len(chunks)))
-        else:
-            order = rng.permutation(self.train_frames)
-            self._queue = deque(
-                order[start : start + self.chunk_frames]
-                for start in range(0, len(order), self.chunk_frames)
-            )
+        self._queue = deque(self._epoch_chunks(epoch))
         self.accepted_frames = self.applied_frames = 0
         self._used_up.clear()  # bounded: a repeat is told apart within its epoch
         self.granted = {}
@@ -158,6 +145,70 @@ class LeaseBook:
             uses.fill(0)
         self._ledger = EpochLedger(epoch, uses, self.train_frames)
         self._ledger.chunks = len(self._queue)
+
+    def _epoch_chunks(self, epoch: int) -> list[np.ndarray]:
+        """The chunks of ``epoch`` in leasing order (a function of the seed and epoch)."""
+        rng = np.random.default_rng([self.seed, epoch])
+        if self.sequential:
+            frames = np.sort(self.train_frames)
+            chunks = [
+                frames[start : start + self.chunk_frames]
+                for start in range(0, len(frames), self.chunk_frames)
+            ]
+            return [chunks[i] for i in rng.permutation(len(chunks))]
+        order = rng.permutation(self.train_frames)
+        return [
+            order[start : start + self.chunk_frames]
+            for start in range(0, len(order), self.chunk_frames)
+        ]
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The current epoch's ledger (which frames the current weights include) and the
+        lease counter; ended epochs live on as summaries in the statistics.
+
+        Leases are not saved: on restore every frame of the epoch not yet applied is
+        queued again, whether it was waiting, leased, or in an update not yet applied."""
+        ledger = self._ledger
+        saved = None
+        if ledger is not None:  # it changes with every step: copied
+            saved = {
+                "epoch": ledger.epoch,
+                "uses": ledger.uses.copy(),
+                "requeued_frames": ledger.requeued_frames,
+                "chunks": ledger.chunks,
+            }
+        return {"epoch": self.epoch, "next_lease": self._next_id, "ledger": saved}
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> int:
+        """Continue from ``checkpoint_state()``; returns the frames queued again.
+
+        The epoch's chunks are rebuilt in their order with the applied frames left out, so
+        each training frame is still applied exactly once with respect to the weights."""
+        saved = state["ledger"]
+        self._ledger = None
+        if saved is not None:
+            uses = np.asarray(saved["uses"], np.uint16)
+            if uses.shape != (self.total_frames,):
+                raise ValueError(f"the ledger is not of {self.total_frames} frames")
+            requeued, chunks = int(saved["requeued_frames"]), int(saved["chunks"])
+            self._ledger = EpochLedger(
+                int(saved["epoch"]), uses, self.train_frames, requeued, chunks
+            )
+        self.epoch, self._next_id = int(state["epoch"]), int(state["next_lease"])
+        self._leases = {}
+        self._queue = deque()
+        self._used_up.clear()
+        self._largest.clear()
+        self.accepted_frames = self.applied_frames = 0
+        if self.epoch < 0:
+            return 0
+        uses = self.ledger.uses
+        for chunk in self._epoch_chunks(self.epoch):
+            left = chunk[uses[chunk] == 0]
+            if len(left):
+                self._queue.append(left)
+        self.applied_frames = self.accepted_frames = int(uses[self.train_frames].sum())
+        return sum(len(chunk) for chunk in self._queue)
 
     @property
     def ledger(self) -> EpochLedger:

@@ -118,6 +118,7 @@ def metrics_text(server: SnetServer) -> str:
     test = document.get("test")
     out.single("test_accuracy", "gauge", "Frame accuracy on the job's test file, at the end.",
                test["accuracy"] if test else None)  # fmt: skip
+    _checkpoints(out, document)
     queues = dict(document["queues"])
     overflows, pool_size = queues.pop("pool_overflows"), queues.pop("pool_size")
     out.metric("queue_length", "gauge", "Lengths of the element pool's and lease book's queues.",
@@ -137,6 +138,25 @@ def metrics_text(server: SnetServer) -> str:
         out.metric(name, kind, text, [(worker_labels(r), float(r[key])) for r in rows])
     _compression(out, document)
     return out.text().rstrip("\n") + "\n" + "\n".join(staleness_metrics(document)) + "\n"
+
+
+def _checkpoints(out: Exposition, document: dict[str, Any]) -> None:
+    """What checkpoints cost and how recent the last one is (server/durability.py)."""
+    figures = document.get("checkpoints")
+    if not figures:
+        return
+    out.single("checkpoints_written_total", "counter", "Checkpoints written to the out-dir.",
+               figures["written"])  # fmt: skip
+    out.single("checkpoints_failed_total", "counter", "Checkpoints not taken or not written.",
+               figures["failed"])  # fmt: skip
+    out.single("checkpoint_take_seconds_total", "counter",
+               "Seconds the event loop spent taking checkpoints.",
+               figures["take_seconds_total"])  # fmt: skip
+    out.single("checkpoint_write_seconds_total", "counter",
+               "Seconds the writer thread spent writing checkpoints.",
+               figures["write_seconds_total"])  # fmt: skip
+    out.single("checkpoint_last_version", "gauge", "Weight version of the last checkpoint.",
+               figures["last"].get("version"))  # fmt: skip
 
 
 def _compression(out: Exposition, document: dict[str, Any]) -> None:

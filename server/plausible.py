@@ -75,6 +75,20 @@ class NormBounds:
         self._seen[kind] = seen + 1
         return ""
 
+    def checkpoint_state(self) -> list[list[Any]]:
+        """The running means, as ``[kind..., log mean, updates seen]`` rows (a kind is a
+        tuple of plain values); only between steps (the step thread updates them)."""
+        return [[*_as_tuple(kind), mean, self._seen[kind]] for kind, mean in self._log_mean.items()]
+
+    def restore_checkpoint(self, rows: list[list[Any]]) -> None:
+        """Continue from ``checkpoint_state()``: a restarted server keeps judging updates
+        against the norms it had learned, not from scratch."""
+        self._log_mean, self._seen = {}, {}
+        for row in rows:
+            *parts, mean, seen = row
+            kind = tuple(parts) if len(parts) > 1 else parts[0]
+            self._log_mean[kind], self._seen[kind] = float(mean), int(seen)
+
     def figures(self) -> dict[str, float]:
         """The running mean norm per pattern of each kind, for /status."""
         return {str(kind): round(math.exp(value), 6) for kind, value in self._log_mean.items()}
@@ -138,3 +152,7 @@ def finite(document: Any) -> Any:
     if isinstance(document, list | tuple):
         return [finite(value) for value in document]
     return document
+
+
+def _as_tuple(kind: Hashable) -> tuple[Any, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)

@@ -5,18 +5,23 @@ that names another process which is still running means a second server was star
 the same ``--pid-file``: that is refused, so two daemons never fight over one file. A file
 left by a process that no longer exists (after a crash or SIGKILL) is simply replaced.
 
+``OutDirLock``: an exclusive ``flock`` on ``OUT_DIR/.lock`` while the server runs, so two
+servers never write one out-dir's checkpoints and results. The kernel drops the lock when
+the process ends, however it ends, so a crash never leaves a stale lock behind.
+
 ``notify``: systemd's readiness protocol (``Type=notify``), a datagram such as
 ``READY=1`` sent to the socket named in ``$NOTIFY_SOCKET``; a no-op without it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import socket
 from pathlib import Path
 
-from snet.protocol.errors import ConfigError
+from snet.protocol.errors import ConfigError, OutDirInUse
 
 from .export import write_atomically
 
@@ -72,6 +77,39 @@ class PidFile:
                 self.path.unlink()
         except OSError:
             pass  # already gone or unreadable: nothing of ours to remove
+
+
+class OutDirLock:
+    """The out-dir's lock; ``acquire()`` at startup, released at exit (or by the kernel)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.path = Path(out_dir) / ".lock"
+        self._handle: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise ``OutDirInUse`` naming the server that holds it."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"cannot use out-dir {self.path.parent}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(handle, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(handle)
+            raise OutDirInUse(
+                f"out-dir {self.path.parent} is in use by another snet server (pid {holder}); "
+                "stop it or choose another --out-dir"
+            ) from None
+        os.ftruncate(handle, 0)
+        os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            os.close(self._handle)  # closing the descriptor drops the lock
+            self._handle = None
 
 
 def notify(state: str) -> bool:

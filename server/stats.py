@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +127,32 @@ class TrainingStats:
             if value is not None:
                 return float(value)
         return None
+
+    def checkpoint_state(
+        self, not_applied: Iterable[tuple[int, int, float]] = ()
+    ) -> dict[str, Any]:
+        """Every counter and epoch record, as plain data. ``not_applied``: (patterns,
+        correct, loss) of updates counted but not in the weights; they are trained again
+        after a restore, so they are left out of the current epoch's figures."""
+        state = dataclasses.asdict(self)
+        state["staleness_histogram"] = {str(k): v for k, v in self.staleness_histogram.items()}
+        if state["epochs"]:
+            current = state["epochs"][-1]
+            for patterns, correct, loss in not_applied:
+                current["train_patterns"] -= patterns
+                current["train_correct"] -= correct
+                current["train_loss"] -= loss
+        return state
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> None:
+        """Continue counting from ``checkpoint_state()``."""
+        for name in (f.name for f in dataclasses.fields(self)):
+            if name not in ("epochs", "staleness_histogram") and name in state:
+                setattr(self, name, state[name])
+        self.staleness_histogram = {int(k): v for k, v in state["staleness_histogram"].items()}
+        known = {f.name for f in dataclasses.fields(EpochRecord)}
+        self.epochs = [EpochRecord(**{k: v for k, v in r.items() if k in known})
+                       for r in state["epochs"]]  # fmt: skip
 
     @property
     def staleness_mean(self) -> float:

@@ -18,7 +18,7 @@ def queues(coordinator: Coordinator) -> dict[str, int]:
     """Lengths of the element pool's queues and of the lease queue."""
     return {
         "free": coordinator.pool.free,
-        "received": coordinator.received_queue,
+        "received": len(coordinator.steps),
         "pool_size": coordinator.pool.size,
         "pool_overflows": coordinator.pool.overflows,
         "chunks_waiting": coordinator.book.waiting_chunks,
@@ -46,6 +46,9 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "network": coordinator.job.network.describe(),
         "connections_per_pattern": connections,
         "weight_version": coordinator.version,
+        "weights_digest": coordinator.digest,
+        "checkpoints": server.checkpointer.figures() if server.checkpointer else None,
+        "resumed": server.resumed,
         "steps": stats.steps,
         "step_passes": stats.step_passes,
         "step_seconds": round(stats.step_seconds, 6),
@@ -79,6 +82,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "departed": coordinator.departed.summary(),
         "rule": coordinator.rule.figures() or None,  # bmuf: the block filter
         "workers": workers,
+        "earlier": coordinator.earlier,  # workers and compression totals before restarts
         "epochs": [record.as_dict() for record in stats.epochs],
         "schedule": coordinator.job.schedule,
         "hooks": coordinator.hooks.figures(),

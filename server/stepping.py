@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from snet.protocol.digest import weights_digest
 from snet.protocol.messages import Update
 from snet.protocol.staleness import StalenessSetting
 
@@ -86,6 +87,7 @@ class StepOutcome:
     applied: list[list[PendingUpdate]] = field(default_factory=list)  # one list per version
     refused: list[tuple[PendingUpdate, str]] = field(default_factory=list)
     seconds: float = 0.0
+    digest: str = ""  # of ``snapshot`` (computed in the step thread)
 
 
 class StepRunner:
@@ -130,6 +132,11 @@ class StepRunner:
             # updates that carry one.
             for group in groups:
                 await self._run_checked(group, rate, outcome)
+        if outcome.snapshot is not None:
+            loop = asyncio.get_running_loop()
+            outcome.digest = await loop.run_in_executor(
+                self.executor, weights_digest, outcome.snapshot
+            )
         outcome.seconds = time.perf_counter() - started
         return outcome
 
@@ -249,13 +256,15 @@ class StepRunner:
 
 
 def trace_record(
-    batch: list[PendingUpdate], version: int, epoch: int, rate: float
+    batch: list[PendingUpdate], version: int, epoch: int, rate: float, digest: str | None = None
 ) -> dict[str, Any]:
     """One line of the trace file: the step's version and which frames each update covered
-    (``bench/replay.py`` replays a run from these)."""
+    (``bench/replay.py`` replays a run from these), and the digest of the weights it made
+    (None for a step fused with later ones: its weights never existed on their own)."""
     updates = [
         {"worker": p.session.name, "base_version": p.message.base_version,
          "frames": p.frames.tolist()}
         for p in batch
     ]  # fmt: skip
-    return {"version": version, "epoch": epoch, "learning_rate": rate, "updates": updates}
+    return {"version": version, "epoch": epoch, "learning_rate": rate, "digest": digest,
+            "updates": updates}  # fmt: skip

@@ -6,7 +6,8 @@ Each part owns its state and nothing writes another's fields:
 - ``UpdateIntake`` (intake.py): an update checked and turned into a pending one;
 - the mode's ``StepPolicy`` (policies.py): which queued updates make a step, and its
   ``Combination``: how they combine (the rule: momentum SGD, or bmuf's block filter);
-- ``StepRunner`` (stepping.py): the update rule applied in the step thread, NaN-safe;
+- ``StepQueue`` (stepqueue.py): the updates waiting, the one step running, the moments
+  between steps; ``StepRunner`` (stepping.py): the rule applied in the step thread;
 - ``LeaseBook``, ``LeaseDesk``, ``InlineFrames``: who trains on which frames;
 - ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
 - ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
@@ -14,6 +15,10 @@ Each part owns its state and nothing writes another's fields:
 - ``StalenessControl`` (staleness.py): the staleness policy in force (switchable while
   training) and its bound;
 - ``TrainingStats`` (stats.py) and the hooks: what /status and the hooks see.
+
+Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the
+weights of ``version`` and exactly the ledger they include (server/resume.py gathers and
+restores it, server/durability.py writes and reads the files).
 
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
 late (lateness.py), leaves) to them and carries out what they decide: it publishes each
@@ -26,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
 
+from snet.protocol.digest import weights_digest
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.hooks import BunchEvent, EpochEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
@@ -65,6 +70,7 @@ from .session import WorkerSession
 from .staleness import StalenessControl
 from .stats import TrainingStats
 from .stepping import PendingUpdate, StepOutcome, StepRunner, trace_record
+from .stepqueue import Groups, StepQueue
 
 log = logging.getLogger("snet.server")
 
@@ -109,9 +115,9 @@ class Coordinator:
         self.sessions: dict[int, WorkerSession] = {}
         self.departed = Departures()
         self.version = 0
-        self._received: deque[PendingUpdate] = deque()
-        self._applying = False
-        self._in_step: set[int] = set()  # workers with an update in the running step
+        self.digest = weights_digest(self.rule.snapshot)  # of the weights of ``version``
+        self.earlier: dict[str, Any] = {"workers": [], "compression": []}  # before restarts
+        self.steps = StepQueue(self.runner)
         self.finished = asyncio.Event()
         self.closed = False  # set at shutdown: no new steps
         self.on_finished: Callable[[], None] | None = None
@@ -172,6 +178,7 @@ class Coordinator:
                 self.learning_rate,
                 session.updates_settled,
                 self.rule.snapshot,
+                digest=self.digest,
             )
         )
 
@@ -228,7 +235,7 @@ class Coordinator:
         session.patterns += message.patterns
         session.compute_seconds += message.compute_seconds
         self.stats.record_train(message.patterns, message.correct, message.loss_sum)
-        self._received.append(pending)
+        self.steps.append(pending)
         if self.desk.wants_more(session):
             self.fill_leases()
         self.desk.note_if_dry(session)
@@ -239,7 +246,7 @@ class Coordinator:
     def queue_view(self, late: Callable[[WorkerSession], bool]) -> QueueView:
         """The queue and the workers as the mode's policy sees them."""
         pending = tuple(PendingView(p.session.worker_id, p.message.base_version)
-                        for p in self._received)  # fmt: skip
+                        for p in self.steps.queued())  # fmt: skip
         book = self.book
         workers = tuple(
             WorkerView(
@@ -253,16 +260,8 @@ class Coordinator:
         """Act on workers past their delivery deadline (server/lateness.py)."""
         check_progress(self, now)
 
-    @property
-    def received_queue(self) -> int:
-        return len(self._received)
-
-    def pending_workers(self) -> set[int]:
-        """Workers with an update queued or in the running step (they wait on the server)."""
-        return {p.session.worker_id for p in self._received} | self._in_step
-
     def maybe_step(self) -> None:
-        if self._applying or not self._received or self.closed:
+        if not self.steps.between_steps or not self.steps or self.closed:
             return
         now = time.monotonic()
         chosen = self.policy.take(self.queue_view(lambda s: is_late(self, s, now)))
@@ -273,26 +272,18 @@ class Coordinator:
             return
         if not chosen:
             return
-        queued = list(self._received)
-        taken = {index for group in chosen for index in group}
-        groups = [[queued[index] for index in group] for group in chosen]
-        self._received = deque(p for index, p in enumerate(queued) if index not in taken)
-        self._applying = True
-        self._in_step = {p.session.worker_id for group in groups for p in group}
-        asyncio.get_running_loop().create_task(self._step(groups))
+        if chosen:
+            self.steps.start(chosen, self._step)
 
     def _refuse_over_bound(self, chosen: list[list[int]]) -> bool:
         """Bounded staleness: refuse the chosen updates that would lag more than the bound
         (their frames go back to the queue); whether any was."""
-        queued = list(self._received)
-        bases = [p.message.base_version for p in queued]
+        bases = [p.message.base_version for p in self.steps.queued()]
         stale = self.staleness.over_bound(chosen, bases, self.version)
         if not stale:
             return False
         now = time.monotonic()
-        self._received = deque(p for index, p in enumerate(queued) if index not in stale)
-        for index in sorted(stale):
-            pending = queued[index]
+        for index, pending in self.steps.remove(set(stale)):
             pending.session.clock.settled(now)
             if pending.element is not None:
                 pending.element.release()
@@ -310,27 +301,12 @@ class Coordinator:
             self.trace({"staleness_policy": record})
         return record
 
-    async def _step(self, groups: list[list[PendingUpdate]]) -> None:
-        rate = self.learning_rate
-        try:
-            outcome = await self.runner.run(groups, rate, self.version, self.staleness.setting)
-            self._publish(outcome, rate)
-        except Exception as exc:
-            # A bug, never a peer's doing (sending to a peer cannot raise). Training
-            # cannot go on from a half-published step: say so loudly and stop the
-            # server, rather than freeze silently while /status looks healthy.
-            log.critical("the step machinery failed; stopping", exc_info=True)
-            if self.on_failure is not None:
-                self.on_failure(f"step failed: {exc!r}")
-            return
-        finally:
-            for group in groups:  # the one release point of a queued update's element
-                for pending in group:
-                    if pending.element is not None:
-                        pending.element.release()
-            self._applying = False
-            self._in_step = set()
-        self.maybe_step()
+    async def _step(self, groups: Groups) -> None:
+        setting = self.staleness.setting
+        if await self.steps.run(groups, self.learning_rate, self._publish, self.version, setting):
+            self.maybe_step()
+        elif self.on_failure is not None:
+            self.on_failure(self.steps.failure)
 
     def _publish(self, outcome: StepOutcome, rate: float) -> None:
         """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
@@ -341,7 +317,9 @@ class Coordinator:
         if outcome.snapshot is None:
             return
         self.rule.publish(outcome.snapshot)  # with its version, on the event loop
+        self.digest = outcome.digest
         self.stats.record_pass()
+        last = outcome.applied[-1] if outcome.applied else None
         for batch in outcome.applied:
             base = self.version
             self.version += 1
@@ -360,11 +338,13 @@ class Coordinator:
                                rate)  # fmt: skip
             self.hooks.call("after_bunch", event)
             if self.trace is not None:
-                self.trace(trace_record(batch, self.version, self.epoch, rate))
+                digest = self.digest if batch is last else None
+                self.trace(trace_record(batch, self.version, self.epoch, rate, digest))
         for session in self.sessions.values():
             self.send_weights(session)
         if self.book.epoch_complete:
             self._end_epoch()
+            self.steps.mark_boundary()
 
     def _refuse_queued(self, pending: PendingUpdate, reason: str) -> None:
         """Refuse a queued update at step time: its frames go back, the worker is told."""
@@ -432,6 +412,7 @@ class Coordinator:
             self.rule.load(decision.restore)
             self.runner.forget_weights()
             self.version += 1
+            self.digest = weights_digest(self.rule.snapshot)
             for session in self.sessions.values():
                 self.send_weights(session)
         record = self.stats.mark_kept(result.epoch, decision.kept)
@@ -451,5 +432,12 @@ class Coordinator:
         if decision.finish:
             self.hooks.call("after_training")
             self.finished.set()
-            if self.on_finished is not None:
-                self.on_finished()
+        self.steps.offer(True)  # before the results are written: on_finished may stop
+        if decision.finish and self.on_finished is not None:
+            self.on_finished()
+
+    def resume_at(self, version: int, digest: str, earlier: dict[str, Any], finished: bool) -> None:
+        """Go on from ``version`` (weights of ``digest``) after server/resume.py ran."""
+        self.version, self.digest, self.earlier = version, digest, earlier
+        if finished:
+            self.finished.set()

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -66,6 +66,10 @@ class StepRule(Protocol):
     def figures(self) -> dict[str, float | int | str]: ...
 
     def set_workers(self, workers: int) -> None: ...
+
+    def checkpoint_state(self) -> dict[str, Any]: ...  # only between steps
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> None: ...
 
 
 class UpdateRule:
@@ -188,6 +192,20 @@ class UpdateRule:
         self.weights = self.snapshot = fresh
         self.velocity[...] = 0.0
         self._spare_velocity[...] = 0.0
+
+    def checkpoint_state(self) -> dict[str, np.ndarray]:
+        """The weights and the velocity, consistent only between steps (the step thread
+        writes the velocity). The weights are never written again; the velocity is copied,
+        as the step after next overwrites its buffer."""
+        return {"weights": self.weights, "velocity": self.velocity.copy()}
+
+    def restore_checkpoint(self, state: dict[str, np.ndarray]) -> None:
+        """Continue from ``checkpoint_state()``: the same weights and momentum."""
+        self.load(state["weights"])
+        velocity = np.asarray(state["velocity"], dtype=ELEMENT_DTYPE)
+        if velocity.shape != self.velocity.shape:
+            raise ValueError(f"velocity of shape {velocity.shape}, need {self.velocity.shape}")
+        self.velocity[...] = velocity
 
 
 @dataclass(frozen=True)

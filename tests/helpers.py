@@ -87,6 +87,14 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a server restarted on the same port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 @dataclass
 class ServerProcess:
     process: subprocess.Popen[bytes]

@@ -13,14 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SMALL_JOB, Cluster, wait_until
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from helpers import SMALL_JOB, Cluster, free_port, wait_until
 
 
 def _ledger_exact(status: dict[str, object]) -> bool:
@@ -55,7 +48,7 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
     # ... and a bad setting is a configuration error (2).
     bad = cluster.run("server", "--port", "70000")
     assert bad.returncode == 2 and "port must be a TCP port" in bad.stderr
-    lonely = cluster.run("worker", "--server", f"127.0.0.1:{_free_port()}", "--retry-seconds=1")
+    lonely = cluster.run("worker", "--server", f"127.0.0.1:{free_port()}", "--retry-seconds=1")
     assert lonely.returncode == 3  # no server at all: 3, after retrying
     assert "cannot reach the server" in lonely.stderr and "gave up after" in lonely.stderr
     assert pid_file.read_text() == f"{server.process.pid}\n"  # untouched by the refusals
@@ -88,7 +81,7 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
 
 @pytest.mark.system
 def test_workers_started_first_survive_server_restart_and_crash(cluster: Cluster) -> None:
-    port = _free_port()
+    port = free_port()
     workers = [
         cluster._spawn(
             ["worker", "--server", f"127.0.0.1:{port}", "--name", name, "--retry-seconds", "60"],

@@ -104,6 +104,10 @@ def test_metrics_pass_promtool_and_keep_their_series(cluster: Cluster, tmp_path:
     assert values["snet_updates_applied_total"] == status["updates_applied"]
     assert values["snet_test_accuracy"] == status["test"]["accuracy"]
     assert values["snet_epochs_done"] == 3
+    checkpoints = status["checkpoints"]  # the final one is on disk once trained
+    assert values["snet_checkpoints_written_total"] == checkpoints["written"] >= 1
+    assert values["snet_checkpoint_last_version"] == checkpoints["last"]["version"]
+    assert checkpoints["last"]["version"] == status["weight_version"]
 
 
 def test_the_grafana_dashboard_queries_metrics_that_exist(cluster: Cluster, tmp_path: Path) -> None:

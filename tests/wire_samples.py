@@ -219,7 +219,14 @@ def samples() -> list[Sample]:
         ),
         Sample(
             "weights",
-            {"version": 5, "epoch": 1, "learning_rate": 0.1, "settled": 2, "delta_from": -1},
+            {
+                "version": 5,
+                "epoch": 1,
+                "learning_rate": 0.1,
+                "settled": 2,
+                "delta_from": -1,
+                "digest": "",
+            },
             [ELEMENT],
             Weights(5, 1, 0.1, 2, element),
         ),

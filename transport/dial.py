@@ -30,12 +30,14 @@ async def connect_with_backoff(
     make_protocol: Callable[[], P],
     retry_seconds: float,
     ssl_context: ssl.SSLContext | None = None,
+    deadline: float | None = None,
 ) -> P:
     """Connect, retrying with exponential backoff (0.1 s doubling to 5 s, with jitter)
-    for up to ``retry_seconds``; raises ``ServerUnreachable`` after that, and
-    ``TlsRefused`` at once when the server's certificate is not trusted."""
+    for up to ``retry_seconds``, or until ``deadline`` (``time.monotonic()``) when given:
+    the caller's one deadline across reconnects; raises ``ServerUnreachable`` after that,
+    and ``TlsRefused`` at once when the server's certificate is not trusted."""
     loop = asyncio.get_running_loop()
-    deadline = time.monotonic() + retry_seconds
+    deadline = time.monotonic() + retry_seconds if deadline is None else deadline
     made: list[P] = []
 
     def protocol() -> asyncio.BaseProtocol:

@@ -1,0 +1,301 @@
+"""Chaos benchmark: the default job while its server and workers are SIGKILLed and restarted.
+
+    python -m bench.chaos --server-kills 5 --worker-kills 20 [--workers 3] [--seed N]
+
+First a fault-free run of the job (server and workers as processes on 127.0.0.1), then the
+same job while the server is SIGKILLed ``--server-kills`` times and random workers
+``--worker-kills`` times at random moments; each is started again at once with the same
+command line, as systemd (``Restart=on-failure``) would. A server kill is only made on a
+server that has published a step since it (re)started, so every kill costs training.
+Reported, against the fault-free run of the same session:
+
+- goodput: training patterns of the job (epochs x training frames) per second of wall
+  time from the first start to the end of training, and its ratio to the fault-free run;
+- per server kill: the versions (steps) and updates lost (published by the killed server
+  after the checkpoint the next one resumed from, read from the trace), and the time from
+  the kill to the first step of the restarted server;
+- the final CV accuracy of both runs, and the ledger check: every epoch's ledger in
+  ``status.json`` exact, and in the trace's surviving lineage (the steps the final weights
+  descend from) every training frame exactly once per epoch.
+
+Prints a JSON document (and writes it with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+POLL_SECONDS = 0.02
+START_SECONDS = 60.0
+RUN_SECONDS = 900.0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class JobRun:
+    """One job's server (restartable by the same command) and workers, as processes."""
+
+    def __init__(self, directory: Path, job: list[str], workers: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.port = _free_port()
+        self.trace = directory / "trace.jsonl"
+        self.ready = directory / "server.ready"
+        self.command = [
+            sys.executable, "-m", "snet.cli", "server", "--port", str(self.port),
+            "--http-port", "0", "--out-dir", str(directory / "out"),
+            "--ready-file", str(self.ready), "--trace-file", str(self.trace),
+            "--log-level", "info", *job,
+        ]  # fmt: skip
+        self.worker_count = workers
+        self.server: subprocess.Popen[bytes] | None = None
+        self.http_port = 0
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.starts = 0
+        self.completed = False
+        self._logs: list[Any] = []
+
+    def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        log = open(self.directory / log_name, "ab")  # noqa: SIM115 - closed in close()
+        self._logs.append(log)
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def start_server(self) -> float:
+        """Start the server (the same command every time); returns when it is ready."""
+        self.ready.unlink(missing_ok=True)
+        self.starts += 1
+        self.server = self._spawn(self.command, "server.log")
+        deadline = time.monotonic() + START_SECONDS
+        while not self.ready.exists():
+            if self.server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start (see {self.directory}/server.log)")
+            time.sleep(POLL_SECONDS)
+        self.http_port = json.loads(self.ready.read_text())["http_port"]
+        return time.monotonic()
+
+    def worker_command(self, index: int) -> list[str]:
+        return [sys.executable, "-m", "snet.cli", "worker", "--server",
+                f"127.0.0.1:{self.port}", "--name", f"w{index}", "--log-level", "info"]  # fmt: skip
+
+    def start_workers(self) -> None:
+        self.workers = [
+            self._spawn(self.worker_command(i), f"w{i}.log") for i in range(self.worker_count)
+        ]
+
+    def restart_worker(self, index: int) -> None:
+        self.workers[index].send_signal(signal.SIGKILL)
+        self.workers[index].wait(30)
+        self.workers[index] = self._spawn(self.worker_command(index), f"w{index}.log")
+
+    def version(self) -> int | None:
+        """The server's weight version, or None when it does not answer."""
+        try:
+            url = f"http://127.0.0.1:{self.http_port}/status"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                status = json.loads(response.read())
+        except (OSError, ValueError):
+            return None
+        self.completed = self.completed or status["state"] in ("trained", "stopping")
+        return int(status["weight_version"])
+
+    def trained(self) -> bool:
+        """Training is complete (a kill now would not be a fault of the run)."""
+        return self.completed or (self.server is not None and self.server.poll() is not None)
+
+    def status(self) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads((self.directory / "out" / "status.json").read_text())
+        return document
+
+    def close(self) -> None:
+        for process in [*self.workers, self.server]:
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait(30)
+        for log in self._logs:
+            log.close()
+
+
+def lineage(trace: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The steps the final weights descend from, and per resume what it undid: a resumed
+    server continues from its checkpoint's version; later steps of the killed one are lost."""
+    steps: list[dict[str, Any]] = []
+    resumes: list[dict[str, Any]] = []
+    for line in trace.read_text().splitlines():
+        record = json.loads(line)
+        if "resumed" not in record:
+            steps.append(record)
+            continue
+        lost = [s for s in steps if s["version"] > record["resumed"]]
+        steps = steps[: len(steps) - len(lost)]
+        resumes.append({"resumed_version": record["resumed"], "versions_lost": len(lost),
+                        "updates_lost": sum(len(s["updates"]) for s in lost),
+                        "epochs_of_lost_steps": sorted({s["epoch"] for s in lost})})  # fmt: skip
+    return steps, resumes
+
+
+def ledger_check(status: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every epoch's ledger exact, and every frame once per epoch in the surviving steps."""
+    frames = Counter((s["epoch"], f) for s in steps for u in s["updates"] for f in u["frames"])
+    per_epoch = Counter(epoch for epoch, _ in frames)
+    train = status["epochs"][0]["ledger"]["frames"]
+    ledgers_exact = all(
+        e["ledger"]["used_once"] == e["ledger"]["frames"] and e["ledger"]["used_more"] == 0
+        for e in status["epochs"]
+    )
+    return {
+        "ledgers_exact": ledgers_exact,
+        "trace_frames_doubled": sum(1 for count in frames.values() if count > 1),
+        "trace_frames_missing": sum(train - per_epoch[e] for e in range(status["epochs_done"])),
+        "ok": ledgers_exact and all(count == 1 for count in frames.values())
+        and all(per_epoch[e] == train for e in range(status["epochs_done"])),
+    }  # fmt: skip
+
+
+def run_job(directory: Path, job: list[str], workers: int) -> dict[str, Any]:
+    """The fault-free run."""
+    run = JobRun(directory, job, workers)
+    try:
+        started = run.start_server()
+        run.start_workers()
+        assert run.server is not None
+        run.server.wait(RUN_SECONDS)
+        seconds = time.monotonic() - started
+    finally:
+        run.close()
+    return summarise(run, seconds, [])
+
+
+def run_chaos(
+    directory: Path, job: list[str], workers: int, server_kills: int, worker_kills: int,
+    versions: int, rng: random.Random,
+) -> dict[str, Any]:  # fmt: skip
+    """The same job under faults, at random moments of its progress: each kill waits for
+    the weight version to pass a mark drawn from 5-90% of the fault-free run's versions."""
+    span = (versions // 20, versions * 9 // 10)
+    events = sorted(
+        [(rng.randrange(*span), "server") for _ in range(server_kills)]
+        + [(rng.randrange(*span), "worker") for _ in range(worker_kills)]
+    )
+    run = JobRun(directory, job, workers)
+    kills: list[dict[str, Any]] = []
+    worker_kill_count = 0
+    try:
+        started = run.start_server()
+        run.start_workers()
+        base = 0  # the version the running server started from
+        for mark, kind in events:
+            # the mark passed, and (for a server kill) a step since the server started
+            while not run.trained():
+                version = run.version()
+                if version is not None and version >= mark and (kind == "worker" or version > base):
+                    break
+                time.sleep(POLL_SECONDS)
+            if run.trained():
+                break
+            if kind == "worker":
+                run.restart_worker(rng.randrange(workers))
+                worker_kill_count += 1
+                continue
+            assert run.server is not None
+            run.server.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            run.server.wait(30)
+            run.start_server()
+            base = run.version() or 0  # the version it resumed from
+            while not run.trained() and ((version := run.version()) is None or version <= base):
+                time.sleep(POLL_SECONDS)
+            seconds = round(time.monotonic() - killed, 3)
+            kills.append({"at_version": mark, "kill_to_first_step_seconds": seconds})
+        assert run.server is not None
+        run.server.wait(RUN_SECONDS)
+        seconds = time.monotonic() - started
+    finally:
+        run.close()
+    result = summarise(run, seconds, kills)
+    result["worker_kills"] = worker_kill_count
+    return result
+
+
+def summarise(run: JobRun, seconds: float, kills: list[dict[str, Any]]) -> dict[str, Any]:
+    status = run.status()
+    steps, resumes = lineage(run.trace)
+    for kill, resume in zip(kills, resumes, strict=False):
+        kill.update(resume)
+    patterns = sum(e["ledger"]["frames"] for e in status["epochs"])
+    checkpoints = status.get("checkpoints") or {}
+    return {
+        "seconds": round(seconds, 2),
+        "patterns": patterns,
+        "goodput_patterns_per_second": round(patterns / seconds),
+        "cv_accuracy": status["cv_accuracy"],
+        "epochs_done": status["epochs_done"],
+        "weight_version": status["weight_version"],
+        "server_starts": run.starts,
+        "server_kills": kills,
+        "ledger": ledger_check(status, steps),
+        "last_checkpoint_write_seconds": (checkpoints.get("last") or {}).get("write_seconds"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server-kills", type=int, default=5)
+    parser.add_argument("--worker-kills", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--job", default="", help="extra job flags for both runs, one string")
+    parser.add_argument("--json", help="also write the result here")
+    parser.add_argument("--keep", help="run in this directory and keep the logs and traces")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    job = args.job.split()
+    with tempfile.TemporaryDirectory(prefix="snet-chaos-") as scratch:
+        root = Path(args.keep or scratch)
+        clean = run_job(root / "clean", job, args.workers)
+        chaos = run_chaos(
+            root / "chaos", job, args.workers, args.server_kills, args.worker_kills,
+            clean["weight_version"], random.Random(seed),
+        )  # fmt: skip
+    kills = chaos["server_kills"]
+    result = {
+        "seed": seed,
+        "workers": args.workers,
+        "job": job or "default",
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "fault_free": clean,
+        "chaos": chaos,
+        "goodput_ratio": round(
+            chaos["goodput_patterns_per_second"] / clean["goodput_patterns_per_second"], 3
+        ),
+        "cv_difference_points": round(100 * (chaos["cv_accuracy"] - clean["cv_accuracy"]), 3),
+        "updates_lost_per_server_kill": [k.get("updates_lost") for k in kills],
+        "kill_to_first_step_seconds": [k["kill_to_first_step_seconds"] for k in kills],
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0 if chaos["ledger"]["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

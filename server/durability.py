@@ -1,0 +1,247 @@
+"""When checkpoints are taken and written, and what a restart resumes from.
+
+``Checkpointer``: a checkpoint is *taken* on the event loop between two steps (the
+coordinator offers each such moment), so the weights, the velocity and the ledger agree;
+that costs a copy of the velocity and of the current epoch's ledger. It is *written* by a
+thread of its own (``server/checkpoint.py``: encode, checksum, fsync, rename), so steps
+never wait for the disk. Taken every ``checkpoint_seconds`` (when anything changed) or
+every ``checkpoint_steps`` versions, at once after each epoch end and each CV decision,
+and, through ``final()``, at SIGTERM and when training completes. A periodic one is
+skipped while the previous one is still being written; the others queue behind it.
+
+``resume_point``: what ``snet server`` starts from: the newest whole checkpoint of the
+same job (network, settings and a fingerprint of the data), nothing with ``--fresh`` (which
+refuses to discard a finished run's results without ``--force``), and a one-line
+``ConfigError`` for a checkpoint of another job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from snet.protocol.errors import ConfigError
+
+from .checkpoint import CheckpointStore, LoadedCheckpoint
+from .resume import coordinator_state
+
+if TYPE_CHECKING:
+    from .config import ServerConfig
+    from .training import Coordinator
+
+log = logging.getLogger("snet.server")
+
+TIMER_SECONDS = 1.0  # how often the clock for time-based checkpoints is looked at
+
+
+def job_identity(job_dict: dict[str, Any], data_fingerprint: str) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the job (as JSON) and the data."""
+    return {"job": json.loads(json.dumps(job_dict)), "data": data_fingerprint}
+
+
+def resume_point(
+    config: ServerConfig, store: CheckpointStore, identity: dict[str, Any]
+) -> LoadedCheckpoint | None:
+    """The checkpoint to resume from, or None to start a fresh run (raises ConfigError)."""
+    store.remove_leftovers()
+    if config.fresh:
+        finished = _finished_run(config, store)
+        if finished and not config.force:
+            raise ConfigError(
+                f"{config.out_dir} holds the results of a finished run ({finished}); "
+                "--fresh would overwrite them: add --force, or choose another --out-dir"
+            )
+        store.clear()
+        return None
+    loaded = store.newest()
+    if loaded is None:
+        return None
+    saved = loaded.state
+    if saved.get("job") != identity["job"]:
+        theirs, ours = saved.get("job", {}), identity["job"]
+        differing = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k))
+        sizes = [
+            ":".join(map(str, job.get("network", {}).get("sizes", []))) for job in (theirs, ours)
+        ]
+        raise ConfigError(
+            f"{loaded.path} is a checkpoint of another job ({', '.join(differing)} differ; "
+            f"network {sizes[0]} there, {sizes[1]} here): use --fresh to start over, or "
+            "another --out-dir"
+        )
+    if saved.get("data") != identity["data"]:
+        raise ConfigError(
+            f"{loaded.path} is a checkpoint of the same job on other data (the data's "
+            "fingerprint differs): use --fresh to start over, or another --out-dir"
+        )
+    return loaded
+
+
+def _finished_run(config: ServerConfig, store: CheckpointStore) -> str:
+    """Why the out-dir looks like a finished run's ("" if it does not)."""
+    try:
+        loaded = store.newest()
+    except ConfigError:
+        loaded = None
+    if loaded is not None and loaded.state["coordinator"]["finished"]:
+        return f"checkpoint {loaded.path.name} of a completed training"
+    status = Path(config.out_dir) / "status.json"
+    try:
+        if json.loads(status.read_text()).get("state") == "trained":
+            return f"{status} says trained"
+    except (OSError, ValueError, AttributeError):
+        pass
+    return ""
+
+
+class Checkpointer:
+    """Takes checkpoints between steps and writes them in a thread of its own."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        coordinator: Coordinator,
+        identity: dict[str, Any],
+        server_state: Callable[[], dict[str, Any]],
+        seconds: float,
+        steps: int = 0,
+    ) -> None:
+        self.store = store
+        self.coordinator = coordinator
+        self.identity = identity
+        self.server_state = server_state  # the server's own part (e.g. the next worker id)
+        self.seconds = seconds
+        self.steps = steps
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snet-checkpoint")
+        self._writing: list[Future[None]] = []
+        self._due = False  # a periodic checkpoint waits for the end of the running step
+        self._taken_at = time.monotonic()
+        self._taken_mark = self._mark()
+        # figures for /status and the benchmarks
+        self.written = 0
+        self.failed = 0
+        self.skipped_busy = 0
+        self.last: dict[str, Any] = {}
+        self.take_seconds = 0.0  # on the event loop, in total
+        self.write_seconds = 0.0  # in the writer thread, in total
+
+    def _mark(self) -> tuple[int, int, bool]:
+        """Changes when anything a checkpoint holds does (steps, epochs, CV results)."""
+        c = self.coordinator
+        return (c.version, len(c.stats.epochs) * 1000 + c.stats.epochs_done, c.finished.is_set())
+
+    def between_steps(self, boundary: bool) -> None:
+        """The coordinator's offer: take one now if it is due (or forced by a boundary)."""
+        version_due = self.steps > 0 and self.coordinator.version - self._taken_mark[0] >= (
+            self.steps
+        )
+        if boundary or self._due or version_due or self._time_due():
+            self.take(forced=boundary)
+
+    def _time_due(self) -> bool:
+        return time.monotonic() - self._taken_at >= self.seconds and self._mark() != (
+            self._taken_mark
+        )
+
+    def take(self, forced: bool = False) -> Future[None] | None:
+        """Take a checkpoint now (between steps) and queue it for writing. A periodic one is
+        skipped while the previous write is still running (the next offer retries)."""
+        if self.coordinator.steps.broken:  # the last checkpoint stands: this state is not whole
+            return None
+        self._writing = [f for f in self._writing if not f.done()]
+        if self._writing and not forced:
+            self.skipped_busy += 1
+            self._due = True
+            return None
+        started = time.perf_counter()
+        try:
+            state = {
+                **self.identity,
+                "taken": time.time(),
+                "server": self.server_state(),
+                "coordinator": coordinator_state(self.coordinator),
+            }
+        except Exception:  # a bug in a part's state: loudly, but training goes on
+            self.failed += 1
+            log.exception("cannot take a checkpoint")
+            return None
+        self.take_seconds += time.perf_counter() - started
+        self._due = False
+        self._taken_at, self._taken_mark = time.monotonic(), self._mark()
+        future = self._writer.submit(self._write, state)
+        self._writing.append(future)
+        return future
+
+    def _write(self, state: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        coordinator = state["coordinator"]
+        try:
+            path = self.store.write(state)
+        except OSError as exc:  # e.g. a full disk: training goes on, the next one retries
+            self.failed += 1
+            log.error("cannot write a checkpoint: %s", exc)
+            return
+        except Exception:  # a bug: said loudly (a future's exception is otherwise unseen)
+            self.failed += 1
+            log.exception("cannot encode a checkpoint")
+            return
+        seconds = time.perf_counter() - started
+        self.write_seconds += seconds
+        self.written += 1
+        self.last = {
+            "path": str(path),
+            "version": coordinator["version"],
+            "epoch": coordinator["epochs"]["epoch"],
+            "digest": coordinator["digest"],
+            "bytes": path.stat().st_size,
+            "write_seconds": round(seconds, 4),
+            "at": state["taken"],
+        }
+        log.debug("checkpoint %s: version %d", path.name, coordinator["version"])
+
+    async def run_timer(self) -> None:
+        """Time-based checkpoints while no step comes (e.g. waiting for workers)."""
+        while True:
+            await asyncio.sleep(min(self.seconds, TIMER_SECONDS))
+            if self._time_due():
+                if self.coordinator.steps.between_steps:
+                    self.take()
+                else:
+                    self._due = True  # taken at the end of the running step
+
+    async def final(self) -> None:
+        """The last checkpoint (at SIGTERM or when training completes), written before this
+        returns; then the ones still queued are waited for."""
+        await self.coordinator.steps.settle()
+        if self._mark() != self._taken_mark:
+            self.take(forced=True)
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Wait for every queued write."""
+        pending = [asyncio.wrap_future(f) for f in self._writing]
+        if pending:
+            await asyncio.gather(*pending)
+        self._writing = []
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+
+    def figures(self) -> dict[str, Any]:
+        """The "checkpoints" entry of /status."""
+        return {
+            "directory": str(self.store.directory),
+            "every_seconds": self.seconds,
+            "every_steps": self.steps,
+            "written": self.written,
+            "failed": self.failed,
+            "skipped_while_writing": self.skipped_busy,
+            "take_seconds_total": round(self.take_seconds, 4),
+            "write_seconds_total": round(self.write_seconds, 4),
+            "last": self.last,
+        }

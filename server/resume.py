@@ -1,0 +1,95 @@
+"""The coordinator's training state as one checkpoint, and back.
+
+``coordinator_state`` gathers the parts' ``checkpoint_state()`` between two steps (never
+while one runs: the step thread writes the velocity and the norm bounds), so the weights
+of ``version`` and exactly the ledger they include are saved together;
+``restore_coordinator`` gives each part its state back before any worker joins.
+server/durability.py decides when, and server/checkpoint.py writes and reads the files.
+
+What the rule saves depends on the mode (``UpdateRule``, or bmuf's ``BlockFilter``: its
+model, what workers start from, and the filter's Δ). Updates accepted but not yet applied
+are not in the weights: their frames are leased again after a restore, so their figures
+are left out of the epoch's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from snet.protocol.digest import weights_digest
+
+from .departures import DEPARTED_KEPT, Departures
+from .ledger import ledger_totals
+
+if TYPE_CHECKING:
+    from .session import WorkerSession
+    from .training import Coordinator
+
+
+def coordinator_state(coordinator: Coordinator) -> dict[str, Any]:
+    """The whole training state as plain data; only between steps."""
+    if not coordinator.steps.between_steps:
+        raise RuntimeError("a checkpoint is taken between steps, not during one")
+    queued = coordinator.steps.queued()
+    stats = coordinator.stats.checkpoint_state(
+        (p.message.patterns, p.message.correct, p.message.loss_sum) for p in queued
+    )
+    earlier = restart_history(
+        coordinator.earlier,
+        list(coordinator.sessions.values()),
+        coordinator.departed,
+        coordinator.connections,
+    )
+    return {
+        "version": coordinator.version,
+        "digest": coordinator.digest,
+        "finished": coordinator.finished.is_set(),
+        "rule": coordinator.rule.checkpoint_state(),
+        "bounds": coordinator.runner.bounds.checkpoint_state(),
+        "book": coordinator.book.checkpoint_state(),
+        "epochs": coordinator.epochs.checkpoint_state(),
+        "evaluations": coordinator.evaluations.checkpoint_state(),
+        "stats": stats,
+        "hooks": coordinator.hooks.checkpoint_state(),
+        "earlier": earlier,
+    }
+
+
+def restore_coordinator(coordinator: Coordinator, state: dict[str, Any]) -> int:
+    """Continue from ``coordinator_state()``, before any worker joins. Returns the frames
+    of the current epoch queued again (leased or in flight when it was taken)."""
+    coordinator.rule.restore_checkpoint(state["rule"])
+    digest = weights_digest(coordinator.rule.snapshot)
+    if digest != state["digest"]:
+        raise ValueError(f"weights digest {digest}, the checkpoint says {state['digest']}")
+    coordinator.runner.bounds.restore_checkpoint(state["bounds"])
+    requeued = coordinator.book.restore_checkpoint(state["book"])
+    coordinator.epochs.restore_checkpoint(state["epochs"])
+    coordinator.evaluations.restore_checkpoint(state["evaluations"])
+    coordinator.stats.restore_checkpoint(state["stats"])
+    coordinator.hooks.restore_checkpoint(state.get("hooks", {}))  # none before hooks kept any
+    coordinator.resume_at(int(state["version"]), digest, state["earlier"], state["finished"])
+    return requeued
+
+
+def restart_history(
+    earlier: dict[str, Any],
+    live: list[WorkerSession],
+    departed: Departures,
+    connections: int,
+) -> dict[str, Any]:
+    """The rows of the workers seen so far (marked gone) and their compression totals,
+    after those of earlier server lives: what /status shows under ``earlier`` once the
+    server is restarted from a checkpoint. Rows are bounded as ``Departures`` bounds
+    them (the most recent ``DEPARTED_KEPT``); the totals count every worker."""
+    rows = [session.row(connections) for session in [*departed.recent, *live]]
+    for row in rows:
+        if row["state"] != "gone":
+            row["state"], row["left_reason"] = "gone", "server restarted"
+    totals = ledger_totals(
+        (s.ledger for s in live if s.ledger is not None),
+        departed.compression_sums,
+        departed.codecs,
+    )
+    return {"workers": [*earlier["workers"], *rows][-DEPARTED_KEPT:],
+            "compression": [*earlier["compression"], totals]}  # fmt: skip
