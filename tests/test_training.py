@@ -11,28 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from snet.client.data import load_corpus
-from snet.client.network import BunchNetwork
-from snet.protocol.job import DataSpec
-from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
-from snet.server.update_rule import UpdateRule
+from snet.protocol.network import NetworkSpec, initial_weights
 
-from helpers import SMALL_JOB, Cluster, load_weights, wait_until
+from helpers import SMALL_JOB, Cluster, load_weights, replay_sequentially, wait_until
 from inprocess import Lab
-
-
-def _replay_sequentially(trace: list[dict], spec: NetworkSpec, momentum: float) -> np.ndarray:
-    """Sequential bunch training on the union of each step's frames, in the same order."""
-    corpus = load_corpus(DataSpec(), spec.output_size)
-    rule = UpdateRule(initial_weights(spec, seed=1), momentum)
-    biggest = max(sum(len(u["frames"]) for u in step["updates"]) for step in trace)
-    network = BunchNetwork(spec, biggest)
-    gradient = ElementLayout.for_network(spec).allocate()
-    for step in trace:
-        frames = np.concatenate([np.array(u["frames"], dtype=np.int64) for u in step["updates"]])
-        network.gradient(rule.weights, corpus.windows(frames), corpus.labels[frames], gradient)
-        rule.step([gradient], len(frames), step["learning_rate"])
-    return rule.weights
 
 
 async def test_sync_two_workers_equal_sequential_training(lab: Lab) -> None:
@@ -65,7 +47,7 @@ async def test_sync_two_workers_equal_sequential_training(lab: Lab) -> None:
         assert len({u["worker"] for u in step["updates"]}) == len(step["updates"])
 
     spec = NetworkSpec.parse("117:64:10")
-    expected = _replay_sequentially(trace, spec, momentum=0.9)
+    expected = replay_sequentially(trace, spec, momentum=0.9)
     got = np.concatenate([a.ravel() for a in load_weights(server.out_dir / "weights.npz")])
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
