@@ -55,6 +55,9 @@ class BlockFilter:
         self._pending_model = self.model
         self.blocks = 0
         self.last_momentum = 0.0  # η of the last step, for /status
+        # |Δ| of the published step (a 2 MB dot product per /status read on the event
+        # loop otherwise, twice a second for every open dashboard)
+        self.delta_norm = self._pending_norm = 0.0
 
     @property
     def weights(self) -> np.ndarray:
@@ -91,6 +94,8 @@ class BlockFilter:
             return None
         self.blocks += len(groups)
         self._pending_model = weights
+        velocity = self.inner.velocity  # |Δ| for /status, here in the step thread
+        self._pending_norm = float(np.sqrt(np.dot(velocity, velocity)))
         if not self.lookahead:
             return weights
         ahead: np.ndarray = weights + np.float32(eta) * self.inner.velocity
@@ -102,11 +107,13 @@ class BlockFilter:
     def publish(self, snapshot: np.ndarray) -> None:
         """The step's result goes out with its version (on the event loop)."""
         self.snapshot, self.model = snapshot, self._pending_model
+        self.delta_norm = self._pending_norm
 
     def load(self, weights: np.ndarray) -> None:
         """Replace the weights (a newbob roll-back, or continuing training); Δ is reset."""
         self.inner.load(weights)
         self.snapshot = self.model = self._pending_model = self.inner.weights
+        self.delta_norm = self._pending_norm = 0.0
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The filter's weights and Δ (``inner``'s), what the workers start from and the
@@ -128,15 +135,16 @@ class BlockFilter:
         self.snapshot, self.model = arrays
         self._pending_model = self.model
         self.blocks = int(state["blocks"])
+        velocity = self.inner.velocity
+        self.delta_norm = self._pending_norm = float(np.sqrt(np.dot(velocity, velocity)))
 
     def figures(self) -> dict[str, float | int | str]:
         """For /status: the filter, its constants and the norm of Δ."""
-        velocity = self.inner.velocity
         return {
             "filter": self.kind,
             "sync": int(self.sync),
             "blocks": self.blocks,
             "block_momentum": round(self.last_momentum, 6),  # as last applied
             "block_lr": self.rate,
-            "delta_norm": round(float(np.sqrt(np.dot(velocity, velocity))), 6),
+            "delta_norm": round(self.delta_norm, 6),
         }
