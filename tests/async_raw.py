@@ -16,6 +16,8 @@ from snet.protocol.decoder import FrameDecoder
 from snet.protocol.framing import encode_bytes
 from snet.protocol.messages import Hello, Message, ServerHello, Welcome
 
+from helpers import take_from
+
 
 class AsyncRawClient:
     """Frames in, messages out, nothing checked: what the server does with it is the test."""
@@ -42,10 +44,7 @@ class AsyncRawClient:
     async def receive(self, kind: type[Any], timeout: float = 10.0) -> Any:
         """The next message of ``kind`` (others are kept in ``inbox``); fails on EOF."""
         deadline = time.monotonic() + timeout
-        while True:
-            for index, message in enumerate(self.inbox):
-                if isinstance(message, kind):
-                    return self.inbox.pop(index)
+        while (found := take_from(self.inbox, kind)) is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(f"no {kind.__name__} within {timeout} s")
@@ -56,6 +55,7 @@ class AsyncRawClient:
             if not data:
                 raise ConnectionError(f"closed by the server while waiting for {kind.__name__}")
             self.inbox.extend(self.decoder.feed(data))
+        return found
 
     async def closed_by_peer(self, timeout: float = 10.0) -> bool:
         """True once the server closes the connection (reading what is left)."""

@@ -253,6 +253,14 @@ class Cluster:
             raise AssertionError("\n".join(problems))
 
 
+def take_from(inbox: list[Message], kind: type[Any]) -> Any:
+    """The first message of ``kind`` in ``inbox``, taken out (None if there is none)."""
+    for index, message in enumerate(inbox):
+        if isinstance(message, kind):
+            return inbox.pop(index)
+    return None
+
+
 class RawClient:
     """A hand-driven worker on a blocking socket, for feeding the server bad input."""
 
@@ -271,10 +279,7 @@ class RawClient:
     def receive(self, kind: type[Any], timeout: float = 10.0) -> Any:
         """The next message of ``kind`` (others are kept in ``inbox``); fails on EOF."""
         deadline = time.monotonic() + timeout
-        while True:
-            for index, message in enumerate(self.inbox):
-                if isinstance(message, kind):
-                    return self.inbox.pop(index)
+        while (found := take_from(self.inbox, kind)) is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(f"no {kind.__name__} within {timeout} s")
@@ -283,6 +288,7 @@ class RawClient:
             if not data:
                 raise ConnectionError(f"closed by the server while waiting for {kind.__name__}")
             self.inbox.extend(self.decoder.feed(data))
+        return found
 
     def closed_by_peer(self, timeout: float = 10.0) -> bool:
         """True once the server closes the connection (reading what is left)."""
