@@ -87,7 +87,6 @@ class Worker:
         self._faults = FaultSwitch.from_text(config.faults, Role.WORKER)  # one per process
         self._tls: ssl.SSLContext | None = None  # made in run(): its files are read then
         self._tls_refusal = ""  # why the server's TLS refused this worker, if it did
-        self._ungreeted = 0  # TLS connections closed in a row before the server's hello
         self._goodbye: str | None = None
         self._refused: RemoteError | None = None
         self._lost = False
@@ -236,18 +235,13 @@ class Worker:
         try:
             handshake = Handshake(self.config, self.name, self.backend, self.executor,
                                   self._inbox, self._wake, lambda: self._lost)  # fmt: skip
-            try:
-                joined = await handshake.run(connection, self.compressor)
-            except ConnectionLost:
-                self._note_unjoined()
-                raise
+            joined = await handshake.run(connection, self.compressor)
             if isinstance(joined, NotJoined):
                 self._refused, self._goodbye = joined.refused, joined.goodbye
                 return
             self.job, self.corpus = joined.job, joined.corpus
             self.codecs, self.compressor = joined.codecs, joined.compressor
             self._joined = True
-            self._ungreeted = 0
             box = WeightsBox(ElementLayout.for_network(self.job.network), wake=self._wake)
             connection.attach(box, SendBuffers(box.layout))
             heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(connection))
@@ -279,19 +273,6 @@ class Worker:
         if self._tls is not None:
             self._tls_refusal = self._tls_refusal or tls_refusal(exc)
         self._wake.set()
-
-    def _note_unjoined(self) -> None:
-        """A TLS server that closes twice in a row during the handshake refused this
-        worker's certificate (TLS 1.3 tells it with an alert that arrives as a plain EOF)."""
-        self._ungreeted = 0 if self._tls is None else self._ungreeted + 1
-        if self._ungreeted >= 2:
-            self._tls_refusal = (
-                "the server closed the TLS connection during the handshake, twice: it wants "
-                "a client certificate it trusts (--tls-cert, --tls-key)"
-            )
-        self._wake.set()
-
-    # ------------------------------------------------------------ computing
 
     def _file_inbox(self, connection: ServerConnection, box: WeightsBox) -> None:
         while self._inbox:
