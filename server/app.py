@@ -39,8 +39,9 @@ from .dataplan import plan_data
 from .durability import Checkpointer, job_identity, resume_point
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
+from .lateness import check_progress
 from .progress import ProgressWatch
-from .resume import restore_coordinator
+from .resume import drop_torn_line, resume_from
 from .security import over_tls, resolve_token, tls_contexts
 from .service import OutDirLock, PidFile, notify
 from .testset import score_test_set
@@ -110,7 +111,7 @@ class SnetServer:
         if self.config.trace_file:
             mode = "a" if loaded is not None else "w"  # a resumed run's trace goes on
             if loaded is not None:
-                _drop_torn_line(Path(self.config.trace_file))
+                drop_torn_line(Path(self.config.trace_file))
             # Line-buffered: a killed server's trace holds every step it published.
             self._trace_handle = open(self.config.trace_file, mode, 1, encoding="utf-8")  # noqa: SIM115
             trace = self._write_trace
@@ -126,7 +127,11 @@ class SnetServer:
             ProgressWatch(self.config.stall_seconds, self.config.join_seconds),
         )
         if loaded is not None:
-            self._resume(loaded.path, loaded.state)
+            self.resumed = resume_from(self.coordinator, loaded.path, loaded.state)
+            try:
+                self._next_worker_id = int(loaded.state["server"]["next_worker_id"])
+            except (KeyError, ValueError, TypeError) as exc:
+                raise ConfigError(f"{loaded.path} cannot be resumed: {exc}; use --fresh") from exc
         self._start_version = self.coordinator.version
         self.checkpointer = Checkpointer(
             store,
@@ -193,32 +198,6 @@ class SnetServer:
             ready = {"pid": os.getpid(), "port": self.port, "http_port": self.http_port}
             write_atomically(Path(self.config.ready_file), json.dumps(ready).encode())
         notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
-
-    def _resume(self, path: Path, state: dict[str, Any]) -> None:
-        """Give the coordinator the checkpoint's state; log and trace where it resumed."""
-        coordinator = self.coordinator
-        try:
-            requeued = restore_coordinator(coordinator, state["coordinator"])
-            self._next_worker_id = int(state["server"]["next_worker_id"])
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ConfigError(f"{path} cannot be resumed: {exc}; use --fresh") from exc
-        self.resumed = {
-            "checkpoint": path.name,
-            "version": coordinator.version,
-            "digest": coordinator.digest,
-            "epoch": coordinator.epoch,
-            "requeued_frames": requeued,
-            "at": time.time(),
-        }
-        log.info(
-            "resumed from %s: version %d (weights digest %s), epoch %d at rate %g; "
-            "%d frames of the epoch not in these weights are leased again",
-            path.name, coordinator.version, coordinator.digest, coordinator.epoch,
-            coordinator.learning_rate, requeued,
-        )  # fmt: skip
-        if coordinator.trace is not None:
-            coordinator.trace({"resumed": coordinator.version, "digest": coordinator.digest,
-                               "epoch": coordinator.epoch, "checkpoint": path.name})  # fmt: skip
 
     def release(self) -> None:
         """Give back what startup took outside the event loop: ports and the pid file.
@@ -397,14 +376,4 @@ class SnetServer:
         """Deadlines are measured in tens of milliseconds to seconds: look often."""
         while True:
             await asyncio.sleep(PROGRESS_CHECK_SECONDS)
-            self.coordinator.check_progress(time.monotonic())
-
-
-def _drop_torn_line(path: Path) -> None:
-    """Cut a trace a killed server left back to its last whole line."""
-    try:
-        with open(path, "r+b") as handle:
-            data = handle.read()
-            handle.truncate(data.rfind(b"\n") + 1)
-    except FileNotFoundError:
-        pass
+            check_progress(self.coordinator, time.monotonic())

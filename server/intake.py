@@ -11,6 +11,8 @@ lost. Its values (norm, NaN, Inf) are checked in the step thread (server/steppin
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import NoReturn
 
 import numpy as np
@@ -27,6 +29,8 @@ from .pool import ElementLoan, ElementPool, Received
 from .session import WorkerSession
 from .stepping import PendingUpdate
 
+log = logging.getLogger("snet.server")
+
 
 class UpdateIntake:
     """Checks updates against the layout, the policy and the lease book."""
@@ -39,6 +43,27 @@ class UpdateIntake:
         self.book = book
         self.policy = policy
         self.decoder = UpdateDecoder(layout, pool)
+
+    def arrived(self, session: WorkerSession, received: Received) -> bool:
+        """Note an update's arrival; False if it came before (one delivery taken once,
+        settled once; its element is released). Updates it shows were lost on the way
+        are settled, so the worker's flow control recovers, and their frames queued."""
+        message = received.message
+        if self.book.is_repeat(session.worker_id, message.lease_id, message.offset):
+            received.release()
+            log.warning("update of %s on lease %d offset %d came again; ignored", session.name,
+                        message.lease_id, message.offset)  # fmt: skip
+            return False
+        session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
+        session.probation = False  # alive after all: it may hold leases again
+        lost, updates = self.book.lost_before(
+            session.worker_id, message.lease_id, message.offset, message.patterns
+        )
+        if lost:
+            session.updates_settled += updates
+            log.warning("updates of %s were lost: %d frames back in the queue", session.name,
+                        lost)  # fmt: skip
+        return True
 
     def admit(self, session: WorkerSession, received: Received, version: int) -> PendingUpdate:
         """The update as a pending one (it then owns the loan ``received`` held), or

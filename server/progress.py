@@ -12,8 +12,8 @@ a CV set gets the time that takes at its measured rate.
 
 What the coordinator does with a late worker depends on the mode: in async mode a late
 worker is not counted or waited for, and its undelivered frames are taken back once the
-others have nothing left to do (``Coordinator.check_progress``); sync mode drops a worker
-that misses the round deadline. The arithmetic is here, apart from both, so that it can be
+others have nothing left to do (``check_progress`` in server/lateness.py); sync mode drops
+a worker that misses the round deadline. The arithmetic is here, apart from both, so that it can be
 tested with a clock in hand.
 """
 

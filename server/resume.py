@@ -14,9 +14,13 @@ are left out of the epoch's.
 
 from __future__ import annotations
 
+import logging
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from snet.protocol.digest import weights_digest
+from snet.protocol.errors import ConfigError
 
 from .departures import DEPARTED_KEPT, Departures
 from .ledger import ledger_totals
@@ -24,6 +28,8 @@ from .ledger import ledger_totals
 if TYPE_CHECKING:
     from .session import WorkerSession
     from .training import Coordinator
+
+log = logging.getLogger("snet.server")
 
 
 def coordinator_state(coordinator: Coordinator) -> dict[str, Any]:
@@ -70,6 +76,42 @@ def restore_coordinator(coordinator: Coordinator, state: dict[str, Any]) -> int:
     coordinator.hooks.restore_checkpoint(state.get("hooks", {}))  # none before hooks kept any
     coordinator.resume_at(int(state["version"]), digest, state["earlier"], state["finished"])
     return requeued
+
+
+def resume_from(coordinator: Coordinator, path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Give the coordinator a checkpoint file's state (``ConfigError`` if it cannot be
+    resumed); log and trace where it resumed. Returns what /status shows as ``resumed``."""
+    try:
+        requeued = restore_coordinator(coordinator, state["coordinator"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{path} cannot be resumed: {exc}; use --fresh") from exc
+    log.info(
+        "resumed from %s: version %d (weights digest %s), epoch %d at rate %g; "
+        "%d frames of the epoch not in these weights are leased again",
+        path.name, coordinator.version, coordinator.digest, coordinator.epoch,
+        coordinator.learning_rate, requeued,
+    )  # fmt: skip
+    if coordinator.trace is not None:
+        coordinator.trace({"resumed": coordinator.version, "digest": coordinator.digest,
+                           "epoch": coordinator.epoch, "checkpoint": path.name})  # fmt: skip
+    return {
+        "checkpoint": path.name,
+        "version": coordinator.version,
+        "digest": coordinator.digest,
+        "epoch": coordinator.epoch,
+        "requeued_frames": requeued,
+        "at": time.time(),
+    }
+
+
+def drop_torn_line(path: Path) -> None:
+    """Cut a trace a killed server left back to its last whole line."""
+    try:
+        with open(path, "r+b") as handle:
+            data = handle.read()
+            handle.truncate(data.rfind(b"\n") + 1)
+    except FileNotFoundError:
+        pass
 
 
 def restart_history(

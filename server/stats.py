@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from snet.protocol.hooks import EpochEvent
+
 
 @dataclass
 class EpochRecord:
@@ -75,11 +77,14 @@ class TrainingStats:
     def record_of(self, epoch: int) -> EpochRecord:
         return next(r for r in self.epochs if r.epoch == epoch)
 
-    def mark_kept(self, epoch: int, kept: bool) -> EpochRecord:
-        """Whether the schedule kept the epoch's weights (newbob may roll them back)."""
+    def mark_kept(self, epoch: int, kept: bool) -> EpochEvent:
+        """Whether the schedule kept the epoch's weights (newbob may roll them back);
+        the epoch as the ``after_epoch`` hooks see it (its CV result recorded)."""
         record = self.record_of(epoch)
         record.kept = kept
-        return record
+        return EpochEvent(epoch, record.learning_rate, record.train_patterns,
+                          record.train_correct, record.cv_frames, record.cv_correct,
+                          record.cv_loss, kept)  # fmt: skip
 
     def record_train(self, patterns: int, correct: int, loss_sum: float) -> None:
         current = self.epochs[-1]

@@ -18,12 +18,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any
 
 from snet.protocol.staleness import StalenessSetting
 
+from .policies import PendingView, QueueView, WorkerView
 from .stepping import PendingUpdate, StepOutcome, StepRunner
+
+if TYPE_CHECKING:
+    from .session import WorkerSession
 
 log = logging.getLogger("snet.server")
 
@@ -56,11 +60,32 @@ class StepQueue:
         """Updates accepted and not yet in a step (for a checkpoint: not in the weights)."""
         return tuple(self._queued)
 
+    def view(
+        self,
+        sessions: Iterable[WorkerSession],
+        remaining_frames: Callable[[int], int],
+        late: Callable[[WorkerSession], bool],
+        version: int,
+    ) -> QueueView:
+        """The queue and the workers as the mode's policy sees them."""
+        pending = tuple(PendingView(p.session.worker_id, p.message.base_version)
+                        for p in self._queued)  # fmt: skip
+        workers = tuple(
+            WorkerView(s.worker_id, remaining_frames(s.worker_id) > 0, late(s), s.clock.delivered)
+            for s in sessions
+        )
+        return QueueView(pending, workers, version)
+
     def remove(self, indices: set[int]) -> list[tuple[int, PendingUpdate]]:
-        """Take the queued updates at ``indices`` out (a refusal before their step)."""
+        """Take the queued updates at ``indices`` out (a refusal before their step); their
+        pooled elements are released."""
         queued = list(self._queued)
         self._queued = deque(p for index, p in enumerate(queued) if index not in indices)
-        return [(index, queued[index]) for index in sorted(indices)]
+        removed = [(index, queued[index]) for index in sorted(indices)]
+        for _, pending in removed:
+            if pending.element is not None:
+                pending.element.release()
+        return removed
 
     def pending_workers(self) -> set[int]:
         """Workers with an update queued or in the running step (they wait on the server)."""

@@ -39,7 +39,7 @@ import numpy as np
 
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import RejectedUpdate
-from snet.protocol.hooks import BunchEvent, EpochEvent, HookSet, RunInfo
+from snet.protocol.hooks import BunchEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     TRAINING_COMPLETE,
@@ -60,10 +60,10 @@ from .evaluations import Evaluations
 from .idleness import IdleWatch
 from .inline import InlineFrames
 from .intake import UpdateIntake
-from .lateness import check_progress, is_late
+from .lateness import is_late
 from .leases import LeaseBook
 from .leasing import LeaseDesk
-from .policies import PendingView, QueueView, WorkerView, make_step_policy
+from .policies import make_step_policy
 from .pool import ElementPool, Received
 from .progress import ProgressWatch
 from .session import WorkerSession
@@ -205,27 +205,13 @@ class Coordinator:
 
         The coordinator owns ``received`` (and its pooled element) from here: a refused
         update is released by the intake, a queued one after the step that applies it."""
-        message = received.message
-        if self.book.is_repeat(session.worker_id, message.lease_id, message.offset):
-            received.release()  # delivered twice: taken once, settled once
-            log.warning("update of %s on lease %d offset %d came again; ignored", session.name,
-                        message.lease_id, message.offset)  # fmt: skip
+        if not self.intake.arrived(session, received):
             return
-        session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
-        session.probation = False  # alive after all: it may hold leases again
-        lost, updates = self.book.lost_before(
-            session.worker_id, message.lease_id, message.offset, message.patterns
-        )
-        if lost:  # updates lost on the way: settled, so the worker's flow control recovers
-            session.updates_settled += updates
-            log.warning("updates of %s were lost: %d frames back in the queue", session.name,
-                        lost)  # fmt: skip
+        message = received.message
         try:
             pending = self.intake.admit(session, received, self.version)
         except RejectedUpdate:
-            session.updates_rejected += 1
-            session.updates_settled += 1
-            self.stats.updates_rejected += 1
+            self._count_refused(session)
             self.send_weights(session)  # tells the worker the update is settled
             self.fill_leases()  # the refused frames are queued again
             self.desk.note_if_dry(session)
@@ -243,34 +229,17 @@ class Coordinator:
 
     # ------------------------------------------------------------ steps
 
-    def queue_view(self, late: Callable[[WorkerSession], bool]) -> QueueView:
-        """The queue and the workers as the mode's policy sees them."""
-        pending = tuple(PendingView(p.session.worker_id, p.message.base_version)
-                        for p in self.steps.queued())  # fmt: skip
-        book = self.book
-        workers = tuple(
-            WorkerView(
-                s.worker_id, book.remaining_frames(s.worker_id) > 0, late(s), s.clock.delivered
-            )
-            for s in self.sessions.values()
-        )
-        return QueueView(pending, workers, self.version)
-
-    def check_progress(self, now: float) -> None:
-        """Act on workers past their delivery deadline (server/lateness.py)."""
-        check_progress(self, now)
-
     def maybe_step(self) -> None:
         if not self.steps.between_steps or not self.steps or self.closed:
             return
         now = time.monotonic()
-        chosen = self.policy.take(self.queue_view(lambda s: is_late(self, s, now)))
+        view = self.steps.view(self.sessions.values(), self.book.remaining_frames,
+                               lambda s: is_late(self, s, now), self.version)  # fmt: skip
+        chosen = self.policy.take(view)
         if self.staleness.setting.needs_base_weights:
             chosen = chosen[:1]  # one step per pass: every version's weights exist
         if self._refuse_over_bound(chosen):
             self.maybe_step()  # the queue changed: choose again from what is left
-            return
-        if not chosen:
             return
         if chosen:
             self.steps.start(chosen, self._step)
@@ -282,13 +251,9 @@ class Coordinator:
         stale = self.staleness.over_bound(chosen, bases, self.version)
         if not stale:
             return False
-        now = time.monotonic()
         for index, pending in self.steps.remove(set(stale)):
-            pending.session.clock.settled(now)
-            if pending.element is not None:
-                pending.element.release()
             self.staleness.refused_stale += 1
-            self._refuse_queued(pending, self.staleness.reason(stale[index]))
+            self._refuse_queued(pending, self.staleness.reason(stale[index]), time.monotonic())
         return True
 
     def set_staleness(self, text: str, by: str) -> dict[str, Any]:
@@ -312,8 +277,7 @@ class Coordinator:
         """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
         now = time.monotonic()
         for pending, reason in outcome.refused:
-            pending.session.clock.settled(now)
-            self._refuse_queued(pending, reason)
+            self._refuse_queued(pending, reason, now)
         if outcome.snapshot is None:
             return
         self.rule.publish(outcome.snapshot)  # with its version, on the event loop
@@ -346,14 +310,18 @@ class Coordinator:
             self._end_epoch()
             self.steps.mark_boundary()
 
-    def _refuse_queued(self, pending: PendingUpdate, reason: str) -> None:
+    def _count_refused(self, session: WorkerSession) -> None:
+        session.updates_rejected += 1
+        session.updates_settled += 1  # a refused update is settled: the worker may send more
+        self.stats.updates_rejected += 1
+
+    def _refuse_queued(self, pending: PendingUpdate, reason: str, now: float) -> None:
         """Refuse a queued update at step time: its frames go back, the worker is told."""
         session, message = pending.session, pending.message
+        session.clock.settled(now)
         self.book.unaccept(pending.frames)
         self.stats.record_train(-message.patterns, -message.correct, -message.loss_sum)
-        session.updates_rejected += 1
-        session.updates_settled += 1
-        self.stats.updates_rejected += 1
+        self._count_refused(session)
         log.warning("refused update from %s: %s", session.name, reason)
         if session.state != "gone":  # a departed worker is told nothing (and owes nothing)
             session.send(
@@ -415,18 +383,7 @@ class Coordinator:
             self.digest = weights_digest(self.rule.snapshot)
             for session in self.sessions.values():
                 self.send_weights(session)
-        record = self.stats.mark_kept(result.epoch, decision.kept)
-        event = EpochEvent(
-            result.epoch,
-            record.learning_rate,
-            record.train_patterns,
-            record.train_correct,
-            result.frames,
-            result.correct,
-            result.loss_sum,
-            decision.kept,
-        )
-        self.hooks.call("after_epoch", event)
+        self.hooks.call("after_epoch", self.stats.mark_kept(result.epoch, decision.kept))
         if decision.next_epoch is not None:
             self._start_epoch(decision.next_epoch)
         if decision.finish:
