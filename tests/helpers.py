@@ -319,8 +319,10 @@ class RawClient:
 
 def run_snet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The real ``snet`` command, as a user runs it, to its end (at most 120 s)."""
+    argv = [sys.executable, "-m", "snet.cli", *args]
+    _allowed(argv)
     return subprocess.run(
-        [sys.executable, "-m", "snet.cli", *args],
+        argv,
         capture_output=True,
         text=True,
         timeout=120,

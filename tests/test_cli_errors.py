@@ -113,6 +113,7 @@ def test_an_empty_network_is_an_error_not_the_default(capsys: pytest.CaptureFixt
     )
 
 
+@pytest.mark.system  # starts real processes
 def test_a_network_without_its_output_layer_is_checked_against_the_labels(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -130,6 +131,7 @@ def test_a_network_without_its_output_layer_is_checked_against_the_labels(
     assert "Traceback" not in server.stderr
 
 
+@pytest.mark.system  # starts real processes
 def test_version() -> None:
     done = run_snet("--version")
     assert (done.returncode, done.stdout.strip()) == (0, f"snet {__version__}")
@@ -145,6 +147,7 @@ def test_train_offers_only_what_sequential_training_uses(
         assert f"unrecognized arguments: {flag} 1" in capsys.readouterr().err
 
 
+@pytest.mark.system  # starts real processes
 def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
     path = _toml(
         tmp_path,
@@ -158,6 +161,7 @@ def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
         assert [int(n) for n in saved["sizes"]] == [117, 16, 10]
 
 
+@pytest.mark.system  # starts real processes
 def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     path = _toml(tmp_path, '[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n')
     done = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))

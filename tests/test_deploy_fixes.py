@@ -105,6 +105,7 @@ def test_plan_says_what_snet_trains_and_asks_for_the_link(
     assert "network-parallel rows" in capsys.readouterr().out
 
 
+@pytest.mark.system  # starts real processes
 def test_plan_json_names_the_link_and_notes_its_absence(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "snet.cli", "plan", "--workers", "2", "--json"],

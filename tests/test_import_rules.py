@@ -13,6 +13,7 @@ Every import counts, also those inside functions, which run later but bind all t
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -31,12 +32,22 @@ def _sources(part: str) -> list[Path]:
     return sorted(p for p in (ROOT / part).rglob("*.py") if "__pycache__" not in p.parts)
 
 
+def _tree(path: Path) -> ast.Module:
+    """The parsed source (each text parsed once per run: several rules read every file)."""
+    return _parse(path.read_text(), str(path))
+
+
+@functools.cache
+def _parse(text: str, filename: str) -> ast.Module:
+    return ast.parse(text, filename)
+
+
 def _imports(path: Path, package: list[str] | None = None) -> list[str]:
     """The absolute names ``path`` imports, relative imports resolved from its folder
     (``package``: the folder's parts below the checkout, default where ``path`` is)."""
     package = package if package is not None else list(path.relative_to(ROOT).parent.parts)
     names = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -81,7 +92,7 @@ def test_protocol_does_no_io() -> None:
     for path in _sources("protocol"):
         modules = {name.split(".")[0] for name in _imports(path)}
         assert not modules & NO_IO, f"{path.relative_to(ROOT)} imports {modules & NO_IO}"
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 assert node.func.id != "open", f"{path.relative_to(ROOT)} calls open()"
 

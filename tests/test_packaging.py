@@ -29,6 +29,7 @@ def _copy_checkout(target: Path) -> None:
         shutil.copytree(ROOT / folder, target / folder, ignore=ignore)
 
 
+@pytest.mark.system  # starts real processes
 def test_the_wheel_holds_snet_alone_without_the_benchmarks(tmp_path: Path) -> None:
     source, out = tmp_path / "checkout", tmp_path / "dist"
     source.mkdir()
@@ -69,6 +70,7 @@ def test_bench_without_a_checkout_says_how_in_one_line(
     assert "in a source checkout run `python -m bench`" in capsys.readouterr().err
 
 
+@pytest.mark.system  # starts real processes
 def test_bench_in_a_checkout_passes_its_arguments_through(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "snet.cli", "bench", "--help"],

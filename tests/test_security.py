@@ -44,6 +44,7 @@ def test_a_server_beyond_loopback_needs_a_token_or_insecure(tmp_path: Path) -> N
         resolve_token(ServerConfig(token_file=str(tmp_path / "missing")))
 
 
+@pytest.mark.system  # starts real processes
 def test_the_server_refuses_to_start_exposed_without_a_token(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "snet.cli", "server", "--host", NOT_HERE, "--port", "0",

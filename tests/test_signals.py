@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 CHILD = """
 import asyncio, logging
 from snet.cli.runtime import install_stop_signals
@@ -28,6 +30,7 @@ def _wait_for_line(process: subprocess.Popen[str]) -> str:
     return process.stdout.readline().strip()
 
 
+@pytest.mark.system  # starts real processes
 def test_first_signal_stops_gracefully_and_second_forces_exit() -> None:
     process = subprocess.Popen(
         [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

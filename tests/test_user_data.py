@@ -45,6 +45,7 @@ def test_images_without_lengths_are_frames_of_their_own(tmp_path: Path) -> None:
     assert (source.lengths == 1).all()
 
 
+@pytest.mark.system  # starts real processes
 def test_image_data_with_the_default_context_suggests_context_0(tmp_path: Path) -> None:
     data = image_set(tmp_path / "images.npz", 40, 1)
     result = run_snet("train", "--data", str(data), "--network", "784:24:10", cwd=tmp_path)
@@ -125,6 +126,7 @@ def test_fashion_shaped_data_with_a_cv_file_trains_and_eval_agrees(
     assert tested["accuracy"] == status["test"]["accuracy"]
 
 
+@pytest.mark.system  # starts real processes
 def test_eval_scores_the_jobs_split_not_the_default(tmp_path: Path) -> None:
     data = image_set(tmp_path / "images.npz", 400, 1)
     out = tmp_path / "out"
@@ -141,6 +143,7 @@ def test_eval_scores_the_jobs_split_not_the_default(tmp_path: Path) -> None:
     assert f"CV {100 * scored['accuracy']:6.2f}%" in cv_line
 
 
+@pytest.mark.system  # starts real processes
 def test_eval_of_weights_without_a_saved_split_says_what_it_assumes(tmp_path: Path) -> None:
     data = image_set(tmp_path / "images.npz", 100, 1)
     out = tmp_path / "out"
