@@ -12,9 +12,9 @@ Everything a peer can make the server allocate is bounded before the peer is tru
   handshake holds at most a few kilobytes.
 
 Both refusals are fatal ``error`` frames a worker takes as "busy, try again" (it retries
-within its retry window, not for good), each counted in /status and /metrics, and logged
-at most once a second with the number turned away since (a flood must not become a flood
-of log lines).
+within its retry window, not for good). They and the timeouts are counted in /status and
+/metrics, and logged at most once a second with the number since the last such line (a
+flood must not become a flood of log lines).
 """
 
 from __future__ import annotations
@@ -75,8 +75,10 @@ class Admission:
         self._log(*found)
         return found
 
-    def timed_out(self) -> None:
+    def timed_out(self, text: str) -> None:
+        """A connection is closed for not completing its handshake in time."""
         self.handshakes_timed_out += 1
+        self._log("timeout", text)
 
     def figures(self) -> dict[str, int]:
         """The counts /status and /metrics show."""
@@ -92,6 +94,6 @@ class Admission:
         self._unlogged += 1
         now = time.monotonic()
         if now - self._logged_at >= LOG_EVERY_SECONDS:
-            log.warning("turned away %d connection(s) since the last such line: %s: %s",
-                        self._unlogged, code, text)  # fmt: skip
+            log.warning("turned away or timed out %d connection(s) since the last such "
+                        "line: %s: %s", self._unlogged, code, text)  # fmt: skip
             self._logged_at, self._unlogged = now, 0

@@ -129,6 +129,7 @@ class SnetServer:
             weights,
             self.config.min_workers,
             ProgressWatch(self.config.stall_seconds, self.config.join_seconds),
+            verify_cv=self.config.verify_cv,
         )
         if loaded is not None:
             self._resume(loaded.path, loaded.state)
@@ -397,8 +398,9 @@ class SnetServer:
                 if session is None:
                     waited = now - connection.connected_at
                     if waited > self.config.handshake_seconds and not connection.closing:
-                        self.counters.timed_out()
-                        connection.fail("timeout", f"no hello in {waited:.0f} s")
+                        text = f"no hello in {waited:.0f} s"
+                        self.counters.timed_out(text)
+                        connection.fail("timeout", text, logged=False)
                     continue
                 quiet = now - session.last_seen
                 if quiet > self.config.worker_timeout_seconds:

@@ -233,9 +233,11 @@ class WorkerConnection:
         caller (the step machinery sends to every worker after each step)."""
         self.stream.send(message)
 
-    def fail(self, code: str, text: str) -> None:
-        """Refuse this peer: tell it why, close this connection only."""
-        log.warning("closing connection from %s: %s: %s", self.describe(), code, text)
+    def fail(self, code: str, text: str, logged: bool = True) -> None:
+        """Refuse this peer: tell it why, close this connection only (``logged``: say so in
+        the log; a flood's refusals are logged in sum, by ``Admission``)."""
+        if logged:
+            log.warning("closing connection from %s: %s: %s", self.describe(), code, text)
         self.send(ErrorMessage(code, text, True))
         self.close(f"{code}: {text}")
 

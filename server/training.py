@@ -53,10 +53,11 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout, initial_weights
 
+from .cv_referee import CvReferee
 from .dataplan import DataPlan
 from .departures import Departures
 from .epochs import EpochControl, EpochDecision
-from .evaluations import Evaluations
+from .evaluations import EvalJob, Evaluations
 from .idleness import IdleWatch
 from .inline import InlineFrames
 from .intake import UpdateIntake
@@ -89,6 +90,7 @@ class Coordinator:
         weights: np.ndarray | None = None,
         min_workers: int = 1,
         progress: ProgressWatch | None = None,
+        verify_cv: bool = False,
     ) -> None:
         self.job = job
         self.plan = plan
@@ -107,7 +109,8 @@ class Coordinator:
         self.inline = InlineFrames(plan, job.data.context)
         self.desk = LeaseDesk(self.book, self.inline, min_workers)
         self.epochs = EpochControl(job)
-        self.evaluations = Evaluations()
+        self.evaluations = Evaluations(copies=2 if verify_cv else 1)
+        self.referee = CvReferee(job, plan, executor)
         self.progress = progress or ProgressWatch()
         self.hooks = hooks or HookSet([])
         self.trace = trace
@@ -394,13 +397,41 @@ class Coordinator:
         ):
             self.inline.send(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
+        for job in self.evaluations.without_second_scorer(self.sessions.values()):
+            self._referee(job)
 
     def on_eval_result(self, session: WorkerSession, message: EvalResult) -> None:
         try:
-            job = self.evaluations.take_result(session, message, len(self.plan.cv_frames))
+            verdict = self.evaluations.take_result(session, message, len(self.plan.cv_frames))
         except RejectedUpdate:
             self.assign_evaluations()  # a refused result's job goes to another worker
             raise
+        if verdict.disputed:
+            self._referee(verdict.job)
+        if verdict.result is None:  # --verify-cv: a second opinion still to come
+            self.assign_evaluations()
+            return
+        self._accept_cv(verdict.job, verdict.result)
+
+    def _referee(self, job: EvalJob) -> None:
+        """--verify-cv: the server scores ``job`` itself (the workers disagreed, or no
+        second worker was there); its score is the epoch's."""
+        log.info("epoch %d: the server scores the CV set itself", job.epoch)
+        scoring = self.referee.score(job.epoch, job.version, job.weights)
+        scoring.add_done_callback(lambda done: self._refereed(job, done))
+
+    def _refereed(self, job: EvalJob, done: asyncio.Future[EvalResult]) -> None:
+        if self.closed or done.cancelled():
+            return
+        if done.exception() is not None:
+            log.error("scoring the CV set failed: %r", done.exception())
+            if self.on_failure is not None:
+                self.on_failure("CV scoring failed")
+            return
+        self.evaluations.referee(job.epoch, done.result(), self.sessions)
+        self._accept_cv(job, done.result())
+
+    def _accept_cv(self, job: EvalJob, message: EvalResult) -> None:
         self.stats.record_cv(message.epoch, message.frames, message.correct, message.loss_sum)
         accuracy = 100 * message.correct / max(message.frames, 1)
         log.info("epoch %d cross-validation: %.2f%% of %d frames", message.epoch, accuracy,
