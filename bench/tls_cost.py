@@ -126,7 +126,7 @@ def _cpu(process: subprocess.Popen[Any]) -> float:
     return seconds
 
 
-def one_round(workdir: Path, certs: Path | None, seconds: float) -> dict[str, float]:
+def one_round(workdir: Path, certs: Path | None, seconds: float, name: str) -> dict[str, float]:
     """Server CPU per applied update, over TLS when ``certs`` is given."""
     tls_flags = []
     ca = ""
@@ -134,7 +134,6 @@ def one_round(workdir: Path, certs: Path | None, seconds: float) -> dict[str, fl
         tls_flags = ["--tls-cert", str(certs / "server.pem"), "--tls-key"]
         tls_flags.append(str(certs / "server.key"))
         ca = str(certs / "ca.pem")
-    name = "tls" if certs else "plain"
     server, ports = start_bench_server(
         workdir,
         NETWORK,
@@ -178,9 +177,11 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
         workdir = Path(tmp)
         certs = workdir / "certs"
         make_cluster_certificates(certs, ["127.0.0.1", "localhost"])
-        for _ in range(rounds):
+        for index in range(rounds):
             for kind in ("plain", "tls"):
-                row = one_round(workdir, certs if kind == "tls" else None, seconds)
+                # a name of its own: start_bench_server waits for this round's ready file
+                row = one_round(workdir, certs if kind == "tls" else None, seconds,
+                                f"{kind}-{index}")  # fmt: skip
                 results[kind].append(row)
                 print(kind, json.dumps({k: round(v, 3) for k, v in row.items()}), flush=True)
     summary: dict[str, Any] = {"network": NETWORK, "rounds": rounds, "seconds": seconds}

@@ -22,11 +22,23 @@ from __future__ import annotations
 import logging
 import time
 
+from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import TOO_MANY_CONNECTIONS, TOO_MANY_HANDSHAKES
 
 log = logging.getLogger("snet.server")
 
 LOG_EVERY_SECONDS = 1.0
+ENCODED_SLACK_BYTES = 1 << 20  # an encoded element's part descriptors and padding
+
+
+def worker_frame_limits(max_frame_mb: int, element_bytes: int) -> FrameLimits:
+    """The largest frame a welcomed worker may send: its largest message is an update,
+    whose payload is the element (``element_bytes``) or an encoding of it, at most twice
+    as large (``topk:1`` sends an index with every value; ``powersgd`` factors of a full
+    rank are (m + n) x min(m, n) values), so a frame declaring more is refused on its
+    prefix, before anything is allocated, however large ``max_frame_mb`` is."""
+    largest = 2 * element_bytes + ENCODED_SLACK_BYTES
+    return FrameLimits(max_payload_bytes=min(max_frame_mb * 1024 * 1024, largest))
 
 
 class Admission:

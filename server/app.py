@@ -27,12 +27,11 @@ from snet.data.norms import write_norm_file
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError, ListenError
 from snet.protocol.fpu import flush_denormals
-from snet.protocol.framing import FrameLimits
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
 from snet.transport.faults import FaultSwitch
 
-from .admission import Admission
+from .admission import Admission, worker_frame_limits
 from .checkpoint import CheckpointStore
 from .config import ServerConfig
 from .connection import WorkerConnection
@@ -147,7 +146,7 @@ class SnetServer:
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
         self.coordinator.on_finished = self._on_trained
         self.coordinator.on_failure = self.request_stop
-        limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
+        limits = worker_frame_limits(self.config.max_frame_mb, self.coordinator.layout.nbytes)
         faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)
         where = f"{self.config.host}:{self.config.port}"
         try:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from snet.protocol import PROTOCOL_VERSION
+from snet.protocol.framing import MAGIC, PREFIX
 from snet.protocol.messages import ErrorMessage, Hello, ServerHello
 
 from async_raw import AsyncRawClient
@@ -170,3 +171,21 @@ async def test_http_connections_beyond_the_limit_are_answered_503(lab: Lab) -> N
 
     await wait_in_lab(lambda: listener.open_connections == 0, 10, "the held ones to close")
     assert (await server.status())["http_connections_refused"] == 1
+
+
+async def test_a_welcomed_worker_may_not_declare_a_payload_beyond_its_largest_update(
+    lab: Lab,
+) -> None:
+    """Trusted or not, a frame is bounded by what the conversation can need: an update's
+    element (or an encoding of it, at most twice as large), not ``max_frame_mb``."""
+    server = await lab.server("--min-workers", "9", *SMALL_JOB)
+    peer = await AsyncRawClient.connect(server.port, "greedy")
+    await peer.handshake()
+    element_bytes = server.server.coordinator.layout.nbytes
+    header = b"\x80"  # an empty msgpack map: the payload length is checked first
+    declared = 2 * element_bytes + (1 << 20) + 1
+    await peer.send_bytes(PREFIX.pack(MAGIC, 1, 0, len(header), declared) + header)
+    refusal: ErrorMessage = await peer.receive(ErrorMessage)
+    assert refusal.fatal and refusal.code == "frame_too_large", refusal
+    assert await peer.closed_by_peer()
+    await peer.close()
