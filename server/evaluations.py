@@ -11,8 +11,8 @@ With ``--verify-cv`` (``copies=2``) each epoch's job is asked of two different w
 their results must agree (``results_agree``: the same frames, correct counts within 0.1 %
 of them, losses within 0.1 %). When they do not, or no second worker is there to ask, the
 server scores the weights itself (``CvReferee``, server/cv_referee.py); its own score is
-the epoch's, and a worker whose result differs from it is refused (``cv_refused``) and not
-asked again before it delivers an update.
+the epoch's, and a worker whose result differs from it is refused (counted in
+``figures()``) and not asked again before it delivers an update.
 """
 
 from __future__ import annotations
