@@ -10,7 +10,8 @@ Each part owns its state and nothing writes another's fields:
   between steps; ``StepRunner`` (stepping.py): the rule applied in the step thread;
 - ``LeaseBook``, ``LeaseDesk``, ``InlineFrames``: who trains on which frames;
 - ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
-- ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
+- ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames
+  (with ``--verify-cv``, two workers, and ``CvReferee``, cv_referee.py, when they differ);
 - ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
 - ``StalenessControl`` (staleness.py): the staleness policy in force (switchable while
   training) and its bound;
