@@ -34,6 +34,7 @@ from snet.protocol import PROTOCOL_VERSION
 from snet.protocol.decoder import FrameDecoder
 from snet.protocol.framing import MAGIC, PREFIX, encode_bytes
 from snet.protocol.messages import (
+    ErrorMessage,
     EvalResult,
     Heartbeat,
     Hello,
@@ -57,7 +58,10 @@ COUNTS = {  # the issue's figures
     "idle handshakes": 100,
     "oversized prefixes": 4,
     "implausible updates": 6,
+    "connection flood": 1_000,  # not in the issue: the limits it asked for (docs/security.md)
+    "slow HTTP clients": 60,
 }
+FIXED = ("implausible updates",)  # counts that do not scale
 CONCURRENCY = 64
 
 
@@ -293,10 +297,70 @@ async def implausible_updates(port: int, count: int) -> list[str]:
     return ["1e30, a 2^43 byte flip, NaN, zeros, forged counts and loss, a forged CV result"]
 
 
+async def connection_flood(port: int, count: int, hold: float) -> list[str]:
+    """``count`` connections opened at once that never say hello: how many the server
+    greets, turns away (and with which code), and how soon it closes the rest."""
+    started = time.monotonic()
+    peers = [await Peer.connect(port) for _ in range(count)]
+
+    async def fate(peer: Peer) -> tuple[str, float]:
+        try:
+            while data := await asyncio.wait_for(peer.reader.read(1 << 16), hold):
+                peer.inbox += peer.decoder.feed(data)
+        except (OSError, ConnectionError):
+            pass
+        except TimeoutError:
+            return "still open", hold
+        codes = [m.code for m in peer.inbox if isinstance(m, ErrorMessage)]
+        greeted = any(isinstance(m, ServerHello) for m in peer.inbox)
+        return ("greeted, then " if greeted else "") + (codes[0] if codes else "eof"), (
+            time.monotonic() - started
+        )
+
+    fates = await asyncio.gather(*(fate(peer) for peer in peers))
+    for peer in peers:
+        peer.close()
+    counts: dict[str, int] = {}
+    for what, _ in fates:
+        counts[what] = counts.get(what, 0) + 1
+    greeted = [seconds for what, seconds in fates if what.startswith("greeted")]
+    notes = [", ".join(f"{n} {what}" for what, n in sorted(counts.items()))]
+    if greeted:
+        notes.append(f"the greeted closed by {max(greeted):.1f} s")
+    return notes
+
+
+async def slow_http_clients(http_port: int, count: int, hold: float) -> list[str]:
+    """``count`` HTTP connections that send a request line and never finish it: how soon
+    the server closes them."""
+    started = time.monotonic()
+    writers, waits = [], []
+
+    async def slowloris() -> float:
+        reader, writer = await asyncio.open_connection("127.0.0.1", http_port)
+        writers.append(writer)
+        writer.write(b"GET /stat")
+        try:
+            while await asyncio.wait_for(reader.read(1 << 16), hold):
+                pass
+        except (OSError, ConnectionError):
+            pass
+        except TimeoutError:
+            return float("inf")
+        return time.monotonic() - started
+
+    waits = await asyncio.gather(*(slowloris() for _ in range(count)))
+    for writer in writers:
+        writer.close()
+    still = sum(1 for wait in waits if wait == float("inf"))
+    return [f"closed by the server after at most {max(waits):.1f} s, {still} still open "
+            f"after {hold:.0f} s"]  # fmt: skip
+
+
 # ---------------------------------------------------------------- the run
 
 
-def run(scale: float, directory: Path) -> list[Row]:
+def run(scale: float, directory: Path, only: list[str] | None = None) -> list[Row]:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     rows: list[Row] = []
     with LocalCluster(directory, env) as cluster:
@@ -312,9 +376,12 @@ def run(scale: float, directory: Path) -> list[Row]:
             ("idle handshakes", lambda n: idle_handshakes(server.port, n, 20.0)),
             ("oversized prefixes", lambda n: oversized_prefixes(server.port, n, 10.0)),
             ("implausible updates", lambda n: implausible_updates(server.port, n)),
+            ("connection flood", lambda n: connection_flood(server.port, n, 30.0)),
+            ("slow HTTP clients", lambda n: slow_http_clients(server.http_port, n, 30.0)),
         ]
+        groups = [group for group in groups if only is None or group[0] in only]
         for name, attack in groups:
-            count = max(1, int(COUNTS[name] * scale)) if name != "implausible updates" else 6
+            count = COUNTS[name] if name in FIXED else max(1, int(COUNTS[name] * scale))
             with Watch(server) as quiet:
                 time.sleep(3.0)
             row = Row(name, count, quiet_rate=quiet.rate())
@@ -333,7 +400,10 @@ def run(scale: float, directory: Path) -> list[Row]:
         status = server.status()
         rows[-1].notes.append(
             f"end: {status['updates_rejected']} updates refused, {status['frames_refused']} "
-            f"frames refused, {status['handshakes_refused']} handshakes refused"
+            f"frames refused, {status['handshakes_refused']} handshakes refused, "
+            f"{status['connections_refused']} + {status['handshakes_turned_away']} connections "
+            f"turned away (total, pending limits), {status['handshakes_timed_out']} handshakes "
+            f"timed out, {status['http_connections_refused']} HTTP connections refused"
         )
     return rows
 
@@ -361,12 +431,16 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of each count")
     parser.add_argument("--out", help="write the table (Markdown) here too")
     parser.add_argument("--keep", help="run in this directory and keep the processes' logs")
+    parser.add_argument("--only", help="these groups only, comma-separated (their names)")
     args = parser.parse_args()
+    only = args.only.split(",") if args.only else None
+    if only and set(only) - set(COUNTS):
+        parser.error(f"unknown groups {sorted(set(only) - set(COUNTS))}; known: {list(COUNTS)}")
     if args.keep:
-        rows = run(args.scale, Path(args.keep))
+        rows = run(args.scale, Path(args.keep), only)
     else:
         with tempfile.TemporaryDirectory(prefix="snet-attacks-") as tmp:
-            rows = run(args.scale, Path(tmp))
+            rows = run(args.scale, Path(tmp), only)
     text = table(rows)
     print("\n" + text)
     if args.out:

@@ -26,6 +26,7 @@ from snet.protocol.codecs.handshake import worker_capabilities
 from snet.protocol.errors import ConfigError, ConnectionLost, DataError, RemoteError
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    BUSY,
     DataInfo,
     ErrorMessage,
     FramesWanted,
@@ -99,6 +100,9 @@ class Handshake:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), remaining)
         message = self._inbox.popleft()
+        if isinstance(message, ErrorMessage) and message.code in BUSY:
+            # The server is at its connection limits: busy, not refusing this worker.
+            raise ConnectionLost(f"the server is busy: {message.code}: {message.text}")
         if isinstance(message, ErrorMessage):
             raise RemoteError(message.code, message.text)
         if isinstance(message, Goodbye):

@@ -265,6 +265,13 @@ TRAINING_COMPLETE = "training complete"
 # deadline: the worker is welcome back, so it reconnects rather than gives up.
 ROUND_DEADLINE = "round_deadline"
 
+# The codes of the fatal errors a server at its connection limits turns a newcomer away
+# with, before its greeting: the server is busy, not refusing this worker, so a worker
+# tries again within its retry window rather than gives up.
+TOO_MANY_CONNECTIONS = "too_many_connections"
+TOO_MANY_HANDSHAKES = "too_many_handshakes"
+BUSY = frozenset({TOO_MANY_CONNECTIONS, TOO_MANY_HANDSHAKES})
+
 
 @dataclass(frozen=True)
 class Goodbye:

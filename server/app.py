@@ -27,18 +27,19 @@ from snet.data.norms import write_norm_file
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError, ListenError
 from snet.protocol.fpu import flush_denormals
-from snet.protocol.framing import FrameLimits
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
 from snet.transport.faults import FaultSwitch
 
+from .admission import Admission, worker_frame_limits
 from .checkpoint import CheckpointStore
 from .config import ServerConfig
-from .connection import ConnectionCounters, WorkerConnection
+from .connection import WorkerConnection
 from .dataplan import plan_data
 from .durability import Checkpointer, job_identity, resume_point
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
+from .http_guard import HttpListener
 from .lateness import check_progress
 from .progress import ProgressWatch
 from .resume import drop_torn_line, resume_from
@@ -60,13 +61,16 @@ class SnetServer:
         self.state = "starting"
         self.test_result: dict[str, Any] | None = None  # the test file's score, at the end
         self._test_task: asyncio.Task[None] | None = None
-        self.counters = ConnectionCounters()
+        self.counters = Admission(
+            config.max_connections, config.max_handshakes, config.handshake_seconds
+        )
         self.connections: set[WorkerConnection] = set()
         self.executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="snet-step", initializer=flush_denormals
         )
         self._tcp: asyncio.Server | None = None
         self._http: web.AppRunner | None = None
+        self.http_listener: HttpListener | None = None
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._next_worker_id = 0
@@ -125,6 +129,7 @@ class SnetServer:
             weights,
             self.config.min_workers,
             ProgressWatch(self.config.stall_seconds, self.config.join_seconds),
+            verify_cv=self.config.verify_cv,
         )
         if loaded is not None:
             self.resumed = resume_from(self.coordinator, loaded.path, loaded.state)
@@ -146,7 +151,7 @@ class SnetServer:
         self.coordinator.pool.on_available = lambda: self._set_reading(True)
         self.coordinator.on_finished = self._on_trained
         self.coordinator.on_failure = self.request_stop
-        limits = FrameLimits(max_payload_bytes=self.config.max_frame_mb * 1024 * 1024)
+        limits = worker_frame_limits(self.config.max_frame_mb, self.coordinator.layout.nbytes)
         faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)
         where = f"{self.config.host}:{self.config.port}"
         try:
@@ -167,18 +172,25 @@ class SnetServer:
                 self.config.host,
                 self.config.port,
                 ssl=tls,
+                ssl_handshake_timeout=self.config.handshake_seconds if tls else None,
             )
             self.port = self._tcp.sockets[0].getsockname()[1]
             where = f"{self.config.http_bind_host}:{self.config.http_port} (HTTP)"
-            self._http = web.AppRunner(make_app(self, token), access_log=None, shutdown_timeout=5.0)
-            await self._http.setup()
-            site = web.TCPSite(
-                self._http, self.config.http_bind_host, self.config.http_port, ssl_context=https
+            self._http = web.AppRunner(
+                make_app(self, token),
+                access_log=None,
+                shutdown_timeout=5.0,
+                keepalive_timeout=self.config.http_header_seconds,  # see http_guard.py
             )
-            await site.start()
+            await self._http.setup()
+            self.http_listener = HttpListener(
+                self._http, self.config.http_connections, self.config.http_header_seconds, https
+            )
+            self.http_port = await self.http_listener.start(
+                self.config.http_bind_host, self.config.http_port
+            )
         except OSError as exc:
             raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
-        self.http_port = int(self._http.addresses[0][1])
         if self.state == "starting":  # workers may join while HTTP starts: a resumed run's
             self.state = "training"  # last frames can even complete its training by now
         log.info(
@@ -256,6 +268,8 @@ class SnetServer:
             self.checkpointer.close()
         self.write_final_weights()
         if self._http is not None:
+            if self.http_listener is not None:
+                self.http_listener.close()
             await self._http.cleanup()
         if self._tcp is not None:
             await self._tcp.wait_closed()
@@ -355,14 +369,16 @@ class SnetServer:
         """Heartbeats to quiet workers; drop workers silent past the timeout."""
         interval = self.config.heartbeat_seconds
         while True:
-            await asyncio.sleep(min(interval, 1.0))
+            await asyncio.sleep(min(interval, 1.0, self.config.handshake_seconds / 2))
             now = time.monotonic()
             for connection in list(self.connections):
                 session = connection.session
                 if session is None:
                     waited = now - connection.connected_at
-                    if waited > self.config.worker_timeout_seconds:
-                        connection.fail("timeout", f"no hello in {waited:.0f} s")
+                    if waited > self.config.handshake_seconds and not connection.closing:
+                        text = f"no hello in {waited:.0f} s"
+                        self.counters.timed_out(text)
+                        connection.fail("timeout", text, logged=False)
                     continue
                 quiet = now - session.last_seen
                 if quiet > self.config.worker_timeout_seconds:

@@ -78,6 +78,36 @@ class ServerConfig:
         default=1, metadata={"help": "lease no frames before this many workers have joined"}
     )
     max_frame_mb: int = field(default=512, metadata={"help": "largest frame accepted, MB"})
+    max_connections: int = field(
+        default=256,
+        metadata={"help": "most connections the worker port holds at once; one more is "
+                  "turned away (too_many_connections)"},
+    )  # fmt: skip
+    max_handshakes: int = field(
+        default=128,
+        metadata={"help": "most of those not yet welcomed (no hello with its token proof "
+                  "yet); one more is turned away (too_many_handshakes)"},
+    )  # fmt: skip
+    handshake_seconds: float = field(
+        default=10.0,
+        metadata={"help": "close a worker connection not welcomed this long after it "
+                  "opened (TLS handshake included)"},
+    )  # fmt: skip
+    http_connections: int = field(
+        default=64,
+        metadata={"help": "most HTTP connections open at once; one more is answered 503"},
+    )
+    http_header_seconds: float = field(
+        default=10.0,
+        metadata={"help": "close an HTTP connection whose request is not in (headers and "
+                  "body) this long after it opened or after its last response"},
+    )  # fmt: skip
+    verify_cv: bool = field(
+        default=False,
+        metadata={"help": "two workers score each epoch's CV set and must agree; when they "
+                  "do not (or only one worker is there) the server scores it itself, and a "
+                  "worker whose figures differ from its own is refused"},
+    )  # fmt: skip
     heartbeat_seconds: float = field(
         default=5.0, metadata={"help": "send a heartbeat to a worker quiet this long"}
     )
@@ -151,6 +181,12 @@ class ServerConfig:
             raise ConfigError(
                 "checkpoint_seconds must be > 0, checkpoint_steps >= 0, checkpoint_keep >= 1"
             )
+        if self.max_connections < 1 or self.max_handshakes < 1:
+            raise ConfigError("max_connections and max_handshakes must be at least 1")
+        if self.handshake_seconds <= 0 or self.http_header_seconds <= 0:
+            raise ConfigError("handshake_seconds and http_header_seconds must be > 0")
+        if self.http_connections < 1:
+            raise ConfigError("http_connections must be at least 1")
         if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
             raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
         FaultSwitch.from_text(self.faults, Role.SERVER)  # refuses a bad rule with a clear error

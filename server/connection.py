@@ -48,6 +48,7 @@ from snet.protocol.messages import (
 )
 from snet.transport.stream import FrameStream
 
+from .admission import Admission
 from .ledger import CompressionLedger
 from .plausible import checked_report
 from .pool import ElementLoan, Received
@@ -63,15 +64,6 @@ HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coa
 LOW_WATER = 1024 * 1024
 
 
-class ConnectionCounters:
-    """Server-wide counts of refused connections and frames, for /status."""
-
-    def __init__(self) -> None:
-        self.frames_refused = 0
-        self.handshakes_refused = 0
-        self.connections = 0
-
-
 class WorkerConnection:
     """One worker's connection: its ``FrameStream`` and the worker's session."""
 
@@ -82,7 +74,7 @@ class WorkerConnection:
         token: str | None,
         server_name: str,
         next_id: Callable[[], int],
-        counters: ConnectionCounters,
+        counters: Admission,
         connections: set[WorkerConnection],
         faults: FaultSwitch | None = None,
     ) -> None:
@@ -116,8 +108,13 @@ class WorkerConnection:
     # ------------------------------------------------------------ stream events
 
     def stream_opened(self, stream: FrameStream) -> None:
+        pending = sum(1 for c in self.connections if c.session is None and not c.closing)
+        refusal = self.counters.refusal(len(self.connections), pending)
+        if refusal is not None:  # before anything is kept for this peer
+            self.send(ErrorMessage(*refusal, True))
+            self.stream.close()
+            return
         self.connections.add(self)
-        self.counters.connections += 1
         self.send(
             ServerHello(PROTOCOL_VERSION, self.server_name, self.nonce, self.token is not None)
         )
@@ -236,9 +233,11 @@ class WorkerConnection:
         caller (the step machinery sends to every worker after each step)."""
         self.stream.send(message)
 
-    def fail(self, code: str, text: str) -> None:
-        """Refuse this peer: tell it why, close this connection only."""
-        log.warning("closing connection from %s: %s: %s", self.describe(), code, text)
+    def fail(self, code: str, text: str, logged: bool = True) -> None:
+        """Refuse this peer: tell it why, close this connection only (``logged``: say so in
+        the log; a flood's refusals are logged in sum, by ``Admission``)."""
+        if logged:
+            log.warning("closing connection from %s: %s: %s", self.describe(), code, text)
         self.send(ErrorMessage(code, text, True))
         self.close(f"{code}: {text}")
 

@@ -6,6 +6,13 @@ never compute), preferring the one with the fewest frames left to train on. A jo
 returned in time (server/progress.py's deadline with the CV set's size at the worker's
 measured rate) is asked of another worker; a result is accepted only from the worker that
 was asked, for the version it was sent.
+
+With ``--verify-cv`` (``copies=2``) each epoch's job is asked of two different workers and
+their results must agree (``results_agree``: the same frames, correct counts within 0.1 %
+of them, losses within 0.1 %). When they do not, or no second worker is there to ask, the
+server scores the weights itself (``CvReferee``, server/cv_referee.py); its own score is
+the epoch's, and a worker whose result differs from it is refused (counted in
+``figures()``) and not asked again before it delivers an update.
 """
 
 from __future__ import annotations
@@ -25,31 +32,72 @@ from .session import WorkerSession
 
 log = logging.getLogger("snet.server")
 
+CV_CORRECT_TOLERANCE = 1e-3  # two scores of the same weights: correct counts this close
+CV_LOSS_TOLERANCE = 1e-3  # and summed losses (relative)
+
 
 @dataclass
 class EvalJob:
-    """One epoch's weights to be scored on the CV frames."""
+    """One epoch's weights to be scored on the CV frames (``copy``: which of its scorers)."""
 
     epoch: int
     version: int
     weights: np.ndarray
     worker_id: int | None = None
     assigned_at: float = 0.0  # monotonic
+    copy: int = 0
+
+
+@dataclass
+class Verdict:
+    """What a CV result settles: ``result`` is the epoch's (None: not yet; ``disputed``:
+    the server must score the epoch itself, as ``referee``)."""
+
+    job: EvalJob
+    result: EvalResult | None = None
+    disputed: bool = False
+
+
+def results_agree(a: EvalResult, b: EvalResult) -> bool:
+    """Two scores of the same weights on the same CV set, up to rounding (two backends,
+    float32 against the server's float64, may differ on near ties and in the last bits)."""
+    if a.frames != b.frames:
+        return False
+    loss_slack = CV_LOSS_TOLERANCE * max(abs(a.loss_sum), abs(b.loss_sum)) + 1e-6 * a.frames
+    return (
+        abs(a.correct - b.correct) <= max(1, int(CV_CORRECT_TOLERANCE * a.frames))
+        and abs(a.loss_sum - b.loss_sum) <= loss_slack
+    )
 
 
 class Evaluations:
-    """The CV jobs not yet scored."""
+    """The CV jobs not yet scored (``copies``: by how many workers each, 1 or 2)."""
 
-    def __init__(self) -> None:
-        self._jobs: dict[int, EvalJob] = {}
+    def __init__(self, copies: int = 1) -> None:
+        self.copies = copies
+        self._jobs: dict[tuple[int, int], EvalJob] = {}
+        self._answers: dict[int, dict[int, EvalResult]] = {}  # epoch -> worker -> result
+        self._disputed: dict[int, tuple[EvalJob, dict[int, EvalResult]]] = {}  # the server's
+        self.agreed = 0  # epochs two workers scored alike
+        self.refereed = 0  # epochs the server scored itself
+        self.refused = 0  # worker results that differed from the server's score
 
     def add(self, epoch: int, version: int, weights: np.ndarray) -> None:
-        self._jobs[epoch] = EvalJob(epoch, version, weights)
+        for copy in range(self.copies):
+            self._jobs[epoch, copy] = EvalJob(epoch, version, weights, copy=copy)
 
     def checkpoint_state(self) -> list[dict[str, Any]]:
-        """The jobs not yet scored (whoever held them is gone after a restart)."""
+        """The jobs not yet scored (whoever held them is gone after a restart; a job
+        being verified is scored anew)."""
+        epochs = {j.epoch: j for j in self._jobs.values()}
+        epochs.update({epoch: job for epoch, (job, _) in self._disputed.items()})
         return [{"epoch": j.epoch, "version": j.version, "weights": j.weights}
-                for j in self._jobs.values()]  # fmt: skip
+                for j in epochs.values()]  # fmt: skip
+
+    def figures(self) -> dict[str, int]:
+        """For /status: how the CV results were checked."""
+        return {"scorers": self.copies, "agreed": self.agreed, "refereed": self.refereed,
+                "refused": self.refused}  # fmt: skip
 
     def restore_checkpoint(self, state: list[dict[str, Any]]) -> None:
         for saved in state:
@@ -72,10 +120,12 @@ class Evaluations:
         candidates = list(sessions)
         sent: list[tuple[WorkerSession, EvalJob]] = []
         for job in self._jobs.values():
-            if job.worker_id is not None or not candidates:
+            others = self._scorers(job.epoch)  # a second opinion is another worker's
+            eligible = [s for s in candidates if s.worker_id not in others]
+            if job.worker_id is not None or not eligible:
                 continue
             session = min(
-                candidates,
+                eligible,
                 key=lambda s: (not s.clock.delivered or s.probation, frames_left(s.worker_id)),
             )
             job.worker_id, job.assigned_at = session.worker_id, now
@@ -83,19 +133,66 @@ class Evaluations:
             sent.append((session, job))
         return sent
 
-    def take_result(self, session: WorkerSession, result: EvalResult, cv_frames: int) -> EvalJob:
-        """The job ``result`` answers (``RejectedUpdate`` if it was not asked of ``session``,
+    def take_result(self, session: WorkerSession, result: EvalResult, cv_frames: int) -> Verdict:
+        """What ``result`` settles (``RejectedUpdate`` if it was not asked of ``session``,
         or its figures are implausible: then the job is asked of another worker)."""
-        job = self._jobs.get(result.epoch)
-        if job is None or job.version != result.version or job.worker_id != session.worker_id:
+        asked = (j for j in self._jobs.values() if j.worker_id == session.worker_id)
+        job = next((j for j in asked if j.epoch == result.epoch), None)
+        if job is None or job.version != result.version:
             raise RejectedUpdate(f"no evaluation of epoch {result.epoch} was asked of you")
         problem = eval_figures_problem(result.frames, result.correct, result.loss_sum, cv_frames)
         if problem:
             job.worker_id = None
             session.probation = True  # not asked again before it delivers something
             raise RejectedUpdate(problem)
-        del self._jobs[result.epoch]
-        return job
+        del self._jobs[job.epoch, job.copy]
+        answers = self._answers.setdefault(job.epoch, {})
+        answers[session.worker_id] = result
+        if any(j.epoch == job.epoch for j in self._jobs.values()):
+            return Verdict(job)  # the other scorer's result is still to come
+        del self._answers[job.epoch]
+        first, *rest = answers.values()
+        if all(results_agree(first, other) for other in rest):
+            self.agreed += 1 if rest else 0
+            return Verdict(job, first)
+        self._disputed[job.epoch] = job, answers
+        return Verdict(job, disputed=True)
+
+    def without_second_scorer(self, sessions: Iterable[WorkerSession]) -> list[EvalJob]:
+        """Jobs one worker has scored whose other copy no connected worker may take (the
+        one that scored it is alone): the server scores them itself."""
+        present = {s.worker_id for s in sessions}
+        stranded: list[EvalJob] = []
+        for epoch, answers in list(self._answers.items()):
+            waiting = [j for j in self._jobs.values() if j.epoch == epoch]
+            if all(j.worker_id is None for j in waiting) and present <= set(answers):
+                for j in waiting:
+                    del self._jobs[epoch, j.copy]
+                self._disputed[epoch] = waiting[0], self._answers.pop(epoch)
+                stranded.append(waiting[0])
+        return stranded
+
+    def referee(self, epoch: int, own: EvalResult, sessions: dict[int, WorkerSession]) -> None:
+        """The server scored ``epoch`` itself as ``own``: a worker whose result differs is
+        refused, and not asked to score again before it delivers an update."""
+        _, answers = self._disputed.pop(epoch)
+        self.refereed += 1
+        for worker_id, result in answers.items():
+            if results_agree(result, own):
+                continue
+            self.refused += 1
+            session = sessions.get(worker_id)
+            log.warning("epoch %d: worker %s's CV result (%d correct, loss %.4g) differs from "
+                        "the server's (%d, %.4g); refused", epoch,
+                        session.name if session else worker_id, result.correct, result.loss_sum,
+                        own.correct, own.loss_sum)  # fmt: skip
+            if session is not None:
+                session.probation = True
+                session.updates_rejected += 1
+
+    def _scorers(self, epoch: int) -> set[int]:
+        held = {j.worker_id for j in self._jobs.values() if j.epoch == epoch}
+        return {w for w in held if w is not None} | set(self._answers.get(epoch, {}))
 
     def overdue(
         self,

@@ -117,8 +117,11 @@ async def _control(request: web.Request) -> web.Response:
         raise web.HTTPForbidden(text="control from loopback only (the server has no token)\n")
     if request.content_length is None or request.content_length > CONTROL_BODY_BYTES:
         raise web.HTTPBadRequest(text=f"a JSON body of at most {CONTROL_BODY_BYTES} bytes\n")
-    try:
-        body = json.loads(await request.read())
+    try:  # a body sent slowly is held to the same bound as the headers (http_guard.py)
+        async with asyncio.timeout(request.app[SERVER_KEY].config.http_header_seconds):
+            body = json.loads(await request.read())
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text="the request body took too long\n") from None
     except ValueError as exc:
         raise web.HTTPBadRequest(text=f"the body is not JSON: {exc}\n") from None
     if (

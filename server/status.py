@@ -39,6 +39,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
     workers = [s.row(connections) for s in coordinator.sessions.values()]
     workers += [s.row(connections) for s in coordinator.departed.recent]
     elapsed = time.time() - stats.started
+    http = server.http_listener
     return {
         "server": server.config.name,
         "state": server.state,
@@ -54,8 +55,11 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "step_seconds": round(stats.step_seconds, 6),
         "updates_applied": stats.updates_applied,
         "updates_rejected": stats.updates_rejected,
-        "frames_refused": server.counters.frames_refused,
-        "handshakes_refused": server.counters.handshakes_refused,
+        **server.counters.figures(),  # refusals on the worker port (server/admission.py)
+        "connections_open": len(server.connections),
+        "http_connections_open": http.open_connections if http else 0,
+        "http_connections_refused": http.refused if http else 0,
+        "cv_checks": coordinator.evaluations.figures(),  # --verify-cv
         "leases_revoked": stats.leases_revoked,
         "workers_dropped_late": stats.workers_dropped_late,
         "epoch": coordinator.epoch,

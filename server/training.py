@@ -10,7 +10,8 @@ Each part owns its state and nothing writes another's fields:
   between steps; ``StepRunner`` (stepping.py): the rule applied in the step thread;
 - ``LeaseBook``, ``LeaseDesk``, ``InlineFrames``: who trains on which frames;
 - ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
-- ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
+- ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames
+  (with ``--verify-cv``, two workers, and ``CvReferee``, cv_referee.py, when they differ);
 - ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
 - ``StalenessControl`` (staleness.py): the staleness policy in force (switchable while
   training) and its bound;
@@ -53,10 +54,11 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout, initial_weights
 
+from .cv_referee import CvReferee
 from .dataplan import DataPlan
 from .departures import Departures
 from .epochs import EpochControl, EpochDecision
-from .evaluations import Evaluations
+from .evaluations import EvalJob, Evaluations
 from .idleness import IdleWatch
 from .inline import InlineFrames
 from .intake import UpdateIntake
@@ -89,6 +91,7 @@ class Coordinator:
         weights: np.ndarray | None = None,
         min_workers: int = 1,
         progress: ProgressWatch | None = None,
+        verify_cv: bool = False,
     ) -> None:
         self.job = job
         self.plan = plan
@@ -107,7 +110,8 @@ class Coordinator:
         self.inline = InlineFrames(plan, job.data.context)
         self.desk = LeaseDesk(self.book, self.inline, min_workers)
         self.epochs = EpochControl(job)
-        self.evaluations = Evaluations()
+        self.evaluations = Evaluations(copies=2 if verify_cv else 1)
+        self.referee = CvReferee(job, plan, executor)
         self.progress = progress or ProgressWatch()
         self.hooks = hooks or HookSet([])
         self.trace = trace
@@ -270,8 +274,8 @@ class Coordinator:
         setting = self.staleness.setting
         if await self.steps.run(groups, self.learning_rate, self._publish, self.version, setting):
             self.maybe_step()
-        elif self.on_failure is not None:
-            self.on_failure(self.steps.failure)
+        else:
+            self._fail(self.steps.failure)
 
     def _publish(self, outcome: StepOutcome, rate: float) -> None:
         """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
@@ -362,13 +366,32 @@ class Coordinator:
         ):
             self.inline.send(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
+        for job in self.evaluations.without_second_scorer(self.sessions.values()):
+            self.referee.referee(job, self._refereed, self._fail)
 
     def on_eval_result(self, session: WorkerSession, message: EvalResult) -> None:
         try:
-            job = self.evaluations.take_result(session, message, len(self.plan.cv_frames))
+            verdict = self.evaluations.take_result(session, message, len(self.plan.cv_frames))
         except RejectedUpdate:
             self.assign_evaluations()  # a refused result's job goes to another worker
             raise
+        if verdict.disputed:
+            self.referee.referee(verdict.job, self._refereed, self._fail)
+        if verdict.result is None:  # --verify-cv: a second opinion still to come
+            self.assign_evaluations()
+            return
+        self._accept_cv(verdict.job, verdict.result)
+
+    def _refereed(self, job: EvalJob, result: EvalResult) -> None:
+        if not self.closed:
+            self.evaluations.referee(job.epoch, result, self.sessions)
+            self._accept_cv(job, result)
+
+    def _fail(self, reason: str) -> None:
+        if self.on_failure is not None:
+            self.on_failure(reason)
+
+    def _accept_cv(self, job: EvalJob, message: EvalResult) -> None:
         self.stats.record_cv(message.epoch, message.frames, message.correct, message.loss_sum)
         accuracy = 100 * message.correct / max(message.frames, 1)
         log.info("epoch %d cross-validation: %.2f%% of %d frames", message.epoch, accuracy,

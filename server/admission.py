@@ -1,0 +1,111 @@
+"""``Admission``: how many connections the worker port holds, and who is turned away.
+
+Everything a peer can make the server allocate is bounded before the peer is trusted:
+
+- at most ``max_connections`` connections on the worker port at once (welcomed workers
+  and handshakes together); one more is told ``too_many_connections`` and closed;
+- at most ``max_handshakes`` of them not yet welcomed (no hello with a valid token proof
+  yet); one more is told ``too_many_handshakes`` and closed, so that a flood of idle
+  connections cannot keep honest workers out for long: each lasts at most
+  ``handshake_seconds`` (the server closes it with ``timeout``), TLS handshake included;
+- until welcomed, a connection's frames are small (protocol/channel.py), so a pending
+  handshake holds at most a few kilobytes.
+
+Both refusals are fatal ``error`` frames a worker takes as "busy, try again" (it retries
+within its retry window, not for good). They and the timeouts are counted in /status and
+/metrics, and logged at most once a second with the number since the last such line (a
+flood must not become a flood of log lines).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from snet.protocol.framing import FrameLimits
+from snet.protocol.messages import TOO_MANY_CONNECTIONS, TOO_MANY_HANDSHAKES
+
+log = logging.getLogger("snet.server")
+
+LOG_EVERY_SECONDS = 1.0
+ENCODED_SLACK_BYTES = 1 << 20  # an encoded element's part descriptors and padding
+
+
+def worker_frame_limits(max_frame_mb: int, element_bytes: int) -> FrameLimits:
+    """The largest frame a welcomed worker may send: its largest message is an update,
+    whose payload is the element (``element_bytes``) or an encoding of it, at most twice
+    as large (``topk:1`` sends an index with every value; ``powersgd`` factors of a full
+    rank are (m + n) x min(m, n) values), so a frame declaring more is refused on its
+    prefix, before anything is allocated, however large ``max_frame_mb`` is."""
+    largest = 2 * element_bytes + ENCODED_SLACK_BYTES
+    return FrameLimits(max_payload_bytes=min(max_frame_mb * 1024 * 1024, largest))
+
+
+class Admission:
+    """The worker port's limits, and its server-wide counts of what it refused."""
+
+    def __init__(
+        self, max_connections: int = 256, max_handshakes: int = 128, handshake_seconds: float = 10.0
+    ) -> None:
+        self.max_connections = max_connections
+        self.max_handshakes = max_handshakes
+        self.handshake_seconds = handshake_seconds
+        self.frames_refused = 0
+        self.handshakes_refused = 0
+        self.connections = 0  # accepted in all
+        self.connections_refused = 0  # over max_connections
+        self.handshakes_turned_away = 0  # over max_handshakes
+        self.handshakes_timed_out = 0  # no hello within handshake_seconds
+        self._logged_at = 0.0
+        self._unlogged = 0
+
+    def refusal(self, open_connections: int, pending: int) -> tuple[str, str] | None:
+        """(code, text) if a new connection must be turned away, with ``open_connections``
+        already open of which ``pending`` are not yet welcomed; None to admit it. Counts
+        and logs the refusal."""
+        if open_connections >= self.max_connections:
+            self.connections_refused += 1
+            found = (
+                TOO_MANY_CONNECTIONS,
+                (
+                    f"the server holds {open_connections} connections, its limit "
+                    f"(max_connections); try again later"
+                ),
+            )
+        elif pending >= self.max_handshakes:
+            self.handshakes_turned_away += 1
+            found = (
+                TOO_MANY_HANDSHAKES,
+                (
+                    f"{pending} handshakes are in progress, the server's limit "
+                    f"(max_handshakes); try again later"
+                ),
+            )
+        else:
+            self.connections += 1
+            return None
+        self._log(*found)
+        return found
+
+    def timed_out(self, text: str) -> None:
+        """A connection is closed for not completing its handshake in time."""
+        self.handshakes_timed_out += 1
+        self._log("timeout", text)
+
+    def figures(self) -> dict[str, int]:
+        """The counts /status and /metrics show."""
+        return {
+            "frames_refused": self.frames_refused,
+            "handshakes_refused": self.handshakes_refused,
+            "connections_refused": self.connections_refused,
+            "handshakes_turned_away": self.handshakes_turned_away,
+            "handshakes_timed_out": self.handshakes_timed_out,
+        }
+
+    def _log(self, code: str, text: str) -> None:
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_SECONDS:
+            log.warning("turned away or timed out %d connection(s) since the last such "
+                        "line: %s: %s", self._unlogged, code, text)  # fmt: skip
+            self._logged_at, self._unlogged = now, 0
