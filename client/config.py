@@ -121,6 +121,14 @@ class WorkerConfig:
         return default_cache_directory()
 
     def address(self) -> tuple[str, int]:
+        _, found, rest = self.server.partition("://")
+        if found:  # a URL, perhaps the status page's: say what a worker needs instead
+            where = rest.split("/", 1)[0]
+            where = where if where.rpartition(":")[2].isdigit() else f"{where}:7000"
+            raise ConfigError(
+                f"server must be HOST:PORT of the server's worker port, not a URL: got "
+                f"{self.server!r} (did you mean --server {where}?)"
+            )
         host, sep, port = self.server.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"server must be HOST:PORT, got {self.server!r}")
