@@ -39,6 +39,7 @@ from .dataplan import plan_data
 from .durability import Checkpointer, job_identity, resume_point
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
+from .job_progress import ProgressMeter
 from .lateness import check_progress
 from .progress import ProgressWatch
 from .resume import drop_torn_line, resume_from
@@ -61,6 +62,7 @@ class SnetServer:
         self.test_result: dict[str, Any] | None = None  # the test file's score, at the end
         self._test_task: asyncio.Task[None] | None = None
         self.counters = ConnectionCounters()
+        self.meter = ProgressMeter()  # the rate and ETA of /status (server/job_progress.py)
         self.connections: set[WorkerConnection] = set()
         self.executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="snet-step", initializer=flush_denormals
@@ -357,6 +359,7 @@ class SnetServer:
         while True:
             await asyncio.sleep(min(interval, 1.0))
             now = time.monotonic()
+            self.meter.sample(now, self.coordinator.stats.patterns_applied)
             for connection in list(self.connections):
                 session = connection.session
                 if session is None:

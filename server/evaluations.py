@@ -19,6 +19,7 @@ import numpy as np
 
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.messages import EvalResult
+from snet.protocol.numbering import shown_epoch
 
 from .plausible import eval_figures_problem
 from .session import WorkerSession
@@ -88,7 +89,8 @@ class Evaluations:
         or its figures are implausible: then the job is asked of another worker)."""
         job = self._jobs.get(result.epoch)
         if job is None or job.version != result.version or job.worker_id != session.worker_id:
-            raise RejectedUpdate(f"no evaluation of epoch {result.epoch} was asked of you")
+            epoch = shown_epoch(result.epoch)
+            raise RejectedUpdate(f"no evaluation of epoch {epoch} was asked of you")
         problem = eval_figures_problem(result.frames, result.correct, result.loss_sum, cv_frames)
         if problem:
             job.worker_id = None

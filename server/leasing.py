@@ -33,6 +33,10 @@ class LeaseDesk:
         self.min_workers = min_workers
         self._quorum = min_workers <= 1
 
+    def holding_back(self, joined: int) -> bool:
+        """No frames are leased yet: fewer than ``min_workers`` have joined so far."""
+        return not self._quorum and joined < self.min_workers
+
     def fill(self, sessions: Iterable[WorkerSession], rate: float) -> None:
         """Lease waiting chunks to the workers that should hold more (``rate``: the
         epoch's learning rate, which bmuf workers train at)."""
