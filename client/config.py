@@ -13,6 +13,7 @@ from snet.protocol.errors import ConfigError
 from snet.transport.faults import FaultSwitch
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,21 @@ class WorkerConfig:
     max_frame_mb: int = field(default=512, metadata={"help": "largest frame accepted, MB"})
     log_level: str = field(
         default="info", metadata={"help": "logging level", "choices": LOG_LEVELS}
+    )
+    log_format: str = field(
+        default="text",
+        metadata={
+            "help": "text: one readable line per record; json: one JSON object per line (time, "
+            "level, logger, message and the record's fields), for log collectors",
+            "choices": LOG_FORMATS,
+        },
+    )
+    progress_seconds: float = field(
+        default=30.0,
+        metadata={
+            "help": "log a progress line (updates sent, patterns, rate, staleness) this often "
+            "while joined (0: never)"
+        },
     )
     data_access: str = field(
         default="auto",

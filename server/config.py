@@ -18,6 +18,7 @@ from snet.protocol.job import JobSpec
 from snet.transport.faults import FaultSwitch
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,14 @@ class ServerConfig:
     )
     log_level: str = field(
         default="info", metadata={"help": "logging level", "choices": LOG_LEVELS}
+    )
+    log_format: str = field(
+        default="text",
+        metadata={
+            "help": "text: one readable line per record; json: one JSON object per line (time, "
+            "level, logger, message and the record's fields), for log collectors",
+            "choices": LOG_FORMATS,
+        },
     )
     init_weights: str = field(
         default="", metadata={"help": "an snet weights .npz to continue training from"}
