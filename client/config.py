@@ -10,10 +10,8 @@ from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
+from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
-
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -59,17 +57,8 @@ class WorkerConfig:
         default=30.0, metadata={"help": "drop and redo a connection silent this long (> 1)"}
     )
     max_frame_mb: int = field(default=512, metadata={"help": "largest frame accepted, MB"})
-    log_level: str = field(
-        default="info", metadata={"help": "logging level", "choices": LOG_LEVELS}
-    )
-    log_format: str = field(
-        default="text",
-        metadata={
-            "help": "text: one readable line per record; json: one JSON object per line (time, "
-            "level, logger, message and the record's fields), for log collectors",
-            "choices": LOG_FORMATS,
-        },
-    )
+    log_level: str = log_level_field()
+    log_format: str = log_format_field()
     progress_seconds: float = field(
         default=30.0,
         metadata={
@@ -115,6 +104,8 @@ class WorkerConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")
+        if self.progress_seconds < 0:
+            raise ConfigError(f"progress_seconds must be >= 0, got {self.progress_seconds:g}")
         if self.data_access not in ("auto", "local", "inline"):
             raise ConfigError(
                 f"data_access must be auto, local or inline, got {self.data_access!r}"
