@@ -50,7 +50,7 @@ log = logging.getLogger("snet.worker")
 M = TypeVar("M", ServerHello, Welcome, DataInfo)
 
 HANDSHAKE_SECONDS = 30.0
-SILENT_SECONDS = 2.0  # an snet server says hello at once: silence this long, ask if it is HTTP
+SILENT_SECONDS = 3.0  # an snet server says hello at once: silence this long, ask if it is HTTP
 
 
 @dataclass(frozen=True)

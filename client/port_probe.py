@@ -3,12 +3,13 @@ silent or closes before the server's hello.
 
 An snet server speaks first on its worker port (``server_hello`` as soon as a worker
 connects); an HTTP server waits for a request and then, at most, closes the connection.
-So a silent or closed connection is the moment to ask: a second connection sends
-``GET /healthz`` and reads the first bytes back. ``HTTP/1.`` means the worker was given an
-HTTP port, which no retry can cure; an snet server's /healthz names its worker port in
-the ``X-Snet-Worker-Port`` header, so the error can say which port to use. Anything else
-(no answer, a frame of the snet protocol, TLS that does not complete) is not HTTP and the
-worker goes on as before.
+So a silent or closed connection is the moment to ask: a second connection first listens
+(a server that speaks first, as a slow snet server would, is left alone: nothing is sent
+to it), then sends ``GET /healthz`` and reads the first bytes back. ``HTTP/1.`` means
+the worker was given an HTTP port, which no retry can cure; an snet server's /healthz
+names its worker port in the ``X-Snet-Worker-Port`` header, so the error can say which
+port to use. Anything else (no answer, a frame of the snet protocol, TLS that does not
+complete) is not HTTP and the worker goes on as before.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from snet.protocol.errors import ConfigError
 
 WORKER_PORT_HEADER = "X-Snet-Worker-Port"  # the server's /healthz sends it
 PROBE_SECONDS = 3.0  # for the whole probe: connect, ask, read the status line and headers
+LISTEN_SECONDS = 0.5  # how long the probe listens before it asks
 HEAD_BYTES = 8192  # an HTTP status line and headers fit; more is not needed
 
 
@@ -37,6 +39,9 @@ async def http_answer(host: str, port: int, tls: ssl.SSLContext | None = None) -
     try:
         async with asyncio.timeout(PROBE_SECONDS):
             reader, writer = await asyncio.open_connection(host, port, ssl=tls)
+            with contextlib.suppress(TimeoutError):
+                if await asyncio.wait_for(reader.read(1), LISTEN_SECONDS):
+                    return None  # it spoke first: not HTTP (and it heard nothing from us)
             writer.write(request)
             await writer.drain()
             head = b""

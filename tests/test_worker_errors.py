@@ -3,10 +3,13 @@ given a token the server does not check."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 
 from snet.cli.main import main
-from snet.client.port_probe import WrongPort
+from snet.client.port_probe import WrongPort, http_answer, worker_port_of
 
 from helpers import SMALL_JOB
 from inprocess import Lab
@@ -48,3 +51,33 @@ async def test_a_token_the_server_does_not_check_is_a_warning(lab: Lab) -> None:
     assert await worker.wait(60) == 0
     assert "snet checks no token: the --token given is not used" in lab.log("w1")
     assert await server.wait(30) == "trained"
+
+
+def test_the_probe_leaves_a_server_that_speaks_first_alone() -> None:
+    """A slow snet server (it speaks first, just late) is not sent the probe's request;
+    a silent server that answers in anything but HTTP is not taken for HTTP."""
+
+    async def probe(greeting: bytes, answer: bytes) -> tuple[bytes | None, bytes]:
+        heard = bytearray()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(greeting)
+            with contextlib.suppress(TimeoutError):
+                heard.extend(await asyncio.wait_for(reader.read(100), 1.0))
+            if heard:
+                writer.write(answer)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            head = await http_answer("127.0.0.1", port)
+        return head, bytes(heard)
+
+    head, heard = asyncio.run(probe(b"\x00\x00\x00\x10snet", b""))
+    assert head is None and heard == b""
+    head, heard = asyncio.run(probe(b"", b"SSH-2.0-OpenSSH\r\n"))
+    assert head is None and heard.startswith(b"GET /healthz HTTP/1.1\r\n")
+    head, _ = asyncio.run(probe(b"", b"HTTP/1.1 404 Not Found\r\nServer: x\r\n\r\n"))
+    assert head is not None and worker_port_of(head) is None
