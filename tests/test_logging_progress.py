@@ -17,6 +17,7 @@ from helpers import SMALL_JOB, Cluster
 from inprocess import Lab, wait_until
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
 async def test_debug_shows_steps_leases_and_updates_and_info_does_not(lab: Lab) -> None:
     server = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)
     lab.worker(server, "quiet", "--progress-seconds", "0.5")

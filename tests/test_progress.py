@@ -28,6 +28,7 @@ def _metric(text: str, name: str) -> float | None:
     return None
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
 async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
     """/status says "waiting_for_workers" (not "training") until --min-workers joined."""
     server = await lab.server("--epochs", "2", "--min-workers", "2", *SMALL_JOB)

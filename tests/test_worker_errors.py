@@ -27,6 +27,7 @@ def test_a_url_where_host_port_was_expected_is_one_line_exit_2(
     )
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
 async def test_a_worker_pointed_at_the_http_port_is_told_the_worker_port(lab: Lab) -> None:
     """`snet worker --server HOST:HTTP_PORT`: one clear error, no retries (a long retry
     window would otherwise keep it trying), the worker port named."""
@@ -44,6 +45,7 @@ async def test_a_worker_pointed_at_the_http_port_is_told_the_worker_port(lab: La
     assert (await server.status())["handshakes_refused"] == 0  # the server saw nothing odd
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
 async def test_a_token_the_server_does_not_check_is_a_warning(lab: Lab) -> None:
     """`snet worker --token ...` for a server started without one: it joins, and says so."""
     server = await lab.server("--epochs", "1", *SMALL_JOB)
