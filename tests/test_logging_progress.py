@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import signal
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from snet.cli.logformat import JsonFormatter
 from snet.client.progress_log import ProgressLog
 
+import helpers
 from helpers import SMALL_JOB, Cluster
 from inprocess import Lab, wait_until
 
@@ -91,9 +93,17 @@ def test_a_json_log_line_has_time_level_logger_message_and_fields() -> None:
 def test_server_and_worker_log_json_lines(cluster: Cluster) -> None:
     """`snet server --log-format json` and `snet worker --log-format json`: every line of
     their logs is one JSON object, the epoch lines with their fields."""
-    server = cluster.server("--epochs", "1", "--log-format", "json", *SMALL_JOB)
+    server = cluster.server("--epochs", "200", "--log-format", "json", *SMALL_JOB)
     worker = cluster.worker(server, "w0", "--log-format", "json", "--progress-seconds", "0.5")
-    assert worker.wait(60) == 0 and server.wait(30) == 0
+    helpers.wait_until(
+        lambda: '"progress: ' in cluster.log("w0") and '"epoch 1 done' in cluster.log("server"),
+        60,
+        "an epoch's end and a progress line",
+    )
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
     for name in ("server", "w0"):
         lines = [json.loads(line) for line in cluster.log(name).splitlines()]
         assert lines and all({"time", "level", "logger", "message"} <= set(d) for d in lines)
