@@ -60,7 +60,7 @@ def main() -> int:
     for a, b in zip(float_run["epochs"], board_run["epochs"], strict=True):
         diff = 100 * (b["cv_accuracy"] - a["cv_accuracy"])
         print(
-            f"{a['epoch'] + 1:>5} {100 * a['cv_accuracy']:>8.2f}% "
+            f"{a['epoch']:>5} {100 * a['cv_accuracy']:>8.2f}% "
             f"{100 * b['cv_accuracy']:>8.2f}% {diff:>+7.2f}"
         )
     final = 100 * (board_run["cv_accuracy"] - float_run["cv_accuracy"])

@@ -30,7 +30,7 @@ def run_server(args: argparse.Namespace) -> int:
     """Exit status: 0 trained or stopped by a signal, 1 an error (e.g. a port in use), 2 a
     bad configuration or data set (raised as ``ConfigError``/``DataError`` to ``main``)."""
     config = server_config(args)
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     log = logging.getLogger("snet.server")
 
     async def serve() -> str:
@@ -60,7 +60,7 @@ def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfi
 def run_worker(args: argparse.Namespace) -> int:
     """Exit status: see ``Worker.run`` (0 done or stopped, 3 unreachable, 4 refused)."""
     config = worker_config(args, read_toml(getattr(args, "config", None)))
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     return run_worker_process(config)
 
 

@@ -16,31 +16,38 @@ import os
 import sys
 import time
 
+from snet.protocol.numbering import shown_epoch
 from snet.server.app import SnetServer
 from snet.server.config import ServerConfig
 
 from .flags import given_job
+from .progress_bar import ProgressBar, bar_text
 from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import build_job, read_toml
 
 WORKER_EXIT_SECONDS = 30.0
 
 
-async def _progress(server: SnetServer, started: float) -> None:
-    """Print each epoch once its cross-validation result is in."""
+async def _progress(server: SnetServer, started: float, bar: ProgressBar) -> None:
+    """Print each epoch once its cross-validation result is in; on a terminal, a bar."""
     printed: set[int] = set()
+    epochs = server.coordinator.job.epochs
     while True:
         for record in server.coordinator.stats.epochs:
             row = record.as_dict()
             if row["cv_accuracy"] is None or record.epoch in printed:
                 continue
             printed.add(record.epoch)
-            print(
-                f"epoch {record.epoch + 1:>2}/{server.coordinator.job.epochs}  "
+            bar.print(
+                f"epoch {shown_epoch(record.epoch):>2}/{epochs}  "
                 f"lr {row['learning_rate']:<7g} train {100 * (row['train_accuracy'] or 0):6.2f}%  "
-                f"CV {100 * row['cv_accuracy']:6.2f}%  ({time.monotonic() - started:5.1f} s)",
-                flush=True,
+                f"CV {100 * row['cv_accuracy']:6.2f}%  ({time.monotonic() - started:5.1f} s)"
             )
+        if bar.enabled:
+            figures = server.meter.figures(server.coordinator, time.monotonic())
+            epoch = shown_epoch(server.coordinator.epoch)
+            rate, eta = figures["frames_per_second"], figures["eta_seconds"]
+            bar.draw(bar_text(figures["fraction"], epoch, epochs, rate, eta), force=True)
         await asyncio.sleep(0.2)
 
 
@@ -100,7 +107,8 @@ async def _demo(args: argparse.Namespace) -> int:
         )
         for command in commands
     ]
-    progress = asyncio.get_running_loop().create_task(_progress(server, started))
+    bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
+    progress = asyncio.get_running_loop().create_task(_progress(server, started, bar))
     try:
         reason = await server.run_until_stopped()
     finally:
@@ -108,6 +116,7 @@ async def _demo(args: argparse.Namespace) -> int:
         progress.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await progress
+        bar.clear()
         if not server.coordinator.finished.is_set():
             # Stopped early: the workers would wait for the server to come back.
             for process in workers:

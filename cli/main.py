@@ -94,6 +94,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(
+        "--watch",
+        action="store_true",
+        help="show the status again every --interval seconds until the run ends (Ctrl-C: stop)",
+    )
+    status.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between readings of --watch"
+    )
+    status.add_argument(
         "--token-file", help="the server's token, read from this file (default SNET_TOKEN)"
     )
     status.add_argument(

@@ -25,12 +25,14 @@ from snet.protocol.errors import ConfigError, DataError
 from snet.protocol.hooks import HookSet, standard_hooks
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import initial_weights
+from snet.protocol.numbering import shown_epoch
 from snet.server.export import SavedWeights, read_weights, weights_npz, write_atomically
 from snet.server.leases import LeaseBook
 from snet.server.testset import score_test_set
 from snet.server.update_rule import UpdateRule
 
 from .flags import given, given_job
+from .progress_bar import BarHook, ProgressBar
 from .settings import build_job, env_name, merge, read_toml
 
 
@@ -164,16 +166,20 @@ def run_train(args: argparse.Namespace) -> int:
     job = build_job(values, given_job(args), where)
     weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
 
+    bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
+    hooks = standard_hooks()
+    hooks.hooks.append(BarHook(bar))
+
     def show(row: dict[str, float | int | bool]) -> None:
         kept = "" if row["kept"] else "  (rolled back)"
-        print(
-            f"epoch {int(row['epoch']) + 1:>2}  lr {row['learning_rate']:<8g} "
+        bar.print(
+            f"epoch {shown_epoch(int(row['epoch'])):>2}  lr {row['learning_rate']:<8g} "
             f"train {100 * float(row['train_accuracy']):6.2f}%  "
-            f"CV {100 * float(row['cv_accuracy']):6.2f}%{kept}",
-            flush=True,
+            f"CV {100 * float(row['cv_accuracy']):6.2f}%{kept}"
         )
 
-    result = train_job(job, standard_hooks(), weights, show)
+    result = train_job(job, hooks, weights, show)
+    bar.clear()
     spec = job.data
     source = open_job_source(spec)
     norms = job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])

@@ -47,18 +47,24 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
 
-def setup_logging(level: str) -> None:
-    """Log to stderr with time, level and source, as a service manager expects."""
+def setup_logging(level: str, form: str = "text") -> None:
+    """Log to stderr with time, level and source, as a service manager expects; ``form``
+    "json": one JSON object per line (cli/logformat.py)."""
+    from snet.protocol.errors import ConfigError
+
     numeric = getattr(logging, level.upper(), None)
     if not isinstance(numeric, int):
-        from snet.protocol.errors import ConfigError
-
         raise ConfigError(f"unknown log level {level!r}")
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=numeric,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
+    if form not in ("text", "json"):
+        raise ConfigError(f"log_format must be text or json, got {form!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    if form == "json":
+        from .logformat import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    logging.basicConfig(level=numeric, handlers=[handler])
 
 
 def install_stop_signals(stop: Callable[[str], None], log: logging.Logger) -> None:

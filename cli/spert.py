@@ -32,5 +32,5 @@ def run_spert(args: argparse.Namespace) -> int:
     document = read_toml(getattr(args, "config", None))
     config = worker_config(args, document)
     board = board_config(args, document)
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     return run_worker_process(config, SpertBackend(board))

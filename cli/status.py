@@ -1,4 +1,11 @@
-"""``snet status``: a server's /status as a readable table, or as JSON."""
+"""``snet status``: a server's /status as a readable table, or as JSON; ``--watch`` reads it
+again every ``--interval`` seconds until the run ends.
+
+Epochs arrive numbered from 1, as /status gives them. Ctrl-C ends a watch with status 0;
+a reader that goes away (``snet status | head -3``) ends it quietly, without a traceback.
+On a terminal each reading replaces the last (the screen is cleared); in a pipe or a file
+the readings follow one another, separated by a blank line, with no escape codes.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from .progress_bar import clock, on_terminal
 
 
 def fetch_status(
@@ -47,7 +56,8 @@ def render(document: dict[str, Any]) -> str:
     lines = [
         f"server {document['server']} ({document['state']}), {document['mode']} mode, "
         f"network {document['network']}",
-        f"epoch {document['epoch'] + 1}/{document['epochs_planned']}, "
+        *_progress_line(document),
+        f"epoch {document['epoch']}/{document['epochs_planned']}, "
         f"version {document['weight_version']}, {document['updates_applied']} updates applied, "
         f"{document['updates_rejected']} refused, lr {document['learning_rate']:g}",
         f"train accuracy {_percent(document['train_accuracy'])}, "
@@ -61,7 +71,7 @@ def render(document: dict[str, Any]) -> str:
     ]
     for epoch in document["epochs"]:
         lines.append(
-            f"{epoch['epoch'] + 1:>5} {epoch['learning_rate']:>8g} "
+            f"{epoch['epoch']:>5} {epoch['learning_rate']:>8g} "
             f"{_percent(epoch['train_accuracy']):>8} {_percent(epoch['cv_accuracy']):>8} "
             f"{epoch['seconds']:>8.1f}"
         )
@@ -79,6 +89,25 @@ def render(document: dict[str, Any]) -> str:
         )
     lines += _board_lines(document["workers"])
     return "\n".join(lines)
+
+
+def _progress_line(document: dict[str, Any]) -> list[str]:
+    """The job's progress, its rate and time left; or who the server waits for."""
+    if document["state"] == "waiting_for_workers":
+        joined = document["workers_live"]
+        return [f"waiting for workers: {joined} of {document['min_workers']} joined"]
+    progress = document.get("progress")
+    if not progress:
+        return []
+    parts = [
+        f"progress {100 * progress['fraction']:.1f}% "
+        f"({progress['frames_done']:,} of {progress['frames_planned']:,} frames)"
+    ]
+    if progress["frames_per_second"] is not None:
+        parts.append(f"{progress['frames_per_second']:,.0f} frames/s")
+    if progress["eta_seconds"] is not None:
+        parts.append(f"ETA {clock(progress['eta_seconds'])}")
+    return [", ".join(parts)]
 
 
 def _board_lines(workers: list[dict[str, Any]]) -> list[str]:
@@ -113,22 +142,77 @@ def run_tls_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_status(args: argparse.Namespace) -> int:
-    url = args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080")
-    token = os.environ.get("SNET_TOKEN", "")
+ENDED = ("trained", "stopping", "stopped")  # states after which a watch ends
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def _read(url: str, token: str, tls_ca: str) -> dict[str, Any] | str:
+    """The status document, or why it cannot be read (one line)."""
     try:
-        if args.token_file:
-            token = Path(args.token_file).read_text(encoding="utf-8").strip()
-        document = fetch_status(url, token=token, tls_ca=args.tls_ca or "")
+        return fetch_status(url, token=token, tls_ca=tls_ca)
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
-            print(f"snet: {url} needs the server's token (SNET_TOKEN or --token-file)",
-                  file=sys.stderr)  # fmt: skip
-            return 1
-        print(f"snet: cannot read {url}/status: {exc}", file=sys.stderr)
-        return 1
+            return f"{url} needs the server's token (SNET_TOKEN or --token-file)"
+        return f"cannot read {url}/status: {exc}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"snet: cannot read {url}/status: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(document, indent=1) if args.json else render(document))
-    return 0
+        return f"cannot read {url}/status: {exc}"
+
+
+def _show(document: dict[str, Any], as_json: bool, watching: bool) -> None:
+    text = json.dumps(document, indent=None if watching else 1) if as_json else render(document)
+    if watching and not as_json and on_terminal(sys.stdout):
+        text = CLEAR_SCREEN + text  # each reading replaces the last
+    elif watching and not as_json:
+        text += "\n"  # readings one after another, a blank line between them
+    print(text, flush=True)
+
+
+def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) -> int:
+    """Show the status every ``interval`` seconds until the run ends (0), or until the
+    server no longer answers (0 if it had finished, else 1)."""
+    state = ""
+    while True:
+        document = _read(url, token, tls_ca)
+        if isinstance(document, str):
+            if not state:
+                print(f"snet: {document}", file=sys.stderr)
+                return 1
+            print(f"snet: the server stopped answering ({document}); last state {state}",
+                  file=sys.stderr)  # fmt: skip
+            return 0 if state in ENDED else 1
+        state = document["state"]
+        _show(document, as_json, watching=True)
+        if state in ENDED:
+            return 0
+        time.sleep(interval)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    url = args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080")
+    if "://" not in url:
+        url = f"http://{url}"
+    token = os.environ.get("SNET_TOKEN", "")
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            print(f"snet: cannot read the token file: {exc}", file=sys.stderr)
+            return 1
+    if args.interval <= 0:
+        print(f"snet: --interval must be > 0, got {args.interval:g}", file=sys.stderr)
+        return 2
+    try:
+        if args.watch:
+            return _watch(url, token, args.tls_ca or "", args.json, args.interval)
+        document = _read(url, token, args.tls_ca or "")
+        if isinstance(document, str):
+            print(f"snet: {document}", file=sys.stderr)
+            return 1
+        _show(document, args.json, watching=False)
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C: the way to stop watching
+        return 0
+    except BrokenPipeError:  # the reader left (| head): nothing more to say to it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail
+        return 0

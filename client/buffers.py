@@ -70,6 +70,12 @@ class WeightsBox:
         self.awaiting_full = False  # a Resync was sent: deltas are useless until a full copy
         self.undecodable = 0  # compressed copies that could not be applied
 
+    @property
+    def newest_version(self) -> int:
+        """The version of the newest weights received, used or not (-1: none yet)."""
+        newest = self._pending or self.current
+        return newest.version if newest else -1
+
     def payload_target(
         self, message_type: str, arrays: tuple[ArrayInfo, ...], payload_bytes: int
     ) -> tuple[memoryview, object] | None:

@@ -10,9 +10,8 @@ from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
+from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
-
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 @dataclass(frozen=True)
@@ -58,8 +57,14 @@ class WorkerConfig:
         default=30.0, metadata={"help": "drop and redo a connection silent this long (> 1)"}
     )
     max_frame_mb: int = field(default=512, metadata={"help": "largest frame accepted, MB"})
-    log_level: str = field(
-        default="info", metadata={"help": "logging level", "choices": LOG_LEVELS}
+    log_level: str = log_level_field()
+    log_format: str = log_format_field()
+    progress_seconds: float = field(
+        default=30.0,
+        metadata={
+            "help": "log a progress line (updates sent, patterns, rate, staleness) this often "
+            "while joined (0: never)"
+        },
     )
     data_access: str = field(
         default="auto",
@@ -99,6 +104,8 @@ class WorkerConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")
+        if self.progress_seconds < 0:
+            raise ConfigError(f"progress_seconds must be >= 0, got {self.progress_seconds:g}")
         if self.data_access not in ("auto", "local", "inline"):
             raise ConfigError(
                 f"data_access must be auto, local or inline, got {self.data_access!r}"
@@ -121,6 +128,14 @@ class WorkerConfig:
         return default_cache_directory()
 
     def address(self) -> tuple[str, int]:
+        _, found, rest = self.server.partition("://")
+        if found:  # a URL, perhaps the status page's: say what a worker needs instead
+            where = rest.split("/", 1)[0]
+            where = where if where.rpartition(":")[2].isdigit() else f"{where}:7000"
+            raise ConfigError(
+                f"server must be HOST:PORT of the server's worker port, not a URL: got "
+                f"{self.server!r} (did you mean --server {where}?)"
+            )
         host, sep, port = self.server.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"server must be HOST:PORT, got {self.server!r}")

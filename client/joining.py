@@ -37,18 +37,27 @@ from snet.protocol.messages import (
     Welcome,
 )
 from snet.protocol.network import ElementLayout
+from snet.transport.tls import client_context
 
 from .backend import ComputeBackend
 from .compression import UpdateCompressor
 from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus, open_corpus
+from .port_probe import refuse_if_http
 
 log = logging.getLogger("snet.worker")
 
 M = TypeVar("M", ServerHello, Welcome, DataInfo)
 
 HANDSHAKE_SECONDS = 30.0
+
+
+class ServerBusy(ConnectionLost):
+    """The server is at its connection limits: busy, not refusing this worker (it retries)."""
+
+
+SILENT_SECONDS = 3.0  # an snet server says hello at once: silence this long, ask if it is HTTP
 
 
 @dataclass(frozen=True)
@@ -86,10 +95,10 @@ class Handshake:
         self._inbox, self._wake, self._lost = inbox, wake, lost
         self._goodbye: str | None = None
 
-    async def _next_message(self, kind: type[M]) -> M | None:
+    async def _next_message(self, kind: type[M], seconds: float = HANDSHAKE_SECONDS) -> M | None:
         """The next message, which the conversation (protocol/conversation.py) allows only
         to be ``kind``, an error (raised as ``RemoteError``) or a goodbye (kept; None)."""
-        deadline = time.monotonic() + HANDSHAKE_SECONDS
+        deadline = time.monotonic() + seconds
         while not self._inbox:
             if self._lost():
                 raise ConnectionLost("connection closed during the handshake")
@@ -101,8 +110,7 @@ class Handshake:
                 await asyncio.wait_for(self._wake.wait(), remaining)
         message = self._inbox.popleft()
         if isinstance(message, ErrorMessage) and message.code in BUSY:
-            # The server is at its connection limits: busy, not refusing this worker.
-            raise ConnectionLost(f"the server is busy: {message.code}: {message.text}")
+            raise ServerBusy(f"the server is busy: {message.code}: {message.text}")
         if isinstance(message, ErrorMessage):
             raise RemoteError(message.code, message.text)
         if isinstance(message, Goodbye):
@@ -118,9 +126,15 @@ class Handshake:
         """ServerHello -> Hello -> Welcome -> DataInfo, then the data and the backend
         (``compressor``: the worker's, kept if the codecs did not change)."""
         try:
-            hello = await self._next_message(ServerHello)
+            hello = await self._server_hello()
             if hello is None:
                 return NotJoined(goodbye=self._goodbye)
+            if self.config.token and not hello.auth_required:
+                log.warning(
+                    "%s checks no token: the --token given is not used (anyone who reaches "
+                    "its port may join)",
+                    hello.server_name,
+                )
             proof = b""
             if hello.auth_required:
                 if not self.config.token:
@@ -154,6 +168,21 @@ class Handshake:
             codecs["weights"],
         )
         return Joined(job, corpus, codecs, compressor)
+
+    async def _server_hello(self) -> ServerHello | None:
+        """The server's hello; a port silent or closed without one is asked whether it
+        speaks HTTP (client/port_probe.py), which ends the worker with ``WrongPort``."""
+        try:
+            return await self._next_message(ServerHello, SILENT_SECONDS)
+        except ServerBusy:
+            raise  # it spoke: an snet server
+        except ConnectionLost:
+            config = self.config
+            tls = None
+            if config.tls_ca:
+                tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
+            await refuse_if_http(*config.address(), tls)
+            return await self._next_message(ServerHello, HANDSHAKE_SECONDS - SILENT_SECONDS)
 
     @staticmethod
     def _agree(

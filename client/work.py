@@ -14,6 +14,7 @@ import numpy as np
 
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import Evaluate, Frames, Lease, Message
+from snet.protocol.numbering import shown_epoch
 
 from .data import Corpus, HeldLease, add_frames
 
@@ -38,6 +39,8 @@ class WorkQueue:
         if isinstance(message, Lease):
             assert job is not None
             self.leases.append(HeldLease.of(message, job))
+            log.debug("lease %d: %d frames of epoch %d", message.lease_id, len(message.indices),
+                      shown_epoch(message.epoch))  # fmt: skip
         elif isinstance(message, Frames):
             if corpus is None or not add_frames(corpus, message):
                 log.warning("frames from the server, but this worker reads its own data")

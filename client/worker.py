@@ -62,6 +62,7 @@ from .connection import ServerConnection
 from .data import Corpus
 from .joining import Handshake, NotJoined
 from .policies import Compute, ComputeState, make_compute_policy
+from .progress_log import ProgressLog
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
@@ -101,6 +102,7 @@ class Worker:
         self.job: JobSpec | None = None
         self.corpus: Corpus | None = None
         self.updates_sent = 0
+        self.progress = ProgressLog(config.progress_seconds, time.monotonic())
         self._sent_this_session = 0  # the server's "settled" count starts anew per connection
         self.codecs: dict[str, str] = {"update": "none", "weights": "none"}
         # Kept across reconnections: the residual is owed to the weights whoever holds them.
@@ -358,6 +360,8 @@ class Worker:
             )
             self.updates_sent += 1
             self._sent_this_session += 1
+            self.progress.update_sent(lease.lease_id, offset, count, weights.version,
+                                      box.newest_version, seconds)  # fmt: skip
             # The backend's figures go with the first update of a session (a job can end
             # before the first periodic report) and, when compressing, every so many.
             compressed = self.compressor is not None and self.updates_sent % REPORT_UPDATES == 0
@@ -416,6 +420,7 @@ class Worker:
         last_beat = time.monotonic()
         while True:
             await asyncio.sleep(min(REPORT_SECONDS, self.config.heartbeat_seconds))
+            self.progress.tick(time.monotonic())
             silent = time.monotonic() - connection.last_received
             if silent > self.config.server_timeout_seconds:
                 # A cut link or a frozen server: TCP alone would notice only after many

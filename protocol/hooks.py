@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .numbering import shown_epoch
 
 
 @dataclass(frozen=True)
@@ -198,8 +199,11 @@ class AccuracyHook(Hook):
         )
 
     def figures(self) -> dict[str, Any]:
-        best = max(self.epochs, key=lambda e: e["cv"], default=None)
-        return {"epochs": self.epochs, "best_cv_epoch": best["epoch"] if best else None}
+        """Epochs numbered for the reader, from 1 (protocol/numbering.py); the checkpoint
+        keeps the 0-based index the events carry."""
+        shown = [{**epoch, "epoch": shown_epoch(epoch["epoch"])} for epoch in self.epochs]
+        best = max(shown, key=lambda e: e["cv"], default=None)
+        return {"epochs": shown, "best_cv_epoch": best["epoch"] if best else None}
 
     def checkpoint_state(self) -> Any:
         return {"epochs": self.epochs}

@@ -40,6 +40,7 @@ from .durability import Checkpointer, job_identity, resume_point
 from .export import current_weights_npz, read_weights, write_atomically
 from .http import make_app
 from .http_guard import HttpListener
+from .job_progress import ProgressMeter
 from .lateness import check_progress
 from .progress import ProgressWatch
 from .resume import drop_torn_line, resume_from
@@ -64,6 +65,7 @@ class SnetServer:
         self.counters = Admission(
             config.max_connections, config.max_handshakes, config.handshake_seconds
         )
+        self.meter = ProgressMeter()  # the rate and ETA of /status (server/job_progress.py)
         self.connections: set[WorkerConnection] = set()
         self.executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="snet-step", initializer=flush_denormals
@@ -371,6 +373,7 @@ class SnetServer:
         while True:
             await asyncio.sleep(min(interval, 1.0, self.config.handshake_seconds / 2))
             now = time.monotonic()
+            self.meter.sample(now, self.coordinator.stats.patterns_applied)
             for connection in list(self.connections):
                 session = connection.session
                 if session is None:

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
+from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
-
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 @dataclass(frozen=True)
@@ -130,9 +129,8 @@ class ServerConfig:
         default=0.0,
         metadata={"help": "keep serving HTTP this long after training (< 0: until stopped)"},
     )
-    log_level: str = field(
-        default="info", metadata={"help": "logging level", "choices": LOG_LEVELS}
-    )
+    log_level: str = log_level_field()
+    log_format: str = log_format_field()
     init_weights: str = field(
         default="", metadata={"help": "an snet weights .npz to continue training from"}
     )

@@ -20,6 +20,7 @@ import numpy as np
 
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import EvalResult
+from snet.protocol.numbering import shown_epoch
 
 from .dataplan import DataPlan
 from .evaluations import EvalJob
@@ -56,7 +57,7 @@ class CvReferee:
     ) -> None:
         """Score ``job`` (the workers disagreed, or no second worker was there): its score
         is the epoch's and goes to ``decided``; ``failed`` is told if scoring broke."""
-        log.info("epoch %d: the server scores the CV set itself", job.epoch)
+        log.info("epoch %d: the server scores the CV set itself", shown_epoch(job.epoch))
 
         def scored(done: asyncio.Future[EvalResult]) -> None:
             if done.cancelled():

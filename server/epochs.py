@@ -24,6 +24,7 @@ import numpy as np
 
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import EvalResult
+from snet.protocol.numbering import shown_epoch
 from snet.protocol.schedule import make_schedule
 
 log = logging.getLogger("snet.server")
@@ -109,12 +110,13 @@ class EpochControl:
         if kept:
             self.best_weights = weights  # a published snapshot: never written again
         elif self.best_weights is not None:
-            log.info("epoch %d made CV worse (%.2f%% error): weights rolled back", epoch, error)
+            log.info("epoch %d made CV worse (%.2f%% error): weights rolled back",
+                     shown_epoch(epoch), error)  # fmt: skip
             restore = self.best_weights
         self.kept[epoch] = kept
         self.waiting_for_cv = False
         if decision.next_rate == 0.0:
-            log.info("newbob: training stops after epoch %d", epoch)
+            log.info("newbob: training stops after epoch %d", shown_epoch(epoch))
             return EpochDecision(kept, restore, finish=True)
         self.rate = decision.next_rate
         return EpochDecision(kept, restore, next_epoch=epoch + 1)

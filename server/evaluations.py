@@ -26,6 +26,7 @@ import numpy as np
 
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.messages import EvalResult
+from snet.protocol.numbering import shown_epoch
 
 from .plausible import eval_figures_problem
 from .session import WorkerSession
@@ -139,7 +140,8 @@ class Evaluations:
         asked = (j for j in self._jobs.values() if j.worker_id == session.worker_id)
         job = next((j for j in asked if j.epoch == result.epoch), None)
         if job is None or job.version != result.version:
-            raise RejectedUpdate(f"no evaluation of epoch {result.epoch} was asked of you")
+            epoch = shown_epoch(result.epoch)
+            raise RejectedUpdate(f"no evaluation of epoch {epoch} was asked of you")
         problem = eval_figures_problem(result.frames, result.correct, result.loss_sum, cv_frames)
         if problem:
             job.worker_id = None
@@ -183,7 +185,7 @@ class Evaluations:
             self.refused += 1
             session = sessions.get(worker_id)
             log.warning("epoch %d: worker %s's CV result (%d correct, loss %.4g) differs from "
-                        "the server's (%d, %.4g); refused", epoch,
+                        "the server's (%d, %.4g); refused", shown_epoch(epoch),
                         session.name if session else worker_id, result.correct, result.loss_sum,
                         own.correct, own.loss_sum)  # fmt: skip
             if session is not None:

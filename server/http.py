@@ -5,7 +5,8 @@ GET /events    server-sent events: the /status document every ``EVENT_SECONDS``
 GET /status    JSON: mode, versions, epochs, accuracies, queues, a row per worker
 GET /metrics   Prometheus text format
 GET /weights   the current weights as .npz
-GET /healthz   200 "ok" while the server runs
+GET /healthz   200 "ok" while the server runs; its ``X-Snet-Worker-Port`` header names the
+               worker port, for a worker given this port by mistake (client/port_probe.py)
 GET /control   JSON: the staleness policy in force and its changes
 POST /control  JSON ``{"staleness": "bounded:2"}``: another staleness policy from the
                next step (docs/staleness.md); 400 for a bad one, with the reason
@@ -139,7 +140,8 @@ async def _control(request: web.Request) -> web.Response:
 
 
 async def _healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok\n")
+    port = request.app[SERVER_KEY].port
+    return web.Response(text="ok\n", headers={"X-Snet-Worker-Port": str(port)})
 
 
 def make_app(server: SnetServer, token: str | None = None) -> web.Application:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from snet.protocol.numbering import shown_epoch
+
 from .session import WorkerSession
 
 log = logging.getLogger("snet.server")
@@ -45,6 +47,6 @@ class IdleWatch:
             log.warning(
                 "worker %s trained on no frames in epoch %d (too few chunks for the workers?)",
                 session.name,
-                epoch,
+                shown_epoch(epoch),
             )
         return idle

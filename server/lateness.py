@@ -21,6 +21,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from snet.protocol.messages import ROUND_DEADLINE, ErrorMessage
+from snet.protocol.numbering import shown_epoch
 
 from .session import WorkerSession
 
@@ -104,6 +105,6 @@ def _reassign_evaluations(coordinator: Coordinator, now: float) -> None:
 
     for session, job in coordinator.evaluations.overdue(now, allowed, coordinator.sessions):
         log.warning("worker %s did not score epoch %d in %.1f s; asking another",
-                    session.name, job.epoch, now - job.assigned_at)  # fmt: skip
+                    session.name, shown_epoch(job.epoch), now - job.assigned_at)  # fmt: skip
         session.probation = True  # not asked again before it delivers something
     coordinator.assign_evaluations()

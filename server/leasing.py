@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 
 from snet.protocol.messages import FramesWanted, Lease
+from snet.protocol.numbering import shown_epoch
 
 from .inline import InlineFrames
 from .leases import LEASES_PER_WORKER, LeaseBook
@@ -32,6 +33,11 @@ class LeaseDesk:
         self.inline = inline
         self.min_workers = min_workers
         self._quorum = min_workers <= 1
+        self._joined_told = -1  # the count last logged while waiting (said once per change)
+
+    def holding_back(self, joined: int) -> bool:
+        """No frames are leased yet: fewer than ``min_workers`` have joined so far."""
+        return not self._quorum and joined < self.min_workers
 
     def fill(self, sessions: Iterable[WorkerSession], rate: float) -> None:
         """Lease waiting chunks to the workers that should hold more (``rate``: the
@@ -39,7 +45,9 @@ class LeaseDesk:
         workers = list(sessions)
         if not self._quorum:
             if len(workers) < self.min_workers:
-                log.info("%d of %d workers joined; waiting", len(workers), self.min_workers)
+                if len(workers) != self._joined_told:
+                    log.info("%d of %d workers joined; waiting", len(workers), self.min_workers)
+                    self._joined_told = len(workers)
                 return
             self._quorum = True
         for session in sorted(workers, key=lambda s: not s.clock.delivered):
@@ -53,6 +61,8 @@ class LeaseDesk:
                 session.clock.got_work(time.monotonic())
                 self.inline.send(session, lease.chunk)
                 session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8"), rate))
+                log.debug("lease %d: %d frames of epoch %d to worker %s", lease.lease_id,
+                          len(lease.chunk), shown_epoch(lease.epoch), session.name)  # fmt: skip
 
     def note_if_dry(self, session: WorkerSession) -> None:
         """A worker with no undelivered frames owes nothing until it is given some."""

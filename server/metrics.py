@@ -88,7 +88,7 @@ _SERVER_FIGURES = (
      "leases_revoked"),
     ("workers_dropped_late_total", "counter", "Workers dropped for missing a sync round.",
      "workers_dropped_late"),
-    ("epoch", "gauge", "Current epoch (0-based).", "epoch"),
+    ("epoch", "gauge", "Current epoch (counted from 1).", "epoch"),
     ("epochs_done", "gauge", "Epochs trained.", "epochs_done"),
     ("epochs_planned", "gauge", "Epochs the job trains at most.", "epochs_planned"),
     ("learning_rate", "gauge", "Learning rate in force.", "learning_rate"),
@@ -124,6 +124,7 @@ def metrics_text(server: SnetServer) -> str:
     out = Exposition()
     for name, kind, text, key in _SERVER_FIGURES:
         out.single(name, kind, text, document[key])
+    _progress(out, document)
     test = document.get("test")
     out.single("test_accuracy", "gauge", "Frame accuracy on the job's test file, at the end.",
                test["accuracy"] if test else None)  # fmt: skip
@@ -147,6 +148,19 @@ def metrics_text(server: SnetServer) -> str:
         out.metric(name, kind, text, [(worker_labels(r), float(r[key])) for r in rows])
     _compression(out, document)
     return out.text().rstrip("\n") + "\n" + "\n".join(staleness_metrics(document)) + "\n"
+
+
+def _progress(out: Exposition, document: dict[str, Any]) -> None:
+    """How much of the job is done, how fast, how long to go (server/job_progress.py)."""
+    progress = document["progress"]
+    out.single("progress_ratio", "gauge", "Fraction of the job's planned training frames "
+               "applied (0 to 1).", progress["fraction"])  # fmt: skip
+    out.single("frames_per_second", "gauge", "Training frames applied per second, recently.",
+               progress["frames_per_second"])  # fmt: skip
+    out.single("eta_seconds", "gauge", "Seconds of training left at the recent rate.",
+               progress["eta_seconds"])  # fmt: skip
+    out.single("waiting_for_workers", "gauge", "1 while fewer than --min-workers have joined.",
+               float(document["state"] == "waiting_for_workers"))  # fmt: skip
 
 
 def _checkpoints(out: Exposition, document: dict[str, Any]) -> None:

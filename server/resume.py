@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import ConfigError
+from snet.protocol.numbering import shown_epoch
 
 from .departures import DEPARTED_KEPT, Departures
 from .ledger import ledger_totals
@@ -88,7 +89,7 @@ def resume_from(coordinator: Coordinator, path: Path, state: dict[str, Any]) -> 
     log.info(
         "resumed from %s: version %d (weights digest %s), epoch %d at rate %g; "
         "%d frames of the epoch not in these weights are leased again",
-        path.name, coordinator.version, coordinator.digest, coordinator.epoch,
+        path.name, coordinator.version, coordinator.digest, shown_epoch(coordinator.epoch),
         coordinator.learning_rate, requeued,
     )  # fmt: skip
     if coordinator.trace is not None:

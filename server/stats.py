@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from snet.protocol.hooks import EpochEvent
+from snet.protocol.numbering import shown_epoch
+
+log = logging.getLogger("snet.server")
 
 
 @dataclass
@@ -103,6 +107,8 @@ class TrainingStats:
         self.updates_applied += updates
         self.patterns_applied += patterns
         self.step_seconds += seconds
+        log.debug("step %d: %d updates, %d patterns, %.2f ms in the step thread", self.steps,
+                  updates, patterns, 1000 * seconds)  # fmt: skip
 
     def record_late(self, leases_revoked: int = 0, dropped: bool = False) -> None:
         """A late worker's leases were taken back (async), or it was dropped (sync)."""
@@ -116,10 +122,21 @@ class TrainingStats:
         record = self.record_of(epoch)
         record.ended, record.end_version, record.ledger = time.time(), version, ledger
         self.epochs_done += 1
+        accuracy = self.train_accuracy(epoch)
+        log.info(
+            "epoch %d done at version %d: train accuracy %.2f%%",
+            shown_epoch(epoch), version, 100 * accuracy,
+            extra={"epoch": shown_epoch(epoch), "version": version, "train_accuracy": accuracy},
+        )  # fmt: skip
 
     def record_cv(self, epoch: int, frames: int, correct: int, loss_sum: float) -> None:
         record = self.record_of(epoch)
         record.cv_frames, record.cv_correct, record.cv_loss = frames, correct, loss_sum
+        accuracy = correct / max(frames, 1)
+        log.info(
+            "epoch %d cross-validation: %.2f%% of %d frames", shown_epoch(epoch), 100 * accuracy,
+            frames, extra={"epoch": shown_epoch(epoch), "cv_accuracy": accuracy, "frames": frames},
+        )  # fmt: skip
 
     def train_accuracy(self, epoch: int) -> float:
         record = self.record_of(epoch)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from snet.protocol.numbering import shown_epoch
+
 from .ledger import ledger_totals
 from .plausible import finite
 from .staleness_report import staleness_status
@@ -26,6 +28,13 @@ def queues(coordinator: Coordinator) -> dict[str, int]:
     }
 
 
+def _state(server: SnetServer) -> str:
+    coordinator = server.coordinator
+    if server.state == "training" and coordinator.desk.holding_back(len(coordinator.sessions)):
+        return "waiting_for_workers"
+    return server.state
+
+
 def status_document(server: SnetServer) -> dict[str, Any]:
     """The JSON of GET /status: finite figures only (JSON has no NaN)."""
     document: dict[str, Any] = finite(_status_document(server))
@@ -42,7 +51,9 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
     http = server.http_listener
     return {
         "server": server.config.name,
-        "state": server.state,
+        "state": _state(server),  # "waiting_for_workers" until --min-workers have joined
+        "min_workers": coordinator.desk.min_workers,
+        "progress": server.meter.figures(coordinator, time.monotonic()),
         "mode": coordinator.job.mode,
         "network": coordinator.job.network.describe(),
         "connections_per_pattern": connections,
@@ -62,7 +73,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "cv_checks": coordinator.evaluations.figures(),  # --verify-cv
         "leases_revoked": stats.leases_revoked,
         "workers_dropped_late": stats.workers_dropped_late,
-        "epoch": coordinator.epoch,
+        "epoch": shown_epoch(coordinator.epoch),  # from 1, as everywhere a reader sees it
         "epochs_planned": coordinator.job.epochs,
         "epochs_done": stats.epochs_done,
         "patterns_processed": stats.patterns_applied,
@@ -87,7 +98,9 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "rule": coordinator.rule.figures() or None,  # bmuf: the block filter
         "workers": workers,
         "earlier": coordinator.earlier,  # workers and compression totals before restarts
-        "epochs": [record.as_dict() for record in stats.epochs],
+        "epochs": [
+            {**record.as_dict(), "epoch": shown_epoch(record.epoch)} for record in stats.epochs
+        ],
         "schedule": coordinator.job.schedule,
         "hooks": coordinator.hooks.figures(),
         "inline_frames": {

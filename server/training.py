@@ -53,6 +53,7 @@ from snet.protocol.messages import (
     Welcome,
 )
 from snet.protocol.network import ElementLayout, initial_weights
+from snet.protocol.numbering import shown_epoch
 
 from .cv_referee import CvReferee
 from .dataplan import DataPlan
@@ -263,7 +264,7 @@ class Coordinator:
     def set_staleness(self, text: str, by: str) -> dict[str, Any]:
         """Put another staleness policy in force from the next step (the control endpoint);
         recorded in /status and the trace. ConfigError for a bad one."""
-        record = self.staleness.change(text, self.version, self.epoch, by)
+        record = self.staleness.change(text, self.version, shown_epoch(self.epoch), by)
         log.info("staleness policy %s -> %s (by %s, version %d)", record["from"],
                  record["to"], by, self.version)  # fmt: skip
         if self.trace is not None:
@@ -350,9 +351,6 @@ class Coordinator:
         epoch = self.epoch
         self.stats.end_epoch(epoch, self.version, self.book.ledger.summary())
         self.idle.end_epoch(epoch, self.sessions.values(), self.book.granted)
-        accuracy = 100 * self.stats.train_accuracy(epoch)
-        log.info("epoch %d done at version %d: train accuracy %.2f%%", epoch, self.version,
-                 accuracy)  # fmt: skip
         self.evaluations.add(epoch, self.version, self.rule.model)
         following = self.epochs.epoch_trained(epoch)
         if following is not None:
@@ -393,9 +391,6 @@ class Coordinator:
 
     def _accept_cv(self, job: EvalJob, message: EvalResult) -> None:
         self.stats.record_cv(message.epoch, message.frames, message.correct, message.loss_sum)
-        accuracy = 100 * message.correct / max(message.frames, 1)
-        log.info("epoch %d cross-validation: %.2f%% of %d frames", message.epoch, accuracy,
-                 message.frames)  # fmt: skip
         self._apply_decision(message, self.epochs.cv_result(message.epoch, job.weights, message))
 
     def _apply_decision(self, result: EvalResult, decision: EpochDecision) -> None:

@@ -168,6 +168,8 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("snet demo: sync mode, 1 workers, network 117:16:10, 1 epochs")
     assert "Traceback" not in done.stderr
+    assert "\x1b" not in done.stdout and "\r" not in done.stdout  # a pipe: no progress bar
+    assert "\nepoch  1/1  lr " in done.stdout  # counted from 1
 
 
 def test_cv_fraction_and_split_seed_are_flags(tmp_path: Path) -> None:

@@ -87,6 +87,10 @@ def test_dashboard_in_headless_chromium_shows_workers_and_moving_numbers(
     assert result["rate"] > 0
     assert result["cv_points"] >= 1 and result["train_points"] >= 1
     assert re.fullmatch(r"\d+ / 32", result["free"]), result["free"]
+    assert re.fullmatch(r"\d+\.\d%", result["progress"]), result["progress"]
+    eta = r"ETA \d+:\d\d(:\d\d)? \u00b7 [\d,]+ frames/s"
+    assert re.fullmatch(eta, result["eta"]), result["eta"]
+    assert re.fullmatch(r"[1-9]\d* / 200", result["epoch"]), result["epoch"]  # from 1
     assert all(url.startswith(server.url) for url in result["requested"]), result["requested"]
 
 
@@ -112,6 +116,9 @@ async def _look_at_dashboard(url: str) -> dict[str, Any]:
             "cv_points": later["cv_points"],
             "train_points": later["train_points"],
             "free": later["free"],
+            "progress": later["progress"],
+            "eta": later["eta"],
+            "epoch": later["epoch"],
             "requested": page.requested,
         }
 
@@ -123,6 +130,7 @@ async def _read(page: Browser) -> dict[str, Any]:
           const text = (id) => document.getElementById(id).textContent;
           return {
             state: text('state'), version: text('version'), rate: text('rate'),
+            progress: text('progress'), eta: text('eta'), epoch: text('epoch'),
             events: document.body.dataset.events,
             workers: rows.map((r) => r.cells[0].textContent),
             html_in_names: document.querySelectorAll('#workers tbody i').length,

@@ -104,6 +104,9 @@ def test_metrics_pass_promtool_and_keep_their_series(cluster: Cluster, tmp_path:
     assert values["snet_updates_applied_total"] == status["updates_applied"]
     assert values["snet_test_accuracy"] == status["test"]["accuracy"]
     assert values["snet_epochs_done"] == 3
+    assert values["snet_epoch"] == 3  # the last of 3, counted from 1 as /status counts
+    assert values["snet_progress_ratio"] == 1.0 and values["snet_eta_seconds"] == 0.0
+    assert values["snet_waiting_for_workers"] == 0.0
     checkpoints = status["checkpoints"]  # the final one is on disk once trained
     assert values["snet_checkpoints_written_total"] == checkpoints["written"] >= 1
     assert values["snet_checkpoint_last_version"] == checkpoints["last"]["version"]

@@ -184,7 +184,7 @@ def test_a_worker_without_frames_for_a_whole_epoch_is_reported(
     idle = watch.end_epoch(4, workers, {0: 100})  # type: ignore[arg-type]
     assert idle == [workers[1]]  # w2 joined when nothing was left to hand out
     assert workers[1].idle_epochs == 1 and watch.idle_worker_epochs == 1
-    assert "worker w1 trained on no frames in epoch 4" in caplog.text
+    assert "worker w1 trained on no frames in epoch 5" in caplog.text  # index 4, read from 1
 
 
 def test_staleness_metrics_are_prometheus_histograms() -> None:

@@ -1,0 +1,86 @@
+"""Is the port a worker was given the server's HTTP port? Asked once its connection stays
+silent or closes before the server's hello.
+
+An snet server speaks first on its worker port (``server_hello`` as soon as a worker
+connects); an HTTP server waits for a request and then, at most, closes the connection.
+So a silent or closed connection is the moment to ask: a second connection first listens
+(a server that speaks first, as a slow snet server would, is left alone: nothing is sent
+to it), then sends ``GET /healthz`` and reads the first bytes back. ``HTTP/1.`` means
+the worker was given an HTTP port, which no retry can cure; an snet server's /healthz
+names its worker port in the ``X-Snet-Worker-Port`` header, so the error can say which
+port to use. Anything else (no answer, a frame of the snet protocol, TLS that does not
+complete) is not HTTP and the worker goes on as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+
+from snet.protocol.errors import ConfigError
+
+WORKER_PORT_HEADER = "X-Snet-Worker-Port"  # the server's /healthz sends it
+PROBE_SECONDS = 3.0  # for the whole probe: connect, ask, read the status line and headers
+LISTEN_SECONDS = 0.5  # how long the probe listens before it asks
+HEAD_BYTES = 8192  # an HTTP status line and headers fit; more is not needed
+
+
+class WrongPort(ConfigError):
+    """The worker's ``--server`` names a port that speaks HTTP, not the worker protocol."""
+
+
+async def http_answer(host: str, port: int, tls: ssl.SSLContext | None = None) -> bytes | None:
+    """The head of the answer to ``GET /healthz`` on ``host:port`` if it is HTTP, else None."""
+    request = (
+        f"GET /healthz HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    writer: asyncio.StreamWriter | None = None
+    try:
+        async with asyncio.timeout(PROBE_SECONDS):
+            reader, writer = await asyncio.open_connection(host, port, ssl=tls)
+            with contextlib.suppress(TimeoutError):
+                if await asyncio.wait_for(reader.read(1), LISTEN_SECONDS):
+                    return None  # it spoke first: not HTTP (and it heard nothing from us)
+            writer.write(request)
+            await writer.drain()
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < HEAD_BYTES:
+                chunk = await reader.read(HEAD_BYTES - len(head))
+                if not chunk:
+                    break
+                head += chunk
+    except (OSError, TimeoutError, ssl.SSLError):
+        return None
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError, ssl.SSLError):
+                await writer.wait_closed()
+    return head if head.startswith(b"HTTP/1.") else None
+
+
+def worker_port_of(head: bytes) -> int | None:
+    """The worker port an snet server's HTTP answer names (None: not an snet server's)."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == WORKER_PORT_HEADER.lower() and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+async def refuse_if_http(host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+    """Raise ``WrongPort`` with the worker port to use when ``host:port`` speaks HTTP."""
+    head = await http_answer(host, port, tls)
+    if head is None:
+        return
+    worker_port = worker_port_of(head)
+    if worker_port is not None:
+        raise WrongPort(
+            f"{host}:{port}: that port speaks HTTP: the worker port is {worker_port} "
+            f"(--server {host}:{worker_port})"
+        )
+    raise WrongPort(
+        f"{host}:{port}: that port speaks HTTP: give the snet server's worker port "
+        "(its --port, default 7000), not an HTTP port"
+    )

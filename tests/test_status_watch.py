@@ -1,0 +1,70 @@
+"""`snet status --watch` (issue 18): it reads /status again until the run ends, and ends
+cleanly on Ctrl-C and when its reader goes away. Real processes: signals and pipes."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from helpers import SMALL_JOB, Cluster, check_output
+
+
+def _watch(cluster: Cluster, url: str) -> subprocess.Popen[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "snet.cli",
+        "status",
+        "--watch",
+        "--url",
+        url,
+        "--interval",
+        "0.2",
+    ]
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
+    )
+    cluster.processes.append(process)  # type: ignore[arg-type]  # killed at teardown if left
+    return process
+
+
+@pytest.mark.system
+def test_status_watch_follows_the_run_to_its_end_and_stops_cleanly(cluster: Cluster) -> None:
+    server = cluster.server("--epochs", "2", "--linger-seconds", "5", *SMALL_JOB)
+    address = server.url.removeprefix("http://")  # a bare HOST:PORT is taken as http://
+
+    # Ctrl-C: exit 0, no traceback
+    interrupted = _watch(cluster, address)
+    assert interrupted.stdout is not None
+    assert interrupted.stdout.readline().startswith("server snet (training)")
+    interrupted.send_signal(signal.SIGINT)
+    out, err = interrupted.communicate(timeout=30)
+    assert interrupted.returncode == 0, err
+    check_output("snet status --watch (SIGINT)", out + err)
+
+    # `snet status --watch | head -1`: the reader leaves; the watch ends quietly
+    headless = _watch(cluster, address)
+    assert headless.stdout is not None and headless.stderr is not None
+    assert headless.stdout.readline().startswith("server snet (training)")
+    headless.stdout.close()
+    assert headless.wait(timeout=30) == 0
+    err = headless.stderr.read()
+    check_output("snet status --watch | head -1", err)
+    assert err == ""
+
+    # until the run ends: readings one after another, plain text in a pipe
+    follower = _watch(cluster, server.url)
+    cluster.worker(server, "w0")
+    out, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0, err
+    check_output("snet status --watch", out + err)
+    readings = [r for r in re.split(r"(?m)^(?=server snet \()", out) if r]
+    assert len(readings) >= 2
+    assert readings[0].startswith("server snet (training)")
+    assert readings[-1].startswith("server snet (trained)")
+    assert "progress 100.0%" in readings[-1] and "epoch 2/2," in readings[-1]
+    assert "\x1b" not in out and "\r" not in out

@@ -1,0 +1,85 @@
+"""A worker fails fast and says why (issue 18): pointed at the HTTP port, given a URL, or
+given a token the server does not check."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from snet.cli.main import main
+from snet.client.port_probe import WrongPort, http_answer, worker_port_of
+
+from helpers import SMALL_JOB
+from inprocess import Lab
+
+
+def test_a_url_where_host_port_was_expected_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`snet worker --server http://host:7000` (the issue's command)."""
+    assert main(["worker", "--server", "http://host:7000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "snet: server must be HOST:PORT of the server's worker port, not a URL: "
+        "got 'http://host:7000' (did you mean --server host:7000?)"
+    )
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
+async def test_a_worker_pointed_at_the_http_port_is_told_the_worker_port(lab: Lab) -> None:
+    """`snet worker --server HOST:HTTP_PORT`: one clear error, no retries (a long retry
+    window would otherwise keep it trying), the worker port named."""
+    server = await lab.server("--epochs", "1", *SMALL_JOB)
+    http_port = server.server.http_port
+    given = f"127.0.0.1:{http_port}"
+    wrong = lab.worker(server, "lost", "--server", given, "--retry-seconds", "300")
+    with pytest.raises(WrongPort) as raised:
+        await wrong.wait(20)
+    assert str(raised.value) == (
+        f"127.0.0.1:{http_port}: that port speaks HTTP: the worker port is {server.port} "
+        f"(--server 127.0.0.1:{server.port})"
+    )
+    assert "reconnecting" not in lab.log("lost")
+    assert (await server.status())["handshakes_refused"] == 0  # the server saw nothing odd
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
+async def test_a_token_the_server_does_not_check_is_a_warning(lab: Lab) -> None:
+    """`snet worker --token ...` for a server started without one: it joins, and says so."""
+    server = await lab.server("--epochs", "1", *SMALL_JOB)
+    worker = lab.worker(server, "w1", "--token", "s3cret")
+    assert await worker.wait(60) == 0
+    assert "snet checks no token: the --token given is not used" in lab.log("w1")
+    assert await server.wait(30) == "trained"
+
+
+def test_the_probe_leaves_a_server_that_speaks_first_alone() -> None:
+    """A slow snet server (it speaks first, just late) is not sent the probe's request;
+    a silent server that answers in anything but HTTP is not taken for HTTP."""
+
+    async def probe(greeting: bytes, answer: bytes) -> tuple[bytes | None, bytes]:
+        heard = bytearray()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(greeting)
+            with contextlib.suppress(TimeoutError):
+                heard.extend(await asyncio.wait_for(reader.read(100), 1.0))
+            if heard:
+                writer.write(answer)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            head = await http_answer("127.0.0.1", port)
+        return head, bytes(heard)
+
+    head, heard = asyncio.run(probe(b"\x00\x00\x00\x10snet", b""))
+    assert head is None and heard == b""
+    head, heard = asyncio.run(probe(b"", b"SSH-2.0-OpenSSH\r\n"))
+    assert head is None and heard.startswith(b"GET /healthz HTTP/1.1\r\n")
+    head, _ = asyncio.run(probe(b"", b"HTTP/1.1 404 Not Found\r\nServer: x\r\n\r\n"))
+    assert head is not None and worker_port_of(head) is None
