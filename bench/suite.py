@@ -5,7 +5,9 @@ Every figure is a ratio measured in the same run (ours beside a peer, ours besid
 physical limit), because the machines are shared and noisy. Sections: ``worker`` (the
 arithmetic beside PyTorch and the GEMM ceiling), ``server`` (elements through the server
 beside plain ``recv_into``), ``round`` (a synchronous round beside a gloo all-reduce) and
-``scaling`` (emulated workers P = 1..8 against the performance model).
+``scaling`` (emulated workers P = 1..8 against the performance model), ``update`` (what an
+update costs the server and a worker beside its bunch's compute: bench/update_cost.py) and
+``accuracy`` (time to a CV accuracy against ``snet train``: bench/time_to_accuracy.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .report import render_markdown
 WORKER_NETWORKS = ("39:500:42", "351:1262:45")
 WORKER_BUNCHES = (12, 96, 1000)
 WORKER_THREADS = (1, 2)
-SECTIONS = ("worker", "server", "round", "scaling")
+SECTIONS = ("worker", "server", "round", "scaling", "update", "accuracy")
 
 
 def _worker_rows(quick: bool) -> list[dict[str, Any]]:
@@ -89,13 +91,23 @@ def run_sections(sections: list[str], quick: bool, seconds: float) -> dict[str, 
 
         print("scaling ...", flush=True)
         results["scaling"] = run_scaling()
+    if "update" in sections:
+        from .update_cost import run_update_bench
+
+        print("per-update cost ...", flush=True)
+        results["update"] = run_update_bench(max(seconds, 3.0))
+    if "accuracy" in sections:
+        from .time_to_accuracy import run_accuracy_bench
+
+        print("time to accuracy ...", flush=True)
+        results["accuracy"] = run_accuracy_bench(1 if quick else 3)
     return results
 
 
 def parser() -> argparse.ArgumentParser:
     """The suite's flags (``snet bench`` passes its arguments through unchanged)."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--only", help="comma-separated sections: worker,server,round,scaling")
+    parser.add_argument("--only", help="comma-separated sections: " + ",".join(SECTIONS))
     parser.add_argument("--quick", action="store_true", help="fewer configurations")
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
     parser.add_argument(
