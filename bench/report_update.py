@@ -8,6 +8,7 @@ from typing import Any
 
 UPDATE_COLUMNS = [
     ("element", "element"),
+    ("code", "code"),
     ("network", "network"),
     ("updates_per_s", "updates/s"),
     ("worker_compute_ms", "worker compute CPU ms"),
@@ -54,7 +55,9 @@ def update_section(rows: list[dict[str, Any]], rerun: str) -> list[str]:
         "its step thread checks each update's norm, steps and digests the weights. "
         "`overhead/compute` is the three CPU costs of moving an update over the compute's; "
         "`send to new weights` the median time from a worker's send of an update to the "
-        "first bunch it starts on weights that include it (the worker's own clock).",
+        "first bunch it starts on weights that include it (the worker's own clock). Rows "
+        "of code `baseline` were measured on an earlier checkout (`--baseline`) just "
+        "before the row of `this` code below them.",
         "",
         "| " + " | ".join(title for _, title in UPDATE_COLUMNS) + " |",
         "|" + "---|" * len(UPDATE_COLUMNS),

@@ -64,7 +64,9 @@ def _worker_rows(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def run_sections(sections: list[str], quick: bool, seconds: float) -> dict[str, Any]:
+def run_sections(
+    sections: list[str], quick: bool, seconds: float, baseline: Path | None = None
+) -> dict[str, Any]:
     results: dict[str, Any] = {
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {
@@ -95,7 +97,7 @@ def run_sections(sections: list[str], quick: bool, seconds: float) -> dict[str, 
         from .update_cost import run_update_bench
 
         print("per-update cost ...", flush=True)
-        results["update"] = run_update_bench(max(seconds, 3.0))
+        results["update"] = run_update_bench(max(seconds, 3.0), baseline=baseline)
     if "accuracy" in sections:
         from .time_to_accuracy import run_accuracy_bench
 
@@ -110,6 +112,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", help="comma-separated sections: " + ",".join(SECTIONS))
     parser.add_argument("--quick", action="store_true", help="fewer configurations")
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of earlier code whose per-update cost is measured beside this "
+        "one's (update section; e.g. git archive main | tar -x -C DIR)",
+    )
     parser.add_argument(
         "--json",
         default=str(CHECKOUT / "docs" / "benchmarks.json"),
@@ -131,7 +139,7 @@ def run_bench(args: argparse.Namespace) -> int:
             f"snet: unknown bench section(s) {sorted(unknown)}; known: {SECTIONS}", file=sys.stderr
         )
         return 2
-    results = run_sections(sections, args.quick, args.seconds)
+    results = run_sections(sections, args.quick, args.seconds, getattr(args, "baseline", None))
     path = Path(args.json)
     if args.only and path.exists():
         # A partial rerun refreshes its own sections of the file and keeps the others.

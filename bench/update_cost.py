@@ -20,7 +20,13 @@ updates applied in that window, and divided:
 ``overhead/compute`` is (server + worker event loop) CPU per update over the compute
 thread's: above 1, moving an update costs more than computing it.
 
-    .venv/bin/python -m bench.update_cost --seconds 4
+``--baseline DIR`` measures a checkout of earlier code too (its processes import ``snet``
+from ``DIR/src``), each element's two runs back to back, so that before and after come
+from the same minutes of this shared machine (its workers report no latency if that code
+could not yet)::
+
+    git archive main | tar -x -C /tmp/before
+    .venv/bin/python -m bench.update_cost --seconds 4 --baseline /tmp/before
 """
 
 from __future__ import annotations
@@ -76,15 +82,22 @@ def _snapshot(cluster: LocalCluster) -> dict[str, Any]:
     }
 
 
-def measure(label: str, network: str | None, seconds: float, workdir: Path) -> dict[str, Any]:
-    """One element's row: CPU per update on each side and the latency to new weights."""
+def measure(
+    label: str, network: str | None, seconds: float, workdir: Path, baseline: Path | None = None
+) -> dict[str, Any]:
+    """One element's row: CPU per update on each side and the latency to new weights
+    (``baseline``: of the checkout there instead of this one)."""
     flags = ["--mode", "async", "--min-workers", str(WORKERS), "--bunch-size", str(BUNCH)]
     flags += ["--epochs", "1000", "--checkpoint-seconds", "3600"]
     if network is not None:
         data, context = synthetic_data(workdir, network)
         flags += ["--network", network, "--data", str(data), "--context", str(context)]
     env = {**blas_thread_env(1), "SNET_WORKER_REPORT_TIMING": "true"}
-    with LocalCluster(workdir / label, env) as cluster:
+    if baseline is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(baseline / "src"),
+                                                          env.get("PYTHONPATH"))))  # fmt: skip
+    code = "baseline" if baseline is not None else "this"
+    with LocalCluster(workdir / f"{label}-{code}", env) as cluster:
         server = cluster.server(flags)
         for index in range(WORKERS):
             cluster.worker(server, f"w{index + 1}", [])
@@ -104,6 +117,7 @@ def measure(label: str, network: str | None, seconds: float, workdir: Path) -> d
     latencies = [r["latency_ms"] for r in reports if r.get("latency_ms") is not None]
     row = {
         "element": label,
+        "code": code,
         "network": last["status"]["network"],
         "element_bytes": 4 * last["status"]["connections_per_pattern"],
         "updates_per_s": round(applied / (last["time"] - first["time"]), 1),
@@ -120,13 +134,19 @@ def measure(label: str, network: str | None, seconds: float, workdir: Path) -> d
     return row
 
 
-def run_update_bench(seconds: float = 4.0, labels: tuple[str, ...] = tuple(ELEMENTS)) -> list[Any]:
-    """A row per element (see the module's notes)."""
+def run_update_bench(
+    seconds: float = 4.0,
+    labels: tuple[str, ...] = tuple(ELEMENTS),
+    baseline: Path | None = None,
+) -> list[Any]:
+    """A row per element (see the module's notes), preceded by the ``baseline``
+    checkout's when there is one."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="snet-update-cost-") as tmp:
         for label in labels:
-            rows.append(measure(label, ELEMENTS[label], seconds, Path(tmp)))
-            print(f"  update cost {label}: {rows[-1]}", flush=True)
+            for code in (baseline, None) if baseline is not None else (None,):
+                rows.append(measure(label, ELEMENTS[label], seconds, Path(tmp), code))
+                print(f"  update cost {label}: {rows[-1]}", flush=True)
     return rows
 
 
@@ -134,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.update_cost", description=__doc__)
     parser.add_argument("--seconds", type=float, default=4.0, help="measuring window")
     parser.add_argument("--elements", default=",".join(ELEMENTS), help="of " + ",".join(ELEMENTS))
+    parser.add_argument("--baseline", type=Path, help="a checkout of earlier code to measure too")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args(argv)
-    rows = run_update_bench(args.seconds, tuple(args.elements.split(",")))
+    rows = run_update_bench(args.seconds, tuple(args.elements.split(",")), args.baseline)
     text = json.dumps(rows, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")

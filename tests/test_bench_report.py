@@ -132,7 +132,7 @@ def test_a_section_rerun_on_its_own_says_when() -> None:
 
 
 def test_update_and_accuracy_sections_render_with_their_targets() -> None:
-    update = {"element": "262kB", "network": "117:512:10", "updates_per_s": 900.0,
+    update = {"element": "262kB", "code": "this", "network": "117:512:10", "updates_per_s": 900.0,
               "worker_compute_ms": 0.4, "worker_loop_ms": 0.3, "server_loop_ms": 0.25,
               "server_step_ms": 0.1, "overhead_over_compute": 1.62, "latency_ms": None}  # fmt: skip
     accuracy = {
@@ -145,7 +145,7 @@ def test_update_and_accuracy_sections_render_with_their_targets() -> None:
         },
     }  # fmt: skip
     markdown = render_markdown({"update": [update], "accuracy": accuracy})
-    assert "| 262kB | 117:512:10 | 900.0 | 0.4 | 0.3 | 0.25 | 0.1 | 1.62 | - |" in markdown
+    assert "| 262kB | this | 117:512:10 | 900.0 | 0.4 | 0.3 | 0.25 | 0.1 | 1.62 | - |" in markdown
     rows = {}
     for line in markdown.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
