@@ -28,7 +28,7 @@ def accuracy_targets(results: dict[str, Any]) -> list[list[Any]]:
         speed = modes["async"]["speed_ratio"]
         label = "async, 2 workers: time to CV target, snet train / demo"
         rows.append([label, speed, ">= 1.0", speed is not None and speed >= 1.0])
-    for mode in ("async", "sync", "bmuf"):
+    for mode in ("async", "sync", "bmuf"):  # this code's: baseline:MODE rows are not targets
         if mode in modes:
             first = modes[mode]["first_epoch_ratio"]
             label = f"{mode}, 2 workers: first epoch's end, demo / snet train"
@@ -83,7 +83,8 @@ def accuracy_section(result: dict[str, Any], rerun: str) -> list[str]:
         f"{result.get('train_to_target_s')} s to the target and "
         f"{result.get('train_first_epoch_s')} s to its first epoch's end (medians). On a "
         "machine that other people's work keeps busy, 3 processes get a larger share of "
-        "the cores than 1, which flatters the demo.",
+        "the cores than 1, which flatters the demo. Rows `baseline:MODE` are the demo of "
+        "an earlier checkout (`--baseline`), run in the same rotation.",
         "",
         "| mode | seconds to target | train / demo (speed) | first epoch demo / train | reached |",
         "|---|---|---|---|---|",

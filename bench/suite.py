@@ -102,7 +102,7 @@ def run_sections(
         from .time_to_accuracy import run_accuracy_bench
 
         print("time to accuracy ...", flush=True)
-        results["accuracy"] = run_accuracy_bench(1 if quick else 3)
+        results["accuracy"] = run_accuracy_bench(1 if quick else 3, baseline=baseline)
     return results
 
 
@@ -115,8 +115,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--baseline",
         type=Path,
-        help="a checkout of earlier code whose per-update cost is measured beside this "
-        "one's (update section; e.g. git archive main | tar -x -C DIR)",
+        help="a checkout of earlier code measured beside this one in the update and "
+        "accuracy sections (e.g. git archive main | tar -x -C DIR)",
     )
     parser.add_argument(
         "--json",

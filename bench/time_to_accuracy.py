@@ -13,13 +13,18 @@ included). Figures are ratios to ``snet train`` of the same repeat: ``speed`` =
 train's seconds to the target / the demo's (above 1: the demo is faster), ``first epoch``
 = the demo's first epoch / train's. Medians over the repeats are reported.
 
-    .venv/bin/python -m bench.time_to_accuracy --repeats 3
+``--baseline DIR`` adds the demo modes of a checkout of earlier code (its processes import
+``snet`` from ``DIR/src``) to each repeat's rotation, as ``baseline:MODE``, against the same
+``snet train`` runs::
+
+    .venv/bin/python -m bench.time_to_accuracy --repeats 3 --baseline /tmp/before
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -32,13 +37,20 @@ TARGET_CV = 0.90  # every mode reaches it within the default job's 10 epochs
 MODES = ("sync", "async", "bmuf")
 
 
-def _run(which: str, workdir: Path) -> list[tuple[float, float]]:
-    out = tempfile.mkdtemp(prefix=f"{which}-", dir=workdir)
+def _run(which: str, workdir: Path, baseline: Path | None) -> list[tuple[float, float]]:
+    """``which``: train, a mode, or baseline:MODE (the demo of the ``baseline`` code)."""
+    out = tempfile.mkdtemp(prefix=f"{which.replace(':', '-')}-", dir=workdir)
+    env = None
+    if which.startswith("baseline:"):
+        assert baseline is not None
+        rest = os.environ.get("PYTHONPATH")
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, (str(baseline / "src"), rest)))}
     if which == "train":
         args = ["train", "--out-dir", out]
     else:
-        args = ["demo", "--workers", "2", "--mode", which, "--out-dir", out]
-    epochs, _ = timed_epochs(args)
+        mode = which.split(":")[-1]
+        args = ["demo", "--workers", "2", "--mode", mode, "--out-dir", out]
+    epochs, _ = timed_epochs(args, env)
     return epochs
 
 
@@ -47,9 +59,14 @@ def _median(values: list[float]) -> float | None:
 
 
 def run_accuracy_bench(
-    repeats: int = 3, target: float = TARGET_CV, modes: tuple[str, ...] = MODES
+    repeats: int = 3,
+    target: float = TARGET_CV,
+    modes: tuple[str, ...] = MODES,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
     """Per mode, the median ratios to ``snet train`` (see the module's notes)."""
+    if baseline is not None:
+        modes = (*modes, *(f"baseline:{mode}" for mode in modes))
     names = ("train", *modes)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="snet-accuracy-") as tmp:
@@ -57,7 +74,7 @@ def run_accuracy_bench(
             order = names[repeat % len(names) :] + names[: repeat % len(names)]
             run: dict[str, Any] = {}
             for which in order:
-                epochs = _run(which, Path(tmp))
+                epochs = _run(which, Path(tmp), baseline)
                 run[which] = {
                     "first_epoch_s": round(epochs[0][0], 3) if epochs else None,
                     "to_target_s": first_at(epochs, target),
@@ -96,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--target", type=float, default=TARGET_CV, help="CV accuracy, 0-1")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--baseline", type=Path, help="a checkout of earlier code to run too")
     parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args(argv)
-    result = run_accuracy_bench(args.repeats, args.target, tuple(args.modes.split(",")))
+    modes = tuple(args.modes.split(","))
+    result = run_accuracy_bench(args.repeats, args.target, modes, args.baseline)
     text = json.dumps(result, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")
