@@ -41,15 +41,17 @@ from .nsrun import train as train_in_namespaces
 EPOCH_LINE = re.compile(r"^epoch\s+(\d+)\b.*CV\s+([0-9.]+)%")
 
 
-def timed_epochs(args: list[str]) -> tuple[list[tuple[float, float]], str]:
-    """Run ``snet ARGS`` with one BLAS thread; (seconds from launch, CV) of each epoch
-    line as it is printed, and the whole output."""
+def timed_epochs(
+    args: list[str], env: dict[str, str] | None = None
+) -> tuple[list[tuple[float, float]], str]:
+    """Run ``snet ARGS`` with one BLAS thread (and ``env`` on top); (seconds from launch,
+    CV) of each epoch line as it is printed, and the whole output."""
     launched = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "snet.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=blas_thread_env(1),
+        env={**blas_thread_env(1), **(env or {})},
         text=True,
     )
     assert process.stdout is not None

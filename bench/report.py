@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .report_update import accuracy_section, accuracy_targets, update_section
+
 
 def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -165,6 +167,7 @@ def _targets(results: dict[str, Any]) -> list[str]:
         checks.append(_target(label, round(1 - worst, 3), 0.85))
     if results.get("round", {}).get("ratio") is not None:
         checks.append(_target("sync round vs gloo all-reduce", results["round"]["ratio"], 1.0))
+    checks += accuracy_targets(results)
     lines = ["## Targets", "", *_table(["target", "measured", "goal", "met"], checks), ""]
     lines += _small_bunch_limit(results.get("worker", []))
     return lines + _server_cpu_limit(results.get("server", []))
@@ -319,4 +322,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         ]
         lines += _table(headers, [[row.get(h) for h in headers] for row in rows])
         lines.append("")
+    if results.get("update"):
+        lines += update_section(results["update"], _rerun(results, "update"))
+    if results.get("accuracy"):
+        lines += accuracy_section(results["accuracy"], _rerun(results, "accuracy"))
     return "\n".join(lines)

@@ -5,7 +5,9 @@ Every figure is a ratio measured in the same run (ours beside a peer, ours besid
 physical limit), because the machines are shared and noisy. Sections: ``worker`` (the
 arithmetic beside PyTorch and the GEMM ceiling), ``server`` (elements through the server
 beside plain ``recv_into``), ``round`` (a synchronous round beside a gloo all-reduce) and
-``scaling`` (emulated workers P = 1..8 against the performance model).
+``scaling`` (emulated workers P = 1..8 against the performance model), ``update`` (what an
+update costs the server and a worker beside its bunch's compute: bench/update_cost.py) and
+``accuracy`` (time to a CV accuracy against ``snet train``: bench/time_to_accuracy.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .report import render_markdown
 WORKER_NETWORKS = ("39:500:42", "351:1262:45")
 WORKER_BUNCHES = (12, 96, 1000)
 WORKER_THREADS = (1, 2)
-SECTIONS = ("worker", "server", "round", "scaling")
+SECTIONS = ("worker", "server", "round", "scaling", "update", "accuracy")
 
 
 def _worker_rows(quick: bool) -> list[dict[str, Any]]:
@@ -62,7 +64,9 @@ def _worker_rows(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def run_sections(sections: list[str], quick: bool, seconds: float) -> dict[str, Any]:
+def run_sections(
+    sections: list[str], quick: bool, seconds: float, baseline: Path | None = None
+) -> dict[str, Any]:
     results: dict[str, Any] = {
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {
@@ -89,15 +93,31 @@ def run_sections(sections: list[str], quick: bool, seconds: float) -> dict[str, 
 
         print("scaling ...", flush=True)
         results["scaling"] = run_scaling()
+    if "update" in sections:
+        from .update_cost import run_update_bench
+
+        print("per-update cost ...", flush=True)
+        results["update"] = run_update_bench(max(seconds, 3.0), baseline=baseline)
+    if "accuracy" in sections:
+        from .time_to_accuracy import run_accuracy_bench
+
+        print("time to accuracy ...", flush=True)
+        results["accuracy"] = run_accuracy_bench(1 if quick else 3, baseline=baseline)
     return results
 
 
 def parser() -> argparse.ArgumentParser:
     """The suite's flags (``snet bench`` passes its arguments through unchanged)."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--only", help="comma-separated sections: worker,server,round,scaling")
+    parser.add_argument("--only", help="comma-separated sections: " + ",".join(SECTIONS))
     parser.add_argument("--quick", action="store_true", help="fewer configurations")
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of earlier code measured beside this one in the update and "
+        "accuracy sections (e.g. git archive main | tar -x -C DIR)",
+    )
     parser.add_argument(
         "--json",
         default=str(CHECKOUT / "docs" / "benchmarks.json"),
@@ -119,7 +139,7 @@ def run_bench(args: argparse.Namespace) -> int:
             f"snet: unknown bench section(s) {sorted(unknown)}; known: {SECTIONS}", file=sys.stderr
         )
         return 2
-    results = run_sections(sections, args.quick, args.seconds)
+    results = run_sections(sections, args.quick, args.seconds, getattr(args, "baseline", None))
     path = Path(args.json)
     if args.only and path.exists():
         # A partial rerun refreshes its own sections of the file and keeps the others.

@@ -1,20 +1,26 @@
-"""``snet server`` and ``snet worker``: build the configuration, run the process."""
+"""``snet server`` and ``snet worker``: build the configuration, run the process.
+
+Each command imports only its own side when it runs: a worker never loads the server's
+HTTP stack (aiohttp) and the server never loads the worker's arithmetic, so neither pays
+the other's start-up (``python -X importtime -m snet.cli worker ...``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+from typing import TYPE_CHECKING
 
-from snet.client.backend import ComputeBackend
 from snet.client.config import WorkerConfig
-from snet.client.worker import Worker
-from snet.server.app import SnetServer
 from snet.server.config import ServerConfig
 
 from .flags import given, given_job
 from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import ConfigFile, build_job, merge, read_toml
+
+if TYPE_CHECKING:
+    from snet.client.backend import ComputeBackend
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -29,6 +35,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 def run_server(args: argparse.Namespace) -> int:
     """Exit status: 0 trained or stopped by a signal, 1 an error (e.g. a port in use), 2 a
     bad configuration or data set (raised as ``ConfigError``/``DataError`` to ``main``)."""
+    from snet.server.app import SnetServer  # here: the worker command never loads it
+
     config = server_config(args)
     setup_logging(config.log_level, config.log_format)
     log = logging.getLogger("snet.server")
@@ -66,6 +74,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 def run_worker_process(config: WorkerConfig, backend: ComputeBackend | None = None) -> int:
     """Run one worker until done; the first SIGTERM/SIGINT makes it leave politely."""
+    from snet.client.worker import Worker  # here: the server command never loads it
 
     async def work() -> int:
         worker = Worker(config, backend)

@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from snet.protocol.numbering import shown_epoch
-from snet.server.app import SnetServer
 from snet.server.config import ServerConfig
 
 from .flags import given_job
@@ -25,13 +26,18 @@ from .progress_bar import ProgressBar, bar_text
 from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import build_job, read_toml
 
+if TYPE_CHECKING:
+    from snet.server.app import SnetServer
+
 WORKER_EXIT_SECONDS = 30.0
+BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
 
 async def _progress(server: SnetServer, started: float, bar: ProgressBar) -> None:
     """Print each epoch once its cross-validation result is in; on a terminal, a bar."""
     printed: set[int] = set()
     epochs = server.coordinator.job.epochs
+    drawn = 0.0
     while True:
         for record in server.coordinator.stats.epochs:
             row = record.as_dict()
@@ -43,12 +49,14 @@ async def _progress(server: SnetServer, started: float, bar: ProgressBar) -> Non
                 f"lr {row['learning_rate']:<7g} train {100 * (row['train_accuracy'] or 0):6.2f}%  "
                 f"CV {100 * row['cv_accuracy']:6.2f}%  ({time.monotonic() - started:5.1f} s)"
             )
-        if bar.enabled:
-            figures = server.meter.figures(server.coordinator, time.monotonic())
+        now = time.monotonic()
+        if bar.enabled and now - drawn >= BAR_SECONDS:
+            drawn = now
+            figures = server.meter.figures(server.coordinator, now)
             epoch = shown_epoch(server.coordinator.epoch)
             rate, eta = figures["frames_per_second"], figures["eta_seconds"]
             bar.draw(bar_text(figures["fraction"], epoch, epochs, rate, eta), force=True)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.05)  # an epoch line late by at most this: bench times them
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -69,9 +77,22 @@ async def _demo(args: argparse.Namespace) -> int:
         log_level="warning",
         min_workers=args.workers + args.spert,  # all start together: repeatable runs
     )
-    server = SnetServer(config)
+    # Start-up overlaps: the workers start (import, connect) while this process imports
+    # the server and loads the data. They connect to a socket that already listens and
+    # wait in its backlog until the server takes it over (no refused first attempts).
+    listening = socket.create_server(("127.0.0.1", 0))
+    started = time.monotonic()
+    workers = await _start_workers(args, f"127.0.0.1:{listening.getsockname()[1]}")
+    from snet.server.app import SnetServer  # here: imported while the workers start
+
+    server = SnetServer(config, listening)
     install_stop_signals(server.request_stop, logging.getLogger("snet.demo"))
-    await server.startup()
+    try:
+        await server.startup()
+    except BaseException:
+        listening.close()
+        await _stop_workers(workers)
+        raise
     url = f"http://127.0.0.1:{server.http_port}"
     boards = (
         f" and {args.spert} emulated Spert-II boards (x{args.spert_time_scale:g})"
@@ -86,27 +107,6 @@ async def _demo(args: argparse.Namespace) -> int:
         f"dashboard: {url}/  status: {url}/status  (or: snet status --url {url})",
         flush=True,
     )
-    started = time.monotonic()
-    address = f"127.0.0.1:{server.port}"
-    commands = [["worker", "--name", f"demo-worker-{i + 1}"] for i in range(args.workers)]
-    commands += [
-        ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
-        for i in range(args.spert)
-    ]
-    workers = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "snet.cli",
-            *command,
-            "--server",
-            address,
-            "--log-level",
-            "warning",
-            *(["--weights-codec", args.weights_codec] if args.weights_codec else []),
-        )
-        for command in commands
-    ]
     bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
     progress = asyncio.get_running_loop().create_task(_progress(server, started, bar))
     try:
@@ -117,17 +117,8 @@ async def _demo(args: argparse.Namespace) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await progress
         bar.clear()
-        if not server.coordinator.finished.is_set():
-            # Stopped early: the workers would wait for the server to come back.
-            for process in workers:
-                with contextlib.suppress(ProcessLookupError):
-                    process.terminate()
-        for process in workers:
-            try:
-                await asyncio.wait_for(process.wait(), WORKER_EXIT_SECONDS)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        # Stopped early, the workers would wait for the server to come back.
+        await _stop_workers(workers, terminate=not server.coordinator.finished.is_set())
     final = server.coordinator.stats.latest("cv_accuracy")
     codes = [p.returncode for p in workers]
     print(
@@ -137,6 +128,39 @@ async def _demo(args: argparse.Namespace) -> int:
         flush=True,
     )
     return 0 if reason == "trained" and all(code == 0 for code in codes) else 1
+
+
+async def _start_workers(
+    args: argparse.Namespace, address: str
+) -> list[asyncio.subprocess.Process]:
+    """The demo's worker processes (numpy workers, then emulated boards) for ``address``."""
+    commands = [["worker", "--name", f"demo-worker-{i + 1}"] for i in range(args.workers)]
+    commands += [
+        ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
+        for i in range(args.spert)
+    ]
+    codec = ["--weights-codec", args.weights_codec] if args.weights_codec else []
+    return [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "snet.cli", *command, "--server", address,
+            "--log-level", "warning", *codec,
+        )
+        for command in commands
+    ]  # fmt: skip
+
+
+async def _stop_workers(workers: list[asyncio.subprocess.Process], terminate: bool = True) -> None:
+    """Wait for the workers to exit (``terminate``: ask them to first); kill the slow."""
+    for process in workers:
+        if terminate:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+    for process in workers:
+        try:
+            await asyncio.wait_for(process.wait(), WORKER_EXIT_SECONDS)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
 
 
 def run_demo(args: argparse.Namespace) -> int:

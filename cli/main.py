@@ -10,7 +10,7 @@ import sys
 # Nothing imported here may import numpy: a worker's BLAS thread count is fixed by
 # limit_blas_threads() in main(), and BLAS reads it once, when numpy is first imported
 # (with two BLAS threads per worker on two cores, the demo ran ten times slower).
-from .runtime import limit_blas_threads
+from .blas import limit_blas_threads
 
 OUT_DIR_HELP = "directory for the weights (default snet-out)"
 

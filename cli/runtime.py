@@ -1,4 +1,5 @@
-"""Process-wide choices made in one small place: the event loop, logging, BLAS threads."""
+"""Process-wide choices made in one small place: the event loop, logging, BLAS threads
+(cli/blas.py, kept apart so that commands without an event loop never import asyncio)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,12 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+# re-exported: the benchmarks and tests import them from here
+from .blas import BLAS_VARIABLES as BLAS_VARIABLES
+from .blas import blas_thread_env as blas_thread_env
+from .blas import limit_blas_threads as limit_blas_threads
+
 T = TypeVar("T")
-
-BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def blas_thread_env(threads: int) -> dict[str, str]:
-    """This process's environment with every BLAS thread count set to ``threads``: for a
-    child process, whose BLAS reads it when numpy (or torch) is first imported."""
-    return {**os.environ, **dict.fromkeys(BLAS_VARIABLES, str(threads))}
-
-
-def limit_blas_threads(threads: int) -> None:
-    """Pin the BLAS thread count; effective only before numpy is first imported."""
-    for name in BLAS_VARIABLES:
-        os.environ.setdefault(name, str(threads))
 
 
 def loop_name() -> str:

@@ -90,6 +90,13 @@ class WorkerConfig:
         default="", metadata={"help": "this worker's TLS certificate, for mutual TLS"}
     )
     tls_key: str = field(default="", metadata={"help": "the key of tls_cert"})
+    report_timing: bool = field(
+        default=False,
+        metadata={
+            "help": "report each update's costs to /status (per_update: compute and event "
+            "loop CPU, latency to new weights; snet bench reads them)"
+        },
+    )
     faults: str = field(
         default="",
         metadata={

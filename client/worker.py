@@ -18,7 +18,9 @@ import logging
 import ssl
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -63,6 +65,7 @@ from .data import Corpus
 from .joining import Handshake, NotJoined
 from .policies import Compute, ComputeState, make_compute_policy
 from .progress_log import ProgressLog
+from .update_timing import UpdateTiming
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
@@ -70,6 +73,7 @@ EXIT_REFUSED = 4  # refused by the server: a restart would be refused again
 
 REPORT_SECONDS = 1.0
 REPORT_UPDATES = 32  # a compressing worker also reports after every this many updates
+T = TypeVar("T")
 
 
 class Worker:
@@ -107,6 +111,7 @@ class Worker:
         self.codecs: dict[str, str] = {"update": "none", "weights": "none"}
         # Kept across reconnections: the residual is owed to the weights whoever holds them.
         self.compressor: UpdateCompressor | None = None
+        self.timing = UpdateTiming() if config.report_timing else None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -207,6 +212,8 @@ class Worker:
         self._goodbye = None
         self._joined = False
         self._sent_this_session = 0
+        if self.timing is not None:
+            self.timing.new_connection()
 
     async def _session(self) -> None:
         host, port = self.config.address()
@@ -327,22 +334,26 @@ class Worker:
                 await self._wake.wait()
                 continue
             assert weights is not None
+            if self.timing is not None:
+                self.timing.bunch_started(weights.settled)
             lease, offset, frames = self._work.next_bunch(per_update)
             rate = lease.learning_rate or weights.learning_rate  # bmuf: the lease's epoch
             started = time.perf_counter()
             if self.compressor is None:
                 gradient = await connection.send_buffers.acquire()
-                loss, correct, count = await loop.run_in_executor(
-                    self.executor, compute, weights.flat, frames, gradient, rate
+                computed, cpu = await loop.run_in_executor(
+                    self.executor, _timed, compute, weights.flat, frames, gradient, rate
                 )
+                loss, correct, count = computed
                 connection.send_buffers.mark_in_flight(gradient)
                 encoded = None
             else:  # the encoded parts are new arrays: one scratch gradient buffer will do
                 key = (lease.lease_id, offset)
-                loss, correct, count, encoded = await loop.run_in_executor(
-                    self.executor, self._compressed, compute, weights.flat, frames, scratch,
-                    rate, key,
+                encoded_update, cpu = await loop.run_in_executor(
+                    self.executor, _timed, self._compressed, compute, weights.flat, frames,
+                    scratch, rate, key,
                 )  # fmt: skip
+                loss, correct, count, encoded = encoded_update
                 gradient = np.zeros(0, dtype=np.float32)
             seconds = time.perf_counter() - started
             connection.send(
@@ -362,10 +373,16 @@ class Worker:
             self._sent_this_session += 1
             self.progress.update_sent(lease.lease_id, offset, count, weights.version,
                                       box.newest_version, seconds)  # fmt: skip
+            if self.timing is not None:
+                self.timing.computed(cpu)
+                self.timing.sent(self._sent_this_session)
             # The backend's figures go with the first update of a session (a job can end
-            # before the first periodic report) and, when compressing, every so many.
-            compressed = self.compressor is not None and self.updates_sent % REPORT_UPDATES == 0
-            if self._sent_this_session == 1 or compressed:
+            # before the first periodic report) and, when compressing or timing, every so
+            # many.
+            counting = self.compressor is not None or self.timing is not None
+            if self._sent_this_session == 1 or (
+                counting and self.updates_sent % REPORT_UPDATES == 0
+            ):
                 self._send_report(connection)
             last_base = weights.version
             self._work.advance(count)
@@ -413,6 +430,8 @@ class Worker:
         report = dict(self.backend.report() or {})
         if self.compressor is not None:
             report["compression"] = self.compressor.figures()
+        if self.timing is not None and (figures := self.timing.figures()) is not None:
+            report["per_update"] = figures
         return WorkerReport(time.time(), report) if report else None
 
     async def _heartbeat(self, connection: ServerConnection) -> None:
@@ -434,3 +453,10 @@ class Worker:
             ):
                 connection.send(Heartbeat(time.time()))
                 last_beat = time.monotonic()
+
+
+def _timed(function: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """Compute thread: ``function(*args)`` and the CPU time this thread spent on it."""
+    started = time.thread_time()
+    result = function(*args)
+    return result, time.thread_time() - started

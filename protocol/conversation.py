@@ -40,6 +40,10 @@ class Role(Enum):
     SERVER = "server"
     WORKER = "worker"
 
+    # Enum's own __hash__ is Python code (a call per dict lookup: several per frame on
+    # both sides); members are singletons compared by identity, so identity hashes agree.
+    __hash__ = object.__hash__
+
     @property
     def peer(self) -> Role:
         return Role.WORKER if self is Role.SERVER else Role.SERVER
@@ -53,6 +57,8 @@ class State(Enum):
     TRAINING = "training"
     EVALUATING = "evaluating"  # (worker) training, and owes one or more eval_results
     CLOSED = "closed"  # said goodbye or a fatal error: sends nothing more
+
+    __hash__ = object.__hash__  # as Role's: identity, in C
 
 
 FATAL_ERROR = "error:fatal"  # a fatal ``error`` frame, told apart from a non-fatal one

@@ -101,11 +101,9 @@ def encode(message: Message) -> list[bytes | memoryview]:
     must not change those arrays until the transport has sent them.
     """
     header: dict[str, Any] = {"type": message.TYPE}
-    for f in fields(message):
-        if f.name in message.ARRAYS or f.name in NOT_IN_HEADER:
-            continue
-        value = getattr(message, f.name)
-        header[f.name] = list(value) if isinstance(value, tuple) else value
+    for name in _HEADER_NAMES[message.TYPE]:
+        value = getattr(message, name)
+        header[name] = list(value) if isinstance(value, tuple) else value
     encoded: Encoded | None = getattr(message, "encoded", None)
     codec = encoded.codec if encoded is not None else CODEC_NONE
     sources: list[Any] = (
@@ -141,6 +139,7 @@ def _checker(annotation: Any) -> tuple[str, Any]:
 
 
 _SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {}
+_HEADER_NAMES: dict[str, tuple[str, ...]] = {}  # for encode(): fields() is slow per frame
 _OPTIONAL: dict[str, set[str]] = {}  # fields added later, with defaults: may be left out
 for _name, _cls in MESSAGE_TYPES.items():
     _hints = typing.get_type_hints(_cls)
@@ -148,6 +147,7 @@ for _name, _cls in MESSAGE_TYPES.items():
         f for f in fields(_cls) if f.name not in _cls.ARRAYS and f.name not in NOT_IN_HEADER
     ]
     _SCHEMAS[_name] = {f.name: _checker(_hints[f.name]) for f in _header_fields}
+    _HEADER_NAMES[_name] = tuple(f.name for f in _header_fields)
     _OPTIONAL[_name] = {
         f.name
         for f in _header_fields

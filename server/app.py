@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,8 +58,12 @@ PROGRESS_CHECK_SECONDS = 0.2  # how often late workers are looked for
 class SnetServer:
     """One server daemon: a ``Coordinator`` behind a TCP port and an HTTP port."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, listen_socket: socket.socket | None = None) -> None:
+        """``listen_socket``: a TCP socket already listening, to serve workers on instead
+        of binding ``config.host:port`` (``snet demo`` starts its workers before the
+        server has loaded anything: they connect to it and wait in its backlog)."""
         self.config = config
+        self.listen_socket = listen_socket
         self.state = "starting"
         self.test_result: dict[str, Any] | None = None  # the test file's score, at the end
         self._test_task: asyncio.Task[None] | None = None
@@ -156,26 +161,33 @@ class SnetServer:
         limits = worker_frame_limits(self.config.max_frame_mb, self.coordinator.layout.nbytes)
         faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)
         where = f"{self.config.host}:{self.config.port}"
-        try:
-            self._tcp = await loop.create_server(
-                lambda: over_tls(
-                    WorkerConnection(
-                        self.coordinator,
-                        limits,
-                        token,
-                        self.config.name,
-                        self._new_worker_id,
-                        self.counters,
-                        self.connections,
-                        faults,
-                    ).stream,
-                    tls,
-                ),
-                self.config.host,
-                self.config.port,
-                ssl=tls,
-                ssl_handshake_timeout=self.config.handshake_seconds if tls else None,
+
+        def connection() -> asyncio.BaseProtocol:
+            return over_tls(
+                WorkerConnection(
+                    self.coordinator,
+                    limits,
+                    token,
+                    self.config.name,
+                    self._new_worker_id,
+                    self.counters,
+                    self.connections,
+                    faults,
+                ).stream,
+                tls,
             )
+
+        handshake = self.config.handshake_seconds if tls else None
+        try:
+            if self.listen_socket is not None:
+                self._tcp = await loop.create_server(
+                    connection, sock=self.listen_socket, ssl=tls, ssl_handshake_timeout=handshake
+                )
+            else:
+                self._tcp = await loop.create_server(
+                    connection, self.config.host, self.config.port, ssl=tls,
+                    ssl_handshake_timeout=handshake,
+                )  # fmt: skip
             self.port = self._tcp.sockets[0].getsockname()[1]
             where = f"{self.config.http_bind_host}:{self.config.http_port} (HTTP)"
             self._http = web.AppRunner(

@@ -122,21 +122,22 @@ class StepRunner:
             self.history.add(version, self.rule.weights)
         outcome = StepOutcome()
         loop = asyncio.get_running_loop()
-        snapshot, groups, outcome.refused = await loop.run_in_executor(
+        # One trip to the step thread per pass (the digest comes with the step): each
+        # trip costs the event loop a thread hand-off, more than a small step itself.
+        snapshot, digest, groups, outcome.refused = await loop.run_in_executor(
             self.executor, self._screened_steps, groups, rate
         )
         if snapshot is not None or not groups:
-            outcome.snapshot, outcome.applied = snapshot, list(groups)
+            outcome.snapshot, outcome.applied, outcome.digest = snapshot, list(groups), digest
         else:
             # A NaN or Inf somewhere (nothing was changed): group by group, refusing the
             # updates that carry one.
             for group in groups:
                 await self._run_checked(group, rate, outcome)
-        if outcome.snapshot is not None:
-            loop = asyncio.get_running_loop()
-            outcome.digest = await loop.run_in_executor(
-                self.executor, weights_digest, outcome.snapshot
-            )
+            if outcome.snapshot is not None:
+                outcome.digest = await loop.run_in_executor(
+                    self.executor, weights_digest, outcome.snapshot
+                )
         outcome.seconds = time.perf_counter() - started
         return outcome
 
@@ -169,9 +170,10 @@ class StepRunner:
 
     def _screened_steps(
         self, groups: list[list[PendingUpdate]], rate: float
-    ) -> tuple[np.ndarray | None, list[list[PendingUpdate]], list[tuple[PendingUpdate, str]]]:
+    ) -> tuple[np.ndarray | None, str, list[list[PendingUpdate]], list[tuple[PendingUpdate, str]]]:
         """Step thread: refuse the updates whose norm is implausible (NaN and Inf among
-        them), then one fused pass of the update rule over the rest."""
+        them), then one fused pass of the update rule over the rest; the new weights
+        with their digest."""
         refused: list[tuple[PendingUpdate, str]] = []
         kept_groups: list[list[PendingUpdate]] = []
         for group in groups:
@@ -185,8 +187,10 @@ class StepRunner:
             if kept:
                 kept_groups.append(kept)
         if not kept_groups:
-            return None, [], refused
-        return self._steps(kept_groups, rate), kept_groups, refused
+            return None, "", [], refused
+        snapshot = self._steps(kept_groups, rate)
+        digest = weights_digest(snapshot) if snapshot is not None else ""
+        return snapshot, digest, kept_groups, refused
 
     def _steps(self, groups: list[list[PendingUpdate]], rate: float) -> np.ndarray | None:
         """Step thread: the update rule over consecutive ``groups`` (with the staleness

@@ -129,3 +129,33 @@ def test_a_section_rerun_on_its_own_says_when() -> None:
     markdown = render_markdown({"when": "T0", "server": [row], "server_when": "T1"})
     assert "Rerun on its own (`snet bench --only server`) at T1. Clients push" in markdown
     assert "Rerun on its own" not in render_markdown({"when": "T0", "server": [row]})
+
+
+def test_update_and_accuracy_sections_render_with_their_targets() -> None:
+    update = {"element": "262kB", "code": "this", "network": "117:512:10", "updates_per_s": 900.0,
+              "worker_compute_ms": 0.4, "worker_loop_ms": 0.3, "server_loop_ms": 0.25,
+              "server_step_ms": 0.1, "overhead_over_compute": 1.62, "latency_ms": None}  # fmt: skip
+    accuracy = {
+        "target_cv": 0.9, "repeats": 1, "train_to_target_s": 3.0, "train_first_epoch_s": 1.0,
+        "modes": {
+            "async": {"to_target_s": 4.0, "speed_ratio": 0.75, "first_epoch_ratio": 1.4,
+                      "reached": "1/1"},
+            "bmuf": {"to_target_s": 2.0, "speed_ratio": 1.5, "first_epoch_ratio": 1.6,
+                     "reached": "1/1"},
+        },
+    }  # fmt: skip
+    markdown = render_markdown({"update": [update], "accuracy": accuracy})
+    assert "| 262kB | this | 117:512:10 | 900.0 | 0.4 | 0.3 | 0.25 | 0.1 | 1.62 | - |" in markdown
+    rows = {}
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and "2 workers" in cells[0]:
+            rows[cells[0]] = cells[1:]
+    assert rows["async, 2 workers: time to CV target, snet train / demo"] == [
+        "0.75", ">= 1.0", "False"]  # fmt: skip
+    assert rows["async, 2 workers: first epoch's end, demo / snet train"] == [
+        "1.4", "<= 1.5", "True"]  # fmt: skip
+    assert rows["bmuf, 2 workers: first epoch's end, demo / snet train"][2] == "False"
+    assert rows["bmuf, 2 workers: time to CV target, snet train / demo"] == [
+        "1.5", ">= 1.5", "True"]  # fmt: skip
+    assert "| bmuf | 2.0 | 1.5 | 1.6 | 1/1 |" in markdown

@@ -1,0 +1,96 @@
+"""``snet bench``'s ``update`` and ``accuracy`` sections as Markdown (bench/report.py calls
+these): what an update costs on each side beside its bunch's compute, and time to
+accuracy against ``snet train``, with issue 19's and issue 15's targets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+UPDATE_COLUMNS = [
+    ("element", "element"),
+    ("code", "code"),
+    ("network", "network"),
+    ("updates_per_s", "updates/s"),
+    ("worker_compute_ms", "worker compute CPU ms"),
+    ("worker_loop_ms", "worker event loop CPU ms"),
+    ("server_loop_ms", "server event loop CPU ms"),
+    ("server_step_ms", "server step thread CPU ms"),
+    ("overhead_over_compute", "overhead/compute"),
+    ("latency_ms", "send to new weights ms"),
+]
+
+
+def accuracy_targets(results: dict[str, Any]) -> list[list[Any]]:
+    """Rows for the targets table: (label, measured, goal, met)."""
+    modes = (results.get("accuracy") or {}).get("modes") or {}
+    rows: list[list[Any]] = []
+    if "async" in modes:
+        speed = modes["async"]["speed_ratio"]
+        label = "async, 2 workers: time to CV target, snet train / demo"
+        rows.append([label, speed, ">= 1.0", speed is not None and speed >= 1.0])
+    for mode in ("async", "sync", "bmuf"):  # this code's: baseline:MODE rows are not targets
+        if mode in modes:
+            first = modes[mode]["first_epoch_ratio"]
+            label = f"{mode}, 2 workers: first epoch's end, demo / snet train"
+            rows.append([label, first, "<= 1.5", first is not None and first <= 1.5])
+    if "bmuf" in modes:  # issue 15
+        speed = modes["bmuf"]["speed_ratio"]
+        label = "bmuf, 2 workers: time to CV target, snet train / demo"
+        rows.append([label, speed, ">= 1.5", speed is not None and speed >= 1.5])
+    return rows
+
+
+def update_section(rows: list[dict[str, Any]], rerun: str) -> list[str]:
+    """The per-update cost table (bench/update_cost.py)."""
+    lines = [
+        "## Per-update cost",
+        "",
+        f"{rerun}"
+        "A real server and 2 async workers (bunch 64 each, one BLAS thread) train for a few "
+        "seconds after a warm-up; each process's CPU time is read per thread from /proc and "
+        "divided by the updates of that window (bench/update_cost.py). The worker's compute "
+        "thread is the bunch's arithmetic; its event loop encodes and sends the update and "
+        "receives and takes over the new weights; the server's event loop receives, checks "
+        "and queues each update and sends every worker the new weights after each step; "
+        "its step thread checks each update's norm, steps and digests the weights. "
+        "`overhead/compute` is the three CPU costs of moving an update over the compute's; "
+        "`send to new weights` the median time from a worker's send of an update to the "
+        "first bunch it starts on weights that include it (the worker's own clock). Rows "
+        "of code `baseline` were measured on an earlier checkout (`--baseline`) just "
+        "before the row of `this` code below them.",
+        "",
+        "| " + " | ".join(title for _, title in UPDATE_COLUMNS) + " |",
+        "|" + "---|" * len(UPDATE_COLUMNS),
+    ]
+    for row in rows:
+        cells = ["-" if row.get(key) is None else str(row[key]) for key, _ in UPDATE_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def accuracy_section(result: dict[str, Any], rerun: str) -> list[str]:
+    """The time-to-accuracy table (bench/time_to_accuracy.py)."""
+    target = result.get("target_cv")
+    lines = [
+        "## Time to accuracy",
+        "",
+        f"{rerun}"
+        f"Seconds from launching the command to the first epoch whose CV frame accuracy is "
+        f"at least {100 * (target or 0):.0f}% (start-up included), and to the first epoch's "
+        f"end, for `snet train` (one BLAS thread) and `snet demo --workers 2` in each mode, "
+        f"in rotated order, {result.get('repeats')} repeat(s); ratios are to `snet train` "
+        f"of the same repeat, medians. `snet train` took "
+        f"{result.get('train_to_target_s')} s to the target and "
+        f"{result.get('train_first_epoch_s')} s to its first epoch's end (medians). On a "
+        "machine that other people's work keeps busy, 3 processes get a larger share of "
+        "the cores than 1, which flatters the demo. Rows `baseline:MODE` are the demo of "
+        "an earlier checkout (`--baseline`), run in the same rotation.",
+        "",
+        "| mode | seconds to target | train / demo (speed) | first epoch demo / train | reached |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, row in (result.get("modes") or {}).items():
+        cells = [mode, row.get("to_target_s"), row.get("speed_ratio"),
+                 row.get("first_epoch_ratio"), row.get("reached")]  # fmt: skip
+        lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+    return [*lines, ""]

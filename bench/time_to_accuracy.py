@@ -1,0 +1,129 @@
+"""Time to accuracy: ``snet train`` against the 2-worker demo in sync, async and bmuf.
+
+Each repeat runs, in an order rotated from one repeat to the next (so that a busy spell of
+the machine's other users falls on each alike), with one BLAS thread per process:
+
+- ``snet train`` (the default job, sequential, in one process);
+- ``snet demo --workers 2 --mode M`` for M in sync, async and bmuf (the default job, its
+  global bunch of 128 divided among the workers; bmuf with its defaults),
+
+and times, from launching the command, the first epoch line (the first epoch's end, CV
+included) and the first line whose CV accuracy is at least ``--target`` (start-up
+included). Figures are ratios to ``snet train`` of the same repeat: ``speed`` =
+train's seconds to the target / the demo's (above 1: the demo is faster), ``first epoch``
+= the demo's first epoch / train's. Medians over the repeats are reported.
+
+``--baseline DIR`` adds the demo modes of a checkout of earlier code (its processes import
+``snet`` from ``DIR/src``) to each repeat's rotation, as ``baseline:MODE``, against the same
+``snet train`` runs::
+
+    .venv/bin/python -m bench.time_to_accuracy --repeats 3 --baseline /tmp/before
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .bmuf_speed import first_at, timed_epochs
+
+TARGET_CV = 0.90  # every mode reaches it within the default job's 10 epochs
+MODES = ("sync", "async", "bmuf")
+
+
+def _run(which: str, workdir: Path, baseline: Path | None) -> list[tuple[float, float]]:
+    """``which``: train, a mode, or baseline:MODE (the demo of the ``baseline`` code)."""
+    out = tempfile.mkdtemp(prefix=f"{which.replace(':', '-')}-", dir=workdir)
+    env = None
+    if which.startswith("baseline:"):
+        assert baseline is not None
+        rest = os.environ.get("PYTHONPATH")
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, (str(baseline / "src"), rest)))}
+    if which == "train":
+        args = ["train", "--out-dir", out]
+    else:
+        mode = which.split(":")[-1]
+        args = ["demo", "--workers", "2", "--mode", mode, "--out-dir", out]
+    epochs, _ = timed_epochs(args, env)
+    return epochs
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def run_accuracy_bench(
+    repeats: int = 3,
+    target: float = TARGET_CV,
+    modes: tuple[str, ...] = MODES,
+    baseline: Path | None = None,
+) -> dict[str, Any]:
+    """Per mode, the median ratios to ``snet train`` (see the module's notes)."""
+    if baseline is not None:
+        modes = (*modes, *(f"baseline:{mode}" for mode in modes))
+    names = ("train", *modes)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="snet-accuracy-") as tmp:
+        for repeat in range(repeats):
+            order = names[repeat % len(names) :] + names[: repeat % len(names)]
+            run: dict[str, Any] = {}
+            for which in order:
+                epochs = _run(which, Path(tmp), baseline)
+                run[which] = {
+                    "first_epoch_s": round(epochs[0][0], 3) if epochs else None,
+                    "to_target_s": first_at(epochs, target),
+                    "final_cv": epochs[-1][1] if epochs else None,
+                }
+            runs.append(run)
+            print(f"  time to accuracy, repeat {repeat + 1}/{repeats}: {run}", flush=True)
+    result: dict[str, Any] = {"target_cv": target, "repeats": repeats, "runs": runs}
+    train = [r["train"] for r in runs]
+    result["train_to_target_s"] = _median([t["to_target_s"] for t in train if t["to_target_s"]])
+    result["train_first_epoch_s"] = _median([t["first_epoch_s"] for t in train])
+    result["modes"] = {}
+    for mode in modes:
+        speed = [
+            r["train"]["to_target_s"] / r[mode]["to_target_s"]
+            for r in runs
+            if r["train"]["to_target_s"] and r[mode]["to_target_s"]
+        ]
+        first = [
+            r[mode]["first_epoch_s"] / r["train"]["first_epoch_s"]
+            for r in runs
+            if r[mode]["first_epoch_s"] and r["train"]["first_epoch_s"]
+        ]
+        reached = [r[mode]["to_target_s"] for r in runs if r[mode]["to_target_s"]]
+        result["modes"][mode] = {
+            "to_target_s": _median(reached),
+            "speed_ratio": _median(speed),
+            "first_epoch_ratio": _median(first),
+            "reached": f"{len(speed)}/{len(runs)}",
+        }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.time_to_accuracy", description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--target", type=float, default=TARGET_CV, help="CV accuracy, 0-1")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--baseline", type=Path, help="a checkout of earlier code to run too")
+    parser.add_argument("--json", help="write the result here too")
+    args = parser.parse_args(argv)
+    modes = tuple(args.modes.split(","))
+    result = run_accuracy_bench(args.repeats, args.target, modes, args.baseline)
+    text = json.dumps(result, indent=1)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text, file=sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""Each command imports only what it uses (issue 19, start-up): a worker never loads the
+server's HTTP stack, ``snet train`` no event loop. Checked in a fresh interpreter, since
+this test process has imported everything already."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from helpers import run_process
+
+# what each command's path imports (cli/main.py dispatches to these modules)
+COMMANDS = {
+    "worker": "import snet.cli.main, snet.cli.commands, snet.client.worker, snet.client.joining",
+    "train": "import snet.cli.main, snet.cli.offline",
+    "server": "import snet.cli.main, snet.cli.commands, snet.server.app",
+}
+# modules a command must not load: (command, module)
+NOT_LOADED = [
+    ("worker", "aiohttp"),
+    ("worker", "snet.server.app"),
+    ("train", "asyncio"),
+    ("train", "aiohttp"),
+    ("server", "snet.client.worker"),
+]
+
+
+@pytest.mark.system
+def test_commands_import_only_what_they_use() -> None:
+    loaded = {}
+    for command, imports in COMMANDS.items():
+        code = f"import sys, json; {imports}; print(json.dumps(sorted(sys.modules)))"
+        done = run_process([sys.executable, "-c", code])
+        assert done.returncode == 0, done.stderr
+        loaded[command] = set(json.loads(done.stdout))
+    assert "aiohttp" in loaded["server"]  # the check can see a module that is loaded
+    for command, module in NOT_LOADED:
+        assert module not in loaded[command], f"{command} imports {module}"

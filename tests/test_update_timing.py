@@ -1,0 +1,57 @@
+"""The worker's per-update figures (client/update_timing.py): which update a bunch's
+weights include, and what is reported."""
+
+from __future__ import annotations
+
+import time
+
+from snet.client.update_timing import UpdateTiming
+
+from helpers import SMALL_JOB
+from inprocess import Lab
+
+
+def test_latency_runs_from_the_send_to_the_first_bunch_on_weights_that_include_it() -> None:
+    timing = UpdateTiming()
+    assert timing.figures() is None  # nothing to say before the first update
+    timing.computed(0.002)
+    timing.sent(1)
+    timing.computed(0.004)
+    timing.sent(2)
+    timing.bunch_started(0)  # still the weights from before either update
+    assert timing.latency_count == 0
+    time.sleep(0.01)
+    timing.bunch_started(1)  # weights with the first update in: its latency, not the second's
+    assert timing.latency_count == 1 and timing.latency_sum >= 0.01
+    timing.bunch_started(1)  # the same weights again: counted once
+    assert timing.latency_count == 1
+    timing.bunch_started(2)
+    assert timing.latency_count == 2
+    figures = timing.figures()
+    assert figures is not None
+    assert figures["updates"] == 2 and figures["compute_cpu_ms"] == 3.0
+    assert figures["latency_ms"] >= 0 and figures["latency_mean_ms"] >= 5
+    assert figures["loop_cpu_ms"] >= 0  # the event loop's CPU after the first update
+
+
+def test_a_new_connection_forgets_the_updates_it_will_never_see_settled() -> None:
+    timing = UpdateTiming()
+    timing.sent(1)
+    timing.new_connection()
+    timing.sent(1)  # numbering starts again on the new connection
+    timing.bunch_started(1)
+    assert timing.latency_count == 1
+
+
+async def test_a_worker_asked_to_reports_its_per_update_figures_to_status(lab: Lab) -> None:
+    server = await lab.server("--mode", "sync", "--epochs", "1", *SMALL_JOB)
+    timed = lab.worker(server, "timed", "--report-timing")
+    plain = lab.worker(server, "plain")
+    assert await server.wait(60) == "trained"
+    assert [await timed.wait(30), await plain.wait(30)] == [0, 0]
+    rows = {row["name"]: row for row in server.final_status()["workers"]}
+    figures = rows["timed"]["report"]["per_update"]
+    # reported with every 32nd update (and each second): the last few may not be in
+    assert rows["timed"]["updates_sent"] - 32 < figures["updates"] <= rows["timed"]["updates_sent"]
+    assert figures["compute_cpu_ms"] > 0 and figures["latency_ms"] > 0
+    assert "per_update" not in rows["plain"]["report"]  # only when asked
