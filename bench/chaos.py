@@ -59,7 +59,7 @@ def precompile() -> None:
         compileall.compile_dir(part, quiet=1)
 
 
-def _log_times(log: Path) -> list[dict[str, list[float]]]:
+def server_log_times(log: Path) -> list[dict[str, list[float]]]:
     """Per server start (its ``event loop`` line), the wall times of its log lines of
     interest: imports done, serving, workers joined."""
     starts: list[dict[str, list[float]]] = []
@@ -75,7 +75,7 @@ def _log_times(log: Path) -> list[dict[str, list[float]]]:
     return starts
 
 
-def _phases(kill: dict[str, Any], start: dict[str, list[float]]) -> dict[str, float]:
+def kill_phases(kill: dict[str, Any], start: dict[str, list[float]]) -> dict[str, float]:
     """Where the seconds from a kill to the first step after it went."""
     killed, first_step = kill.pop("killed_at"), kill.pop("first_step_at")
     imported, serving = start["imported"][0], start["serving"][0]
@@ -276,9 +276,9 @@ def run_chaos(
         seconds = time.monotonic() - started
     finally:
         run.close()
-    starts = _log_times(directory / "server.log")
+    starts = server_log_times(directory / "server.log")
     for kill in kills:
-        kill["phases_seconds"] = _phases(kill, starts[kill.pop("start")])
+        kill["phases_seconds"] = kill_phases(kill, starts[kill.pop("start")])
     result = summarise(run, seconds, kills)
     result["worker_kills"] = worker_kill_count
     return result
