@@ -13,17 +13,23 @@ Reported, against the fault-free run of the same session:
   time from the first start to the end of training, and its ratio to the fault-free run;
 - per server kill: the versions (steps) and updates lost (published by the killed server
   after the checkpoint the next one resumed from, read from the trace), and the time from
-  the kill to the first step of the restarted server;
+  the kill to the first step of the restarted server, split (from the server's log) into
+  starting Python and importing, loading the state (data plan, checkpoint), the first
+  worker's rejoining, and the first step;
 - the final CV accuracy of both runs, and the ledger check: every epoch's ledger in
   ``status.json`` exact, and in the trace's surviving lineage (the steps the final weights
   descend from) every training frame exactly once per epoch.
 
-Prints a JSON document (and writes it with ``--json``).
+Prints a JSON document (and writes it with ``--json``). The package's sources are
+compiled to bytecode first, as an installed package's are: this machine's environment
+sets ``PYTHONDONTWRITEBYTECODE``, and every restarted process would otherwise compile them
+again (about a fifth of a server's start-up CPU time).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import random
@@ -35,12 +41,51 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import snet
 
 POLL_SECONDS = 0.02
 START_SECONDS = 60.0
 RUN_SECONDS = 900.0
+
+
+def precompile() -> None:
+    """Bytecode for the package's sources (its parts are symlinked directories, which
+    ``compileall`` does not follow, so each is compiled where it lies)."""
+    for part in sorted({p.resolve() for p in Path(snet.__file__).parent.iterdir() if p.is_dir()}):
+        compileall.compile_dir(part, quiet=1)
+
+
+def server_log_times(log: Path) -> list[dict[str, list[float]]]:
+    """Per server start (its ``event loop`` line), the wall times of its log lines of
+    interest: imports done, serving, workers joined."""
+    starts: list[dict[str, list[float]]] = []
+    marks = {"event loop:": "imported", "serving snet": "serving", ") joined": "joined"}
+    for line in log.read_text(errors="replace").splitlines():
+        for text, name in marks.items():
+            if text in line:
+                when = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                if name == "imported":
+                    starts.append({})
+                if starts:
+                    starts[-1].setdefault(name, []).append(when)
+    return starts
+
+
+def kill_phases(kill: dict[str, Any], start: dict[str, list[float]]) -> dict[str, float]:
+    """Where the seconds from a kill to the first step after it went."""
+    killed, first_step = kill.pop("killed_at"), kill.pop("first_step_at")
+    imported, serving = start["imported"][0], start["serving"][0]
+    joined = min(start.get("joined", [first_step]))
+    return {
+        "start_and_imports": round(imported - killed, 3),
+        "state_load": round(serving - imported, 3),
+        "first_worker_rejoins": round(max(joined - serving, 0.0), 3),
+        "first_step": round(max(first_step - max(joined, serving), 0.0), 3),
+    }
 
 
 def _free_port() -> int:
@@ -216,19 +261,24 @@ def run_chaos(
                 continue
             assert run.server is not None
             run.server.send_signal(signal.SIGKILL)
-            killed = time.monotonic()
+            killed, killed_at = time.monotonic(), time.time()
             run.server.wait(30)
             run.start_server()
             base = run.version() or 0  # the version it resumed from
             while not run.trained() and ((version := run.version()) is None or version <= base):
                 time.sleep(POLL_SECONDS)
             seconds = round(time.monotonic() - killed, 3)
-            kills.append({"at_version": mark, "kill_to_first_step_seconds": seconds})
+            kills.append({"at_version": mark, "kill_to_first_step_seconds": seconds,
+                          "start": run.starts - 1, "killed_at": killed_at,
+                          "first_step_at": killed_at + seconds})  # fmt: skip
         assert run.server is not None
         run.server.wait(RUN_SECONDS)
         seconds = time.monotonic() - started
     finally:
         run.close()
+    starts = server_log_times(directory / "server.log")
+    for kill in kills:
+        kill["phases_seconds"] = kill_phases(kill, starts[kill.pop("start")])
     result = summarise(run, seconds, kills)
     result["worker_kills"] = worker_kill_count
     return result
@@ -267,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     job = args.job.split()
+    precompile()
     with tempfile.TemporaryDirectory(prefix="snet-chaos-") as scratch:
         root = Path(args.keep or scratch)
         clean = run_job(root / "clean", job, args.workers)

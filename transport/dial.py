@@ -20,6 +20,11 @@ log = logging.getLogger("snet.worker")
 
 CONNECT_SECONDS = 10.0  # one attempt; a cut link drops SYNs silently, so never wait forever
 MAX_BACKOFF_SECONDS = 5.0
+# While an outage is young the retries stay frequent: a restarted server (a crash under
+# systemd, a kill) listens again within seconds, and a worker backing off to 5 s would
+# find it up to 5 s late. A refused connection costs the host next to nothing.
+QUICK_RETRY_SECONDS = 30.0
+QUICK_BACKOFF_SECONDS = 0.5
 
 P = TypeVar("P", bound=asyncio.BaseProtocol)
 
@@ -32,10 +37,11 @@ async def connect_with_backoff(
     ssl_context: ssl.SSLContext | None = None,
     deadline: float | None = None,
 ) -> P:
-    """Connect, retrying with exponential backoff (0.1 s doubling to 5 s, with jitter)
-    for up to ``retry_seconds``, or until ``deadline`` (``time.monotonic()``) when given:
-    the caller's one deadline across reconnects; raises ``ServerUnreachable`` after that,
-    and ``TlsRefused`` at once when the server's certificate is not trusted."""
+    """Connect, retrying with exponential backoff (0.1 s doubling, with jitter, to 0.5 s
+    for the first 30 s of attempts, then to 5 s) for up to ``retry_seconds``, or until
+    ``deadline`` (``time.monotonic()``) when given: the caller's one deadline across
+    reconnects; raises ``ServerUnreachable`` after that, and ``TlsRefused`` at once when
+    the server's certificate is not trusted."""
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + retry_seconds if deadline is None else deadline
     made: list[P] = []
@@ -47,7 +53,7 @@ async def connect_with_backoff(
             return CopyingProtocol(inner)
         return inner
 
-    delay, attempts = 0.1, 0
+    delay, attempts, began = 0.1, 0, time.monotonic()
     while True:
         attempts += 1
         timeout = max(min(CONNECT_SECONDS, deadline - time.monotonic()), 1.0)
@@ -83,7 +89,9 @@ async def connect_with_backoff(
             )
             await asyncio.sleep(delay)
             # Jitter, so that many workers reconnecting to a restarted server spread out.
-            delay = min(delay * 2, MAX_BACKOFF_SECONDS) * random.uniform(0.8, 1.0)
+            young = time.monotonic() - began < QUICK_RETRY_SECONDS
+            ceiling = QUICK_BACKOFF_SECONDS if young else MAX_BACKOFF_SECONDS
+            delay = min(delay * 2, ceiling) * random.uniform(0.8, 1.0)
             continue
         if attempts > 1:
             log.info("reached the server at %s:%d after %d attempts", host, port, attempts)
