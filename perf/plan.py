@@ -12,12 +12,11 @@ from typing import Any
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
 
+from .bsp import bsp_epoch_seconds, bsp_machine_from_constants
 from .model import (
     BLOCK_MODES,
     Constants,
     Prediction,
-    bsp_epoch_seconds,
-    bsp_machine_from_constants,
     pattern_seconds,
     smallest_block,
 )

@@ -18,15 +18,17 @@ from bench.processes import best_rate
 from snet.cli.main import main
 from snet.client.backend import make_backend
 from snet.client.modelled_backend import MODELLED_GRADIENT, ModelledBackend
-from snet.perf.model import (
-    DEFAULT_CONSTANTS,
+from snet.perf.bsp import (
     BspMachine,
-    Constants,
-    Phases,
     bsp_epoch_flops,
     bsp_epoch_seconds,
     bsp_exemplar_batch_cost,
     bsp_server_batch_cost,
+)
+from snet.perf.model import (
+    DEFAULT_CONSTANTS,
+    Constants,
+    Phases,
     multispert_round_seconds,
     network_parallel_phases,
     overlapped_round_seconds,
