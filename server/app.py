@@ -29,13 +29,13 @@ from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError, ListenError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.hooks import standard_hooks
-from snet.protocol.messages import TRAINING_COMPLETE, Goodbye, Heartbeat
+from snet.protocol.messages import TRAINING_COMPLETE, Goodbye
 from snet.transport.faults import FaultSwitch
 
 from .admission import Admission, worker_frame_limits
 from .checkpoint import CheckpointStore
 from .config import ServerConfig
-from .connection import WorkerConnection
+from .connection import WorkerConnection, tend_connections
 from .dataplan import plan_data
 from .durability import Checkpointer, job_identity, resume_point
 from .export import current_weights_npz, read_weights, write_atomically
@@ -386,22 +386,8 @@ class SnetServer:
             await asyncio.sleep(min(interval, 1.0, self.config.handshake_seconds / 2))
             now = time.monotonic()
             self.meter.sample(now, self.coordinator.stats.patterns_applied)
-            for connection in list(self.connections):
-                session = connection.session
-                if session is None:
-                    waited = now - connection.connected_at
-                    if waited > self.config.handshake_seconds and not connection.closing:
-                        text = f"no hello in {waited:.0f} s"
-                        self.counters.timed_out(text)
-                        connection.fail("timeout", text, logged=False)
-                    continue
-                quiet = now - session.last_seen
-                if quiet > self.config.worker_timeout_seconds:
-                    connection.fail("timeout", f"no message for {quiet:.0f} s")
-                elif quiet > interval or now - connection.last_sent > interval:
-                    # Also a sign of life for the worker: one that hears nothing for its
-                    # server_timeout_seconds takes the link for dead and reconnects.
-                    connection.send(Heartbeat(time.time()))
+            tend_connections(self.connections, now, self.counters, interval,
+                             self.config.worker_timeout_seconds)  # fmt: skip
 
     async def _watch_progress(self) -> None:
         """Deadlines are measured in tens of milliseconds to seconds: look often."""
