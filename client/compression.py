@@ -47,13 +47,16 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from snet.protocol.codecs import ElementCodec, parse_codec
 from snet.protocol.messages import Encoded
 from snet.protocol.network import ElementLayout
+
+if TYPE_CHECKING:
+    from .policies import Compute
 
 COSINE_EVERY = 16
 CLIPPED_FAMILIES = ("sign", "topk")  # codecs whose updates are clipped locally (see above)
@@ -214,6 +217,20 @@ class UpdateCompressor:
             self.cosine_sum += self.cosine_last
             self.cosine_count += 1
         return encoded
+
+    def computed(
+        self,
+        compute: Compute,
+        weights: np.ndarray,
+        frames: np.ndarray,
+        scratch: np.ndarray,
+        rate: float,
+        key: UpdateKey,
+    ) -> tuple[float, int, int, Encoded]:
+        """Compute thread: the update ``compute`` makes in ``scratch`` (a gradient sum, or a
+        block's delta), then its encoding with error feedback (``compress``)."""
+        loss, correct, count = compute(weights, frames, scratch, rate)
+        return loss, correct, count, self.compress(scratch, key, count)
 
     def refused(self, key: UpdateKey) -> bool:
         """The server refused the update ``key``: undo it. False if it is not known.

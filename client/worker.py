@@ -39,16 +39,13 @@ from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     ROUND_DEADLINE,
     TRAINING_COMPLETE,
-    Encoded,
     ErrorMessage,
     EvalResult,
     Evaluate,
     Goodbye,
-    Heartbeat,
     Message,
     Update,
     Weights,
-    WorkerReport,
 )
 from snet.protocol.network import ElementLayout
 from snet.transport.dial import MAX_BACKOFF_SECONDS, connect_with_backoff
@@ -58,21 +55,20 @@ from snet.transport.tls import refusal as tls_refusal
 
 from .backend import ComputeBackend, make_backend
 from .buffers import SendBuffers, WeightsBox
-from .compression import UpdateCompressor, UpdateKey
+from .compression import UpdateCompressor
 from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus
 from .joining import Handshake, NotJoined
-from .policies import Compute, ComputeState, make_compute_policy
+from .policies import ComputeState, make_compute_policy
 from .progress_log import ProgressLog
+from .reports import Reports
 from .update_timing import UpdateTiming
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
 EXIT_REFUSED = 4  # refused by the server: a restart would be refused again
 
-REPORT_SECONDS = 1.0
-REPORT_UPDATES = 32  # a compressing worker also reports after every this many updates
 T = TypeVar("T")
 
 
@@ -112,6 +108,9 @@ class Worker:
         # Kept across reconnections: the residual is owed to the weights whoever holds them.
         self.compressor: UpdateCompressor | None = None
         self.timing = UpdateTiming() if config.report_timing else None
+        self.reports = Reports(
+            config, self.backend, self.progress, self.timing, lambda: self.compressor
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -253,7 +252,7 @@ class Worker:
             self._joined = True
             box = WeightsBox(ElementLayout.for_network(self.job.network), wake=self._wake)
             connection.attach(box, SendBuffers(box.layout))
-            heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(connection))
+            heartbeat = asyncio.get_running_loop().create_task(self.reports.heartbeat(connection))
             try:
                 await self._compute_loop(connection, box)
             finally:
@@ -267,7 +266,7 @@ class Worker:
         finally:
             if self._stop_reason is not None:
                 if not gone and not self._lost and self._joined:
-                    self._send_report(connection)  # its final figures: read before the goodbye
+                    self.reports.send(connection)  # its final figures: read before the goodbye
                 await connection.leave(Goodbye(f"worker stopped ({self._stop_reason})"))
             connection.close()
 
@@ -350,25 +349,14 @@ class Worker:
             else:  # the encoded parts are new arrays: one scratch gradient buffer will do
                 key = (lease.lease_id, offset)
                 encoded_update, cpu = await loop.run_in_executor(
-                    self.executor, _timed, self._compressed, compute, weights.flat, frames,
-                    scratch, rate, key,
+                    self.executor, _timed, self.compressor.computed, compute, weights.flat,
+                    frames, scratch, rate, key,
                 )  # fmt: skip
                 loss, correct, count, encoded = encoded_update
                 gradient = np.zeros(0, dtype=np.float32)
             seconds = time.perf_counter() - started
-            connection.send(
-                Update(
-                    weights.version,
-                    lease.lease_id,
-                    offset,
-                    count,
-                    loss,
-                    correct,
-                    seconds,
-                    gradient,
-                    encoded=encoded,
-                )
-            )
+            connection.send(Update(weights.version, lease.lease_id, offset, count, loss, correct,
+                                   seconds, gradient, encoded=encoded))  # fmt: skip
             self.updates_sent += 1
             self._sent_this_session += 1
             self.progress.update_sent(lease.lease_id, offset, count, weights.version,
@@ -376,31 +364,9 @@ class Worker:
             if self.timing is not None:
                 self.timing.computed(cpu)
                 self.timing.sent(self._sent_this_session)
-            # The backend's figures go with the first update of a session (a job can end
-            # before the first periodic report) and, when compressing or timing, every so
-            # many.
-            counting = self.compressor is not None or self.timing is not None
-            if self._sent_this_session == 1 or (
-                counting and self.updates_sent % REPORT_UPDATES == 0
-            ):
-                self._send_report(connection)
+            self.reports.update_sent(connection, self._sent_this_session, self.updates_sent)
             last_base = weights.version
             self._work.advance(count)
-
-    def _compressed(
-        self,
-        compute: Compute,
-        weights: np.ndarray,
-        frames: np.ndarray,
-        scratch: np.ndarray,
-        rate: float,
-        key: UpdateKey,
-    ) -> tuple[float, int, int, Encoded]:
-        """Compute thread: the update (a gradient sum, or a block's delta), then its
-        encoding with error feedback."""
-        assert self.compressor is not None
-        loss, correct, count = compute(weights, frames, scratch, rate)
-        return loss, correct, count, self.compressor.compress(scratch, key, count)
 
     def _undo_refused(self, message: ErrorMessage) -> None:
         """A refused compressed update gives back what it carried from the residual (the
@@ -417,42 +383,6 @@ class Worker:
         weights = np.ascontiguousarray(request.element, dtype=np.float32)
         frames, correct, loss = self.backend.evaluate(weights)
         return EvalResult(request.version, request.epoch, frames, correct, loss)
-
-    def _send_report(self, connection: ServerConnection) -> bool:
-        """Send the backend's (and the compressor's) figures; False when there are none."""
-        report = self._report()
-        if report is not None:
-            connection.send(report)
-        return report is not None
-
-    def _report(self) -> WorkerReport | None:
-        """The backend's figures and the compression ledger's worker side, if any."""
-        report = dict(self.backend.report() or {})
-        if self.compressor is not None:
-            report["compression"] = self.compressor.figures()
-        if self.timing is not None and (figures := self.timing.figures()) is not None:
-            report["per_update"] = figures
-        return WorkerReport(time.time(), report) if report else None
-
-    async def _heartbeat(self, connection: ServerConnection) -> None:
-        """Liveness every ``heartbeat_seconds``; the backend's figures every second."""
-        last_beat = time.monotonic()
-        while True:
-            await asyncio.sleep(min(REPORT_SECONDS, self.config.heartbeat_seconds))
-            self.progress.tick(time.monotonic())
-            silent = time.monotonic() - connection.last_received
-            if silent > self.config.server_timeout_seconds:
-                # A cut link or a frozen server: TCP alone would notice only after many
-                # minutes of retransmissions. The server sends heartbeats when it has
-                # nothing else to say, so silence this long means the link is gone.
-                log.warning("nothing from the server for %.0f s; dropping the connection", silent)
-                connection.abort()
-                return
-            if not self._send_report(connection) and (
-                time.monotonic() - last_beat >= self.config.heartbeat_seconds
-            ):
-                connection.send(Heartbeat(time.time()))
-                last_beat = time.monotonic()
 
 
 def _timed(function: Callable[..., T], *args: Any) -> tuple[T, float]:
