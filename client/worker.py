@@ -62,6 +62,7 @@ from .connection import ServerConnection
 from .data import Corpus
 from .joining import Handshake, NotJoined
 from .policies import Compute, ComputeState, make_compute_policy
+from .slice_work import SliceWork
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
@@ -105,6 +106,7 @@ class Worker:
         self.codecs: dict[str, str] = {"update": "none", "weights": "none"}
         # Kept across reconnections: the residual is owed to the weights whoever holds them.
         self.compressor: UpdateCompressor | None = None
+        self._slices: SliceWork | None = None  # np mode's slices and bunches (slice_work.py)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -279,6 +281,8 @@ class Worker:
             message = self._inbox.popleft()
             if self._work.file(message, self.job, self.corpus):
                 continue
+            if self._slices is not None and self._slices.file(message):
+                continue
             if isinstance(message, Weights):  # arrived before the box was attached
                 connection.file_weights(box, message)
             elif isinstance(message, Goodbye):
@@ -295,13 +299,15 @@ class Worker:
             # server send nothing else, and the channel has refused anything out of turn
 
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
-        assert self.job is not None and connection.send_buffers is not None
+        assert self.job is not None and self.corpus is not None
+        assert connection.send_buffers is not None
         loop = asyncio.get_running_loop()
         policy = make_compute_policy(self.job)
         compute = policy.make_compute(self.backend, box.layout, self.job)
         per_update = policy.frames_per_update(self.job)
         last_base = -1
         scratch = box.layout.allocate()
+        self._slices = policy.slice_work(self.job, self.corpus)
         while True:
             self._wake.clear()
             self._file_inbox(connection, box)
@@ -314,6 +320,9 @@ class Worker:
             if request is not None:
                 result = await loop.run_in_executor(self.executor, self._evaluate, request)
                 connection.send(result)
+                continue
+            if self._slices is not None:  # np mode: the server's bunches, in order
+                await self._slices.step(self.executor, connection.send, self._wake)
                 continue
             weights = box.take_newest()
             ready = weights is not None and self._work.lease_ready(self.corpus)

@@ -41,8 +41,10 @@ from snet.protocol.messages import (
     Goodbye,
     Hello,
     Message,
+    PartialOutputs,
     Resync,
     ServerHello,
+    SliceState,
     Update,
     WorkerReport,
 )
@@ -182,6 +184,8 @@ class WorkerConnection:
             session.report = report
         elif isinstance(message, Resync):
             self.coordinator.on_resync(session, message.reason)
+        elif isinstance(message, PartialOutputs | SliceState):  # np mode (np_coordinator.py)
+            self.coordinator.on_slice_message(session, message)
         # a Heartbeat only touches the session
 
     def _handshake(self, hello: Hello) -> None:

@@ -25,8 +25,9 @@ filtered with block momentum (server/block_filter.py); it also says which codecs
 how large a lease is. bmuf is sync or async stepping over block deltas.
 
 Further modes fit the same interface: bounded staleness holds an update whose base is too
-old (``take`` skips it) or tells its worker to wait; network-parallel training has every
-worker see every pattern, so a "step" is one bunch's partial outputs from all of them.
+old (``take`` skips it) or tells its worker to wait. Network-parallel training (``np``,
+``SliceSteps``) has every worker see every pattern and exchanges partial outputs instead
+of updates: its bunches are run by its own coordinator (np_coordinator.py).
 """
 
 from __future__ import annotations
@@ -190,9 +191,26 @@ class AsyncSteps(StepPolicy):
         return groups
 
 
+class SliceSteps(StepPolicy):
+    """np mode: no worker sends updates (server/np_coordinator.py runs the bunches), so
+    nothing is ever queued for a step."""
+
+    name = "np"
+
+    def take(self, view: QueueView) -> list[list[int]]:
+        return []
+
+    def refusal(self, base_version: int, version: int) -> str:
+        return "np mode: workers send partial outputs, not updates"
+
+
 def make_step_policy(job: JobSpec) -> StepPolicy:
     """The policy of a job's ``mode`` (bmuf: sync or async blocks, ``block_sync``)."""
     if job.mode == "bmuf":  # a block is a step of its own when blocks are asynchronous
         return SyncSteps(0, BlockDeltas()) if job.block_sync else AsyncSteps(1, BlockDeltas())
-    policies: dict[str, type[StepPolicy]] = {"sync": SyncSteps, "async": AsyncSteps}
+    policies: dict[str, type[StepPolicy]] = {
+        "sync": SyncSteps,
+        "async": AsyncSteps,
+        "np": SliceSteps,
+    }
     return policies[job.mode](job.updates_per_step)

@@ -12,18 +12,17 @@ Each part owns its state and nothing writes another's fields:
 - ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
 - ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
 - ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
-- ``StalenessControl`` (staleness.py): the staleness policy in force (switchable while
-  training) and its bound;
+- ``StalenessControl`` (staleness.py): the staleness policy in force and its bound;
 - ``TrainingStats`` (stats.py) and the hooks: what /status and the hooks see.
 
-Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the
-weights of ``version`` and exactly the ledger they include (server/resume.py gathers and
-restores it, server/durability.py writes and reads the files).
+Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
+of ``version`` and exactly the ledger they include (server/resume.py, durability.py).
 
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
 late (lateness.py), leaves) to them and carries out what they decide: it publishes each
 step's weights with a new version, sends them to every worker, starts epochs. It runs on
-the event loop; only the ``StepRunner`` does numpy work, in the step thread.
+the event loop; only the ``StepRunner`` does numpy work, in the step thread. np mode's
+coordinator (np_coordinator.py) extends it.
 """
 
 from __future__ import annotations
@@ -48,6 +47,8 @@ from snet.protocol.messages import (
     Evaluate,
     FramesWanted,
     Goodbye,
+    PartialOutputs,
+    SliceState,
     Weights,
     Welcome,
 )
@@ -192,6 +193,11 @@ class Coordinator:
     def fill_leases(self) -> None:
         if not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
             self.desk.fill(self.sessions.values(), self.learning_rate)
+
+    def on_slice_message(
+        self, session: WorkerSession, message: PartialOutputs | SliceState
+    ) -> None:
+        raise RejectedUpdate(f"{message.TYPE} is np mode's; this job's mode is {self.job.mode}")
 
     def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """The worker cannot read the data: send its frames inline from now on."""

@@ -1,0 +1,78 @@
+"""np mode end to end (in-process lab): a real server and workers exchanging slices,
+bunches and partial outputs over 127.0.0.1, checked against sequential training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from snet.cli.offline import train_job
+from snet.protocol.job import JobSpec
+from snet.protocol.network import NetworkSpec
+
+from helpers import load_weights
+from inprocess import Lab, wait_until
+
+
+def np_job(epochs: int = 1) -> list[str]:
+    """Small and quick: fsdd digits, 117:32:10, bunches of 256 (190 bunches an epoch)."""
+    return [
+        "--mode", "np", "--network", "117:32:10", "--epochs", str(epochs), "--bunch-size",
+        "256", "--chunk-frames", "4096", "--learning-rates", "0.2", "--momentum", "0.9",
+    ]  # fmt: skip
+
+
+def _sequential_weights(**changes: object) -> np.ndarray:
+    job = JobSpec(
+        network=NetworkSpec.parse("117:32:10"),
+        epochs=1,
+        bunch_size=256,
+        chunk_frames=4096,
+        learning_rates=(0.2,),
+        momentum=0.9,
+        mode="sync",
+    ).with_changes(**changes)
+    return train_job(job).weights
+
+
+def _saved(lab_server_out: object) -> np.ndarray:
+    arrays = load_weights(lab_server_out / "weights.npz")  # type: ignore[operator]
+    return np.concatenate([a.ravel() for a in arrays])
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
+    server = await lab.server(*np_job())
+    started = [lab.worker(server, f"w{i}") for i in range(workers)]
+    assert await server.wait(120) == "trained"
+    assert [await w.wait(30) for w in started] == [0] * workers
+    np.testing.assert_allclose(_saved(server.out_dir), _sequential_weights(), rtol=1e-4, atol=1e-5)
+    status = server.final_status()
+    assert status["mode"] == "np"
+    rows = {row["name"]: row for row in status["workers"]}
+    assert all(row["updates_sent"] > 10 for row in rows.values())  # partials, each bunch
+    ledger = status["epochs"][0]["ledger"]
+    assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
+
+
+async def test_np_worker_leaving_hands_its_units_over(lab: Lab) -> None:
+    """A holder that leaves mid-epoch: its units go to the others as last reported, the
+    bunches in flight are run again, and training completes every frame once."""
+    server = await lab.server(*np_job(epochs=2))
+    first, second = lab.worker(server, "w0"), lab.worker(server, "w1")
+
+    async def some_bunches_done() -> bool:
+        return int((await server.status())["steps"]) >= 15
+
+    await wait_until(some_bunches_done, 60, "15 bunches")
+    second.stop("leaving on purpose")
+    assert await second.wait(30) == 0
+    assert await server.wait(120) == "trained"
+    assert await first.wait(30) == 0
+    status = server.final_status()
+    assert status["epochs_done"] == 2
+    for epoch in status["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
+    assert status["cv_accuracy"] > 0.5
+    assert "np: w1 left holding units" in lab.log("server")
