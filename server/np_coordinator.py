@@ -126,6 +126,7 @@ class SliceCoordinator(Coordinator):
                 return
             part = HiddenSlice(message.start, message.stop)
             self.master.take_report(session.worker_id, part, message.element, message.velocity)
+            self._delivered(session, 0, 0.0)
             self._maybe_collected()
             return
         round_ = self.in_flight.get(message.bunch)
@@ -136,6 +137,7 @@ class SliceCoordinator(Coordinator):
             raise RejectedUpdate(f"a second partial output for bunch {message.bunch}")
         self.master.check_partial(session.worker_id, message.partial, len(round_.frames))
         round_.partials[session.worker_id] = message.partial
+        self._delivered(session, len(round_.frames), message.compute_seconds)
         units = self.master.holders[session.worker_id].units
         session.patterns += len(round_.frames)
         session.compute_seconds += message.compute_seconds
@@ -209,8 +211,21 @@ class SliceCoordinator(Coordinator):
         if message.collect:  # every holder reports its slice as of the last completed bunch
             self.collecting, self.collect_bunch = True, self.last_completed
             self.master.reported.clear()
+        now = time.monotonic()
         for worker_id in self.master.holders:
-            self.sessions[worker_id].send(message)
+            session = self.sessions[worker_id]
+            session.send(message)
+            if message.bunch >= 0 or message.collect:
+                session.clock.got_work(now)  # it owes an answer: late ones are dropped
+
+    def _delivered(self, session: WorkerSession, patterns: int, seconds: float) -> None:
+        """An answer came: its delivery clock (server/lateness.py) runs on only while it
+        owes another (a partial of a bunch in flight, or a report)."""
+        session.clock.update_arrived(time.monotonic(), patterns, seconds)
+        wid = session.worker_id
+        owes_report = self.collecting and wid not in self.master.reported
+        if not owes_report and all(wid in r.partials for r in self.in_flight.values()):
+            session.clock.ran_dry()
 
     # ------------------------------------------------------------ quiet moments
 

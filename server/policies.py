@@ -196,6 +196,7 @@ class SliceSteps(StepPolicy):
     nothing is ever queued for a step."""
 
     name = "np"
+    late_action: LateAction = "drop"  # every bunch waits for every holder
 
     def take(self, view: QueueView) -> list[list[int]]:
         return []

@@ -76,3 +76,19 @@ async def test_np_worker_leaving_hands_its_units_over(lab: Lab) -> None:
         assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
     assert status["cv_accuracy"] > 0.5
     assert "np: w1 left holding units" in lab.log("server")
+
+
+async def test_np_holder_that_stops_answering_is_dropped_not_waited_for(lab: Lab) -> None:
+    """Every bunch waits for every holder, but only until the round deadline: a worker
+    whose partial output is lost is dropped (round_deadline), rejoins, and is given
+    units again; training does not freeze and applies every frame once."""
+    server = await lab.server("--stall-seconds", "1", "--join-seconds", "2", *np_job())
+    steady = lab.worker(server, "w0")
+    lossy = lab.worker(server, "w1", "--faults", "drop:np_partial:30")
+    assert await server.wait(120) == "trained"
+    assert [await steady.wait(30), await lossy.wait(30)] == [0, 0]
+    status = server.final_status()
+    assert status["workers_dropped_late"] == 1
+    ledger = status["epochs"][0]["ledger"]
+    assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
+    assert "np: w1 left holding units" in lab.log("server")
