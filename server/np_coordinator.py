@@ -23,6 +23,7 @@ asked every ``COLLECT_EVERY`` bunches and at every epoch end, before the CV eval
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -33,13 +34,14 @@ import numpy as np
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.hooks import BunchEvent
-from snet.protocol.messages import NpBunch, PartialOutputs, SliceState
+from snet.protocol.messages import EvalResult, NpBunch, PartialOutputs, SliceState
 from snet.protocol.slices import HiddenSlice
 
 from .epochs import EpochDecision
 from .pool import Received
 from .session import WorkerSession
 from .slice_master import COLLECT_EVERY, SliceMaster
+from .testset import score_frames
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
@@ -60,6 +62,10 @@ class BunchRound:
     partials: dict[int, np.ndarray] = field(default_factory=dict)
 
 
+def _nothing(_: object) -> None:
+    """The scorer session's send and close: the server does not message itself."""
+
+
 class SliceCoordinator(Coordinator):
     """Runs bunches through the slice holders instead of leasing frames to workers."""
 
@@ -77,6 +83,9 @@ class SliceCoordinator(Coordinator):
         self.since_collect = 0
         self.speeds: dict[int, float] = {}  # worker id -> measured unit-patterns per second
         self.partials_ignored = 0  # of bunches abandoned when a holder left
+        # The server itself, as the evaluations' "worker" (np_coordinator scores the CV).
+        self.scorer = WorkerSession(LONE, "server", "", "server", (), _nothing, _nothing)
+        self.scoring: set[asyncio.Task[None]] = set()
         self.reports_ignored = 0  # answers to a request a newer one overtook
         self.last_completed = NO_BUNCH
         self.collect_bunch = NO_BUNCH
@@ -274,6 +283,27 @@ class SliceCoordinator(Coordinator):
                  {w: (p.start, p.stop) for w, p in self.master.holders.items()})  # fmt: skip
 
     # ------------------------------------------------------------ epochs, resume
+
+    def assign_evaluations(self) -> None:
+        """The server scores each epoch's assembled element on the CV frames itself (in
+        the step thread): no worker need hold the whole network, which in np mode none
+        may be able to (a board's memory)."""
+        for _, job in self.evaluations.assign([self.scorer], lambda _: 0, time.monotonic()):
+            scored = self._score(job.version, job.epoch, job.weights)
+            task = asyncio.get_running_loop().create_task(scored)
+            self.scoring.add(task)
+            task.add_done_callback(self.scoring.discard)
+
+    async def _score(self, version: int, epoch: int, weights: np.ndarray) -> None:
+        plan, job = self.plan, self.job
+        correct, loss = await asyncio.get_running_loop().run_in_executor(
+            self.runner.executor, score_frames, job.network, weights, plan.source, plan.norms,
+            job.data.context, plan.cv_frames,
+        )  # fmt: skip
+        if self.closed:
+            return
+        frames = len(plan.cv_frames)
+        self.on_eval_result(self.scorer, EvalResult(version, epoch, frames, correct, loss))
 
     def _apply_decision(self, result: Any, decision: EpochDecision) -> None:
         """A roll-back (newbob) restores the whole network: the slices are cut anew."""

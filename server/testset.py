@@ -50,22 +50,37 @@ def score_patterns(
     return correct, float(-log_p[rows, labels].sum())
 
 
+def score_frames(
+    network: NetworkSpec,
+    flat: np.ndarray,
+    source: FrameSource,
+    norms: Norms,
+    context: int,
+    centres: np.ndarray,
+) -> tuple[int, float]:
+    """(correct, summed loss) of the weights ``flat`` on the frames ``centres`` of
+    ``source`` (global indices), read a block at a time with their context windows."""
+    bounds = UtteranceBounds(source.lengths)
+    correct, loss = 0, 0.0
+    for start in range(0, len(centres), BLOCK_FRAMES):
+        block = np.asarray(centres[start : start + BLOCK_FRAMES], dtype=np.int64)
+        rows = bounds.window_rows(block, context)
+        unique, inverse = np.unique(rows, return_inverse=True)
+        frames = norms.apply(source.read(unique))[inverse.reshape(rows.shape)]
+        part_correct, part_loss = score_patterns(
+            network, flat, frames.reshape(len(block), -1), source.labels[block]
+        )
+        correct, loss = correct + part_correct, loss + part_loss
+    return correct, loss
+
+
 def score_test_set(
     network: NetworkSpec, flat: np.ndarray, source: FrameSource, norms: Norms, context: int
 ) -> dict[str, float | int | str]:
     """The test file's frame accuracy and mean loss with the weights ``flat``."""
-    bounds = UtteranceBounds(source.lengths)
     count = total_frames(source)
-    correct, loss = 0, 0.0
-    for start in range(0, count, BLOCK_FRAMES):
-        centres = np.arange(start, min(start + BLOCK_FRAMES, count), dtype=np.int64)
-        rows = bounds.window_rows(centres, context)
-        unique, inverse = np.unique(rows, return_inverse=True)
-        frames = norms.apply(source.read(unique))[inverse.reshape(rows.shape)]
-        part_correct, part_loss = score_patterns(
-            network, flat, frames.reshape(len(centres), -1), source.labels[centres]
-        )
-        correct, loss = correct + part_correct, loss + part_loss
+    centres = np.arange(count, dtype=np.int64)
+    correct, loss = score_frames(network, flat, source, norms, context, centres)
     return {
         "data": source.description,
         "frames": count,

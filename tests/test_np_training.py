@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.np_pipeline import train_np_replay
 from snet.cli.offline import train_job
 from snet.protocol.job import JobSpec
 from snet.protocol.network import NetworkSpec
@@ -92,3 +93,26 @@ async def test_np_holder_that_stops_answering_is_dropped_not_waited_for(lab: Lab
     ledger = status["epochs"][0]["ledger"]
     assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
     assert "np: w1 left holding units" in lab.log("server")
+
+
+async def test_np_pipelined_gives_the_replayed_pipeline_weights(lab: Lab) -> None:
+    """With np_pipeline the forward pass of bunch k+1 runs before bunch k's error is
+    applied: the server and workers give exactly what bench/np_pipeline.py's replay of
+    that order gives (so the default-job figures measured with it hold for the daemon)."""
+    server = await lab.server(*np_job(), "--np-pipeline", "true", "--min-workers", "2")
+    started = [lab.worker(server, f"w{i}") for i in range(2)]
+    assert await server.wait(120) == "trained"
+    assert [await w.wait(30) for w in started] == [0, 0]
+    job = JobSpec(
+        mode="np",
+        network=NetworkSpec.parse("117:32:10"),
+        epochs=1,
+        bunch_size=256,
+        chunk_frames=4096,
+        learning_rates=(0.2,),
+        momentum=0.9,
+    )
+    replayed, _ = train_np_replay(job, 2, pipelined=True)
+    saved = _saved(server.out_dir)
+    np.testing.assert_allclose(saved, replayed, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(saved, _sequential_weights(), rtol=1e-4, atol=1e-5)
