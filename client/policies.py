@@ -38,7 +38,7 @@ from snet.protocol.staleness import StalenessSetting
 from .backend import ComputeBackend
 from .blocks import LocalTrainer
 from .data import Corpus
-from .slice_work import SliceWork
+from .slice_work import SliceWork, slice_network
 
 # (weights, frames, out, rate) -> (loss sum, correct, patterns used); in the compute thread
 Compute = Callable[[np.ndarray, np.ndarray, np.ndarray, float], tuple[float, int, int]]
@@ -68,9 +68,13 @@ class ComputePolicy:
         """How many of a lease's frames one update covers at most: one bunch."""
         return job.bunch_size
 
-    def slice_work(self, job: JobSpec, corpus: Corpus) -> SliceWork | None:
+    def slice_work(self, job: JobSpec, corpus: Corpus, backend: object) -> SliceWork | None:
         """np mode's queue of slices and bunches (None: this mode sends updates)."""
         return None
+
+    def prepare_backend(self, backend: ComputeBackend, job: JobSpec, corpus: Corpus) -> None:
+        """Set the backend up for the job (compute thread), as it computes here."""
+        backend.prepare(job, corpus)
 
     def make_compute(self, backend: ComputeBackend, layout: ElementLayout, job: JobSpec) -> Compute:
         """What one update is: the gradient sum of a bunch on the weights given."""
@@ -141,8 +145,13 @@ class SliceCompute(ComputePolicy):
     def may_compute(self, state: ComputeState) -> bool:
         return False
 
-    def slice_work(self, job: JobSpec, corpus: Corpus) -> SliceWork | None:
-        return SliceWork(job, corpus)
+    def slice_work(self, job: JobSpec, corpus: Corpus, backend: object) -> SliceWork | None:
+        return SliceWork(job, corpus, backend)
+
+    def prepare_backend(self, backend: ComputeBackend, job: JobSpec, corpus: Corpus) -> None:
+        """For its data and its device only: the network it holds is a slice, told
+        later (a board's memory is checked against the slice, not the whole network)."""
+        backend.prepare(job.with_changes(network=slice_network(job.network, 1)), corpus)
 
 
 def make_compute_policy(job: JobSpec) -> ComputePolicy:

@@ -16,30 +16,55 @@ raises ``ProtocolError``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from snet.protocol.errors import ProtocolError
+from snet.protocol.errors import ConfigError, ProtocolError, RemoteError
 from snet.protocol.job import JobSpec
-from snet.protocol.messages import Message, NpBunch, PartialOutputs, SliceState
+from snet.protocol.messages import ErrorMessage, Message, NpBunch, PartialOutputs, SliceState
+from snet.protocol.network import NetworkSpec
 from snet.protocol.slices import HiddenSlice
 
 from .data import Corpus
 from .slice_trainer import SliceTrainer
 
+log = logging.getLogger("snet.worker")
+
 SliceMessage = SliceState | NpBunch
+
+
+@runtime_checkable
+class SliceHost(Protocol):
+    """A backend that models the device a slice lives on (the emulated Spert board,
+    client/spert/backend.py): its memory holds the slice or refuses it, and each pass
+    takes the device's modelled time. The arithmetic is the ``SliceTrainer``'s."""
+
+    def take_slice(self, spec: NetworkSpec, bunch: int) -> None: ...
+
+    def slice_forward(self, patterns: int) -> None: ...
+
+    def slice_backward(self, patterns: int) -> None: ...
+
+
+def slice_network(spec: NetworkSpec, units: int) -> NetworkSpec:
+    """The network a slice of ``units`` hidden units amounts to on its own (for a
+    device's memory plan): inputs, those units, the outputs."""
+    return NetworkSpec((spec.sizes[0], max(units, 1), spec.sizes[2]), spec.activations)
 
 
 class SliceWork:
     """Slices and bunches from the server, in order, and the worker's ``SliceTrainer``."""
 
-    def __init__(self, job: JobSpec, corpus: Corpus) -> None:
+    def __init__(self, job: JobSpec, corpus: Corpus, backend: object = None) -> None:
         self.job = job
         self.corpus = corpus
+        self.host = backend if isinstance(backend, SliceHost) else None
         self.trainer = SliceTrainer(job.network, job.momentum)
         self.queue: deque[SliceMessage] = deque()
         self.bunches = 0  # forward passes computed
@@ -61,16 +86,25 @@ class SliceWork:
 
     async def step(
         self, executor: Executor, send: Callable[[Message], None], wake: asyncio.Event
-    ) -> None:
+    ) -> RemoteError | None:
         """Apply the next message in the compute thread and send its replies, or wait
-        for ``wake`` when none is ready."""
+        for ``wake`` when none is ready. A slice this worker cannot hold (a board's
+        memory) is refused: the server is told (fatal ``bad_job``) and the refusal is
+        returned, for the worker to leave (the server hands the units to the others)."""
         if not self.ready():
             await wake.wait()
-            return
+            return None
         message = self.queue.popleft()
         loop = asyncio.get_running_loop()
-        for reply in await loop.run_in_executor(executor, self.apply, message):
+        try:
+            replies = await loop.run_in_executor(executor, self.apply, message)
+        except ConfigError as exc:
+            log.error("cannot take the slice the server gave: %s", exc)
+            send(ErrorMessage("bad_job", str(exc), True))
+            return RemoteError("bad_job", str(exc))
+        for reply in replies:
             send(reply)
+        return None
 
     def apply(self, message: SliceMessage) -> list[Message]:
         """Compute thread: carry out ``message``; the replies to send, in order."""
@@ -79,6 +113,10 @@ class SliceWork:
             if not 0 <= message.start <= message.stop <= hidden:
                 raise ProtocolError(f"slice {message.start}:{message.stop} of {hidden} units")
             part = HiddenSlice(message.start, message.stop)
+            if self.host is not None:  # a board refuses a slice too big for its memory
+                self.host.take_slice(
+                    slice_network(self.job.network, part.units), self.job.bunch_size
+                )
             self.trainer.load(part, message.element, message.velocity, message.bunch)
             return []
         replies: list[Message] = []
@@ -86,6 +124,8 @@ class SliceWork:
         if message.error_of >= 0:
             error = np.asarray(message.error, dtype=np.float32)
             trainer.backward(message.error_of, error, message.patterns, message.learning_rate)
+            if self.host is not None:
+                self.host.slice_backward(message.patterns)
         if message.collect:  # copies: the trainer goes on changing its arrays
             part = trainer.part
             weights, velocity = trainer.weights.copy(), trainer.velocity.copy()
@@ -93,6 +133,8 @@ class SliceWork:
         if message.bunch >= 0:
             started = time.perf_counter()
             partial = trainer.forward(message.bunch, self._patterns(message.indices))
+            if self.host is not None:
+                self.host.slice_forward(len(message.indices))
             seconds = time.perf_counter() - started
             self.bunches += 1
             self.compute_seconds += seconds

@@ -307,7 +307,7 @@ class Worker:
         per_update = policy.frames_per_update(self.job)
         last_base = -1
         scratch = box.layout.allocate()
-        self._slices = policy.slice_work(self.job, self.corpus)
+        self._slices = policy.slice_work(self.job, self.corpus, self.backend)
         while True:
             self._wake.clear()
             self._file_inbox(connection, box)
@@ -322,7 +322,7 @@ class Worker:
                 connection.send(result)
                 continue
             if self._slices is not None:  # np mode: the server's bunches, in order
-                await self._slices.step(self.executor, connection.send, self._wake)
+                self._refused = await self._slices.step(self.executor, connection.send, self._wake)
                 continue
             weights = box.take_newest()
             ready = weights is not None and self._work.lease_ready(self.corpus)

@@ -48,6 +48,9 @@ log = logging.getLogger("snet.server")
 
 LONE = 0  # the lease book's worker id for the frames np mode trains (real ids start at 1)
 NO_BUNCH = -1
+# Workers whose measured speeds differ less than this get equal slices: the noise of a
+# measurement must not hand a board more units than its memory holds.
+SPEED_SPREAD = 1.5
 
 
 @dataclass
@@ -275,6 +278,8 @@ class SliceCoordinator(Coordinator):
             return
         mean = float(np.mean(list(self.speeds.values()))) if self.speeds else 1.0
         speeds = {w: self.speeds.get(w, mean) for w in self.sessions}
+        if max(speeds.values()) < SPEED_SPREAD * min(speeds.values()):
+            speeds = dict.fromkeys(speeds, 1.0)  # alike: equal slices, not measuring noise
         for worker_id, grant in self.master.reslice(speeds).items():
             state = SliceState(grant.part.start, grant.part.stop, self.last_completed,
                                grant.weights, grant.velocity)  # fmt: skip

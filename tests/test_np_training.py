@@ -116,3 +116,28 @@ async def test_np_pipelined_gives_the_replayed_pipeline_weights(lab: Lab) -> Non
     saved = _saved(server.out_dir)
     np.testing.assert_allclose(saved, replayed, rtol=1e-4, atol=1e-5)
     assert not np.allclose(saved, _sequential_weights(), rtol=1e-4, atol=1e-5)
+
+
+# Boards of 0.6 MB: 117:256:10 (1.04 MB on a board) fits no single one; a quarter of its
+# hidden units (64: 0.53 MB) fits each. Ten times faster than the modelled board.
+SMALL_BOARD = ["--memory-mb", "0.6", "--time-scale", "10"]
+WIDE_NP_JOB = [*np_job(), "--network", "117:256:10"]
+
+
+async def test_np_network_no_board_holds_is_refused_by_one_and_trains_on_four(lab: Lab) -> None:
+    alone = await lab.server(*WIDE_NP_JOB, name="alone")
+    board = lab.spert(alone, "board", *SMALL_BOARD)
+    assert await board.wait(60) == 4  # EXIT_REFUSED: the whole hidden layer did not fit
+    assert "does not fit the Spert board" in lab.log("board")
+    alone.stop("test over")
+    await alone.wait(30)
+
+    server = await lab.server(*WIDE_NP_JOB, "--min-workers", "4")
+    boards = [lab.spert(server, f"board{i}", *SMALL_BOARD) for i in range(4)]
+    assert await server.wait(120) == "trained"
+    assert [await b.wait(30) for b in boards] == [0, 0, 0, 0]
+    status = server.final_status()
+    assert status["cv_accuracy"] > 0.5
+    reports = [row["report"] for row in status["workers"]]
+    assert all(0 < r["memory_mb"] < 0.6 and r["modelled_mcups"] > 0 for r in reports), reports
+    assert all(r["patterns_trained"] > 0 for r in reports)
