@@ -66,7 +66,7 @@ def strategy_note(strategies: list[str]) -> str:
         return TRAINS_NOTE
     return (
         f"{TRAINS_NOTE}; the network-parallel rows (each worker a slice of the hidden units) "
-        "are the model only: snet cannot train that way yet"
+        "model --mode np: sync without, async with --np-pipeline (docs/network-parallel.md)"
     )
 
 

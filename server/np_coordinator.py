@@ -264,6 +264,7 @@ class SliceCoordinator(Coordinator):
         if not self.quiet_for or self.in_flight:
             return  # a periodic report: training goes on
         if self.quiet_for == "epoch_end":
+            self.idle.start_epoch(())  # every holder saw every bunch: nobody sat idle
             self._end_epoch()  # the next epoch's bunches wait for the slices
         self._reslice()
         self.quiet_for = ""
