@@ -11,7 +11,8 @@ import pytest
 
 from snet.client.network import BunchNetwork
 from snet.client.slice_trainer import SliceTrainer
-from snet.protocol.errors import ProtocolError, RejectedUpdate
+from snet.protocol.errors import ConfigError, ProtocolError, RejectedUpdate
+from snet.protocol.job import JobSpec
 from snet.protocol.network import NetworkSpec, initial_weights
 from snet.protocol.slices import (
     HiddenSlice,
@@ -183,3 +184,15 @@ def test_slice_trainer_refuses_what_does_not_fit() -> None:
     trainer.forward(0, np.zeros((2, 7), dtype=np.float32))
     with pytest.raises(ProtocolError, match="shape"):
         trainer.backward(0, np.zeros((3, 4), dtype=np.float32), 3, 0.1)
+
+
+def test_np_jobs_refuse_what_np_mode_cannot_do() -> None:
+    assert JobSpec(mode="np").np_pipeline is False
+    deep = NetworkSpec((117, 8, 8, 10), ("tanh", "tanh"))
+    for changes, why in [
+        ({"network": deep}, "one hidden layer"),
+        ({"compress": "fp16"}, "compress and staleness must be none"),
+        ({"staleness": "rate"}, "compress and staleness must be none"),
+    ]:
+        with pytest.raises(ConfigError, match=why):
+            JobSpec(mode="np", **changes)  # type: ignore[arg-type]
