@@ -34,7 +34,14 @@ import numpy as np
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.hooks import BunchEvent
-from snet.protocol.messages import EvalResult, NpBunch, PartialOutputs, SliceState
+from snet.protocol.messages import (
+    ErrorMessage,
+    EvalResult,
+    FramesWanted,
+    NpBunch,
+    PartialOutputs,
+    SliceState,
+)
 from snet.protocol.slices import HiddenSlice
 
 from .epochs import EpochDecision
@@ -121,6 +128,16 @@ class SliceCoordinator(Coordinator):
     def fill_leases(self) -> None:
         if not self.epochs.waiting_for_cv:
             self._pump()
+
+    def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
+        """np mode sends no frames: every bunch goes to every worker, which reads it."""
+        text = (
+            f"np mode needs every worker to read the data itself ({message.reason[:200]}); "
+            "np does not send frames inline"
+        )
+        log.warning("worker %s cannot take part: %s", session.name, text)
+        session.send(ErrorMessage("bad_job", text, True))
+        session.close(text)
 
     def on_update(self, session: WorkerSession, received: Received) -> None:
         if received.loan is not None:

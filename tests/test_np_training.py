@@ -141,3 +141,12 @@ async def test_np_network_no_board_holds_is_refused_by_one_and_trains_on_four(la
     reports = [row["report"] for row in status["workers"]]
     assert all(0 < r["memory_mb"] < 0.6 and r["modelled_mcups"] > 0 for r in reports), reports
     assert all(r["patterns_trained"] > 0 for r in reports)
+
+
+async def test_np_worker_that_cannot_read_the_data_is_told_why(lab: Lab) -> None:
+    server = await lab.server(*np_job())
+    inline = lab.worker(server, "inline", "--data-access", "inline")
+    assert await inline.wait(60) == 4  # refused for good: np mode sends no frames
+    assert "np mode needs every worker to read the data itself" in lab.log("inline")
+    server.stop("test over")
+    await server.wait(30)
