@@ -104,7 +104,7 @@ class SliceCoordinator(Coordinator):
 
     def add_worker(self, session: WorkerSession) -> None:
         super().add_worker(session)
-        if session.worker_id in self.sessions:
+        if session.worker_id in self.sessions and not self.finished.is_set():
             self._quiesce("reslice")
 
     def remove_worker(self, session: WorkerSession, reason: str) -> None:
@@ -115,7 +115,7 @@ class SliceCoordinator(Coordinator):
             self.in_flight.clear()
             self.cursor = None
             self.quiet_for = self.quiet_for or "reslice"
-            log.info("np: %s left holding units; re-slicing", session.name)
+            log.warning("np: %s left holding units; re-slicing", session.name)
         super().remove_worker(session, reason)
         self.speeds.pop(session.worker_id, None)
         if held:

@@ -3,6 +3,8 @@ bunches and partial outputs over 127.0.0.1, checked against sequential training.
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,8 @@ from snet.cli.offline import train_job
 from snet.protocol.job import JobSpec
 from snet.protocol.network import NetworkSpec
 
-from helpers import load_weights
+from helpers import Cluster, load_weights
+from helpers import wait_until as system_wait
 from inprocess import Lab, wait_until
 
 
@@ -150,3 +153,24 @@ async def test_np_worker_that_cannot_read_the_data_is_told_why(lab: Lab) -> None
     assert "np mode needs every worker to read the data itself" in lab.log("inline")
     server.stop("test over")
     await server.wait(30)
+
+
+@pytest.mark.system
+def test_np_holder_killed_mid_run_hands_its_units_over(cluster: Cluster) -> None:
+    """Real processes: a holder killed (no goodbye) is noticed by its lost connection; its
+    units go to the others as last reported and every frame is still applied once."""
+    server = cluster.server(*np_job(epochs=2), "--min-workers", "3", "--linger-seconds", "30")
+    workers = [cluster.worker(server, f"w{i}") for i in range(3)]
+    system_wait(lambda: server.status()["steps"] > 30, 60, "np training")
+    workers[1].send_signal(signal.SIGKILL)
+    system_wait(lambda: server.status()["state"] == "trained", 120, "training to finish")
+    status = server.status()
+    assert status["epochs_done"] == 2
+    for epoch in status["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
+    assert status["cv_accuracy"] > 0.5
+    assert "np: w1 left holding units" in server.log.read_text()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert workers[0].wait(30) == 0 and workers[2].wait(30) == 0
