@@ -4,6 +4,7 @@ bunches and partial outputs over 127.0.0.1, checked against sequential training.
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,6 +38,15 @@ def _sequential_weights(**changes: object) -> np.ndarray:
         mode="sync",
     ).with_changes(**changes)
     return train_job(job).weights
+
+
+def assert_trained_once(status: dict[str, Any], epochs: int) -> None:
+    """Every epoch done, every training frame applied exactly once, and it learned."""
+    assert status["epochs_done"] == epochs
+    for epoch in status["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
+    assert status["cv_accuracy"] > 0.5
 
 
 def _saved(lab_server_out: object) -> np.ndarray:
@@ -74,11 +84,7 @@ async def test_np_worker_leaving_hands_its_units_over(lab: Lab) -> None:
     assert await server.wait(120) == "trained"
     assert await first.wait(30) == 0
     status = server.final_status()
-    assert status["epochs_done"] == 2
-    for epoch in status["epochs"]:
-        ledger = epoch["ledger"]
-        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
-    assert status["cv_accuracy"] > 0.5
+    assert_trained_once(status, epochs=2)
     assert "np: w1 left holding units" in lab.log("server")
 
 
@@ -165,11 +171,7 @@ def test_np_holder_killed_mid_run_hands_its_units_over(cluster: Cluster) -> None
     workers[1].send_signal(signal.SIGKILL)
     system_wait(lambda: server.status()["state"] == "trained", 120, "training to finish")
     status = server.status()
-    assert status["epochs_done"] == 2
-    for epoch in status["epochs"]:
-        ledger = epoch["ledger"]
-        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
-    assert status["cv_accuracy"] > 0.5
+    assert_trained_once(status, epochs=2)
     assert "np: w1 left holding units" in server.log.read_text()
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
