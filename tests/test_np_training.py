@@ -54,6 +54,7 @@ def _saved(lab_server_out: object) -> np.ndarray:
     return np.concatenate([a.ravel() for a in arrays])
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
 @pytest.mark.parametrize("workers", [2, 3])
 async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
     server = await lab.server(*np_job())
@@ -69,10 +70,11 @@ async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
     assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
 async def test_np_worker_leaving_hands_its_units_over(lab: Lab) -> None:
     """A holder that leaves mid-epoch: its units go to the others as last reported, the
     bunches in flight are run again, and training completes every frame once."""
-    server = await lab.server(*np_job(epochs=2))
+    server = await lab.server(*np_job())
     first, second = lab.worker(server, "w0"), lab.worker(server, "w1")
 
     async def some_bunches_done() -> bool:
@@ -84,10 +86,11 @@ async def test_np_worker_leaving_hands_its_units_over(lab: Lab) -> None:
     assert await server.wait(120) == "trained"
     assert await first.wait(30) == 0
     status = server.final_status()
-    assert_trained_once(status, epochs=2)
+    assert_trained_once(status, epochs=1)
     assert "np: w1 left holding units" in lab.log("server")
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
 async def test_np_holder_that_stops_answering_is_dropped_not_waited_for(lab: Lab) -> None:
     """Every bunch waits for every holder, but only until the round deadline: a worker
     whose partial output is lost is dropped (round_deadline), rejoins, and is given
@@ -104,6 +107,7 @@ async def test_np_holder_that_stops_answering_is_dropped_not_waited_for(lab: Lab
     assert "np: w1 left holding units" in lab.log("server")
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
 async def test_np_pipelined_gives_the_replayed_pipeline_weights(lab: Lab) -> None:
     """With np_pipeline the forward pass of bunch k+1 runs before bunch k's error is
     applied: the server and workers give exactly what bench/np_pipeline.py's replay of
@@ -133,6 +137,7 @@ SMALL_BOARD = ["--memory-mb", "0.6", "--time-scale", "10"]
 WIDE_NP_JOB = [*np_job(), "--network", "117:256:10"]
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
 async def test_np_network_no_board_holds_is_refused_by_one_and_trains_on_four(lab: Lab) -> None:
     alone = await lab.server(*WIDE_NP_JOB, name="alone")
     board = lab.spert(alone, "board", *SMALL_BOARD)
@@ -152,6 +157,7 @@ async def test_np_network_no_board_holds_is_refused_by_one_and_trains_on_four(la
     assert all(r["patterns_trained"] > 0 for r in reports)
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
 async def test_np_worker_that_cannot_read_the_data_is_told_why(lab: Lab) -> None:
     server = await lab.server(*np_job())
     inline = lab.worker(server, "inline", "--data-access", "inline")
@@ -165,13 +171,13 @@ async def test_np_worker_that_cannot_read_the_data_is_told_why(lab: Lab) -> None
 def test_np_holder_killed_mid_run_hands_its_units_over(cluster: Cluster) -> None:
     """Real processes: a holder killed (no goodbye) is noticed by its lost connection; its
     units go to the others as last reported and every frame is still applied once."""
-    server = cluster.server(*np_job(epochs=2), "--min-workers", "3", "--linger-seconds", "30")
+    server = cluster.server(*np_job(), "--min-workers", "3", "--linger-seconds", "30")
     workers = [cluster.worker(server, f"w{i}") for i in range(3)]
     system_wait(lambda: server.status()["steps"] > 30, 60, "np training")
     workers[1].send_signal(signal.SIGKILL)
     system_wait(lambda: server.status()["state"] == "trained", 120, "training to finish")
     status = server.status()
-    assert_trained_once(status, epochs=2)
+    assert_trained_once(status, epochs=1)
     assert "np: w1 left holding units" in server.log.read_text()
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
