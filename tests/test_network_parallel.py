@@ -9,10 +9,13 @@ import itertools
 import numpy as np
 import pytest
 
+from snet.client.data import load_corpus
 from snet.client.network import BunchNetwork
 from snet.client.slice_trainer import SliceTrainer
+from snet.client.slice_work import SliceWork
 from snet.protocol.errors import ConfigError, ProtocolError, RejectedUpdate
 from snet.protocol.job import JobSpec
+from snet.protocol.messages import NpBunch, PartialOutputs, SliceState
 from snet.protocol.network import NetworkSpec, initial_weights
 from snet.protocol.slices import (
     HiddenSlice,
@@ -196,3 +199,26 @@ def test_np_jobs_refuse_what_np_mode_cannot_do() -> None:
     ]:
         with pytest.raises(ConfigError, match=why):
             JobSpec(mode="np", **changes)  # type: ignore[arg-type]
+
+
+def test_slice_work_checks_what_the_server_sends_before_using_it() -> None:
+    job = JobSpec(mode="np", network=NetworkSpec.parse("117:8:10"), bunch_size=4, chunk_frames=8)
+    work = SliceWork(job, load_corpus(job.data, 10, 117))
+    size = slice_size(job.network, HiddenSlice(0, 8))
+    zeros = np.zeros(size, dtype=np.float32)
+    with pytest.raises(ProtocolError, match="of 8 units"):
+        work.apply(SliceState(4, 9, -1, zeros, zeros))
+    assert work.apply(SliceState(0, 8, -1, zeros, zeros)) == []
+    total = work.corpus.bounds.total_frames
+    for indices, why in [
+        (np.arange(5), "bunch_size 4"),
+        (np.array([0, total]), "outside"),
+        (np.array([-1]), "outside"),
+    ]:
+        with pytest.raises(ProtocolError, match=why):
+            work.apply(NpBunch(0, -1, 0.0, 0, False, indices.astype("<i8")))
+    (partial,) = work.apply(NpBunch(0, -1, 0.0, 0, False, np.arange(4, dtype="<i8")))
+    assert isinstance(partial, PartialOutputs) and partial.partial.shape == (4, 10)
+    error = np.zeros((4, 10), dtype=np.float32)
+    (report,) = work.apply(NpBunch(-1, 0, 0.1, 4, True, error=error))
+    assert isinstance(report, SliceState) and (report.start, report.stop, report.bunch) == (0, 8, 0)
