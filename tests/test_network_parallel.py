@@ -13,6 +13,8 @@ from snet.client.data import load_corpus
 from snet.client.network import BunchNetwork
 from snet.client.slice_trainer import SliceTrainer
 from snet.client.slice_work import SliceWork
+from snet.perf.model import DEFAULT_CONSTANTS, predict
+from snet.perf.plan import render_winners
 from snet.protocol.errors import ConfigError, ProtocolError, RejectedUpdate
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import NpBunch, PartialOutputs, SliceState
@@ -222,3 +224,22 @@ def test_slice_work_checks_what_the_server_sends_before_using_it() -> None:
     error = np.zeros((4, 10), dtype=np.float32)
     (report,) = work.apply(NpBunch(-1, 0, 0.1, 4, True, error=error))
     assert isinstance(report, SliceState) and (report.start, report.stop, report.bunch) == (0, 8, 0)
+
+
+def test_snet_plan_says_where_each_strategy_wins() -> None:
+    network = NetworkSpec.parse("351:1262:45")
+    constants = DEFAULT_CONSTANTS.with_link_mbps(1000)
+    predictions = [
+        predict(network, bunch, workers, constants, strategy, mode)
+        for bunch in (64,)
+        for workers in (1, 4)
+        for strategy in ("pattern", "network")
+        for mode in ("sync", "async")
+    ]
+    lines = render_winners(predictions)
+    assert lines[0].startswith("where each strategy wins")
+    for workers, line in zip((1, 4), lines[1:], strict=True):
+        rows = [p for p in predictions if p.workers == workers]
+        best = max(rows, key=lambda p: p.mcups)
+        assert line.split()[:2] == [str(workers), best.strategy]
+    assert render_winners([p for p in predictions if p.strategy == "pattern"]) == []
