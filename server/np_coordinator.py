@@ -47,7 +47,7 @@ from snet.protocol.slices import HiddenSlice
 from .epochs import EpochDecision
 from .pool import Received
 from .session import WorkerSession
-from .slice_master import COLLECT_EVERY, SliceMaster
+from .slice_master import COLLECT_EVERY, AssembledElement
 from .testset import score_frames
 from .training import Coordinator
 
@@ -81,7 +81,9 @@ class SliceCoordinator(Coordinator):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.master = SliceMaster(self.job.network, self.job.momentum, self.rule.weights)
+        if not isinstance(self.rule, AssembledElement):
+            raise TypeError("np mode's coordinator needs SliceSteps' rule (policies.py)")
+        self.master = self.rule.master
         self.labels = self.plan.source.labels
         self.depth = 2 if self.job.np_pipeline else 1
         self.in_flight: dict[int, BunchRound] = {}

@@ -41,6 +41,7 @@ from snet.protocol.codecs import carries_momentum
 from snet.protocol.job import JobSpec
 
 from .block_filter import BlockFilter
+from .slice_master import AssembledElement
 from .update_rule import StepRule, UpdateRule
 
 MAX_FUSED_STEPS = 16  # steps applied in one pass when updates pile up (bounds latency)
@@ -191,12 +192,22 @@ class AsyncSteps(StepPolicy):
         return groups
 
 
+class SliceAssembly(Combination):
+    """np mode: the rule holds the element assembled from the workers' slices."""
+
+    def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
+        return AssembledElement(weights, job)
+
+
 class SliceSteps(StepPolicy):
     """np mode: no worker sends updates (server/np_coordinator.py runs the bunches), so
     nothing is ever queued for a step."""
 
     name = "np"
     late_action: LateAction = "drop"  # every bunch waits for every holder
+
+    def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
+        super().__init__(updates_per_step, combination or SliceAssembly())
 
     def take(self, view: QueueView) -> list[list[int]]:
         return []

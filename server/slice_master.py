@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from snet.protocol.errors import RejectedUpdate
+from snet.protocol.job import JobSpec
 from snet.protocol.network import ELEMENT_DTYPE, NetworkSpec
 from snet.protocol.slices import (
     HiddenSlice,
@@ -34,6 +35,8 @@ from snet.protocol.slices import (
     slice_size,
     split_hidden,
 )
+
+from .update_rule import UpdateRule
 
 COLLECT_EVERY = 64  # bunches between slice reports (bounds what a lost worker costs)
 SOFTMAX_FLOOR = -30.0  # as the workers' network (client/network.py): p >= e^-30
@@ -148,3 +151,21 @@ class SliceMaster:
         """Start over from ``element`` with no momentum (a roll-back): call ``reslice``."""
         self.element[...] = element
         self.velocity[...] = 0.0
+
+
+class AssembledElement(UpdateRule):
+    """np mode's rule: no step ever runs through it (the slices step on the workers); it
+    holds the element assembled from the last reports (what /weights, the checkpoints and
+    the CV see) and the ``SliceMaster``, whose figures /status shows as the ``rule``."""
+
+    def __init__(self, weights: np.ndarray, job: JobSpec) -> None:
+        super().__init__(weights, job.momentum)
+        self.master = SliceMaster(job.network, job.momentum, weights)
+
+    def figures(self) -> dict[str, float | int | str]:
+        holders = self.master.holders
+        return {
+            "rule": "np slices",
+            "slices": " ".join(f"{w}:{p.start}-{p.stop}" for w, p in sorted(holders.items())),
+            "units_rolled_back": self.master.units_rolled_back,
+        }

@@ -64,6 +64,8 @@ async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
     np.testing.assert_allclose(_saved(server.out_dir), _sequential_weights(), rtol=1e-4, atol=1e-5)
     status = server.final_status()
     assert status["mode"] == "np"
+    assert status["rule"]["rule"] == "np slices"  # who holds which hidden units
+    assert len(status["rule"]["slices"].split()) == workers
     rows = {row["name"]: row for row in status["workers"]}
     assert all(row["updates_sent"] > 10 for row in rows.values())  # partials, each bunch
     ledger = status["epochs"][0]["ledger"]
