@@ -11,8 +11,12 @@ import pytest
 
 from snet.client.data import load_corpus
 from snet.client.network import BunchNetwork
+from snet.client.policies import SliceCompute
 from snet.client.slice_trainer import SliceTrainer
-from snet.client.slice_work import SliceWork
+from snet.client.slice_work import SliceWork, slice_network
+from snet.client.spert.backend import SpertBackend
+from snet.client.spert.board import BoardMemoryError
+from snet.client.spert.config import BoardConfig
 from snet.perf.model import DEFAULT_CONSTANTS, predict
 from snet.perf.plan import render_winners
 from snet.protocol.errors import ConfigError, ProtocolError, RejectedUpdate
@@ -243,3 +247,32 @@ def test_snet_plan_says_where_each_strategy_wins() -> None:
         best = max(rows, key=lambda p: p.mcups)
         assert line.split()[:2] == [str(workers), best.strategy]
     assert render_winners([p for p in predictions if p.strategy == "pattern"]) == []
+
+
+def test_a_board_holding_a_slice_is_charged_np_traffic_and_its_slice_compute() -> None:
+    spec = NetworkSpec.parse("117:64:10")
+    job = JobSpec(mode="np", network=spec, bunch_size=128)
+    backend = SpertBackend(BoardConfig(time_scale=1e9))  # no real sleeping to speak of
+    SliceCompute(1).prepare_backend(backend, job, load_corpus(job.data, 10, 117))
+    part = slice_network(spec, 16)  # 117:16:10, what a quarter of the units amounts to
+    backend.take_slice(part, 128)
+    backend.slice_forward(128)
+    backend.slice_backward(128)
+    call = 50e-6
+    per_pattern = part.connections / 345e6 + 16 * 5e-9 + 2e-6  # the forward pass
+    forward = 128 * per_pattern + call
+    train = 128 * (part.connections / 115e6 + 16 * 5e-9 + 2e-6) + call
+    link = (
+        (128 * 117 * 2) / 4.0e6  # 16-bit patterns in
+        + (128 * 10 * 4) / 2.7e6  # 32-bit partial sums out
+        + (128 * 10 * 2) / 4.0e6  # 16-bit errors in
+        + 3 * call
+    )
+    totals = backend.board.clock.totals
+    assert totals.link_seconds == pytest.approx(link, rel=1e-12)
+    assert totals.compute_seconds == pytest.approx(train, rel=1e-12)  # forward + the rest
+    assert forward < train
+    report = backend.report()
+    assert report is not None and report["patterns_trained"] == 128
+    with pytest.raises(BoardMemoryError, match="does not fit"):
+        backend.take_slice(slice_network(NetworkSpec.parse("117:4000:10"), 4000), 128)
