@@ -125,8 +125,8 @@ def render_winners(predictions: list[Prediction]) -> list[str]:
             return []
         winner, loser = (network, pattern) if network.mcups > pattern.mcups else (pattern, network)
         lines.append(
-            f"{workers:>3} {winner.strategy} ({winner.mode}) wins: {winner.mcups:,.0f} MCUPS "
-            f"against {loser.strategy} ({loser.mode}) {loser.mcups:,.0f}"
+            f"{workers:>3} worker(s): {winner.strategy} ({winner.mode}) wins, "
+            f"{winner.mcups:,.0f} MCUPS against {loser.mcups:,.0f} ({loser.strategy}, {loser.mode})"
         )
     return ["where each strategy wins (network = --mode np):", *lines] if lines else []
 

@@ -245,7 +245,7 @@ def test_snet_plan_says_where_each_strategy_wins() -> None:
     for workers, line in zip((1, 4), lines[1:], strict=True):
         rows = [p for p in predictions if p.workers == workers]
         best = max(rows, key=lambda p: p.mcups)
-        assert line.split()[:2] == [str(workers), best.strategy]
+        assert line.split()[:3] == [str(workers), "worker(s):", best.strategy]
     assert render_winners([p for p in predictions if p.strategy == "pattern"]) == []
 
 
