@@ -322,6 +322,8 @@ class PartialOutputs:
     partial: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
 
 
+SliceReply = PartialOutputs | SliceState  # what an np-mode worker sends the server
+
 Message = (
     ServerHello
     | Hello

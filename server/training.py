@@ -11,18 +11,15 @@ Each part owns its state and nothing writes another's fields:
 - ``LeaseBook``, ``LeaseDesk``, ``InlineFrames``: who trains on which frames;
 - ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
 - ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames;
-- ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
-- ``StalenessControl`` (staleness.py): the staleness policy in force and its bound;
-- ``TrainingStats`` (stats.py) and the hooks: what /status and the hooks see.
+- ``ProgressWatch`` (progress.py): the workers' delivery deadlines; ``StalenessControl``
+  (staleness.py): the staleness policy in force; ``TrainingStats`` (stats.py), the hooks.
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
 of ``version`` and exactly the ledger they include (server/resume.py, durability.py).
-
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
 late (lateness.py), leaves) to them and carries out what they decide: it publishes each
-step's weights with a new version, sends them to every worker, starts epochs. It runs on
-the event loop; only the ``StepRunner`` does numpy work, in the step thread. np mode's
-coordinator (np_coordinator.py) extends it.
+step's weights with a new version, sends them to every worker, starts epochs, on the event
+loop; only the ``StepRunner`` computes, in the step thread. np_coordinator.py extends it.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ from snet.protocol.messages import (
     Evaluate,
     FramesWanted,
     Goodbye,
-    PartialOutputs,
-    SliceState,
+    SliceReply,
     Weights,
     Welcome,
 )
@@ -194,9 +190,7 @@ class Coordinator:
         if not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
             self.desk.fill(self.sessions.values(), self.learning_rate)
 
-    def on_slice_message(
-        self, session: WorkerSession, message: PartialOutputs | SliceState
-    ) -> None:
+    def on_slice_message(self, session: WorkerSession, message: SliceReply) -> None:
         raise RejectedUpdate(f"{message.TYPE} is np mode's; this job's mode is {self.job.mode}")
 
     def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
