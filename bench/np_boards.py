@@ -42,10 +42,12 @@ def main() -> None:
     parser.add_argument("--bunch", type=int, default=128)
     parser.add_argument("--time-scale", type=float, default=4.0)
     parser.add_argument("--out", default=str(ROOT / "docs" / "np-boards.json"))
+    parser.add_argument("--work-dir", help="keep the logs and data here (default: a temporary one)")
     args = parser.parse_args()
     board = ["--time-scale", str(args.time_scale)]
     env = blas_thread_env(1)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.work_dir or scratch
         data, context = synthetic_corpus(Path(tmp) / "data.npz", NETWORK, args.frames)
         job = _job(data, context, args.bunch)
         with LocalCluster(Path(tmp) / "one", env) as cluster:
