@@ -184,3 +184,29 @@ def test_np_holder_killed_mid_run_hands_its_units_over(cluster: Cluster) -> None
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
     assert workers[0].wait(30) == 0 and workers[2].wait(30) == 0
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_np_server_restarted_mid_epoch_resumes_and_completes(lab: Lab) -> None:
+    """A stopped np server's last checkpoint holds the element assembled from the slices
+    (docs/network-parallel.md, limits); a new server on the same out-dir resumes from it,
+    cuts the units among the workers that join it and completes the epoch."""
+    first = await lab.server(*np_job(), "--min-workers", "2")
+    workers = [lab.worker(first, f"w{i}") for i in range(2)]
+
+    async def past_a_report() -> bool:
+        return int((await first.status())["steps"]) > 80  # reports come every 64 bunches
+
+    await wait_until(past_a_report, 60, "80 bunches")
+    first.stop("restart")
+    assert await first.wait(30) == "restart"
+    for worker in workers:
+        worker.stop("server restarted elsewhere")
+        await worker.wait(30)
+    second = await lab.server(*np_job(), "--min-workers", "2")
+    assert second.server.resumed is not None
+    assert second.server.coordinator.version > 80
+    again = [lab.worker(second, f"v{i}") for i in range(2)]
+    assert await second.wait(120) == "trained"
+    assert [await w.wait(30) for w in again] == [0, 0]
+    assert_trained_once(second.final_status(), epochs=1)
