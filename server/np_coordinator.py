@@ -83,6 +83,7 @@ class SliceCoordinator(Coordinator):
         super().__init__(*args, **kwargs)
         if not isinstance(self.rule, AssembledElement):
             raise TypeError("np mode's coordinator needs SliceSteps' rule (policies.py)")
+        self.rule: AssembledElement = self.rule
         self.master = self.rule.master
         self.labels = self.plan.source.labels
         self.depth = 2 if self.job.np_pipeline else 1
@@ -101,6 +102,7 @@ class SliceCoordinator(Coordinator):
         self.reports_ignored = 0  # answers to a request a newer one overtook
         self.last_completed = NO_BUNCH
         self.collect_bunch = NO_BUNCH
+        self.unrecorded: list[tuple[int, np.ndarray]] = []  # bunches done, not yet reported
 
     # ------------------------------------------------------------ workers
 
@@ -191,8 +193,10 @@ class SliceCoordinator(Coordinator):
             delta, loss, correct = self.master.combine(partials, labels)
             patterns, rate = len(round_.frames), self.learning_rate
             self.master.step_output(delta, patterns, rate)
+            # Recorded as applied once the slices that include it are reported: a
+            # checkpoint's ledger then holds exactly the bunches in its element.
             frames = self.book.accept(LONE, round_.lease_id, round_.offset, patterns)
-            self.book.record_applied(frames)
+            self.unrecorded.append((bunch, frames))
             self.version += 1
             self.last_completed = bunch
             self.since_collect += 1
@@ -201,8 +205,8 @@ class SliceCoordinator(Coordinator):
             self.stats.record_pass()
             event = BunchEvent(self.epoch, self.version, 1, patterns, correct, loss, rate)
             self.hooks.call("after_bunch", event)
-            if self.book.epoch_complete:
-                self.quiet_for = "epoch_end"
+            if not self.in_flight and not self.book.waiting_chunks and not self.book.leases_out:
+                self.quiet_for = "epoch_end"  # every bunch of the epoch is done
             quiet_now = bool(self.quiet_for) and not self.in_flight
             collect = quiet_now or self.since_collect >= COLLECT_EVERY
             self._pump(NpBunch(NO_BUNCH, bunch, rate, patterns, collect, error=delta))
@@ -269,8 +273,8 @@ class SliceCoordinator(Coordinator):
             return  # the error of the last bunch in flight asks for the reports
         if self.master.holders:
             self._send_all(NpBunch(NO_BUNCH, NO_BUNCH, 0.0, 0, True))
-        else:
-            self.collecting = True
+        else:  # nobody to ask: the server's copies are all there is (units rolled back)
+            self.collecting, self.collect_bunch = True, self.last_completed
             self._maybe_collected()
 
     def _maybe_collected(self) -> None:
@@ -278,8 +282,12 @@ class SliceCoordinator(Coordinator):
             return
         self.collecting = False
         self.since_collect = 0
-        self.rule.load(self.master.element)  # the assembled element: /weights, CV, saving
+        self.rule.assemble()  # the assembled element: /weights, CV, checkpoints
         self.digest = weights_digest(self.rule.snapshot)
+        reported = [frames for bunch, frames in self.unrecorded if bunch <= self.collect_bunch]
+        for frames in reported:
+            self.book.record_applied(frames)
+        self.unrecorded = self.unrecorded[len(reported) :]
         if not self.quiet_for or self.in_flight:
             return  # a periodic report: training goes on
         if self.quiet_for == "epoch_end":
@@ -340,10 +348,6 @@ class SliceCoordinator(Coordinator):
             self.quiet_for = ""
             self._reslice()
             self._pump()
-
-    def resume_at(self, version: int, digest: str, earlier: dict[str, Any], finished: bool) -> None:
-        super().resume_at(version, digest, earlier, finished)
-        self.master.load(self.rule.weights)
 
 
 def coordinator_class(mode: str) -> type[Coordinator]:

@@ -147,20 +147,32 @@ class SliceMaster:
         speed -= gradient.astype(ELEMENT_DTYPE)
         bias += speed
 
-    def load(self, element: np.ndarray) -> None:
-        """Start over from ``element`` with no momentum (a roll-back): call ``reslice``."""
+    def load(self, element: np.ndarray, velocity: np.ndarray | None = None) -> None:
+        """Start over from ``element`` and ``velocity`` (none: a roll-back, no momentum);
+        call ``reslice`` next."""
         self.element[...] = element
-        self.velocity[...] = 0.0
+        self.velocity[...] = 0.0 if velocity is None else velocity
 
 
 class AssembledElement(UpdateRule):
     """np mode's rule: no step ever runs through it (the slices step on the workers); it
-    holds the element assembled from the last reports (what /weights, the checkpoints and
-    the CV see) and the ``SliceMaster``, whose figures /status shows as the ``rule``."""
+    holds the element and momentum assembled from the last reports (what /weights, the
+    checkpoints and the CV see) and the ``SliceMaster``, whose figures /status shows."""
 
     def __init__(self, weights: np.ndarray, job: JobSpec) -> None:
         super().__init__(weights, job.momentum)
         self.master = SliceMaster(job.network, job.momentum, weights)
+
+    def assemble(self) -> None:
+        """Publish the element and its momentum as last reported: what /weights, the CV
+        and a checkpoint see from now on."""
+        self.load(self.master.element)
+        self.velocity[...] = self.master.velocity
+
+    def restore_checkpoint(self, state: dict[str, np.ndarray]) -> None:
+        """A resumed run's slices start from the saved element and momentum."""
+        super().restore_checkpoint(state)
+        self.master.load(self.weights, self.velocity)
 
     def figures(self) -> dict[str, float | int | str]:
         holders = self.master.holders
