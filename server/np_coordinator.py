@@ -19,6 +19,8 @@ waits, the whole network held by the server, until one joins.
 Each completed bunch is a version. The element the server publishes (/weights, CV,
 checkpoints, the final weights) is the one assembled at the last report: reports are
 asked every ``COLLECT_EVERY`` bunches and at every epoch end, before the CV evaluation.
+A bunch's frames are recorded as applied in the lease book's ledger only once the slices
+that include it are reported, so a checkpoint's ledger counts exactly its element's.
 """
 
 from __future__ import annotations
