@@ -134,6 +134,11 @@ class LocalCluster:
         args = ["worker", "--server", f"127.0.0.1:{server.port}", "--name", name]
         self._spawn([*args, "--log-level", "warning", "--retry-seconds", "10", *flags], name)
 
+    def spert(self, server: ServerHandle, name: str, flags: list[str]) -> subprocess.Popen[bytes]:
+        """An emulated Spert-II board (``snet spert``) as a worker process."""
+        args = ["spert", "--server", f"127.0.0.1:{server.port}", "--name", name]
+        return self._spawn([*args, "--log-level", "info", "--retry-seconds", "10", *flags], name)
+
     def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
         deadline = time.monotonic() + timeout

@@ -30,8 +30,8 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strategies",
         default="pattern",
-        help="pattern (what snet trains, the default), network (the model only: snet "
-        "cannot train network-parallel yet), or both: pattern,network",
+        help="pattern (the default), network (--mode np: sync rows without, async rows "
+        "with --np-pipeline), or both: pattern,network",
     )
     parser.add_argument(
         "--modes",

@@ -34,6 +34,7 @@ from snet.perf.plan import (
     render,
     render_blocks,
     render_bsp,
+    render_winners,
 )
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
@@ -66,7 +67,7 @@ def strategy_note(strategies: list[str]) -> str:
         return TRAINS_NOTE
     return (
         f"{TRAINS_NOTE}; the network-parallel rows (each worker a slice of the hidden units) "
-        "are the model only: snet cannot train that way yet"
+        "model --mode np: sync without, async with --np-pipeline (docs/network-parallel.md)"
     )
 
 
@@ -172,6 +173,9 @@ def run_plan(args: argparse.Namespace) -> int:
         )
         if blocks:
             print("\n".join([*blocks, ""]))
+        winners = render_winners(predictions)
+        if winners:
+            print("\n".join([*winners, ""]))
         print("\n".join(render_bsp(network, constants, args.bunch, workers, args.exemplars)))
     if args.png:
         from snet.perf.figure import draw

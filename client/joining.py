@@ -44,6 +44,7 @@ from .compression import UpdateCompressor
 from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus, open_corpus
+from .policies import make_compute_policy
 from .port_probe import refuse_if_http
 
 log = logging.getLogger("snet.worker")
@@ -204,5 +205,6 @@ class Handshake:
         if reason:
             log.info("frames come inline from the server: %s", reason)
             connection.send(FramesWanted(reason[:500]))
-        await loop.run_in_executor(self.executor, self.backend.prepare, job, corpus)
+        prepare = make_compute_policy(job).prepare_backend
+        await loop.run_in_executor(self.executor, prepare, self.backend, job, corpus)
         return corpus

@@ -17,7 +17,10 @@ mode is server/policies.py.
   computed on weights the server will find more than ``S`` versions old (the server
   refuses those: with ``S + 1`` in flight a fifth of them were, at 4 workers).
 
-Further modes fit here too: block-wise model-update filtering computes a block of bunches
+- ``SliceCompute`` (np, network parallelism): no updates at all; the worker answers the
+  server's slices and bunches in order (``slice_work``, client/slice_work.py).
+
+Block-wise model-update filtering (bmuf, ``BlockCompute``) computes a block of bunches
 locally and sends the model delta at the block's end.
 """
 
@@ -34,6 +37,8 @@ from snet.protocol.staleness import StalenessSetting
 
 from .backend import ComputeBackend
 from .blocks import LocalTrainer
+from .data import Corpus
+from .slice_work import SliceWork, slice_network
 
 # (weights, frames, out, rate) -> (loss sum, correct, patterns used); in the compute thread
 Compute = Callable[[np.ndarray, np.ndarray, np.ndarray, float], tuple[float, int, int]]
@@ -62,6 +67,14 @@ class ComputePolicy:
     def frames_per_update(self, job: JobSpec) -> int:
         """How many of a lease's frames one update covers at most: one bunch."""
         return job.bunch_size
+
+    def slice_work(self, job: JobSpec, corpus: Corpus, backend: object) -> SliceWork | None:
+        """np mode's queue of slices and bunches (None: this mode sends updates)."""
+        return None
+
+    def prepare_backend(self, backend: ComputeBackend, job: JobSpec, corpus: Corpus) -> None:
+        """Set the backend up for the job (compute thread), as it computes here."""
+        backend.prepare(job, corpus)
 
     def make_compute(self, backend: ComputeBackend, layout: ElementLayout, job: JobSpec) -> Compute:
         """What one update is: the gradient sum of a bunch on the weights given."""
@@ -123,6 +136,24 @@ class BoundedCompute(AsyncCompute):
         self.bound = bound
 
 
+class SliceCompute(ComputePolicy):
+    """np: the worker holds a slice of the hidden units and answers the server's bunches
+    (client/slice_work.py); it never computes an update of the whole network."""
+
+    name = "np"
+
+    def may_compute(self, state: ComputeState) -> bool:
+        return False
+
+    def slice_work(self, job: JobSpec, corpus: Corpus, backend: object) -> SliceWork | None:
+        return SliceWork(job, corpus, backend)
+
+    def prepare_backend(self, backend: ComputeBackend, job: JobSpec, corpus: Corpus) -> None:
+        """For its data and its device only: the network it holds is a slice, told
+        later (a board's memory is checked against the slice, not the whole network)."""
+        backend.prepare(job.with_changes(network=slice_network(job.network, 1)), corpus)
+
+
 def make_compute_policy(job: JobSpec) -> ComputePolicy:
     """The policy of a job's ``mode`` (and, in async mode, its staleness policy)."""
     if job.mode == "bmuf":
@@ -130,5 +161,9 @@ def make_compute_policy(job: JobSpec) -> ComputePolicy:
     setting = StalenessSetting.parse(job.staleness)
     if job.mode == "async" and setting.policy == "bounded":
         return BoundedCompute(job.max_in_flight, setting.bound)
-    policies: dict[str, type[ComputePolicy]] = {"sync": SyncCompute, "async": AsyncCompute}
+    policies: dict[str, type[ComputePolicy]] = {
+        "sync": SyncCompute,
+        "async": AsyncCompute,
+        "np": SliceCompute,
+    }
     return policies[job.mode](job.max_in_flight)

@@ -63,6 +63,7 @@ from .joining import Handshake, NotJoined
 from .policies import ComputeState, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
+from .slice_work import SliceWork
 from .update_timing import UpdateTiming
 from .work import WorkQueue
 
@@ -111,6 +112,7 @@ class Worker:
         self.reports = Reports(
             config, self.backend, self.progress, self.timing, lambda: self.compressor
         )
+        self._slices: SliceWork | None = None  # np mode's slices and bunches (slice_work.py)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -287,6 +289,8 @@ class Worker:
             message = self._inbox.popleft()
             if self._work.file(message, self.job, self.corpus):
                 continue
+            if self._slices is not None and self._slices.file(message):
+                continue
             if isinstance(message, Weights):  # arrived before the box was attached
                 connection.file_weights(box, message)
             elif isinstance(message, Goodbye):
@@ -303,13 +307,15 @@ class Worker:
             # server send nothing else, and the channel has refused anything out of turn
 
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
-        assert self.job is not None and connection.send_buffers is not None
+        assert self.job is not None and self.corpus is not None
+        assert connection.send_buffers is not None
         loop = asyncio.get_running_loop()
         policy = make_compute_policy(self.job)
         compute = policy.make_compute(self.backend, box.layout, self.job)
         per_update = policy.frames_per_update(self.job)
         last_base = -1
         scratch = box.layout.allocate()
+        self._slices = policy.slice_work(self.job, self.corpus, self.backend)
         while True:
             self._wake.clear()
             self._file_inbox(connection, box)
@@ -322,6 +328,9 @@ class Worker:
             if request is not None:
                 result = await loop.run_in_executor(self.executor, self._evaluate, request)
                 connection.send(result)
+                continue
+            if self._slices is not None:  # np mode: the server's bunches, in order
+                self._refused = await self._slices.step(self.executor, connection.send, self._wake)
                 continue
             weights = box.take_newest()
             ready = weights is not None and self._work.lease_ready(self.corpus)

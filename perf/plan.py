@@ -105,6 +105,31 @@ def render_blocks(
     return lines
 
 
+def render_winners(predictions: list[Prediction]) -> list[str]:
+    """Where each strategy wins: per worker count, the fastest pattern-parallel row
+    against the fastest network-parallel one (np mode), when both were asked for."""
+    counts = sorted({p.workers for p in predictions})
+    lines = []
+    for workers in counts:
+        best = {
+            strategy: max(
+                (p for p in predictions if p.workers == workers and p.strategy == strategy),
+                key=lambda p: p.mcups,
+                default=None,
+            )
+            for strategy in ("pattern", "network")
+        }
+        pattern, network = best["pattern"], best["network"]
+        if pattern is None or network is None:
+            return []
+        winner, loser = (network, pattern) if network.mcups > pattern.mcups else (pattern, network)
+        lines.append(
+            f"{workers:>3} worker(s): {winner.strategy} ({winner.mode}) wins, "
+            f"{winner.mcups:,.0f} MCUPS against {loser.mcups:,.0f} ({loser.strategy}, {loser.mode})"
+        )
+    return ["where each strategy wins (network = --mode np):", *lines] if lines else []
+
+
 def render_bsp(
     network: NetworkSpec, constants: Constants, bunch: int, workers: list[int], exemplars: int
 ) -> list[str]:

@@ -78,6 +78,8 @@ SENDS: dict[Role, dict[State, dict[str, State]]] = {
             "frames": State.TRAINING,
             "heartbeat": State.TRAINING,
             "error": State.TRAINING,
+            "np_slice": State.TRAINING,
+            "np_bunch": State.TRAINING,
             **_LEAVING,
         },
         State.CLOSED: {},
@@ -91,6 +93,8 @@ SENDS: dict[Role, dict[State, dict[str, State]]] = {
             "resync": State.TRAINING,
             "frames_wanted": State.TRAINING,
             "heartbeat": State.TRAINING,
+            "np_slice": State.TRAINING,
+            "np_partial": State.TRAINING,
             **_LEAVING,
         },
         State.EVALUATING: {
@@ -99,6 +103,8 @@ SENDS: dict[Role, dict[State, dict[str, State]]] = {
             "resync": State.EVALUATING,
             "frames_wanted": State.EVALUATING,
             "heartbeat": State.EVALUATING,
+            "np_slice": State.EVALUATING,
+            "np_partial": State.EVALUATING,
             "eval_result": State.TRAINING,  # or EVALUATING while more are owed
             **_LEAVING,
         },

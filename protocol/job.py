@@ -16,9 +16,10 @@ import numpy as np
 from .codecs import canonical, carries_momentum
 from .errors import ConfigError
 from .network import NetworkSpec
+from .slices import np_problem
 from .staleness import canonical_staleness
 
-MODES = ("sync", "async", "bmuf")
+MODES = ("sync", "async", "bmuf", "np")
 BLOCK_FILTERS = ("cbm", "nbm", "average", "nesterov")
 SCHEDULES = ("list", "newbob")
 FRAME_ORDERS = ("shuffled", "sequential")
@@ -231,6 +232,12 @@ class JobSpec:
                   "each block as it arrives, scaled by 1/N)", "parallel": True},
     )  # fmt: skip
 
+    np_pipeline: bool = field(
+        default=False,
+        metadata={"help": "np: forward the next bunch before this one's error is back "
+                  "(software pipelining, as Quicknet on MultiSpert)", "parallel": True},
+    )  # fmt: skip
+
     staleness: str = field(
         default="none",
         metadata={
@@ -282,6 +289,14 @@ class JobSpec:
                 "workers send model deltas: use none, fp16, int8, sign or powersgd:R"
             )
         object.__setattr__(self, "staleness", canonical_staleness(self.staleness))
+        if self.mode == "np":
+            problem = np_problem(self.network) or (
+                "np mode exchanges partial outputs: compress and staleness must be none"
+                if self.compress != "none" or self.staleness != "none"
+                else ""
+            )
+            if problem:
+                raise ConfigError(problem)
         expected_input = 13 * self.data.window if self.data.source == "fsdd" else None
         if expected_input is not None and self.network.input_size != expected_input:
             raise ConfigError(

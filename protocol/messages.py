@@ -283,6 +283,54 @@ class Goodbye:
     reason: str
 
 
+@dataclass(frozen=True)
+class SliceState:
+    """np mode (docs/network-parallel.md): a slice of hidden units ``start:stop`` with its
+    flat parameters (``element``, layout in protocol/slices.py) and their momentum
+    (``velocity``) as of bunch ``bunch``. From the server it hands the slice to the worker
+    (replacing any it held); from the worker it reports the slice, when asked."""
+
+    TYPE: ClassVar[str] = "np_slice"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("element", "velocity")
+    start: int
+    stop: int
+    bunch: int
+    element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    velocity: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class NpBunch:
+    """np mode, server to worker, applied in this order: the output ``error`` (patterns x
+    outputs) of bunch ``error_of`` (-1: none) to be stepped at ``learning_rate`` over
+    ``patterns``; then, if ``collect``, a ``SliceState`` report; then the forward pass of
+    bunch ``bunch`` (-1: none) on the frames ``indices``, answered by ``PartialOutputs``."""
+
+    TYPE: ClassVar[str] = "np_bunch"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("indices", "error")
+    bunch: int
+    error_of: int
+    learning_rate: float
+    patterns: int
+    collect: bool
+    indices: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+    error: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class PartialOutputs:
+    """np mode, worker to server: its slice's share of the output pre-activations of
+    bunch ``bunch`` (patterns x outputs) and the seconds its forward pass took."""
+
+    TYPE: ClassVar[str] = "np_partial"
+    ARRAYS: ClassVar[tuple[str, ...]] = ("partial",)
+    bunch: int
+    compute_seconds: float
+    partial: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
+
+
+SliceReply = PartialOutputs | SliceState  # what an np-mode worker sends the server
+
 Message = (
     ServerHello
     | Hello
@@ -300,6 +348,9 @@ Message = (
     | Heartbeat
     | ErrorMessage
     | Goodbye
+    | SliceState
+    | NpBunch
+    | PartialOutputs
 )
 
 MESSAGE_TYPES: dict[str, type[Any]] = {
@@ -321,5 +372,8 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
         Heartbeat,
         ErrorMessage,
         Goodbye,
+        SliceState,
+        NpBunch,
+        PartialOutputs,
     )
 }

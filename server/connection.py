@@ -42,8 +42,10 @@ from snet.protocol.messages import (
     Heartbeat,
     Hello,
     Message,
+    PartialOutputs,
     Resync,
     ServerHello,
+    SliceState,
     Update,
     WorkerReport,
 )
@@ -180,6 +182,8 @@ class WorkerConnection:
             session.report = report
         elif isinstance(message, Resync):
             self.coordinator.on_resync(session, message.reason)
+        elif isinstance(message, PartialOutputs | SliceState):  # np mode (np_coordinator.py)
+            self.coordinator.on_slice_message(session, message)
         # a Heartbeat only touches the session
 
     def _handshake(self, hello: Hello) -> None:

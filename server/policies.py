@@ -25,8 +25,9 @@ filtered with block momentum (server/block_filter.py); it also says which codecs
 how large a lease is. bmuf is sync or async stepping over block deltas.
 
 Further modes fit the same interface: bounded staleness holds an update whose base is too
-old (``take`` skips it) or tells its worker to wait; network-parallel training has every
-worker see every pattern, so a "step" is one bunch's partial outputs from all of them.
+old (``take`` skips it) or tells its worker to wait. Network-parallel training (``np``,
+``SliceSteps``) has every worker see every pattern and exchanges partial outputs instead
+of updates: its bunches are run by its own coordinator (np_coordinator.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from snet.protocol.codecs import carries_momentum
 from snet.protocol.job import JobSpec
 
 from .block_filter import BlockFilter
+from .slice_master import AssembledElement
 from .update_rule import StepRule, UpdateRule
 
 MAX_FUSED_STEPS = 16  # steps applied in one pass when updates pile up (bounds latency)
@@ -190,9 +192,37 @@ class AsyncSteps(StepPolicy):
         return groups
 
 
+class SliceAssembly(Combination):
+    """np mode: the rule holds the element assembled from the workers' slices."""
+
+    def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
+        return AssembledElement(weights, job)
+
+
+class SliceSteps(StepPolicy):
+    """np mode: no worker sends updates (server/np_coordinator.py runs the bunches), so
+    nothing is ever queued for a step."""
+
+    name = "np"
+    late_action: LateAction = "drop"  # every bunch waits for every holder
+
+    def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
+        super().__init__(updates_per_step, combination or SliceAssembly())
+
+    def take(self, view: QueueView) -> list[list[int]]:
+        return []
+
+    def refusal(self, base_version: int, version: int) -> str:
+        return "np mode: workers send partial outputs, not updates"
+
+
 def make_step_policy(job: JobSpec) -> StepPolicy:
     """The policy of a job's ``mode`` (bmuf: sync or async blocks, ``block_sync``)."""
     if job.mode == "bmuf":  # a block is a step of its own when blocks are asynchronous
         return SyncSteps(0, BlockDeltas()) if job.block_sync else AsyncSteps(1, BlockDeltas())
-    policies: dict[str, type[StepPolicy]] = {"sync": SyncSteps, "async": AsyncSteps}
+    policies: dict[str, type[StepPolicy]] = {
+        "sync": SyncSteps,
+        "async": AsyncSteps,
+        "np": SliceSteps,
+    }
     return policies[job.mode](job.updates_per_step)

@@ -21,10 +21,12 @@ Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, th
 weights of ``version`` and exactly the ledger they include (server/resume.py gathers and
 restores it, server/durability.py writes and reads the files).
 
+Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
+of ``version`` and exactly the ledger they include (server/resume.py, durability.py).
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
 late (lateness.py), leaves) to them and carries out what they decide: it publishes each
-step's weights with a new version, sends them to every worker, starts epochs. It runs on
-the event loop; only the ``StepRunner`` does numpy work, in the step thread.
+step's weights with a new version, sends them to every worker, starts epochs, on the event
+loop; only the ``StepRunner`` computes, in the step thread. np_coordinator.py extends it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from snet.protocol.messages import (
     Evaluate,
     FramesWanted,
     Goodbye,
+    SliceReply,
     Weights,
     Welcome,
 )
@@ -197,6 +200,9 @@ class Coordinator:
     def fill_leases(self) -> None:
         if not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
             self.desk.fill(self.sessions.values(), self.learning_rate)
+
+    def on_slice_message(self, session: WorkerSession, message: SliceReply) -> None:
+        raise RejectedUpdate(f"{message.TYPE} is np mode's; this job's mode is {self.job.mode}")
 
     def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """The worker cannot read the data: send its frames inline from now on."""

@@ -92,6 +92,9 @@ ARRAY_DTYPES = {
     "lengths": "<i8",
     "features": "<f4",
     "labels": "<i4",
+    "velocity": "<f4",
+    "error": "<f4",
+    "partial": "<f4",
 }
 
 

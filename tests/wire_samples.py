@@ -32,8 +32,11 @@ from snet.protocol.messages import (
     Hello,
     Lease,
     Message,
+    NpBunch,
+    PartialOutputs,
     Resync,
     ServerHello,
+    SliceState,
     Update,
     Weights,
     Welcome,
@@ -297,6 +300,32 @@ def samples() -> list[Sample]:
             ErrorMessage("update_rejected", "update contains NaN", False, 3, 256),
         ),
         Sample("goodbye", {"reason": "training complete"}, [], Goodbye("training complete")),
+        Sample(
+            "np_slice",
+            {"start": 0, "stop": 1, "bunch": 4},
+            [("<f4", [2], struct.pack("<2f", 0.5, -1.0)), ("<f4", [2], struct.pack("<2f", 0, 0))],
+            SliceState(0, 1, 4, np.array([0.5, -1.0], dtype="<f4"), np.zeros(2, dtype="<f4")),
+        ),
+        Sample(
+            "np_bunch",
+            {"bunch": 5, "error_of": 4, "learning_rate": 0.5, "patterns": 1, "collect": True},
+            [("<i8", [1], struct.pack("<q", 9)), ("<f4", [1, 2], struct.pack("<2f", 0.25, -0.25))],
+            NpBunch(
+                5,
+                4,
+                0.5,
+                1,
+                True,
+                np.array([9], dtype="<i8"),
+                np.array([[0.25, -0.25]], dtype="<f4"),
+            ),
+        ),
+        Sample(
+            "np_partial",
+            {"bunch": 5, "compute_seconds": 0.125},
+            [("<f4", [1, 2], struct.pack("<2f", 1.5, 2.0))],
+            PartialOutputs(5, 0.125, np.array([[1.5, 2.0]], dtype="<f4")),
+        ),
     ]
 
 

@@ -29,10 +29,10 @@ import numpy as np
 
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
-from snet.protocol.network import ElementLayout
+from snet.protocol.network import ElementLayout, NetworkSpec
 
 from ..data import Corpus, DenseStore
-from .board import SpertBoard
+from .board import WORD16, WORD32, SpertBoard
 from .config import BoardConfig
 from .fixedpoint import (
     ACTIVATION_FRACTION,
@@ -149,6 +149,38 @@ class SpertBackend:
             loss += chunk_loss
             correct += chunk_correct
         return len(frames), correct, loss
+
+    # ------------------------------------------------------------ np mode (slice_work.py)
+
+    def take_slice(self, spec: NetworkSpec, bunch: int) -> None:
+        """Hold a slice of hidden units (``spec``: inputs, the slice's units, outputs);
+        ``BoardMemoryError`` when its weights, buffers and tables do not fit the board."""
+        self.board.configure(spec, bunch)
+        self._connections = spec.connections
+
+    def slice_forward(self, patterns: int) -> None:
+        """Model a slice's forward pass: the 16-bit patterns in, the partial outputs
+        (32-bit accumulators) back; returns when the board would have finished."""
+        cost = self.board.cost
+        inputs, outputs = self._slice_sizes()
+        self.board.charge(cost.to_board(patterns * inputs * WORD16), "link")
+        self.board.charge(cost.forward(patterns), "compute")
+        self.board.charge(cost.to_host(patterns * outputs * WORD32), "link")
+        self.board.patterns_forward += patterns
+        self.board.wait()
+
+    def slice_backward(self, patterns: int) -> None:
+        """Model a slice's update from the output error (16-bit, in): the rest of a
+        training pass, its forward part done already; the board goes on meanwhile."""
+        cost = self.board.cost
+        outputs = self._slice_sizes()[1]
+        self.board.charge(cost.to_board(patterns * outputs * WORD16), "link")
+        self.board.charge(max(cost.train(patterns) - cost.forward(patterns), 0.0), "compute")
+        self.board.patterns_trained += patterns
+
+    def _slice_sizes(self) -> tuple[int, int]:
+        _, layout = self._ready()
+        return layout.shapes[0][0], layout.shapes[-1][0]
 
     def report(self) -> dict[str, Any] | None:
         """Modelled figures beside real ones, for /status (a WorkerReport)."""

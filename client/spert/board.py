@@ -188,3 +188,10 @@ class SpertBoard:
     def wait(self) -> None:
         """Block until every call issued so far has finished in board time."""
         self.clock.wait()
+
+    # ------------------------------------------------------------ np mode
+
+    def charge(self, board_seconds: float, kind: str) -> None:
+        """A call whose arithmetic the host did (np mode's slices, client/slice_work.py):
+        the board is busy for its modelled time, as for the calls above."""
+        self.clock.finish(self.clock.start(), board_seconds, kind)

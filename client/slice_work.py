@@ -1,0 +1,152 @@
+"""``SliceWork``: an np-mode worker's queue of slices and bunches, and what each one does.
+
+The server (server/np_coordinator.py) sends ``np_slice`` (take these hidden units) and
+``np_bunch`` (apply this error; report the slice; forward these frames) messages; they
+are applied strictly in the order received, one at a time in the compute thread, each
+giving the messages to send back (``PartialOutputs``, a ``SliceState`` report). The
+patterns are read from the worker's own copy of the data, as leases are in the other
+modes; a worker fed inline frames cannot train in np mode (it would need every bunch).
+
+Everything the server sends is checked before it is used: a slice inside the hidden
+layer and of the right size, at most ``bunch_size`` frame indices inside the data, an
+error of the bunch's shape (``SliceTrainer``); a violation is the server's bug and
+raises ``ProtocolError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from snet.protocol.errors import ConfigError, ProtocolError, RemoteError
+from snet.protocol.job import JobSpec
+from snet.protocol.messages import ErrorMessage, Message, NpBunch, PartialOutputs, SliceState
+from snet.protocol.network import NetworkSpec
+from snet.protocol.slices import HiddenSlice
+
+from .data import Corpus
+from .slice_trainer import SliceTrainer
+
+log = logging.getLogger("snet.worker")
+
+SliceMessage = SliceState | NpBunch
+
+
+@runtime_checkable
+class SliceHost(Protocol):
+    """A backend that models the device a slice lives on (the emulated Spert board,
+    client/spert/backend.py): its memory holds the slice or refuses it, and each pass
+    takes the device's modelled time. The arithmetic is the ``SliceTrainer``'s."""
+
+    def take_slice(self, spec: NetworkSpec, bunch: int) -> None: ...
+
+    def slice_forward(self, patterns: int) -> None: ...
+
+    def slice_backward(self, patterns: int) -> None: ...
+
+
+def slice_network(spec: NetworkSpec, units: int) -> NetworkSpec:
+    """The network a slice of ``units`` hidden units amounts to on its own (for a
+    device's memory plan): inputs, those units, the outputs."""
+    return NetworkSpec((spec.sizes[0], max(units, 1), spec.sizes[2]), spec.activations)
+
+
+class SliceWork:
+    """Slices and bunches from the server, in order, and the worker's ``SliceTrainer``."""
+
+    def __init__(self, job: JobSpec, corpus: Corpus, backend: object = None) -> None:
+        self.job = job
+        self.corpus = corpus
+        self.host = backend if isinstance(backend, SliceHost) else None
+        self.trainer = SliceTrainer(job.network, job.momentum)
+        self.queue: deque[SliceMessage] = deque()
+        self.bunches = 0  # forward passes computed
+        self.compute_seconds = 0.0
+
+    def file(self, message: Message) -> bool:
+        """Take an np message (False for any other)."""
+        if isinstance(message, SliceState | NpBunch):
+            self.queue.append(message)
+            return True
+        return False
+
+    def ready(self) -> bool:
+        """The next message can be applied now (its frames are at hand)."""
+        if not self.queue:
+            return False
+        first = self.queue[0]
+        return isinstance(first, SliceState) or self.corpus.ready_for(first.indices)
+
+    async def step(
+        self, executor: Executor, send: Callable[[Message], None], wake: asyncio.Event
+    ) -> RemoteError | None:
+        """Apply the next message in the compute thread and send its replies, or wait
+        for ``wake`` when none is ready. A slice this worker cannot hold (a board's
+        memory) is refused: the server is told (fatal ``bad_job``) and the refusal is
+        returned, for the worker to leave (the server hands the units to the others)."""
+        if not self.ready():
+            await wake.wait()
+            return None
+        message = self.queue.popleft()
+        loop = asyncio.get_running_loop()
+        try:
+            replies = await loop.run_in_executor(executor, self.apply, message)
+        except ConfigError as exc:
+            log.error("cannot take the slice the server gave: %s", exc)
+            send(ErrorMessage("bad_job", str(exc), True))
+            return RemoteError("bad_job", str(exc))
+        for reply in replies:
+            send(reply)
+        return None
+
+    def apply(self, message: SliceMessage) -> list[Message]:
+        """Compute thread: carry out ``message``; the replies to send, in order."""
+        if isinstance(message, SliceState):
+            hidden = self.job.network.sizes[1]
+            if not 0 <= message.start <= message.stop <= hidden:
+                raise ProtocolError(f"slice {message.start}:{message.stop} of {hidden} units")
+            part = HiddenSlice(message.start, message.stop)
+            if self.host is not None:  # a board refuses a slice too big for its memory
+                self.host.take_slice(
+                    slice_network(self.job.network, part.units), self.job.bunch_size
+                )
+            self.trainer.load(part, message.element, message.velocity, message.bunch)
+            return []
+        replies: list[Message] = []
+        trainer = self.trainer
+        if message.error_of >= 0:
+            error = np.asarray(message.error, dtype=np.float32)
+            trainer.backward(message.error_of, error, message.patterns, message.learning_rate)
+            if self.host is not None:
+                self.host.slice_backward(message.patterns)
+        if message.collect:  # copies: the trainer goes on changing its arrays
+            part = trainer.part
+            weights, velocity = trainer.weights.copy(), trainer.velocity.copy()
+            replies.append(SliceState(part.start, part.stop, trainer.last_bunch, weights, velocity))
+        if message.bunch >= 0:
+            started = time.perf_counter()
+            partial = trainer.forward(message.bunch, self._patterns(message.indices))
+            if self.host is not None:
+                self.host.slice_forward(len(message.indices))
+            seconds = time.perf_counter() - started
+            self.bunches += 1
+            self.compute_seconds += seconds
+            replies.append(PartialOutputs(message.bunch, seconds, partial))
+        return replies
+
+    def _patterns(self, indices: np.ndarray) -> np.ndarray:
+        total = self.corpus.bounds.total_frames
+        if not 0 < len(indices) <= self.job.bunch_size:
+            raise ProtocolError(
+                f"a bunch of {len(indices)} frames (bunch_size {self.job.bunch_size})"
+            )
+        if indices.min() < 0 or indices.max() >= total:
+            raise ProtocolError(f"frame indices outside the data's {total} frames")
+        return self.corpus.windows(indices)

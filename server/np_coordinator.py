@@ -1,0 +1,349 @@
+"""``SliceCoordinator``: the coordinator of network-parallel (``np``) training.
+
+np mode (docs/network-parallel.md) keeps everything of the ``Coordinator`` that does not
+depend on who computes what: sessions, the lease book's frame order, epochs and the
+learning-rate schedule, CV evaluations, stats, hooks and checkpoints. What differs: no
+worker is leased frames or sends updates. The coordinator itself takes the frames from
+the lease book as one lone worker would (so the bunches are those of sequential
+training), and runs each bunch through every slice holder: ``np_bunch`` with the frame
+indices out, ``np_partial`` back from each, the ``SliceMaster`` sums them and sends the
+error out with the next bunch. With ``np_pipeline`` two bunches are in flight.
+
+Who holds which hidden units changes only at a quiet moment: when a worker joins or
+leaves, the bunches in flight are finished (join) or abandoned (leave: their frames go
+back to the queue), every holder reports its slice, and the units are cut anew among the
+workers present from the copies the master holds. A departed worker's units come back as
+of its last report (at most ``COLLECT_EVERY`` bunches old); with no worker left training
+waits, the whole network held by the server, until one joins.
+
+Each completed bunch is a version. The element the server publishes (/weights, CV,
+checkpoints, the final weights) is the one assembled at the last report: reports are
+asked every ``COLLECT_EVERY`` bunches and at every epoch end, before the CV evaluation.
+A bunch's frames are recorded as applied in the lease book's ledger only once the slices
+that include it are reported, so a checkpoint's ledger counts exactly its element's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from snet.protocol.digest import weights_digest
+from snet.protocol.errors import RejectedUpdate
+from snet.protocol.hooks import BunchEvent
+from snet.protocol.messages import (
+    ErrorMessage,
+    FramesWanted,
+    NpBunch,
+    PartialOutputs,
+    SliceState,
+)
+from snet.protocol.slices import HiddenSlice
+
+from .epochs import EpochDecision
+from .pool import Received
+from .session import WorkerSession
+from .slice_master import COLLECT_EVERY, AssembledElement
+from .training import Coordinator
+
+log = logging.getLogger("snet.server")
+
+LONE = 0  # the lease book's worker id for the frames np mode trains (real ids start at 1)
+NO_BUNCH = -1
+# Workers whose measured speeds differ less than this get equal slices: the noise of a
+# measurement must not hand a board more units than its memory holds.
+SPEED_SPREAD = 1.5
+
+
+@dataclass
+class BunchRound:
+    """One bunch on its way through the slice holders."""
+
+    bunch: int
+    lease_id: int
+    offset: int
+    frames: np.ndarray
+    sent_at: float
+    partials: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def _nothing(_: object) -> None:
+    """The scorer session's send and close: the server does not message itself."""
+
+
+class SliceCoordinator(Coordinator):
+    """Runs bunches through the slice holders instead of leasing frames to workers."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.rule, AssembledElement):
+            raise TypeError("np mode's coordinator needs SliceSteps' rule (policies.py)")
+        self.rule: AssembledElement = self.rule
+        self.master = self.rule.master
+        self.labels = self.plan.source.labels
+        self.depth = 2 if self.job.np_pipeline else 1
+        self.in_flight: dict[int, BunchRound] = {}
+        self.next_bunch = 0
+        self.cursor: tuple[int, np.ndarray] | None = None  # (lease id, indices) being cut
+        self.cursor_offset = 0
+        self.quiet_for = ""  # why no new bunch starts now ("": none): reslice, epoch_end
+        self.collecting = False  # reports asked for and not all in
+        self.since_collect = 0
+        self.speeds: dict[int, float] = {}  # worker id -> measured unit-patterns per second
+        self.partials_ignored = 0  # of bunches abandoned when a holder left
+        # The server itself, as the evaluations' "worker" (np_coordinator scores the CV).
+        self.scorer = WorkerSession(LONE, "server", "", "server", (), _nothing, _nothing)
+        self.scoring: set[asyncio.Task[None]] = set()
+        self.reports_ignored = 0  # answers to a request a newer one overtook
+        self.last_completed = NO_BUNCH
+        self.collect_bunch = NO_BUNCH
+        self.unrecorded: list[tuple[int, np.ndarray]] = []  # bunches done, not yet reported
+
+    # ------------------------------------------------------------ workers
+
+    def add_worker(self, session: WorkerSession) -> None:
+        super().add_worker(session)
+        if session.worker_id in self.sessions and not self.finished.is_set():
+            self._quiesce("reslice")
+
+    def remove_worker(self, session: WorkerSession, reason: str) -> None:
+        held = session.worker_id in self.master.holders and not self.finished.is_set()
+        if held:  # before the base class refills: no bunch may go to the departed
+            self.master.depart(session.worker_id)
+            self.book.worker_gone(LONE)  # the frames of the bunches in flight go back
+            self.in_flight.clear()
+            self.cursor = None
+            self.quiet_for = self.quiet_for or "reslice"
+            log.warning("np: %s left holding units; re-slicing", session.name)
+        super().remove_worker(session, reason)
+        self.speeds.pop(session.worker_id, None)
+        if held:
+            self._quiesce("reslice")
+
+    def send_weights(self, session: WorkerSession) -> None:
+        """np workers get slices, not copies of the whole network."""
+        session.weights_version_sent = self.version
+
+    def fill_leases(self) -> None:
+        if not self.epochs.waiting_for_cv:
+            self._pump()
+
+    def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
+        """np mode sends no frames: every bunch goes to every worker, which reads it."""
+        text = (
+            f"np mode needs every worker to read the data itself ({message.reason[:200]}); "
+            "np does not send frames inline"
+        )
+        log.warning("worker %s cannot take part: %s", session.name, text)
+        session.send(ErrorMessage("bad_job", text, True))
+        session.close(text)
+
+    def on_update(self, session: WorkerSession, received: Received) -> None:
+        if received.loan is not None:
+            received.loan.release()
+        raise RejectedUpdate("np mode: workers send partial outputs, not updates")
+
+    # ------------------------------------------------------------ slices
+
+    def on_slice_message(
+        self, session: WorkerSession, message: PartialOutputs | SliceState
+    ) -> None:
+        if isinstance(message, SliceState):
+            if not self.collecting or message.bunch != self.collect_bunch:
+                self.reports_ignored += 1  # asked for earlier, overtaken by a newer request
+                return
+            part = HiddenSlice(message.start, message.stop)
+            self.master.take_report(session.worker_id, part, message.element, message.velocity)
+            self._delivered(session, 0, 0.0)
+            self._maybe_collected()
+            return
+        round_ = self.in_flight.get(message.bunch)
+        if round_ is None:  # a bunch abandoned when a holder left
+            self.partials_ignored += 1
+            return
+        if session.worker_id in round_.partials:
+            raise RejectedUpdate(f"a second partial output for bunch {message.bunch}")
+        self.master.check_partial(session.worker_id, message.partial, len(round_.frames))
+        round_.partials[session.worker_id] = message.partial
+        self._delivered(session, len(round_.frames), message.compute_seconds)
+        units = self.master.holders[session.worker_id].units
+        session.patterns += len(round_.frames)
+        session.compute_seconds += message.compute_seconds
+        session.updates_sent += 1
+        if message.compute_seconds > 0:
+            speed = units * len(round_.frames) / message.compute_seconds
+            earlier = self.speeds.get(session.worker_id, speed)
+            self.speeds[session.worker_id] = 0.8 * earlier + 0.2 * speed
+        self._complete_bunches()
+
+    def _complete_bunches(self) -> None:
+        """Bunches complete in order: sum, step the output biases, send the error."""
+        while self.in_flight:
+            bunch, round_ = next(iter(self.in_flight.items()))
+            if set(round_.partials) != set(self.master.holders):
+                return
+            del self.in_flight[bunch]
+            labels = self.labels[round_.frames]
+            partials = [round_.partials[w] for w in sorted(round_.partials)]
+            delta, loss, correct = self.master.combine(partials, labels)
+            patterns, rate = len(round_.frames), self.learning_rate
+            self.master.step_output(delta, patterns, rate)
+            # Recorded as applied once the slices that include it are reported: a
+            # checkpoint's ledger then holds exactly the bunches in its element.
+            frames = self.book.accept(LONE, round_.lease_id, round_.offset, patterns)
+            self.unrecorded.append((bunch, frames))
+            self.version += 1
+            self.last_completed = bunch
+            self.since_collect += 1
+            self.stats.record_train(patterns, correct, loss)
+            self.stats.record_step(len(partials), patterns, time.monotonic() - round_.sent_at)
+            self.stats.record_pass()
+            event = BunchEvent(self.epoch, self.version, 1, patterns, correct, loss, rate)
+            self.hooks.call("after_bunch", event)
+            if not self.in_flight and not self.book.waiting_chunks and not self.book.leases_out:
+                self.quiet_for = "epoch_end"  # every bunch of the epoch is done
+            quiet_now = bool(self.quiet_for) and not self.in_flight
+            collect = quiet_now or self.since_collect >= COLLECT_EVERY
+            self._pump(NpBunch(NO_BUNCH, bunch, rate, patterns, collect, error=delta))
+
+    def _pump(self, error: NpBunch | None = None) -> None:
+        """Start bunches while fewer than ``depth`` are in flight; the first carries
+        ``error`` (the last completed bunch's), else it goes alone."""
+        while not self.quiet_for and not self.closed and len(self.in_flight) < self.depth:
+            if not self.master.holders or self.epochs.waiting_for_cv:
+                break
+            round_ = self._next_round()
+            if round_ is None:
+                break
+            self.in_flight[round_.bunch] = round_
+            base = error or NpBunch(NO_BUNCH, NO_BUNCH, 0.0, 0, False)
+            self._send_all(replace(base, bunch=round_.bunch, indices=round_.frames))
+            error = None
+        if error is not None:
+            self._send_all(error)
+
+    def _next_round(self) -> BunchRound | None:
+        if self.cursor is None or self.cursor_offset >= len(self.cursor[1]):
+            lease = self.book.grant(LONE, 1)
+            if lease is None:
+                return None
+            self.cursor, self.cursor_offset = (lease.lease_id, lease.indices), 0
+        lease_id, indices = self.cursor
+        offset = self.cursor_offset
+        frames = indices[offset : offset + self.job.bunch_size]
+        self.cursor_offset += len(frames)
+        self.next_bunch += 1
+        return BunchRound(self.next_bunch - 1, lease_id, offset, frames, time.monotonic())
+
+    def _send_all(self, message: NpBunch) -> None:
+        if self.closed:
+            return
+        if message.collect:  # every holder reports its slice as of the last completed bunch
+            self.collecting, self.collect_bunch = True, self.last_completed
+            self.master.reported.clear()
+        now = time.monotonic()
+        for worker_id in self.master.holders:
+            session = self.sessions[worker_id]
+            session.send(message)
+            if message.bunch >= 0 or message.collect:
+                session.clock.got_work(now)  # it owes an answer: late ones are dropped
+
+    def _delivered(self, session: WorkerSession, patterns: int, seconds: float) -> None:
+        """An answer came: its delivery clock (server/lateness.py) runs on only while it
+        owes another (a partial of a bunch in flight, or a report)."""
+        session.clock.update_arrived(time.monotonic(), patterns, seconds)
+        wid = session.worker_id
+        owes_report = self.collecting and wid not in self.master.reported
+        if not owes_report and all(wid in r.partials for r in self.in_flight.values()):
+            session.clock.ran_dry()
+
+    # ------------------------------------------------------------ quiet moments
+
+    def _quiesce(self, why: str) -> None:
+        """No new bunch until the ones in flight are done and every slice is reported;
+        then ``why`` (an epoch's end, a re-slicing) is carried out."""
+        if self.quiet_for != "epoch_end":  # an epoch end re-slices when it is done anyway
+            self.quiet_for = why
+        if self.in_flight:
+            return  # the error of the last bunch in flight asks for the reports
+        if self.master.holders:
+            self._send_all(NpBunch(NO_BUNCH, NO_BUNCH, 0.0, 0, True))
+        else:  # nobody to ask: the server's copies are all there is (units rolled back)
+            self.collecting, self.collect_bunch = True, self.last_completed
+            self._maybe_collected()
+
+    def _maybe_collected(self) -> None:
+        if not self.collecting or not self.master.all_reported:
+            return
+        self.collecting = False
+        self.since_collect = 0
+        self.rule.assemble()  # the assembled element: /weights, CV, checkpoints
+        self.digest = weights_digest(self.rule.snapshot)
+        reported = [frames for bunch, frames in self.unrecorded if bunch <= self.collect_bunch]
+        for frames in reported:
+            self.book.record_applied(frames)
+        self.unrecorded = self.unrecorded[len(reported) :]
+        if not self.quiet_for or self.in_flight:
+            return  # a periodic report: training goes on
+        if self.quiet_for == "epoch_end":
+            self.idle.start_epoch(())  # every holder saw every bunch: nobody sat idle
+            self._end_epoch()  # the next epoch's bunches wait for the slices
+        self._reslice()
+        self.quiet_for = ""
+        self.steps.offer(True)
+        self._pump()
+
+    def _reslice(self) -> None:
+        # Before the first bunch it waits for min_workers (for a network no one board holds).
+        waiting = self.next_bunch == 0 and len(self.sessions) < self.desk.min_workers
+        if not self.sessions or waiting:
+            self.master.holders.clear()
+            return
+        mean = float(np.mean(list(self.speeds.values()))) if self.speeds else 1.0
+        speeds = {w: self.speeds.get(w, mean) for w in self.sessions}
+        if max(speeds.values()) < SPEED_SPREAD * min(speeds.values()):
+            speeds = dict.fromkeys(speeds, 1.0)  # alike: equal slices, not measuring noise
+        for worker_id, grant in self.master.reslice(speeds).items():
+            state = SliceState(grant.part.start, grant.part.stop, self.last_completed,
+                               grant.weights, grant.velocity)  # fmt: skip
+            self.sessions[worker_id].send(state)
+        log.info("np: hidden units cut among %d workers: %s", len(speeds),
+                 {w: (p.start, p.stop) for w, p in self.master.holders.items()})  # fmt: skip
+
+    # ------------------------------------------------------------ epochs, resume
+
+    def assign_evaluations(self) -> None:
+        """The server scores each epoch's assembled element on the CV frames itself (in
+        the step thread): no worker need hold the whole network, which in np mode none
+        may be able to (a board's memory)."""
+        for _, job in self.evaluations.assign([self.scorer], lambda _: 0, time.monotonic()):
+            scored = self._score(job.version, job.epoch, job.weights)
+            task = asyncio.get_running_loop().create_task(scored)
+            self.scoring.add(task)
+            task.add_done_callback(self.scoring.discard)
+
+    async def _score(self, version: int, epoch: int, weights: np.ndarray) -> None:
+        result = await self.referee.score(epoch, version, weights)  # in the step thread
+        if not self.closed:
+            self.on_eval_result(self.scorer, result)
+
+    def _apply_decision(self, result: Any, decision: EpochDecision) -> None:
+        """A roll-back (newbob) restores the whole network: the slices are cut anew."""
+        if decision.restore is not None:
+            self.quiet_for = "reslice"
+        super()._apply_decision(result, decision)
+        if decision.restore is not None:
+            self.master.load(self.rule.weights)
+            self.quiet_for = ""
+            self._reslice()
+            self._pump()
+
+
+def coordinator_class(mode: str) -> type[Coordinator]:
+    """The coordinator of a job's ``mode``: np mode's own, else the pattern-parallel one."""
+    return SliceCoordinator if mode == "np" else Coordinator

@@ -1,0 +1,212 @@
+"""np mode end to end (in-process lab): a real server and workers exchanging slices,
+bunches and partial outputs over 127.0.0.1, checked against sequential training."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.np_pipeline import train_np_replay
+from snet.cli.offline import train_job
+from snet.protocol.job import JobSpec
+from snet.protocol.network import NetworkSpec
+
+from helpers import Cluster, load_weights
+from helpers import wait_until as system_wait
+from inprocess import Lab, wait_until
+
+
+def np_job(epochs: int = 1) -> list[str]:
+    """Small and quick: fsdd digits, 117:32:10, bunches of 256 (190 bunches an epoch)."""
+    return [
+        "--mode", "np", "--network", "117:32:10", "--epochs", str(epochs), "--bunch-size",
+        "256", "--chunk-frames", "4096", "--learning-rates", "0.2", "--momentum", "0.9",
+    ]  # fmt: skip
+
+
+def _sequential_weights(**changes: object) -> np.ndarray:
+    job = JobSpec(
+        network=NetworkSpec.parse("117:32:10"),
+        epochs=1,
+        bunch_size=256,
+        chunk_frames=4096,
+        learning_rates=(0.2,),
+        momentum=0.9,
+        mode="sync",
+    ).with_changes(**changes)
+    return train_job(job).weights
+
+
+def assert_trained_once(status: dict[str, Any], epochs: int) -> None:
+    """Every epoch done, every training frame applied exactly once, and it learned."""
+    assert status["epochs_done"] == epochs
+    for epoch in status["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
+    assert status["cv_accuracy"] > 0.5
+
+
+def _saved(lab_server_out: object) -> np.ndarray:
+    arrays = load_weights(lab_server_out / "weights.npz")  # type: ignore[operator]
+    return np.concatenate([a.ravel() for a in arrays])
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+@pytest.mark.parametrize("workers", [2, 3])
+async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
+    server = await lab.server(*np_job())
+    started = [lab.worker(server, f"w{i}") for i in range(workers)]
+    assert await server.wait(120) == "trained"
+    assert [await w.wait(30) for w in started] == [0] * workers
+    np.testing.assert_allclose(_saved(server.out_dir), _sequential_weights(), rtol=1e-4, atol=1e-5)
+    status = server.final_status()
+    assert status["mode"] == "np"
+    assert status["rule"]["rule"] == "np slices"  # who holds which hidden units
+    assert len(status["rule"]["slices"].split()) == workers
+    rows = {row["name"]: row for row in status["workers"]}
+    assert all(row["updates_sent"] > 10 for row in rows.values())  # partials, each bunch
+    ledger = status["epochs"][0]["ledger"]
+    assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_np_worker_leaving_hands_its_units_over(lab: Lab) -> None:
+    """A holder that leaves mid-epoch: its units go to the others as last reported, the
+    bunches in flight are run again, and training completes every frame once."""
+    server = await lab.server(*np_job())
+    first, second = lab.worker(server, "w0"), lab.worker(server, "w1")
+
+    async def some_bunches_done() -> bool:
+        return int((await server.status())["steps"]) >= 15
+
+    await wait_until(some_bunches_done, 60, "15 bunches")
+    second.stop("leaving on purpose")
+    assert await second.wait(30) == 0
+    assert await server.wait(120) == "trained"
+    assert await first.wait(30) == 0
+    status = server.final_status()
+    assert_trained_once(status, epochs=1)
+    assert "np: w1 left holding units" in lab.log("server")
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_np_holder_that_stops_answering_is_dropped_not_waited_for(lab: Lab) -> None:
+    """Every bunch waits for every holder, but only until the round deadline: a worker
+    whose partial output is lost is dropped (round_deadline), rejoins, and is given
+    units again; training does not freeze and applies every frame once."""
+    server = await lab.server("--stall-seconds", "1", "--join-seconds", "2", *np_job())
+    steady = lab.worker(server, "w0")
+    lossy = lab.worker(server, "w1", "--faults", "drop:np_partial:30")
+    assert await server.wait(120) == "trained"
+    assert [await steady.wait(30), await lossy.wait(30)] == [0, 0]
+    status = server.final_status()
+    assert status["workers_dropped_late"] == 1
+    ledger = status["epochs"][0]["ledger"]
+    assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0
+    assert "np: w1 left holding units" in lab.log("server")
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_np_pipelined_gives_the_replayed_pipeline_weights(lab: Lab) -> None:
+    """With np_pipeline the forward pass of bunch k+1 runs before bunch k's error is
+    applied: the server and workers give exactly what bench/np_pipeline.py's replay of
+    that order gives (so the default-job figures measured with it hold for the daemon)."""
+    server = await lab.server(*np_job(), "--np-pipeline", "true", "--min-workers", "2")
+    started = [lab.worker(server, f"w{i}") for i in range(2)]
+    assert await server.wait(120) == "trained"
+    assert [await w.wait(30) for w in started] == [0, 0]
+    job = JobSpec(
+        mode="np",
+        network=NetworkSpec.parse("117:32:10"),
+        epochs=1,
+        bunch_size=256,
+        chunk_frames=4096,
+        learning_rates=(0.2,),
+        momentum=0.9,
+    )
+    replayed, _ = train_np_replay(job, 2, pipelined=True)
+    saved = _saved(server.out_dir)
+    np.testing.assert_allclose(saved, replayed, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(saved, _sequential_weights(), rtol=1e-4, atol=1e-5)
+
+
+# Boards of 0.6 MB: 117:256:10 (1.04 MB on a board) fits no single one; a quarter of its
+# hidden units (64: 0.53 MB) fits each. Ten times faster than the modelled board.
+SMALL_BOARD = ["--memory-mb", "0.6", "--time-scale", "10"]
+WIDE_NP_JOB = [*np_job(), "--network", "117:256:10"]
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_np_network_no_board_holds_is_refused_by_one_and_trains_on_four(lab: Lab) -> None:
+    alone = await lab.server(*WIDE_NP_JOB, name="alone")
+    board = lab.spert(alone, "board", *SMALL_BOARD)
+    assert await board.wait(60) == 4  # EXIT_REFUSED: the whole hidden layer did not fit
+    assert "does not fit the Spert board" in lab.log("board")
+    alone.stop("test over")
+    await alone.wait(30)
+
+    server = await lab.server(*WIDE_NP_JOB, "--min-workers", "4")
+    boards = [lab.spert(server, f"board{i}", *SMALL_BOARD) for i in range(4)]
+    assert await server.wait(120) == "trained"
+    assert [await b.wait(30) for b in boards] == [0, 0, 0, 0]
+    status = server.final_status()
+    assert status["cv_accuracy"] > 0.5
+    reports = [row["report"] for row in status["workers"]]
+    assert all(0 < r["memory_mb"] < 0.6 and r["modelled_mcups"] > 0 for r in reports), reports
+    assert all(r["patterns_trained"] > 0 for r in reports)
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_np_worker_that_cannot_read_the_data_is_told_why(lab: Lab) -> None:
+    server = await lab.server(*np_job())
+    inline = lab.worker(server, "inline", "--data-access", "inline")
+    assert await inline.wait(60) == 4  # refused for good: np mode sends no frames
+    assert "np mode needs every worker to read the data itself" in lab.log("inline")
+    server.stop("test over")
+    await server.wait(30)
+
+
+@pytest.mark.system
+def test_np_holder_killed_mid_run_hands_its_units_over(cluster: Cluster) -> None:
+    """Real processes: a holder killed (no goodbye) is noticed by its lost connection; its
+    units go to the others as last reported and every frame is still applied once."""
+    server = cluster.server(*np_job(), "--min-workers", "3", "--linger-seconds", "30")
+    workers = [cluster.worker(server, f"w{i}") for i in range(3)]
+    system_wait(lambda: server.status()["steps"] > 30, 60, "np training")
+    workers[1].send_signal(signal.SIGKILL)
+    system_wait(lambda: server.status()["state"] == "trained", 120, "training to finish")
+    status = server.status()
+    assert_trained_once(status, epochs=1)
+    assert "np: w1 left holding units" in server.log.read_text()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert workers[0].wait(30) == 0 and workers[2].wait(30) == 0
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_np_server_restarted_mid_epoch_resumes_and_completes(lab: Lab) -> None:
+    """A stopped np server's last checkpoint holds the element assembled from the slices
+    (docs/network-parallel.md, limits); a new server on the same out-dir resumes from it,
+    cuts the units among the workers that join it and completes the epoch."""
+    first = await lab.server(*np_job(), "--min-workers", "2")
+    workers = [lab.worker(first, f"w{i}") for i in range(2)]
+
+    async def past_a_report() -> bool:
+        return int((await first.status())["steps"]) > 80  # reports come every 64 bunches
+
+    await wait_until(past_a_report, 60, "80 bunches")
+    first.stop("restart")
+    assert await first.wait(30) == "restart"
+    for worker in workers:
+        worker.stop("server restarted elsewhere")
+        await worker.wait(30)
+    second = await lab.server(*np_job(), "--min-workers", "2")
+    assert second.server.resumed is not None
+    assert second.server.coordinator.version > 80
+    again = [lab.worker(second, f"v{i}") for i in range(2)]
+    assert await second.wait(120) == "trained"
+    assert [await w.wait(30) for w in again] == [0, 0]
+    assert_trained_once(second.final_status(), epochs=1)
