@@ -21,6 +21,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 RECENT = 512  # latencies kept for the median: recent ones, so a slow start fades out
 
@@ -85,3 +89,10 @@ class UpdateTiming:
             figures["latency_ms"] = round(1e3 * statistics.median(self._recent), 3)
             figures["latency_mean_ms"] = round(1e3 * self.latency_sum / self.latency_count, 3)
         return figures
+
+
+def timed(function: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """Compute thread: ``function(*args)`` and the CPU time this thread spent on it."""
+    started = time.thread_time()
+    result = function(*args)
+    return result, time.thread_time() - started

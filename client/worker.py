@@ -18,9 +18,7 @@ import logging
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
 
 import numpy as np
 
@@ -64,13 +62,11 @@ from .policies import ComputeState, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
 from .slice_work import SliceWork
-from .update_timing import UpdateTiming
+from .update_timing import UpdateTiming, timed
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
 EXIT_REFUSED = 4  # refused by the server: a restart would be refused again
-
-T = TypeVar("T")
 
 
 class Worker:
@@ -350,7 +346,7 @@ class Worker:
             if self.compressor is None:
                 gradient = await connection.send_buffers.acquire()
                 computed, cpu = await loop.run_in_executor(
-                    self.executor, _timed, compute, weights.flat, frames, gradient, rate
+                    self.executor, timed, compute, weights.flat, frames, gradient, rate
                 )
                 loss, correct, count = computed
                 connection.send_buffers.mark_in_flight(gradient)
@@ -358,7 +354,7 @@ class Worker:
             else:  # the encoded parts are new arrays: one scratch gradient buffer will do
                 key = (lease.lease_id, offset)
                 encoded_update, cpu = await loop.run_in_executor(
-                    self.executor, _timed, self.compressor.computed, compute, weights.flat,
+                    self.executor, timed, self.compressor.computed, compute, weights.flat,
                     frames, scratch, rate, key,
                 )  # fmt: skip
                 loss, correct, count, encoded = encoded_update
@@ -392,10 +388,3 @@ class Worker:
         weights = np.ascontiguousarray(request.element, dtype=np.float32)
         frames, correct, loss = self.backend.evaluate(weights)
         return EvalResult(request.version, request.epoch, frames, correct, loss)
-
-
-def _timed(function: Callable[..., T], *args: Any) -> tuple[T, float]:
-    """Compute thread: ``function(*args)`` and the CPU time this thread spent on it."""
-    started = time.thread_time()
-    result = function(*args)
-    return result, time.thread_time() - started
