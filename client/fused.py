@@ -64,32 +64,33 @@ class FusedSteps:
         kernels.load_windows(frames, starts, centres, context, self._scales[0].pre, self._inputs)
         return n
 
-    def forward(
-        self, weights: np.ndarray, n: int, labels: np.ndarray, delta: bool
-    ) -> tuple[float, int]:
-        """Every layer's stored output for the loaded bunch, the softmax (minus one at the
-        labels when ``delta``); returns (summed loss, correct)."""
+    def forward(self, weights: np.ndarray, n: int, labels: np.ndarray) -> tuple[float, int]:
+        """Every layer's stored output for the loaded bunch and the softmax; returns
+        (summed loss, correct)."""
         views = self._views(weights)
         kernels.matmul(self._inputs, views[0], self._outputs[0], n, 1.0)  # pre * (x W + b)
         for layer in range(1, len(self._kinds)):
-            below = self._outputs[layer - 1]
-            self._activate(layer - 1, below[:n])
-            scales = self._scales[layer]
-            kernels.forward_layer(
-                below,
-                n,
-                views[2 * layer - 1],
-                views[2 * layer],
-                self._outputs[layer],
-                self._plain[layer - 1],
-                self._uses_plain(layer, n),
-                scales.in_mul,
-                scales.in_add,
-                scales.pre,
-                self._biases[layer],
-            )
-        loss, correct = kernels.softmax_delta(self._outputs[-1], n, labels, _SOFTMAX_FLOOR, delta)
+            self._activate(layer - 1, self._outputs[layer - 1][:n])
+            self._forward_layer(views, layer, n)
+        loss, correct = kernels.softmax_delta(self._outputs[-1], n, labels, _SOFTMAX_FLOOR, False)
         return float(loss), int(correct)
+
+    def _forward_layer(self, views: list[np.ndarray], layer: int, n: int) -> None:
+        """pre * z of ``layer`` (above the first) from the activated layer below."""
+        scales = self._scales[layer]
+        kernels.forward_layer(
+            self._outputs[layer - 1],
+            n,
+            views[2 * layer - 1],
+            views[2 * layer],
+            self._outputs[layer],
+            self._plain[layer - 1],
+            self._uses_plain(layer, n),
+            scales.in_mul,
+            scales.in_add,
+            scales.pre,
+            self._biases[layer],
+        )
 
     def _activate(self, layer: int, out: np.ndarray) -> None:
         if self._kinds[layer] == "relu":
@@ -107,14 +108,43 @@ class FusedSteps:
     ) -> tuple[float, int]:
         """The summed gradient over the loaded bunch of ``n`` patterns into ``out``;
         returns (summed loss, correct) with the weights before the update."""
-        loss, correct = self.forward(weights, n, labels, delta=True)
         views, grads = self._views(weights), self._views(out)
-        delta = self._outputs[-1]
-        for layer in range(len(self._kinds) - 1, 0, -1):
+        top = len(self._kinds) - 1
+        kernels.matmul(self._inputs, views[0], self._outputs[0], n, 1.0)  # pre * (x W + b)
+        if top == 0:  # no hidden layer: the softmax layer is the first
+            loss, correct = kernels.softmax_delta(self._outputs[0], n, labels, _SOFTMAX_FLOOR, True)
+            kernels.matmul_at(self._inputs, self._outputs[0], grads[0], n, 1.0)
+            return float(loss), int(correct)
+        for layer in range(1, top):
+            self._activate(layer - 1, self._outputs[layer - 1][:n])
+            self._forward_layer(views, layer, n)
+        below = self._outputs[top - 1]
+        self._activate(top - 1, below[:n])
+        scales = self._scales[top]
+        loss, correct = kernels.output_layer(
+            below,
+            n,
+            views[2 * top - 1],
+            views[2 * top],
+            self._outputs[top],
+            self._plain[top - 1],
+            self._uses_plain(top, n),
+            scales.in_mul,
+            scales.in_add,
+            scales.back,
+            self._biases[top],
+            labels,
+            _SOFTMAX_FLOOR,
+            grads[2 * top - 1],
+            grads[2 * top],
+            self._deltas[top - 1],
+            self._kinds[top - 1] == "relu",
+        )
+        for layer in range(top - 1, 0, -1):
             scales = self._scales[layer]
             plain = self._uses_plain(layer, n)
             kernels.backward_layer(
-                delta,
+                self._deltas[layer],
                 n,
                 (self._plain if plain else self._outputs)[layer - 1],
                 views[2 * layer - 1],
@@ -127,6 +157,5 @@ class FusedSteps:
                 self._outputs[layer - 1],
                 self._kinds[layer - 1] == "relu",
             )
-            delta = self._deltas[layer - 1]
-        kernels.matmul_at(self._inputs, delta, grads[0], n, 1.0)  # weights and bias at once
-        return loss, correct
+        kernels.matmul_at(self._inputs, self._deltas[0], grads[0], n, 1.0)  # weights and bias
+        return float(loss), int(correct)

@@ -258,3 +258,35 @@ def backward_layer(
                 delta_below[i, j] *= one if t > zero else zero
             else:
                 delta_below[i, j] *= one - t * t
+
+
+@_jit
+def output_layer(
+    below: np.ndarray,
+    n: int,
+    w: np.ndarray,
+    b: np.ndarray,
+    logits: np.ndarray,
+    plain: np.ndarray,
+    use_plain: bool,
+    in_mul: float,
+    in_add: float,
+    back: float,
+    bias: np.ndarray,
+    labels: np.ndarray,
+    floor: float,
+    gw: np.ndarray,
+    gb: np.ndarray,
+    delta_below: np.ndarray,
+    relu: bool,
+) -> tuple[float, int]:
+    """The softmax layer's whole step in one call: ``forward_layer`` (pre = 1),
+    ``softmax_delta`` and ``backward_layer`` (from the true inputs in ``plain`` when
+    ``use_plain``); returns (summed loss, correct)."""
+    forward_layer(below, n, w, b, logits, plain, use_plain, in_mul, in_add, 1.0, bias)
+    loss, correct = softmax_delta(logits, n, labels, floor, True)
+    if use_plain:
+        backward_layer(logits, n, plain, w, gw, gb, 1.0, 0.0, back, delta_below, below, relu)
+    else:
+        backward_layer(logits, n, below, w, gw, gb, in_mul, in_add, back, delta_below, below, relu)
+    return loss, correct

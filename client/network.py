@@ -354,7 +354,7 @@ class BunchNetwork:
             stop = min(start + self.max_bunch, len(x))
             if self._fused is not None:
                 n = self._fused.load(x[start:stop])
-                loss, correct = self._fused.forward(weights, n, labels[start:stop], delta=False)
+                loss, correct = self._fused.forward(weights, n, labels[start:stop])
             else:
                 assert views is not None
                 n = self._load(x[start:stop])
