@@ -159,6 +159,11 @@ class BunchNetwork:
         self._top = np.empty(max_bunch, dtype=ELEMENT_DTYPE)
         self._total = np.empty(max_bunch, dtype=ELEMENT_DTYPE)
         self._rows = np.arange(max_bunch)
+        # The logits as one flat array, where a pattern's label entry is one index: a
+        # ``take`` there costs a quarter of indexing the 2-D array with (labels, rows).
+        self._flat_logits = self._logits.reshape(-1)
+        self._picks = np.empty(max_bunch, dtype=np.int64)
+        self._ones = np.ones(max(sizes), dtype=ELEMENT_DTYPE)  # column sums as a product
         self._block_cache: dict[tuple[int, int], list[tuple[np.ndarray, ...]]] = {}
 
     # -- views
@@ -243,7 +248,8 @@ class BunchNetwork:
         bias = b
         if in_add != 0.0:
             bias = self._biases[layer]
-            np.add.reduce(w, axis=0, out=bias)
+            # ones @ W: a fifth of the time of np.add.reduce(w, axis=0) on 512 x 10 here
+            np.matmul(self._ones[: w.shape[0]], w, out=bias)
             bias *= in_add
             bias += b
         if scales.pre != 1.0:
@@ -254,19 +260,21 @@ class BunchNetwork:
         """Logits ``z`` (outputs, bunch) become the softmax probabilities; returns (summed
         loss, correct) of the bunch."""
         n = z.shape[1]
-        rows = self._rows[:n]
+        picks = self._picks[:n]  # the flat index of each pattern's label entry
+        np.multiply(labels, self.max_bunch, out=picks)
+        picks += self._rows[:n]
         top = self._top[:n]
         np.maximum.reduce(z, axis=0, out=top)
         z -= top
         # The label's logit is the pattern's maximum exactly when it is 0 now (a tie with
         # another class also counts as correct; argmax would pick the first).
-        correct = int(np.count_nonzero(z[labels, rows] == 0.0))
+        correct = int(np.count_nonzero(self._flat_logits.take(picks) == 0.0))
         np.maximum(z, _SOFTMAX_FLOOR, out=z)
         np.exp(z, out=z)
         total = self._total[:n]
         np.add.reduce(z, axis=0, out=total)
         z /= total
-        picked = z[labels, rows]
+        picked = self._flat_logits.take(picks)
         # picked >= e^-30 / outputs (the floor above), so its logarithm is finite.
         loss = float(-np.log(picked, dtype=np.float64).sum())
         return loss, correct
@@ -306,7 +314,8 @@ class BunchNetwork:
         grads = self._views(out)
         n = self._load(x)
         loss, correct = self._forward(views, n, labels)
-        self._logits[labels, self._rows[:n]] -= 1.0
+        picks = self._picks[:n]  # as _softmax_scores left them
+        self._flat_logits.put(picks, self._flat_logits.take(picks) - 1.0)
         delta = self._logits[:, :n].T  # (bunch, outputs), column-major
         for layer in range(len(self._kinds) - 1, 0, -1):
             scales = self._scales[layer]

@@ -179,6 +179,7 @@ def test_bad_requests_are_clear_errors() -> None:
 
 def test_the_numpy_passes_are_kept_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = NetworkSpec((6, 4, 3), ("tanh",))
+    monkeypatch.delenv("SNET_KERNELS", raising=False)
     assert BunchNetwork(spec, 8).kernels == "numba"  # numba is installed here
     monkeypatch.setenv("SNET_KERNELS", "numpy")
     assert BunchNetwork(spec, 8).kernels == "numpy"
