@@ -41,6 +41,13 @@ class FusedSteps:
         self._plain = [np.empty((max_bunch, n), dtype=ELEMENT_DTYPE) for n in sizes[1:-1]]
         self._biases = [np.empty(n, dtype=ELEMENT_DTYPE) for n in sizes[1:]]
         self._views = ElementViews(self.layout)
+        # Per layer: bunches below this size make true inputs (``_uses_plain``), and
+        # whether the layer below is relu; looked up, not recomputed, at every step.
+        self._plain_below = [
+            sizes[layer + 1] if self._scales[layer].in_add != 0.0 else 0
+            for layer in range(len(self._kinds))
+        ]
+        self._relu = [kind == "relu" for kind in self._kinds]
 
     def _check(self, n: int) -> None:
         if n > self.max_bunch:
@@ -58,8 +65,8 @@ class FusedSteps:
     ) -> int:
         """Cut the context windows of ``centres`` from ``frames`` into the input buffer."""
         n = len(centres)
-        self._check(n)
-        if frames.shape[1] * (2 * context + 1) != self.spec.sizes[0]:
+        if n > self.max_bunch or frames.shape[1] * (2 * context + 1) != self._inputs.shape[1] - 1:
+            self._check(n)
             raise ValueError(f"windows of {frames.shape[1]} features do not fit the network")
         kernels.load_windows(frames, starts, centres, context, self._scales[0].pre, self._inputs)
         return n
@@ -93,7 +100,7 @@ class FusedSteps:
         )
 
     def _activate(self, layer: int, out: np.ndarray) -> None:
-        if self._kinds[layer] == "relu":
+        if self._relu[layer]:
             np.maximum(out, 0.0, out=out)
         else:  # tanh, or sigmoid stored as tanh(z / 2)
             np.tanh(out, out=out)
@@ -101,7 +108,7 @@ class FusedSteps:
     def _uses_plain(self, layer: int, n: int) -> bool:
         """As ``BunchNetwork._uses_plain``: true activations for bunches smaller than the
         layer's width, the column sums of its weights otherwise."""
-        return self._scales[layer].in_add != 0.0 and n < self.spec.sizes[layer + 1]
+        return n < self._plain_below[layer]
 
     def gradient(
         self, weights: np.ndarray, n: int, labels: np.ndarray, out: np.ndarray
@@ -138,7 +145,7 @@ class FusedSteps:
             grads[2 * top - 1],
             grads[2 * top],
             self._deltas[top - 1],
-            self._kinds[top - 1] == "relu",
+            self._relu[top - 1],
         )
         for layer in range(top - 1, 0, -1):
             scales = self._scales[layer]
@@ -155,7 +162,7 @@ class FusedSteps:
                 scales.back,
                 self._deltas[layer - 1],
                 self._outputs[layer - 1],
-                self._kinds[layer - 1] == "relu",
+                self._relu[layer - 1],
             )
         kernels.matmul_at(self._inputs, self._deltas[0], grads[0], n, 1.0)  # weights and bias
-        return float(loss), int(correct)
+        return loss, correct  # a Python float and int (numba converts its results)
