@@ -16,7 +16,7 @@ import numpy as np
 from snet.protocol.job import JobSpec
 
 from .data import Corpus
-from .network import BunchNetwork, Derivative, MatMul
+from .network import BunchNetwork, Derivative, MatMul, load_kernels
 from .spert.backend import SpertBackend
 
 
@@ -49,8 +49,9 @@ class NumpyBackend:
     derivative: Derivative | None = None  # numpy's blocked passes; torch brings fused ones
 
     def __init__(self, kernels: str = "auto") -> None:
-        """``kernels``: see ``BunchNetwork`` (the compiled step when numba is installed)."""
-        self.kernels = kernels
+        """``kernels``: see ``BunchNetwork`` (the compiled step when numba is installed),
+        loaded here, before the worker joins (``load_kernels``)."""
+        self.kernels = "numba" if load_kernels(kernels) else "numpy"
         self._corpus: Corpus | None = None
         self._network: BunchNetwork | None = None
         self._cv_x: np.ndarray | None = None

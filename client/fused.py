@@ -166,3 +166,21 @@ class FusedSteps:
             )
         kernels.matmul_at(self._inputs, self._deltas[0], grads[0], n, 1.0)  # weights and bias
         return loss, correct  # a Python float and int (numba converts its results)
+
+
+def warm_up() -> None:
+    """Load every kernel's compiled code now, for the array types a step passes them.
+
+    Loading (from numba's cache, or compiling on a machine's first run) holds the
+    interpreter for about half a second: a worker does it when its backend is made,
+    before it joins, rather than at its first bunch, while it holds a lease and shares
+    the process with its event loop."""
+    spec = NetworkSpec((3, 2, 2, 2), ("sigmoid", "relu"))  # every kernel of a step
+    steps = FusedSteps(spec, 4)
+    weights = ElementLayout.for_network(spec).allocate()
+    out = ElementLayout.for_network(spec).allocate()
+    labels = np.zeros(2, dtype=np.int64)
+    frames = np.zeros((4, 1), dtype=ELEMENT_DTYPE)
+    n = steps.load_windows(frames, np.array([0, 4]), np.arange(2, dtype=np.int64), 1)
+    steps.gradient(weights, n, labels, out)
+    steps.forward(weights, steps.load(np.zeros((2, 3), dtype=ELEMENT_DTYPE)), labels)

@@ -62,27 +62,47 @@ Derivative = Callable[[str, np.ndarray, np.ndarray], object]
 (``kind`` sigmoid or tanh, see ``BunchNetwork._back_into``) or by ``stored > 0`` (relu)."""
 
 
+def compiled_kernels(kernels: str, replaced: object = None) -> bool:
+    """Whether ``kernels`` ("numba", "numpy" or "auto", see BunchNetwork) means the
+    compiled step; ``replaced``: another backend's products or derivative, if any.
+    ValueError for another name, ImportError when "numba" is asked for and cannot be had."""
+    if kernels not in ("auto", "numba", "numpy"):
+        raise ValueError(f"unknown kernels {kernels!r}; known: auto, numba, numpy")
+    if kernels == "numpy":
+        return False
+    if kernels == "auto" and (
+        replaced is not None or os.environ.get("SNET_KERNELS", "auto") == "numpy"
+    ):
+        return False
+    try:
+        from . import fused  # noqa: F401  (numba and numpy's OpenBLAS, or ImportError)
+    except ImportError:
+        if kernels == "numba":
+            raise
+        return False  # numba not installed: numpy alone computes the same
+    return True
+
+
 def fused_steps(
     spec: NetworkSpec, max_bunch: int, kernels: str, replaced: object = None
 ) -> FusedSteps | None:
-    """The compiled step for ``kernels`` ("numba", "numpy" or "auto", see BunchNetwork),
-    or None for numpy's passes. ValueError for another name, ImportError when "numba"
-    is asked for and cannot be had."""
-    if kernels not in ("auto", "numba", "numpy"):
-        raise ValueError(f"unknown kernels {kernels!r}; known: auto, numba, numpy")
-    if kernels == "auto":
-        if replaced is not None or os.environ.get("SNET_KERNELS", "auto") == "numpy":
-            return None
-        try:
-            from .fused import FusedSteps
-        except ImportError:  # numba not installed: numpy alone computes the same
-            return None
-        return FusedSteps(spec, max_bunch)
-    if kernels == "numba":
-        from .fused import FusedSteps
+    """The compiled step for ``kernels`` (``compiled_kernels``), or None for numpy's passes."""
+    if not compiled_kernels(kernels, replaced):
+        return None
+    from .fused import FusedSteps
 
-        return FusedSteps(spec, max_bunch)
-    return None
+    return FusedSteps(spec, max_bunch)
+
+
+def load_kernels(kernels: str = "auto") -> bool:
+    """Load the compiled step now if ``kernels`` means it (``fused.warm_up`` says why);
+    True when it will be used."""
+    if not compiled_kernels(kernels):
+        return False
+    from .fused import warm_up
+
+    warm_up()
+    return True
 
 
 def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> object:
