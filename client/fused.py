@@ -79,6 +79,7 @@ class FusedSteps:
         for layer in range(1, len(self._kinds)):
             self._activate(layer - 1, self._outputs[layer - 1][:n])
             self._forward_layer(views, layer, n)
+        labels = labels.astype(np.int64, copy=False)  # one compiled variant for all
         loss, correct = kernels.softmax_delta(self._outputs[-1], n, labels, _SOFTMAX_FLOOR, False)
         return float(loss), int(correct)
 
@@ -116,6 +117,7 @@ class FusedSteps:
         """The summed gradient over the loaded bunch of ``n`` patterns into ``out``;
         returns (summed loss, correct) with the weights before the update."""
         views, grads = self._views(weights), self._views(out)
+        labels = labels.astype(np.int64, copy=False)  # one compiled variant for all
         top = len(self._kinds) - 1
         kernels.matmul(self._inputs, views[0], self._outputs[0], n, 1.0)  # pre * (x W + b)
         if top == 0:  # no hidden layer: the softmax layer is the first
@@ -181,6 +183,9 @@ def warm_up() -> None:
     out = ElementLayout.for_network(spec).allocate()
     labels = np.zeros(2, dtype=np.int64)
     frames = np.zeros((4, 1), dtype=ELEMENT_DTYPE)
-    n = steps.load_windows(frames, np.array([0, 4]), np.arange(2, dtype=np.int64), 1)
+    shared = frames.copy()
+    shared.setflags(write=False)  # as the read-only memory map of the shared data cache
+    for held in (frames, shared):
+        n = steps.load_windows(held, np.array([0, 4]), np.arange(2, dtype=np.int64), 1)
     steps.gradient(weights, n, labels, out)
     steps.forward(weights, steps.load(np.zeros((2, 3), dtype=ELEMENT_DTYPE)), labels)
