@@ -186,3 +186,15 @@ def test_the_numpy_passes_are_kept_on_request(monkeypatch: pytest.MonkeyPatch) -
     replaced = BunchNetwork(spec, 8, matmul=lambda a, b, out: np.matmul(a, b, out=out))
     monkeypatch.delenv("SNET_KERNELS")
     assert replaced.kernels == "numpy"  # another backend's products: its own passes
+
+
+def test_the_numpy_backend_loads_the_kernels_when_it_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from snet.client.backend import NumpyBackend
+
+    monkeypatch.delenv("SNET_KERNELS", raising=False)
+    assert NumpyBackend().kernels == "numba"
+    assert NumpyBackend(kernels="numpy").kernels == "numpy"
+    monkeypatch.setenv("SNET_KERNELS", "numpy")
+    assert NumpyBackend().kernels == "numpy"
