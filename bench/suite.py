@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -29,6 +30,8 @@ from .report import render_markdown
 
 WORKER_NETWORKS = ("39:500:42", "351:1262:45")
 WORKER_BUNCHES = (12, 96, 1000)
+# The default job's network at its bunch size, beside the grid above.
+WORKER_EXTRA = (("117:512:10", 128),)
 WORKER_THREADS = (1, 2)
 SECTIONS = ("worker", "server", "round", "scaling", "update", "accuracy")
 
@@ -37,30 +40,29 @@ def _worker_rows(quick: bool) -> list[dict[str, Any]]:
     rows = []
     bunches = (12, 1000) if quick else WORKER_BUNCHES
     threads = (1,) if quick else WORKER_THREADS
-    for network in WORKER_NETWORKS:
-        for bunch in bunches:
-            for count in threads:
-                env = child_env(blas_thread_env(count))
-                output = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "bench.worker_compute",
-                        "--network",
-                        network,
-                        "--bunch",
-                        str(bunch),
-                        "--threads",
-                        str(count),
-                    ],
-                    capture_output=True,
-                    text=True,
-                    env=env,
-                    timeout=600,
-                    check=True,
-                ).stdout
-                rows.append(json.loads(output))
-                print(f"  worker {network} bunch {bunch} threads {count}: {rows[-1]}", flush=True)
+    shapes = [(n, b) for n in WORKER_NETWORKS for b in bunches] + list(WORKER_EXTRA)
+    for (network, bunch), count in itertools.product(shapes, threads):
+        env = child_env(blas_thread_env(count))
+        output = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.worker_compute",
+                "--network",
+                network,
+                "--bunch",
+                str(bunch),
+                "--threads",
+                str(count),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            check=True,
+        ).stdout
+        rows.append(json.loads(output))
+        print(f"  worker {network} bunch {bunch} threads {count}: {rows[-1]}", flush=True)
     return rows
 
 

@@ -4,8 +4,10 @@ Run in a fresh process per thread count (BLAS fixes its thread count when loaded
 ``python -m bench.worker_compute --network 351:1262:45 --bunch 1000 --threads 1``
 prints one JSON object. MCUPS = (weights + biases) x patterns / seconds / 1e6.
 
-- ``numpy`` / ``torch_backend``: snet's backends computing one bunch's summed gradient,
-  context windows cut from frames included (as a worker does).
+- ``numpy`` / ``numba`` / ``torch_backend``: snet's backends computing one bunch's summed
+  gradient, context windows cut from frames included (as a worker does); ``numpy`` is the
+  numpy backend's pure numpy passes, ``numba`` the same backend with its compiled step
+  (client/fused.py, when numba is installed), timed in turns with the former.
 - ``torch_autograd``: what a PyTorch user writes: nn.Linear layers, sigmoid, summed
   cross-entropy, ``backward()``; ``torch_autograd_sgd`` adds the optimizer step (SGD with
   momentum), i.e. the whole sequential training step.
@@ -54,7 +56,7 @@ def measure(network: str, bunch: int, threads: int, budget: float = 8.0) -> dict
 
     import numpy as np
 
-    from snet.client.backend import make_backend, torch_available
+    from snet.client.backend import NumpyBackend, kernels_available, make_backend, torch_available
     from snet.protocol.fpu import flush_denormals
     from snet.protocol.job import DataSpec, JobSpec
     from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
@@ -73,14 +75,18 @@ def measure(network: str, bunch: int, threads: int, budget: float = 8.0) -> dict
     frames = np.random.default_rng(1).choice(corpus.train_frames, bunch, replace=False)
     functions: dict[str, Any] = {}
 
-    for name in ["numpy"] + (["torch"] if torch_available() else []):
-        backend = make_backend(name, threads)
+    backends: dict[str, Any] = {"numpy": NumpyBackend(kernels="numpy")}
+    if kernels_available():
+        backends["numba"] = NumpyBackend(kernels="numba")  # the same backend, compiled step
+    if torch_available():
+        backends["torch_backend"] = make_backend("torch", threads)
+    for name, backend in backends.items():
         backend.prepare(job, corpus)
 
         def step(chosen: Any = backend) -> None:
             chosen.gradient(weights, frames, out)
 
-        functions[f"{name}_backend" if name == "torch" else name] = step
+        functions[name] = step
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal((bunch, inputs)).astype(np.float32)

@@ -16,7 +16,7 @@ import numpy as np
 from snet.protocol.job import JobSpec
 
 from .data import Corpus
-from .network import BunchNetwork, Derivative, MatMul
+from .network import BunchNetwork, Derivative, MatMul, load_kernels
 from .spert.backend import SpertBackend
 
 
@@ -48,7 +48,10 @@ class NumpyBackend:
     matmul: MatMul | None = None  # numpy's (OpenBLAS); the torch backend brings MKL's
     derivative: Derivative | None = None  # numpy's blocked passes; torch brings fused ones
 
-    def __init__(self) -> None:
+    def __init__(self, kernels: str = "auto") -> None:
+        """``kernels``: see ``BunchNetwork`` (the compiled step when numba is installed),
+        loaded here, before the worker joins (``load_kernels``)."""
+        self.kernels = "numba" if load_kernels(kernels) else "numpy"
         self._corpus: Corpus | None = None
         self._network: BunchNetwork | None = None
         self._cv_x: np.ndarray | None = None
@@ -56,7 +59,7 @@ class NumpyBackend:
     def prepare(self, job: JobSpec, corpus: Corpus) -> None:
         self._corpus = corpus
         self._network = BunchNetwork(
-            job.network, max(job.bunch_size, 1024), self.matmul, self.derivative
+            job.network, max(job.bunch_size, 1024), self.matmul, self.derivative, self.kernels
         )
         self._cv_x = None  # cut at the first evaluation (inline frames arrive late)
 
@@ -65,8 +68,7 @@ class NumpyBackend:
     ) -> tuple[float, int]:
         assert self._corpus is not None and self._network is not None
         # The network copies the patterns into its own input buffer (scaled as it needs).
-        x = self._corpus.windows(frames)
-        return self._network.gradient(weights, x, self._corpus.labels_of(frames), out)
+        return self._network.gradient_of_frames(weights, self._corpus, frames, out)
 
     def evaluate(self, weights: np.ndarray) -> tuple[int, int, float]:
         assert self._corpus is not None and self._network is not None
@@ -90,6 +92,13 @@ def torch_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("torch") is not None
+
+
+def kernels_available() -> bool:
+    """Whether the compiled step (numba, client/kernels.py) can be used."""
+    import importlib.util
+
+    return importlib.util.find_spec("numba") is not None
 
 
 def _modelled_backend(threads: int) -> ComputeBackend:

@@ -16,18 +16,29 @@ flushes them to zero (protocol/fpu.py), and values are also kept out of that ran
 BLAS threads the switch does not reach: sigmoid is computed through tanh, which
 saturates without overflow, and softmax exponents are clipped to >= -30 (a probability
 floor of 9e-14, so that tiny output deltas times saturated-unit derivatives stay normal).
+
+With numba installed the same step runs as compiled kernels (client/fused.py): at bunch
+12-256 the forty-odd numpy calls of the passes below cost as much as the matrix products.
+``BunchNetwork`` hands its work to them unless told otherwise (``kernels``,
+``SNET_KERNELS=numpy``) or given another backend's products.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from snet.data.corpus import Corpus, DenseStore
 from snet.protocol.network import ELEMENT_DTYPE, ElementLayout, NetworkSpec
 
 from .layer_scales import layer_scales
+
+if TYPE_CHECKING:
+    from .fused import FusedSteps
 
 _SOFTMAX_FLOOR = -30.0
 # Rows per block of the derivative's passes: ~256 kB per array, so the three arrays a
@@ -51,8 +62,72 @@ Derivative = Callable[[str, np.ndarray, np.ndarray], object]
 (``kind`` sigmoid or tanh, see ``BunchNetwork._back_into``) or by ``stored > 0`` (relu)."""
 
 
+def compiled_kernels(kernels: str, replaced: object = None) -> bool:
+    """Whether ``kernels`` ("numba", "numpy" or "auto", see BunchNetwork) means the
+    compiled step; ``replaced``: another backend's products or derivative, if any.
+    ValueError for another name, ImportError when "numba" is asked for and cannot be had."""
+    if kernels not in ("auto", "numba", "numpy"):
+        raise ValueError(f"unknown kernels {kernels!r}; known: auto, numba, numpy")
+    if kernels == "numpy":
+        return False
+    if kernels == "auto" and (
+        replaced is not None or os.environ.get("SNET_KERNELS", "auto") == "numpy"
+    ):
+        return False
+    try:
+        from . import fused  # noqa: F401  (numba and numpy's OpenBLAS, or ImportError)
+    except ImportError:
+        if kernels == "numba":
+            raise
+        return False  # numba not installed: numpy alone computes the same
+    return True
+
+
+def fused_steps(
+    spec: NetworkSpec, max_bunch: int, kernels: str, replaced: object = None
+) -> FusedSteps | None:
+    """The compiled step for ``kernels`` (``compiled_kernels``), or None for numpy's passes."""
+    if not compiled_kernels(kernels, replaced):
+        return None
+    from .fused import FusedSteps
+
+    return FusedSteps(spec, max_bunch)
+
+
+def load_kernels(kernels: str = "auto") -> bool:
+    """Load the compiled step now if ``kernels`` means it (``fused.warm_up`` says why);
+    True when it will be used."""
+    if not compiled_kernels(kernels):
+        return False
+    from .fused import warm_up
+
+    warm_up()
+    return True
+
+
 def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> object:
     return np.matmul(a, b, out=out)
+
+
+class ElementViews:
+    """[first layer's (fan_in + 1, fan_out) weights-and-bias matrix, W1, b1, W2, ...] as
+    views of an element, cached per array object: workers reuse a few buffers, and
+    building views costs more than a small bunch's arithmetic."""
+
+    def __init__(self, layout: ElementLayout) -> None:
+        self.layout = layout
+        self._cache: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
+
+    def __call__(self, flat: np.ndarray) -> list[np.ndarray]:
+        entry = self._cache.get(id(flat))
+        # An entry keeps its array alive, so no other array can have that id meanwhile.
+        if entry is None or entry[0] is not flat:
+            if len(self._cache) > 16:
+                self._cache.clear()
+            parts = self.layout.views(flat)
+            first = flat[: parts[0].size + parts[1].size].reshape(-1, parts[0].shape[1])
+            entry = self._cache[id(flat)] = (flat, [first, *parts[2:]])
+        return entry[1]
 
 
 class BunchNetwork:
@@ -64,14 +139,23 @@ class BunchNetwork:
         max_bunch: int,
         matmul: MatMul | None = None,
         derivative: Derivative | None = None,
+        kernels: str = "auto",
     ) -> None:
         """``matmul`` and ``derivative`` replace numpy's matrix product and the blocked
-        derivative passes (the torch backend brings fused kernels)."""
+        derivative passes (the torch backend brings fused kernels). ``kernels``: "numba"
+        runs the step as the compiled kernels of client/fused.py, "numpy" as numpy passes,
+        "auto" (the default) the kernels when numba is installed and neither ``matmul``
+        nor ``derivative`` is given, unless ``SNET_KERNELS=numpy`` is set."""
         self.spec = spec
         self._matmul = matmul or _numpy_matmul
         self._derivative = derivative
         self.layout = ElementLayout.for_network(spec)
         self.max_bunch = max_bunch
+        self._element_views = ElementViews(self.layout)
+        self._fused = fused_steps(spec, max_bunch, kernels, matmul or derivative)
+        self.kernels = "numpy" if self._fused is None else "numba"
+        if self._fused is not None:
+            return  # the kernels keep buffers of their own; the numpy passes' are not made
         self._scales = layer_scales(spec)
         self._kinds = [*spec.activations, "softmax"]
         sizes = spec.sizes
@@ -100,24 +184,17 @@ class BunchNetwork:
         self._top = np.empty(max_bunch, dtype=ELEMENT_DTYPE)
         self._total = np.empty(max_bunch, dtype=ELEMENT_DTYPE)
         self._rows = np.arange(max_bunch)
-        self._view_cache: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
+        # The logits as one flat array, where a pattern's label entry is one index: a
+        # ``take`` there costs a quarter of indexing the 2-D array with (labels, rows).
+        self._flat_logits = self._logits.reshape(-1)
+        self._picks = np.empty(max_bunch, dtype=np.int64)
+        self._ones = np.ones(max(sizes), dtype=ELEMENT_DTYPE)  # column sums as a product
         self._block_cache: dict[tuple[int, int], list[tuple[np.ndarray, ...]]] = {}
 
     # -- views
 
     def _views(self, flat: np.ndarray) -> list[np.ndarray]:
-        """[first layer's (fan_in + 1, fan_out) weights-and-bias matrix, W1, b1, W2, ...]
-        as views of an element, cached per array object: workers reuse a few buffers,
-        and building views costs more than a small bunch's arithmetic."""
-        entry = self._view_cache.get(id(flat))
-        # An entry keeps its array alive, so no other array can have that id meanwhile.
-        if entry is None or entry[0] is not flat:
-            if len(self._view_cache) > 16:
-                self._view_cache.clear()
-            parts = self.layout.views(flat)
-            first = flat[: parts[0].size + parts[1].size].reshape(-1, parts[0].shape[1])
-            entry = self._view_cache[id(flat)] = (flat, [first, *parts[2:]])
-        return entry[1]
+        return self._element_views(flat)
 
     def _blocks(self, layer: int, n: int) -> list[tuple[np.ndarray, ...]]:
         """(delta, stored output, scratch) row blocks of hidden layer ``layer``."""
@@ -196,7 +273,8 @@ class BunchNetwork:
         bias = b
         if in_add != 0.0:
             bias = self._biases[layer]
-            np.add.reduce(w, axis=0, out=bias)
+            # ones @ W: a fifth of the time of np.add.reduce(w, axis=0) on 512 x 10 here
+            np.matmul(self._ones[: w.shape[0]], w, out=bias)
             bias *= in_add
             bias += b
         if scales.pre != 1.0:
@@ -207,19 +285,21 @@ class BunchNetwork:
         """Logits ``z`` (outputs, bunch) become the softmax probabilities; returns (summed
         loss, correct) of the bunch."""
         n = z.shape[1]
-        rows = self._rows[:n]
+        picks = self._picks[:n]  # the flat index of each pattern's label entry
+        np.multiply(labels, self.max_bunch, out=picks)
+        picks += self._rows[:n]
         top = self._top[:n]
         np.maximum.reduce(z, axis=0, out=top)
         z -= top
         # The label's logit is the pattern's maximum exactly when it is 0 now (a tie with
         # another class also counts as correct; argmax would pick the first).
-        correct = int(np.count_nonzero(z[labels, rows] == 0.0))
+        correct = int(np.count_nonzero(self._flat_logits.take(picks) == 0.0))
         np.maximum(z, _SOFTMAX_FLOOR, out=z)
         np.exp(z, out=z)
         total = self._total[:n]
         np.add.reduce(z, axis=0, out=total)
         z /= total
-        picked = z[labels, rows]
+        picked = self._flat_logits.take(picks)
         # picked >= e^-30 / outputs (the floor above), so its logarithm is finite.
         loss = float(-np.log(picked, dtype=np.float64).sum())
         return loss, correct
@@ -251,13 +331,16 @@ class BunchNetwork:
         Returns (summed loss, correctly classified patterns) of the bunch, measured with
         the weights before the update.
         """
+        if self._fused is not None:
+            return self._fused.gradient(weights, self._fused.load(x), labels, out)
         if x.shape[0] > self.max_bunch:
             raise ValueError(f"bunch of {x.shape[0]} is larger than the {self.max_bunch} prepared")
         views = self._views(weights)
         grads = self._views(out)
         n = self._load(x)
         loss, correct = self._forward(views, n, labels)
-        self._logits[labels, self._rows[:n]] -= 1.0
+        picks = self._picks[:n]  # as _softmax_scores left them
+        self._flat_logits.put(picks, self._flat_logits.take(picks) - 1.0)
         delta = self._logits[:, :n].T  # (bunch, outputs), column-major
         for layer in range(len(self._kinds) - 1, 0, -1):
             scales = self._scales[layer]
@@ -283,14 +366,33 @@ class BunchNetwork:
         self._matmul(self._inputs[:n].T, delta, grads[0])  # weights and bias at once
         return loss, correct
 
+    def gradient_of_frames(
+        self, weights: np.ndarray, corpus: Corpus, frames: np.ndarray, out: np.ndarray
+    ) -> tuple[float, int]:
+        """``gradient`` over the patterns centred on ``frames`` of ``corpus``: with the
+        kernels and the frames in memory the windows are cut straight into the input
+        buffer, with no pattern array in between."""
+        labels = corpus.labels_of(frames)
+        if self._fused is not None and isinstance(corpus.store, DenseStore):
+            frames_held = corpus.store.frames
+            starts = corpus.bounds.starts
+            n = self._fused.load_windows(frames_held, starts, frames, corpus.context)
+            return self._fused.gradient(weights, n, labels, out)
+        return self.gradient(weights, corpus.windows(frames), labels, out)
+
     def evaluate(self, weights: np.ndarray, x: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         """(summed loss, correct) of the weights on all of ``x``, in bunches."""
-        views = self._views(weights)
+        views = None if self._fused is not None else self._views(weights)
         loss_total, correct_total = 0.0, 0
         for start in range(0, len(x), self.max_bunch):
             stop = min(start + self.max_bunch, len(x))
-            n = self._load(x[start:stop])
-            loss, correct = self._forward(views, n, labels[start:stop])
+            if self._fused is not None:
+                n = self._fused.load(x[start:stop])
+                loss, correct = self._fused.forward(weights, n, labels[start:stop])
+            else:
+                assert views is not None
+                n = self._load(x[start:stop])
+                loss, correct = self._forward(views, n, labels[start:stop])
             loss_total += loss
             correct_total += correct
         return loss_total, correct_total

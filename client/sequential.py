@@ -83,8 +83,7 @@ def train_sequential(
         for chunk in chunks(epoch):
             for offset in range(0, len(chunk), job.bunch_size):
                 frames = chunk[offset : offset + job.bunch_size]
-                x = corpus.windows(frames)
-                loss, right = network.gradient(rule.weights, x, corpus.labels_of(frames), gradient)
+                loss, right = network.gradient_of_frames(rule.weights, corpus, frames, gradient)
                 rule.step([gradient], len(frames), rate)
                 version += 1
                 patterns, correct = patterns + len(frames), correct + right

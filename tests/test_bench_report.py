@@ -159,3 +159,23 @@ def test_update_and_accuracy_sections_render_with_their_targets() -> None:
     assert rows["bmuf, 2 workers: time to CV target, snet train / demo"] == [
         "1.5", ">= 1.5", "True"]  # fmt: skip
     assert "| bmuf | 2.0 | 1.5 | 1.6 | 1/1 |" in markdown
+
+
+def test_small_bunch_targets_take_the_fastest_backend_against_its_own_ceiling() -> None:
+    default_job = {"network": "117:512:10", "bunch": 128, "threads": 1}
+    default_job |= {"numpy": 17000.0, "numba": 22000.0, "gemm_ceiling_numpy": 24000.0}
+    small = {"network": "39:500:42", "bunch": 12, "threads": 1, "numpy": 6000.0}
+    small |= {"gemm_ceiling_numpy": 14000.0}  # numba not installed: numpy alone
+    markdown = render_markdown({"worker": [default_job, small]})
+    rows = target_rows(markdown)
+    assert rows["worker vs the GEMM ceiling (bunch 128, 117:512:10, numba)"] == [
+        "0.917",
+        ">= 0.85",
+        "True",
+    ]
+    assert rows["worker vs the GEMM ceiling (bunch 12, 39:500:42, numpy)"] == [
+        "0.429",
+        ">= 0.85",
+        "False",
+    ]
+    assert "| 117:512:10 | 128 | 1 | 17000.0 | 22000.0 | - | 0.71 | 0.92 |" in markdown
