@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import ssl
 import time
@@ -44,11 +45,13 @@ from snet.protocol.messages import (
     Goodbye,
     Heartbeat,
     Message,
+    PolicyChange,
     Update,
     Weights,
     WorkerReport,
 )
 from snet.protocol.network import ElementLayout
+from snet.protocol.staleness import StalenessSetting
 from snet.transport.dial import MAX_BACKOFF_SECONDS, connect_with_backoff
 from snet.transport.faults import FaultSwitch
 from snet.transport.tls import client_context
@@ -61,7 +64,7 @@ from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus
 from .joining import Handshake, NotJoined
-from .policies import Compute, ComputeState, make_compute_policy
+from .policies import Compute, ComputePolicy, ComputeState, make_compute_policy
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
@@ -98,7 +101,8 @@ class Worker:
         # renewed by a connection that is accepted and then dropped (e.g. by a server
         # still starting), only by joining again.
         self._retry_deadline: float | None = None
-        self.job: JobSpec | None = None
+        self.job: JobSpec | None = None  # as welcomed, with any policy change since
+        self.policy: ComputePolicy | None = None  # when it may compute: the mode's policy
         self.corpus: Corpus | None = None
         self.updates_sent = 0
         self._sent_this_session = 0  # the server's "settled" count starts anew per connection
@@ -283,6 +287,8 @@ class Worker:
                 connection.file_weights(box, message)
             elif isinstance(message, Goodbye):
                 self._goodbye = message.reason
+            elif isinstance(message, PolicyChange):
+                self._follow(message)
             elif isinstance(message, ErrorMessage):
                 if message.fatal and message.code == ROUND_DEADLINE:
                     raise ConnectionLost(f"dropped from the sync rounds: {message.text}")
@@ -294,10 +300,20 @@ class Worker:
             # else a Heartbeat: the conversation (protocol/conversation.py) lets a training
             # server send nothing else, and the channel has refused anything out of turn
 
+    def _follow(self, change: PolicyChange) -> None:
+        """The server changed its staleness policy: act on it from the next bunch (the
+        message was checked when decoded: the text is a policy)."""
+        assert self.job is not None and self.policy is not None
+        self.job = dataclasses.replace(self.job, staleness=change.staleness)
+        self.policy.follow(StalenessSetting.parse(change.staleness))
+        log.info("the server's staleness policy is now %s (after version %d): at most %d "
+                 "updates unsettled", change.staleness, change.version,
+                 self.policy.max_in_flight)  # fmt: skip
+
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and connection.send_buffers is not None
         loop = asyncio.get_running_loop()
-        policy = make_compute_policy(self.job)
+        policy = self.policy = make_compute_policy(self.job)
         compute = policy.make_compute(self.backend, box.layout, self.job)
         per_update = policy.frames_per_update(self.job)
         last_base = -1

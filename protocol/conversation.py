@@ -72,6 +72,7 @@ SENDS: dict[Role, dict[State, dict[str, State]]] = {
             "frames": State.TRAINING,
             "heartbeat": State.TRAINING,
             "error": State.TRAINING,
+            "policy": State.TRAINING,
             **_LEAVING,
         },
         State.CLOSED: {},

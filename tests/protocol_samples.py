@@ -32,6 +32,7 @@ from snet.protocol.messages import (
     Hello,
     Lease,
     Message,
+    PolicyChange,
     Resync,
     ServerHello,
     Update,
@@ -61,6 +62,7 @@ def sample_messages() -> list[Message]:
         ErrorMessage("update_rejected", "NaN in update", False),
         Goodbye("done"),
         Resync("delta from version 3, this worker holds 2"),
+        PolicyChange(41, "bounded:2"),
         WorkerReport(1700000001.5, {"busy_seconds": 1.25, "ratio": 4, "board": "spert-ii"}),
         DataInfo(
             13,

@@ -32,6 +32,7 @@ from snet.protocol.messages import (
     Hello,
     Lease,
     Message,
+    PolicyChange,
     Resync,
     ServerHello,
     Update,
@@ -297,6 +298,7 @@ def samples() -> list[Sample]:
             ErrorMessage("update_rejected", "update contains NaN", False, 3, 256),
         ),
         Sample("goodbye", {"reason": "training complete"}, [], Goodbye("training complete")),
+        Sample("policy", {"version": 12, "staleness": "gap"}, [], PolicyChange(12, "gap")),
     ]
 
 
