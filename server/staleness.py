@@ -107,6 +107,21 @@ class StalenessControl:
             f"the bound is {self.setting.bound}"
         )
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The policy in force and its history, so a restart keeps a run-time change."""
+        return {
+            "policy": self.name,
+            "changes": list(self.changes),
+            "refused_stale": self.refused_stale,
+        }
+
+    def restore_checkpoint(self, state: dict[str, Any] | None) -> None:
+        """Back to ``checkpoint_state()`` (None: a checkpoint from before it was kept)."""
+        if state is not None:
+            self.setting = StalenessSetting.parse(state["policy"])
+            self.changes = list(state["changes"])[-CHANGES_KEPT:]
+            self.refused_stale = int(state["refused_stale"])
+
     def figures(self) -> dict[str, Any]:
         """For /status."""
         return {

@@ -1,7 +1,8 @@
 """A staleness policy changed while training reaches the workers (in process): every
 worker that follows changes is sent ``policy`` and its in-flight bound follows it; a
 worker joining later is welcomed with the policy in force; an older peer, which did not
-ask, is sent nothing it could not read and keeps training."""
+ask, is sent nothing it could not read and keeps training; a server restarted from its
+checkpoint keeps the policy set at run time."""
 
 from __future__ import annotations
 
@@ -119,3 +120,25 @@ async def test_an_older_worker_is_not_sent_a_policy_message(lab: Lab) -> None:
     finally:
         await old.close()
         await new.close()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_restarted_server_keeps_the_policy_set_at_run_time(lab: Lab) -> None:
+    first = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)
+    worker = lab.worker(first, "w0")
+    await wait_until(lambda: worker.worker.updates_sent >= 3, 60, "the worker training")
+    record = await _control(lab, first, "bounded:2")
+    worker.stop("restart")
+    assert await worker.wait(30) == 0
+    first.stop("restart")  # a final checkpoint, as at SIGTERM
+    await first.wait(30)
+    again = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)  # same out-dir
+    status = await again.status()
+    assert status["resumed"] is not None
+    assert status["staleness"]["policy"] == "bounded:2"
+    assert status["staleness"]["changes"] == [record]
+    client = await AsyncRawClient.connect(again.port, "after")
+    try:
+        assert (await client.handshake()).job["staleness"] == "bounded:2"
+    finally:
+        await client.close()
