@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from snet.client.policies import AsyncCompute, ComputeState, make_compute_policy
+from snet.protocol.codecs.handshake import agree_codecs
 from snet.protocol.errors import ConfigError, MalformedFrame
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import FOLLOWS_POLICY, PolicyChange
@@ -91,6 +92,9 @@ def test_a_policy_change_is_sent_to_the_workers_that_follow_changes() -> None:
     with pytest.raises(ConfigError):  # a refused change tells nobody anything
         control.change("bounded:x", 13, 2, "127.0.0.1", workers)  # type: ignore[arg-type]
     assert len(inboxes["new"]) == 1
+    # a server that knows nothing of it agrees the codecs as if it was not asked
+    plain = ("codec:fp16", "compress:fp16")
+    assert agree_codecs((*plain, FOLLOWS_POLICY), "none") == agree_codecs(plain, "none")
     # a worker joining now is welcomed with the policy in force
     job = JobSpec(mode="async", staleness="none")
     assert control.job_in_force(job)["staleness"] == "bounded:3"
