@@ -9,10 +9,16 @@ Each run's figures go to a JSON file as soon as it ends (a rerun skips the runs 
 there, so an interrupted table resumes); ``--report`` writes the Markdown table.
 
     .venv/bin/python -m bench.fashion_npz /tmp/fmnist.npz
-    .venv/bin/python -m bench.staleness_table --data fsdd --epochs 10
-    .venv/bin/python -m bench.staleness_table --data /tmp/fmnist.npz --epochs 3 \\
-        --name fashion-mnist -- --context 0 --network 784:512:10
+    .venv/bin/python -m bench.staleness_table --data fsdd \\
+        --name "FSDD (default data, 117:512:10), seed 1" --group "FSDD (default data, 117:512:10)"
+    .venv/bin/python -m bench.staleness_table --data /tmp/fmnist.npz \\
+        --name "Fashion-MNIST (784:512:10), seed 2" --group "Fashion-MNIST (784:512:10)" \\
+        --workers 4,8 --policies none,bounded:1,rate,dcasgd,gap \\
+        -- --context 0 --network 784:512:10 --seed 2
     .venv/bin/python -m bench.staleness_table --report      # docs/staleness-table.md
+
+Tables of one ``--group`` (the same data with other seeds) are averaged, and the report
+ends with issue 16's bar for each data set and worker count.
 """
 
 from __future__ import annotations
@@ -192,17 +198,25 @@ def verdict(groups: dict[str, list[dict[str, Any]]]) -> str:
                 f"`{policy}` {gap:+.2f} (worst seed {worst:+.2f}) at {ratio:.2f} x plain "
                 f"async's epoch time; "
             )
+            close = [r for r in rows if r[0] >= -BAR_POINTS]
             if good:
                 g = max(good)
                 line += f"**bar met** by `{g[4]}` ({g[0]:+.2f} at {g[3]:.2f} x)"
+            elif close:
+                c = min(close, key=lambda r: r[3])
+                line += (
+                    f"**bar not met**: accuracy by `{c[4]}` ({c[0]:+.2f}), but at "
+                    f"{c[3]:.2f} x the epoch time"
+                )
             else:
-                line += "**bar not met**"
+                line += "**bar not met**: no policy within the points"
             if sync:
                 mean = sum(sync) / len(sync)
                 line += f"; sync {count} {mean:+.2f} (worst {min(sync):+.2f})"
             lines.append(line + ".")
     lines.append(
-        f"\n(The bar: the best policy within {BAR_POINTS} points of sequential at an epoch "
+        f"\n(The bar: the best policy within {BAR_POINTS} points of sequential (or above "
+        f"it) at an epoch "
         f"time within {100 * (BAR_TIME - 1):.0f}% of plain async's, by the mean over seeds; "
         f"sync 4 on Fashion-MNIST within {SYNC_POINTS} points.)"
     )
