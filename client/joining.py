@@ -27,6 +27,7 @@ from snet.protocol.errors import ConfigError, ConnectionLost, DataError, RemoteE
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     BUSY,
+    FOLLOWS_POLICY,
     DataInfo,
     ErrorMessage,
     FramesWanted,
@@ -141,7 +142,10 @@ class Handshake:
                 if not self.config.token:
                     raise RemoteError("auth_failed", "the server requires a token (--token)")
                 proof = auth.proof(self.config.token, hello.nonce)
-            capabilities = worker_capabilities(self.config.compress, self.config.weights_codec)
+            capabilities = (
+                *worker_capabilities(self.config.compress, self.config.weights_codec),
+                FOLLOWS_POLICY,  # tell me when the staleness policy changes
+            )
             connection.send(
                 Hello(PROTOCOL_VERSION, self.name, self.backend.name, capabilities, proof)
             )

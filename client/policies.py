@@ -12,10 +12,11 @@ mode is server/policies.py.
   ``max_in_flight`` updates unsettled, since without that bound a fast worker filled the
   socket buffers and the server's queue with ever staler updates and training collapsed.
 
-- ``BoundedCompute`` (async with bounded staleness ``S``, protocol/staleness.py): as
-  async, but with at most ``max(S, 1)`` updates unsettled, so an update is rarely
-  computed on weights the server will find more than ``S`` versions old (the server
-  refuses those: with ``S + 1`` in flight a fifth of them were, at 4 workers).
+  Under bounded staleness ``S`` (protocol/staleness.py) at most ``max(S, 1)``, so an
+  update is rarely computed on weights the server will find more than ``S`` versions old
+  (the server refuses those: with ``S + 1`` in flight a fifth of them were, at 4 workers).
+  The policy comes with the job and may change while training (``follow``: the server's
+  ``policy`` message), so the bound is worked out again from the job's at each change.
 
 - ``SliceCompute`` (np, network parallelism): no updates at all; the worker answers the
   server's slices and bunches in order (``slice_work``, client/slice_work.py).
@@ -64,6 +65,9 @@ class ComputePolicy:
     def may_compute(self, state: ComputeState) -> bool:
         raise NotImplementedError
 
+    def follow(self, setting: StalenessSetting) -> None:
+        """The server put another staleness policy in force; only async acts on one."""
+
     def frames_per_update(self, job: JobSpec) -> int:
         """How many of a lease's frames one update covers at most: one bunch."""
         return job.bunch_size
@@ -98,6 +102,15 @@ class SyncCompute(ComputePolicy):
 class AsyncCompute(ComputePolicy):
     name = "async"
 
+    def __init__(self, max_in_flight: int, staleness: StalenessSetting | None = None) -> None:
+        super().__init__(max_in_flight)
+        self.job_max_in_flight = max_in_flight  # the job's bound, before any staleness bound
+        self.follow(staleness or StalenessSetting())
+
+    def follow(self, setting: StalenessSetting) -> None:
+        bound = max(setting.bound, 1) if setting.policy == "bounded" else self.job_max_in_flight
+        self.max_in_flight = min(self.job_max_in_flight, bound)
+
     def may_compute(self, state: ComputeState) -> bool:
         return state.in_flight < self.max_in_flight
 
@@ -126,16 +139,6 @@ class BlockCompute(ComputePolicy):
         return LocalTrainer(backend, layout, job).block
 
 
-class BoundedCompute(AsyncCompute):
-    """Async under bounded staleness S: at most max(S, 1) updates unsettled."""
-
-    name = "bounded"
-
-    def __init__(self, max_in_flight: int, bound: int) -> None:
-        super().__init__(min(max_in_flight, max(bound, 1)))
-        self.bound = bound
-
-
 class SliceCompute(ComputePolicy):
     """np: the worker holds a slice of the hidden units and answers the server's bunches
     (client/slice_work.py); it never computes an update of the whole network."""
@@ -158,12 +161,7 @@ def make_compute_policy(job: JobSpec) -> ComputePolicy:
     """The policy of a job's ``mode`` (and, in async mode, its staleness policy)."""
     if job.mode == "bmuf":
         return BlockCompute(job.max_in_flight, job.block_sync)
-    setting = StalenessSetting.parse(job.staleness)
-    if job.mode == "async" and setting.policy == "bounded":
-        return BoundedCompute(job.max_in_flight, setting.bound)
-    policies: dict[str, type[ComputePolicy]] = {
-        "sync": SyncCompute,
-        "async": AsyncCompute,
-        "np": SliceCompute,
-    }
+    if job.mode == "async":
+        return AsyncCompute(job.max_in_flight, StalenessSetting.parse(job.staleness))
+    policies: dict[str, type[ComputePolicy]] = {"sync": SyncCompute, "np": SliceCompute}
     return policies[job.mode](job.max_in_flight)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import ssl
 import time
@@ -42,10 +43,12 @@ from snet.protocol.messages import (
     Evaluate,
     Goodbye,
     Message,
+    PolicyChange,
     Update,
     Weights,
 )
 from snet.protocol.network import ElementLayout
+from snet.protocol.staleness import StalenessSetting
 from snet.transport.dial import MAX_BACKOFF_SECONDS, connect_with_backoff
 from snet.transport.faults import FaultSwitch
 from snet.transport.tls import client_context
@@ -58,7 +61,7 @@ from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus
 from .joining import Handshake, NotJoined
-from .policies import ComputeState, make_compute_policy
+from .policies import ComputePolicy, ComputeState, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
 from .slice_work import SliceWork
@@ -96,7 +99,8 @@ class Worker:
         # renewed by a connection that is accepted and then dropped (e.g. by a server
         # still starting), only by joining again.
         self._retry_deadline: float | None = None
-        self.job: JobSpec | None = None
+        self.job: JobSpec | None = None  # as welcomed, with any policy change since
+        self.policy: ComputePolicy | None = None  # when it may compute: the mode's policy
         self.corpus: Corpus | None = None
         self.updates_sent = 0
         self.progress = ProgressLog(config.progress_seconds, time.monotonic())
@@ -291,6 +295,8 @@ class Worker:
                 connection.file_weights(box, message)
             elif isinstance(message, Goodbye):
                 self._goodbye = message.reason
+            elif isinstance(message, PolicyChange):
+                self._follow(message)
             elif isinstance(message, ErrorMessage):
                 if message.fatal and message.code == ROUND_DEADLINE:
                     raise ConnectionLost(f"dropped from the sync rounds: {message.text}")
@@ -302,11 +308,21 @@ class Worker:
             # else a Heartbeat: the conversation (protocol/conversation.py) lets a training
             # server send nothing else, and the channel has refused anything out of turn
 
+    def _follow(self, change: PolicyChange) -> None:
+        """The server changed its staleness policy: act on it from the next bunch (the
+        message was checked when decoded: the text is a policy)."""
+        assert self.job is not None and self.policy is not None
+        self.job = dataclasses.replace(self.job, staleness=change.staleness)
+        self.policy.follow(StalenessSetting.parse(change.staleness))
+        log.info("the server's staleness policy is now %s (after version %d): at most %d "
+                 "updates unsettled", change.staleness, change.version,
+                 self.policy.max_in_flight)  # fmt: skip
+
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and self.corpus is not None
         assert connection.send_buffers is not None
         loop = asyncio.get_running_loop()
-        policy = make_compute_policy(self.job)
+        policy = self.policy = make_compute_policy(self.job)
         compute = policy.make_compute(self.backend, box.layout, self.job)
         per_update = policy.frames_per_update(self.job)
         last_base = -1

@@ -80,6 +80,7 @@ SENDS: dict[Role, dict[State, dict[str, State]]] = {
             "error": State.TRAINING,
             "np_slice": State.TRAINING,
             "np_bunch": State.TRAINING,
+            "policy": State.TRAINING,
             **_LEAVING,
         },
         State.CLOSED: {},

@@ -25,6 +25,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .errors import ConfigError, MalformedFrame
+from .staleness import StalenessSetting
+
 
 def _no_array() -> np.ndarray:
     return np.zeros(0, dtype="<f4")
@@ -331,6 +334,32 @@ class PartialOutputs:
 
 SliceReply = PartialOutputs | SliceState  # what an np-mode worker sends the server
 
+
+@dataclass(frozen=True)
+class PolicyChange:
+    """The server put another staleness policy in force (``POST /control``) from the step
+    after weights ``version``; sent only to workers that said they follow such changes
+    (``FOLLOWS_POLICY`` in ``Hello.capabilities``). A worker acts on it as on the job's
+    ``staleness`` (a ``bounded:S`` bound caps its unsettled updates). Checked when
+    decoded: a policy text that is too long or not a policy is a malformed frame."""
+
+    TYPE: ClassVar[str] = "policy"
+    ARRAYS: ClassVar[tuple[str, ...]] = ()
+    version: int
+    staleness: str
+
+    def __post_init__(self) -> None:
+        if len(self.staleness) > POLICY_CHARS:
+            raise MalformedFrame(f"policy.staleness is over {POLICY_CHARS} characters")
+        try:
+            StalenessSetting.parse(self.staleness)
+        except ConfigError as exc:
+            raise MalformedFrame(f"policy.staleness: {exc}") from None
+
+
+POLICY_CHARS = 32  # a policy's text: "dcasgd:0.04" and the like
+FOLLOWS_POLICY = "policy:staleness"  # Hello capability: tell me of staleness policy changes
+
 Message = (
     ServerHello
     | Hello
@@ -351,6 +380,7 @@ Message = (
     | SliceState
     | NpBunch
     | PartialOutputs
+    | PolicyChange
 )
 
 MESSAGE_TYPES: dict[str, type[Any]] = {
@@ -375,5 +405,6 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
         SliceState,
         NpBunch,
         PartialOutputs,
+        PolicyChange,
     )
 }

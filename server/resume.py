@@ -58,6 +58,7 @@ def coordinator_state(coordinator: Coordinator) -> dict[str, Any]:
         "evaluations": coordinator.evaluations.checkpoint_state(),
         "stats": stats,
         "hooks": coordinator.hooks.checkpoint_state(),
+        "staleness": coordinator.staleness.checkpoint_state(),
         "earlier": earlier,
     }
 
@@ -75,6 +76,7 @@ def restore_coordinator(coordinator: Coordinator, state: dict[str, Any]) -> int:
     coordinator.evaluations.restore_checkpoint(state["evaluations"])
     coordinator.stats.restore_checkpoint(state["stats"])
     coordinator.hooks.restore_checkpoint(state.get("hooks", {}))  # none before hooks kept any
+    coordinator.staleness.restore_checkpoint(state.get("staleness"))  # a run-time change
     coordinator.resume_at(int(state["version"]), digest, state["earlier"], state["finished"])
     return requeued
 

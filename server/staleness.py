@@ -8,19 +8,31 @@ for /status and the trace. The policy's effect on gradients is the step runner's
 loop, when the step policy has chosen the steps: an update that would be applied more
 than ``S`` versions after its base is refused, and its frames go back to the queue (a
 version only grows, so holding it could never make it fresher). Workers that know the
-bound from the job keep at most ``max(S, 1)`` updates unsettled (client/policies.py), so
-this is rare.
+bound keep at most ``max(S, 1)`` updates unsettled (client/policies.py), so this is rare.
+Workers learn the policy in force from the job in their ``welcome`` and, when it changes
+while they train, from a ``policy`` message: sent to each worker that said it follows
+changes (``FOLLOWS_POLICY``); an older worker is not sent what it could not read, and the
+server's refusals alone keep the bound for it.
 
 State is plain attributes (``setting`` text, ``changes``) so it can be checkpointed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
+from snet.protocol.messages import FOLLOWS_POLICY, PolicyChange
 from snet.protocol.staleness import StalenessSetting
+
+from .session import WorkerSession
+
+log = logging.getLogger("snet.server")
 
 CHANGES_KEPT = 50  # the most recent policy changes /status lists
 
@@ -38,10 +50,18 @@ class StalenessControl:
     def name(self) -> str:
         return self.setting.describe()
 
-    def change(self, text: str, version: int, epoch: int, by: str) -> dict[str, Any]:
-        """Put the policy ``text`` in force from the next step; returns the record of the
-        change. ConfigError for a bad policy, or for any but ``none`` in sync mode (every
-        sync update is on the current version: there is no staleness to act on)."""
+    def job_in_force(self, job: JobSpec) -> dict[str, Any]:
+        """The job a joining worker is welcomed with: with the policy in force now."""
+        return dataclasses.replace(job, staleness=self.name).to_dict()
+
+    def change(
+        self, text: str, version: int, epoch: int, by: str, workers: Iterable[WorkerSession]
+    ) -> dict[str, Any]:
+        """Put the policy ``text`` in force from the next step and tell the ``workers``
+        that follow changes; returns the record of the change (with how many workers were
+        told, and how many could not be). ConfigError for a bad policy, or for any but
+        ``none`` in sync mode (every sync update is on the current version: there is no
+        staleness to act on)."""
         setting = StalenessSetting.parse(text)
         if self.mode == "sync" and setting.policy != "none":
             raise ConfigError("sync mode has no stale updates: only 'none' applies")
@@ -54,7 +74,14 @@ class StalenessControl:
             "by": by,
         }
         self.setting = setting
+        workers = list(workers)
+        told = [w for w in workers if FOLLOWS_POLICY in w.capabilities]
+        for worker in told:
+            worker.send(PolicyChange(version, setting.describe()))
+        record |= {"workers_told": len(told), "workers_not_told": len(workers) - len(told)}
         self.changes = [*self.changes, record][-CHANGES_KEPT:]
+        log.info("staleness policy %s -> %s (by %s, version %d; %d of %d workers told)",
+                 record["from"], record["to"], by, version, len(told), len(workers))  # fmt: skip
         return record
 
     def over_bound(self, groups: list[list[int]], bases: list[int], version: int) -> dict[int, int]:
@@ -79,6 +106,21 @@ class StalenessControl:
             f"bounded staleness: update would be {staleness} versions stale, "
             f"the bound is {self.setting.bound}"
         )
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The policy in force and its history, so a restart keeps a run-time change."""
+        return {
+            "policy": self.name,
+            "changes": list(self.changes),
+            "refused_stale": self.refused_stale,
+        }
+
+    def restore_checkpoint(self, state: dict[str, Any] | None) -> None:
+        """Back to ``checkpoint_state()`` (None: a checkpoint from before it was kept)."""
+        if state is not None:
+            self.setting = StalenessSetting.parse(state["policy"])
+            self.changes = list(state["changes"])[-CHANGES_KEPT:]
+            self.refused_stale = int(state["refused_stale"])
 
     def figures(self) -> dict[str, Any]:
         """For /status."""

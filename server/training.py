@@ -153,7 +153,7 @@ class Coordinator:
         self.idle.joined(session, self.book.waiting_chunks > 0)
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         codecs = session.ledger.agreed() if session.ledger is not None else {}
-        session.send(Welcome(session.worker_id, self.job.to_dict(), codecs))
+        session.send(Welcome(session.worker_id, self.staleness.job_in_force(self.job), codecs))
         session.send(self.plan.data_info())
         self.send_weights(session)
         if self.finished.is_set():  # a latecomer (e.g. a restarted pod): nothing left to do
@@ -270,9 +270,8 @@ class Coordinator:
     def set_staleness(self, text: str, by: str) -> dict[str, Any]:
         """Put another staleness policy in force from the next step (the control endpoint);
         recorded in /status and the trace. ConfigError for a bad one."""
-        record = self.staleness.change(text, self.version, shown_epoch(self.epoch), by)
-        log.info("staleness policy %s -> %s (by %s, version %d)", record["from"],
-                 record["to"], by, self.version)  # fmt: skip
+        record = self.staleness.change(text, self.version, shown_epoch(self.epoch), by,
+                                       self.sessions.values())  # fmt: skip
         if self.trace is not None:
             self.trace({"staleness_policy": record})
         return record

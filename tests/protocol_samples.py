@@ -34,6 +34,7 @@ from snet.protocol.messages import (
     Message,
     NpBunch,
     PartialOutputs,
+    PolicyChange,
     Resync,
     ServerHello,
     SliceState,
@@ -64,6 +65,7 @@ def sample_messages() -> list[Message]:
         ErrorMessage("update_rejected", "NaN in update", False),
         Goodbye("done"),
         Resync("delta from version 3, this worker holds 2"),
+        PolicyChange(41, "bounded:2"),
         WorkerReport(1700000001.5, {"busy_seconds": 1.25, "ratio": 4, "board": "spert-ii"}),
         DataInfo(
             13,

@@ -13,9 +13,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from snet.client.policies import AsyncCompute, BoundedCompute, ComputeState, make_compute_policy
-from snet.protocol.errors import ConfigError
+from snet.client.policies import AsyncCompute, ComputeState, make_compute_policy
+from snet.protocol.codecs.handshake import agree_codecs
+from snet.protocol.errors import ConfigError, MalformedFrame
 from snet.protocol.job import JobSpec
+from snet.protocol.messages import FOLLOWS_POLICY, PolicyChange
 from snet.protocol.staleness import StalenessSetting
 from snet.server.compensation import (
     StepSizes,
@@ -29,6 +31,8 @@ from snet.server.idleness import IdleWatch
 from snet.server.leases import LEASES_PER_WORKER, TAIL_ROUNDS, LeaseBook, lease_size
 from snet.server.staleness import StalenessControl
 from snet.server.staleness_report import staleness_metrics
+
+from wire_samples import decode_one, hand_frame
 
 
 def test_policies_parse_to_canonical_text_and_bad_ones_are_refused() -> None:
@@ -60,17 +64,49 @@ def test_bounded_staleness_refuses_what_would_lag_more_than_the_bound() -> None:
 
 def test_a_policy_change_is_recorded_and_sync_accepts_only_none() -> None:
     control = StalenessControl("none", "async")
-    record = control.change("dcasgd:0.1", version=7, epoch=1, by="127.0.0.1")
+    record = control.change("dcasgd:0.1", version=7, epoch=1, by="127.0.0.1", workers=())
     assert (record["from"], record["to"], record["version"], record["epoch"]) == (
         "none", "dcasgd:0.1", 7, 1,
     )  # fmt: skip
     assert control.figures()["policy"] == "dcasgd:0.1"
     assert control.figures()["changes"] == [record]
     with pytest.raises(ConfigError):
-        control.change("nonsense", 8, 1, "x")
+        control.change("nonsense", 8, 1, "x", ())
     assert control.name == "dcasgd:0.1"  # a refused change changes nothing
     with pytest.raises(ConfigError, match="sync mode"):
-        StalenessControl("none", "sync").change("rate", 0, 0, "x")
+        StalenessControl("none", "sync").change("rate", 0, 0, "x", ())
+
+
+def test_a_policy_change_is_sent_to_the_workers_that_follow_changes() -> None:
+    control = StalenessControl("none", "async")
+    inboxes: dict[str, list[object]] = {"new": [], "old": [], "other": []}
+    workers = [
+        SimpleNamespace(capabilities=("codec:fp16", FOLLOWS_POLICY), send=inboxes["new"].append),
+        SimpleNamespace(capabilities=("codec:fp16",), send=inboxes["old"].append),  # older peer
+        SimpleNamespace(capabilities=(FOLLOWS_POLICY,), send=inboxes["other"].append),
+    ]
+    record = control.change("bounded:3", 12, 2, "127.0.0.1", workers)  # type: ignore[arg-type]
+    assert (record["workers_told"], record["workers_not_told"]) == (2, 1)
+    assert inboxes == {"new": [PolicyChange(12, "bounded:3")], "old": [],
+                       "other": [PolicyChange(12, "bounded:3")]}  # fmt: skip
+    with pytest.raises(ConfigError):  # a refused change tells nobody anything
+        control.change("bounded:x", 13, 2, "127.0.0.1", workers)  # type: ignore[arg-type]
+    assert len(inboxes["new"]) == 1
+    # a server that knows nothing of it agrees the codecs as if it was not asked
+    plain = ("codec:fp16", "compress:fp16")
+    assert agree_codecs((*plain, FOLLOWS_POLICY), "none") == agree_codecs(plain, "none")
+    # a worker joining now is welcomed with the policy in force
+    job = JobSpec(mode="async", staleness="none")
+    assert control.job_in_force(job)["staleness"] == "bounded:3"
+    assert JobSpec.from_dict(control.job_in_force(job)).max_in_flight == job.max_in_flight
+
+
+def test_a_policy_message_is_checked_when_decoded() -> None:
+    message = decode_one(hand_frame("policy", {"version": 3, "staleness": "bounded:2"}))
+    assert message == PolicyChange(3, "bounded:2")
+    for bad in ("ssp", "bounded:-1", "bounded:" + "1" * 40, ""):
+        with pytest.raises(MalformedFrame, match=r"policy\.staleness"):
+            decode_one(hand_frame("policy", {"version": 3, "staleness": bad}))
 
 
 def test_dcasgd_matches_a_hand_computed_example() -> None:
@@ -118,7 +154,7 @@ def test_the_weight_history_is_bounded() -> None:
 
 def test_bounded_staleness_worker_keeps_at_most_max_s_1_updates_unsettled() -> None:
     policy = make_compute_policy(JobSpec(mode="async", max_in_flight=4, staleness="bounded:2"))
-    assert isinstance(policy, BoundedCompute) and policy.max_in_flight == 2
+    assert isinstance(policy, AsyncCompute) and policy.max_in_flight == 2
     assert policy.may_compute(ComputeState(9, 9, 1))
     assert not policy.may_compute(ComputeState(9, 9, 2))
     assert (
@@ -132,6 +168,22 @@ def test_bounded_staleness_worker_keeps_at_most_max_s_1_updates_unsettled() -> N
         is AsyncCompute
     )
     assert make_compute_policy(JobSpec(mode="sync", max_in_flight=2)).name == "sync"
+
+
+def test_the_worker_bound_follows_a_policy_change() -> None:
+    policy = make_compute_policy(JobSpec(mode="async", max_in_flight=4))
+    assert policy.max_in_flight == 4
+    policy.follow(StalenessSetting.parse("bounded:2"))
+    assert policy.max_in_flight == 2 and not policy.may_compute(ComputeState(9, 9, 2))
+    policy.follow(StalenessSetting.parse("bounded:0"))
+    assert policy.max_in_flight == 1
+    policy.follow(StalenessSetting.parse("bounded:9"))  # never above the job's own bound
+    assert policy.max_in_flight == 4
+    policy.follow(StalenessSetting.parse("gap"))
+    assert policy.max_in_flight == 4 and policy.may_compute(ComputeState(9, 9, 3))
+    sync = make_compute_policy(JobSpec(mode="sync", max_in_flight=2))
+    sync.follow(StalenessSetting.parse("none"))
+    assert sync.max_in_flight == 2
 
 
 def test_lease_sizes_follow_the_data_and_the_workers() -> None:

@@ -34,6 +34,7 @@ from snet.protocol.messages import (
     Message,
     NpBunch,
     PartialOutputs,
+    PolicyChange,
     Resync,
     ServerHello,
     SliceState,
@@ -326,6 +327,7 @@ def samples() -> list[Sample]:
             [("<f4", [1, 2], struct.pack("<2f", 1.5, 2.0))],
             PartialOutputs(5, 0.125, np.array([[1.5, 2.0]], dtype="<f4")),
         ),
+        Sample("policy", {"version": 12, "staleness": "gap"}, [], PolicyChange(12, "gap")),
     ]
 
 
