@@ -44,6 +44,7 @@ decoded update and the raw gradient.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -52,7 +53,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from snet.protocol.codecs import ElementCodec, parse_codec
-from snet.protocol.messages import Encoded
+from snet.protocol.errors import RejectedUpdate
+from snet.protocol.messages import Encoded, ErrorMessage
 from snet.protocol.network import ElementLayout
 
 if TYPE_CHECKING:
@@ -64,6 +66,8 @@ CLIP_FACTOR = 1.2  # a gradient's norm per pattern is at most this times the run
 CLIP_AVERAGING = 0.9  # the running mean's decay per update
 WORKER_MOMENTUM = 0.5  # the most momentum a momentum-corrected worker keeps itself
 KEEP_SENT = 8  # updates whose refusal can still be undone (at most max_in_flight are open)
+
+log = logging.getLogger("snet.worker")
 
 UpdateKey = tuple[int, int]  # (lease_id, offset): names an update on one connection
 
@@ -231,6 +235,18 @@ class UpdateCompressor:
         block's delta), then its encoding with error feedback (``compress``)."""
         loss, correct, count = compute(weights, frames, scratch, rate)
         return loss, correct, count, self.compress(scratch, key, count)
+
+    def refused_update(self, message: ErrorMessage) -> None:
+        """The server refused an update (``message``): undo it if it was one of ours that
+        it names (the compute thread is idle: this runs between bunches, on the event
+        loop)."""
+        if message.code != RejectedUpdate.code or message.lease_id < 0:
+            return
+        if not self.refused((message.lease_id, message.offset)):
+            log.warning(
+                "refused update (lease %d, offset %d) is not among the last sent; its "
+                "residual share is lost", message.lease_id, message.offset,
+            )  # fmt: skip
 
     def refused(self, key: UpdateKey) -> bool:
         """The server refused the update ``key``: undo it. False if it is not known.

@@ -27,7 +27,6 @@ from snet.protocol.conversation import Role
 from snet.protocol.errors import (
     ConfigError,
     ConnectionLost,
-    RejectedUpdate,
     RemoteError,
     ServerUnreachable,
     TlsRefused,
@@ -304,7 +303,8 @@ class Worker:
                     self._refused = RemoteError(message.code, message.text)
                 else:
                     log.warning("server refused: %s: %s", message.code, message.text)
-                    self._undo_refused(message)
+                    if self.compressor is not None:
+                        self.compressor.refused_update(message)
             # else a Heartbeat: the conversation (protocol/conversation.py) lets a training
             # server send nothing else, and the channel has refused anything out of turn
 
@@ -388,17 +388,6 @@ class Worker:
             self.reports.update_sent(connection, self._sent_this_session, self.updates_sent)
             last_base = weights.version
             self._work.advance(count)
-
-    def _undo_refused(self, message: ErrorMessage) -> None:
-        """A refused compressed update gives back what it carried from the residual (the
-        compute thread is idle: this runs between bunches, on the event loop)."""
-        if self.compressor is None or message.code != RejectedUpdate.code or message.lease_id < 0:
-            return
-        if not self.compressor.refused((message.lease_id, message.offset)):
-            log.warning(
-                "refused update (lease %d, offset %d) is not among the last sent; its "
-                "residual share is lost", message.lease_id, message.offset,
-            )  # fmt: skip
 
     def _evaluate(self, request: Evaluate) -> EvalResult:
         weights = np.ascontiguousarray(request.element, dtype=np.float32)

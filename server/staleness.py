@@ -22,8 +22,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
@@ -31,6 +31,10 @@ from snet.protocol.messages import FOLLOWS_POLICY, PolicyChange
 from snet.protocol.staleness import StalenessSetting
 
 from .session import WorkerSession
+
+if TYPE_CHECKING:
+    from .stepping import PendingUpdate
+    from .stepqueue import StepQueue
 
 log = logging.getLogger("snet.server")
 
@@ -83,6 +87,23 @@ class StalenessControl:
         log.info("staleness policy %s -> %s (by %s, version %d; %d of %d workers told)",
                  record["from"], record["to"], by, version, len(told), len(workers))  # fmt: skip
         return record
+
+    def refuse_over_bound(
+        self,
+        chosen: list[list[int]],
+        steps: StepQueue,
+        version: int,
+        refuse: Callable[[PendingUpdate, str], None],
+    ) -> bool:
+        """Bounded staleness: take the ``chosen`` updates (indexes into the queue) that
+        would lag more than the bound out of ``steps`` and ``refuse`` each (its frames go
+        back to the queue); whether any was."""
+        bases = [p.message.base_version for p in steps.queued()]
+        stale = self.over_bound(chosen, bases, version)
+        for index, pending in steps.remove(set(stale)):
+            self.refused_stale += 1
+            refuse(pending, self.reason(stale[index]))
+        return bool(stale)
 
     def over_bound(self, groups: list[list[int]], bases: list[int], version: int) -> dict[int, int]:
         """Of the chosen steps (indexes into ``bases``, the queued updates' base versions),

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from snet.protocol.digest import weights_digest
+from snet.protocol.hooks import BunchEvent
 from snet.protocol.messages import Update
 from snet.protocol.staleness import StalenessSetting
 
@@ -272,3 +273,11 @@ def trace_record(
     ]  # fmt: skip
     return {"version": version, "epoch": epoch, "learning_rate": rate, "digest": digest,
             "updates": updates}  # fmt: skip
+
+
+def bunch_event(batch: list[PendingUpdate], version: int, epoch: int, rate: float) -> BunchEvent:
+    """The step as the ``after_bunch`` hooks see it: its updates' patterns and figures."""
+    patterns = sum(p.patterns for p in batch)
+    correct = sum(p.message.correct for p in batch)
+    loss = sum(p.message.loss_sum for p in batch)
+    return BunchEvent(epoch, version, len(batch), patterns, correct, loss, rate)

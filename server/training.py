@@ -42,7 +42,7 @@ import numpy as np
 
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import RejectedUpdate
-from snet.protocol.hooks import BunchEvent, HookSet, RunInfo
+from snet.protocol.hooks import HookSet, RunInfo
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     TRAINING_COMPLETE,
@@ -75,7 +75,7 @@ from .progress import ProgressWatch
 from .session import WorkerSession
 from .staleness import StalenessControl
 from .stats import TrainingStats
-from .stepping import PendingUpdate, StepOutcome, StepRunner, trace_record
+from .stepping import PendingUpdate, StepOutcome, StepRunner, bunch_event, trace_record
 from .stepqueue import Groups, StepQueue
 
 log = logging.getLogger("snet.server")
@@ -179,16 +179,8 @@ class Coordinator:
 
     def send_weights(self, session: WorkerSession) -> None:
         session.weights_version_sent = self.version
-        session.send(
-            Weights(
-                self.version,
-                self.epoch,
-                self.learning_rate,
-                session.updates_settled,
-                self.rule.snapshot,
-                digest=self.digest,
-            )
-        )
+        session.send(Weights(self.version, self.epoch, self.learning_rate, session.updates_settled,
+                             self.rule.snapshot, digest=self.digest))  # fmt: skip
 
     def on_resync(self, session: WorkerSession, reason: str) -> None:
         """The worker asks for a full float32 copy of the weights: send one now."""
@@ -249,23 +241,11 @@ class Coordinator:
         chosen = self.policy.take(view)
         if self.staleness.setting.needs_base_weights:
             chosen = chosen[:1]  # one step per pass: every version's weights exist
-        if self._refuse_over_bound(chosen):
+        if self.staleness.refuse_over_bound(chosen, self.steps, self.version, self._refuse_queued):
             self.maybe_step()  # the queue changed: choose again from what is left
             return
         if chosen:
             self.steps.start(chosen, self._step)
-
-    def _refuse_over_bound(self, chosen: list[list[int]]) -> bool:
-        """Bounded staleness: refuse the chosen updates that would lag more than the bound
-        (their frames go back to the queue); whether any was."""
-        bases = [p.message.base_version for p in self.steps.queued()]
-        stale = self.staleness.over_bound(chosen, bases, self.version)
-        if not stale:
-            return False
-        for index, pending in self.steps.remove(set(stale)):
-            self.staleness.refused_stale += 1
-            self._refuse_queued(pending, self.staleness.reason(stale[index]), time.monotonic())
-        return True
 
     def set_staleness(self, text: str, by: str) -> dict[str, Any]:
         """Put another staleness policy in force from the next step (the control endpoint);
@@ -287,7 +267,7 @@ class Coordinator:
         """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
         now = time.monotonic()
         for pending, reason in outcome.refused:
-            self._refuse_queued(pending, reason, now)
+            self._refuse_queued(pending, reason)
         if outcome.snapshot is None:
             return
         self.rule.publish(outcome.snapshot)  # with its version, on the event loop
@@ -304,12 +284,10 @@ class Coordinator:
                 pending.session.clock.settled(now)
                 self.stats.record_staleness(staleness)
                 self.book.record_applied(pending.frames)
-            patterns = sum(p.patterns for p in batch)
-            self.stats.record_step(len(batch), patterns, outcome.seconds / len(outcome.applied))
-            correct = sum(p.message.correct for p in batch)
-            loss = sum(p.message.loss_sum for p in batch)
-            event = BunchEvent(self.epoch, self.version, len(batch), patterns, correct, loss,
-                               rate)  # fmt: skip
+            event = bunch_event(batch, self.version, self.epoch, rate)
+            self.stats.record_step(
+                len(batch), event.patterns, outcome.seconds / len(outcome.applied)
+            )
             self.hooks.call("after_bunch", event)
             if self.trace is not None:
                 digest = self.digest if batch is last else None
@@ -325,10 +303,10 @@ class Coordinator:
         session.updates_settled += 1  # a refused update is settled: the worker may send more
         self.stats.updates_rejected += 1
 
-    def _refuse_queued(self, pending: PendingUpdate, reason: str, now: float) -> None:
+    def _refuse_queued(self, pending: PendingUpdate, reason: str) -> None:
         """Refuse a queued update at step time: its frames go back, the worker is told."""
         session, message = pending.session, pending.message
-        session.clock.settled(now)
+        session.clock.settled(time.monotonic())
         self.book.unaccept(pending.frames)
         self.stats.record_train(-message.patterns, -message.correct, -message.loss_sum)
         self._count_refused(session)
@@ -363,10 +341,8 @@ class Coordinator:
         self.assign_evaluations()
 
     def assign_evaluations(self) -> None:
-        now = time.monotonic()
-        for session, job in self.evaluations.assign(
-            self.sessions.values(), self.book.remaining_frames, now
-        ):
+        sessions, remaining = self.sessions.values(), self.book.remaining_frames
+        for session, job in self.evaluations.assign(sessions, remaining, time.monotonic()):
             self.inline.send(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
         for job in self.evaluations.without_second_scorer(self.sessions.values()):
