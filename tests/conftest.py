@@ -12,6 +12,7 @@ process (``helpers`` refuses otherwise).
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 from collections.abc import Iterator
@@ -49,6 +50,14 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Lab:
     """A lab on one loop; ``@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)``
     keeps a test to one."""
     return Lab(tmp_path, request.param)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Everything imported so far (the package, numpy, the test modules) lives to the end:
+    frozen out of the collector, so the ``gc.collect()`` after each lab test (loop_guard.py:
+    lost task exceptions surface when collected) walks only what tests made since."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
