@@ -4,13 +4,16 @@ A single update with values of 1e30 was applied (weights 0.107 -> 1.56e27); an u
 one byte changed (a value near 2^43) was applied; zero gradients "completed" a job in half a
 second; accuracy counts of 7.8e15 and a NaN loss reached /status. So:
 
-- ``NormBounds``: each update's gradient norm per pattern must lie within a factor of the
+- ``NormBounds``: each update's gradient norm per pattern must stay below a factor of the
   running (geometric) mean of the updates accepted so far, as DGC bounds its gradients by
-  their running norm; before that mean settles, within an absolute sanity bound. An
-  update with a zero, NaN or infinite norm is refused too. The mean is kept per kind of
-  update (plain gradients, or those that carry their worker's momentum) and per codec,
-  whose norms differ. It runs in the step thread (server/stepping.py): one BLAS dot per
-  update.
+  their running norm; before that mean settles, below an absolute sanity bound. An
+  update with a zero, NaN or infinite norm is refused too. A small update is not: a bunch
+  the network already classifies with confidence has a tiny honest gradient (8-worker
+  runs of 16-pattern bunches on Fashion-MNIST sent some 1e4 times below the mean, which
+  an earlier lower bound refused), and a small step cannot harm the weights. The mean is
+  kept per kind of update (plain gradients, or those that carry their worker's momentum)
+  and per codec, whose norms differ. It runs in the step thread (server/stepping.py):
+  one BLAS dot per update.
 - ``update_figures_problem`` and ``eval_figures_problem``: the counts an update or a CV
   result reports are bounded by its patterns, and its loss is finite.
 - ``checked_report``: a worker's report is small, shallow, plain JSON.
@@ -63,7 +66,7 @@ class NormBounds:
                 return f"update norm {per_pattern:.3g} per pattern is beyond {ABSOLUTE_NORM:g}"
         else:
             typical = math.exp(self._log_mean[kind])
-            if not typical / self.factor**2 <= per_pattern <= typical * self.factor:
+            if per_pattern > typical * self.factor:
                 return (
                     f"update norm {per_pattern:.3g} per pattern is implausible: the accepted "
                     f"updates' running mean is {typical:.3g}"

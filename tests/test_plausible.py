@@ -46,7 +46,9 @@ def test_norm_bounds_refuse_what_no_honest_gradient_looks_like() -> None:
     # settled: within NORM_FACTOR of the running mean, whatever the bunch size
     assert bounds.problem(kind, _gradient(640.0), 640) == ""
     assert "implausible" in bounds.problem(kind, _gradient(64.0 * NORM_FACTOR * 3), 64)
-    assert "implausible" in bounds.problem(kind, _gradient(64.0 / NORM_FACTOR**3), 64)
+    # a tiny honest gradient (a bunch already classified with confidence) is taken: a
+    # small step cannot harm the weights, and a lower bound refused honest updates
+    assert bounds.problem(kind, _gradient(64.0 / NORM_FACTOR**3), 64) == ""
     # another kind has its own mean (a topk update's norm is not a dense one's)
     assert bounds.problem((True, "topk:0.01"), _gradient(0.01), 64) == ""
     assert ABSOLUTE_NORM > 1e3
