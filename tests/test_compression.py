@@ -5,6 +5,7 @@ full float32 copy, and compressed training reports its ledger in /status and /me
 from __future__ import annotations
 
 import re
+import signal
 
 import numpy as np
 import pytest
@@ -155,7 +156,7 @@ def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
         "--compress",
         "sign",
         "--linger-seconds",
-        "5",
+        "60",  # read after training: under load 5 s ran out before the reads (refused)
         *SMALL_JOB,
     )
     workers = [
@@ -208,5 +209,6 @@ def test_compressed_training_reports_its_ledger(cluster: Cluster) -> None:
     assert "snet_worker_update_cosine" in metrics
     for worker in workers:
         assert worker.wait(60) == 0
+    server.process.send_signal(signal.SIGTERM)  # read: it need not linger on
     assert server.wait(60) == 0
     assert load_weights(server.out_dir / "weights.npz")
