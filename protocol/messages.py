@@ -21,7 +21,7 @@ header; the decoder fills in the default.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import numpy as np
 
@@ -383,28 +383,5 @@ Message = (
     | PolicyChange
 )
 
-MESSAGE_TYPES: dict[str, type[Any]] = {
-    cls.TYPE: cls
-    for cls in (
-        ServerHello,
-        Hello,
-        Welcome,
-        Weights,
-        Lease,
-        Update,
-        Evaluate,
-        EvalResult,
-        WorkerReport,
-        Resync,
-        DataInfo,
-        FramesWanted,
-        Frames,
-        Heartbeat,
-        ErrorMessage,
-        Goodbye,
-        SliceState,
-        NpBunch,
-        PartialOutputs,
-        PolicyChange,
-    )
-}
+# Every message by its wire name, in the order of ``Message`` (written once, there).
+MESSAGE_TYPES: dict[str, type[Any]] = {cls.TYPE: cls for cls in get_args(Message)}
