@@ -137,6 +137,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_config_flag(train, "a [job] table (as the server reads it)")
     add_job_flags(train, parallel=False)
+    train.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="BLAS threads, pinned as a worker's are (default: 1; env SNET_TRAIN_THREADS): "
+        "on a busy machine idle BLAS threads waiting for cores made it 5-10x slower",
+    )
 
     data = commands.add_parser("data", help="data tools")
     data_commands = data.add_subparsers(dest="data_command", required=True)
@@ -191,11 +198,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _early_blas_limit(argv: list[str]) -> None:
-    """A worker's BLAS thread count (``--threads``, else SNET_WORKER_THREADS, else 1), set
-    before anything imports numpy: building the parser already does."""
-    if not argv or argv[0] not in ("worker", "spert"):
+    """The BLAS thread count of a worker or of ``snet train`` (``--threads``, else
+    SNET_WORKER_THREADS or SNET_TRAIN_THREADS, else 1), set before anything imports numpy:
+    building the parser already does."""
+    if not argv or argv[0] not in ("worker", "spert", "train"):
         return
-    threads = os.environ.get("SNET_WORKER_THREADS", "1")
+    variable = "SNET_TRAIN_THREADS" if argv[0] == "train" else "SNET_WORKER_THREADS"
+    threads = os.environ.get(variable, "1")
     for index, word in enumerate(argv):
         if word == "--threads" and index + 1 < len(argv):
             threads = argv[index + 1]
