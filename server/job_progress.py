@@ -57,7 +57,7 @@ class ProgressMeter:
         in_epoch = current.train_patterns if current is not None and current.ended is None else 0
         done = min(stats.epochs_done * per_epoch + in_epoch, planned)
         finished = coordinator.finished.is_set()
-        rate = self.rate()
+        rate = 0.0 if finished else self.rate()  # trained: none applied any more
         if finished:
             eta: float | None = 0.0
         elif rate:
