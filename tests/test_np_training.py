@@ -97,7 +97,10 @@ async def test_np_holder_that_stops_answering_is_dropped_not_waited_for(lab: Lab
     """Every bunch waits for every holder, but only until the round deadline: a worker
     whose partial output is lost is dropped (round_deadline), rejoins, and is given
     units again; training does not freeze and applies every frame once."""
-    server = await lab.server("--stall-seconds", "1", "--join-seconds", "2", *np_job())
+    # It lingers: the dropped worker may reconnect only after the other finished the job,
+    # and is then told so (a server gone before it reconnects would leave it exit 3).
+    server = await lab.server("--stall-seconds", "1", "--join-seconds", "2",
+                              "--linger-seconds", "2", *np_job())  # fmt: skip
     steady = lab.worker(server, "w0")
     lossy = lab.worker(server, "w1", "--faults", "drop:np_partial:30")
     assert await server.wait(120) == "trained"
