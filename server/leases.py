@@ -115,10 +115,16 @@ class LeaseBook:
 
     @classmethod
     def for_job(
-        cls, job: JobSpec, train_frames: np.ndarray, total_frames: int, chunk: int
+        cls,
+        job: JobSpec,
+        train_frames: np.ndarray,
+        total_frames: int,
+        chunk: int,
+        update_frames: int | None = None,
     ) -> LeaseBook:
         """The book for ``job``'s seed, shuffle cache and frame order, in chunks of
-        ``chunk`` frames (the mode's policy says how many: ``StepPolicy.chunk_frames``)."""
+        ``chunk`` frames, cut in whole updates of ``update_frames`` (default: a bunch; the
+        mode's combination says both: ``Combination.chunk_frames``, ``update_frames``)."""
         return cls(
             train_frames,
             total_frames,
@@ -126,7 +132,7 @@ class LeaseBook:
             job.seed,
             cache_frames=job.bunch_size * job.shuffle_cache_bunches,
             sequential=job.frame_order == "sequential",
-            bunch_frames=job.bunch_size,
+            bunch_frames=job.bunch_size if update_frames is None else update_frames,
         )
 
     def start_epoch(self, epoch: int) -> None:

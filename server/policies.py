@@ -90,6 +90,10 @@ class Combination:
         """Frames per lease."""
         return job.chunk_frames
 
+    def update_frames(self, job: JobSpec) -> int:
+        """The frames of one update: leases are cut in whole ones (server/leases.py)."""
+        return job.bunch_size
+
 
 class BlockDeltas(Combination):
     """bmuf: model deltas of blocks of local steps, filtered with block momentum."""
@@ -107,10 +111,16 @@ class BlockDeltas(Combination):
         return ""
 
     def chunk_frames(self, job: JobSpec) -> int:
-        """A lease holds at least one whole block, so blocks are not cut at lease ends."""
+        """A lease holds whole blocks (at least one), so blocks are not cut at lease ends."""
         if job.block_seconds:
             return job.chunk_frames
-        return max(job.chunk_frames, job.block_bunches * job.bunch_size)
+        block = job.block_bunches * job.bunch_size
+        return max(job.chunk_frames // block, 1) * block
+
+    def update_frames(self, job: JobSpec) -> int:
+        """A block's frames: a lease cut to one bunch would end every block after one
+        bunch, an exchange per bunch (0 for blocks of seconds: fixed chunks)."""
+        return 0 if job.block_seconds else job.block_bunches * job.bunch_size
 
 
 class StepPolicy:

@@ -103,10 +103,11 @@ class Coordinator:
         self.connections = job.network.connections
         start = initial_weights(job.network, job.seed) if weights is None else weights
         self.policy = make_step_policy(job)
-        self.rule = self.policy.combination.make_rule(start, job)
+        combination = self.policy.combination
+        self.rule = combination.make_rule(start, job)
         self.pool = ElementPool(self.layout, pool_size)
-        chunk = self.policy.combination.chunk_frames(job)
-        self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames, chunk)
+        leases = combination.chunk_frames(job), combination.update_frames(job)
+        self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames, *leases)
         self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
         self.runner = StepRunner(self.rule, executor)
         self.staleness = StalenessControl(job.staleness, job.mode)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from snet.client.policies import AsyncCompute, ComputeState, SyncCompute, make_compute_policy
 from snet.protocol.job import JobSpec
+from snet.server.leases import LeaseBook
 from snet.server.policies import (
     MAX_FUSED_STEPS,
     AsyncSteps,
@@ -116,6 +118,24 @@ def test_make_step_policy_names_the_modes() -> None:
     loose = make_step_policy(JobSpec(mode="bmuf", block_sync=False))
     assert isinstance(loose, AsyncSteps) and loose.updates_per_step == 1  # each block alone
     assert type(policy.combination) is Combination
+
+
+def test_bmuf_leases_whole_blocks_to_several_workers() -> None:
+    # Leases shrink to one update over an epoch's tail (server/leases.py); for bmuf an
+    # update is a block: leases cut to one bunch ended every block after a bunch, an
+    # exchange per bunch (Figure 4's bmuf ran at per-bunch speed until this).
+    job = JobSpec(mode="bmuf", bunch_size=100, block_bunches=16, chunk_frames=2048)
+    combination = make_step_policy(job).combination
+    assert combination.update_frames(job) == 1600
+    assert combination.update_frames(job.with_changes(block_seconds=2.0)) == 0
+    assert make_step_policy(JobSpec()).combination.update_frames(JobSpec()) == 128
+    leases = combination.chunk_frames(job), combination.update_frames(job)
+    book = LeaseBook.for_job(job, np.arange(48_000), 48_000, *leases)
+    book.start_epoch(0)
+    sizes = []
+    while (lease := book.grant(len(sizes) % 5, workers=5)) is not None:
+        sizes.append(len(lease.indices))
+    assert sum(sizes) == 48_000 and all(size % 1600 == 0 for size in sizes[:-1])
 
 
 # ---------------------------------------------------------------- deadlines
