@@ -254,7 +254,7 @@ class Coordinator:
         record = self.staleness.change(text, self.version, shown_epoch(self.epoch), by,
                                        self.sessions.values())  # fmt: skip
         if self.trace is not None:
-            self.trace({"staleness_policy": record})
+            self.trace({"staleness_policy": {**record, "epoch": self.epoch}})  # 0-based there
         return record
 
     async def _step(self, groups: Groups) -> None:

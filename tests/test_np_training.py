@@ -27,17 +27,20 @@ def np_job(epochs: int = 1) -> list[str]:
     ]  # fmt: skip
 
 
+# np_job() as a JobSpec (sequential training and the pipeline replay take one)
+NP_JOB = JobSpec(
+    mode="np",
+    network=NetworkSpec.parse("117:32:10"),
+    epochs=1,
+    bunch_size=256,
+    chunk_frames=4096,
+    learning_rates=(0.2,),
+    momentum=0.9,
+)
+
+
 def _sequential_weights(**changes: object) -> np.ndarray:
-    job = JobSpec(
-        network=NetworkSpec.parse("117:32:10"),
-        epochs=1,
-        bunch_size=256,
-        chunk_frames=4096,
-        learning_rates=(0.2,),
-        momentum=0.9,
-        mode="sync",
-    ).with_changes(**changes)
-    return train_job(job).weights
+    return train_job(NP_JOB.with_changes(mode="sync", **changes)).weights
 
 
 def assert_trained_once(status: dict[str, Any], epochs: int) -> None:
@@ -121,16 +124,7 @@ async def test_np_pipelined_gives_the_replayed_pipeline_weights(lab: Lab) -> Non
     started = [lab.worker(server, f"w{i}") for i in range(2)]
     assert await server.wait(120) == "trained"
     assert [await w.wait(30) for w in started] == [0, 0]
-    job = JobSpec(
-        mode="np",
-        network=NetworkSpec.parse("117:32:10"),
-        epochs=1,
-        bunch_size=256,
-        chunk_frames=4096,
-        learning_rates=(0.2,),
-        momentum=0.9,
-    )
-    replayed, _ = train_np_replay(job, 2, pipelined=True)
+    replayed, _ = train_np_replay(NP_JOB, 2, pipelined=True)
     saved = _saved(server.out_dir)
     np.testing.assert_allclose(saved, replayed, rtol=1e-4, atol=1e-5)
     assert not np.allclose(saved, _sequential_weights(), rtol=1e-4, atol=1e-5)
