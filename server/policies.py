@@ -130,6 +130,9 @@ class StepPolicy:
 
     name = ""
     late_action: LateAction = "revoke"
+    # whether an update may be applied on a newer version than its base (what a
+    # staleness policy acts on); sync rounds and np's slices never are
+    stale_updates = True
 
     def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
         self.updates_per_step = updates_per_step
@@ -158,6 +161,7 @@ class SyncSteps(StepPolicy):
 
     name = "sync"
     late_action: LateAction = "drop"
+    stale_updates = False
 
     def take(self, view: QueueView) -> list[list[int]]:
         if not view.pending or self._waiting_for(view, list(view.workers)) > 0:
@@ -215,6 +219,7 @@ class SliceSteps(StepPolicy):
 
     name = "np"
     late_action: LateAction = "drop"  # every bunch waits for every holder
+    stale_updates = False
 
     def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
         super().__init__(updates_per_step, combination or SliceAssembly())

@@ -44,8 +44,9 @@ CHANGES_KEPT = 50  # the most recent policy changes /status lists
 class StalenessControl:
     """The staleness policy of one server."""
 
-    def __init__(self, text: str, mode: str) -> None:
-        self.mode = mode
+    def __init__(self, text: str, mode: str, stale_updates: bool) -> None:
+        self.mode = mode  # named in refusals
+        self.stale_updates = stale_updates  # the step policy's: a policy has work to do
         self.setting = StalenessSetting.parse(text)
         self.changes: list[dict[str, Any]] = []
         self.refused_stale = 0  # updates refused for lagging more than the bound
@@ -64,11 +65,12 @@ class StalenessControl:
         """Put the policy ``text`` in force from the next step and tell the ``workers``
         that follow changes; returns the record of the change (with how many workers were
         told, and how many could not be). ConfigError for a bad policy, or for any but
-        ``none`` in sync mode (every sync update is on the current version: there is no
-        staleness to act on)."""
+        ``none`` where the step policy never applies a stale update (sync rounds, sync
+        bmuf blocks, np: every update is on the current version, so there is no staleness
+        to act on)."""
         setting = StalenessSetting.parse(text)
-        if self.mode == "sync" and setting.policy != "none":
-            raise ConfigError("sync mode has no stale updates: only 'none' applies")
+        if not self.stale_updates and setting.policy != "none":
+            raise ConfigError(f"{self.mode} mode has no stale updates: only 'none' applies")
         record = {
             "time": round(time.time(), 3),
             "version": version,

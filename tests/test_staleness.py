@@ -29,6 +29,7 @@ from snet.server.compensation import (
 from snet.server.http import make_app
 from snet.server.idleness import IdleWatch
 from snet.server.leases import LEASES_PER_WORKER, TAIL_ROUNDS, LeaseBook, lease_size
+from snet.server.policies import AsyncSteps, SyncSteps, make_step_policy
 from snet.server.staleness import StalenessControl
 from snet.server.staleness_report import staleness_metrics
 
@@ -52,18 +53,23 @@ def test_policies_parse_to_canonical_text_and_bad_ones_are_refused() -> None:
 
 
 def test_bounded_staleness_refuses_what_would_lag_more_than_the_bound() -> None:
-    control = StalenessControl("bounded:1", "async")
+    control = StalenessControl("bounded:1", "async", AsyncSteps.stale_updates)
     bases = [5, 3, 4, 4, 2]
     # version 5: step 0 is taken on 5, step 1 on 6
     refused = control.over_bound([[0, 1], [2, 3, 4]], bases, version=5)
     assert refused == {1: 2, 3: 2, 2: 2, 4: 4}
     # a step whose every update is refused takes no version: the next is still on 5
     assert control.over_bound([[0], [1]], [2, 4], version=5) == {0: 3}
-    assert StalenessControl("none", "async").over_bound([[0]], [0], version=99) == {}
+    assert (
+        StalenessControl("none", "async", AsyncSteps.stale_updates).over_bound(
+            [[0]], [0], version=99
+        )
+        == {}
+    )
 
 
 def test_a_policy_change_is_recorded_and_sync_accepts_only_none() -> None:
-    control = StalenessControl("none", "async")
+    control = StalenessControl("none", "async", AsyncSteps.stale_updates)
     record = control.change("dcasgd:0.1", version=7, epoch=1, by="127.0.0.1", workers=())
     assert (record["from"], record["to"], record["version"], record["epoch"]) == (
         "none", "dcasgd:0.1", 7, 1,
@@ -74,11 +80,22 @@ def test_a_policy_change_is_recorded_and_sync_accepts_only_none() -> None:
         control.change("nonsense", 8, 1, "x", ())
     assert control.name == "dcasgd:0.1"  # a refused change changes nothing
     with pytest.raises(ConfigError, match="sync mode"):
-        StalenessControl("none", "sync").change("rate", 0, 0, "x", ())
+        StalenessControl("none", "sync", SyncSteps.stale_updates).change("rate", 0, 0, "x", ())
+
+
+def test_only_modes_that_apply_stale_updates_take_a_staleness_policy() -> None:
+    # sync rounds and sync bmuf blocks apply every update on its own version; np sends
+    # none: a policy there would have nothing to act on
+    def stale(**fields: object) -> bool:
+        return make_step_policy(JobSpec(**fields)).stale_updates  # type: ignore[arg-type]
+
+    assert stale(mode="async") and stale(mode="bmuf", block_sync=False)
+    assert not stale(mode="sync") and not stale(mode="bmuf", block_sync=True)
+    assert not stale(mode="np")
 
 
 def test_a_policy_change_is_sent_to_the_workers_that_follow_changes() -> None:
-    control = StalenessControl("none", "async")
+    control = StalenessControl("none", "async", AsyncSteps.stale_updates)
     inboxes: dict[str, list[object]] = {"new": [], "old": [], "other": []}
     workers = [
         SimpleNamespace(capabilities=("codec:fp16", FOLLOWS_POLICY), send=inboxes["new"].append),
