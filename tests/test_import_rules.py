@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,15 @@ def _tree(path: Path) -> ast.Module:
 @functools.cache
 def _parse(text: str, filename: str) -> ast.Module:
     return ast.parse(text, filename)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _trees_freed_after_this_module() -> Iterator[None]:
+    """The parsed trees (some 250,000 objects) go when this module's tests are done: kept,
+    every later ``gc.collect()`` (one after each lab test: loop_guard.py) walked them all,
+    some 10 s of the fast ring."""
+    yield
+    _parse.cache_clear()
 
 
 def _imports(path: Path, package: list[str] | None = None) -> list[str]:
