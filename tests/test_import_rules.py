@@ -50,6 +50,7 @@ def _trees_freed_after_this_module() -> Iterator[None]:
     some 10 s of the fast ring."""
     yield
     _parse.cache_clear()
+    _built_graph.cache_clear()
 
 
 def _imports(path: Path, package: list[str] | None = None) -> list[str]:
@@ -81,6 +82,13 @@ def _part(name: str) -> str | None:
 
 
 def _graph() -> dict[str, set[str]]:
+    """Which parts each part imports (a copy: a rule may change it)."""
+    return {part: set(others) for part, others in _built_graph().items()}
+
+
+@functools.cache
+def _built_graph() -> dict[str, frozenset[str]]:
+    """The graph, built once per run: every rule that reads it would walk every tree."""
     graph: dict[str, set[str]] = {part: set() for part in PARTS}
     for part in PARTS:
         for path in _sources(part):
@@ -88,7 +96,7 @@ def _graph() -> dict[str, set[str]]:
                 other = _part(name)
                 if other is not None and other != part:
                     graph[part].add(other)
-    return graph
+    return {part: frozenset(others) for part, others in graph.items()}
 
 
 def test_the_parts_are_where_the_rules_look() -> None:
