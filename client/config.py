@@ -13,6 +13,8 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
 
+HANDSHAKE_SECONDS = 30.0  # a server's hello, welcome and data description, in all
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -56,6 +58,11 @@ class WorkerConfig:
     server_timeout_seconds: float = field(
         default=30.0, metadata={"help": "drop and redo a connection silent this long (> 1)"}
     )
+    hello_seconds: float = field(
+        default=3.0,
+        metadata={"help": "an snet server says hello at once: after this long without it, "
+                  "ask whether the port speaks HTTP (the wrong port given)"},
+    )  # fmt: skip
     max_frame_mb: int = field(default=512, metadata={"help": "largest frame accepted, MB"})
     log_level: str = log_level_field()
     log_format: str = log_format_field()
@@ -119,6 +126,10 @@ class WorkerConfig:
             )
         if self.server_timeout_seconds <= 1:
             raise ConfigError("server_timeout_seconds must be more than 1 s")
+        if not 0 < self.hello_seconds < HANDSHAKE_SECONDS:
+            raise ConfigError(
+                f"hello_seconds must be > 0 and < {HANDSHAKE_SECONDS:g}, got {self.hello_seconds:g}"
+            )
         if self.compress:
             object.__setattr__(self, "compress", canonical(self.compress))
         object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))

@@ -42,7 +42,7 @@ from snet.transport.tls import client_context
 
 from .backend import ComputeBackend
 from .compression import UpdateCompressor
-from .config import WorkerConfig
+from .config import HANDSHAKE_SECONDS, WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus, open_corpus
 from .policies import make_compute_policy
@@ -52,14 +52,9 @@ log = logging.getLogger("snet.worker")
 
 M = TypeVar("M", ServerHello, Welcome, DataInfo)
 
-HANDSHAKE_SECONDS = 30.0
-
 
 class ServerBusy(ConnectionLost):
     """The server is at its connection limits: busy, not refusing this worker (it retries)."""
-
-
-SILENT_SECONDS = 3.0  # an snet server says hello at once: silence this long, ask if it is HTTP
 
 
 @dataclass(frozen=True)
@@ -178,7 +173,7 @@ class Handshake:
         """The server's hello; a port silent or closed without one is asked whether it
         speaks HTTP (client/port_probe.py), which ends the worker with ``WrongPort``."""
         try:
-            return await self._next_message(ServerHello, SILENT_SECONDS)
+            return await self._next_message(ServerHello, self.config.hello_seconds)
         except ServerBusy:
             raise  # it spoke: an snet server
         except ConnectionLost:
@@ -187,7 +182,7 @@ class Handshake:
             if config.tls_ca:
                 tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
             await refuse_if_http(*config.address(), tls)
-            return await self._next_message(ServerHello, HANDSHAKE_SECONDS - SILENT_SECONDS)
+            return await self._next_message(ServerHello, HANDSHAKE_SECONDS - config.hello_seconds)
 
     @staticmethod
     def _agree(

@@ -30,8 +30,14 @@ class WrongPort(ConfigError):
     """The worker's ``--server`` names a port that speaks HTTP, not the worker protocol."""
 
 
-async def http_answer(host: str, port: int, tls: ssl.SSLContext | None = None) -> bytes | None:
-    """The head of the answer to ``GET /healthz`` on ``host:port`` if it is HTTP, else None."""
+async def http_answer(
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None = None,
+    listen_seconds: float = LISTEN_SECONDS,
+) -> bytes | None:
+    """The head of the answer to ``GET /healthz`` on ``host:port`` if it is HTTP, else None
+    (it listens ``listen_seconds`` before it asks)."""
     request = (
         f"GET /healthz HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
     ).encode()
@@ -40,7 +46,7 @@ async def http_answer(host: str, port: int, tls: ssl.SSLContext | None = None) -
         async with asyncio.timeout(PROBE_SECONDS):
             reader, writer = await asyncio.open_connection(host, port, ssl=tls)
             with contextlib.suppress(TimeoutError):
-                if await asyncio.wait_for(reader.read(1), LISTEN_SECONDS):
+                if await asyncio.wait_for(reader.read(1), listen_seconds):
                     return None  # it spoke first: not HTTP (and it heard nothing from us)
             writer.write(request)
             await writer.drain()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,16 @@ def _tree(path: Path) -> ast.Module:
 @functools.cache
 def _parse(text: str, filename: str) -> ast.Module:
     return ast.parse(text, filename)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _trees_freed_after_this_module() -> Iterator[None]:
+    """The parsed trees (some 250,000 objects) go when this module's tests are done: kept,
+    every later ``gc.collect()`` (one after each lab test: loop_guard.py) walked them all,
+    some 10 s of the fast ring."""
+    yield
+    _parse.cache_clear()
+    _built_graph.cache_clear()
 
 
 def _imports(path: Path, package: list[str] | None = None) -> list[str]:
@@ -71,6 +82,13 @@ def _part(name: str) -> str | None:
 
 
 def _graph() -> dict[str, set[str]]:
+    """Which parts each part imports (a copy: a rule may change it)."""
+    return {part: set(others) for part, others in _built_graph().items()}
+
+
+@functools.cache
+def _built_graph() -> dict[str, frozenset[str]]:
+    """The graph, built once per run: every rule that reads it would walk every tree."""
     graph: dict[str, set[str]] = {part: set() for part in PARTS}
     for part in PARTS:
         for path in _sources(part):
@@ -78,7 +96,7 @@ def _graph() -> dict[str, set[str]]:
                 other = _part(name)
                 if other is not None and other != part:
                     graph[part].add(other)
-    return graph
+    return {part: frozenset(others) for part, others in graph.items()}
 
 
 def test_the_parts_are_where_the_rules_look() -> None:

@@ -102,8 +102,8 @@ async def test_np_holder_that_stops_answering_is_dropped_not_waited_for(lab: Lab
     units again; training does not freeze and applies every frame once."""
     # It lingers: the dropped worker may reconnect only after the other finished the job,
     # and is then told so (a server gone before it reconnects would leave it exit 3).
-    server = await lab.server("--stall-seconds", "1", "--join-seconds", "2",
-                              "--linger-seconds", "2", *np_job())  # fmt: skip
+    server = await lab.server("--stall-seconds", "0.5", "--join-seconds", "2",
+                              "--linger-seconds", "1", *np_job())  # fmt: skip
     steady = lab.worker(server, "w0")
     lossy = lab.worker(server, "w1", "--faults", "drop:np_partial:30")
     assert await server.wait(120) == "trained"

@@ -59,6 +59,7 @@ async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
     assert "epoch 0 " not in lab.log("server")  # no log line counts from 0
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # it waits on the clock for a rate
 async def test_progress_rate_and_eta_while_training(lab: Lab) -> None:
     """Mid-run: part of the job done, a rate, an ETA, the same in /metrics and the table."""
     server = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)

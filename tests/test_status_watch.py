@@ -13,6 +13,13 @@ import pytest
 from helpers import SMALL_JOB, Cluster, check_output
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """SIGINT's default in the child: a test run started in the background by a
+    non-interactive shell has SIGINT ignored, its children inherit that, and Python then
+    raises no KeyboardInterrupt (the watch went on through the test's Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _watch(cluster: Cluster, url: str) -> subprocess.Popen[str]:
     argv = [
         sys.executable,
@@ -26,7 +33,12 @@ def _watch(cluster: Cluster, url: str) -> subprocess.Popen[str]:
         "0.2",
     ]
     process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cluster.env,
+        preexec_fn=_ctrl_c_as_at_a_terminal,
     )
     cluster.processes.append(process)  # type: ignore[arg-type]  # killed at teardown if left
     return process

@@ -280,7 +280,7 @@ def test_faults_on_receive(loop_name: str) -> None:
         server, worker = streams(pair)
         for n in range(1, 6):
             server.send(Lease(n, 0))
-        await pair[1].until(3 + 3)  # the 4th is held for a second, and the 5th behind it
+        await pair[1].until(3 + 3)  # the 4th is held for 0.3 s, and the 5th behind it
         assert [m.lease_id for m in pair[1].messages if isinstance(m, Lease)] == [1, 2, 2]
         leases = [m for m in await pair[1].until(3 + 5) if isinstance(m, Lease)]
         assert [m.lease_id for m in leases] == [1, 2, 2, 4, 5]
@@ -292,7 +292,7 @@ def test_faults_on_receive(loop_name: str) -> None:
     run_pair(
         loop_name,
         body,
-        worker_faults="duplicate:lease:2;drop:lease:3;delay:lease:4:1;"
+        worker_faults="duplicate:lease:2;drop:lease:3;delay:lease:4:0.3;"
         f"cut:send:{len(encode_bytes(HELLO)) + 58}",
     )
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from snet.client.update_timing import UpdateTiming
 
 from helpers import SMALL_JOB
@@ -43,6 +45,7 @@ def test_a_new_connection_forgets_the_updates_it_will_never_see_settled() -> Non
     assert timing.latency_count == 1
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # its subject is a report, not the loop
 async def test_a_worker_asked_to_reports_its_per_update_figures_to_status(lab: Lab) -> None:
     server = await lab.server("--mode", "sync", "--epochs", "1", *SMALL_JOB)
     timed = lab.worker(server, "timed", "--report-timing")

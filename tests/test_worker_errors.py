@@ -34,7 +34,9 @@ async def test_a_worker_pointed_at_the_http_port_is_told_the_worker_port(lab: La
     server = await lab.server("--epochs", "1", *SMALL_JOB)
     http_port = server.server.http_port
     given = f"127.0.0.1:{http_port}"
-    wrong = lab.worker(server, "lost", "--server", given, "--retry-seconds", "300")
+    wrong = lab.worker(
+        server, "lost", "--server", given, "--retry-seconds", "300", "--hello-seconds", "0.2"
+    )
     with pytest.raises(WrongPort) as raised:
         await wrong.wait(20)
     assert str(raised.value) == (
@@ -74,7 +76,7 @@ def test_the_probe_leaves_a_server_that_speaks_first_alone() -> None:
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server:
-            head = await http_answer("127.0.0.1", port)
+            head = await http_answer("127.0.0.1", port, listen_seconds=0.1)
         return head, bytes(heard)
 
     head, heard = asyncio.run(probe(b"\x00\x00\x00\x10snet", b""))
