@@ -35,6 +35,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ from typing import Any
 import snet
 
 POLL_SECONDS = 0.02
+PHASES = ("start_and_imports", "state_load", "first_worker_rejoins", "first_step")
 START_SECONDS = 60.0
 RUN_SECONDS = 900.0
 
@@ -305,32 +307,11 @@ def summarise(run: JobRun, seconds: float, kills: list[dict[str, Any]]) -> dict[
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-kills", type=int, default=5)
-    parser.add_argument("--worker-kills", type=int, default=20)
-    parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--job", default="", help="extra job flags for both runs, one string")
-    parser.add_argument("--json", help="also write the result here")
-    parser.add_argument("--keep", help="run in this directory and keep the logs and traces")
-    args = parser.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    job = args.job.split()
-    precompile()
-    with tempfile.TemporaryDirectory(prefix="snet-chaos-") as scratch:
-        root = Path(args.keep or scratch)
-        clean = run_job(root / "clean", job, args.workers)
-        chaos = run_chaos(
-            root / "chaos", job, args.workers, args.server_kills, args.worker_kills,
-            clean["weight_version"], random.Random(seed),
-        )  # fmt: skip
+def compare(clean: dict[str, Any], chaos: dict[str, Any], order: str) -> dict[str, Any]:
+    """One pair: a fault-free run and a run with faults, measured back to back."""
     kills = chaos["server_kills"]
-    result = {
-        "seed": seed,
-        "workers": args.workers,
-        "job": job or "default",
-        "cpus": os.cpu_count(),
+    return {
+        "order": order,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "fault_free": clean,
         "chaos": chaos,
@@ -341,11 +322,82 @@ def main(argv: list[str] | None = None) -> int:
         "updates_lost_per_server_kill": [k.get("updates_lost") for k in kills],
         "kill_to_first_step_seconds": [k["kill_to_first_step_seconds"] for k in kills],
     }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, lowest and highest of the pairs' figures."""
+    return {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values)}
+
+
+def run_pairs(
+    root: Path, job: list[str], workers: int, server_kills: int, worker_kills: int,
+    pairs: int, seed: int,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Fault-free and faulty runs interleaved A B, B A, A B, ...: each pair is measured
+    back to back, so the shared machine's load, which drifts over minutes, weighs on both
+    halves of a pair alike (and the alternating order cancels a steady drift's bias). The
+    kill marks of a pair that starts with faults are drawn from the previous fault-free
+    run's versions."""
+    results: list[dict[str, Any]] = []
+    versions = 0
+    for index in range(pairs):
+        rng = random.Random(seed + index)
+        directory = root / f"pair-{index}"
+        chaos_first = index % 2 == 1 and versions > 0
+        if chaos_first:
+            chaos = run_chaos(directory / "chaos", job, workers, server_kills, worker_kills,
+                              versions, rng)  # fmt: skip
+        clean = run_job(directory / "clean", job, workers)
+        versions = clean["weight_version"]
+        if not chaos_first:
+            chaos = run_chaos(directory / "chaos", job, workers, server_kills, worker_kills,
+                              versions, rng)  # fmt: skip
+        results.append(compare(clean, chaos, "faults first" if chaos_first else "fault-free first"))
+        print(json.dumps({"pair": index, "goodput_ratio": results[-1]["goodput_ratio"],
+                          "cv_difference_points": results[-1]["cv_difference_points"]}),
+              file=sys.stderr, flush=True)  # fmt: skip
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server-kills", type=int, default=5)
+    parser.add_argument("--worker-kills", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument(
+        "--pairs", type=int, default=1, help="fault-free and faulty runs, interleaved"
+    )
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--job", default="", help="extra job flags for both runs, one string")
+    parser.add_argument("--json", help="also write the result here")
+    parser.add_argument("--keep", help="run in this directory and keep the logs and traces")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    job = args.job.split()
+    precompile()
+    with tempfile.TemporaryDirectory(prefix="snet-chaos-") as scratch:
+        pairs = run_pairs(Path(args.keep or scratch), job, args.workers, args.server_kills,
+                          args.worker_kills, args.pairs, seed)  # fmt: skip
+    kills = [kill for pair in pairs for kill in pair["chaos"]["server_kills"]]
+    phases = {name: spread([k["phases_seconds"][name] for k in kills]) for name in PHASES}
+    result = {
+        "seed": seed,
+        "workers": args.workers,
+        "job": job or "default",
+        "cpus": os.cpu_count(),
+        "goodput_ratio": spread([pair["goodput_ratio"] for pair in pairs]),
+        "cv_difference_points": spread([pair["cv_difference_points"] for pair in pairs]),
+        "kill_to_first_step_seconds": spread([k["kill_to_first_step_seconds"] for k in kills]),
+        "updates_lost_per_server_kill": spread([k.get("updates_lost") or 0 for k in kills]),
+        "kill_phases_seconds": phases,
+        "ledgers_ok": all(pair["chaos"]["ledger"]["ok"] for pair in pairs),
+        "pairs": pairs,
+    }
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
-    return 0 if chaos["ledger"]["ok"] else 1
+    return 0 if result["ledgers_ok"] else 1
 
 
 if __name__ == "__main__":
