@@ -77,6 +77,22 @@ def server_log_times(log: Path) -> list[dict[str, list[float]]]:
     return starts
 
 
+def worker_rejoin_seconds(log: Path, kills: list[tuple[float, str]]) -> list[float | None]:
+    """Per worker kill (its wall time and the worker's name), the seconds until the
+    restarted worker joined (its first ``worker NAME (...) joined`` line after the kill),
+    None if it never did."""
+    joins: list[tuple[float, str]] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if ") joined" in line and "snet.server: worker " in line:
+            name = line.split("snet.server: worker ", 1)[1].split(" ", 1)[0]
+            joins.append((datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp(), name))
+    seconds: list[float | None] = []
+    for killed, name in kills:
+        after = [when for when, joined in joins if joined == name and when >= killed]
+        seconds.append(round(min(after) - killed, 3) if after else None)
+    return seconds
+
+
 def kill_phases(kill: dict[str, Any], start: dict[str, list[float]]) -> dict[str, float]:
     """Where the seconds from a kill to the first step after it went."""
     killed, first_step = kill.pop("killed_at"), kill.pop("first_step_at")
@@ -147,10 +163,13 @@ class JobRun:
             self._spawn(self.worker_command(i), f"w{i}.log") for i in range(self.worker_count)
         ]
 
-    def restart_worker(self, index: int) -> None:
+    def restart_worker(self, index: int) -> float:
+        """SIGKILL worker ``index`` and start it again; returns the kill's wall time."""
         self.workers[index].send_signal(signal.SIGKILL)
+        killed = time.time()
         self.workers[index].wait(30)
         self.workers[index] = self._spawn(self.worker_command(index), f"w{index}.log")
+        return killed
 
     def version(self) -> int | None:
         """The server's weight version, or None when it does not answer."""
@@ -243,7 +262,7 @@ def run_chaos(
     )
     run = JobRun(directory, job, workers)
     kills: list[dict[str, Any]] = []
-    worker_kill_count = 0
+    worker_kill_times: list[tuple[float, str]] = []
     try:
         started = run.start_server()
         run.start_workers()
@@ -258,8 +277,8 @@ def run_chaos(
             if run.trained():
                 break
             if kind == "worker":
-                run.restart_worker(rng.randrange(workers))
-                worker_kill_count += 1
+                index = rng.randrange(workers)
+                worker_kill_times.append((run.restart_worker(index), f"w{index}"))
                 continue
             assert run.server is not None
             run.server.send_signal(signal.SIGKILL)
@@ -282,7 +301,10 @@ def run_chaos(
     for kill in kills:
         kill["phases_seconds"] = kill_phases(kill, starts[kill.pop("start")])
     result = summarise(run, seconds, kills)
-    result["worker_kills"] = worker_kill_count
+    result["worker_kills"] = len(worker_kill_times)
+    result["worker_kill_to_rejoin_seconds"] = worker_rejoin_seconds(
+        directory / "server.log", worker_kill_times
+    )
     return result
 
 
@@ -389,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         "cv_difference_points": spread([pair["cv_difference_points"] for pair in pairs]),
         "kill_to_first_step_seconds": spread([k["kill_to_first_step_seconds"] for k in kills]),
         "updates_lost_per_server_kill": spread([k.get("updates_lost") or 0 for k in kills]),
+        "worker_kill_to_rejoin_seconds": spread(
+            [s for pair in pairs for s in pair["chaos"]["worker_kill_to_rejoin_seconds"] if s]
+        ),
         "kill_phases_seconds": phases,
         "ledgers_ok": all(pair["chaos"]["ledger"]["ok"] for pair in pairs),
         "pairs": pairs,
