@@ -359,7 +359,9 @@ def compare(clean: dict[str, Any], chaos: dict[str, Any], order: str) -> dict[st
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    """Median, lowest and highest of the pairs' figures."""
+    """Median, lowest and highest of the pairs' figures (none: an empty record)."""
+    if not values:
+        return {}
     return {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values)}
 
 
