@@ -1,13 +1,15 @@
 """Chaos benchmark: the default job while its server and workers are SIGKILLed and restarted.
 
-    python -m bench.chaos --server-kills 5 --worker-kills 20 [--workers 3] [--seed N]
+    python -m bench.chaos --server-kills 5 --worker-kills 20 [--workers 3] [--pairs N] [--seed N]
 
-First a fault-free run of the job (server and workers as processes on 127.0.0.1), then the
+A fault-free run of the job (server and workers as processes on 127.0.0.1) and a run of the
 same job while the server is SIGKILLed ``--server-kills`` times and random workers
 ``--worker-kills`` times at random moments; each is started again at once with the same
 command line, as systemd (``Restart=on-failure``) would. A server kill is only made on a
 server that has published a step since it (re)started, so every kill costs training.
-Reported, against the fault-free run of the same session:
+``--pairs N`` runs N such pairs interleaved (A B, B A, ...: each pair back to back, so the
+shared machine's drifting load weighs on both halves alike) and reports the median,
+lowest and highest of the pairs' ratios and of every per-kill figure. Reported per pair:
 
 - goodput: training patterns of the job (epochs x training frames) per second of wall
   time from the first start to the end of training, and its ratio to the fault-free run;
@@ -16,6 +18,7 @@ Reported, against the fault-free run of the same session:
   the kill to the first step of the restarted server, split (from the server's log) into
   starting Python and importing, loading the state (data plan, checkpoint), the first
   worker's rejoining, and the first step;
+- per worker kill: the seconds until that worker joined again;
 - the final CV accuracy of both runs, and the ledger check: every epoch's ledger in
   ``status.json`` exact, and in the trace's surviving lineage (the steps the final weights
   descend from) every training frame exactly once per epoch.
