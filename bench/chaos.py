@@ -1,13 +1,15 @@
 """Chaos benchmark: the default job while its server and workers are SIGKILLed and restarted.
 
-    python -m bench.chaos --server-kills 5 --worker-kills 20 [--workers 3] [--seed N]
+    python -m bench.chaos --server-kills 5 --worker-kills 20 [--workers 3] [--pairs N] [--seed N]
 
-First a fault-free run of the job (server and workers as processes on 127.0.0.1), then the
+A fault-free run of the job (server and workers as processes on 127.0.0.1) and a run of the
 same job while the server is SIGKILLed ``--server-kills`` times and random workers
 ``--worker-kills`` times at random moments; each is started again at once with the same
 command line, as systemd (``Restart=on-failure``) would. A server kill is only made on a
 server that has published a step since it (re)started, so every kill costs training.
-Reported, against the fault-free run of the same session:
+``--pairs N`` runs N such pairs interleaved (A B, B A, ...: each pair back to back, so the
+shared machine's drifting load weighs on both halves alike) and reports the median,
+lowest and highest of the pairs' ratios and of every per-kill figure. Reported per pair:
 
 - goodput: training patterns of the job (epochs x training frames) per second of wall
   time from the first start to the end of training, and its ratio to the fault-free run;
@@ -16,6 +18,7 @@ Reported, against the fault-free run of the same session:
   the kill to the first step of the restarted server, split (from the server's log) into
   starting Python and importing, loading the state (data plan, checkpoint), the first
   worker's rejoining, and the first step;
+- per worker kill: the seconds until that worker joined again;
 - the final CV accuracy of both runs, and the ledger check: every epoch's ledger in
   ``status.json`` exact, and in the trace's surviving lineage (the steps the final weights
   descend from) every training frame exactly once per epoch.
@@ -35,6 +38,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,7 +51,12 @@ from typing import Any
 
 import snet
 
-POLL_SECONDS = 0.02
+POLL_SECONDS = 0.02  # while a restarted server's first step is awaited (a short wait)
+# Between kills, and through the fault-free run alike: /status is the observer's only
+# view, and building and parsing it (it grows with the epochs run) 50 times a
+# second took CPU from the run being measured, on the faulty run's side only.
+WATCH_SECONDS = 0.25
+PHASES = ("start_and_imports", "state_load", "first_worker_rejoins", "first_step")
 START_SECONDS = 60.0
 RUN_SECONDS = 900.0
 
@@ -73,6 +82,22 @@ def server_log_times(log: Path) -> list[dict[str, list[float]]]:
                 if starts:
                     starts[-1].setdefault(name, []).append(when)
     return starts
+
+
+def worker_rejoin_seconds(log: Path, kills: list[tuple[float, str]]) -> list[float | None]:
+    """Per worker kill (its wall time and the worker's name), the seconds until the
+    restarted worker joined (its first ``worker NAME (...) joined`` line after the kill),
+    None if it never did."""
+    joins: list[tuple[float, str]] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if ") joined" in line and "snet.server: worker " in line:
+            name = line.split("snet.server: worker ", 1)[1].split(" ", 1)[0]
+            joins.append((datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp(), name))
+    seconds: list[float | None] = []
+    for killed, name in kills:
+        after = [when for when, joined in joins if joined == name and when >= killed]
+        seconds.append(round(min(after) - killed, 3) if after else None)
+    return seconds
 
 
 def kill_phases(kill: dict[str, Any], start: dict[str, list[float]]) -> dict[str, float]:
@@ -145,10 +170,13 @@ class JobRun:
             self._spawn(self.worker_command(i), f"w{i}.log") for i in range(self.worker_count)
         ]
 
-    def restart_worker(self, index: int) -> None:
+    def restart_worker(self, index: int) -> float:
+        """SIGKILL worker ``index`` and start it again; returns the kill's wall time."""
         self.workers[index].send_signal(signal.SIGKILL)
+        killed = time.time()
         self.workers[index].wait(30)
         self.workers[index] = self._spawn(self.worker_command(index), f"w{index}.log")
+        return killed
 
     def version(self) -> int | None:
         """The server's weight version, or None when it does not answer."""
@@ -160,6 +188,16 @@ class JobRun:
             return None
         self.completed = self.completed or status["state"] in ("trained", "stopping")
         return int(status["weight_version"])
+
+    def watch_until_done(self) -> None:
+        """Wait for the server to exit, asking its version as between kills (so the
+        fault-free run carries the same observer as the faulty one)."""
+        assert self.server is not None
+        deadline = time.monotonic() + RUN_SECONDS
+        while self.server.poll() is None and time.monotonic() < deadline:
+            self.version()
+            time.sleep(WATCH_SECONDS)
+        self.server.wait(30)
 
     def trained(self) -> bool:
         """Training is complete (a kill now would not be a fault of the run)."""
@@ -220,8 +258,7 @@ def run_job(directory: Path, job: list[str], workers: int) -> dict[str, Any]:
     try:
         started = run.start_server()
         run.start_workers()
-        assert run.server is not None
-        run.server.wait(RUN_SECONDS)
+        run.watch_until_done()
         seconds = time.monotonic() - started
     finally:
         run.close()
@@ -241,7 +278,7 @@ def run_chaos(
     )
     run = JobRun(directory, job, workers)
     kills: list[dict[str, Any]] = []
-    worker_kill_count = 0
+    worker_kill_times: list[tuple[float, str]] = []
     try:
         started = run.start_server()
         run.start_workers()
@@ -252,12 +289,12 @@ def run_chaos(
                 version = run.version()
                 if version is not None and version >= mark and (kind == "worker" or version > base):
                     break
-                time.sleep(POLL_SECONDS)
+                time.sleep(WATCH_SECONDS)
             if run.trained():
                 break
             if kind == "worker":
-                run.restart_worker(rng.randrange(workers))
-                worker_kill_count += 1
+                index = rng.randrange(workers)
+                worker_kill_times.append((run.restart_worker(index), f"w{index}"))
                 continue
             assert run.server is not None
             run.server.send_signal(signal.SIGKILL)
@@ -271,8 +308,7 @@ def run_chaos(
             kills.append({"at_version": mark, "kill_to_first_step_seconds": seconds,
                           "start": run.starts - 1, "killed_at": killed_at,
                           "first_step_at": killed_at + seconds})  # fmt: skip
-        assert run.server is not None
-        run.server.wait(RUN_SECONDS)
+        run.watch_until_done()
         seconds = time.monotonic() - started
     finally:
         run.close()
@@ -280,7 +316,10 @@ def run_chaos(
     for kill in kills:
         kill["phases_seconds"] = kill_phases(kill, starts[kill.pop("start")])
     result = summarise(run, seconds, kills)
-    result["worker_kills"] = worker_kill_count
+    result["worker_kills"] = len(worker_kill_times)
+    result["worker_kill_to_rejoin_seconds"] = worker_rejoin_seconds(
+        directory / "server.log", worker_kill_times
+    )
     return result
 
 
@@ -305,32 +344,11 @@ def summarise(run: JobRun, seconds: float, kills: list[dict[str, Any]]) -> dict[
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-kills", type=int, default=5)
-    parser.add_argument("--worker-kills", type=int, default=20)
-    parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--job", default="", help="extra job flags for both runs, one string")
-    parser.add_argument("--json", help="also write the result here")
-    parser.add_argument("--keep", help="run in this directory and keep the logs and traces")
-    args = parser.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    job = args.job.split()
-    precompile()
-    with tempfile.TemporaryDirectory(prefix="snet-chaos-") as scratch:
-        root = Path(args.keep or scratch)
-        clean = run_job(root / "clean", job, args.workers)
-        chaos = run_chaos(
-            root / "chaos", job, args.workers, args.server_kills, args.worker_kills,
-            clean["weight_version"], random.Random(seed),
-        )  # fmt: skip
+def compare(clean: dict[str, Any], chaos: dict[str, Any], order: str) -> dict[str, Any]:
+    """One pair: a fault-free run and a run with faults, measured back to back."""
     kills = chaos["server_kills"]
-    result = {
-        "seed": seed,
-        "workers": args.workers,
-        "job": job or "default",
-        "cpus": os.cpu_count(),
+    return {
+        "order": order,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "fault_free": clean,
         "chaos": chaos,
@@ -341,11 +359,87 @@ def main(argv: list[str] | None = None) -> int:
         "updates_lost_per_server_kill": [k.get("updates_lost") for k in kills],
         "kill_to_first_step_seconds": [k["kill_to_first_step_seconds"] for k in kills],
     }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, lowest and highest of the pairs' figures (none: an empty record)."""
+    if not values:
+        return {}
+    return {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values)}
+
+
+def run_pairs(
+    root: Path, job: list[str], workers: int, server_kills: int, worker_kills: int,
+    pairs: int, seed: int,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Fault-free and faulty runs interleaved A B, B A, A B, ...: each pair is measured
+    back to back, so the shared machine's load, which drifts over minutes, weighs on both
+    halves of a pair alike (and the alternating order cancels a steady drift's bias). The
+    kill marks of a pair that starts with faults are drawn from the previous fault-free
+    run's versions."""
+    results: list[dict[str, Any]] = []
+    versions = 0
+    for index in range(pairs):
+        rng = random.Random(seed + index)
+        directory = root / f"pair-{index}"
+        chaos_first = index % 2 == 1 and versions > 0
+        if chaos_first:
+            chaos = run_chaos(directory / "chaos", job, workers, server_kills, worker_kills,
+                              versions, rng)  # fmt: skip
+        clean = run_job(directory / "clean", job, workers)
+        versions = clean["weight_version"]
+        if not chaos_first:
+            chaos = run_chaos(directory / "chaos", job, workers, server_kills, worker_kills,
+                              versions, rng)  # fmt: skip
+        results.append(compare(clean, chaos, "faults first" if chaos_first else "fault-free first"))
+        print(json.dumps({"pair": index, "goodput_ratio": results[-1]["goodput_ratio"],
+                          "cv_difference_points": results[-1]["cv_difference_points"]}),
+              file=sys.stderr, flush=True)  # fmt: skip
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server-kills", type=int, default=5)
+    parser.add_argument("--worker-kills", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument(
+        "--pairs", type=int, default=1, help="fault-free and faulty runs, interleaved"
+    )
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--job", default="", help="extra job flags for both runs, one string")
+    parser.add_argument("--json", help="also write the result here")
+    parser.add_argument("--keep", help="run in this directory and keep the logs and traces")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    job = args.job.split()
+    precompile()
+    with tempfile.TemporaryDirectory(prefix="snet-chaos-") as scratch:
+        pairs = run_pairs(Path(args.keep or scratch), job, args.workers, args.server_kills,
+                          args.worker_kills, args.pairs, seed)  # fmt: skip
+    kills = [kill for pair in pairs for kill in pair["chaos"]["server_kills"]]
+    phases = {name: spread([k["phases_seconds"][name] for k in kills]) for name in PHASES}
+    result = {
+        "seed": seed,
+        "workers": args.workers,
+        "job": job or "default",
+        "cpus": os.cpu_count(),
+        "goodput_ratio": spread([pair["goodput_ratio"] for pair in pairs]),
+        "cv_difference_points": spread([pair["cv_difference_points"] for pair in pairs]),
+        "kill_to_first_step_seconds": spread([k["kill_to_first_step_seconds"] for k in kills]),
+        "updates_lost_per_server_kill": spread([k.get("updates_lost") or 0 for k in kills]),
+        "worker_kill_to_rejoin_seconds": spread(
+            [s for pair in pairs for s in pair["chaos"]["worker_kill_to_rejoin_seconds"] if s]
+        ),
+        "kill_phases_seconds": phases,
+        "ledgers_ok": all(pair["chaos"]["ledger"]["ok"] for pair in pairs),
+        "pairs": pairs,
+    }
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
-    return 0 if chaos["ledger"]["ok"] else 1
+    return 0 if result["ledgers_ok"] else 1
 
 
 if __name__ == "__main__":

@@ -81,8 +81,14 @@ class Probe:
 class Replay:
     """Steps of a trace replayed with one codec for every worker."""
 
-    def __init__(self, job: JobSpec, codec: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self, job: JobSpec, codec: str, options: dict[str, Any], keep_versions: int = KEEP_VERSIONS
+    ) -> None:
+        """``keep_versions``: how many of the latest weight versions stay at hand as bases
+        of stale updates (a loaded machine can hold a worker back for more than the
+        default's 64 versions; a small network can afford to keep them all)."""
         self.job = job
+        self.keep_versions = keep_versions
         spec = job.network
         self.layout = ElementLayout.for_network(spec)
         self.corpus = load_corpus(job.data, spec.output_size, spec.input_size)
@@ -133,7 +139,7 @@ class Replay:
             raise RuntimeError(f"step {self.version + 1} is not finite")
         self.version += 1
         self.history[self.version] = after
-        self.history.pop(self.version - KEEP_VERSIONS, None)
+        self.history.pop(self.version - self.keep_versions, None)
         moved = [float(np.linalg.norm(v)) for v in self.layout.views(after - before)]
         return {"step": self.version, "updates": len(record["updates"]), "stale": stale,
                 "moved": moved, "gradient": max(norms)}  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import kill_phases, server_log_times
+from bench.chaos import kill_phases, server_log_times, worker_rejoin_seconds
 
 LOG = """\
 2026-11-23 15:41:21,974 INFO    snet.server: event loop: uvloop
@@ -39,3 +39,10 @@ def test_a_kill_splits_into_start_state_rejoin_and_first_step(tmp_path: Path) ->
          "first_step": 0.2}, abs=1e-3)  # fmt: skip
     assert sum(phases.values()) == pytest.approx(3.662, abs=1e-3)  # the kill to the step
     assert kill == {}  # the wall times are taken out of the kill's record
+
+
+def test_a_worker_kill_lasts_until_that_worker_joins_again(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(LOG)
+    kills = [(at("15:41:28.000"), "w2"), (at("15:41:37.000"), "w2"), (at("15:41:38.000"), "w1")]
+    assert worker_rejoin_seconds(log, kills) == [0.928, 1.223, None]
