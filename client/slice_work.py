@@ -1,6 +1,6 @@
 """``SliceWork``: an np-mode worker's queue of slices and bunches, and what each one does.
 
-The server (server/np_coordinator.py) sends ``np_slice`` (take these hidden units) and
+The server (server/slice_rounds.py) sends ``np_slice`` (take these hidden units) and
 ``np_bunch`` (apply this error; report the slice; forward these frames) messages; they
 are applied strictly in the order received, one at a time in the compute thread, each
 giving the messages to send back (``PartialOutputs``, a ``SliceState`` report). The
