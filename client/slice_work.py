@@ -27,9 +27,10 @@ import numpy as np
 
 from snet.protocol.errors import ConfigError, ProtocolError, RemoteError
 from snet.protocol.job import JobSpec
+from snet.protocol.memory import WorkerMemory
 from snet.protocol.messages import ErrorMessage, Message, NpBunch, PartialOutputs, SliceState
 from snet.protocol.network import NetworkSpec
-from snet.protocol.slices import HiddenSlice
+from snet.protocol.slices import HiddenSlice, slice_network
 
 from .data import Corpus
 from .slice_trainer import SliceTrainer
@@ -43,19 +44,16 @@ SliceMessage = SliceState | NpBunch
 class SliceHost(Protocol):
     """A backend that models the device a slice lives on (the emulated Spert board,
     client/spert/backend.py): its memory holds the slice or refuses it, and each pass
-    takes the device's modelled time. The arithmetic is the ``SliceTrainer``'s."""
+    takes the device's modelled time. The arithmetic is the ``SliceTrainer``'s. It states
+    its memory when it joins, so that the server cuts it no slice it cannot hold."""
 
     def take_slice(self, spec: NetworkSpec, bunch: int) -> None: ...
+
+    def stated_memory(self) -> WorkerMemory: ...
 
     def slice_forward(self, patterns: int) -> None: ...
 
     def slice_backward(self, patterns: int) -> None: ...
-
-
-def slice_network(spec: NetworkSpec, units: int) -> NetworkSpec:
-    """The network a slice of ``units`` hidden units amounts to on its own (for a
-    device's memory plan): inputs, those units, the outputs."""
-    return NetworkSpec((spec.sizes[0], max(units, 1), spec.sizes[2]), spec.activations)
 
 
 class SliceWork:
@@ -150,3 +148,8 @@ class SliceWork:
         if indices.min() < 0 or indices.max() >= total:
             raise ProtocolError(f"frame indices outside the data's {total} frames")
         return self.corpus.windows(indices)
+
+
+def memory_capabilities(backend: object) -> tuple[str, ...]:
+    """The ``Hello`` capability stating a slice host's memory (none for other backends)."""
+    return (backend.stated_memory().capability(),) if isinstance(backend, SliceHost) else ()

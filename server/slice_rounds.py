@@ -39,9 +39,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from snet.protocol.errors import RejectedUpdate
+from snet.protocol.errors import ConfigError, RejectedUpdate
 from snet.protocol.hooks import BunchEvent, HookSet
 from snet.protocol.job import JobSpec
+from snet.protocol.memory import stated_memory
 from snet.protocol.messages import (
     ErrorMessage,
     FramesWanted,
@@ -123,6 +124,7 @@ class SliceRounds:
         self.collecting = False  # reports asked for and not all in
         self.since_collect = 0
         self.speeds: dict[int, float] = {}  # worker id -> measured unit-patterns per second
+        self.capacity: dict[int, int] = {}  # worker id -> the most units its memory holds
         self.partials_ignored = 0  # of bunches abandoned when a holder left
         self.reports_ignored = 0  # answers to a request a newer one overtook
         self.last_completed = NO_BUNCH
@@ -136,7 +138,17 @@ class SliceRounds:
     # ------------------------------------------------------------ workers
 
     def joined(self, session: WorkerSession) -> None:
-        """A worker joined (after the coordinator welcomed it): re-slice at a quiet moment."""
+        """A worker joined (after the coordinator welcomed it): re-slice at a quiet moment.
+        The memory it states (protocol/memory.py) bounds the slice it is cut."""
+        try:
+            stated = stated_memory(session.capabilities)
+        except ConfigError as exc:
+            session.send(ErrorMessage("bad_job", str(exc), True))
+            session.close(str(exc))
+            return
+        if stated is not None:
+            self.capacity[session.worker_id] = stated.units_held(self.job.network,
+                                                                 self.job.bunch_size)  # fmt: skip
         if session.worker_id in self.sessions and not self.parts.finished():
             self._quiesce("reslice")
 
@@ -156,6 +168,7 @@ class SliceRounds:
     def left(self, session: WorkerSession, held: bool) -> None:
         """A worker has left (the coordinator is done with it): its units are cut anew."""
         self.speeds.pop(session.worker_id, None)
+        self.capacity.pop(session.worker_id, None)
         if held:
             self._quiesce("reslice")
 
@@ -339,7 +352,11 @@ class SliceRounds:
         speeds = {w: self.speeds.get(w, mean) for w in self.sessions}
         if max(speeds.values()) < SPEED_SPREAD * min(speeds.values()):
             speeds = dict.fromkeys(speeds, 1.0)  # alike: equal slices, not measuring noise
-        for worker_id, grant in self.master.reslice(speeds).items():
+        grants = self.master.reslice(speeds, {w: self.capacity.get(w) for w in speeds})
+        if self.master.memory_short:  # the workers will refuse what they cannot hold
+            log.error("np: network %s: %s; more workers (or more memory) are needed",
+                      self.job.network.describe(), self.master.memory_short)  # fmt: skip
+        for worker_id, grant in grants.items():
             state = SliceState(grant.part.start, grant.part.stop, self.last_completed,
                                grant.weights, grant.velocity)  # fmt: skip
             self.sessions[worker_id].send(state)
