@@ -65,7 +65,7 @@ class SliceWork:
         self.host = backend if isinstance(backend, SliceHost) else None
         self.trainer = SliceTrainer(job.network, job.momentum)
         self.queue: deque[SliceMessage] = deque()
-        self.bunches = 0  # forward passes computed
+        self.bunches = 0  # forward passes computed (each after the previous one's update)
         self.compute_seconds = 0.0
 
     def file(self, message: Message) -> bool:
@@ -119,6 +119,9 @@ class SliceWork:
             return []
         replies: list[Message] = []
         trainer = self.trainer
+        # A bunch's compute, reported with its partial outputs: the previous bunch's update
+        # and this one's forward pass (the server sizes slices by it, /status shows it).
+        started = time.perf_counter()
         if message.error_of >= 0:
             error = np.asarray(message.error, dtype=np.float32)
             trainer.backward(message.error_of, error, message.patterns, message.learning_rate)
@@ -129,7 +132,6 @@ class SliceWork:
             weights, velocity = trainer.weights.copy(), trainer.velocity.copy()
             replies.append(SliceState(part.start, part.stop, trainer.last_bunch, weights, velocity))
         if message.bunch >= 0:
-            started = time.perf_counter()
             partial = trainer.forward(message.bunch, self._patterns(message.indices))
             if self.host is not None:
                 self.host.slice_forward(len(message.indices))
