@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from snet.perf.figure import require_matplotlib
-from snet.perf.model import Constants, predict
+from snet.perf.model import (
+    Constants,
+    network_parallel_phases,
+    pattern_parallel_phases,
+    predict,
+)
 from snet.protocol.network import NetworkSpec
 
 from .np_vs_pp import hidden_layer
@@ -30,6 +35,19 @@ def _by(rows: list[dict[str, Any]], strategy: str) -> list[dict[str, Any]]:
     return sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["workers"])
 
 
+def _overhead(row: dict[str, Any], bunch: int, constants: Constants) -> str:
+    """A round's time beyond the workers' compute, measured (the round's time at the
+    median rate less the compute spent) and modelled (``L + P T_d + T_h``)."""
+    spec, workers = NetworkSpec.parse(row["network"]), row["workers"]
+    phases = (network_parallel_phases if row["strategy"] == "network" else pattern_parallel_phases)(
+        spec, bunch, workers, constants
+    )
+    round_seconds = spec.connections * phases.patterns / (row["measured_mcups"] * 1e6)
+    measured = round_seconds - row["compute_seconds_per_bunch"]
+    model = phases.latency + workers * phases.transfer + phases.host
+    return f"{measured * 1e3:.1f} / {model * 1e3:.1f}"
+
+
 def table(result: dict[str, Any]) -> str:
     """The markdown of the figures (every point, nothing left out)."""
     lines = [
@@ -38,9 +56,11 @@ def table(result: dict[str, Any]) -> str:
         f"runs of {result['seconds_per_point']:g} s a point, the median kept.",
         "",
         "| strategy | P | measured MCUPS (runs) | model, compute as spent | measured / model "
-        "| compute / quiet | model, a core each | load |",
-        "|---|---|---|---|---|---|---|---|",
+        "| compute / quiet | model, a core each | load | a round's messages and server work, "
+        "ms: measured / model |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    constants = Constants.from_dict(result["constants"], "the run")
     for row in [*result["rows"], *result["hidden_sweep"]]:
         runs = ", ".join(f"{m:.0f}" for m in row["runs_mcups"])
         name = NAMES[row["strategy"]]
@@ -50,7 +70,7 @@ def table(result: dict[str, Any]) -> str:
             f"| {name} | {row['workers']} | {row['measured_mcups']:.0f} ({runs}) | "
             f"{row['predicted_mcups']:.0f} | {row['measured_over_predicted']:.2f} | "
             f"{row['compute_over_quiet']:.2f} | {row['predicted_mcups_quiet']:.0f} | "
-            f"{row['load_average']:.1f} |"
+            f"{row['load_average']:.1f} | {_overhead(row, result['bunch'], constants)} |"
         )
     within = sum(abs(r["measured_over_predicted"] - 1) <= 0.15
                  for r in [*result["rows"], *result["hidden_sweep"]])  # fmt: skip
@@ -94,6 +114,7 @@ def draw(result: dict[str, Any], path: Path) -> None:
                   label=f"{NAMES[strategy]}, model (a core each)")  # fmt: skip
     left.set_title(f"{spec.describe()}, bunch {bunch}, numpy workers", fontsize="medium")
     left.set_xlabel("workers P")
+    left.set_xticks([r["workers"] for r in result["rows"]])
     hidden = list(range(32, 4097, 32))
     for workers, style in ((2, "-"), (4, "--")):
         for strategy in ("network", "pattern"):
