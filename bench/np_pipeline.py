@@ -2,7 +2,7 @@
 
 ``train_np_replay`` replays what an np-mode server and its workers compute, in one
 process and without sockets: the lone worker's frame order (the one the server's
-``SliceCoordinator`` takes from its lease book), the ``SliceMaster`` and one
+``SliceRounds`` takes from its lease book), the ``SliceMaster`` and one
 ``SliceTrainer`` per worker, in the order the messages reach them: without pipelining
 the forward pass of bunch k+1 follows the error of bunch k; with it (``np_pipeline``) it
 runs before that error is applied, as Quicknet on MultiSpert did. tests/test_np_training.py

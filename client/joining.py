@@ -47,6 +47,7 @@ from .connection import ServerConnection
 from .data import Corpus, open_corpus
 from .policies import make_compute_policy
 from .port_probe import refuse_if_http
+from .slice_work import memory_capabilities
 
 log = logging.getLogger("snet.worker")
 
@@ -140,6 +141,7 @@ class Handshake:
             capabilities = (
                 *worker_capabilities(self.config.compress, self.config.weights_codec),
                 FOLLOWS_POLICY,  # tell me when the staleness policy changes
+                *memory_capabilities(self.backend),  # np mode: cut me no slice I cannot hold
             )
             connection.send(
                 Hello(PROTOCOL_VERSION, self.name, self.backend.name, capabilities, proof)

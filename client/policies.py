@@ -34,12 +34,13 @@ import numpy as np
 
 from snet.protocol.job import JobSpec
 from snet.protocol.network import ElementLayout
+from snet.protocol.slices import slice_network
 from snet.protocol.staleness import StalenessSetting
 
 from .backend import ComputeBackend
 from .blocks import LocalTrainer
 from .data import Corpus
-from .slice_work import SliceWork, slice_network
+from .slice_work import SliceWork
 
 # (weights, frames, out, rate) -> (loss sum, correct, patterns used); in the compute thread
 Compute = Callable[[np.ndarray, np.ndarray, np.ndarray, float], tuple[float, int, int]]

@@ -3,7 +3,8 @@
 The backend's own figures (an emulated board's modelled times, say), the compression
 ledger's worker side and, with ``--report-timing``, the per-update costs
 (client/update_timing.py) go to the server as a ``WorkerReport``: with the first update of
-each connection (a job can end before the first periodic report), every second while
+each connection (in np mode its first partial outputs: a job can end before the first
+periodic report), every second while
 there is something to say, and every ``REPORT_UPDATES`` updates when compressing or
 timing (those figures move with every update). When there is nothing to report, a
 ``Heartbeat`` every ``heartbeat_seconds`` says the worker is alive; and a server silent

@@ -1,6 +1,6 @@
 """``SliceWork``: an np-mode worker's queue of slices and bunches, and what each one does.
 
-The server (server/np_coordinator.py) sends ``np_slice`` (take these hidden units) and
+The server (server/slice_rounds.py) sends ``np_slice`` (take these hidden units) and
 ``np_bunch`` (apply this error; report the slice; forward these frames) messages; they
 are applied strictly in the order received, one at a time in the compute thread, each
 giving the messages to send back (``PartialOutputs``, a ``SliceState`` report). The
@@ -27,9 +27,10 @@ import numpy as np
 
 from snet.protocol.errors import ConfigError, ProtocolError, RemoteError
 from snet.protocol.job import JobSpec
+from snet.protocol.memory import WorkerMemory
 from snet.protocol.messages import ErrorMessage, Message, NpBunch, PartialOutputs, SliceState
 from snet.protocol.network import NetworkSpec
-from snet.protocol.slices import HiddenSlice
+from snet.protocol.slices import HiddenSlice, slice_network
 
 from .data import Corpus
 from .slice_trainer import SliceTrainer
@@ -43,19 +44,16 @@ SliceMessage = SliceState | NpBunch
 class SliceHost(Protocol):
     """A backend that models the device a slice lives on (the emulated Spert board,
     client/spert/backend.py): its memory holds the slice or refuses it, and each pass
-    takes the device's modelled time. The arithmetic is the ``SliceTrainer``'s."""
+    takes the device's modelled time. The arithmetic is the ``SliceTrainer``'s. It states
+    its memory when it joins, so that the server cuts it no slice it cannot hold."""
 
     def take_slice(self, spec: NetworkSpec, bunch: int) -> None: ...
+
+    def stated_memory(self) -> WorkerMemory: ...
 
     def slice_forward(self, patterns: int) -> None: ...
 
     def slice_backward(self, patterns: int) -> None: ...
-
-
-def slice_network(spec: NetworkSpec, units: int) -> NetworkSpec:
-    """The network a slice of ``units`` hidden units amounts to on its own (for a
-    device's memory plan): inputs, those units, the outputs."""
-    return NetworkSpec((spec.sizes[0], max(units, 1), spec.sizes[2]), spec.activations)
 
 
 class SliceWork:
@@ -67,7 +65,7 @@ class SliceWork:
         self.host = backend if isinstance(backend, SliceHost) else None
         self.trainer = SliceTrainer(job.network, job.momentum)
         self.queue: deque[SliceMessage] = deque()
-        self.bunches = 0  # forward passes computed
+        self.bunches = 0  # forward passes computed (each after the previous one's update)
         self.compute_seconds = 0.0
 
     def file(self, message: Message) -> bool:
@@ -121,6 +119,9 @@ class SliceWork:
             return []
         replies: list[Message] = []
         trainer = self.trainer
+        # A bunch's compute, reported with its partial outputs: the previous bunch's update
+        # and this one's forward pass (the server sizes slices by it, /status shows it).
+        started = time.perf_counter()
         if message.error_of >= 0:
             error = np.asarray(message.error, dtype=np.float32)
             trainer.backward(message.error_of, error, message.patterns, message.learning_rate)
@@ -131,7 +132,6 @@ class SliceWork:
             weights, velocity = trainer.weights.copy(), trainer.velocity.copy()
             replies.append(SliceState(part.start, part.stop, trainer.last_bunch, weights, velocity))
         if message.bunch >= 0:
-            started = time.perf_counter()
             partial = trainer.forward(message.bunch, self._patterns(message.indices))
             if self.host is not None:
                 self.host.slice_forward(len(message.indices))
@@ -150,3 +150,8 @@ class SliceWork:
         if indices.min() < 0 or indices.max() >= total:
             raise ProtocolError(f"frame indices outside the data's {total} frames")
         return self.corpus.windows(indices)
+
+
+def memory_capabilities(backend: object) -> tuple[str, ...]:
+    """The ``Hello`` capability stating a slice host's memory (none for other backends)."""
+    return (backend.stated_memory().capability(),) if isinstance(backend, SliceHost) else ()

@@ -342,7 +342,10 @@ class Worker:
                 connection.send(result)
                 continue
             if self._slices is not None:  # np mode: the server's bunches, in order
+                before = self._slices.bunches
                 self._refused = await self._slices.step(self.executor, connection.send, self._wake)
+                if before == 0 < self._slices.bunches:  # as with a first update: a job can
+                    self.reports.send(connection)  # end before the first periodic report
                 continue
             weights = box.take_newest()
             ready = weights is not None and self._work.lease_ready(self.corpus)

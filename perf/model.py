@@ -45,6 +45,7 @@ MODES = ("sync", "async", "bmuf", "bmuf-async")
 # "bmuf-async" filters each block as it arrives. Pattern-parallel only.
 BLOCK_MODES = ("bmuf", "bmuf-async")
 WORD_BYTES = ELEMENT_DTYPE.itemsize  # float32 on the wire
+INDEX_BYTES = 8  # np mode: a pattern's frame index (int64) on the wire
 FIXED_SIZE_CODECS = ("none", "fp16", "int8", "sign")
 
 
@@ -228,22 +229,23 @@ def pattern_parallel_phases(
 def network_parallel_phases(
     network: NetworkSpec, bunch: int, workers: int, constants: Constants, time_scale: float = 1.0
 ) -> Phases:
-    """Hidden units split across workers; the round trains the same P * bunch patterns.
+    """Hidden units split across workers; a round is one bunch, through every worker.
 
-    Each worker computes its N_h / P hidden units for all patterns and sends the output
-    layer's partial sums (patterns x outputs); the server adds them, applies the softmax
-    and sends the output errors back; every worker then updates its own slice of the
-    weights, so no weights cross the link.
+    As snet's np mode runs it (docs/network-parallel.md): the server sends every worker
+    the bunch's frame indices (8 bytes a pattern) with the previous bunch's output
+    errors (patterns x outputs); each computes its N_h / P hidden units for all the
+    patterns, updates its slice, and answers the output layer's partial sums (patterns x
+    outputs); the server adds the P of them and applies the softmax. No weights cross
+    the link, but every bunch is an exchange with every worker.
     """
-    patterns = workers * bunch
     hidden = sum(network.sizes[1:-1])
     c1, c2 = per_pattern_coefficients(network, constants.cu_seconds)
     per_pattern = c1 * hidden / workers + c2 + constants.pattern_seconds
-    compute = time_scale * patterns * per_pattern
-    activations = patterns * network.output_size * WORD_BYTES
-    transfer, latency = _transfers(activations, activations, constants)
+    compute = time_scale * bunch * per_pattern
+    activations = bunch * network.output_size * WORD_BYTES
+    transfer, latency = _transfers(activations, activations + bunch * INDEX_BYTES, constants)
     host = activations * (workers * constants.apply_seconds_per_byte)
-    return Phases(compute, transfer, host + constants.step_fixed_seconds, latency, patterns)
+    return Phases(compute, transfer, host + constants.step_fixed_seconds, latency, bunch)
 
 
 def multispert_round_seconds(t_d: float, t_h: float, t_c: float, workers: int) -> float:

@@ -50,10 +50,30 @@ def np_problem(spec: NetworkSpec) -> str:
     return ""
 
 
-def split_hidden(hidden: int, speeds: Sequence[float]) -> list[HiddenSlice]:
+def split_hidden(
+    hidden: int, speeds: Sequence[float], caps: Sequence[int | None] | None = None
+) -> list[HiddenSlice]:
     """Contiguous slices of ``hidden`` units, one per worker, sized by ``speeds`` (each
-    worker's measured patterns per second, or 1.0 when not measured yet); every worker
-    gets at least one unit while there are units for all."""
+    worker's measured patterns per second, or 1.0 when not measured yet) and no larger
+    than ``caps`` (the most units each worker's memory holds, None: any); every worker
+    gets at least one unit while there are units for all. A capped worker's surplus goes
+    to the others by their speeds; ConfigError if the caps together hold fewer than
+    ``hidden`` units."""
+    parts = _split_by_speed(hidden, speeds)
+    if caps is None or all(c is None or p.units <= c for p, c in zip(parts, caps, strict=True)):
+        return parts
+    bounds = [hidden if c is None else min(max(c, 0), hidden) for c in caps]
+    if sum(bounds) < hidden:
+        raise ConfigError(
+            f"the {hidden} hidden units do not fit the {len(bounds)} workers: their memory "
+            f"holds at most {sum(bounds)} ({', '.join(map(str, bounds))})"
+        )
+    sizes = _capped_sizes(hidden, [max(float(s), 1e-9) for s in speeds], bounds)
+    edges = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return [HiddenSlice(int(a), int(b)) for a, b in itertools.pairwise(edges)]
+
+
+def _split_by_speed(hidden: int, speeds: Sequence[float]) -> list[HiddenSlice]:
     if not speeds:
         return []
     count = min(len(speeds), hidden)
@@ -67,6 +87,47 @@ def split_hidden(hidden: int, speeds: Sequence[float]) -> list[HiddenSlice]:
         edges[i] = min(edges[i], edges[i + 1] - 1)
     slices = [HiddenSlice(int(a), int(b)) for a, b in itertools.pairwise(edges)]
     return slices + [HiddenSlice(hidden, hidden)] * (len(speeds) - count)
+
+
+def _capped_sizes(hidden: int, speeds: list[float], bounds: list[int]) -> list[int]:
+    """Whole unit counts summing to ``hidden``, each within its bound, shared by speed:
+    workers whose share exceeds their bound get the bound and the rest is shared again
+    among the others (water-filling), then the fractions are rounded by largest
+    remainder. The caller checked that the bounds hold ``hidden``."""
+    shares = [0.0] * len(speeds)
+    free = [i for i in range(len(speeds)) if bounds[i] > 0]
+    left = float(hidden)
+    while free:
+        total = sum(speeds[i] for i in free)
+        over = [i for i in free if left * speeds[i] / total > bounds[i]]
+        if not over:
+            for i in free:
+                shares[i] = left * speeds[i] / total
+            break
+        for i in over:
+            shares[i] = float(bounds[i])
+            left -= bounds[i]
+        free = [i for i in free if i not in over]
+    sizes = [min(int(share), bound) for share, bound in zip(shares, bounds, strict=True)]
+    by_remainder = sorted(range(len(sizes)), key=lambda i: sizes[i] - shares[i])
+    while sum(sizes) < hidden:  # the bounds hold hidden: some worker has room
+        i = next(i for i in by_remainder if sizes[i] < bounds[i])
+        sizes[i] += 1
+        by_remainder.remove(i)
+        by_remainder.append(i)
+    for i, size in enumerate(sizes):  # one unit each while others have more than one
+        if size == 0 and bounds[i] > 0:
+            donor = max(range(len(sizes)), key=lambda j: sizes[j])
+            if sizes[donor] > 1:
+                sizes[donor] -= 1
+                sizes[i] = 1
+    return sizes
+
+
+def slice_network(spec: NetworkSpec, units: int) -> NetworkSpec:
+    """The network a slice of ``units`` hidden units amounts to on its own (for a
+    device's memory plan): inputs, those units, the outputs."""
+    return NetworkSpec((spec.sizes[0], max(units, 1), spec.sizes[2]), spec.activations)
 
 
 def slice_size(spec: NetworkSpec, part: HiddenSlice) -> int:

@@ -43,7 +43,6 @@ from .http import make_app
 from .http_guard import HttpListener
 from .job_progress import ProgressMeter
 from .lateness import check_progress
-from .np_coordinator import coordinator_class
 from .progress import ProgressWatch
 from .resume import drop_torn_line, resume_from
 from .security import over_tls, resolve_token, tls_contexts
@@ -127,7 +126,7 @@ class SnetServer:
             # Line-buffered: a killed server's trace holds every step it published.
             self._trace_handle = open(self.config.trace_file, mode, 1, encoding="utf-8")  # noqa: SIM115
             trace = self._write_trace
-        self.coordinator = coordinator_class(job.mode)(
+        self.coordinator = Coordinator(
             job,
             plan,
             self.executor,

@@ -182,7 +182,7 @@ class WorkerConnection:
             session.report = report
         elif isinstance(message, Resync):
             self.coordinator.on_resync(session, message.reason)
-        elif isinstance(message, PartialOutputs | SliceState):  # np mode (np_coordinator.py)
+        elif isinstance(message, PartialOutputs | SliceState):  # np mode (slice_rounds.py)
             self.coordinator.on_slice_message(session, message)
         # a Heartbeat only touches the session
 

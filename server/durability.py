@@ -10,7 +10,8 @@ and, through ``final()``, at SIGTERM and when training completes. A periodic one
 skipped while the previous one is still being written; the others queue behind it.
 
 ``resume_point``: what ``snet server`` starts from: the newest whole checkpoint of the
-same job (network, settings and a fingerprint of the data), nothing with ``--fresh`` (which
+same job (network, settings, a setting added since the checkpoint was written taken at its
+default, and a fingerprint of the data), nothing with ``--fresh`` (which
 refuses to discard a finished run's results without ``--force``), and a one-line
 ``ConfigError`` for a checkpoint of another job.
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
 
 from .checkpoint import CheckpointStore, LoadedCheckpoint
 from .resume import coordinator_state
@@ -43,6 +45,13 @@ TIMER_SECONDS = 1.0  # how often the clock for time-based checkpoints is looked 
 def job_identity(job_dict: dict[str, Any], data_fingerprint: str) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the job (as JSON) and the data."""
     return {"job": json.loads(json.dumps(job_dict)), "data": data_fingerprint}
+
+
+def _as_of_now(job: dict[str, Any]) -> dict[str, Any]:
+    """A saved job with the settings added since it was written at their defaults: a
+    checkpoint from before a setting existed (``np_pipeline``, say) is of the same job as
+    one that leaves the setting at its default, and still resumes."""
+    return {**json.loads(json.dumps(JobSpec().to_dict())), **job}
 
 
 def resume_point(
@@ -63,8 +72,12 @@ def resume_point(
     if loaded is None:
         return None
     saved = loaded.state
-    if saved.get("job") != identity["job"]:
-        theirs, ours = saved.get("job", {}), identity["job"]
+    job = saved.get("job")
+    theirs, ours = (
+        _as_of_now(job) if isinstance(job, dict) and job else {},
+        _as_of_now(identity["job"]),
+    )
+    if theirs != ours:
         differing = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k))
         sizes = [
             ":".join(map(str, job.get("network", {}).get("sizes", []))) for job in (theirs, ours)

@@ -27,7 +27,7 @@ how large a lease is. bmuf is sync or async stepping over block deltas.
 Further modes fit the same interface: bounded staleness holds an update whose base is too
 old (``take`` skips it) or tells its worker to wait. Network-parallel training (``np``,
 ``SliceSteps``) has every worker see every pattern and exchanges partial outputs instead
-of updates: its bunches are run by its own coordinator (np_coordinator.py).
+of updates: its bunches are run by the coordinator's np part (slice_rounds.py).
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ class SliceAssembly(Combination):
 
 
 class SliceSteps(StepPolicy):
-    """np mode: no worker sends updates (server/np_coordinator.py runs the bunches), so
+    """np mode: no worker sends updates (server/slice_rounds.py runs the bunches), so
     nothing is ever queued for a step."""
 
     name = "np"

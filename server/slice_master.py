@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from snet.protocol.errors import RejectedUpdate
+from snet.protocol.errors import ConfigError, RejectedUpdate
 from snet.protocol.job import JobSpec
 from snet.protocol.network import ELEMENT_DTYPE, NetworkSpec
 from snet.protocol.slices import (
@@ -62,14 +62,27 @@ class SliceMaster:
         self.holders: dict[int, HiddenSlice] = {}  # worker id -> its slice
         self.reported: set[int] = set()  # holders whose report came since the last request
         self.units_rolled_back = 0  # hidden units handed over from a stale copy
+        self.memory_short = ""  # why the last cut could not respect the workers' memory
 
     # ------------------------------------------------------------ slices
 
-    def reslice(self, speeds: dict[int, float]) -> dict[int, SliceGrant]:
+    def reslice(
+        self, speeds: dict[int, float], caps: dict[int, int | None] | None = None
+    ) -> dict[int, SliceGrant]:
         """Cut the hidden units among the workers of ``speeds`` (id -> patterns/s), in
-        worker-id order, from the copies held here; returns each worker's grant."""
+        worker-id order, no slice larger than its worker's ``caps`` (the units its memory
+        holds, None: any), from the copies held here; returns each worker's grant.
+        When the caps together hold too few units the cut is by speed alone (a worker
+        that cannot hold its slice refuses it) and ``memory_short`` says why."""
         ids = sorted(speeds)
-        parts = split_hidden(self.spec.sizes[1], [speeds[i] for i in ids])
+        hidden, shares = self.spec.sizes[1], [speeds[i] for i in ids]
+        try:
+            parts = split_hidden(
+                hidden, shares, None if caps is None else [caps.get(i) for i in ids]
+            )
+            self.memory_short = ""
+        except ConfigError as exc:
+            parts, self.memory_short = split_hidden(hidden, shares), str(exc)
         self.holders = dict(zip(ids, parts, strict=True))
         self.reported.clear()
         return {
@@ -180,4 +193,5 @@ class AssembledElement(UpdateRule):
             "rule": "np slices",
             "slices": " ".join(f"{w}:{p.start}-{p.stop}" for w, p in sorted(holders.items())),
             "units_rolled_back": self.master.units_rolled_back,
+            "memory_short": self.master.memory_short,
         }

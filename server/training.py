@@ -1,32 +1,23 @@
 """``Coordinator``: the server's training, driven by worker events, composed of parts.
 
-Each part owns its state and nothing writes another's fields:
-
-- ``ElementPool`` (pool.py): preallocated elements updates are received into;
-- ``UpdateIntake`` (intake.py): an update checked and turned into a pending one;
-- the mode's ``StepPolicy`` (policies.py): which queued updates make a step, and its
-  ``Combination``: how they combine (the rule: momentum SGD, or bmuf's block filter);
-- ``StepQueue`` (stepqueue.py): the updates waiting, the one step running, the moments
-  between steps; ``StepRunner`` (stepping.py): the rule applied in the step thread;
-- ``LeaseBook``, ``LeaseDesk``, ``InlineFrames``: who trains on which frames;
-- ``EpochControl`` (epochs.py): epochs, the learning-rate schedule, roll-back;
-- ``Evaluations`` (evaluations.py): who scores each epoch's weights on the CV frames
-  (with ``--verify-cv``, two workers, and ``CvReferee``, cv_referee.py, when they differ);
-- ``ProgressWatch`` (progress.py): the workers' delivery deadlines;
-- ``StalenessControl`` (staleness.py): the staleness policy in force (switchable while
-  training) and its bound;
-- ``TrainingStats`` (stats.py) and the hooks: what /status and the hooks see.
-
-Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the
-weights of ``version`` and exactly the ledger they include (server/resume.py gathers and
-restores it, server/durability.py writes and reads the files).
+Each part owns its state and nothing writes another's fields: ``ElementPool`` (pool.py,
+the elements updates are received into); ``UpdateIntake`` (intake.py, an update checked
+and queued); the mode's ``StepPolicy`` (policies.py: which queued updates make a step;
+its ``Combination``: how they combine, the rule); ``StepQueue`` (stepqueue.py) and
+``StepRunner`` (stepping.py, the rule applied in the step thread); ``LeaseBook``,
+``LeaseDesk``, ``InlineFrames`` (who trains on which frames); ``EpochControl``
+(epochs.py, epochs, rates, roll-back); ``Evaluations`` and ``CvScoring`` (who scores each
+epoch's weights on the CV frames, cv_scoring.py); ``ProgressWatch`` (progress.py,
+delivery deadlines); ``StalenessControl`` (staleness.py); ``TrainingStats`` (stats.py)
+and the hooks. In np mode, ``SliceRounds`` (slice_rounds.py) runs the bunches through
+the workers' slices where the other modes lease frames and step updates.
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
 of ``version`` and exactly the ledger they include (server/resume.py, durability.py).
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
 late (lateness.py), leaves) to them and carries out what they decide: it publishes each
 step's weights with a new version, sends them to every worker, starts epochs, on the event
-loop; only the ``StepRunner`` computes, in the step thread. np_coordinator.py extends it.
+loop; only the ``StepRunner`` computes, in the step thread.
 """
 
 from __future__ import annotations
@@ -48,7 +39,6 @@ from snet.protocol.messages import (
     TRAINING_COMPLETE,
     ErrorMessage,
     EvalResult,
-    Evaluate,
     FramesWanted,
     Goodbye,
     SliceReply,
@@ -59,6 +49,7 @@ from snet.protocol.network import ElementLayout, initial_weights
 from snet.protocol.numbering import shown_epoch
 
 from .cv_referee import CvReferee
+from .cv_scoring import CvScoring
 from .dataplan import DataPlan
 from .departures import Departures
 from .epochs import EpochControl, EpochDecision
@@ -73,6 +64,8 @@ from .policies import make_step_policy
 from .pool import ElementPool, Received
 from .progress import ProgressWatch
 from .session import WorkerSession
+from .slice_master import AssembledElement
+from .slice_rounds import CoordinatorParts, SliceRounds
 from .staleness import StalenessControl
 from .stats import TrainingStats
 from .stepping import PendingUpdate, StepOutcome, StepRunner, bunch_event, trace_record
@@ -85,18 +78,11 @@ class Coordinator:
     """Holds the network and decides when to step, whom to lease frames and who scores."""
 
     def __init__(
-        self,
-        job: JobSpec,
-        plan: DataPlan,
-        executor: Executor,
-        pool_size: int,
-        trace: Callable[[dict[str, Any]], None] | None = None,
-        hooks: HookSet | None = None,
-        weights: np.ndarray | None = None,
-        min_workers: int = 1,
-        progress: ProgressWatch | None = None,
-        verify_cv: bool = False,
-    ) -> None:
+        self, job: JobSpec, plan: DataPlan, executor: Executor, pool_size: int,
+        trace: Callable[[dict[str, Any]], None] | None = None, hooks: HookSet | None = None,
+        weights: np.ndarray | None = None, min_workers: int = 1,
+        progress: ProgressWatch | None = None, verify_cv: bool = False,
+    ) -> None:  # fmt: skip
         self.job = job
         self.plan = plan
         self.layout = ElementLayout.for_network(job.network)
@@ -116,12 +102,14 @@ class Coordinator:
         self.desk = LeaseDesk(self.book, self.inline, min_workers)
         self.epochs = EpochControl(job)
         self.evaluations = Evaluations(copies=2 if verify_cv else 1)
-        self.referee = CvReferee(job, plan, executor)
         self.progress = progress or ProgressWatch()
         self.hooks = hooks or HookSet([])
         self.trace = trace
         self.stats = TrainingStats(job.epochs)
         self.sessions: dict[int, WorkerSession] = {}
+        self.scoring = CvScoring(self.evaluations, CvReferee(job, plan, executor), self.inline,
+                                 plan, self.sessions, self.book.remaining_frames, job.mode == "np",
+                                 self._accept_cv, self._fail, lambda: self.closed)  # fmt: skip
         self.departed = Departures()
         self.version = 0
         self.digest = weights_digest(self.rule.snapshot)  # of the weights of ``version``
@@ -131,11 +119,26 @@ class Coordinator:
         self.closed = False  # set at shutdown: no new steps
         self.on_finished: Callable[[], None] | None = None
         self.on_failure: Callable[[str], None] | None = None  # the step machinery broke
-        info = RunInfo(
-            job.network.describe(), self.connections, job.mode, job.epochs, len(plan.train_frames)
-        )
-        self.hooks.call("before_training", info)
+        self.slices = self._slice_rounds(plan, min_workers)  # np mode's part, else None
+        self.hooks.call("before_training", RunInfo(job.network.describe(), self.connections,
+                        job.mode, job.epochs, len(plan.train_frames)))  # fmt: skip
         self._start_epoch(0)
+
+    def _slice_rounds(self, plan: DataPlan, min_workers: int) -> SliceRounds | None:
+        if not isinstance(self.rule, AssembledElement):  # np mode's rule (policies.py)
+            return None
+        parts = CoordinatorParts(self.book, self.epochs, self.stats, self.hooks, self.idle,
+                                 self.steps, self.sessions, lambda: self.closed,
+                                 self.finished.is_set, self._next_version, self._assembled,
+                                 self._end_epoch)  # fmt: skip
+        return SliceRounds(self.job, self.rule, plan.source.labels, min_workers, parts)
+
+    def _next_version(self) -> int:
+        self.version += 1
+        return self.version
+
+    def _assembled(self) -> None:
+        self.digest = weights_digest(self.rule.snapshot)
 
     @property
     def epoch(self) -> int:
@@ -163,9 +166,12 @@ class Coordinator:
             return
         self.fill_leases()
         self.assign_evaluations()
+        if self.slices is not None:
+            self.slices.joined(session)
 
     def remove_worker(self, session: WorkerSession, reason: str) -> None:
         """A worker left (goodbye, lost connection, timeout): requeue its frames."""
+        held = self.slices is not None and self.slices.leaving(session)
         if self.sessions.pop(session.worker_id, None) is None:
             return
         self.rule.set_workers(len(self.sessions))
@@ -177,9 +183,13 @@ class Coordinator:
         self.fill_leases()
         self.assign_evaluations()
         self.maybe_step()
+        if self.slices is not None:
+            self.slices.left(session, held)
 
     def send_weights(self, session: WorkerSession) -> None:
         session.weights_version_sent = self.version
+        if self.slices is not None:
+            return  # np workers get slices, not copies of the whole network
         session.send(Weights(self.version, self.epoch, self.learning_rate, session.updates_settled,
                              self.rule.snapshot, digest=self.digest))  # fmt: skip
 
@@ -191,24 +201,32 @@ class Coordinator:
         self.send_weights(session)
 
     def fill_leases(self) -> None:
-        if not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
+        if self.slices is not None:
+            self.slices.fill()
+        elif not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
             self.desk.fill(self.sessions.values(), self.learning_rate)
 
     def on_slice_message(self, session: WorkerSession, message: SliceReply) -> None:
+        if self.slices is not None:
+            return self.slices.on_message(session, message)
         raise RejectedUpdate(f"{message.TYPE} is np mode's; this job's mode is {self.job.mode}")
 
     def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """The worker cannot read the data: send its frames inline from now on."""
+        if self.slices is not None:
+            return self.slices.frames_wanted(session, message)
         evaluating = bool(self.evaluations.held_by(session.worker_id))
         self.desk.frames_wanted(session, message, evaluating)
 
-    # ------------------------------------------------------------ updates
+    # ------------------------------------------------------------ updates and steps
 
     def on_update(self, session: WorkerSession, received: Received) -> None:
         """Check an update; queue it for the next step or refuse it (raises RejectedUpdate).
 
         The coordinator owns ``received`` (and its pooled element) from here: a refused
         update is released by the intake, a queued one after the step that applies it."""
+        if self.slices is not None:
+            return self.slices.refuse_update(received)
         if not self.intake.arrived(session, received):
             return
         message = received.message
@@ -230,8 +248,6 @@ class Coordinator:
             self.fill_leases()
         self.desk.note_if_dry(session)
         self.maybe_step()
-
-    # ------------------------------------------------------------ steps
 
     def maybe_step(self) -> None:
         if not self.steps.between_steps or not self.steps or self.closed:
@@ -342,30 +358,10 @@ class Coordinator:
         self.assign_evaluations()
 
     def assign_evaluations(self) -> None:
-        sessions, remaining = self.sessions.values(), self.book.remaining_frames
-        for session, job in self.evaluations.assign(sessions, remaining, time.monotonic()):
-            self.inline.send(session, self.plan.cv_frames)
-            session.send(Evaluate(job.version, job.epoch, job.weights))
-        for job in self.evaluations.without_second_scorer(self.sessions.values()):
-            self.referee.referee(job, self._refereed, self._fail)
+        self.scoring.assign()
 
     def on_eval_result(self, session: WorkerSession, message: EvalResult) -> None:
-        try:
-            verdict = self.evaluations.take_result(session, message, len(self.plan.cv_frames))
-        except RejectedUpdate:
-            self.assign_evaluations()  # a refused result's job goes to another worker
-            raise
-        if verdict.disputed:
-            self.referee.referee(verdict.job, self._refereed, self._fail)
-        if verdict.result is None:  # --verify-cv: a second opinion still to come
-            self.assign_evaluations()
-            return
-        self._accept_cv(verdict.job, verdict.result)
-
-    def _refereed(self, job: EvalJob, result: EvalResult) -> None:
-        if not self.closed:
-            self.evaluations.referee(job.epoch, result, self.sessions)
-            self._accept_cv(job, result)
+        self.scoring.result(session, message)
 
     def _fail(self, reason: str) -> None:
         if self.on_failure is not None:
@@ -376,6 +372,8 @@ class Coordinator:
         self._apply_decision(message, self.epochs.cv_result(message.epoch, job.weights, message))
 
     def _apply_decision(self, result: EvalResult, decision: EpochDecision) -> None:
+        if decision.restore is not None and self.slices is not None:
+            self.slices.hold()  # the slices are cut anew once the roll-back is done
         if decision.restore is not None:  # roll back: a new version, sent to every worker
             self.rule.load(decision.restore)
             self.runner.forget_weights()
@@ -392,6 +390,8 @@ class Coordinator:
         self.steps.offer(True)  # before the results are written: on_finished may stop
         if decision.finish and self.on_finished is not None:
             self.on_finished()
+        if decision.restore is not None and self.slices is not None:
+            self.slices.restart()
 
     def resume_at(self, version: int, digest: str, earlier: dict[str, Any], finished: bool) -> None:
         """Go on from ``version`` (weights of ``digest``) after server/resume.py ran."""

@@ -3,6 +3,7 @@ bunches and partial outputs over 127.0.0.1, checked against sequential training.
 
 from __future__ import annotations
 
+import ast
 import signal
 from typing import Any
 
@@ -154,6 +155,44 @@ async def test_np_network_no_board_holds_is_refused_by_one_and_trains_on_four(la
     reports = [row["report"] for row in status["workers"]]
     assert all(0 < r["memory_mb"] < 0.6 and r["modelled_mcups"] > 0 for r in reports), reports
     assert all(r["patterns_trained"] > 0 for r in reports)
+
+
+# A 0.5 MB board holds 48 of 117:256:10's units in bunches of 256 (an equal half, 128,
+# it would refuse); two such boards hold 96 of the 256.
+TINY_BOARD = ["--memory-mb", "0.5", "--time-scale", "10"]
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_np_slices_fit_their_holders_memory(lab: Lab) -> None:
+    server = await lab.server(*WIDE_NP_JOB, "--min-workers", "2")
+    started = [lab.spert(server, "board", *TINY_BOARD), lab.worker(server, "numpy")]
+    assert await server.wait(120) == "trained"
+    assert [await w.wait(30) for w in started] == [0, 0]
+    status = server.final_status()
+    assert_trained_once(status, 1)
+    assert status["rule"]["memory_short"] == ""
+    rows = {row["name"]: row for row in status["workers"]}
+    board = rows["board"]["id"]
+    lines = lab.log("server").splitlines()
+    cut_lines = [line for line in lines if "hidden units cut among 2 workers" in line]
+    cuts = [ast.literal_eval(line.split("workers: ")[1]) for line in cut_lines]
+    first = {worker: stop - start for worker, (start, stop) in cuts[0].items()}
+    assert first[board] == 48 and sum(first.values()) == 256  # its memory's worth, not half
+    assert all(cut[board][1] - cut[board][0] <= 48 for cut in cuts)  # then by speed: less
+    assert 0 < rows["board"]["report"]["memory_mb"] <= 0.5
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_np_network_the_workers_cannot_hold_together_is_said_so(lab: Lab) -> None:
+    server = await lab.server(*WIDE_NP_JOB, "--min-workers", "2")
+    boards = [lab.spert(server, f"board{i}", *TINY_BOARD) for i in range(2)]
+    assert [await b.wait(60) for b in boards] == [4, 4]  # each refuses the half it is cut
+    assert "256 hidden units do not fit the 2 workers: their memory holds at most 96" in (
+        lab.log("server")
+    )
+    assert "more workers (or more memory) are needed" in lab.log("server")
+    server.stop("test over")
+    await server.wait(30)
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md

@@ -177,12 +177,15 @@ def test_pattern_parallel_phases_worked_by_hand() -> None:
 
 def test_network_parallel_phases_worked_by_hand() -> None:
     phases = network_parallel_phases(TINY, bunch=10, workers=3, constants=HAND)
-    # 30 patterns, each worker 1 of the 3 hidden units: c1 = 4 us (I+O+1), c2 = 1 us.
-    assert phases.compute == pytest.approx(30 * (4e-6 * 1 + 1e-6))
-    # partial output sums up and output errors down: 30 patterns x 1 output x 4 bytes
-    assert phases.transfer == pytest.approx(2 * (120e-9 + 1e-4))
-    assert phases.latency == pytest.approx(2 * (240e-9 + 5e-5))
-    assert phases.host == pytest.approx(120 * 3 * 1e-10 + 3e-6)  # adding the sums, a step
+    # one bunch of 10 patterns through every worker, each 1 of the 3 hidden units:
+    # c1 = 4 us (I+O+1), c2 = 1 us.
+    assert phases.compute == pytest.approx(10 * (4e-6 * 1 + 1e-6))
+    assert phases.patterns == 10
+    # partial output sums up (10 patterns x 1 output x 4 bytes), output errors and the
+    # frame indices (8 bytes each) down: 40 + 120 bytes, two messages
+    assert phases.transfer == pytest.approx(160e-9 + 2 * 1e-4)
+    assert phases.latency == pytest.approx(320e-9 + 2 * 5e-5)
+    assert phases.host == pytest.approx(40 * 3 * 1e-10 + 3e-6)  # adding the sums, a step
 
 
 def test_a_bmuf_round_is_a_block_of_compute_and_one_exchange() -> None:

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from snet.client.spert.backend import weight_matrix
-from snet.client.spert.board import BoardMemoryError, BoardUsageError, MemoryPlan, SpertBoard
+from snet.client.spert.board import (
+    TABLE_BYTES,
+    BoardMemoryError,
+    BoardUsageError,
+    MemoryPlan,
+    SpertBoard,
+)
 from snet.client.spert.config import BoardConfig
 from snet.client.spert.fixedpoint import quantise
 from snet.client.spert.kernels import Block
@@ -66,7 +72,10 @@ def test_a_network_over_8mb_is_refused_with_a_clear_message() -> None:
     with pytest.raises(BoardMemoryError, match=r"the board has 0.1 MB"):
         small.configure(NetworkSpec.parse("117:64:10"), 128)
     # weights and a bunch's work space grow with the hidden units: 3000 fit, 4000 do not
-    assert MemoryPlan.for_network(NetworkSpec.parse("117:3000:10"), 128, 1024).total < 8 * 2**20
+    assert (
+        MemoryPlan.for_network(NetworkSpec.parse("117:3000:10"), 128, 1024, TABLE_BYTES).total
+        < 8 * 2**20
+    )
     board.configure(NetworkSpec.parse("117:3000:10"), 128)
     with pytest.raises(BoardMemoryError):
         board.configure(NetworkSpec.parse("117:4000:10"), 128)

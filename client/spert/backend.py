@@ -29,10 +29,11 @@ import numpy as np
 
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
+from snet.protocol.memory import WORD16, WORD32, WorkerMemory
 from snet.protocol.network import ElementLayout, NetworkSpec
 
 from ..data import Corpus, DenseStore
-from .board import WORD16, WORD32, SpertBoard
+from .board import SpertBoard
 from .config import BoardConfig
 from .fixedpoint import (
     ACTIVATION_FRACTION,
@@ -157,6 +158,10 @@ class SpertBackend:
         ``BoardMemoryError`` when its weights, buffers and tables do not fit the board."""
         self.board.configure(spec, bunch)
         self._connections = spec.connections
+
+    def stated_memory(self) -> WorkerMemory:
+        """The board's memory, stated when joining: the server cuts slices to fit it."""
+        return self.board.memory
 
     def slice_forward(self, patterns: int) -> None:
         """Model a slice's forward pass: the 16-bit patterns in, the partial outputs

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from snet.protocol.errors import ConfigError
+from snet.protocol.memory import WORD16, WORD32, MemoryPlan, WorkerMemory
 from snet.protocol.network import NetworkSpec
 
 from .config import BoardConfig
@@ -23,8 +24,8 @@ from .fixedpoint import EXP_TABLE, SIGMOID_TABLE, TANH_TABLE
 from .kernels import Block, BoardMatrix, FixedPointNetwork
 from .timing import BoardClock, CostModel
 
-WORD16 = 2
-WORD32 = 4
+# The memory plan is protocol/memory.py's: the server sizes np slices with it too.
+TABLE_BYTES = SIGMOID_TABLE.nbytes + TANH_TABLE.nbytes + EXP_TABLE.nbytes
 
 
 class BoardMemoryError(ConfigError):
@@ -33,40 +34,6 @@ class BoardMemoryError(ConfigError):
 
 class BoardUsageError(ConfigError):
     """A call out of order (training before weights or patterns were loaded, ...)."""
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Bytes of board memory each part needs."""
-
-    weights: int
-    patterns: int
-    work: int
-    tables: int
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.patterns + self.work + self.tables
-
-    @classmethod
-    def for_network(cls, spec: NetworkSpec, bunch: int, chunk: int) -> MemoryPlan:
-        units = sum(spec.sizes[1:])
-        rows = max(bunch, chunk)
-        return cls(
-            weights=2 * WORD32 * spec.connections,  # loaded copy and updated copy
-            patterns=rows * (spec.input_size + 1) * WORD16,  # inputs and a target each
-            # activations and deltas (16-bit) and one layer of 32-bit accumulators
-            work=bunch * (2 * units * WORD16 + max(spec.sizes) * WORD32)
-            + chunk * spec.output_size * WORD16,
-            tables=SIGMOID_TABLE.nbytes + TANH_TABLE.nbytes + EXP_TABLE.nbytes,
-        )
-
-    def describe(self) -> str:
-        mb = 1 << 20
-        return (
-            f"{self.total / mb:.2f} MB (weights {self.weights / mb:.2f}, patterns "
-            f"{self.patterns / mb:.2f}, work {self.work / mb:.2f}, tables {self.tables / mb:.2f})"
-        )
 
 
 @dataclass
@@ -105,9 +72,14 @@ class SpertBoard:
     def saturations(self) -> int:
         return self._network.sat.count if self._network else 0
 
+    @property
+    def memory(self) -> WorkerMemory:
+        """The board's memory as a worker states it (np mode sizes slices by it)."""
+        return WorkerMemory(self.config.memory_bytes, self.config.chunk_patterns, TABLE_BYTES)
+
     def configure(self, spec: NetworkSpec, bunch: int) -> MemoryPlan:
         """Prepare for ``spec`` trained in bunches of ``bunch``; refuse what does not fit."""
-        plan = MemoryPlan.for_network(spec, bunch, self.config.chunk_patterns)
+        plan = self.memory.plan(spec, bunch)
         if plan.total > self.config.memory_bytes:
             raise BoardMemoryError(
                 f"network {spec.describe()} with bunches of {bunch} does not fit the Spert "

@@ -1,13 +1,20 @@
-"""``SliceCoordinator``: the coordinator of network-parallel (``np``) training.
+"""``SliceRounds``: network-parallel (``np``) training's part of the coordinator.
 
-np mode (docs/network-parallel.md) keeps everything of the ``Coordinator`` that does not
-depend on who computes what: sessions, the lease book's frame order, epochs and the
-learning-rate schedule, CV evaluations, stats, hooks and checkpoints. What differs: no
-worker is leased frames or sends updates. The coordinator itself takes the frames from
-the lease book as one lone worker would (so the bunches are those of sequential
-training), and runs each bunch through every slice holder: ``np_bunch`` with the frame
-indices out, ``np_partial`` back from each, the ``SliceMaster`` sums them and sends the
-error out with the next bunch. With ``np_pipeline`` two bunches are in flight.
+The coordinator (training.py) holds it in np mode and hands it, through a small explicit
+interface, the events where np differs from the pattern-parallel modes: a worker joins
+(``joined``) or leaves (``leaving``, ``left``), frames are to be handed out (``fill``), a
+worker sends a slice message (``on_message``), wants frames inline or sends an update
+(refused), newbob rolls back (``hold``, ``restart``). (The server scores each epoch's CV
+itself: cv_scoring.py.) Everything else (sessions, the lease book's frame order, epochs
+and the learning-rate schedule, CV bookkeeping, stats, hooks, checkpoints) stays the
+coordinator's. What the part needs of the coordinator it asks through ``CoordinatorParts``'
+callables; it writes no field of the coordinator.
+
+No worker is leased frames or sends updates. The part takes the frames from the lease
+book as one lone worker would (so the bunches are those of sequential training), and
+runs each bunch through every slice holder: ``np_bunch`` with the frame indices out,
+``np_partial`` back from each, the ``SliceMaster`` sums them and sends the error out
+with the next bunch. With ``np_pipeline`` two bunches are in flight.
 
 Who holds which hidden units changes only at a quiet moment: when a worker joins or
 leaves, the bunches in flight are finished (join) or abandoned (leave: their frames go
@@ -25,17 +32,17 @@ that include it are reported, so a checkpoint's ledger counts exactly its elemen
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
-from snet.protocol.digest import weights_digest
-from snet.protocol.errors import RejectedUpdate
-from snet.protocol.hooks import BunchEvent
+from snet.protocol.errors import ConfigError, RejectedUpdate
+from snet.protocol.hooks import BunchEvent, HookSet
+from snet.protocol.job import JobSpec
+from snet.protocol.memory import stated_memory
 from snet.protocol.messages import (
     ErrorMessage,
     FramesWanted,
@@ -45,11 +52,14 @@ from snet.protocol.messages import (
 )
 from snet.protocol.slices import HiddenSlice
 
-from .epochs import EpochDecision
+from .epochs import EpochControl
+from .idleness import IdleWatch
+from .leases import LeaseBook
 from .pool import Received
 from .session import WorkerSession
 from .slice_master import COLLECT_EVERY, AssembledElement
-from .training import Coordinator
+from .stats import TrainingStats
+from .stepqueue import StepQueue
 
 log = logging.getLogger("snet.server")
 
@@ -72,21 +82,40 @@ class BunchRound:
     partials: dict[int, np.ndarray] = field(default_factory=dict)
 
 
-def _nothing(_: object) -> None:
-    """The scorer session's send and close: the server does not message itself."""
+@dataclass(frozen=True)
+class CoordinatorParts:
+    """What ``SliceRounds`` uses of the coordinator that holds it: its parts (each keeps
+    its own state), what it reads, and what it asks the coordinator to do."""
+
+    book: LeaseBook
+    epochs: EpochControl
+    stats: TrainingStats
+    hooks: HookSet
+    idle: IdleWatch
+    steps: StepQueue
+    sessions: Mapping[int, WorkerSession]  # the workers present (read only)
+    closed: Callable[[], bool]  # shutting down: no new bunch
+    finished: Callable[[], bool]  # the job is done
+    bunch_applied: Callable[[], int]  # a bunch completed: its version (a new one)
+    assembled: Callable[[], None]  # the rule's element changed: publish its digest
+    end_epoch: Callable[[], None]  # every bunch of the epoch is done and reported
 
 
-class SliceCoordinator(Coordinator):
+class SliceRounds:
     """Runs bunches through the slice holders instead of leasing frames to workers."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if not isinstance(self.rule, AssembledElement):
-            raise TypeError("np mode's coordinator needs SliceSteps' rule (policies.py)")
-        self.rule: AssembledElement = self.rule
-        self.master = self.rule.master
-        self.labels = self.plan.source.labels
-        self.depth = 2 if self.job.np_pipeline else 1
+    def __init__(
+        self, job: JobSpec, rule: AssembledElement, labels: np.ndarray, min_workers: int,
+        parts: CoordinatorParts,
+    ) -> None:  # fmt: skip
+        self.job = job
+        self.rule = rule
+        self.master = rule.master
+        self.labels = labels
+        self.min_workers = min_workers
+        self.book, self.epochs, self.stats = parts.book, parts.epochs, parts.stats
+        self.parts = parts
+        self.depth = 2 if job.np_pipeline else 1
         self.in_flight: dict[int, BunchRound] = {}
         self.next_bunch = 0
         self.cursor: tuple[int, np.ndarray] | None = None  # (lease id, indices) being cut
@@ -95,45 +124,60 @@ class SliceCoordinator(Coordinator):
         self.collecting = False  # reports asked for and not all in
         self.since_collect = 0
         self.speeds: dict[int, float] = {}  # worker id -> measured unit-patterns per second
+        self.capacity: dict[int, int] = {}  # worker id -> the most units its memory holds
         self.partials_ignored = 0  # of bunches abandoned when a holder left
-        # The server itself, as the evaluations' "worker" (np_coordinator scores the CV).
-        self.scorer = WorkerSession(LONE, "server", "", "server", (), _nothing, _nothing)
-        self.scoring: set[asyncio.Task[None]] = set()
         self.reports_ignored = 0  # answers to a request a newer one overtook
         self.last_completed = NO_BUNCH
         self.collect_bunch = NO_BUNCH
         self.unrecorded: list[tuple[int, np.ndarray]] = []  # bunches done, not yet reported
 
+    @property
+    def sessions(self) -> Mapping[int, WorkerSession]:
+        return self.parts.sessions
+
     # ------------------------------------------------------------ workers
 
-    def add_worker(self, session: WorkerSession) -> None:
-        super().add_worker(session)
-        if session.worker_id in self.sessions and not self.finished.is_set():
+    def joined(self, session: WorkerSession) -> None:
+        """A worker joined (after the coordinator welcomed it): re-slice at a quiet moment.
+        The memory it states (protocol/memory.py) bounds the slice it is cut."""
+        try:
+            stated = stated_memory(session.capabilities)
+        except ConfigError as exc:
+            session.send(ErrorMessage("bad_job", str(exc), True))
+            session.close(str(exc))
+            return
+        if stated is not None:
+            self.capacity[session.worker_id] = stated.units_held(self.job.network,
+                                                                 self.job.bunch_size)  # fmt: skip
+        if session.worker_id in self.sessions and not self.parts.finished():
             self._quiesce("reslice")
 
-    def remove_worker(self, session: WorkerSession, reason: str) -> None:
-        held = session.worker_id in self.master.holders and not self.finished.is_set()
-        if held:  # before the base class refills: no bunch may go to the departed
+    def leaving(self, session: WorkerSession) -> bool:
+        """A worker is leaving (before the coordinator refills): whether it held units;
+        if so no bunch may go to it, and the frames of the bunches in flight go back."""
+        held = session.worker_id in self.master.holders and not self.parts.finished()
+        if held:
             self.master.depart(session.worker_id)
-            self.book.worker_gone(LONE)  # the frames of the bunches in flight go back
+            self.book.worker_gone(LONE)
             self.in_flight.clear()
             self.cursor = None
             self.quiet_for = self.quiet_for or "reslice"
             log.warning("np: %s left holding units; re-slicing", session.name)
-        super().remove_worker(session, reason)
+        return held
+
+    def left(self, session: WorkerSession, held: bool) -> None:
+        """A worker has left (the coordinator is done with it): its units are cut anew."""
         self.speeds.pop(session.worker_id, None)
+        self.capacity.pop(session.worker_id, None)
         if held:
             self._quiesce("reslice")
 
-    def send_weights(self, session: WorkerSession) -> None:
-        """np workers get slices, not copies of the whole network."""
-        session.weights_version_sent = self.version
-
-    def fill_leases(self) -> None:
+    def fill(self) -> None:
+        """Start bunches (the pattern-parallel modes lease frames here)."""
         if not self.epochs.waiting_for_cv:
             self._pump()
 
-    def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
+    def frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """np mode sends no frames: every bunch goes to every worker, which reads it."""
         text = (
             f"np mode needs every worker to read the data itself ({message.reason[:200]}); "
@@ -143,16 +187,16 @@ class SliceCoordinator(Coordinator):
         session.send(ErrorMessage("bad_job", text, True))
         session.close(text)
 
-    def on_update(self, session: WorkerSession, received: Received) -> None:
+    def refuse_update(self, received: Received) -> None:
+        """Workers send partial outputs, not updates: RejectedUpdate (its element freed)."""
         if received.loan is not None:
             received.loan.release()
         raise RejectedUpdate("np mode: workers send partial outputs, not updates")
 
     # ------------------------------------------------------------ slices
 
-    def on_slice_message(
-        self, session: WorkerSession, message: PartialOutputs | SliceState
-    ) -> None:
+    def on_message(self, session: WorkerSession, message: PartialOutputs | SliceState) -> None:
+        """A slice report or a bunch's partial outputs (RejectedUpdate if wrong)."""
         if isinstance(message, SliceState):
             if not self.collecting or message.bunch != self.collect_bunch:
                 self.reports_ignored += 1  # asked for earlier, overtaken by a newer request
@@ -191,20 +235,20 @@ class SliceCoordinator(Coordinator):
             labels = self.labels[round_.frames]
             partials = [round_.partials[w] for w in sorted(round_.partials)]
             delta, loss, correct = self.master.combine(partials, labels)
-            patterns, rate = len(round_.frames), self.learning_rate
+            patterns, rate = len(round_.frames), self.epochs.rate
             self.master.step_output(delta, patterns, rate)
             # Recorded as applied once the slices that include it are reported: a
             # checkpoint's ledger then holds exactly the bunches in its element.
             frames = self.book.accept(LONE, round_.lease_id, round_.offset, patterns)
             self.unrecorded.append((bunch, frames))
-            self.version += 1
+            version = self.parts.bunch_applied()
             self.last_completed = bunch
             self.since_collect += 1
             self.stats.record_train(patterns, correct, loss)
             self.stats.record_step(len(partials), patterns, time.monotonic() - round_.sent_at)
             self.stats.record_pass()
-            event = BunchEvent(self.epoch, self.version, 1, patterns, correct, loss, rate)
-            self.hooks.call("after_bunch", event)
+            event = BunchEvent(self.epochs.epoch, version, 1, patterns, correct, loss, rate)
+            self.parts.hooks.call("after_bunch", event)
             if not self.in_flight and not self.book.waiting_chunks and not self.book.leases_out:
                 self.quiet_for = "epoch_end"  # every bunch of the epoch is done
             quiet_now = bool(self.quiet_for) and not self.in_flight
@@ -214,7 +258,7 @@ class SliceCoordinator(Coordinator):
     def _pump(self, error: NpBunch | None = None) -> None:
         """Start bunches while fewer than ``depth`` are in flight; the first carries
         ``error`` (the last completed bunch's), else it goes alone."""
-        while not self.quiet_for and not self.closed and len(self.in_flight) < self.depth:
+        while not self.quiet_for and not self.parts.closed() and len(self.in_flight) < self.depth:
             if not self.master.holders or self.epochs.waiting_for_cv:
                 break
             round_ = self._next_round()
@@ -241,7 +285,7 @@ class SliceCoordinator(Coordinator):
         return BunchRound(self.next_bunch - 1, lease_id, offset, frames, time.monotonic())
 
     def _send_all(self, message: NpBunch) -> None:
-        if self.closed:
+        if self.parts.closed():
             return
         if message.collect:  # every holder reports its slice as of the last completed bunch
             self.collecting, self.collect_bunch = True, self.last_completed
@@ -283,7 +327,7 @@ class SliceCoordinator(Coordinator):
         self.collecting = False
         self.since_collect = 0
         self.rule.assemble()  # the assembled element: /weights, CV, checkpoints
-        self.digest = weights_digest(self.rule.snapshot)
+        self.parts.assembled()
         reported = [frames for bunch, frames in self.unrecorded if bunch <= self.collect_bunch]
         for frames in reported:
             self.book.record_applied(frames)
@@ -291,16 +335,16 @@ class SliceCoordinator(Coordinator):
         if not self.quiet_for or self.in_flight:
             return  # a periodic report: training goes on
         if self.quiet_for == "epoch_end":
-            self.idle.start_epoch(())  # every holder saw every bunch: nobody sat idle
-            self._end_epoch()  # the next epoch's bunches wait for the slices
+            self.parts.idle.start_epoch(())  # every holder saw every bunch: nobody sat idle
+            self.parts.end_epoch()  # the next epoch's bunches wait for the slices
         self._reslice()
         self.quiet_for = ""
-        self.steps.offer(True)
+        self.parts.steps.offer(True)
         self._pump()
 
     def _reslice(self) -> None:
         # Before the first bunch it waits for min_workers (for a network no one board holds).
-        waiting = self.next_bunch == 0 and len(self.sessions) < self.desk.min_workers
+        waiting = self.next_bunch == 0 and len(self.sessions) < self.min_workers
         if not self.sessions or waiting:
             self.master.holders.clear()
             return
@@ -308,7 +352,11 @@ class SliceCoordinator(Coordinator):
         speeds = {w: self.speeds.get(w, mean) for w in self.sessions}
         if max(speeds.values()) < SPEED_SPREAD * min(speeds.values()):
             speeds = dict.fromkeys(speeds, 1.0)  # alike: equal slices, not measuring noise
-        for worker_id, grant in self.master.reslice(speeds).items():
+        grants = self.master.reslice(speeds, {w: self.capacity.get(w) for w in speeds})
+        if self.master.memory_short:  # the workers will refuse what they cannot hold
+            log.error("np: network %s: %s; more workers (or more memory) are needed",
+                      self.job.network.describe(), self.master.memory_short)  # fmt: skip
+        for worker_id, grant in grants.items():
             state = SliceState(grant.part.start, grant.part.stop, self.last_completed,
                                grant.weights, grant.velocity)  # fmt: skip
             self.sessions[worker_id].send(state)
@@ -317,33 +365,13 @@ class SliceCoordinator(Coordinator):
 
     # ------------------------------------------------------------ epochs, resume
 
-    def assign_evaluations(self) -> None:
-        """The server scores each epoch's assembled element on the CV frames itself (in
-        the step thread): no worker need hold the whole network, which in np mode none
-        may be able to (a board's memory)."""
-        for _, job in self.evaluations.assign([self.scorer], lambda _: 0, time.monotonic()):
-            scored = self._score(job.version, job.epoch, job.weights)
-            task = asyncio.get_running_loop().create_task(scored)
-            self.scoring.add(task)
-            task.add_done_callback(self.scoring.discard)
+    def hold(self) -> None:
+        """A roll-back (newbob) is being carried out: no bunch starts meanwhile."""
+        self.quiet_for = "reslice"
 
-    async def _score(self, version: int, epoch: int, weights: np.ndarray) -> None:
-        result = await self.referee.score(epoch, version, weights)  # in the step thread
-        if not self.closed:
-            self.on_eval_result(self.scorer, result)
-
-    def _apply_decision(self, result: Any, decision: EpochDecision) -> None:
-        """A roll-back (newbob) restores the whole network: the slices are cut anew."""
-        if decision.restore is not None:
-            self.quiet_for = "reslice"
-        super()._apply_decision(result, decision)
-        if decision.restore is not None:
-            self.master.load(self.rule.weights)
-            self.quiet_for = ""
-            self._reslice()
-            self._pump()
-
-
-def coordinator_class(mode: str) -> type[Coordinator]:
-    """The coordinator of a job's ``mode``: np mode's own, else the pattern-parallel one."""
-    return SliceCoordinator if mode == "np" else Coordinator
+    def restart(self) -> None:
+        """The roll-back is done: the slices are cut anew from the restored element."""
+        self.master.load(self.rule.weights)
+        self.quiet_for = ""
+        self._reslice()
+        self._pump()

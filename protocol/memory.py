@@ -1,0 +1,112 @@
+"""What a worker's memory must hold for a network, and how a worker states its memory.
+
+An emulated Spert board (client/spert/board.py) holds a network only if its weights (two
+32-bit copies: the loaded one and the updated one), the pattern chunk, a bunch's
+activations, deltas and accumulators and the lookup tables fit its 8 MB (``MemoryPlan``).
+In np mode (docs/network-parallel.md) a board holds a slice of the hidden units, so the
+server must know how many units each board can take before it cuts the hidden layer: a
+worker with bounded memory states it in its ``Hello`` capabilities as
+``memory:BYTES:CHUNK:FIXED`` (``WorkerMemory``: its memory, the patterns a forward chunk
+holds, the bytes of its tables), and the server applies the same plan the board checks.
+A worker that states nothing is taken to hold any slice. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from .network import NetworkSpec
+from .slices import slice_network
+
+WORD16 = 2
+WORD32 = 4
+MEMORY_CAPABILITY = "memory"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of a board's memory each part of a network needs."""
+
+    weights: int
+    patterns: int
+    work: int
+    tables: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.patterns + self.work + self.tables
+
+    @classmethod
+    def for_network(cls, spec: NetworkSpec, bunch: int, chunk: int, tables: int) -> MemoryPlan:
+        """The plan of ``spec`` trained in bunches of ``bunch``, forward passes in chunks
+        of ``chunk`` patterns, with ``tables`` bytes of lookup tables."""
+        units = sum(spec.sizes[1:])
+        rows = max(bunch, chunk)
+        return cls(
+            weights=2 * WORD32 * spec.connections,  # loaded copy and updated copy
+            patterns=rows * (spec.input_size + 1) * WORD16,  # inputs and a target each
+            # activations and deltas (16-bit) and one layer of 32-bit accumulators
+            work=bunch * (2 * units * WORD16 + max(spec.sizes) * WORD32)
+            + chunk * spec.output_size * WORD16,
+            tables=tables,
+        )
+
+    def describe(self) -> str:
+        mb = 1 << 20
+        return (
+            f"{self.total / mb:.2f} MB (weights {self.weights / mb:.2f}, patterns "
+            f"{self.patterns / mb:.2f}, work {self.work / mb:.2f}, tables {self.tables / mb:.2f})"
+        )
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """A worker's stated memory: ``total`` bytes, forward chunks of ``chunk`` patterns and
+    ``fixed`` bytes of tables (what ``MemoryPlan`` needs besides the network)."""
+
+    total: int
+    chunk: int
+    fixed: int
+
+    def capability(self) -> str:
+        """As a ``Hello`` capability."""
+        return f"{MEMORY_CAPABILITY}:{self.total}:{self.chunk}:{self.fixed}"
+
+    def plan(self, spec: NetworkSpec, bunch: int) -> MemoryPlan:
+        return MemoryPlan.for_network(spec, bunch, self.chunk, self.fixed)
+
+    def units_held(self, spec: NetworkSpec, bunch: int) -> int:
+        """The most hidden units of ``spec`` (one hidden layer) a slice on this worker may
+        have with bunches of ``bunch`` (0: not even one). The plan grows with the units,
+        so a bisection finds it."""
+        low, high = 0, spec.sizes[1]  # low fits (or is 0), high + 1 does not (or is past)
+        if self.plan(slice_network(spec, high), bunch).total <= self.total:
+            return high
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.plan(slice_network(spec, middle), bunch).total <= self.total:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+
+def stated_memory(capabilities: Iterable[str]) -> WorkerMemory | None:
+    """The memory a worker states among its ``Hello`` capabilities (None: unbounded);
+    ConfigError for a malformed statement."""
+    for capability in capabilities:
+        name, _, rest = capability.partition(":")
+        if name != MEMORY_CAPABILITY:
+            continue
+        parts = rest.split(":")
+        if len(parts) != 3 or not all(p.isdigit() and len(p) <= 15 for p in parts):
+            raise ConfigError(
+                f"memory capability {capability[:80]!r} is not memory:BYTES:CHUNK:FIXED"
+            )
+        total, chunk, fixed = (int(p) for p in parts)
+        if chunk == 0:
+            raise ConfigError(f"memory capability {capability[:80]!r}: a chunk of 0 patterns")
+        return WorkerMemory(total, chunk, fixed)
+    return None

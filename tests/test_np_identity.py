@@ -1,0 +1,58 @@
+"""A checkpoint written before a job setting existed still resumes when the setting is
+left at its default (np mode's ``np_pipeline`` was added after checkpoints were), and
+is refused when it is not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
+from snet.server.checkpoint import LoadedCheckpoint
+from snet.server.durability import job_identity, resume_point
+
+
+class OneCheckpoint:
+    """A checkpoint store holding one checkpoint, of ``state``."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.loaded = LoadedCheckpoint(Path("ckpt-000001.snet"), state)
+
+    def remove_leftovers(self) -> None:
+        pass
+
+    def newest(self) -> LoadedCheckpoint:
+        return self.loaded
+
+
+def _resume(saved_job: dict[str, Any], job: JobSpec) -> LoadedCheckpoint | None:
+    store = OneCheckpoint({"job": saved_job, "data": "fsdd"})
+    config = SimpleNamespace(fresh=False)
+    return resume_point(config, store, job_identity(job.to_dict(), "fsdd"))  # type: ignore[arg-type]
+
+
+def _written_before_np_pipeline(job: JobSpec) -> dict[str, Any]:
+    saved = job_identity(job.to_dict(), "fsdd")["job"]
+    del saved["np_pipeline"]
+    return saved
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_at_its_default() -> None:
+    job = JobSpec(mode="np", epochs=3)
+    assert _resume(_written_before_np_pipeline(job), job) is not None
+    saved_now = job_identity(job.to_dict(), "fsdd")["job"]  # written with the setting
+    assert _resume(saved_now, job) is not None
+
+
+def test_a_checkpoint_from_before_a_setting_is_not_of_a_job_that_changes_it() -> None:
+    job = JobSpec(mode="np", epochs=3)
+    with pytest.raises(ConfigError, match=r"checkpoint of another job \(np_pipeline differ"):
+        _resume(_written_before_np_pipeline(job), job.with_changes(np_pipeline=True))
+    with pytest.raises(ConfigError, match=r"another job \(epochs differ"):
+        _resume(_written_before_np_pipeline(job), job.with_changes(epochs=4))
+    with pytest.raises(ConfigError, match="another job"):
+        _resume({}, job)  # a saved job that says nothing is no match
