@@ -165,7 +165,8 @@ def run(spec: NetworkSpec, bunch: int, workers: list[int], seconds: float, repea
                 print(f"np_vs_pp: run {attempt + 1}/{repeats} {strategy} P={count} "
                       f"{net.describe()}: {row['mcups']:.0f} MCUPS (load {row['load']:.1f})",
                       file=sys.stderr, flush=True)  # fmt: skip
-    rows, sweep = [], []
+    rows: list[dict[str, Any]] = []
+    sweep: list[dict[str, Any]] = []
     for (strategy, count, described), found in runs.items():
         net = NetworkSpec.parse(described)
         median = {

@@ -133,6 +133,9 @@ class StepPolicy:
     # whether an update may be applied on a newer version than its base (what a
     # staleness policy acts on); sync rounds and np's slices never are
     stale_updates = True
+    # whether the workers hold whole weights to score CV with (np's hold slices: the
+    # server scores)
+    workers_score_cv = True
 
     def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
         self.updates_per_step = updates_per_step
@@ -220,6 +223,7 @@ class SliceSteps(StepPolicy):
     name = "np"
     late_action: LateAction = "drop"  # every bunch waits for every holder
     stale_updates = False
+    workers_score_cv = False
 
     def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
         super().__init__(updates_per_step, combination or SliceAssembly())

@@ -9,8 +9,7 @@ its ``Combination``: how they combine, the rule); ``StepQueue`` (stepqueue.py) a
 (epochs.py, epochs, rates, roll-back); ``Evaluations`` and ``CvScoring`` (who scores each
 epoch's weights on the CV frames, cv_scoring.py); ``ProgressWatch`` (progress.py,
 delivery deadlines); ``StalenessControl`` (staleness.py); ``TrainingStats`` (stats.py)
-and the hooks. In np mode, ``SliceRounds`` (slice_rounds.py) runs the bunches through
-the workers' slices where the other modes lease frames and step updates.
+and the hooks. ``SliceRounds`` (slice_rounds.py) runs np's bunches through the slices.
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
 of ``version`` and exactly the ledger they include (server/resume.py, durability.py).
@@ -108,8 +107,9 @@ class Coordinator:
         self.stats = TrainingStats(job.epochs)
         self.sessions: dict[int, WorkerSession] = {}
         self.scoring = CvScoring(self.evaluations, CvReferee(job, plan, executor), self.inline,
-                                 plan, self.sessions, self.book.remaining_frames, job.mode == "np",
-                                 self._accept_cv, self._fail, lambda: self.closed)  # fmt: skip
+                                 plan, self.sessions, self.book.remaining_frames,
+                                 not self.policy.workers_score_cv, self._accept_cv,
+                                 self._fail, lambda: self.closed)  # fmt: skip
         self.departed = Departures()
         self.version = 0
         self.digest = weights_digest(self.rule.snapshot)  # of the weights of ``version``

@@ -118,6 +118,9 @@ def test_make_step_policy_names_the_modes() -> None:
     loose = make_step_policy(JobSpec(mode="bmuf", block_sync=False))
     assert isinstance(loose, AsyncSteps) and loose.updates_per_step == 1  # each block alone
     assert type(policy.combination) is Combination
+    # np's workers hold slices, not weights to score: the server scores its CV
+    assert not make_step_policy(JobSpec(mode="np")).workers_score_cv
+    assert policy.workers_score_cv and blocks.workers_score_cv
 
 
 def test_bmuf_leases_whole_blocks_to_several_workers() -> None:
