@@ -134,7 +134,10 @@ async def _start_workers(
     args: argparse.Namespace, address: str
 ) -> list[asyncio.subprocess.Process]:
     """The demo's worker processes (numpy workers, then emulated boards) for ``address``."""
-    commands = [["worker", "--name", f"demo-worker-{i + 1}"] for i in range(args.workers)]
+    # One command forks the numpy workers once it has loaded their code (cli/worker_group.py):
+    # N commands would each import and load the compiled step, on the same cores, at once.
+    commands = [["worker", "--name", "demo-worker", "--processes", str(args.workers)]]
+    commands = commands if args.workers else []
     commands += [
         ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
         for i in range(args.spert)

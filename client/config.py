@@ -25,6 +25,13 @@ class WorkerConfig:
         default="", metadata={"help": "the server's shared secret (also SNET_TOKEN)"}
     )
     threads: int = field(default=1, metadata={"help": "BLAS threads for this worker's compute"})
+    processes: int = field(
+        default=1,
+        metadata={
+            "help": "worker processes to run on this machine, forked from one that has loaded "
+            "the code once (names NAME-1..N; one per core is the rule)"
+        },
+    )
     backend: str = field(
         default="auto",
         metadata={
@@ -109,6 +116,8 @@ class WorkerConfig:
         self.address()  # validates
         if self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if self.processes < 1:
+            raise ConfigError(f"processes must be >= 1, got {self.processes}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")
         if self.progress_seconds < 0:
