@@ -50,6 +50,14 @@ class WorkerConfig:
         default="none",
         metadata={"help": "receive weights as none (float32), fp16, or delta:CODEC"},
     )
+    inline_seconds: float = field(
+        default=0.002,
+        metadata={
+            "help": "compute bunches that take less than this (a running mean) on the event "
+            "loop's thread, sparing two thread switches per bunch (0: always on the compute "
+            "thread)"
+        },
+    )
     heartbeat_seconds: float = field(
         default=5.0, metadata={"help": "send a heartbeat when quiet this long"}
     )
@@ -118,6 +126,8 @@ class WorkerConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.processes < 1:
             raise ConfigError(f"processes must be >= 1, got {self.processes}")
+        if self.inline_seconds < 0:
+            raise ConfigError(f"inline_seconds must be >= 0, got {self.inline_seconds:g}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")
         if self.progress_seconds < 0:

@@ -64,7 +64,7 @@ from .policies import ComputePolicy, ComputeState, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
 from .slice_work import SliceWork
-from .update_timing import UpdateTiming, timed
+from .update_timing import InlineChoice, UpdateTiming, timed
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
@@ -327,6 +327,7 @@ class Worker:
         per_update = policy.frames_per_update(self.job)
         last_base = -1
         scratch = box.layout.allocate()
+        inline = InlineChoice(self.config.inline_seconds)
         self._slices = policy.slice_work(self.job, self.corpus, self.backend)
         while True:
             self._wake.clear()
@@ -361,13 +362,18 @@ class Worker:
             started = time.perf_counter()
             if self.compressor is None:
                 gradient = await connection.send_buffers.acquire()
-                computed, cpu = await loop.run_in_executor(
-                    self.executor, timed, compute, weights.flat, frames, gradient, rate
-                )
+                on_loop = inline.chosen
+                if on_loop:
+                    computed, cpu = timed(compute, weights.flat, frames, gradient, rate)
+                else:
+                    computed, cpu = await loop.run_in_executor(
+                        self.executor, timed, compute, weights.flat, frames, gradient, rate
+                    )
                 loss, correct, count = computed
                 connection.send_buffers.mark_in_flight(gradient)
                 encoded = None
             else:  # the encoded parts are new arrays: one scratch gradient buffer will do
+                on_loop = False
                 key = (lease.lease_id, offset)
                 encoded_update, cpu = await loop.run_in_executor(
                     self.executor, timed, self.compressor.computed, compute, weights.flat,
@@ -376,6 +382,7 @@ class Worker:
                 loss, correct, count, encoded = encoded_update
                 gradient = np.zeros(0, dtype=np.float32)
             seconds = time.perf_counter() - started
+            inline.measured(seconds)
             connection.send(Update(weights.version, lease.lease_id, offset, count, loss, correct,
                                    seconds, gradient, encoded=encoded))  # fmt: skip
             self.updates_sent += 1
@@ -383,7 +390,7 @@ class Worker:
             self.progress.update_sent(lease.lease_id, offset, count, weights.version,
                                       box.newest_version, seconds)  # fmt: skip
             if self.timing is not None:
-                self.timing.computed(cpu)
+                self.timing.computed(cpu, on_loop)
                 self.timing.sent(self._sent_this_session)
             self.reports.update_sent(connection, self._sent_this_session, self.updates_sent)
             last_base = weights.version
