@@ -33,7 +33,6 @@ from snet.client.config import WorkerConfig
 if TYPE_CHECKING:
     from snet.client.backend import ComputeBackend
 
-log = logging.getLogger("snet.worker")
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 

@@ -360,20 +360,18 @@ class Worker:
             lease, offset, frames = self._work.next_bunch(per_update)
             rate = lease.learning_rate or weights.learning_rate  # bmuf: the lease's epoch
             started = time.perf_counter()
+            on_loop = self.compressor is None and inline.chosen  # see InlineChoice
             if self.compressor is None:
                 gradient = await connection.send_buffers.acquire()
-                on_loop = inline.chosen
+                call = (compute, weights.flat, frames, gradient, rate)
                 if on_loop:
-                    computed, cpu = timed(compute, weights.flat, frames, gradient, rate)
+                    computed, cpu = timed(*call)
                 else:
-                    computed, cpu = await loop.run_in_executor(
-                        self.executor, timed, compute, weights.flat, frames, gradient, rate
-                    )
+                    computed, cpu = await loop.run_in_executor(self.executor, timed, *call)
                 loss, correct, count = computed
                 connection.send_buffers.mark_in_flight(gradient)
                 encoded = None
             else:  # the encoded parts are new arrays: one scratch gradient buffer will do
-                on_loop = False
                 key = (lease.lease_id, offset)
                 encoded_update, cpu = await loop.run_in_executor(
                     self.executor, timed, self.compressor.computed, compute, weights.flat,
