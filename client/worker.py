@@ -1,13 +1,12 @@
 """``Worker``: joins a server, learns the job, trains on leased frames, sends updates.
 
-Two activities run at once, as in SNet v2: the connection (the receiving task, on the
-event loop) files incoming weights, leases and requests; the compute loop runs each
-bunch's numpy work in a thread. At each bunch boundary the compute loop takes the newest
-weights. In async mode it never waits for weights after sending an update; in sync mode
-it waits for the version after the one its update was computed on.
-
-The data: ``DataInfo`` follows ``Welcome``; a worker that cannot read the data says
-``FramesWanted`` and trains on frames the server sends (``client/data.py``, ``work.py``).
+As in SNet v2, the connection (the receiving task, on the event loop) files incoming
+weights, leases and requests while the compute loop runs each bunch in a thread (bunches
+under ``inline_seconds`` on the loop itself, ``InlineChoice``) and takes the newest weights
+at each bunch boundary: in async mode it never waits for weights after sending an update,
+in sync mode it waits for the version after the one its update was computed on.
+``DataInfo`` follows ``Welcome``; a worker that cannot read the data says ``FramesWanted``
+and trains on frames the server sends (``client/data.py``, ``work.py``).
 """
 
 from __future__ import annotations
@@ -379,8 +378,7 @@ class Worker:
                 )  # fmt: skip
                 loss, correct, count, encoded = encoded_update
                 gradient = np.zeros(0, dtype=np.float32)
-            seconds = time.perf_counter() - started
-            inline.measured(seconds)
+            inline.measured(seconds := time.perf_counter() - started)
             connection.send(Update(weights.version, lease.lease_id, offset, count, loss, correct,
                                    seconds, gradient, encoded=encoded))  # fmt: skip
             self.updates_sent += 1
@@ -393,6 +391,8 @@ class Worker:
             self.reports.update_sent(connection, self._sent_this_session, self.updates_sent)
             last_base = weights.version
             self._work.advance(count)
+            if on_loop:  # let the loop read what came meanwhile: the next bunch takes the newest
+                await asyncio.sleep(0)
 
     def _evaluate(self, request: Evaluate) -> EvalResult:
         weights = np.ascontiguousarray(request.element, dtype=np.float32)
