@@ -112,8 +112,6 @@ class Worker:
         )
         self._slices: SliceWork | None = None  # np mode's slices and bunches (slice_work.py)
 
-    # ------------------------------------------------------------ lifecycle
-
     async def run(self) -> int:
         """Train until the server says the job is done; reconnect whenever it is lost.
 
@@ -121,8 +119,7 @@ class Worker:
         ``retry_seconds``, or this worker was stopped by SIGTERM/SIGINT; 3 the server
         unreachable for ``retry_seconds`` (never reached, or lost without a goodbye); 4
         (``EXIT_REFUSED``) refused by the server (token, protocol version, a job it cannot
-        run): retrying cannot help, so service managers are told not to (1 stays what
-        Python exits with on an unforeseen error, which a restart may cure).
+        run), which a restart cannot cure (1: an unforeseen error, which one may).
         """
         self._task = asyncio.current_task()
         tls = self.config.tls_ca
@@ -335,6 +332,8 @@ class Worker:
                 return
             if self._lost:
                 raise ConnectionLost("connection lost")
+            if self._stop_reason is not None:  # asked to stop, and the cancel was lost: 3.11's
+                raise asyncio.CancelledError  # wait_for can swallow one that races its result
             assert self.corpus is not None
             request = self._work.evaluation(self.corpus)
             if request is not None:
