@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,15 +38,18 @@ from snet.cli.runtime import blas_thread_env
 
 from .netns import SlowNetwork
 from .nsrun import train as train_in_namespaces
+from .tree_cpu import tree_cpu_seconds
 
 EPOCH_LINE = re.compile(r"^epoch\s+(\d+)\b.*CV\s+([0-9.]+)%")
 
 
 def timed_epochs(
-    args: list[str], env: dict[str, str] | None = None
+    args: list[str], env: dict[str, str] | None = None, cpu: list[float] | None = None
 ) -> tuple[list[tuple[float, float]], str]:
     """Run ``snet ARGS`` with one BLAS thread (and ``env`` on top); (seconds from launch,
-    CV) of each epoch line as it is printed, and the whole output."""
+    CV) of each epoch line as it is printed, and the whole output. ``cpu``, if given,
+    gets the CPU seconds of the command's processes up to each epoch line
+    (bench/tree_cpu.py), and their total at the end as its last entry."""
     launched = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "snet.cli", *args],
@@ -60,8 +64,15 @@ def timed_epochs(
         lines.append(line)
         if match := EPOCH_LINE.match(line):
             epochs.append((time.monotonic() - launched, float(match.group(2)) / 100))
+            if cpu is not None:
+                cpu.append(tree_cpu_seconds(process.pid) or 0.0)
+    if cpu is not None:  # the command's whole CPU: its processes have all been reaped
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
     if process.wait() != 0:
         raise RuntimeError(f"snet {' '.join(args)} failed:\n{''.join(lines)[-2000:]}")
+    if cpu is not None:
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return epochs, "".join(lines)
 
 

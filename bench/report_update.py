@@ -84,13 +84,24 @@ def accuracy_section(result: dict[str, Any], rerun: str) -> list[str]:
         f"{result.get('train_first_epoch_s')} s to its first epoch's end (medians). On a "
         "machine that other people's work keeps busy, 3 processes get a larger share of "
         "the cores than 1, which flatters the demo. Rows `baseline:MODE` are the demo of "
-        "an earlier checkout (`--baseline`), run in the same rotation.",
+        "an earlier checkout (`--baseline`), run in the same rotation. The CPU columns are "
+        "the CPU seconds of all the command's processes (bench/tree_cpu.py), which the "
+        "load swings much less: to the first epoch's end, to the target and for the whole "
+        "run; `2-core bound` is `snet train`'s CPU to the target over half the demo's, the "
+        "most two idle cores could give the demo if it kept both busy (`snet train` "
+        f"needed {result.get('train_cpu_first_epoch_s')}, "
+        f"{result.get('train_cpu_to_target_s')} and {result.get('train_cpu_whole_run_s')} "
+        "CPU seconds).",
         "",
-        "| mode | seconds to target | train / demo (speed) | first epoch demo / train | reached |",
-        "|---|---|---|---|---|",
+        "| mode | seconds to target | train / demo (speed) | first epoch demo / train "
+        "| reached | epochs to target | CPU s: first epoch | CPU s: to target "
+        "| CPU s: whole run | 2-core bound |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    keys = ("to_target_s", "speed_ratio", "first_epoch_ratio", "reached", "epochs_to_target",
+            "cpu_first_epoch_s", "cpu_to_target_s", "cpu_whole_run_s",
+            "cpu_bound_speed_ratio")  # fmt: skip
     for mode, row in (result.get("modes") or {}).items():
-        cells = [mode, row.get("to_target_s"), row.get("speed_ratio"),
-                 row.get("first_epoch_ratio"), row.get("reached")]  # fmt: skip
+        cells = [mode, *(row.get(key) for key in keys)]
         lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     return [*lines, ""]

@@ -37,7 +37,9 @@ TARGET_CV = 0.90  # every mode reaches it within the default job's 10 epochs
 MODES = ("sync", "async", "bmuf")
 
 
-def _run(which: str, workdir: Path, baseline: Path | None) -> list[tuple[float, float]]:
+def _run(
+    which: str, workdir: Path, baseline: Path | None
+) -> tuple[list[tuple[float, float]], list[float]]:
     """``which``: train, a mode, or baseline:MODE (the demo of the ``baseline`` code)."""
     out = tempfile.mkdtemp(prefix=f"{which.replace(':', '-')}-", dir=workdir)
     env = None
@@ -50,8 +52,9 @@ def _run(which: str, workdir: Path, baseline: Path | None) -> list[tuple[float, 
     else:
         mode = which.split(":")[-1]
         args = ["demo", "--workers", "2", "--mode", mode, "--out-dir", out]
-    epochs, _ = timed_epochs(args, env)
-    return epochs
+    cpu: list[float] = []
+    epochs, _ = timed_epochs(args, env, cpu)
+    return epochs, cpu
 
 
 def _median(values: list[float]) -> float | None:
@@ -74,11 +77,16 @@ def run_accuracy_bench(
             order = names[repeat % len(names) :] + names[: repeat % len(names)]
             run: dict[str, Any] = {}
             for which in order:
-                epochs = _run(which, Path(tmp), baseline)
+                epochs, cpu = _run(which, Path(tmp), baseline)
+                hit = next((i for i, (_, cv) in enumerate(epochs) if cv >= target - 1e-9), None)
                 run[which] = {
                     "first_epoch_s": round(epochs[0][0], 3) if epochs else None,
                     "to_target_s": first_at(epochs, target),
                     "final_cv": epochs[-1][1] if epochs else None,
+                    "epochs_to_target": None if hit is None else hit + 1,
+                    "cpu_first_epoch_s": round(cpu[0], 3) if epochs else None,
+                    "cpu_to_target_s": None if hit is None else round(cpu[hit], 3),
+                    "cpu_whole_run_s": round(cpu[-1], 3),
                 }
             runs.append(run)
             print(f"  time to accuracy, repeat {repeat + 1}/{repeats}: {run}", flush=True)
@@ -86,6 +94,8 @@ def run_accuracy_bench(
     train = [r["train"] for r in runs]
     result["train_to_target_s"] = _median([t["to_target_s"] for t in train if t["to_target_s"]])
     result["train_first_epoch_s"] = _median([t["first_epoch_s"] for t in train])
+    for key in ("cpu_first_epoch_s", "cpu_to_target_s", "cpu_whole_run_s"):
+        result[f"train_{key}"] = _median([t[key] for t in train if t[key]])
     result["modes"] = {}
     for mode in modes:
         speed = [
@@ -99,11 +109,26 @@ def run_accuracy_bench(
             if r[mode]["first_epoch_s"] and r["train"]["first_epoch_s"]
         ]
         reached = [r[mode]["to_target_s"] for r in runs if r[mode]["to_target_s"]]
+        # What 2 idle cores would allow at most: train's CPU over half the demo's.
+        bound = [
+            r["train"]["cpu_to_target_s"] / (r[mode]["cpu_to_target_s"] / 2)
+            for r in runs
+            if r["train"]["cpu_to_target_s"] and r[mode]["cpu_to_target_s"]
+        ]
         result["modes"][mode] = {
             "to_target_s": _median(reached),
             "speed_ratio": _median(speed),
             "first_epoch_ratio": _median(first),
             "reached": f"{len(speed)}/{len(runs)}",
+            "epochs_to_target": _median(
+                [r[mode]["epochs_to_target"] for r in runs if r[mode]["epochs_to_target"]]
+            ),
+            "cpu_first_epoch_s": _median([r[mode]["cpu_first_epoch_s"] for r in runs]),
+            "cpu_to_target_s": _median(
+                [r[mode]["cpu_to_target_s"] for r in runs if r[mode]["cpu_to_target_s"]]
+            ),
+            "cpu_whole_run_s": _median([r[mode]["cpu_whole_run_s"] for r in runs]),
+            "cpu_bound_speed_ratio": _median(bound),
         }
     return result
 

@@ -11,8 +11,9 @@ updates applied in that window, and divided:
   worker) and its other threads (the step thread: the plausibility checks, the step, the
   weights' digest; the checkpoint writer);
 - each worker's event loop per update (encoding and sending the update, receiving the
-  weights and taking them over, leases, reports) and its compute thread (the bunch's
-  arithmetic, which is what all of this is for);
+  weights and taking them over, leases, reports) and its compute (the bunch's
+  arithmetic, which is what all of this is for: the workers' own figure, since bunches
+  under ``inline_seconds`` are computed on the event loop's thread);
 - the latency from a worker's send to the first bunch it starts on weights that include
   that update (the median of the workers' own ``per_update`` figures:
   client/update_timing.py, switched on with ``SNET_WORKER_REPORT_TIMING``).
@@ -114,6 +115,12 @@ def measure(
     loop = sum(w1[0] - w0[0] for w0, w1 in zip(workers0, workers1, strict=True))
     compute = sum(w1[1] - w0[1] for w0, w1 in zip(workers0, workers1, strict=True))
     reports = [w.get("report", {}).get("per_update", {}) for w in last["status"]["workers"]]
+    computes = [r["compute_cpu_ms"] for r in reports if r.get("compute_cpu_ms") is not None]
+    if computes:  # small bunches run on the event loop's thread: the workers' own split
+        compute_ms = statistics.mean(computes)
+        loop_ms = 1e3 * (loop + compute) / sent - compute_ms
+    else:
+        compute_ms, loop_ms = 1e3 * compute / sent, 1e3 * loop / sent
     latencies = [r["latency_ms"] for r in reports if r.get("latency_ms") is not None]
     row = {
         "element": label,
@@ -123,8 +130,8 @@ def measure(
         "updates_per_s": round(applied / (last["time"] - first["time"]), 1),
         "server_loop_ms": round(1e3 * (s_main1 - s_main0) / applied, 3),
         "server_step_ms": round(1e3 * (s_other1 - s_other0) / applied, 3),
-        "worker_loop_ms": round(1e3 * loop / sent, 3),
-        "worker_compute_ms": round(1e3 * compute / sent, 3),
+        "worker_loop_ms": round(loop_ms, 3),
+        "worker_compute_ms": round(compute_ms, 3),
         "latency_ms": round(statistics.median(latencies), 3) if latencies else None,
     }
     overhead = row["server_loop_ms"] + row["server_step_ms"] + row["worker_loop_ms"]

@@ -67,9 +67,11 @@ def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfi
 
 def run_worker(args: argparse.Namespace) -> int:
     """Exit status: see ``Worker.run`` (0 done or stopped, 3 unreachable, 4 refused)."""
+    from .worker_group import run_worker_group
+
     config = worker_config(args, read_toml(getattr(args, "config", None)))
     setup_logging(config.log_level, config.log_format)
-    return run_worker_process(config)
+    return run_worker_group(config)
 
 
 def run_worker_process(config: WorkerConfig, backend: ComputeBackend | None = None) -> int:

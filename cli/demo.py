@@ -33,22 +33,29 @@ WORKER_EXIT_SECONDS = 30.0
 BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
 
-async def _progress(server: SnetServer, started: float, bar: ProgressBar) -> None:
+def _print_epochs(server: SnetServer, started: float, bar: ProgressBar, printed: set[int]) -> None:
+    """Print each epoch not in ``printed`` whose cross-validation result is in."""
+    epochs = server.coordinator.job.epochs
+    for record in server.coordinator.stats.epochs:
+        row = record.as_dict()
+        if row["cv_accuracy"] is None or record.epoch in printed:
+            continue
+        printed.add(record.epoch)
+        bar.print(
+            f"epoch {shown_epoch(record.epoch):>2}/{epochs}  "
+            f"lr {row['learning_rate']:<7g} train {100 * (row['train_accuracy'] or 0):6.2f}%  "
+            f"CV {100 * row['cv_accuracy']:6.2f}%  ({time.monotonic() - started:5.1f} s)"
+        )
+
+
+async def _progress(
+    server: SnetServer, started: float, bar: ProgressBar, printed: set[int]
+) -> None:
     """Print each epoch once its cross-validation result is in; on a terminal, a bar."""
-    printed: set[int] = set()
     epochs = server.coordinator.job.epochs
     drawn = 0.0
     while True:
-        for record in server.coordinator.stats.epochs:
-            row = record.as_dict()
-            if row["cv_accuracy"] is None or record.epoch in printed:
-                continue
-            printed.add(record.epoch)
-            bar.print(
-                f"epoch {shown_epoch(record.epoch):>2}/{epochs}  "
-                f"lr {row['learning_rate']:<7g} train {100 * (row['train_accuracy'] or 0):6.2f}%  "
-                f"CV {100 * row['cv_accuracy']:6.2f}%  ({time.monotonic() - started:5.1f} s)"
-            )
+        _print_epochs(server, started, bar, printed)
         now = time.monotonic()
         if bar.enabled and now - drawn >= BAR_SECONDS:
             drawn = now
@@ -108,14 +115,15 @@ async def _demo(args: argparse.Namespace) -> int:
         flush=True,
     )
     bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
-    progress = asyncio.get_running_loop().create_task(_progress(server, started, bar))
+    printed: set[int] = set()
+    progress = asyncio.get_running_loop().create_task(_progress(server, started, bar, printed))
     try:
         reason = await server.run_until_stopped()
     finally:
-        await asyncio.sleep(0.3)
         progress.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await progress
+        _print_epochs(server, started, bar, printed)  # the last epochs, at once
         bar.clear()
         # Stopped early, the workers would wait for the server to come back.
         await _stop_workers(workers, terminate=not server.coordinator.finished.is_set())
@@ -134,7 +142,10 @@ async def _start_workers(
     args: argparse.Namespace, address: str
 ) -> list[asyncio.subprocess.Process]:
     """The demo's worker processes (numpy workers, then emulated boards) for ``address``."""
-    commands = [["worker", "--name", f"demo-worker-{i + 1}"] for i in range(args.workers)]
+    # One command forks the numpy workers once it has loaded their code (cli/worker_group.py):
+    # N commands would each import and load the compiled step, on the same cores, at once.
+    commands = [["worker", "--name", "demo-worker", "--processes", str(args.workers)]]
+    commands = commands if args.workers else []
     commands += [
         ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
         for i in range(args.spert)

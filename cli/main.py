@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     spert = commands.add_parser(
         "spert", help="attach an emulated Spert-II board as a worker (backend spert)"
     )
-    add_field_flags(spert, WorkerConfig, "SNET_WORKER_", skip=("backend",))
+    add_field_flags(spert, WorkerConfig, "SNET_WORKER_", skip=("backend", "processes"))
     add_config_flag(spert, "[worker] and [spert] tables")
     board = spert.add_argument_group("board (also [spert] in the TOML file)")
     add_field_flags(board, BoardConfig, "SNET_SPERT_")

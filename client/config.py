@@ -27,6 +27,13 @@ class WorkerConfig:
         default="", metadata={"help": "the server's shared secret (also SNET_TOKEN)"}
     )
     threads: int = field(default=1, metadata={"help": "BLAS threads for this worker's compute"})
+    processes: int = field(
+        default=1,
+        metadata={
+            "help": "worker processes to run on this machine, forked from one that has loaded "
+            "the code once (names NAME-1..N; one per core is the rule)"
+        },
+    )
     backend: str = field(
         default="auto",
         metadata={
@@ -44,6 +51,14 @@ class WorkerConfig:
     weights_codec: str = field(
         default="none",
         metadata={"help": "receive weights as none (float32), fp16, or delta:CODEC"},
+    )
+    inline_seconds: float = field(
+        default=0.002,
+        metadata={
+            "help": "compute bunches that take less than this (a running mean) on the event "
+            "loop's thread, sparing two thread switches per bunch (0: always on the compute "
+            "thread)"
+        },
     )
     heartbeat_seconds: float = field(
         default=5.0, metadata={"help": "send a heartbeat when quiet this long"}
@@ -116,6 +131,10 @@ class WorkerConfig:
         self.address()  # validates
         if self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if self.processes < 1:
+            raise ConfigError(f"processes must be >= 1, got {self.processes}")
+        if self.inline_seconds < 0:
+            raise ConfigError(f"inline_seconds must be >= 0, got {self.inline_seconds:g}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")
         if self.progress_seconds < 0:

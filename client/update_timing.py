@@ -4,7 +4,8 @@ Three figures per update, beside each other so that the cost of crossing the wir
 read against the bunch's own arithmetic:
 
 - the compute thread's CPU time for the update (its own clock: time spent waiting for a
-  core on a shared machine is left out);
+  core on a shared machine is left out; small bunches are computed on the event loop's
+  thread instead, ``InlineChoice``, and counted here, not in the loop's figure);
 - the event loop's CPU time per update: encoding and sending the update, receiving the
   weights and taking them over, leases, reports (everything but the arithmetic);
 - the latency from sending an update to the start of the first bunch computed on weights
@@ -37,14 +38,18 @@ class UpdateTiming:
         self.compute_cpu = 0.0  # seconds, summed over updates
         self._loop_cpu_at_first: float | None = None  # event loop's thread_time then
         self._loop_cpu_updates = 0  # updates sent since then
+        self._loop_compute_cpu = 0.0  # bunches computed on the event loop's thread since
         self._waiting: deque[tuple[int, float]] = deque()  # (number in session, sent at)
         self._recent: deque[float] = deque(maxlen=RECENT)
         self.latency_count = 0
         self.latency_sum = 0.0
 
-    def computed(self, cpu_seconds: float) -> None:
-        """The compute thread spent ``cpu_seconds`` on the update about to be sent."""
+    def computed(self, cpu_seconds: float, on_loop: bool = False) -> None:
+        """The compute thread (``on_loop``: the event loop's, see ``InlineChoice``) spent
+        ``cpu_seconds`` on the update about to be sent."""
         self.compute_cpu += cpu_seconds
+        if on_loop and self._loop_cpu_at_first is not None:
+            self._loop_compute_cpu += cpu_seconds  # arithmetic, not the loop's own work
 
     def sent(self, number: int) -> None:
         """The ``number``-th update of this connection was handed to the socket (called
@@ -83,7 +88,7 @@ class UpdateTiming:
             "compute_cpu_ms": round(1e3 * self.compute_cpu / self.updates, 4),
         }
         if self._loop_cpu_at_first is not None and self._loop_cpu_updates:
-            loop_cpu = time.thread_time() - self._loop_cpu_at_first
+            loop_cpu = time.thread_time() - self._loop_cpu_at_first - self._loop_compute_cpu
             figures["loop_cpu_ms"] = round(1e3 * loop_cpu / self._loop_cpu_updates, 4)
         if self._recent:
             figures["latency_ms"] = round(1e3 * statistics.median(self._recent), 3)
@@ -96,3 +101,25 @@ def timed(function: Callable[..., T], *args: Any) -> tuple[T, float]:
     started = time.thread_time()
     result = function(*args)
     return result, time.thread_time() - started
+
+
+class InlineChoice:
+    """Whether the worker computes its bunches on the event loop's thread.
+
+    Handing a bunch to the compute thread and its result back costs two thread switches
+    and a wake-up of the event loop (tens of microseconds of CPU, more on a busy machine)
+    and buys the overlap of receiving with computing. For a bunch of 64 patterns of the
+    default job (0.15 ms) the switching costs as much as the bunch, and what arrives
+    meanwhile is used only at the next bunch anyway; so while bunches take under
+    ``limit_seconds`` (a running mean; the worker's ``inline_seconds``, 0: never) they are
+    computed inline, and the event loop waits at most about that long."""
+
+    def __init__(self, limit_seconds: float) -> None:
+        self.limit_seconds = limit_seconds
+        self.chosen = False  # the first bunches go to the compute thread, and are timed
+        self._mean: float | None = None
+
+    def measured(self, seconds: float) -> None:
+        mean = seconds if self._mean is None else 0.8 * self._mean + 0.2 * seconds
+        self._mean = mean
+        self.chosen = mean < self.limit_seconds

@@ -1,13 +1,12 @@
 """``Worker``: joins a server, learns the job, trains on leased frames, sends updates.
 
-Two activities run at once, as in SNet v2: the connection (the receiving task, on the
-event loop) files incoming weights, leases and requests; the compute loop runs each
-bunch's numpy work in a thread. At each bunch boundary the compute loop takes the newest
-weights. In async mode it never waits for weights after sending an update; in sync mode
-it waits for the version after the one its update was computed on.
-
-The data: ``DataInfo`` follows ``Welcome``; a worker that cannot read the data says
-``FramesWanted`` and trains on frames the server sends (``client/data.py``, ``work.py``).
+As in SNet v2, the connection (the receiving task, on the event loop) files incoming
+weights, leases and requests while the compute loop runs each bunch in a thread (bunches
+under ``inline_seconds`` on the loop itself, ``InlineChoice``) and takes the newest weights
+at each bunch boundary: in async mode it never waits for weights after sending an update,
+in sync mode it waits for the version after the one its update was computed on.
+``DataInfo`` follows ``Welcome``; a worker that cannot read the data says ``FramesWanted``
+and trains on frames the server sends (``client/data.py``, ``work.py``).
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ from .policies import ComputePolicy, ComputeState, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
 from .slice_work import SliceWork
-from .update_timing import UpdateTiming, timed
+from .update_timing import InlineChoice, UpdateTiming, timed
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
@@ -113,8 +112,6 @@ class Worker:
         )
         self._slices: SliceWork | None = None  # np mode's slices and bunches (slice_work.py)
 
-    # ------------------------------------------------------------ lifecycle
-
     async def run(self) -> int:
         """Train until the server says the job is done; reconnect whenever it is lost.
 
@@ -122,8 +119,7 @@ class Worker:
         ``retry_seconds``, or this worker was stopped by SIGTERM/SIGINT; 3 the server
         unreachable for ``retry_seconds`` (never reached, or lost without a goodbye); 4
         (``EXIT_REFUSED``) refused by the server (token, protocol version, a job it cannot
-        run): retrying cannot help, so service managers are told not to (1 stays what
-        Python exits with on an unforeseen error, which a restart may cure).
+        run), which a restart cannot cure (1: an unforeseen error, which one may).
         """
         self._task = asyncio.current_task()
         tls = self.config.tls_ca
@@ -327,6 +323,7 @@ class Worker:
         per_update = policy.frames_per_update(self.job)
         last_base = -1
         scratch = box.layout.allocate()
+        inline = InlineChoice(self.config.inline_seconds)
         self._slices = policy.slice_work(self.job, self.corpus, self.backend)
         while True:
             self._wake.clear()
@@ -335,6 +332,8 @@ class Worker:
                 return
             if self._lost:
                 raise ConnectionLost("connection lost")
+            if self._stop_reason is not None:  # asked to stop, and the cancel was lost: 3.11's
+                raise asyncio.CancelledError  # wait_for can swallow one that races its result
             assert self.corpus is not None
             request = self._work.evaluation(self.corpus)
             if request is not None:
@@ -362,11 +361,14 @@ class Worker:
             lease, offset, frames = self._work.next_bunch(per_update)
             rate = lease.learning_rate or weights.learning_rate  # bmuf: the lease's epoch
             started = time.perf_counter()
+            on_loop = self.compressor is None and inline.chosen  # see InlineChoice
             if self.compressor is None:
                 gradient = await connection.send_buffers.acquire()
-                computed, cpu = await loop.run_in_executor(
-                    self.executor, timed, compute, weights.flat, frames, gradient, rate
-                )
+                call = (compute, weights.flat, frames, gradient, rate)
+                if on_loop:
+                    computed, cpu = timed(*call)
+                else:
+                    computed, cpu = await loop.run_in_executor(self.executor, timed, *call)
                 loss, correct, count = computed
                 connection.send_buffers.mark_in_flight(gradient)
                 encoded = None
@@ -378,7 +380,7 @@ class Worker:
                 )  # fmt: skip
                 loss, correct, count, encoded = encoded_update
                 gradient = np.zeros(0, dtype=np.float32)
-            seconds = time.perf_counter() - started
+            inline.measured(seconds := time.perf_counter() - started)
             connection.send(Update(weights.version, lease.lease_id, offset, count, loss, correct,
                                    seconds, gradient, encoded=encoded))  # fmt: skip
             self.updates_sent += 1
@@ -386,11 +388,13 @@ class Worker:
             self.progress.update_sent(lease.lease_id, offset, count, weights.version,
                                       box.newest_version, seconds)  # fmt: skip
             if self.timing is not None:
-                self.timing.computed(cpu)
+                self.timing.computed(cpu, on_loop)
                 self.timing.sent(self._sent_this_session)
             self.reports.update_sent(connection, self._sent_this_session, self.updates_sent)
             last_base = weights.version
             self._work.advance(count)
+            if on_loop:  # let the loop read what came meanwhile: the next bunch takes the newest
+                await asyncio.sleep(0)
 
     def _evaluate(self, request: Evaluate) -> EvalResult:
         weights = np.ascontiguousarray(request.element, dtype=np.float32)

@@ -12,6 +12,10 @@ import pytest
 from helpers import SMALL_JOB, Cluster, ServerProcess, wait_until
 
 pytestmark = pytest.mark.system
+# The server leases nothing before both workers have joined: on a busy machine one worker
+# started seconds after the other, and the small job was over before it joined, with
+# none of its faults ever met.
+JOB = ("--epochs", "2", "--linger-seconds", "30", "--min-workers", "2", *SMALL_JOB)
 
 
 def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> None:
@@ -19,9 +23,7 @@ def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> No
     9th weights damaged. The server finds the gap the lost update left and queues its
     frames again; worker 2 refuses the damaged frame, closes and joins again. Training
     completes and every training frame of every epoch is applied exactly once."""
-    server = cluster.server(
-        "--mode", "async", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB
-    )
+    server = cluster.server("--mode", "async", *JOB)
     status = _train_with_faults(cluster, server, "drop:update:5;duplicate:update:9")
     server_log = server.log.read_text()
     assert "updates of w1 were lost: 128 frames back in the queue" in server_log
@@ -34,7 +36,7 @@ def test_a_lost_update_in_sync_mode_costs_no_frame(cluster: Cluster) -> None:
     """The same faults in sync mode: after losing its update worker 1 waits for the round
     and the round for it, so no later update shows the gap; the round deadline drops it
     (``round_deadline``), it joins again, and its undelivered frames go back."""
-    server = cluster.server("--mode", "sync", "--epochs", "2", "--linger-seconds", "30", *SMALL_JOB)
+    server = cluster.server("--mode", "sync", *JOB)
     _train_with_faults(cluster, server)
     assert "dropped from the sync rounds: missed the round deadline" in cluster.log("w1")
     assert server.log.read_text().count("worker w1 (numpy") == 2  # it joined again

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from snet.client.update_timing import UpdateTiming
+from snet.client.update_timing import InlineChoice, UpdateTiming
 
 from helpers import SMALL_JOB
 from inprocess import Lab
@@ -58,3 +58,31 @@ async def test_a_worker_asked_to_reports_its_per_update_figures_to_status(lab: L
     assert rows["timed"]["updates_sent"] - 32 < figures["updates"] <= rows["timed"]["updates_sent"]
     assert figures["compute_cpu_ms"] > 0 and figures["latency_ms"] > 0
     assert "per_update" not in rows["plain"]["report"]  # only when asked
+
+
+def test_small_bunches_are_computed_inline_once_measured_and_big_ones_never() -> None:
+    choice = InlineChoice(0.002)
+    assert not choice.chosen  # the first bunch goes to the compute thread: not yet timed
+    choice.measured(0.0003)
+    assert choice.chosen
+    for _ in range(10):  # bunches grew (a bigger lease, a busy machine): back to the thread
+        choice.measured(0.01)
+    assert not choice.chosen
+    never = InlineChoice(0.0)
+    never.measured(0.0)
+    assert not never.chosen
+
+
+def test_compute_on_the_event_loop_is_not_counted_as_the_loop_s_own_work() -> None:
+    timing = UpdateTiming()
+    timing.computed(0.0, on_loop=True)
+    timing.sent(1)  # the loop's CPU is counted from the first update on
+    started = time.thread_time()
+    while time.thread_time() - started < 0.02:  # a bunch "computed" on this thread
+        pass
+    timing.computed(time.thread_time() - started, on_loop=True)
+    timing.sent(2)
+    figures = timing.figures()
+    assert figures is not None
+    assert figures["compute_cpu_ms"] >= 10  # 20 ms over 2 updates
+    assert figures["loop_cpu_ms"] < 5  # the loop itself did next to nothing meanwhile

@@ -1,0 +1,43 @@
+"""``snet worker --processes N``: N workers forked from one loaded process (real processes)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from helpers import SMALL_JOB, Cluster, wait_until
+
+
+@pytest.mark.system
+def test_forked_workers_train_under_their_own_names(cluster: Cluster) -> None:
+    server = cluster.server("--mode", "async", "--epochs", "2", "--min-workers", "2", *SMALL_JOB)
+    group = cluster.worker(server, "g", "--processes", "2")
+    assert group.wait(120) == 0  # the worst of its workers' exit codes
+    assert server.wait(60) == 0
+    log = server.log.read_text()
+    assert "worker g-1 (numpy" in log and "worker g-2 (numpy" in log  # both joined
+    status = server.final_status()
+    assert status["state"] == "trained"
+    assert all(e["ledger"]["used_once"] == e["ledger"]["frames"] for e in status["epochs"])
+
+
+@pytest.mark.system
+def test_sigterm_to_the_group_stops_every_worker_politely(cluster: Cluster) -> None:
+    server = cluster.server("--mode", "async", "--epochs", "500", *SMALL_JOB)
+    group = cluster.worker(server, "g", "--processes", "2")
+    wait_until(lambda: len(server.status()["workers"]) == 2, 60, "both workers joined")
+    group.send_signal(signal.SIGTERM)
+    assert group.wait(30) == 0  # each worker said goodbye and exited 0
+    wait_until(lambda: server.status()["workers_live"] == 0, 30, "both workers gone")
+    log = server.log.read_text()
+    assert "worker g-1 left" in log and "worker g-2 left" in log
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+
+
+@pytest.mark.system
+def test_processes_must_be_at_least_one(cluster: Cluster) -> None:
+    done = cluster.run("worker", "--processes", "0")
+    assert done.returncode == 2
+    assert "processes must be >= 1, got 0" in done.stderr
