@@ -127,7 +127,7 @@ async def _demo(args: argparse.Namespace) -> int:
         bar.clear()
         # Stopped early, the workers would wait for the server to come back.
         await _stop_workers(workers, terminate=not server.coordinator.finished.is_set())
-    final = server.coordinator.stats.latest("cv_accuracy")
+    final = server.coordinator.stats.weights_cv_accuracy()  # of weights.npz (newbob rolls back)
     codes = [p.returncode for p in workers]
     print(
         f"done ({reason}) in {time.monotonic() - started:.1f} s: final CV frame accuracy "

@@ -36,6 +36,14 @@ def fetch_status(
         return document
 
 
+def held_weights_note(document: dict[str, Any]) -> str:
+    """The CV of the weights held, when newbob rolled the newest epoch back."""
+    held = document.get("weights_cv_accuracy")  # older servers do not send it
+    if held is None or held == document["cv_accuracy"]:
+        return ""
+    return f" (rolled back; weights held {_percent(held)})"
+
+
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
@@ -61,7 +69,7 @@ def render(document: dict[str, Any]) -> str:
         f"version {document['weight_version']}, {document['updates_applied']} updates applied, "
         f"{document['updates_rejected']} refused, lr {document['learning_rate']:g}",
         f"train accuracy {_percent(document['train_accuracy'])}, "
-        f"CV accuracy {_percent(document['cv_accuracy'])}, "
+        f"CV accuracy {_percent(document['cv_accuracy'])}{held_weights_note(document)}, "
         f"staleness mean {document['staleness_mean']} max {document['staleness_max']}, "
         f"{document['mcups']} MCUPS",
         "queues: " + ", ".join(f"{k} {v}" for k, v in document["queues"].items()),

@@ -100,6 +100,8 @@ _SERVER_FIGURES = (
      "train_accuracy"),
     ("cv_accuracy", "gauge", "Cross-validation frame accuracy of the last scored epoch.",
      "cv_accuracy"),
+    ("weights_cv_accuracy", "gauge", "Cross-validation frame accuracy of the weights held "
+     "(the newest scored epoch not rolled back).", "weights_cv_accuracy"),
 )  # fmt: skip
 
 _WORKER_FIGURES = (

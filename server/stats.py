@@ -150,6 +150,16 @@ class TrainingStats:
                 return float(value)
         return None
 
+    def weights_cv_accuracy(self) -> float | None:
+        """The CV accuracy of the weights the server holds: the newest scored epoch's that
+        the schedule did not roll back (newbob rolls back an epoch that made CV worse;
+        that epoch's score is then no longer the weights')."""
+        for record in reversed(self.epochs):
+            value = record.as_dict()["cv_accuracy"]
+            if value is not None and record.kept is not False:
+                return float(value)
+        return None
+
     def checkpoint_state(
         self, not_applied: Iterable[tuple[int, int, float]] = ()
     ) -> dict[str, Any]:

@@ -132,6 +132,8 @@ async def test_newbob_on_the_server_then_eval_and_continue(lab: Lab) -> None:
     scored = json.loads(_snet("eval", "--weights", str(weights), "--json"))
     best = max(a for a, d in zip(accuracy, expected, strict=True) if not d.restore_best)
     assert scored["frames"] == 5520 and abs(scored["accuracy"] - best) < 1e-6
+    # /status names the CV of the weights it holds (and saved), not a rolled-back epoch's
+    assert abs(status["weights_cv_accuracy"] - scored["accuracy"]) < 1e-6
 
     again = await lab.server(
         "--mode", "sync", "--epochs", "1", "--learning-rates", "0.05",

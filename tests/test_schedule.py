@@ -195,3 +195,22 @@ def test_bad_descriptions_are_refused_clearly(change: dict[str, object], match: 
         description["connections"] = change["connections"]
     with pytest.raises(ConfigError, match=match):
         NetworkSpec.from_dict(description)
+
+
+def test_the_cv_of_the_weights_held_skips_epochs_newbob_rolled_back() -> None:
+    from snet.cli.status import held_weights_note
+    from snet.server.stats import TrainingStats
+
+    stats = TrainingStats(4)
+    assert stats.weights_cv_accuracy() is None  # nothing scored yet
+    for epoch, correct, kept in ((0, 80, True), (1, 90, True), (2, 85, False)):
+        stats.start_epoch(epoch, 0.1)
+        stats.record_cv(epoch, 100, correct, 1.0)
+        stats.mark_kept(epoch, kept)
+    stats.start_epoch(3, 0.05)  # training, not yet scored
+    assert stats.latest("cv_accuracy") == 0.85  # the newest scored epoch, rolled back
+    assert stats.weights_cv_accuracy() == 0.9  # the weights the server went on from
+    document = {"cv_accuracy": 0.85, "weights_cv_accuracy": 0.9}
+    assert held_weights_note(document) == " (rolled back; weights held 90.00%)"
+    assert held_weights_note({"cv_accuracy": 0.9, "weights_cv_accuracy": 0.9}) == ""
+    assert held_weights_note({"cv_accuracy": 0.9}) == ""  # a server from before the field
