@@ -58,7 +58,8 @@ class AsyncRawClient:
         return found
 
     async def closed_by_peer(self, timeout: float = 10.0) -> bool:
-        """True once the server closes the connection (reading what is left)."""
+        """True once the server closes the connection (reading what is left; what it
+        sent stays in ``inbox``)."""
         deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0:
             try:
@@ -66,8 +67,11 @@ class AsyncRawClient:
             except TimeoutError:
                 continue
             except ConnectionResetError:
-                return True
+                data = b""
             if not data:
+                # Our end too, and its outcome taken: a reset is also set on the stream's
+                # close future, reported as never retrieved when it is collected first.
+                await self.close()
                 return True
             self.inbox.extend(self.decoder.feed(data))
         return False

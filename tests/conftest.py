@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import blas_threads  # noqa: F401 - first: numpy with one BLAS thread
+import bytecode_cache  # noqa: F401 - before the test modules: they are compiled once
 import helpers
 from helpers import Cluster
 from inprocess import Lab, run_in_lab

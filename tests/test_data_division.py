@@ -14,7 +14,7 @@ import pytest
 
 from snet.cli.main import main
 
-from helpers import SMALL_JOB, Cluster, wait_until
+from helpers import QUICK_JOB, SMALL_JOB, Cluster, wait_until
 from inprocess import Lab
 
 
@@ -77,7 +77,7 @@ async def test_a_worker_that_cannot_read_the_data_trains_on_frames_sent_inline(
 ) -> None:
     """The fast ring's view of the inline path (the system test above adds the kill)."""
     server = await lab.server(
-        "--mode", "async", "--epochs", "1", "--min-workers", "2", *SMALL_JOB
+        "--mode", "async", "--epochs", "1", "--min-workers", "2", *QUICK_JOB
     )  # both hold leases from the start: the inline one trains whatever the timing
     local = lab.worker(server, "w-local")
     inline = lab.worker(server, "w-inline", "--data-access", "inline")
@@ -106,7 +106,7 @@ def _snet(*args: str) -> str:
 async def test_newbob_on_the_server_then_eval_and_continue(lab: Lab) -> None:
     server = await lab.server(
         "--mode", "sync", "--epochs", "6", "--schedule", "newbob", "--newbob-ramp", "3",
-        "--newbob-stop", "1", "--learning-rates", "0.4", *SMALL_JOB,
+        "--newbob-stop", "1", "--learning-rates", "0.4", *QUICK_JOB,
     )  # fmt: skip
     worker = lab.worker(server, "w0")
     assert await server.wait(120) == "trained" and await worker.wait(30) == 0
@@ -137,7 +137,7 @@ async def test_newbob_on_the_server_then_eval_and_continue(lab: Lab) -> None:
 
     again = await lab.server(
         "--mode", "sync", "--epochs", "1", "--learning-rates", "0.05",
-        "--init-weights", str(weights), *SMALL_JOB, name="continued",
+        "--init-weights", str(weights), *QUICK_JOB, name="continued",
     )  # fmt: skip
     assert (await again.status())["cv_accuracy"] is None
     worker = lab.worker(again, "w1")

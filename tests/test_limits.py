@@ -14,7 +14,7 @@ from snet.protocol.framing import MAGIC, PREFIX
 from snet.protocol.messages import ErrorMessage, Hello, ServerHello
 
 from async_raw import AsyncRawClient
-from helpers import SMALL_JOB
+from helpers import QUICK_JOB, SMALL_JOB
 from inprocess import Lab
 from inprocess import wait_until as wait_in_lab
 
@@ -60,7 +60,7 @@ async def test_connections_and_handshakes_are_limited_and_each_refused_clearly(
 
 
 async def test_a_handshake_not_completed_in_time_is_closed(lab: Lab) -> None:
-    server = await lab.server("--handshake-seconds", "0.5", "--min-workers", "9", *SMALL_JOB)
+    server = await lab.server("--handshake-seconds", "0.25", "--min-workers", "9", *SMALL_JOB)
     silent = await AsyncRawClient.connect(server.port, "silent")
     dripping = await AsyncRawClient.connect(server.port, "dripping")
     started = time.monotonic()
@@ -69,7 +69,7 @@ async def test_a_handshake_not_completed_in_time_is_closed(lab: Lab) -> None:
         assert await peer.closed_by_peer(timeout=5)
         closing: ErrorMessage = await peer.receive(ErrorMessage)
         assert closing.fatal and closing.code == "timeout" and "no hello" in closing.text
-    assert time.monotonic() - started < 0.5 + 1.5  # the bound, the check's period, lateness
+    assert time.monotonic() - started < 0.25 + 1.5  # the bound, the check's period, lateness
     assert (await server.status())["handshakes_timed_out"] == 2
     for peer in (silent, dripping):
         await peer.close()
@@ -78,7 +78,7 @@ async def test_a_handshake_not_completed_in_time_is_closed(lab: Lab) -> None:
 async def test_a_worker_turned_away_as_busy_tries_again_and_trains(lab: Lab) -> None:
     server = await lab.server(
         "--mode", "async", "--epochs", "1", "--max-connections", "1", "--linger-seconds",
-        "30", *SMALL_JOB,
+        "30", *QUICK_JOB,
     )  # fmt: skip
     squatter = await AsyncRawClient.connect(server.port, "squatter")
     await squatter.receive(ServerHello)
@@ -116,7 +116,7 @@ async def test_slow_http_clients_are_closed_within_the_bound_while_training_goes
     lab: Lab,
 ) -> None:
     server = await lab.server(
-        "--mode", "async", "--epochs", "1000", "--http-header-seconds", "0.5", *SMALL_JOB
+        "--mode", "async", "--epochs", "1000", "--http-header-seconds", "0.25", *SMALL_JOB
     )  # fmt: skip
     lab.worker(server, "w1")
 
@@ -141,7 +141,7 @@ async def test_slow_http_clients_are_closed_within_the_bound_while_training_goes
         *(_seconds_until_closed(peer[0], 10) for peer in (silent, partial, dripping))
     )
     dripper.cancel()
-    assert max(waits) < 0.5 + 1.0, waits  # the bound, and the loop's own lateness
+    assert max(waits) < 0.25 + 1.0, waits  # the bound, and the loop's own lateness
     body = await _http_peer(port)  # a body sent slowly is held to the same bound
     body[1].write(
         b"POST /control HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

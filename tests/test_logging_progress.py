@@ -15,14 +15,16 @@ from snet.cli.logformat import JsonFormatter
 from snet.client.progress_log import ProgressLog
 
 import helpers
-from helpers import SMALL_JOB, Cluster
+from helpers import QUICK_JOB, SMALL_JOB, Cluster
 from inprocess import Lab, wait_until
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
 async def test_debug_shows_steps_leases_and_updates_and_info_does_not(lab: Lab) -> None:
     server = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)
-    lab.worker(server, "quiet", "--progress-seconds", "0.5")
+    # The line is due after 0.5 s and written at the worker's next look (every second, or
+    # every heartbeat if sooner): look every 0.25 s, so that it comes at 0.5 s, not 1 s.
+    lab.worker(server, "quiet", "--progress-seconds", "0.5", "--heartbeat-seconds", "0.25")
     line = re.compile(
         r"INFO +snet.worker: progress: \d+ updates in the last \d+ s \(\d+ in all\), \d+ "
         r"patterns, \d+ patterns/s, weights \d+\.\d\d versions behind on average \(max \d+\)"
@@ -33,7 +35,7 @@ async def test_debug_shows_steps_leases_and_updates_and_info_does_not(lab: Lab) 
     for name in ("server", "quiet"):  # at info: no per-step, per-lease or per-update line
         assert not re.search(r"(step|lease|update) \d+:", lab.log(name)), lab.log(name)
 
-    again = await lab.server("--mode", "async", "--epochs", "1", *SMALL_JOB, name="again")
+    again = await lab.server("--mode", "async", "--epochs", "1", *QUICK_JOB, name="again")
     logging.getLogger("snet").setLevel(logging.DEBUG)  # what --log-level debug sets
     talkative = lab.worker(again, "talkative")
     assert await talkative.wait(60) == 0 and await again.wait(30) == "trained"

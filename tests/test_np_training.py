@@ -20,11 +20,14 @@ from helpers import wait_until as system_wait
 from inprocess import Lab, wait_until
 
 
-def np_job(epochs: int = 1) -> list[str]:
-    """Small and quick: fsdd digits, 117:32:10, bunches of 256 (190 bunches an epoch)."""
+def np_job(epochs: int = 1, bunch_size: int = 256) -> list[str]:
+    """Small and quick: fsdd digits, 117:32:10, bunches of 256 (190 bunches an epoch).
+    Bunches of 512 (95 bunches) for a test of what holders do, not of what they compute:
+    one sequential epoch of them still scores 66% of the CV frames."""
     return [
         "--mode", "np", "--network", "117:32:10", "--epochs", str(epochs), "--bunch-size",
-        "256", "--chunk-frames", "4096", "--learning-rates", "0.2", "--momentum", "0.9",
+        str(bunch_size), "--chunk-frames", "4096", "--learning-rates", "0.2", "--momentum",
+        "0.9",
     ]  # fmt: skip
 
 
@@ -80,7 +83,7 @@ async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
 async def test_np_worker_leaving_hands_its_units_over(lab: Lab) -> None:
     """A holder that leaves mid-epoch: its units go to the others as last reported, the
     bunches in flight are run again, and training completes every frame once."""
-    server = await lab.server(*np_job())
+    server = await lab.server(*np_job(bunch_size=512))
     first, second = lab.worker(server, "w0"), lab.worker(server, "w1")
 
     async def some_bunches_done() -> bool:
@@ -102,14 +105,15 @@ async def test_np_holder_that_stops_answering_is_dropped_not_waited_for(lab: Lab
     whose partial output is lost is dropped (round_deadline), rejoins, and is given
     units again; training does not freeze and applies every frame once."""
     # It lingers: the dropped worker may reconnect only after the other finished the job,
-    # and is then told so (a server gone before it reconnects would leave it exit 3).
+    # and is then told so (a server gone before it reconnects would leave it exit 3). Both
+    # workers end when told the job is trained; the lingering server is then asked.
     server = await lab.server("--stall-seconds", "0.5", "--join-seconds", "2",
-                              "--linger-seconds", "1", *np_job())  # fmt: skip
+                              "--linger-seconds", "30", *np_job(bunch_size=512))  # fmt: skip
     steady = lab.worker(server, "w0")
     lossy = lab.worker(server, "w1", "--faults", "drop:np_partial:30")
-    assert await server.wait(120) == "trained"
-    assert [await steady.wait(30), await lossy.wait(30)] == [0, 0]
-    status = server.final_status()
+    assert [await steady.wait(120), await lossy.wait(30)] == [0, 0]
+    status = await server.status()
+    assert status["state"] == "trained"
     assert status["workers_dropped_late"] == 1
     ledger = status["epochs"][0]["ledger"]
     assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0

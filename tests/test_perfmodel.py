@@ -325,8 +325,8 @@ async def test_modelled_workers_train_and_report_through_the_server(
 ) -> None:
     monkeypatch.setenv("SNET_MODELLED_CU_SECONDS", "1e-9")
     server = await lab.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
-    for name in ("m0", "m1"):
-        lab.worker(server, name, "--backend", "modelled")
+    for name in ("m0", "m1"):  # a report every second, or every heartbeat if sooner
+        lab.worker(server, name, "--backend", "modelled", "--heartbeat-seconds", "0.25")
 
     async def reported() -> list[dict]:
         rows = (await server.status())["workers"]

@@ -17,7 +17,7 @@ from snet.cli.progress_bar import ProgressBar, bar_text, clock
 from snet.cli.status import render
 from snet.server.job_progress import WINDOW_SECONDS, ProgressMeter
 
-from helpers import SMALL_JOB
+from helpers import QUICK_JOB, SMALL_JOB
 from inprocess import Lab, wait_until
 
 
@@ -31,7 +31,7 @@ def _metric(text: str, name: str) -> float | None:
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
 async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
     """/status says "waiting_for_workers" (not "training") until --min-workers joined."""
-    server = await lab.server("--epochs", "2", "--min-workers", "2", *SMALL_JOB)
+    server = await lab.server("--epochs", "2", "--min-workers", "2", *QUICK_JOB)
     lab.worker(server, "w1")
     await wait_until(lambda: server.server.coordinator.sessions, 30, "the first worker")
     status = await server.status()

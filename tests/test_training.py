@@ -54,6 +54,9 @@ async def test_sync_two_workers_equal_sequential_training(lab: Lab) -> None:
     assert np.abs(got - initial_weights(spec, seed=1)).max() > 0.05  # it really trained
 
 
+# One loop (tests/README.md): its subject is learning through stale updates, not the loop;
+# async training on asyncio is run by test_faults.py and test_data_division.py.
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
 async def test_async_three_workers_converge_with_staleness(lab: Lab) -> None:
     server = await lab.server("--mode", "async", "--epochs", "3", *SMALL_JOB)
     workers = [lab.worker(server, f"w{i}") for i in range(3)]

@@ -260,7 +260,7 @@ def test_faults_on_send(loop_name: str) -> None:
         for n in range(1, 6):
             server.send(Lease(n, 0))
         leases = [m for m in await pair[1].until(3 + 5) if isinstance(m, Lease)]
-        # the 2nd never arrives, the 3rd arrives twice, the 4th comes late, after 0.2 s,
+        # the 2nd never arrives, the 3rd arrives twice, the 4th comes late, after 0.05 s,
         # and holds up the 5th behind it (TCP keeps order)
         assert [m.lease_id for m in leases] == [1, 3, 3, 4, 5]
         server.send(Lease(6, 0))  # the 6th is damaged: the worker refuses it and closes
@@ -269,7 +269,7 @@ def test_faults_on_send(loop_name: str) -> None:
         assert isinstance(pair[0].messages[-1], ErrorMessage)
         assert pair[0].messages[-1].code == "malformed_frame"
 
-    faults = "drop:lease:2;duplicate:lease:3;delay:lease:4:0.2;corrupt:lease:6"
+    faults = "drop:lease:2;duplicate:lease:3;delay:lease:4:0.05;corrupt:lease:6"
     run_pair(loop_name, body, server_faults=faults)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from snet.client.update_timing import InlineChoice, UpdateTiming
 
-from helpers import SMALL_JOB
+from helpers import QUICK_JOB
 from inprocess import Lab
 
 
@@ -47,7 +47,7 @@ def test_a_new_connection_forgets_the_updates_it_will_never_see_settled() -> Non
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # its subject is a report, not the loop
 async def test_a_worker_asked_to_reports_its_per_update_figures_to_status(lab: Lab) -> None:
-    server = await lab.server("--mode", "sync", "--epochs", "1", *SMALL_JOB)
+    server = await lab.server("--mode", "sync", "--epochs", "1", *QUICK_JOB)
     timed = lab.worker(server, "timed", "--report-timing")
     plain = lab.worker(server, "plain")
     assert await server.wait(60) == "trained"

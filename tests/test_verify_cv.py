@@ -13,13 +13,13 @@ import pytest
 from snet.protocol.messages import EvalResult, Evaluate
 
 from async_raw import AsyncRawClient
-from helpers import SMALL_JOB
+from helpers import QUICK_JOB
 from inprocess import Lab, LabServer
 from inprocess import wait_until as wait_in_lab
 
 pytestmark = pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
 VERIFIED_ASYNC_JOB = ("--mode", "async", "--epochs", "2", "--verify-cv", "--min-workers", "2",
-                      "--linger-seconds", "30", *SMALL_JOB)  # fmt: skip
+                      "--linger-seconds", "30", *QUICK_JOB)  # fmt: skip
 
 
 async def _trained(server: LabServer) -> dict[str, Any]:
@@ -45,7 +45,7 @@ async def test_alone_a_worker_is_checked_by_the_server_which_agrees_with_it(lab:
     """One worker: no second opinion, so the server scores each epoch itself; its float64
     forward pass agrees with the worker's (nothing refused), and training runs its course."""
     server = await lab.server("--mode", "sync", "--epochs", "2", "--verify-cv",
-                              "--linger-seconds", "30", *SMALL_JOB)  # fmt: skip
+                              "--linger-seconds", "30", *QUICK_JOB)  # fmt: skip
     lab.worker(server, "w1")
     status = await _trained(server)
     assert status["cv_checks"] == {"scorers": 2, "agreed": 0, "refereed": 2, "refused": 0}

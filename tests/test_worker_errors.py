@@ -11,7 +11,7 @@ import pytest
 from snet.cli.main import main
 from snet.client.port_probe import WrongPort, http_answer, worker_port_of
 
-from helpers import SMALL_JOB
+from helpers import QUICK_JOB, SMALL_JOB
 from inprocess import Lab
 
 
@@ -50,7 +50,7 @@ async def test_a_worker_pointed_at_the_http_port_is_told_the_worker_port(lab: La
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
 async def test_a_token_the_server_does_not_check_is_a_warning(lab: Lab) -> None:
     """`snet worker --token ...` for a server started without one: it joins, and says so."""
-    server = await lab.server("--epochs", "1", *SMALL_JOB)
+    server = await lab.server("--epochs", "1", *QUICK_JOB)
     worker = lab.worker(server, "w1", "--token", "s3cret")
     assert await worker.wait(60) == 0
     assert "snet checks no token: the --token given is not used" in lab.log("w1")
