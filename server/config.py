@@ -101,6 +101,11 @@ class ServerConfig:
         metadata={"help": "close an HTTP connection whose request is not in (headers and "
                   "body) this long after it opened or after its last response"},
     )  # fmt: skip
+    event_seconds: float = field(
+        default=0.5,
+        metadata={"help": "how often /events pushes the status document to the dashboard "
+                  "(0.05-60 s)"},
+    )  # fmt: skip
     verify_cv: bool = field(
         default=False,
         metadata={"help": "two workers score each epoch's CV set and must agree; when they "
@@ -185,6 +190,8 @@ class ServerConfig:
             raise ConfigError("handshake_seconds and http_header_seconds must be > 0")
         if self.http_connections < 1:
             raise ConfigError("http_connections must be at least 1")
+        if not 0.05 <= self.event_seconds <= 60:  # a floor: each push builds the document
+            raise ConfigError("event_seconds must be between 0.05 and 60")
         if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
             raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
         FaultSwitch.from_text(self.faults, Role.SERVER)  # refuses a bad rule with a clear error

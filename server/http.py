@@ -1,7 +1,7 @@
 """The HTTP API, served by aiohttp inside the server's own event loop.
 
 GET /          the live dashboard: one self-contained HTML page (server/dashboard/)
-GET /events    server-sent events: the /status document every ``EVENT_SECONDS``
+GET /events    server-sent events: the /status document every ``event_seconds`` (config)
 GET /status    JSON: mode, versions, epochs, accuracies, queues, a row per worker
 GET /metrics   Prometheus text format
 GET /weights   the current weights as .npz
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 SERVER_KEY: web.AppKey[SnetServer] = web.AppKey("snet_server")
 TOKEN_KEY: web.AppKey[bool] = web.AppKey("snet_token_required")
 CONTROL_BODY_BYTES = 4096  # a control request is a few words of JSON
-EVENT_SECONDS = 0.5
 
 
 @functools.cache
@@ -79,7 +78,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
             if server.stopping.is_set():
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(server.stopping.wait(), EVENT_SECONDS)
+                await asyncio.wait_for(server.stopping.wait(), server.config.event_seconds)
     return response
 
 

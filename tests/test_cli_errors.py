@@ -105,6 +105,13 @@ def test_an_unknown_log_level_exits_2(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--log-level: 'lod'" in _error(["worker", "--log-level", "lod"], capsys)
 
 
+def test_the_event_interval_has_a_floor(capsys: pytest.CaptureFixture[str]) -> None:
+    # every push builds the status document: a dashboard may not make the server spin
+    assert "event_seconds must be between 0.05 and 60" in _error(
+        ["server", "--event-seconds", "0.001"], capsys
+    )
+
+
 def test_an_empty_network_is_an_error_not_the_default(capsys: pytest.CaptureFixture[str]) -> None:
     err = _error(["server", "--network", ""], capsys)
     assert err == "snet: --network: '' is not layer sizes, input to output, such as 117:512:10"

@@ -21,8 +21,9 @@ TRICKY_NAME = "<i>w1</i>"  # a worker name is the worker's to choose: shown as t
 
 def _train(cluster: Cluster) -> ServerProcess:
     server = cluster.server(
-        "--mode", "async", "--epochs", "200", "--linger-seconds", "30", *SMALL_JOB
-    )
+        "--mode", "async", "--epochs", "200", "--linger-seconds", "30", "--event-seconds",
+        "0.1", *SMALL_JOB,
+    )  # fmt: skip
     cluster.worker(server, "w0", "--backend", "numpy")  # auto would pick torch if installed
     cluster._spawn(
         ["worker", "--server", server.address, "--name", TRICKY_NAME, "--backend", "numpy"],
