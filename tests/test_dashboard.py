@@ -21,9 +21,8 @@ TRICKY_NAME = "<i>w1</i>"  # a worker name is the worker's to choose: shown as t
 
 def _train(cluster: Cluster) -> ServerProcess:
     server = cluster.server(
-        "--mode", "async", "--epochs", "200", "--linger-seconds", "30", "--event-seconds",
-        "0.1", *SMALL_JOB,
-    )  # fmt: skip
+        "--mode", "async", "--epochs", "200", "--linger-seconds", "30", *SMALL_JOB
+    )
     cluster.worker(server, "w0", "--backend", "numpy")  # auto would pick torch if installed
     cluster._spawn(
         ["worker", "--server", server.address, "--name", TRICKY_NAME, "--backend", "numpy"],
@@ -36,8 +35,9 @@ def _train(cluster: Cluster) -> ServerProcess:
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # slow: one loop (tests/README.md)
 async def test_page_is_self_contained_and_events_stream_status(lab: Lab) -> None:
     server = await lab.server(
-        "--mode", "async", "--epochs", "200", "--linger-seconds", "30", *SMALL_JOB
-    )
+        "--mode", "async", "--epochs", "200", "--linger-seconds", "30", "--event-seconds",
+        "0.1", *SMALL_JOB,
+    )  # fmt: skip
     lab.worker(server, "w0", "--backend", "numpy")
     lab.worker(server, TRICKY_NAME, "--backend", "numpy")
 
