@@ -59,6 +59,11 @@ class SliceMaster:
         self.momentum = np.float32(momentum)
         self.element = np.array(element, dtype=ELEMENT_DTYPE)  # slices as last reported
         self.velocity = np.zeros_like(self.element)  # the slices' momentum, as reported
+        # Views of the output biases and their momentum, taken once: every bunch uses them
+        # (a layout's views cost more than the bunch's softmax), and both arrays are only
+        # ever written in place.
+        self._bias = output_bias(spec, self.element)
+        self._bias_speed = output_bias(spec, self.velocity)
         self.holders: dict[int, HiddenSlice] = {}  # worker id -> its slice
         self.reported: set[int] = set()  # holders whose report came since the last request
         self.units_rolled_back = 0  # hidden units handed over from a stale copy
@@ -140,7 +145,7 @@ class SliceMaster:
     ) -> tuple[np.ndarray, float, int]:
         """(error ``softmax - one-hot`` per pattern, summed loss, correct) of one bunch."""
         z = np.add.reduce(partials) if len(partials) > 1 else partials[0].copy()
-        z += output_bias(self.spec, self.element)
+        z += self._bias
         rows = np.arange(len(labels))
         z -= z.max(axis=1, keepdims=True)
         correct = int(np.count_nonzero(z[rows, labels] == 0.0))  # ties count, as the workers
@@ -153,8 +158,7 @@ class SliceMaster:
 
     def step_output(self, delta: np.ndarray, patterns: int, rate: float) -> None:
         """The output biases' momentum step, as the workers step their slices."""
-        bias = output_bias(self.spec, self.element)
-        speed = output_bias(self.spec, self.velocity)
+        bias, speed = self._bias, self._bias_speed
         gradient = np.add.reduce(delta, axis=0) * np.float32(rate / max(patterns, 1))
         speed *= self.momentum
         speed -= gradient.astype(ELEMENT_DTYPE)
