@@ -68,6 +68,8 @@ class SliceMaster:
         self.reported: set[int] = set()  # holders whose report came since the last request
         self.units_rolled_back = 0  # hidden units handed over from a stale copy
         self.memory_short = ""  # why the last cut could not respect the workers' memory
+        self.bunches = 0  # completed, for /status
+        self.slowest_compute_seconds = 0.0  # summed over them: each one's slowest holder
 
     # ------------------------------------------------------------ slices
 
@@ -164,6 +166,12 @@ class SliceMaster:
         speed -= gradient.astype(ELEMENT_DTYPE)
         bias += speed
 
+    def bunch_done(self, slowest_seconds: float) -> None:
+        """A bunch completed; its slowest holder computed for ``slowest_seconds`` (what a
+        round waits for: bench/np_vs_pp.py gives the model this compute)."""
+        self.bunches += 1
+        self.slowest_compute_seconds += slowest_seconds
+
     def load(self, element: np.ndarray, velocity: np.ndarray | None = None) -> None:
         """Start over from ``element`` and ``velocity`` (none: a roll-back, no momentum);
         call ``reslice`` next."""
@@ -198,4 +206,6 @@ class AssembledElement(UpdateRule):
             "slices": " ".join(f"{w}:{p.start}-{p.stop}" for w, p in sorted(holders.items())),
             "units_rolled_back": self.master.units_rolled_back,
             "memory_short": self.master.memory_short,
+            "bunches": self.master.bunches,
+            "slowest_compute_seconds": round(self.master.slowest_compute_seconds, 6),
         }
