@@ -43,6 +43,7 @@ from snet.perf.model import Constants, network_parallel_phases, pattern_parallel
 from snet.protocol.network import NetworkSpec
 
 from .calibrate import calibrate
+from .np_calibrate import measure_np_rounds
 from .processes import LocalCluster, best_rate, sample_patterns, synthetic_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,11 +100,23 @@ def measure(
         for n in after
         if n in before and after[n][0] > before[n][0]
     ]
+    mean_compute = statistics.mean(per_bunch) if per_bunch else 0.0
     return {
         "mcups": spec.connections * mean / 1e6,
-        "worker_seconds_per_bunch": statistics.mean(per_bunch) if per_bunch else 0.0,
+        "worker_seconds_per_bunch": _slowest(first, last) or mean_compute,
+        "mean_worker_seconds_per_bunch": mean_compute,
         "load": os.getloadavg()[0],
     }
+
+
+def _slowest(first: dict[str, Any], last: dict[str, Any]) -> float:
+    """np: the compute a bunch waited for (its slowest holder's), per bunch over the
+    window, from /status's ``rule``; 0 for the other modes (the server does not see it)."""
+    rules = first.get("rule") or {}, last.get("rule") or {}
+    if "slowest_compute_seconds" not in rules[0] or rules[1]["bunches"] <= rules[0]["bunches"]:
+        return 0.0
+    spent = rules[1]["slowest_compute_seconds"] - rules[0]["slowest_compute_seconds"]
+    return float(spent / (rules[1]["bunches"] - rules[0]["bunches"]))
 
 
 def model_row(
@@ -125,6 +138,7 @@ def model_row(
         "measured_mcups": round(measured["mcups"], 1),
         "runs_mcups": measured["runs"],
         "compute_seconds_per_bunch": round(spent, 6),
+        "mean_compute_seconds_per_bunch": round(measured["mean_worker_seconds_per_bunch"], 6),
         "compute_over_quiet": round(scale, 3),
         "predicted_mcups": round(model.mcups, 1),
         "measured_over_predicted": round(measured["mcups"] / model.mcups, 3),
@@ -149,7 +163,7 @@ def crossover(
 
 def run(spec: NetworkSpec, bunch: int, workers: list[int], seconds: float, repeats: int,
         hidden_sweep: list[int], out: Path, work_dir: str | None) -> dict[str, Any]:  # fmt: skip
-    constants = calibrate(spec, bunch)
+    constants = measure_np_rounds(spec, bunch, calibrate(spec, bunch))
     print(f"np_vs_pp: constants {constants.to_dict()}", file=sys.stderr, flush=True)
     points = [(s, p, spec) for s in ("network", "pattern") for p in workers]
     points += [(s, 2, hidden_layer(spec, h)) for h in hidden_sweep for s in ("network", "pattern")]
@@ -173,6 +187,9 @@ def run(spec: NetworkSpec, bunch: int, workers: list[int], seconds: float, repea
             "mcups": statistics.median(r["mcups"] for r in found),
             "worker_seconds_per_bunch": statistics.median(
                 r["worker_seconds_per_bunch"] for r in found
+            ),
+            "mean_worker_seconds_per_bunch": statistics.median(
+                r["mean_worker_seconds_per_bunch"] for r in found
             ),
             "runs": [round(r["mcups"], 1) for r in found],
             "loads": [r["load"] for r in found],

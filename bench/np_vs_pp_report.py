@@ -89,6 +89,17 @@ def table(result: dict[str, Any]) -> str:
             else "at no bunch from 8 to 8192."
         ),
     ]
+    if constants.np_worker_seconds > 0:  # measured on np's own path (bench/np_calibrate.py)
+        lines.append(
+            f"np's own constants: {constants.np_worker_seconds * 1e6:.0f} us of the server "
+            f"per worker and bunch, {constants.np_bunch_seconds * 1e6:.0f} us + "
+            f"{constants.np_bunch_seconds_per_byte * 1e9:.2f} ns per element byte of its own "
+            f"per bunch, a round's rest {constants.np_latency_seconds * 1e6:.0f} us + "
+            f"{constants.np_latency_seconds_per_byte * 1e9:.2f} ns per element byte, "
+            f"{constants.np_pattern_seconds * 1e9:.0f} ns per pattern on every worker; "
+            "np's compute as spent is each bunch's slowest holder's (the round waits for it), "
+            "pp's the workers' mean."
+        )
     return "\n".join(lines) + "\n"
 
 

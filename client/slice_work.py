@@ -34,6 +34,7 @@ from snet.protocol.slices import HiddenSlice, slice_network
 
 from .data import Corpus
 from .slice_trainer import SliceTrainer
+from .update_timing import InlineChoice
 
 log = logging.getLogger("snet.worker")
 
@@ -67,6 +68,7 @@ class SliceWork:
         self.queue: deque[SliceMessage] = deque()
         self.bunches = 0  # forward passes computed (each after the previous one's update)
         self.compute_seconds = 0.0
+        self.last_seconds = 0.0  # the last bunch's update and forward pass
 
     def file(self, message: Message) -> bool:
         """Take an np message (False for any other)."""
@@ -83,25 +85,41 @@ class SliceWork:
         return isinstance(first, SliceState) or self.corpus.ready_for(first.indices)
 
     async def step(
-        self, executor: Executor, send: Callable[[Message], None], wake: asyncio.Event
-    ) -> RemoteError | None:
-        """Apply the next message in the compute thread and send its replies, or wait
-        for ``wake`` when none is ready. A slice this worker cannot hold (a board's
-        memory) is refused: the server is told (fatal ``bad_job``) and the refusal is
-        returned, for the worker to leave (the server hands the units to the others)."""
+        self, executor: Executor, send: Callable[[Message], None], wake: asyncio.Event,
+        inline: InlineChoice | None = None,
+    ) -> RemoteError | None:  # fmt: skip
+        """Apply the next message and send its replies, or wait for ``wake`` when none is
+        ready. A slice this worker cannot hold (a board's memory) is refused: the server
+        is told (fatal ``bad_job``) and the refusal is returned, for the worker to leave
+        (the server hands the units to the others).
+
+        A bunch runs in the compute thread, or on the event loop's thread while bunches
+        take less than ``inline``'s limit (``InlineChoice``, as the other modes choose): an
+        np worker's every bunch is a round trip on the critical path of all of them, and
+        the two thread switches cost a tenth of a bunch of 1-2 ms. A slice host (an
+        emulated board, whose passes take its modelled time) always uses the thread."""
         if not self.ready():
             await wake.wait()
             return None
         message = self.queue.popleft()
-        loop = asyncio.get_running_loop()
+        bunch = isinstance(message, NpBunch) and message.bunch >= 0
+        on_loop = bunch and inline is not None and inline.chosen and self.host is None
         try:
-            replies = await loop.run_in_executor(executor, self.apply, message)
+            if on_loop:
+                replies = self.apply(message)
+            else:
+                loop = asyncio.get_running_loop()
+                replies = await loop.run_in_executor(executor, self.apply, message)
         except ConfigError as exc:
             log.error("cannot take the slice the server gave: %s", exc)
             send(ErrorMessage("bad_job", str(exc), True))
             return RemoteError("bad_job", str(exc))
+        if bunch and inline is not None:  # the bunch's own time, not the switches' (apply)
+            inline.measured(self.last_seconds)
         for reply in replies:
             send(reply)
+        if on_loop:  # let the loop read what came meanwhile
+            await asyncio.sleep(0)
         return None
 
     def apply(self, message: SliceMessage) -> list[Message]:
@@ -135,7 +153,7 @@ class SliceWork:
             partial = trainer.forward(message.bunch, self._patterns(message.indices))
             if self.host is not None:
                 self.host.slice_forward(len(message.indices))
-            seconds = time.perf_counter() - started
+            seconds = self.last_seconds = time.perf_counter() - started
             self.bunches += 1
             self.compute_seconds += seconds
             replies.append(PartialOutputs(message.bunch, seconds, partial))

@@ -342,7 +342,8 @@ class Worker:
                 continue
             if self._slices is not None:  # np mode: the server's bunches, in order
                 before = self._slices.bunches
-                self._refused = await self._slices.step(self.executor, connection.send, self._wake)
+                self._refused = await self._slices.step(self.executor, connection.send,
+                                                        self._wake, inline)  # fmt: skip
                 if before == 0 < self._slices.bunches:  # as with a first update: a job can
                     self.reports.send(connection)  # end before the first periodic report
                 continue

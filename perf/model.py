@@ -17,10 +17,9 @@ Two models, both written down in docs/performance-model.md:
 - **BSP cost of exemplar parallelism with batch learning** (Rogers & Skillicorn, 1998):
   supersteps of cost ``w + h * g + l``, in flops, for an epoch of E exemplars.
 
-bmuf (block-wise model-update filtering, docs/bmuf.md) is the pattern-parallel round
-with a block of τ bunches of compute per exchange: ``τ T_c + L + P T_d + T_h`` with sync
-blocks, ``max(τ T_c + L / 2, P T_d + T_h)`` with async ones; a compressed update or
-delta shrinks the way to the server only (``update_bytes``).
+bmuf (docs/bmuf.md) is the pattern-parallel round with τ bunches of compute per exchange
+(``τ T_c + L + P T_d + T_h`` sync, ``max(τ T_c + L / 2, P T_d + T_h)`` async); a
+compressed update shrinks the way to the server only (``update_bytes``).
 
 Every time is in seconds unless a name says otherwise; MCUPS counts connection updates
 (weights and biases times patterns) per second, in millions, as snet's /status does.
@@ -77,6 +76,19 @@ class Constants:
     apply_seconds_per_byte: float  # server: per byte of each update it adds up
     step_seconds_per_byte: float  # server: per byte of the element, once per step
     step_fixed_seconds: float = 0.0  # server: a step's own cost beyond its bytes
+    # np mode's own path (bench/np_calibrate.py; 0: not measured, the pattern-parallel
+    # message costs stand in): the server's cost per worker per bunch (both messages,
+    # beyond their bytes); its own work per bunch (sum, softmax, bookkeeping) and per
+    # byte of the element (the periodic slice reports and their assembly, the CV it
+    # scores); the rest of a one-worker round (its messages' other ends, wake-ups) and
+    # per element byte; a worker's compute per pattern beyond its units' connection
+    # updates (its window, the calls' fixed costs), paid by every worker for every pattern.
+    np_worker_seconds: float = 0.0
+    np_bunch_seconds: float = 0.0
+    np_bunch_seconds_per_byte: float = 0.0
+    np_latency_seconds: float = 0.0
+    np_latency_seconds_per_byte: float = 0.0
+    np_pattern_seconds: float = 0.0
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -93,9 +105,9 @@ class Constants:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> Constants:
-        """Constants from a JSON object; every field is required but ``source`` and
-        ``step_fixed_seconds`` (0 when absent: files written before it existed)."""
-        data = {"step_fixed_seconds": 0.0, **data}
+        """Constants from a JSON object; every field is required but ``source`` and those
+        with defaults (0 when absent: files written before they existed)."""
+        data = {f.name: f.default for f in fields(cls) if isinstance(f.default, float)} | data
         names = [f.name for f in fields(cls) if f.name != "source"]
         missing = [name for name in names if name not in data]
         if missing:
@@ -131,6 +143,12 @@ DEFAULT_CONSTANTS = Constants(
     apply_seconds_per_byte=4.1e-11,  # adding one more 2 MB update into the sum
     step_seconds_per_byte=4.89e-10,  # momentum, new weights and their publication, per byte
     step_fixed_seconds=1.0e-4,  # a step's hand-offs, ledger and statistics
+    np_worker_seconds=8.0e-5,  # np, measured 2026-11-23 on 351:4|2048:45, bunch 128
+    np_bunch_seconds=1.3e-4,
+    np_bunch_seconds_per_byte=1.5e-10,
+    np_latency_seconds=1.0e-4,
+    np_latency_seconds_per_byte=3.0e-10,
+    np_pattern_seconds=9.0e-7,
     source="defaults (measured 2026-11-22 on the development machine)",
 )
 
@@ -236,13 +254,22 @@ def network_parallel_phases(
     errors (patterns x outputs); each computes its N_h / P hidden units for all the
     patterns, updates its slice, and answers the output layer's partial sums (patterns x
     outputs); the server adds the P of them and applies the softmax. No weights cross
-    the link, but every bunch is an exchange with every worker.
+    the link, but every bunch is an exchange with every worker. np's own constants
+    (``np_*``, measured on its path) give T_d, T_h and L, and every worker pays
+    ``np_pattern_seconds`` a pattern; without them pattern-parallel's stand in.
     """
     hidden = sum(network.sizes[1:-1])
     c1, c2 = per_pattern_coefficients(network, constants.cu_seconds)
     per_pattern = c1 * hidden / workers + c2 + constants.pattern_seconds
-    compute = time_scale * bunch * per_pattern
+    compute = time_scale * bunch * (per_pattern + constants.np_pattern_seconds)
     activations = bunch * network.output_size * WORD_BYTES
+    if constants.np_worker_seconds > 0.0:
+        size, element = 2 * activations + bunch * INDEX_BYTES, network.connections * WORD_BYTES
+        transfer = constants.np_worker_seconds + size * constants.link_seconds_per_byte
+        latency = (constants.np_latency_seconds + size * constants.worker_seconds_per_byte
+                   + element * constants.np_latency_seconds_per_byte)  # fmt: skip
+        host = constants.np_bunch_seconds + element * constants.np_bunch_seconds_per_byte
+        return Phases(compute, transfer, host, latency, bunch)
     transfer, latency = _transfers(activations, activations + bunch * INDEX_BYTES, constants)
     host = activations * (workers * constants.apply_seconds_per_byte)
     return Phases(compute, transfer, host + constants.step_fixed_seconds, latency, bunch)
@@ -278,14 +305,10 @@ def serial_round_seconds(phases: Phases, workers: int) -> float:
 
     A worker's compute and its own end of the round trip, then the server's P transfers
     and its step, one after the other: the BSP supersteps of ``bsp_server_batch_cost``,
-    in seconds. A staggered form, each worker computing as soon as its own copy of the
-    weights is in (``max(T_c + L + (P + 1) T_d / 2, P T_d) + T_h``, the MultiSpert rule
-    with a barrier), was tried: over four runs it was up to 15 % optimistic at P = 8,
-    this form within 6 % in the same runs (docs/performance-model.md). The server's
-    copies do leave one after the other (its sockets take each 2 MB write whole), but
-    in that benchmark the workers' own ends of the transfers share the server's two
-    cores, so they queue as well; for workers on machines of their own the staggered
-    form may fit better.
+    in seconds. A staggered form (``max(T_c + L + (P + 1) T_d / 2, P T_d) + T_h``, each
+    worker computing once its own copy is in) was up to 15 % optimistic at P = 8 where
+    this one was within 6 % (docs/performance-model.md): there the workers' ends of the
+    transfers share the server's two cores and queue too.
     """
     return phases.compute + phases.latency + workers * phases.transfer + phases.host
 

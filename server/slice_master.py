@@ -59,10 +59,17 @@ class SliceMaster:
         self.momentum = np.float32(momentum)
         self.element = np.array(element, dtype=ELEMENT_DTYPE)  # slices as last reported
         self.velocity = np.zeros_like(self.element)  # the slices' momentum, as reported
+        # Views of the output biases and their momentum, taken once: every bunch uses them
+        # (a layout's views cost more than the bunch's softmax), and both arrays are only
+        # ever written in place.
+        self._bias = output_bias(spec, self.element)
+        self._bias_speed = output_bias(spec, self.velocity)
         self.holders: dict[int, HiddenSlice] = {}  # worker id -> its slice
         self.reported: set[int] = set()  # holders whose report came since the last request
         self.units_rolled_back = 0  # hidden units handed over from a stale copy
         self.memory_short = ""  # why the last cut could not respect the workers' memory
+        self.bunches = 0  # completed, for /status
+        self.slowest_compute_seconds = 0.0  # summed over them: each one's slowest holder
 
     # ------------------------------------------------------------ slices
 
@@ -140,7 +147,7 @@ class SliceMaster:
     ) -> tuple[np.ndarray, float, int]:
         """(error ``softmax - one-hot`` per pattern, summed loss, correct) of one bunch."""
         z = np.add.reduce(partials) if len(partials) > 1 else partials[0].copy()
-        z += output_bias(self.spec, self.element)
+        z += self._bias
         rows = np.arange(len(labels))
         z -= z.max(axis=1, keepdims=True)
         correct = int(np.count_nonzero(z[rows, labels] == 0.0))  # ties count, as the workers
@@ -153,12 +160,17 @@ class SliceMaster:
 
     def step_output(self, delta: np.ndarray, patterns: int, rate: float) -> None:
         """The output biases' momentum step, as the workers step their slices."""
-        bias = output_bias(self.spec, self.element)
-        speed = output_bias(self.spec, self.velocity)
+        bias, speed = self._bias, self._bias_speed
         gradient = np.add.reduce(delta, axis=0) * np.float32(rate / max(patterns, 1))
         speed *= self.momentum
         speed -= gradient.astype(ELEMENT_DTYPE)
         bias += speed
+
+    def bunch_done(self, slowest_seconds: float) -> None:
+        """A bunch completed; its slowest holder computed for ``slowest_seconds`` (what a
+        round waits for: bench/np_vs_pp.py gives the model this compute)."""
+        self.bunches += 1
+        self.slowest_compute_seconds += slowest_seconds
 
     def load(self, element: np.ndarray, velocity: np.ndarray | None = None) -> None:
         """Start over from ``element`` and ``velocity`` (none: a roll-back, no momentum);
@@ -194,4 +206,6 @@ class AssembledElement(UpdateRule):
             "slices": " ".join(f"{w}:{p.start}-{p.stop}" for w, p in sorted(holders.items())),
             "units_rolled_back": self.master.units_rolled_back,
             "memory_short": self.master.memory_short,
+            "bunches": self.master.bunches,
+            "slowest_compute_seconds": round(self.master.slowest_compute_seconds, 6),
         }

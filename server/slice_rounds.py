@@ -80,6 +80,7 @@ class BunchRound:
     frames: np.ndarray
     sent_at: float
     partials: dict[int, np.ndarray] = field(default_factory=dict)
+    slowest: float = 0.0  # the longest compute a holder reported for it (the barrier waits)
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,7 @@ class SliceRounds:
             raise RejectedUpdate(f"a second partial output for bunch {message.bunch}")
         self.master.check_partial(session.worker_id, message.partial, len(round_.frames))
         round_.partials[session.worker_id] = message.partial
+        round_.slowest = max(round_.slowest, message.compute_seconds)
         self._delivered(session, len(round_.frames), message.compute_seconds)
         units = self.master.holders[session.worker_id].units
         session.patterns += len(round_.frames)
@@ -237,6 +239,7 @@ class SliceRounds:
             delta, loss, correct = self.master.combine(partials, labels)
             patterns, rate = len(round_.frames), self.epochs.rate
             self.master.step_output(delta, patterns, rate)
+            self.master.bunch_done(round_.slowest)
             # Recorded as applied once the slices that include it are reported: a
             # checkpoint's ledger then holds exactly the bunches in its element.
             frames = self.book.accept(LONE, round_.lease_id, round_.offset, patterns)

@@ -7,6 +7,7 @@ in docs/performance-model.md); nothing is timed.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 import json
 import math
 from pathlib import Path
@@ -186,6 +187,22 @@ def test_network_parallel_phases_worked_by_hand() -> None:
     assert phases.transfer == pytest.approx(160e-9 + 2 * 1e-4)
     assert phases.latency == pytest.approx(320e-9 + 2 * 5e-5)
     assert phases.host == pytest.approx(40 * 3 * 1e-10 + 3e-6)  # adding the sums, a step
+
+
+def test_network_parallel_phases_with_np_constants_worked_by_hand() -> None:
+    # np's own constants (bench/np_calibrate.py) replace the pattern-parallel message costs.
+    measured = replace(HAND, np_worker_seconds=2e-4, np_bunch_seconds=1e-4,
+                       np_bunch_seconds_per_byte=1e-8, np_latency_seconds=3e-4,
+                       np_latency_seconds_per_byte=2e-8, np_pattern_seconds=5e-7)  # fmt: skip
+    phases = network_parallel_phases(TINY, bunch=10, workers=3, constants=measured)
+    # every worker pays 0.5 us a pattern beyond its unit's connection updates
+    assert phases.compute == pytest.approx(10 * (4e-6 * 1 + 1e-6 + 5e-7))
+    # the 160 bytes of the pair of messages at the link's and the worker's rates
+    assert phases.transfer == pytest.approx(2e-4 + 160e-9)
+    assert phases.latency == pytest.approx(3e-4 + 320e-9 + 52 * 2e-8)  # + 13 x 4 bytes
+    assert phases.host == pytest.approx(1e-4 + 52 * 1e-8)
+    older = {k: v for k, v in measured.to_dict().items() if not k.startswith("np_")}
+    assert Constants.from_dict(older, "old.json").np_worker_seconds == 0.0  # the old costs
 
 
 def test_a_bmuf_round_is_a_block_of_compute_and_one_exchange() -> None:
