@@ -14,6 +14,7 @@ SPEC = NetworkSpec.parse("351:1262:45")
 
 def _measured(mcups: float, seconds_per_bunch: float) -> dict[str, Any]:
     return {"mcups": mcups, "worker_seconds_per_bunch": seconds_per_bunch,
+            "mean_worker_seconds_per_bunch": seconds_per_bunch,
             "runs": [mcups], "loads": [1.0]}  # fmt: skip
 
 

@@ -7,9 +7,9 @@ in docs/performance-model.md); nothing is timed.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
