@@ -44,7 +44,7 @@ from snet.protocol.network import NetworkSpec
 
 from .calibrate import calibrate
 from .np_calibrate import measure_np_rounds
-from .processes import LocalCluster, best_rate, sample_patterns, synthetic_corpus
+from .processes import LocalCluster, best_rate, job_flags, sample_patterns, synthetic_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 STRATEGY_MODE = {"network": "np", "pattern": "sync"}
@@ -56,13 +56,12 @@ def hidden_layer(spec: NetworkSpec, units: int) -> NetworkSpec:
     return NetworkSpec((spec.sizes[0], units, spec.sizes[2]), spec.activations)
 
 
-def job_flags(strategy: str, spec: NetworkSpec, bunch: int, data: Path, context: int,
-              workers: int) -> list[str]:  # fmt: skip
-    flags = ["--mode", STRATEGY_MODE[strategy], "--network", spec.describe(),
-             "--bunch-size", str(bunch), "--chunk-frames", str(16 * bunch), "--epochs", "1000",
-             "--data", str(data), "--context", str(context), "--learning-rates", "0.01",
-             "--min-workers", str(workers)]  # fmt: skip
-    return flags
+def np_job_flags(strategy: str, spec: NetworkSpec, bunch: int, data: Path, context: int,
+                 workers: int) -> list[str]:  # fmt: skip
+    """The benchmark's job: bench/processes.py's, in chunks of 16 bunches, every worker
+    joined before the first lease."""
+    flags = job_flags(STRATEGY_MODE[strategy], spec, bunch, data, context, chunk_bunches=16)
+    return [*flags, "--learning-rates", "0.01", "--min-workers", str(workers)]
 
 
 def _compute_seconds(rows: list[dict[str, Any]], connections: int) -> dict[str, tuple[int, float]]:
@@ -82,7 +81,7 @@ def measure(
     compute seconds per bunch the workers reported over the same window."""
     env = blas_thread_env(1)
     with LocalCluster(directory, env) as cluster:
-        server = cluster.server(job_flags(strategy, spec, bunch, *corpus, workers))
+        server = cluster.server(np_job_flags(strategy, spec, bunch, *corpus, workers))
         for index in range(workers):
             cluster.worker(server, f"w{index}", ["--backend", "numpy"])
         cluster.wait_for(

@@ -25,6 +25,8 @@ import numpy as np
 
 from snet.protocol.network import NetworkSpec
 
+from .tree_cpu import own_cpu_seconds
+
 START_SECONDS = 60.0
 WARMUP_STEPS = 5  # steps trained before measuring starts
 UTTERANCE_FRAMES = 1000
@@ -56,13 +58,10 @@ def cpu_seconds(processes: list[subprocess.Popen[bytes]]) -> float | None:
     """CPU time (user + system) the processes have used, or None without /proc."""
     total = 0.0
     for process in processes:
-        try:
-            stat = Path(f"/proc/{process.pid}/stat").read_text()
-        except OSError:
+        seconds = own_cpu_seconds(process.pid)
+        if seconds is None:
             return None
-        # after the command name: state is field 3, utime and stime are fields 14 and 15
-        fields = stat.rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total += seconds
     return total
 
 
@@ -263,13 +262,15 @@ def train_modelled(
     }
 
 
-def job_flags(mode: str, network: NetworkSpec, bunch: int, data: Path, context: int) -> list[str]:
-    """The server's job: many epochs of the synthetic corpus, chunks of four bunches."""
+def job_flags(
+    mode: str, network: NetworkSpec, bunch: int, data: Path, context: int, chunk_bunches: int = 4
+) -> list[str]:
+    """The server's job: many epochs of the synthetic corpus, chunks of ``chunk_bunches``."""
     flags = {
         "--mode": mode,
         "--network": network.describe(),
         "--bunch-size": str(bunch),
-        "--chunk-frames": str(4 * bunch),
+        "--chunk-frames": str(chunk_bunches * bunch),
         "--epochs": "1000",
         "--data": str(data),
         "--context": str(context),

@@ -22,6 +22,13 @@ def _stat_fields(pid: int) -> list[str] | None:
     return text.rpartition(")")[2].split()  # after the command name, which may hold spaces
 
 
+def own_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) of ``pid`` itself so far (None: gone, or no /proc)."""
+    fields = _stat_fields(pid)
+    # fields[11:13]: utime, stime (stat(5) fields 14-15)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def _children(pid: int) -> list[int]:
     found: list[int] = []
     try:
