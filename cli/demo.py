@@ -100,6 +100,14 @@ async def _demo(args: argparse.Namespace) -> int:
         listening.close()
         await _stop_workers(workers)
         raise
+    finished = server.coordinator.finished
+    already_trained = finished.is_set()  # resumed a run that had completed
+    if already_trained:
+        print(
+            f"snet demo: {config.out_dir} holds this job's finished run, shown below and not "
+            "trained again (remove it, or give another --out-dir, to train anew)",
+            flush=True,
+        )
     url = f"http://127.0.0.1:{server.http_port}"
     boards = (
         f" and {args.spert} emulated Spert-II boards (x{args.spert_time_scale:g})"
@@ -125,8 +133,9 @@ async def _demo(args: argparse.Namespace) -> int:
             await progress
         _print_epochs(server, started, bar, printed)  # the last epochs, at once
         bar.clear()
-        # Stopped early, the workers would wait for the server to come back.
-        await _stop_workers(workers, terminate=not server.coordinator.finished.is_set())
+        # Stopped early, the workers would wait for the server to come back; after a run
+        # that had completed before this start they may not have joined to be sent home.
+        await _stop_workers(workers, terminate=already_trained or not finished.is_set())
     final = server.coordinator.stats.weights_cv_accuracy()  # of weights.npz (newbob rolls back)
     codes = [p.returncode for p in workers]
     print(
@@ -135,7 +144,8 @@ async def _demo(args: argparse.Namespace) -> int:
         f"weights in {config.out_dir}/weights.npz; worker exit codes {codes}",
         flush=True,
     )
-    return 0 if reason == "trained" and all(code == 0 for code in codes) else 1
+    workers_ok = already_trained or all(code == 0 for code in codes)  # those: stopped by us
+    return 0 if reason == "trained" and workers_ok else 1
 
 
 async def _start_workers(

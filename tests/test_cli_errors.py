@@ -177,6 +177,13 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     assert "\x1b" not in done.stdout and "\r" not in done.stdout  # a pipe: no progress bar
     assert "\nepoch  1/1  lr " in done.stdout  # counted from 1
+    # again on the same out-dir: the finished run is shown, not trained again, and the
+    # workers (which had nothing to join) are stopped at once rather than left retrying
+    again = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))
+    assert again.returncode == 0, again.stderr
+    assert "holds this job's finished run" in again.stdout
+    assert "\nepoch  1/1  lr " in again.stdout and "done (trained)" in again.stdout
+    assert "not reachable" not in again.stderr and "Traceback" not in again.stderr
 
 
 def test_cv_fraction_and_split_seed_are_flags(tmp_path: Path) -> None:
