@@ -152,11 +152,15 @@ class LocalCluster:
         raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
     def close(self) -> None:
-        """SIGTERM the server (workers get a goodbye), then kill whatever is left."""
+        """SIGTERM the server (workers get a goodbye), then the workers (a server that
+        stops is one to wait for, so they would retry), then kill whatever is left."""
         if self.server_handle is not None and self.server_handle.process.poll() is None:
             self.server_handle.process.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.server_handle.process.wait(10)
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 5.0
         for process in self.processes:
             try:

@@ -98,6 +98,7 @@ def run_scaling(
     workdir: str | None = None,
     compute_mcups: float | None = None,
     repeats: int = 2,
+    frames: int = 500_000,
 ) -> dict[str, Any]:
     """Measure MCUPS of 1..8 emulated workers per mode beside the model's prediction.
 
@@ -106,7 +107,8 @@ def run_scaling(
     (``cu_seconds``: the numpy step measured now) times ``time_scale``, or at
     ``compute_mcups`` when given (e.g. the worker benchmark's figure from the same run).
     Returns a JSON-able dict: the constants, the scenario, and a row per (mode, workers)
-    with measured and predicted MCUPS and their ratio.
+    with measured and predicted MCUPS and their ratio. ``frames``: the synthetic corpus's
+    size (every process loads and normalises it: a test's smaller one starts faster).
     """
     spec = NetworkSpec.parse(network)
     constants = constants or calibrate(spec, bunch)
@@ -117,7 +119,7 @@ def run_scaling(
     best: dict[tuple[str, int], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="snet-scaling-", dir=workdir) as tmp:
         root = Path(tmp)
-        corpus = synthetic_corpus(root / "corpus.npz", spec)
+        corpus = synthetic_corpus(root / "corpus.npz", spec, frames)
         env = modelled_env(constants.cu_seconds, time_scale)
         # Every point is measured ``repeats`` times, the repeats apart in time, and the best
         # run kept: a busy spell of other processes then rarely spoils a point twice.

@@ -519,6 +519,7 @@ def test_scaling_benchmark_sets_measurement_beside_the_model(
         constants=DEFAULT_CONSTANTS,
         workdir=str(tmp_path),
         repeats=1,
+        frames=40_000,
     )
     json.dumps(result)  # JSON-able, for snet bench
     assert [row["workers"] for row in result["rows"]] == [1, 2]
