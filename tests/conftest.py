@@ -64,10 +64,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that starts real processes through ``cluster`` is in the system ring, marked
     or not (the marks in the files say so to the reader; this keeps a forgotten one out of
-    the fast ring)."""
+    the fast ring). The system ring's tests run first."""
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.system)
+    # The system ring first (in file order, stably): run two at a time (``make test``), the
+    # long tests start early and the fast ring's many short ones even out the end, where
+    # one long test left last would keep one process busy while the other idles.
+    items.sort(key=lambda item: item.get_closest_marker("system") is None)
 
 
 @pytest.fixture(autouse=True)
