@@ -86,14 +86,18 @@ def check_log_files(directory: Path, pattern: str = "*.log") -> None:
         check_output(str(log), log.read_text(errors="replace"))
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` every 50 ms until it returns something truthy, or fail."""
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
+) -> Any:
+    """Poll ``predicate`` every ``interval`` seconds until it returns something truthy, or
+    fail. (A predicate that starts a process each time wants a longer interval: each start
+    costs a few tenths of a second of the CPU the processes under test need.)"""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 

@@ -24,6 +24,9 @@ from netlab import NetLab
 PORT, HTTP_PORT = 7000, 7080  # each namespace has its own ports: no clash with anything
 WORKERS = ("w1", "w2", "w3")
 CUT = "w3"
+# /status is read by `snet status` started on the monitor host: each read is a process
+# start, a few tenths of a second of the CPU the server and workers train with.
+POLL_SECONDS = 0.5
 
 
 @pytest.fixture
@@ -95,6 +98,7 @@ def test_three_workers_on_their_own_hosts_one_link_cut_and_mended(
         lambda: (s := status())["workers_live"] == 3 and s["steps"] > 20 and s,
         60,
         "three workers training together",
+        POLL_SECONDS,
     )
     seen = {row["name"]: row["address"].rsplit(":", 1)[0] for row in first["workers"]}
     assert seen == worker_ips  # the server saw each worker at its own host's address
@@ -115,10 +119,15 @@ def test_three_workers_on_their_own_hosts_one_link_cut_and_mended(
     log = tmp / f"{CUT}.log"
     wait_until(lambda: "nothing from the server for" in log.read_text(), 30, "the worker to notice")
     gone = wait_until(
-        lambda: (s := status()) and _rows(s, CUT)[0]["state"] == "gone" and s, 30, "the drop"
+        lambda: (s := status()) and _rows(s, CUT)[0]["state"] == "gone" and s,
+        30,
+        "the drop",
+        POLL_SECONDS,
     )
     version = gone["weight_version"]
-    wait_until(lambda: status()["weight_version"] > version + 20, 60, "the others to go on")
+    wait_until(
+        lambda: status()["weight_version"] > version + 20, 60, "the others to go on", POLL_SECONDS
+    )
     lab.mend(CUT)
     rejoined = wait_until(
         lambda: (
@@ -130,6 +139,7 @@ def test_three_workers_on_their_own_hosts_one_link_cut_and_mended(
         ),
         90,
         "the cut worker to rejoin and train",
+        POLL_SECONDS,
     )
     again = _rows(rejoined, CUT)[-1]
     assert again["id"] > before["id"] and again["address"].startswith(worker_ips[CUT] + ":")
