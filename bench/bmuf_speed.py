@@ -5,7 +5,7 @@ after its 10 epochs. Each repeat runs, in alternating order so that a busy spell
 other processes falls on both alike:
 
 - ``snet train`` with one BLAS thread;
-- ``snet demo --mode bmuf --workers 2`` (the default job, bunch 128/2 per worker, blocks
+- ``snet demo --mode bmuf --workers 2`` (the default job, bunch 128 per worker, blocks
   of ``--block-bunches``, filter ``--block-filter``), one BLAS thread per process;
 
 and takes the wall time from launching the command to the first epoch line whose CV

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from snet.protocol.job import SHARED_BUNCH_MODES, JobSpec
 from snet.protocol.numbering import shown_epoch
 from snet.server.config import ServerConfig
 
@@ -66,15 +67,22 @@ async def _progress(
         await asyncio.sleep(0.05)  # an epoch line late by at most this: bench times them
 
 
+def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
+    """The demo's job for ``workers`` workers when no bunch size was chosen. Data division
+    as in SNet for the modes that sum shares of one global bunch (``SHARED_BUNCH_MODES``):
+    the job's bunch split among the workers (docs/convergence.md: 128 per worker instead
+    cost 2-3 CV points at N=4). bmuf's workers train on whole bunches (docs/bmuf.md)."""
+    if job.mode not in SHARED_BUNCH_MODES:
+        return job
+    return job.with_changes(bunch_size=max(job.bunch_size // max(workers, 1), 8))
+
+
 async def _demo(args: argparse.Namespace) -> int:
     values, where = read_toml(args.config).table("job")
     job = build_job(values, given_job(args), where)
     chosen = args.bunch_size is not None or "bunch_size" in values
     if not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ):
-        # Data division as in SNet: the job's bunch is the global one, split among the
-        # workers (docs/convergence.md: 128 per worker instead cost 2-3 CV points at N=4).
-        workers = max(args.workers + args.spert, 1)
-        job = job.with_changes(bunch_size=max(job.bunch_size // workers, 8))
+        job = divided_bunch(job, args.workers + args.spert)
     config = ServerConfig(
         port=0,
         http_port=args.http_port,

@@ -20,6 +20,11 @@ from .slices import np_problem
 from .staleness import canonical_staleness
 
 MODES = ("sync", "async", "bmuf", "np")
+# The modes whose workers each take a share of the job's bunch when several start together
+# (`snet demo`): SNet's data division, a step summing the shares of one global bunch. In
+# bmuf every worker trains its own copy on whole bunches (local SGD with the job's bunch
+# and rate, as Chen & Huo), and in np every worker sees each whole bunch.
+SHARED_BUNCH_MODES = ("sync", "async")
 BLOCK_FILTERS = ("cbm", "nbm", "average", "nesterov")
 SCHEDULES = ("list", "newbob")
 FRAME_ORDERS = ("shuffled", "sequential")

@@ -228,3 +228,13 @@ def test_one_flag_per_field(command: str, classes: tuple[type, ...]) -> None:
         for field in fields(cls):
             if field.type not in ("JobSpec", "DataSpec"):
                 assert field.name in dests, f"snet {command} has no flag for {field.name}"
+
+
+def test_the_demo_splits_the_bunch_only_where_a_step_sums_shares_of_it() -> None:
+    from snet.cli.demo import divided_bunch
+    from snet.protocol.job import JobSpec
+
+    job = JobSpec()  # bunches of 128
+    assert [divided_bunch(job.with_changes(mode=mode), 2).bunch_size for mode in
+            ("sync", "async", "bmuf", "np")] == [64, 64, 128, 128]  # fmt: skip
+    assert divided_bunch(job.with_changes(mode="async"), 64).bunch_size == 8  # at least 8
