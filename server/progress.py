@@ -3,8 +3,10 @@
 No step may wait for a particular worker longer than its deadline (SNet v2's asynchronous
 mode exists so that a slow machine delays nobody; issue 12). A worker's deadline is
 measured, not configured: ``STALL_FACTOR`` times its own mean interval between updates
-(or, before it has delivered twice, the median of the others'), never less than
-``stall_seconds``. Its clock starts when it last delivered an update or, if later, when it
+(after its first update, which includes its start-up, the compute time it reported for
+that one, never more than the server saw it take: a worker ten times slower than the
+others, an emulated board beside numpy workers, is judged by its own pace from its second
+update on; before any, the median of the others'), never less than ``stall_seconds``. Its clock starts when it last delivered an update or, if later, when it
 was last given frames while it held none, so waiting for a lease never counts against it.
 Where being late costs the worker its connection (sync mode), its first update on a
 connection gets ``join_seconds`` more (it may still be loading the data); a worker scoring
@@ -35,6 +37,9 @@ class DeliveryClock:
     last_update_at: float | None = None
     interval: float | None = None  # running mean seconds between its updates
     seconds_per_pattern: float | None = None  # its measured compute time per pattern
+    # its first update's compute time, as it reported it but never more than the server saw
+    # it take (start-up included): the typical time until an interval is measured
+    first_compute: float | None = None
 
     @property
     def delivered(self) -> bool:
@@ -59,6 +64,9 @@ class DeliveryClock:
                 if self.interval is None
                 else (1 - INTERVAL_WEIGHT) * self.interval + INTERVAL_WEIGHT * sample
             )
+        elif self.work_since is not None and self.last_update_at is None:
+            seen = max(now - self.work_since, 0.0)
+            self.first_compute = min(seen, compute_seconds) if compute_seconds > 0 else seen
         self.last_update_at = now
         if patterns > 0 and compute_seconds > 0:
             self.seconds_per_pattern = compute_seconds / patterns
@@ -91,7 +99,7 @@ class ProgressWatch:
     ) -> float:
         """Seconds the worker may take from ``clock.clock_start()`` to its next update
         (``patient``: with the start-up allowance for a first update)."""
-        typical = clock.interval
+        typical = clock.interval if clock.interval is not None else clock.first_compute
         if typical is None:
             measured = [other.interval for other in others if other.interval is not None]
             typical = statistics.median(measured) if measured else None

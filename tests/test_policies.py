@@ -159,6 +159,28 @@ def test_a_deadline_follows_the_workers_measured_interval() -> None:
     assert clock.clock_start() is None  # holds no frames: owes nothing
 
 
+def test_after_one_update_a_slow_worker_is_judged_by_its_own_compute_time() -> None:
+    """An emulated board beside numpy workers: its blocks take seconds where theirs take
+    milliseconds. After its first update (start-up included, so no interval yet) the
+    others' pace would have it late at the floor; its own first compute time decides,
+    never more than the server saw it take (a claim beyond that is not believed)."""
+    watch = ProgressWatch(stall_seconds=2.0, join_seconds=10.0)
+    fast = [DeliveryClock(0.0, interval=0.015)]
+    board = DeliveryClock(joined_at=0.0)
+    board.got_work(0.0)
+    board.update_arrived(4.0, 2048, 2.5)  # 1.5 s of start-up, 2.5 s of compute
+    assert board.interval is None
+    assert watch.deadline(board, fast) == pytest.approx(STALL_FACTOR * 2.5)
+    boaster = DeliveryClock(joined_at=0.0)
+    boaster.got_work(0.0)
+    boaster.update_arrived(1.0, 64, 600.0)  # claims 600 s of compute in 1 s
+    assert watch.deadline(boaster, fast) == pytest.approx(STALL_FACTOR * 1.0)
+    quick = DeliveryClock(joined_at=0.0)
+    quick.got_work(0.0)
+    quick.update_arrived(1.0, 64, 0.015)
+    assert watch.deadline(quick, fast) == 2.0  # a fast worker keeps the floor
+
+
 def test_a_newcomer_is_judged_by_the_others_intervals_and_a_scorer_by_its_rate() -> None:
     watch = ProgressWatch(stall_seconds=0.1, join_seconds=0.0)
     others = []
