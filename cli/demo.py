@@ -30,7 +30,8 @@ from .settings import build_job, read_toml
 if TYPE_CHECKING:
     from snet.server.app import SnetServer
 
-WORKER_EXIT_SECONDS = 30.0
+WORKER_EXIT_SECONDS = 30.0  # to exit once asked to stop
+LEAVE_SECONDS = 5.0  # to leave by themselves once the server has finished
 BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
 
@@ -179,9 +180,23 @@ async def _start_workers(
 
 
 async def _stop_workers(workers: list[asyncio.subprocess.Process], terminate: bool = True) -> None:
-    """Wait for the workers to exit (``terminate``: ask them to first); kill the slow."""
+    """Stop the workers: at once (``terminate``), or once they have had ``LEAVE_SECONDS``
+    to leave by themselves (a finished server sends them home; one it had dropped, and
+    which was reconnecting when training ended, would retry for minutes). Those still
+    there are asked to stop (SIGTERM, a worker's graceful exit), then killed if slow."""
+    if not terminate:
+        waits = [asyncio.create_task(process.wait()) for process in workers]
+        if waits:
+            await asyncio.wait(waits, timeout=LEAVE_SECONDS)
+        late = [process for process in workers if process.returncode is None]
+        if late:
+            print(
+                f"snet demo: {len(late)} worker process(es) had not left {LEAVE_SECONDS:g} s "
+                "after training ended (dropped and reconnecting): stopping them",
+                flush=True,
+            )
     for process in workers:
-        if terminate:
+        if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
     for process in workers:
