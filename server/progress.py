@@ -6,8 +6,9 @@ measured, not configured: ``STALL_FACTOR`` times its own mean interval between u
 (after its first update, which includes its start-up, the compute time it reported for
 that one, never more than the server saw it take: a worker ten times slower than the
 others, an emulated board beside numpy workers, is judged by its own pace from its second
-update on; before any, the median of the others'), never less than ``stall_seconds``. Its clock starts when it last delivered an update or, if later, when it
-was last given frames while it held none, so waiting for a lease never counts against it.
+update on; before any, the median of the others'), never less than ``stall_seconds``.
+Its clock starts when it last delivered an update or, if later, when it was last given
+frames while it held none, so waiting for a lease never counts against it.
 Where being late costs the worker its connection (sync mode), its first update on a
 connection gets ``join_seconds`` more (it may still be loading the data); a worker scoring
 a CV set gets the time that takes at its measured rate.
