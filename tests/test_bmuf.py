@@ -140,12 +140,17 @@ def test_sync_blocks_of_one_bunch_without_momentum_are_sync_steps(cluster: Clust
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("block_filter", ["average"])
+@pytest.mark.parametrize("block_sync", ["true", "false"])
 def test_one_worker_with_no_block_momentum_trains_as_snet_train(
-    cluster: Cluster, block_filter: str
+    cluster: Cluster, block_sync: str
 ) -> None:
+    """Alone, with eta = 0, a worker's blocks are snet train's bunches, in sync and in async
+    blocks (where each block must start on the weights that hold the one before)."""
+    block_filter = "average"
     job = ("--epochs", "2", "--learning-rates", "0.2,0.1", *SMALL_JOB)
-    server = cluster.server("--mode", "bmuf", "--block-filter", block_filter, *job)
+    server = cluster.server(
+        "--mode", "bmuf", "--block-filter", block_filter, "--block-sync", block_sync, *job
+    )
     worker = cluster.worker(server, "alone")
     assert server.wait(120) == 0 and worker.wait(30) == 0
     sequential = cluster.tmp_path / "sequential"
