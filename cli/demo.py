@@ -147,10 +147,14 @@ async def _demo(args: argparse.Namespace) -> int:
         await _stop_workers(workers, terminate=already_trained or not finished.is_set())
     final = server.coordinator.stats.weights_cv_accuracy()  # of weights.npz (newbob rolls back)
     codes = [p.returncode for p in workers]
+    # workers of a run that had completed were stopped by the demo: nothing to report
+    workers_said = (
+        "workers stopped: nothing to train" if already_trained else f"worker exit codes {codes}"
+    )
     print(
         f"done ({reason}) in {time.monotonic() - started:.1f} s: final CV frame accuracy "
         f"{100 * (final or 0):.2f}%, {server.coordinator.stats.updates_applied} updates, "
-        f"weights in {config.out_dir}/weights.npz; worker exit codes {codes}",
+        f"weights in {config.out_dir}/weights.npz; {workers_said}",
         flush=True,
     )
     workers_ok = already_trained or all(code == 0 for code in codes)  # those: stopped by us

@@ -183,6 +183,7 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert "holds this job's finished run" in again.stdout
     assert "\nepoch  1/1  lr " in again.stdout and "done (trained)" in again.stdout
+    assert "workers stopped: nothing to train" in again.stdout
     assert "not reachable" not in again.stderr and "Traceback" not in again.stderr
 
 
