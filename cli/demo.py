@@ -72,7 +72,8 @@ def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
     """The demo's job for ``workers`` workers when no bunch size was chosen. Data division
     as in SNet for the modes that sum shares of one global bunch (``SHARED_BUNCH_MODES``):
     the job's bunch split among the workers (docs/convergence.md: 128 per worker instead
-    cost 2-3 CV points at N=4). bmuf's workers train on whole bunches (docs/bmuf.md)."""
+    cost 2-3 CV points at N=4). bmuf's workers train on whole bunches (docs/bmuf.md), and
+    np's each see every whole bunch."""
     if job.mode not in SHARED_BUNCH_MODES:
         return job
     return job.with_changes(bunch_size=max(job.bunch_size // max(workers, 1), 8))

@@ -132,12 +132,12 @@ class BlockCompute(ComputePolicy):
     def __init__(self, max_in_flight: int, sync: bool) -> None:
         super().__init__(max_in_flight)
         self.sync = sync
-        self._rounds = SyncCompute(max_in_flight)
+        # async blocks: one delta in flight at most, so the next block starts once the
+        # weights held say the last one was settled (applied, hence in them, or refused)
+        self._waits: ComputePolicy = SyncCompute(max_in_flight) if sync else AsyncCompute(1)
 
     def may_compute(self, state: ComputeState) -> bool:
-        if self.sync:
-            return self._rounds.may_compute(state)
-        return state.in_flight == 0  # its own last delta settled, in the weights held
+        return self._waits.may_compute(state)
 
     def frames_per_update(self, job: JobSpec) -> int:
         if job.block_seconds:  # the block ends by the clock, or at the lease's end

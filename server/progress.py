@@ -6,7 +6,8 @@ measured, not configured: ``STALL_FACTOR`` times its own mean interval between u
 (after its first update, which includes its start-up, the compute time it reported for
 that one, never more than the server saw it take: a worker ten times slower than the
 others, an emulated board beside numpy workers, is judged by its own pace from its second
-update on; before any, the median of the others'), never less than ``stall_seconds``.
+update on; before any, or if it reported none, the median of the others'), never less
+than ``stall_seconds``.
 Its clock starts when it last delivered an update or, if later, when it was last given
 frames while it held none, so waiting for a lease never counts against it.
 Where being late costs the worker its connection (sync mode), its first update on a
@@ -58,16 +59,15 @@ class DeliveryClock:
 
     def update_arrived(self, now: float, patterns: int, compute_seconds: float) -> None:
         """An update came in (accepted or refused: either way it is alive)."""
-        if self.work_since is not None and self.last_update_at is not None:
-            sample = max(now - self.work_since, 0.0)  # the first includes start-up: not counted
-            self.interval = (
-                sample
-                if self.interval is None
-                else (1 - INTERVAL_WEIGHT) * self.interval + INTERVAL_WEIGHT * sample
-            )
-        elif self.work_since is not None and self.last_update_at is None:
-            seen = max(now - self.work_since, 0.0)
-            self.first_compute = min(seen, compute_seconds) if compute_seconds > 0 else seen
+        if self.work_since is not None:
+            sample = max(now - self.work_since, 0.0)
+            if self.last_update_at is None:  # the first includes start-up: not an interval
+                if compute_seconds > 0:  # unreported: the others' pace until it has one
+                    self.first_compute = min(sample, compute_seconds)
+            elif self.interval is None:
+                self.interval = sample
+            else:
+                self.interval = (1 - INTERVAL_WEIGHT) * self.interval + INTERVAL_WEIGHT * sample
         self.last_update_at = now
         if patterns > 0 and compute_seconds > 0:
             self.seconds_per_pattern = compute_seconds / patterns

@@ -179,6 +179,10 @@ def test_after_one_update_a_slow_worker_is_judged_by_its_own_compute_time() -> N
     quick.got_work(0.0)
     quick.update_arrived(1.0, 64, 0.015)
     assert watch.deadline(quick, fast) == 2.0  # a fast worker keeps the floor
+    silent = DeliveryClock(joined_at=0.0)
+    silent.got_work(0.0)
+    silent.update_arrived(4.0, 64, 0.0)  # reports no compute time: the others' pace
+    assert watch.deadline(silent, fast) == 2.0
 
 
 def test_a_newcomer_is_judged_by_the_others_intervals_and_a_scorer_by_its_rate() -> None:
@@ -205,6 +209,19 @@ def test_sync_worker_waits_for_the_step_of_its_update_unless_refused() -> None:
     assert not policy.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
     assert policy.may_compute(ComputeState(version=4, last_base=3, in_flight=0))  # stepped
     assert policy.may_compute(ComputeState(version=3, last_base=3, in_flight=0))  # refused
+
+
+def test_async_block_starts_on_the_weights_that_hold_the_workers_last_delta() -> None:
+    """bmuf with async blocks: a block is sent as the difference from the weights it began
+    on, so the next begins only once its own last delta is settled, whatever the job's
+    in-flight bound; it never waits for the other workers' blocks."""
+    policy = make_compute_policy(JobSpec(mode="bmuf", block_sync=False, max_in_flight=4))
+    assert not policy.may_compute(ComputeState(version=9, last_base=3, in_flight=1))
+    assert policy.may_compute(ComputeState(version=9, last_base=3, in_flight=0))
+    assert policy.may_compute(ComputeState(version=0, last_base=-1, in_flight=0))  # first
+    rounds = make_compute_policy(JobSpec(mode="bmuf", block_sync=True, max_in_flight=4))
+    assert not rounds.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
+    assert rounds.may_compute(ComputeState(version=4, last_base=3, in_flight=0))
 
 
 def test_async_worker_never_waits_for_weights_only_for_its_in_flight_bound() -> None:

@@ -175,7 +175,8 @@ def assert_exactly_once(run: Run, epochs: int) -> None:
 # (the default net's: 0.9139-0.9241 in twelve runs), so this test holds the async run to
 # the ledger and the schedule, and the 0.5-point bound for async resumes is held on a job
 # whose uninterrupted runs agree (CONVERGING below).
-SMALLER = ("--network", "117:64:10", "--bunch-size", "512")
+SMALLER_NET = ("--network", "117:64:10")
+SMALLER = (*SMALLER_NET, "--bunch-size", "512")
 SETUPS = {
     "async": ("--mode", "async", "--min-workers", "2", "--updates-per-step", "2"),
     "sync": ("--mode", "sync", "--min-workers", "2"),
@@ -304,7 +305,7 @@ def test_newbob_resumes_its_schedule(cluster: Cluster) -> None:
 
 @pytest.mark.timeout(240)
 def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster) -> None:
-    job = ("--mode", "async", "--epochs", "3", "--checkpoint-seconds", "0.3", *SMALLER[:2])
+    job = ("--mode", "async", "--epochs", "3", "--checkpoint-seconds", "0.3", *SMALLER_NET)
     run = Run(cluster, "run", job)
     server = run.start()
     # A second server on the same out-dir: refused in one line, exit 1. (Before the
@@ -364,7 +365,7 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
 def test_sigterm_checkpoints_where_it_stopped(cluster: Cluster) -> None:
     """A stop (``systemctl restart``) loses nothing: the server resumes at the very version
     it stopped at, and what it wrote at the stop are the weights it resumes with."""
-    run = Run(cluster, "stop", ("--mode", "async", "--epochs", "3", *SMALLER[:2]))
+    run = Run(cluster, "stop", ("--mode", "async", "--epochs", "3", *SMALLER_NET))
     server = run.start()
     workers = run.workers(server)
     wait_until(lambda: _progress(server)[0] > 200, 60, "two hundred steps")
