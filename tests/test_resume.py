@@ -27,7 +27,7 @@ import pytest
 
 from bench.replay import Replay, read_trace
 from snet.protocol.job import JobSpec
-from snet.protocol.network import NetworkSpec
+from snet.protocol.network import NetworkSpec, initial_weights
 from snet.protocol.schedule import NewbobSchedule
 from snet.server.export import read_weights
 
@@ -208,15 +208,51 @@ def test_server_killed_three_times_resumes_exactly_once(cluster: Cluster, kind: 
         assert abs(difference) <= 0.005, (seed, final["cv_accuracy"], reference["cv_accuracy"])
 
 
-def replay_lineage(trace: Path, job: JobSpec) -> Replay:
-    """The trace's surviving lineage replayed in one process from the job's initial
-    weights (``bench/replay.py``): each update recomputed on the weights of its base
-    version. Every version is kept (a softmax layer's 1,180 floats each): under load a
-    worker's update was once 76 versions stale."""
-    run = Replay(job, "none", {}, keep_versions=1 << 20)
-    for step in read_trace(trace):
-        run.step(step)
-    return run
+class Lineage:
+    """A trace's surviving lineage replayed in one process from the job's initial weights
+    (``bench/replay.py``): each update recomputed on the weights of its base version, and,
+    given the run's kept flags, newbob's roll-backs as the server makes them (the weights
+    of the last kept epoch loaded, the momentum cleared, a new version). Every version is
+    kept (a softmax layer's 1,180 floats each): under load a worker's update was once 76
+    versions stale."""
+
+    def __init__(self, trace: Path, job: JobSpec, kept: list[bool] | None = None) -> None:
+        self.run = Replay(job, "none", {}, keep_versions=1 << 20)
+        self.kept = kept
+        self.cv: list[float] = []  # per epoch, of the weights the epoch ended with
+        self._best: np.ndarray | None = None
+        epoch = 0
+        for step in read_trace(trace):
+            if step["epoch"] != epoch:
+                self._epoch_ended(epoch)
+                epoch = step["epoch"]
+            assert step["version"] == self.run.version + 1, (step["version"], self.run.version)
+            self.run.step(step)
+        self._epoch_ended(epoch)
+
+    def _epoch_ended(self, epoch: int) -> None:
+        if self.kept is None:
+            return
+        self.cv.append(self.run.cv_accuracy())
+        if self.kept[epoch]:
+            self._best = self.run.history[self.run.version]
+        else:
+            assert self._best is not None, "the first epoch is always kept"
+            self.run.rule.load(self._best)
+            self.run.version += 1
+            self.run.history[self.run.version] = self.run.rule.weights
+
+    def assert_written(self, run: Run, start: np.ndarray) -> None:
+        """The run wrote exactly this lineage's weights, version and CV: at most float
+        rounding (were the workers' sums ever taken in another order), against how far
+        training moved the weights; a momentum, rate or roll-back lost at a kill would put
+        them about a step's length apart, far beyond rounding."""
+        final = run.final()
+        saved = read_weights(run.out_dir / "weights.npz")
+        assert self.run.version == saved.version == final["weight_version"]
+        weights = self.run.rule.weights
+        drift = np.linalg.norm(weights - saved.flat) / np.linalg.norm(saved.flat - start)
+        assert drift <= 1e-5, drift  # 0.0 in the runs measured: bit for bit
 
 
 # An async job whose uninterrupted runs agree. The default job's (nonlinear) network ends
@@ -257,37 +293,22 @@ def test_async_resumed_run_is_exactly_its_lineage(cluster: Cluster) -> None:
         learning_rates=tuple(float(rate) for rate in CONVERGING_RATES.split(",")),
         epochs=8,
     )
-    lineage = replay_lineage(run.trace, spec)
-    saved = read_weights(run.out_dir / "weights.npz")
-    assert lineage.version == saved.version == final["weight_version"]
-    # at most float rounding (were the workers' sums ever taken in another order), against
-    # how far training moved the weights; a momentum or rate lost at a kill would put them
-    # about a step's length apart, far beyond rounding
-    start = Replay(spec, "none", {}).rule.weights
-    drift = np.linalg.norm(lineage.rule.weights - saved.flat) / np.linalg.norm(saved.flat - start)
-    assert drift <= 1e-5, drift  # 0.0 in the runs measured: bit for bit
-    assert abs(lineage.cv_accuracy() - 100 * final["cv_accuracy"]) <= 0.01
+    lineage = Lineage(run.trace, spec)
+    lineage.assert_written(run, initial_weights(spec.network, spec.seed))
+    assert abs(lineage.run.cv_accuracy() - 100 * final["cv_accuracy"]) <= 0.01
     difference = final["cv_accuracy"] - reference["cv_accuracy"]
     assert abs(difference) <= 0.005, (seed, final["cv_accuracy"], reference["cv_accuracy"])
 
 
-def kept_cv(status: dict[str, Any]) -> float:
-    """The CV accuracy of the weights a newbob run ends with: its last kept epoch's (an
-    epoch that made CV worse is rolled back, and ``cv_accuracy`` in the status is the
-    latest epoch's, rolled back or not)."""
-    return float([e for e in status["epochs"] if e["kept"]][-1]["cv_accuracy"])
-
-
 @pytest.mark.timeout(360)
 def test_newbob_resumes_its_schedule(cluster: Cluster) -> None:
-    """Newbob's rate, ramping and roll-backs survive the kills: every epoch's rate and kept
-    flag is what the rule gives for the CV errors the run recorded, and the CV of the
-    weights it ends with is within 0.5 points of an uninterrupted run's. On a job whose
-    uninterrupted runs agree (the convex one above, newbob from 0.02 with small ramp and
-    stop gains, so it runs to a converged rate: four runs ended 62.75-62.88 %, three of
-    them with roll-backs); the default job's newbob runs stop after 6 to 8 epochs by their
-    own CV and end 0.56 points apart with no kills, in sync mode too."""
-    reference = kept_cv(reference_cv(cluster, "reference", NEWBOB))
+    """Newbob's rate, ramping, roll-backs and stop survive the kills: every epoch's rate
+    and kept flag is what the rule gives for the CV errors the run recorded, and the run
+    is exactly its lineage: the surviving steps replayed with its roll-backs give the
+    weights it wrote and, epoch by epoch, the CV accuracy it decided on. (Not the CV of an
+    uninterrupted run within 0.5 points: on this convex job newbob runs usually end
+    62.7-62.9 %, but one in about twelve meets a dip while ramping, stops early at 62.2 %,
+    and the difference measured newbob's luck, not the kills.)"""
     seed, marks = _kill_marks(800, 3)
     run, kills = run_with_kills(cluster, "newbob", (*NEWBOB, "--checkpoint-seconds", "0.5"), marks)
     assert kills == 3, f"seed {seed}: marks {marks}"
@@ -298,9 +319,15 @@ def test_newbob_resumes_its_schedule(cluster: Cluster) -> None:
     expected = [rule.after_epoch(100 * (1 - a)) for a in accuracy]
     rates = [e["learning_rate"] for e in final["epochs"]]
     assert rates[1:] == [d.next_rate for d in expected[:-1]]
-    assert [e["kept"] for e in final["epochs"]] == [not d.restore_best for d in expected]
+    kept = [e["kept"] for e in final["epochs"]]
+    assert kept == [not d.restore_best for d in expected]
     assert expected[-1].stop
-    assert abs(kept_cv(final) - reference) <= 0.005, (seed, kept_cv(final), reference)
+
+    spec = JobSpec(network=NetworkSpec.parse("117:10"), epochs=12)
+    lineage = Lineage(run.trace, spec, kept)
+    lineage.assert_written(run, initial_weights(spec.network, spec.seed))
+    assert len(lineage.cv) == len(accuracy)
+    assert np.allclose(lineage.cv, [100 * a for a in accuracy], atol=0.01), (lineage.cv, accuracy)
 
 
 @pytest.mark.timeout(240)
