@@ -194,16 +194,20 @@ def _kill_marks(versions: int, kills: int) -> tuple[int, list[int]]:
 @pytest.mark.parametrize("kind", list(JOBS))
 def test_server_killed_three_times_resumes_exactly_once(cluster: Cluster, kind: str) -> None:
     job = JOBS[kind]
-    reference = reference_cv(cluster, "reference", job)  # its versions, rates and CV
-    seed, marks = _kill_marks(reference["weight_version"], 3)
+    # Sync runs are deterministic without faults: the CV difference from an uninterrupted
+    # run is the kills'. An async run is not, and only needs to know roughly how many
+    # versions it makes to place the kills (two updates of 512 patterns a step).
+    reference = reference_cv(cluster, "reference", job) if kind == "sync" else None
+    versions = reference["weight_version"] if reference else 10 * TRAIN_FRAMES // 1024
+    seed, marks = _kill_marks(versions, 3)
     run, kills = run_with_kills(cluster, "chaos", (*job, "--checkpoint-seconds", "0.5"), marks)
-    assert kills == 3, f"seed {seed}: marks {marks} of {reference['weight_version']} versions"
+    assert kills == 3, f"seed {seed}: marks {marks} of {versions} versions"
     final = run.final()
     assert_exactly_once(run, 10)
     assert final["resumed"]["version"] <= final["weight_version"]
     rates = [e["learning_rate"] for e in final["epochs"]]
-    assert rates == [e["learning_rate"] for e in reference["epochs"]]  # the schedule went on
-    if kind == "sync":  # deterministic without faults: the CV difference is the kills'
+    assert rates == [JobSpec().learning_rate(epoch) for epoch in range(10)]  # the schedule
+    if reference is not None:
         difference = final["cv_accuracy"] - reference["cv_accuracy"]
         assert abs(difference) <= 0.005, (seed, final["cv_accuracy"], reference["cv_accuracy"])
 
