@@ -149,7 +149,8 @@ class ServerProcess:
 
 def system_ring_environment() -> dict[str, str]:
     """The environment of the processes a ``Cluster`` starts: the test run's, with the
-    workers on numpy's step (``SNET_KERNELS=numpy``) unless the run sets it. A worker loads
+    workers on numpy's step (``SNET_KERNELS=numpy``, what an install without the ``fast``
+    extra runs) unless the run sets it. A worker loads
     the compiled step in 0.8 s of CPU at start-up, more than most of these tests' workers
     then train, and the system ring starts over a hundred of them: 31 % of its time (202 s
     against 140 s, two at a time). The compiled step is tested against numpy's in the fast
