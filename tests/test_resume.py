@@ -247,10 +247,10 @@ class Lineage:
             self.run.history[self.run.version] = self.run.rule.weights
 
     def assert_written(self, run: Run, start: np.ndarray) -> None:
-        """The run wrote exactly this lineage's weights, version and CV: at most float
-        rounding (were the workers' sums ever taken in another order), against how far
-        training moved the weights; a momentum, rate or roll-back lost at a kill would put
-        them about a step's length apart, far beyond rounding."""
+        """The run wrote exactly this lineage's weights and version: at most float rounding
+        (were the workers' sums ever taken in another order), against how far training
+        moved the weights; a momentum, rate or roll-back lost at a kill would put them about
+        a step's length apart, far beyond rounding."""
         final = run.final()
         saved = read_weights(run.out_dir / "weights.npz")
         assert self.run.version == saved.version == final["weight_version"]
