@@ -12,8 +12,10 @@ The compute. This machine has 2 cores, shared with other work, and P workers and
 server share them: a worker computes slower than alone once they are more than the cores
 free. The model is given the compute time the workers really spent in the run (their
 own timings, reported to /status: a pp worker's gradient, an np worker's forward pass,
-scaled by the forward/backward split measured here alone), so that it tests the model of
-everything else: messages, the server's work, the barrier. The prediction from the quiet
+scaled by the forward/backward split measured here alone; for np no less than all the
+holders' compute over the machine's cores, since holders beyond the cores wait for one
+before their clocks start: ``round_compute``), so that it tests the model of everything
+else: messages, the server's work, the barrier. The prediction from the quiet
 machine's compute (each worker a core of its own) is kept beside it, which is what the
 model says for workers on machines of their own. Every point is measured ``repeats``
 times, the repeats interleaved in time (a busy spell then spoils one run of each point,
@@ -35,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,14 @@ from snet.protocol.network import NetworkSpec
 
 from .calibrate import calibrate
 from .np_calibrate import measure_np_rounds
-from .processes import LocalCluster, best_rate, job_flags, sample_patterns, synthetic_corpus
+from .processes import (
+    LocalCluster,
+    ServerHandle,
+    best_rate,
+    job_flags,
+    sample_patterns,
+    synthetic_corpus,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 STRATEGY_MODE = {"network": "np", "pattern": "sync"}
@@ -73,25 +83,42 @@ def _compute_seconds(rows: list[dict[str, Any]], connections: int) -> dict[str, 
     return out
 
 
+def measure_window(
+    strategy: str, workers: int, spec: NetworkSpec, bunch: int, seconds: float,
+    corpus: tuple[Path, int], directory: Path,
+    start: Callable[[LocalCluster, ServerHandle, int], object], warmup_timeout: float = 120,
+) -> tuple[dict[str, Any], float, dict[str, Any]]:  # fmt: skip
+    """One server and ``workers`` workers (``start`` starts the one of an index): /status
+    when the window opens, after a warm-up, the mean patterns per second over ``seconds``
+    of training, and /status when it closes."""
+    with LocalCluster(directory, blas_thread_env(1)) as cluster:
+        server = cluster.server(np_job_flags(strategy, spec, bunch, *corpus, workers))
+        for index in range(workers):
+            start(cluster, server, index)
+        cluster.wait_for(
+            lambda: server.status()["patterns_processed"] >= WARMUP_PATTERNS * bunch * workers,
+            warmup_timeout, "the first bunches",
+        )  # fmt: skip
+        first = server.status()
+        samples = sample_patterns(server, seconds)
+        last = server.status()
+    _, mean = best_rate(samples, seconds / 2)
+    return first, mean, last
+
+
 def measure(
     strategy: str, workers: int, spec: NetworkSpec, bunch: int, seconds: float,
     corpus: tuple[Path, int], directory: Path,
 ) -> dict[str, Any]:  # fmt: skip
     """One server and ``workers`` numpy workers: MCUPS over ``seconds`` of training, and the
     compute seconds per bunch the workers reported over the same window."""
-    env = blas_thread_env(1)
-    with LocalCluster(directory, env) as cluster:
-        server = cluster.server(np_job_flags(strategy, spec, bunch, *corpus, workers))
-        for index in range(workers):
-            cluster.worker(server, f"w{index}", ["--backend", "numpy"])
-        cluster.wait_for(
-            lambda: server.status()["patterns_processed"] >= WARMUP_PATTERNS * bunch * workers,
-            120, "the first bunches",
-        )  # fmt: skip
-        first = server.status()
-        samples = sample_patterns(server, seconds)
-        last = server.status()
-    _, mean = best_rate(samples, seconds / 2)
+
+    def numpy_worker(cluster: LocalCluster, server: ServerHandle, index: int) -> None:
+        cluster.worker(server, f"w{index}", ["--backend", "numpy"])
+
+    first, mean, last = measure_window(
+        strategy, workers, spec, bunch, seconds, corpus, directory, numpy_worker
+    )
     before = _compute_seconds(first["workers"], spec.connections)
     after = _compute_seconds(last["workers"], spec.connections)
     per_bunch = [
@@ -118,16 +145,31 @@ def _slowest(first: dict[str, Any], last: dict[str, Any]) -> float:
     return float(spent / (rules[1]["bunches"] - rules[0]["bunches"]))
 
 
+def round_compute(
+    strategy: str, workers: int, measured: dict[str, Any], cores: int | None
+) -> float:
+    """The compute a round waited for, per bunch. pp: the workers' mean, their own clocks'
+    (a worker preempted while it computes counts the wait). np: its slowest holder's, but
+    on ``cores`` cores no sooner than all holders' compute over the cores: the P holders
+    get the bunch at once, and on fewer cores than holders some wait for one before they
+    start, which their own clocks do not count (the makespan bound of P tasks on C cores)."""
+    spent = float(measured["worker_seconds_per_bunch"])  # np: a bunch's update and forward
+    if strategy == "network" and cores:
+        spent = max(spent, float(measured["mean_worker_seconds_per_bunch"]) * workers / cores)
+    return spent
+
+
 def model_row(
     strategy: str, workers: int, spec: NetworkSpec, bunch: int, constants: Constants,
-    measured: dict[str, Any],
+    measured: dict[str, Any], cores: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The model beside one measured point: with the compute the workers spent, and with the
-    quiet machine's (a core each)."""
+    """The model beside one measured point: with the compute the round waited for (the
+    workers' own, on ``cores`` cores: ``round_compute``), and with the quiet machine's (a
+    core each)."""
     phases = (network_parallel_phases if strategy == "network" else pattern_parallel_phases)(
         spec, bunch, workers, constants
     )
-    spent = measured["worker_seconds_per_bunch"]  # np: a bunch's update and forward pass
+    spent = round_compute(strategy, workers, measured, cores)
     scale = spent / phases.compute if spent > 0 else 1.0
     model = predict(spec, bunch, workers, constants, strategy, "sync", scale)
     quiet = predict(spec, bunch, workers, constants, strategy, "sync")
@@ -137,6 +179,7 @@ def model_row(
         "measured_mcups": round(measured["mcups"], 1),
         "runs_mcups": measured["runs"],
         "compute_seconds_per_bunch": round(spent, 6),
+        "slowest_compute_seconds_per_bunch": round(measured["worker_seconds_per_bunch"], 6),
         "mean_compute_seconds_per_bunch": round(measured["mean_worker_seconds_per_bunch"], 6),
         "compute_over_quiet": round(scale, 3),
         "predicted_mcups": round(model.mcups, 1),
@@ -180,6 +223,7 @@ def run(spec: NetworkSpec, bunch: int, workers: list[int], seconds: float, repea
                       file=sys.stderr, flush=True)  # fmt: skip
     rows: list[dict[str, Any]] = []
     sweep: list[dict[str, Any]] = []
+    cores = len(os.sched_getaffinity(0))
     for (strategy, count, described), found in runs.items():
         net = NetworkSpec.parse(described)
         median = {
@@ -193,7 +237,7 @@ def run(spec: NetworkSpec, bunch: int, workers: list[int], seconds: float, repea
             "runs": [round(r["mcups"], 1) for r in found],
             "loads": [r["load"] for r in found],
         }
-        row = model_row(strategy, count, net, bunch, constants, median)
+        row = model_row(strategy, count, net, bunch, constants, median, cores)
         row["network"] = described
         (rows if described == spec.describe() else sweep).append(row)
     hidden_sizes = list(range(16, 4097, 16))
@@ -204,7 +248,7 @@ def run(spec: NetworkSpec, bunch: int, workers: list[int], seconds: float, repea
         "bunch": bunch,
         "seconds_per_point": seconds,
         "repeats": repeats,
-        "cores": len(os.sched_getaffinity(0)),
+        "cores": cores,
         "constants": constants.to_dict(),
         "rows": rows,
         "hidden_sweep": sweep,

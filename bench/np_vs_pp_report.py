@@ -3,8 +3,11 @@
 The table sets every measured point (the median of its interleaved runs, the runs
 beside it) over the model given the compute time the workers spent in that run, with
 the ratio, and the model for workers on cores of their own beside it; the figure draws
-the same, as the MultiSpert report's Fig. 3: MCUPS against P for np and pp (left), and
-MCUPS against the hidden layer's size at P = 2 and 4 with the crossover (right).
+the same, as the MultiSpert report's Fig. 3: MCUPS against P for np and pp (left),
+MCUPS against the hidden layer's size at P = 2 and 4 with the crossover (middle), and,
+when bench/np_vs_pp_boards.py's np-vs-pp-boards.json lies beside the JSON, the emulated
+Spert-II boards' MCUPS in board time against P with their model and the report's own np
+figures (right).
 
     .venv/bin/python -m bench.np_vs_pp_report docs/np-vs-pp.json
 """
@@ -98,13 +101,15 @@ def table(result: dict[str, Any]) -> str:
             f"{constants.np_latency_seconds_per_byte * 1e9:.2f} ns per element byte, "
             f"{constants.np_pattern_seconds * 1e9:.0f} ns per pattern on every worker; "
             "np's compute as spent is each bunch's slowest holder's (the round waits for it), "
-            "pp's the workers' mean."
+            f"or all holders' over the {result['cores']} cores if longer (holders beyond the "
+            "cores wait for one before they start), pp's the workers' mean."
         )
     return "\n".join(lines) + "\n"
 
 
-def draw(result: dict[str, Any], path: Path) -> None:
-    """The PNG: MCUPS against P (left), against the hidden units (right)."""
+def draw(result: dict[str, Any], path: Path, boards: dict[str, Any] | None = None) -> None:
+    """The PNG: MCUPS against P (left), against the hidden units (middle), and with
+    ``boards`` (bench/np_vs_pp_boards.py's result) the emulated boards' (right)."""
     require_matplotlib()
     import matplotlib
 
@@ -113,7 +118,11 @@ def draw(result: dict[str, Any], path: Path) -> None:
 
     constants = Constants.from_dict(result["constants"], "the run")
     spec, bunch = NetworkSpec.parse(result["network"]), result["bunch"]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12.8, 4.8))
+    panels = 3 if boards else 2
+    figure, axes = plt.subplots(1, panels, figsize=(6.4 * panels, 4.8))
+    left, right = axes[0], axes[1]
+    if boards:
+        _draw_boards(axes[2], boards)
     for strategy in ("network", "pattern"):
         rows, colour = _by(result["rows"], strategy), COLOURS[strategy]
         counts = [r["workers"] for r in rows]
@@ -145,7 +154,7 @@ def draw(result: dict[str, Any], path: Path) -> None:
     right.set_xscale("log", base=2)
     right.set_title("crossover: hidden units (grey: where np overtakes)", fontsize="medium")
     right.set_xlabel(f"hidden units ({spec.sizes[0]}:N:{spec.sizes[2]})")
-    for axis in (left, right):
+    for axis in axes:
         axis.set_ylabel("MCUPS")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize="x-small")
@@ -155,11 +164,37 @@ def draw(result: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
+# The report's np measurements on 1-4 Spert-II boards, as shares of one board's raw rate.
+REPORT_NP_SHARES = (0.97, 1.78, 2.35, 2.05)
+
+
+def _draw_boards(axis: Any, boards: dict[str, Any]) -> None:
+    """Board-time MCUPS against P for np and pp on emulated boards, with the model given
+    the boards' busy time, and the report's np figures (shares of one board's raw rate)."""
+    for strategy in ("network", "pattern"):
+        rows = sorted((r for r in boards["rows"] if r["strategy"] == strategy),
+                      key=lambda r: r["boards"])  # fmt: skip
+        counts, colour = [r["boards"] for r in rows], COLOURS[strategy]
+        axis.plot(counts, [r["board_mcups"] for r in rows], "o", color=colour,
+                  label=f"{NAMES[strategy]}, measured (median)")  # fmt: skip
+        axis.plot(counts, [r["model_board_mcups"] for r in rows], "-", color=colour,
+                  label=f"{NAMES[strategy]}, model (the boards' busy time)")  # fmt: skip
+    raw = boards["board_raw_mcups"]
+    axis.plot(range(1, len(REPORT_NP_SHARES) + 1), [raw * s for s in REPORT_NP_SHARES], "x",
+              color="grey", label="np, the report's boards (TR-97-047)")  # fmt: skip
+    axis.set_title(f"{boards['network']}, bunch {boards['bunch']}, emulated Spert-II boards "
+                   "(board time)", fontsize="medium")  # fmt: skip
+    axis.set_xlabel("boards P")
+    axis.set_xticks(sorted({r["boards"] for r in boards["rows"]}))
+
+
 def main(argv: list[str] | None = None) -> int:
     source = Path((argv or sys.argv[1:] or ["docs/np-vs-pp.json"])[0])
     result = json.loads(source.read_text())
     source.with_suffix(".md").write_text(table(result))
-    draw(result, source.with_suffix(".png"))
+    boards_file = source.with_name("np-vs-pp-boards.json")  # bench/np_vs_pp_boards.py's
+    boards = json.loads(boards_file.read_text()) if boards_file.exists() else None
+    draw(result, source.with_suffix(".png"), boards)
     print(table(result))
     return 0
 
