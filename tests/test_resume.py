@@ -6,10 +6,10 @@ while two workers keep reconnecting. The run must complete with every epoch's le
 exact (each training frame applied once), the trace of the surviving weight lineage too
 (steps after the checkpoint a server resumed from are undone: they are not in the
 weights), and a final CV within 0.5 points of an uninterrupted run's: in sync mode
-(deterministic without faults), and in async mode and with newbob on jobs whose
-uninterrupted runs agree (convex ones; the default job's async runs differ by most of a
-point with no kills at all). The async run's final weights are also its lineage's, bit for
-bit.
+(deterministic without faults), and in async mode on a job whose uninterrupted runs agree
+(a convex one; the default job's async runs differ by most of a point with no kills at
+all). The async and newbob runs' final weights are also their lineages' (the surviving
+steps replayed, to float rounding), and so is each epoch's CV newbob decided on.
 """
 
 from __future__ import annotations
@@ -256,7 +256,9 @@ class Lineage:
         assert self.run.version == saved.version == final["weight_version"]
         weights = self.run.rule.weights
         drift = np.linalg.norm(weights - saved.flat) / np.linalg.norm(saved.flat - start)
-        assert drift <= 1e-5, drift  # 0.0 in the runs measured: bit for bit
+        # 0.0 (bit for bit) where the workers and this replay ran the same step; 1.4e-7 with
+        # the workers on numpy's (helpers.system_ring_environment) and this on the compiled
+        assert drift <= 1e-5, drift
 
 
 # An async job whose uninterrupted runs agree. The default job's (nonlinear) network ends
