@@ -52,9 +52,11 @@ class SliceHost(Protocol):
 
     def stated_memory(self) -> WorkerMemory: ...
 
-    def slice_forward(self, patterns: int) -> None: ...
+    def begin(self) -> tuple[float, float]: ...
 
-    def slice_backward(self, patterns: int) -> None: ...
+    def slice_forward(self, patterns: int, started: tuple[float, float] | None = None) -> None: ...
+
+    def slice_backward(self, patterns: int, started: tuple[float, float] | None = None) -> None: ...
 
 
 class SliceWork:
@@ -140,19 +142,22 @@ class SliceWork:
         # A bunch's compute, reported with its partial outputs: the previous bunch's update
         # and this one's forward pass (the server sizes slices by it, /status shows it).
         started = time.perf_counter()
+        host = self.host  # its device's time is charged from before the arithmetic it covers
         if message.error_of >= 0:
             error = np.asarray(message.error, dtype=np.float32)
+            mark = host.begin() if host is not None else None
             trainer.backward(message.error_of, error, message.patterns, message.learning_rate)
-            if self.host is not None:
-                self.host.slice_backward(message.patterns)
+            if host is not None:
+                host.slice_backward(message.patterns, mark)
         if message.collect:  # copies: the trainer goes on changing its arrays
             part = trainer.part
             weights, velocity = trainer.weights.copy(), trainer.velocity.copy()
             replies.append(SliceState(part.start, part.stop, trainer.last_bunch, weights, velocity))
         if message.bunch >= 0:
+            mark = host.begin() if host is not None else None
             partial = trainer.forward(message.bunch, self._patterns(message.indices))
-            if self.host is not None:
-                self.host.slice_forward(len(message.indices))
+            if host is not None:
+                host.slice_forward(len(message.indices), mark)
             seconds = self.last_seconds = time.perf_counter() - started
             self.bunches += 1
             self.compute_seconds += seconds

@@ -17,6 +17,7 @@ from snet.client.slice_work import SliceWork, slice_network
 from snet.client.spert.backend import SpertBackend
 from snet.client.spert.board import BoardMemoryError
 from snet.client.spert.config import BoardConfig
+from snet.client.spert.timing import BoardClock
 from snet.perf.model import DEFAULT_CONSTANTS, predict
 from snet.perf.plan import render_winners
 from snet.protocol.errors import ConfigError, ProtocolError, RejectedUpdate
@@ -276,3 +277,38 @@ def test_a_board_holding_a_slice_is_charged_np_traffic_and_its_slice_compute() -
     assert report is not None and report["patterns_trained"] == 128
     with pytest.raises(BoardMemoryError, match="does not fit"):
         backend.take_slice(slice_network(NetworkSpec.parse("117:4000:10"), 4000), 128)
+
+
+class FakeTime:
+    """A clock that only moves when slept on or told to (the host's arithmetic)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_boards_time_covers_the_host_arithmetic_it_models(marked: bool) -> None:
+    """np: the host does a slice's arithmetic, the board's modelled time is charged from
+    before it (``begin``), so a pass ends at its board time, as on the board, not after
+    the host's arithmetic plus the board time (which it took without the mark)."""
+    spec = NetworkSpec.parse("117:64:10")
+    job = JobSpec(mode="np", network=spec, bunch_size=128)
+    backend = SpertBackend(BoardConfig(time_scale=1.0))
+    SliceCompute(1).prepare_backend(backend, job, load_corpus(job.data, 10, 117))
+    backend.take_slice(slice_network(spec, 16), 128)
+    time = FakeTime()
+    backend.board.clock = BoardClock(1.0, time.clock, time.sleep)
+    mark = backend.begin() if marked else None
+    time.now += 0.005  # the host's forward pass, 5 ms (beyond the clock's 2 ms of slack)
+    backend.slice_forward(128, mark)
+    board = backend.board.clock.totals.busy_seconds  # real seconds at time scale 1
+    assert board > 0.005  # the board's pass is longer than the host's arithmetic
+    assert time.now == pytest.approx(board if marked else 0.005 + board)
+    assert backend.board.clock.totals.behind_count == 0
+    assert backend.board.clock.totals.calls == 1  # one pass, its link and compute parts

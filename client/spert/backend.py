@@ -163,24 +163,38 @@ class SpertBackend:
         """The board's memory, stated when joining: the server cuts slices to fit it."""
         return self.board.memory
 
-    def slice_forward(self, patterns: int) -> None:
+    def begin(self) -> tuple[float, float]:
+        """Mark the start of a pass whose arithmetic the host is about to do: the pass's
+        board time is charged from here, so it covers that arithmetic as it would the
+        board's own (``slice_forward``, ``slice_backward``)."""
+        return self.board.clock.start()
+
+    def slice_forward(self, patterns: int, started: tuple[float, float] | None = None) -> None:
         """Model a slice's forward pass: the 16-bit patterns in, the partial outputs
-        (32-bit accumulators) back; returns when the board would have finished."""
+        (32-bit accumulators) back, from ``started`` (``begin``); returns when the board
+        would have finished."""
         cost = self.board.cost
         inputs, outputs = self._slice_sizes()
-        self.board.charge(cost.to_board(patterns * inputs * WORD16), "link")
-        self.board.charge(cost.forward(patterns), "compute")
-        self.board.charge(cost.to_host(patterns * outputs * WORD32), "link")
+        parts = [
+            (cost.to_board(patterns * inputs * WORD16), "link"),
+            (cost.forward(patterns), "compute"),
+            (cost.to_host(patterns * outputs * WORD32), "link"),
+        ]
+        self.board.charge(parts, started)
         self.board.patterns_forward += patterns
         self.board.wait()
 
-    def slice_backward(self, patterns: int) -> None:
+    def slice_backward(self, patterns: int, started: tuple[float, float] | None = None) -> None:
         """Model a slice's update from the output error (16-bit, in): the rest of a
-        training pass, its forward part done already; the board goes on meanwhile."""
+        training pass, its forward part done already, from ``started`` (``begin``); the
+        board goes on meanwhile."""
         cost = self.board.cost
         outputs = self._slice_sizes()[1]
-        self.board.charge(cost.to_board(patterns * outputs * WORD16), "link")
-        self.board.charge(max(cost.train(patterns) - cost.forward(patterns), 0.0), "compute")
+        parts = [
+            (cost.to_board(patterns * outputs * WORD16), "link"),
+            (max(cost.train(patterns) - cost.forward(patterns), 0.0), "compute"),
+        ]
+        self.board.charge(parts, started)
         self.board.patterns_trained += patterns
 
     def _slice_sizes(self) -> tuple[int, int]:

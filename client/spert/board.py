@@ -163,7 +163,12 @@ class SpertBoard:
 
     # ------------------------------------------------------------ np mode
 
-    def charge(self, board_seconds: float, kind: str) -> None:
-        """A call whose arithmetic the host did (np mode's slices, client/slice_work.py):
-        the board is busy for its modelled time, as for the calls above."""
-        self.clock.finish(self.clock.start(), board_seconds, kind)
+    def charge(
+        self, parts: list[tuple[float, str]], started: tuple[float, float] | None = None
+    ) -> None:
+        """A call whose arithmetic the host did (np mode's slices, client/slice_work.py),
+        of ``parts`` ((board seconds, "link" or "compute") back to back): the board is busy
+        for their modelled time from ``started`` (``clock.start()`` taken before the host's
+        arithmetic, which the board's time then covers, as the real board's own arithmetic
+        would be; now if not given)."""
+        self.clock.finish_parts(started or self.clock.start(), parts)

@@ -106,16 +106,22 @@ class BoardClock:
     def finish(self, started: tuple[float, float], board_seconds: float, kind: str) -> None:
         """Charge a call that started at ``started`` (from ``start``) and has done its
         real work: the board is busy until the modelled end, or later if real work was."""
+        self.finish_parts(started, [(board_seconds, kind)])
+
+    def finish_parts(self, started: tuple[float, float], parts: list[tuple[float, str]]) -> None:
+        """``finish`` for a call of several parts back to back ((board seconds, "link" or
+        "compute") each), whose real work is held against their sum."""
         board_start, real_start = started
         now = self._clock()
         totals = self.totals
         totals.calls += 1
         totals.real_seconds += now - real_start
-        if kind == "link":
-            totals.link_seconds += board_seconds
-        else:
-            totals.compute_seconds += board_seconds
-        end = board_start + board_seconds / self.time_scale
+        for board_seconds, kind in parts:
+            if kind == "link":
+                totals.link_seconds += board_seconds
+            else:
+                totals.compute_seconds += board_seconds
+        end = board_start + sum(seconds for seconds, _ in parts) / self.time_scale
         if now > end + SLACK_SECONDS:
             totals.behind_count += 1
             totals.behind_seconds += now - end
