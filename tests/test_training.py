@@ -5,6 +5,7 @@ where it does (a worker killed, a signal, the loop chosen by SNET_LOOP)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -82,7 +83,9 @@ async def test_async_three_workers_converge_with_staleness(lab: Lab) -> None:
 @pytest.mark.system
 def test_worker_killed_mid_run_sync_mode_carries_on(cluster: Cluster) -> None:
     cluster.env["SNET_LOOP"] = "asyncio"  # the other system tests run on uvloop
-    cluster.env.pop("SNET_KERNELS", None)  # and most on numpy's step (helpers.py)
+    # and most on numpy's step (helpers.py): this one on the product's default, unless the
+    # run chose a step for all
+    cluster.env["SNET_KERNELS"] = os.environ.get("SNET_KERNELS", "auto")
     server = cluster.server("--mode", "sync", "--epochs", "3", "--linger-seconds", "30", *SMALL_JOB)
     workers = [cluster.worker(server, f"w{i}") for i in range(3)]
     wait_until(
