@@ -15,14 +15,16 @@ plan``'s (snet.perf.model.predict, mode ``sync``) with the constants calibrated 
 same run, given each board's busy time per bunch on its own clock (link and compute,
 from its /status report; np: the slowest board's, which the round waits for; pp: the
 mean), converted to real time, so that it tests the rounds: what np and pp exchange,
-the server's work, the barrier. The board's host side (the emulator choosing and
-quantising the data, loading a pp worker's weights into the board's words, waking from
-the board's clock) costs real time per round that a numpy worker does not have, so it is
-measured first, in a run of one board per strategy (``host_seconds``: that run's round,
-less the board's busy time and the rest of the model's round), and added to the model's
-worker end of a round (L) for every point. A board that fell behind its model (its real
-arithmetic slower than the board it emulates) is counted per point; then its time is not
-the board's.
+the server's work, the barrier. The board's host side (pp: the new weights quantised
+into the board's words and the update read back each bunch; np: little, the board's time
+covering the host's arithmetic for a slice) costs real time per round that a numpy
+worker does not have, so it is measured first, in a run of one board per strategy
+(``host_seconds``: that run's round, less the board's busy time and the rest of the
+model's round), and added to the model's worker end of a round (L) for every point: the
+P = 1 points are near the model by construction, P = 2-4 test it. A board that fell
+behind its model (its real arithmetic slower than the board it emulates) is counted per
+point; then its time is not the board's. The default scale, 5, makes a millisecond of
+this machine five of the board's (docs/network-parallel.md has 5 and 10 side by side).
 
     .venv/bin/python -m bench.np_vs_pp_boards     # writes docs/np-vs-pp-boards.{json,md}
 """
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--boards", default="1,2,3,4")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--time-scale", type=float, default=10.0)
+    parser.add_argument("--time-scale", type=float, default=5.0)
     parser.add_argument("--out", default=str(ROOT / "docs"))
     args = parser.parse_args(argv)
     started = time.monotonic()
