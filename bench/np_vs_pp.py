@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from snet.cli.runtime import blas_thread_env
-from snet.perf.model import Constants, network_parallel_phases, pattern_parallel_phases, predict
+from snet.perf.model import (
+    Constants,
+    Phases,
+    network_parallel_phases,
+    pattern_parallel_phases,
+    predict,
+)
 from snet.protocol.network import NetworkSpec
 
 from .calibrate import calibrate
@@ -145,6 +151,14 @@ def _slowest(first: dict[str, Any], last: dict[str, Any]) -> float:
     return float(spent / (rules[1]["bunches"] - rules[0]["bunches"]))
 
 
+def strategy_phases(
+    strategy: str, spec: NetworkSpec, bunch: int, workers: int, constants: Constants
+) -> Phases:
+    """The model's round for ``strategy`` ("network": np, "pattern": pp)."""
+    phases = network_parallel_phases if strategy == "network" else pattern_parallel_phases
+    return phases(spec, bunch, workers, constants)
+
+
 def round_compute(
     strategy: str, workers: int, measured: dict[str, Any], cores: int | None
 ) -> float:
@@ -166,9 +180,7 @@ def model_row(
     """The model beside one measured point: with the compute the round waited for (the
     workers' own, on ``cores`` cores: ``round_compute``), and with the quiet machine's (a
     core each)."""
-    phases = (network_parallel_phases if strategy == "network" else pattern_parallel_phases)(
-        spec, bunch, workers, constants
-    )
+    phases = strategy_phases(strategy, spec, bunch, workers, constants)
     spent = round_compute(strategy, workers, measured, cores)
     scale = spent / phases.compute if spent > 0 else 1.0
     model = predict(spec, bunch, workers, constants, strategy, "sync", scale)

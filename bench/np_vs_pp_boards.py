@@ -45,16 +45,13 @@ from typing import Any
 from snet.client.spert.config import BoardConfig
 from snet.perf.model import (
     Constants,
-    Phases,
-    network_parallel_phases,
-    pattern_parallel_phases,
     predict,
 )
 from snet.protocol.network import NetworkSpec
 
 from .calibrate import calibrate
 from .np_calibrate import measure_np_rounds
-from .np_vs_pp import measure_window
+from .np_vs_pp import measure_window, strategy_phases
 from .np_vs_pp_report import NAMES
 from .processes import LocalCluster, ServerHandle, synthetic_corpus
 
@@ -107,13 +104,6 @@ def measure(
             "load": os.getloadavg()[0]}  # fmt: skip
 
 
-def _phases(
-    strategy: str, spec: NetworkSpec, bunch: int, boards: int, constants: Constants
-) -> Phases:
-    phases = network_parallel_phases if strategy == "network" else pattern_parallel_phases
-    return phases(spec, bunch, boards, constants)
-
-
 def host_seconds(
     strategy: str, spec: NetworkSpec, bunch: int, scale: float, constants: Constants,
     alone: dict[str, Any],
@@ -121,16 +111,18 @@ def host_seconds(
     """A board's host side per round, from a run of one board (``alone``): its round in
     real time less the board's busy time and the rest of the model's round."""
     round_seconds = bunch / float(alone["patterns_per_s"])
-    phases = _phases(strategy, spec, bunch, 1, constants)
+    phases = strategy_phases(strategy, spec, bunch, 1, constants)
     rest = phases.latency + phases.transfer + phases.host
     return max(round_seconds - float(alone["busy"]) / scale - rest, 0.0)
 
 
 def board_constants(constants: Constants, strategy: str, host: float) -> Constants:
-    """``constants`` with a board's host side added to the worker's end of each round."""
-    if strategy == "network":
+    """``constants`` with a board's host side added to the worker's end of each round (L):
+    np's own latency when np's constants were measured (network_parallel_phases uses
+    them then), else the pattern-parallel one, which L counts twice (a message each way)."""
+    if strategy == "network" and constants.np_worker_seconds > 0.0:
         return replace(constants, np_latency_seconds=constants.np_latency_seconds + host)
-    return replace(constants, latency_seconds=constants.latency_seconds + host / 2)  # L: two
+    return replace(constants, latency_seconds=constants.latency_seconds + host / 2)
 
 
 def model_row(
@@ -142,7 +134,7 @@ def model_row(
     raw = BoardConfig().train_mcups
     measured = spec.connections * statistics.median(r["patterns_per_s"] for r in runs) / 1e6
     busy = statistics.median(r["busy"] for r in runs)
-    phases = _phases(strategy, spec, bunch, boards, constants)
+    phases = strategy_phases(strategy, spec, bunch, boards, constants)
     model = predict(spec, bunch, boards, constants, strategy, "sync",
                     busy / scale / phases.compute)  # fmt: skip
     return {

@@ -22,13 +22,11 @@ from typing import Any
 from snet.perf.figure import require_matplotlib
 from snet.perf.model import (
     Constants,
-    network_parallel_phases,
-    pattern_parallel_phases,
     predict,
 )
 from snet.protocol.network import NetworkSpec
 
-from .np_vs_pp import hidden_layer
+from .np_vs_pp import hidden_layer, strategy_phases
 
 NAMES = {"network": "np", "pattern": "pp (sync)"}
 COLOURS = {"network": "tab:orange", "pattern": "tab:blue"}
@@ -42,9 +40,7 @@ def _overhead(row: dict[str, Any], bunch: int, constants: Constants) -> str:
     """A round's time beyond the workers' compute, measured (the round's time at the
     median rate less the compute spent) and modelled (``L + P T_d + T_h``)."""
     spec, workers = NetworkSpec.parse(row["network"]), row["workers"]
-    phases = (network_parallel_phases if row["strategy"] == "network" else pattern_parallel_phases)(
-        spec, bunch, workers, constants
-    )
+    phases = strategy_phases(row["strategy"], spec, bunch, workers, constants)
     round_seconds = spec.connections * phases.patterns / (row["measured_mcups"] * 1e6)
     measured = round_seconds - row["compute_seconds_per_bunch"]
     model = phases.latency + workers * phases.transfer + phases.host

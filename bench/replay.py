@@ -82,18 +82,25 @@ class Replay:
     """Steps of a trace replayed with one codec for every worker."""
 
     def __init__(
-        self, job: JobSpec, codec: str, options: dict[str, Any], keep_versions: int = KEEP_VERSIONS
+        self,
+        job: JobSpec,
+        codec: str,
+        options: dict[str, Any],
+        keep_versions: int = KEEP_VERSIONS,
+        kernels: str = "auto",
     ) -> None:
         """``keep_versions``: how many of the latest weight versions stay at hand as bases
         of stale updates (a loaded machine can hold a worker back for more than the
-        default's 64 versions; a small network can afford to keep them all)."""
+        default's 64 versions; a small network can afford to keep them all). ``kernels``:
+        the step to recompute the updates with (``BunchNetwork``'s; the run's workers' own
+        makes the replay bit for bit)."""
         self.job = job
         self.keep_versions = keep_versions
         spec = job.network
         self.layout = ElementLayout.for_network(spec)
         self.corpus = load_corpus(job.data, spec.output_size, spec.input_size)
         self.rule = UpdateRule(initial_weights(spec, job.seed), job.momentum, lanes=1)
-        self.network = BunchNetwork(spec, 1024)
+        self.network = BunchNetwork(spec, 1024, kernels=kernels)
         self.codec = codec
         self.options = options
         self.history: dict[int, np.ndarray] = {0: self.rule.weights}

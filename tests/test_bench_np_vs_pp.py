@@ -3,11 +3,12 @@ take minutes)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from bench.np_vs_pp import crossover, hidden_layer, model_row, round_compute
+from bench.np_vs_pp import crossover, hidden_layer, model_row, round_compute, strategy_phases
 from bench.np_vs_pp_boards import board_constants, busy_per_bunch, host_seconds
 from bench.np_vs_pp_boards import model_row as board_row
 from bench.np_vs_pp_boards import table as board_table
@@ -15,7 +16,6 @@ from bench.np_vs_pp_report import table
 from snet.perf.model import (
     DEFAULT_CONSTANTS,
     network_parallel_phases,
-    pattern_parallel_phases,
     predict,
 )
 from snet.protocol.network import NetworkSpec
@@ -129,9 +129,7 @@ def test_a_boards_host_side_is_what_one_board_adds_to_the_models_round(strategy:
     """Measured with one board alone, added to the worker's end of every round: the model's
     round of that one board is then the round measured."""
     scale, busy, host = 10.0, 0.6, 0.005
-    phases = (network_parallel_phases if strategy == "network" else pattern_parallel_phases)(
-        SPEC, 128, 1, DEFAULT_CONSTANTS
-    )
+    phases = strategy_phases(strategy, SPEC, 128, 1, DEFAULT_CONSTANTS)
     measured_round = busy / scale + phases.latency + phases.transfer + phases.host + host
     alone = {"patterns_per_s": 128 / measured_round, "busy": busy}
     found = host_seconds(strategy, SPEC, 128, scale, DEFAULT_CONSTANTS, alone)
@@ -146,3 +144,12 @@ def test_a_boards_host_side_is_what_one_board_adds_to_the_models_round(strategy:
         )
         == 0.0
     )  # never below nothing
+
+
+def test_a_boards_host_side_reaches_the_np_round_without_nps_own_constants() -> None:
+    """Without np's own constants the np round is built from the pattern-parallel ones:
+    the host side goes there, not into np's unused latency."""
+    plain = replace(DEFAULT_CONSTANTS, np_worker_seconds=0.0)
+    before = strategy_phases("network", SPEC, 128, 1, plain)
+    after = strategy_phases("network", SPEC, 128, 1, board_constants(plain, "network", 0.005))
+    assert after.latency == pytest.approx(before.latency + 0.005)

@@ -226,9 +226,7 @@ class Lineage:
         """``kernels``: the step the run's workers ran (``SNET_KERNELS``): on the same step
         the replay is bit for bit (1.4e-7 of drift with numpy's against the compiled one,
         and a CV frame apart now and then)."""
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("SNET_KERNELS", kernels)  # read when the replay's network is made
-            self.run = Replay(job, "none", {}, keep_versions=1 << 20)
+        self.run = Replay(job, "none", {}, keep_versions=1 << 20, kernels=kernels)
         self.kept = kept
         self.cv: list[float] = []  # per epoch, of the weights the epoch ended with
         self._best: np.ndarray | None = None
