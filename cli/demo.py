@@ -23,7 +23,7 @@ from snet.protocol.numbering import shown_epoch
 from snet.server.config import ServerConfig
 
 from .flags import given_job
-from .progress_bar import ProgressBar, bar_text
+from .progress_bar import EXIT_READER_GONE, ProgressBar, bar_text, detach_stdout
 from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import build_job, read_toml
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 WORKER_EXIT_SECONDS = 30.0  # to exit once asked to stop
 LEAVE_SECONDS = 5.0  # to leave by themselves once the server has finished
+READER_GONE = "its output's reader has gone"  # why the demo stopped its server
 BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
 
@@ -53,19 +54,38 @@ def _print_epochs(server: SnetServer, started: float, bar: ProgressBar, printed:
 async def _progress(
     server: SnetServer, started: float, bar: ProgressBar, printed: set[int]
 ) -> None:
-    """Print each epoch once its cross-validation result is in; on a terminal, a bar."""
+    """Print each epoch once its cross-validation result is in; on a terminal, a bar.
+    If the output's reader goes (``snet demo | head``), the run stops as on SIGTERM."""
     epochs = server.coordinator.job.epochs
     drawn = 0.0
     while True:
-        _print_epochs(server, started, bar, printed)
-        now = time.monotonic()
-        if bar.enabled and now - drawn >= BAR_SECONDS:
-            drawn = now
-            figures = server.meter.figures(server.coordinator, now)
-            epoch = shown_epoch(server.coordinator.epoch)
-            rate, eta = figures["frames_per_second"], figures["eta_seconds"]
-            bar.draw(bar_text(figures["fraction"], epoch, epochs, rate, eta), force=True)
+        try:
+            _print_epochs(server, started, bar, printed)
+            now = time.monotonic()
+            if bar.enabled and now - drawn >= BAR_SECONDS:
+                drawn = now
+                figures = server.meter.figures(server.coordinator, now)
+                epoch = shown_epoch(server.coordinator.epoch)
+                rate, eta = figures["frames_per_second"], figures["eta_seconds"]
+                bar.draw(bar_text(figures["fraction"], epoch, epochs, rate, eta), force=True)
+        except BrokenPipeError:
+            _reader_gone(server)
+            return
         await asyncio.sleep(0.05)  # an epoch line late by at most this: bench times them
+
+
+def _reader_gone(server: SnetServer) -> None:
+    """Nobody reads the demo's output any more: stop the run, which is kept (SIGTERM's
+    graceful stop: its checkpoint and results written), and print nothing more."""
+    detach_stdout()
+    if not server.coordinator.finished.is_set():
+        print(
+            f"snet demo: stopping: its output's reader has gone (the run is kept in "
+            f"{server.config.out_dir}: the same command goes on from it)",
+            file=sys.stderr,
+            flush=True,
+        )
+    server.request_stop(READER_GONE)
 
 
 def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
@@ -141,8 +161,11 @@ async def _demo(args: argparse.Namespace) -> int:
         progress.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await progress
-        _print_epochs(server, started, bar, printed)  # the last epochs, at once
-        bar.clear()
+        try:
+            _print_epochs(server, started, bar, printed)  # the last epochs, at once
+            bar.clear()
+        except BrokenPipeError:
+            _reader_gone(server)
         # Stopped early, the workers would wait for the server to come back; after a run
         # that had completed before this start they may not have joined to be sent home.
         await _stop_workers(workers, terminate=already_trained or not finished.is_set())
@@ -158,6 +181,8 @@ async def _demo(args: argparse.Namespace) -> int:
         f"weights in {config.out_dir}/weights.npz; {workers_said}",
         flush=True,
     )
+    if reason == READER_GONE:
+        return EXIT_READER_GONE
     workers_ok = already_trained or all(code == 0 for code in codes)  # those: stopped by us
     return 0 if reason == "trained" and workers_ok else 1
 

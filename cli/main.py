@@ -267,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ListenError, OutDirInUse) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader of the output left (| head): stop, as SIGPIPE would
+        from .progress_bar import EXIT_READER_GONE, detach_stdout
+
+        detach_stdout()
+        print(f"snet {args.command}: stopped: its output's reader has gone", file=sys.stderr)
+        return EXIT_READER_GONE
     except (ConfigError, DataError) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ draws the server's own figures (server/job_progress.py).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import IO
 
@@ -19,6 +20,16 @@ from snet.protocol.numbering import shown_epoch
 
 BAR_WIDTH = 24
 REDRAW_SECONDS = 0.1  # a terminal need not be redrawn more often than this
+EXIT_READER_GONE = 141  # 128 + SIGPIPE: what a shell shows for a writer that SIGPIPE ended
+
+
+def detach_stdout() -> None:
+    """The reader of standard output has gone (``snet train | head``): what is still
+    printed goes nowhere, so that neither the next print nor the interpreter's flush at
+    exit fails again (Python ignores SIGPIPE and raises BrokenPipeError instead)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def on_terminal(stream: IO[str]) -> bool:

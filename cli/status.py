@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .progress_bar import clock, on_terminal
+from .progress_bar import clock, detach_stdout, on_terminal
 
 
 def fetch_status(
@@ -221,6 +221,5 @@ def run_status(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the way to stop watching
         return 0
     except BrokenPipeError:  # the reader left (| head): nothing more to say to it
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail
+        detach_stdout()
         return 0

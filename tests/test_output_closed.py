@@ -1,0 +1,77 @@
+"""A command whose output's reader goes (``snet train | head``) stops as SIGPIPE would
+stop a program that writes, with exit status 141 and one line on stderr, not a traceback;
+the demo stops its run gracefully, so that the same command goes on from it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import helpers
+from helpers import SMALL_JOB, check_output
+
+EXIT_READER_GONE = 141
+
+
+def _closed_after_first_epoch(args: list[str], cwd: Path) -> tuple[int, str]:
+    """``snet ARGS`` with its output read up to the first epoch line and then closed, as
+    ``| head`` does: the exit status and what it wrote to stderr."""
+    argv = [sys.executable, "-m", "snet.cli", *args]
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+        env=helpers.system_ring_environment(),
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        for line in process.stdout:
+            if line.startswith("epoch"):
+                break
+        else:
+            raise AssertionError("no epoch line")
+        process.stdout.close()
+        code = process.wait(timeout=60)
+        errors = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    check_output("snet " + args[0], errors)  # no traceback
+    return code, errors
+
+
+@pytest.mark.system  # starts real processes
+def test_train_whose_reader_goes_stops_with_141_and_one_line(tmp_path: Path) -> None:
+    code, errors = _closed_after_first_epoch(
+        ["train", *SMALL_JOB, "--epochs", "6", "--out-dir", "out"], tmp_path
+    )
+    assert code == EXIT_READER_GONE
+    assert errors.strip() == "snet train: stopped: its output's reader has gone"
+    assert not (tmp_path / "out" / "weights.npz").exists()  # stopped before the end
+
+
+@pytest.mark.system  # starts real processes
+def test_demo_whose_reader_goes_stops_its_run_which_goes_on_again(tmp_path: Path) -> None:
+    demo = ["demo", "--mode", "sync", *SMALL_JOB, "--epochs", "6", "--out-dir", "out"]
+    code, errors = _closed_after_first_epoch(demo, tmp_path)
+    assert code == EXIT_READER_GONE
+    assert "snet demo: stopping: its output's reader has gone (the run is kept in out" in errors
+    stopped = json.loads((tmp_path / "out" / "status.json").read_text())
+    done = stopped["epochs_done"]
+    assert stopped["state"] == "stopping" and 1 <= done < 6  # stopped, not trained
+
+    again = helpers.run_process(
+        [sys.executable, "-m", "snet.cli", *demo], cwd=tmp_path,
+        env=helpers.system_ring_environment(), timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "done (trained)" in again.stdout
+    final = json.loads((tmp_path / "out" / "status.json").read_text())
+    assert len(final["epochs"]) == 6
+    assert final["epochs"][:done] == stopped["epochs"][:done]  # went on from the kept run
+    for epoch in final["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0, ledger
