@@ -104,4 +104,5 @@ def accuracy_section(result: dict[str, Any], rerun: str) -> list[str]:
     for mode, row in (result.get("modes") or {}).items():
         cells = [mode, *(row.get(key) for key in keys)]
         lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+    lines += ["", "Runs on other machines, with notes: docs/time-to-accuracy.md."]
     return [*lines, ""]
