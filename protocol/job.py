@@ -30,6 +30,26 @@ SCHEDULES = ("list", "newbob")
 FRAME_ORDERS = ("shuffled", "sequential")
 
 
+# Bounds on a job's whole numbers. A job crosses the wire (msgpack: 64-bit integers) and
+# /status (JSON, read as doubles by the dashboard), and the server plans by it (frames per
+# run = epochs x frames): a value past these is a mistake, refused here in one line rather
+# than as an overflow in a handshake or a plan.
+INT_MAX = 2**31 - 1  # any count: frames, bunches, chunks, updates, context
+EPOCHS_MAX = 1_000_000  # a million epochs is no run; the plan multiplies frames by it
+SEED_MAX = 2**63 - 1  # what a 64-bit signed integer holds; numpy's generators take any
+
+
+def check_int_bounds(spec: object, limits: dict[str, int]) -> None:
+    """ConfigError for an int field of dataclass ``spec`` above its bound (``limits`` by
+    name, else ``INT_MAX``). The fields' own rules (>= 1, >= 0) are checked after."""
+    for item in fields(spec):  # type: ignore[arg-type]
+        value = getattr(spec, item.name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            bound = limits.get(item.name, INT_MAX)
+            if value > bound:
+                raise ConfigError(f"{item.name} must be at most {bound:,}, got {value:,}")
+
+
 @dataclass(frozen=True)
 class DataSpec:
     """Where the frames come from and how they are divided.
@@ -94,6 +114,9 @@ class DataSpec:
     test_labels: str = field(default="", metadata={"help": "Kaldi: alignments of the test file"})
 
     def __post_init__(self) -> None:
+        check_int_bounds(self, {"split_seed": SEED_MAX})
+        if self.split_seed < 0:
+            raise ConfigError(f"split_seed must be >= 0, got {self.split_seed}")
         if self.context < 0:
             raise ConfigError(f"context must be >= 0 frames, got {self.context}")
         if not 0.0 < self.cv_fraction < 1.0:
@@ -254,6 +277,9 @@ class JobSpec:
     )
 
     def __post_init__(self) -> None:
+        check_int_bounds(self, {"epochs": EPOCHS_MAX, "seed": SEED_MAX})
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.bunch_size < 1:

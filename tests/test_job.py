@@ -78,6 +78,30 @@ def test_jobspec_bad_values(changes: dict[str, Any]) -> None:
         JobSpec(**changes)
 
 
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"epochs": 10**23}, "epochs must be at most 1,000,000"),
+        ({"epochs": 1_000_001}, "epochs must be at most 1,000,000"),
+        ({"seed": -1}, "seed must be >= 0"),
+        ({"seed": 2**63}, "seed must be at most"),
+        ({"bunch_size": 2**31}, "bunch_size must be at most 2,147,483,647"),
+        ({"chunk_frames": 2**40}, "chunk_frames must be at most"),
+    ],
+)
+def test_jobspec_whole_numbers_are_bounded(changes: dict[str, Any], message: str) -> None:
+    """Past these a job could not travel (msgpack's 64 bits: a huge epoch count once made
+    every handshake fail with an OverflowError) or be planned; refused in one line."""
+    with pytest.raises(ConfigError, match=message):
+        JobSpec(**changes)
+
+
+def test_jobspec_at_its_bounds_travels_through_msgpack() -> None:
+    job = JobSpec(epochs=1_000_000, seed=2**63 - 1, data=DataSpec(split_seed=2**63 - 1))
+    wire = msgpack.unpackb(msgpack.packb(job.to_dict(), use_bin_type=True), raw=False)
+    assert JobSpec.from_dict(wire) == job
+
+
 def test_jobspec_input_size_not_checked_for_npz_sources() -> None:
     job = JobSpec(network=NetworkSpec((20, 4), ()), data=DataSpec(source="/data/x.npz"))
     assert job.network.input_size == 20
@@ -120,7 +144,17 @@ def test_jobspec_nan_learning_rate_is_config_error() -> None:
         JobSpec(learning_rates=(math.nan,))
 
 
-@pytest.mark.parametrize("changes", [{"context": -1}, {"cv_fraction": 0.0}, {"cv_fraction": 1.0}])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"context": -1},
+        {"context": 2**31},
+        {"cv_fraction": 0.0},
+        {"cv_fraction": 1.0},
+        {"split_seed": -1},
+        {"split_seed": 2**63},
+    ],
+)
 def test_dataspec_bad_values(changes: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         DataSpec(**changes)
