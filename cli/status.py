@@ -10,7 +10,9 @@ the readings follow one another, separated by a blank line, with no escape codes
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
+import math
 import os
 import ssl
 import sys
@@ -157,13 +159,35 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 def _read(url: str, token: str, tls_ca: str) -> dict[str, Any] | str:
     """The status document, or why it cannot be read (one line)."""
     try:
-        return fetch_status(url, token=token, tls_ca=tls_ca)
+        document: object = fetch_status(url, token=token, tls_ca=tls_ca)
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
             return f"{url} needs the server's token (SNET_TOKEN or --token-file)"
         return f"cannot read {url}/status: {exc}"
+    except http.client.HTTPException as exc:  # not HTTP at all, or a TLS port asked in plain
+        hint = (
+            " (a server that serves TLS wants https:// and --tls-ca)"
+            if url.startswith("http://")
+            else ""
+        )
+        return f"cannot read {url}/status: no HTTP answer ({exc!r}){hint}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return f"cannot read {url}/status: {exc}"
+    if not (isinstance(document, dict) and {"server", "state"} <= document.keys()):
+        return f"{url}/status is not an snet server's status (no server and state in it)"
+    return document
+
+
+def _shown(document: dict[str, Any], url: str, as_json: bool, watching: bool) -> bool:
+    """Show ``document``; False (and why, on stderr) if it is not one this snet can show
+    (a server of another version may lack a field the table reads)."""
+    try:
+        _show(document, as_json, watching)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        print(f"snet: cannot show {url}/status: a field is missing or odd ({exc!r})",
+              file=sys.stderr)  # fmt: skip
+        return False
+    return True
 
 
 def _show(document: dict[str, Any], as_json: bool, watching: bool) -> None:
@@ -189,7 +213,8 @@ def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) ->
                   file=sys.stderr)  # fmt: skip
             return 0 if state in ENDED else 1
         state = document["state"]
-        _show(document, as_json, watching=True)
+        if not _shown(document, url, as_json, watching=True):
+            return 1
         if state in ENDED:
             return 0
         time.sleep(interval)
@@ -206,7 +231,7 @@ def run_status(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"snet: cannot read the token file: {exc}", file=sys.stderr)
             return 1
-    if args.interval <= 0:
+    if not (math.isfinite(args.interval) and args.interval > 0):
         print(f"snet: --interval must be > 0, got {args.interval:g}", file=sys.stderr)
         return 2
     try:
@@ -216,8 +241,7 @@ def run_status(args: argparse.Namespace) -> int:
         if isinstance(document, str):
             print(f"snet: {document}", file=sys.stderr)
             return 1
-        _show(document, args.json, watching=False)
-        return 0
+        return 0 if _shown(document, url, args.json, watching=False) else 1
     except KeyboardInterrupt:  # Ctrl-C: the way to stop watching
         return 0
     except BrokenPipeError:  # the reader left (| head): nothing more to say to it

@@ -1,0 +1,108 @@
+"""``snet status`` against what is not an snet server: one line and exit 1, never a
+traceback (a JSON document of another shape, a port that does not speak HTTP, a TLS port
+asked in plain HTTP), and a watch interval that is not a positive number of seconds."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from snet.cli.main import main
+
+
+@contextmanager
+def _http_answering(body: bytes) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 answering every GET with ``body`` (JSON); its URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the stdlib names it so
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@contextmanager
+def _raw_answering(first_bytes: bytes) -> Iterator[str]:
+    """A TCP port that sends ``first_bytes`` to whoever connects, then closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.02)  # the thread looks at ``stop`` this often
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.sendall(first_bytes)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()
+
+
+@pytest.mark.parametrize("body", [b"{}", b"[]", b'{"state": "training"}', b"42"])
+def test_json_that_is_not_a_status_is_said_so(
+    body: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with _http_answering(body) as url:
+        assert main(["status", "--url", url]) == 1
+        assert main(["status", "--url", url, "--watch", "--interval", "0.1"]) == 1
+    errors = capsys.readouterr().err.splitlines()
+    assert (
+        errors
+        == [f"snet: {url}/status is not an snet server's status (no server and state in it)"] * 2
+    )
+
+
+def test_a_status_missing_a_field_the_table_reads_is_said_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with _http_answering(b'{"server": "x", "state": "training"}') as url:
+        assert main(["status", "--url", url]) == 1
+        assert main(["status", "--url", url, "--json"]) == 0  # JSON shows it as it came
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"snet: cannot show {url}/status: a field is missing")
+    assert '"state": "training"' in captured.out
+
+
+def test_a_port_that_does_not_speak_http_is_said_so(capsys: pytest.CaptureFixture[str]) -> None:
+    with _raw_answering(b"SSH-2.0-OpenSSH_9.2\r\n") as address:
+        assert main(["status", "--url", address]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"snet: cannot read http://{address}/status: no HTTP answer")
+    assert "https:// and --tls-ca" in line  # a TLS port asked in plain HTTP looks so too
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "0", "-1"])
+def test_the_watch_interval_must_be_a_positive_number_of_seconds(
+    interval: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--url", "127.0.0.1:9", "--watch", "--interval", interval]) == 2
+    assert "--interval must be > 0" in capsys.readouterr().err
