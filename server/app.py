@@ -6,7 +6,7 @@ HTTP port for status (both inside one event loop), and writes the ready file. Se
 ends when the job is trained (after ``linger_seconds``; the results are written as soon
 as training completes) or on ``request_stop`` (the command line calls it on the first
 SIGTERM/SIGINT: a last checkpoint, workers are told goodbye, the final weights are
-written). A server that trained nothing leaves an existing ``weights.npz`` alone.
+written). A resumed server that trained nothing leaves an existing ``weights.npz`` alone.
 """
 
 from __future__ import annotations
@@ -293,11 +293,14 @@ class SnetServer:
         self.state = "stopped"
 
     def write_final_weights(self) -> Path:
-        """Write weights.npz, the norms and status.json; a server that trained nothing
-        since it started leaves the weights a previous run wrote alone."""
+        """Write weights.npz, the norms and status.json; a server that resumed a run and
+        trained nothing since leaves the weights that run wrote alone (a ``--fresh`` run
+        writes its own, or the directory would hold one run's weights beside another's
+        status)."""
         coordinator = self.coordinator
         path = Path(self.config.out_dir) / "weights.npz"
-        if coordinator.version == self._start_version and path.exists():
+        untouched = coordinator.version == self._start_version and not self.config.fresh
+        if untouched and path.exists():
             log.info("trained nothing since it started: %s left as it is", path)
         else:
             write_atomically(path, current_weights_npz(coordinator))

@@ -174,6 +174,12 @@ class ServerConfig:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {value}")
+        if self.min_workers < 1:
+            raise ConfigError(f"min_workers must be at least 1, got {self.min_workers}")
+        wildcard = {"", "0.0.0.0", "::"}
+        overlap = self.http_bind_host == self.host or {self.host, self.http_bind_host} & wildcard
+        if self.port == self.http_port != 0 and overlap:
+            raise ConfigError(f"port and http_port are both {self.port}: give each its own")
         if self.pool_size < 2:
             raise ConfigError(f"pool_size must be at least 2, got {self.pool_size}")
         if self.max_frame_mb < 1:

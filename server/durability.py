@@ -42,6 +42,16 @@ log = logging.getLogger("snet.server")
 TIMER_SECONDS = 1.0  # how often the clock for time-based checkpoints is looked at
 
 
+def _setting(value: object) -> str:
+    """A job setting as a person reads it in a message (a network as its sizes)."""
+    if isinstance(value, dict) and "sizes" in value:
+        return ":".join(map(str, value["sizes"]))
+    if value is None:
+        return "(none)"
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def job_identity(job_dict: dict[str, Any], data_fingerprint: str) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the job (as JSON) and the data."""
     return {"job": json.loads(json.dumps(job_dict)), "data": data_fingerprint}
@@ -79,13 +89,13 @@ def resume_point(
     )
     if theirs != ours:
         differing = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k))
-        sizes = [
-            ":".join(map(str, job.get("network", {}).get("sizes", []))) for job in (theirs, ours)
-        ]
+        shown = "; ".join(
+            f"{key} {_setting(theirs.get(key))} there, {_setting(ours.get(key))} here"
+            for key in differing[:3]
+        ) + ("; ..." if len(differing) > 3 else "")
         raise ConfigError(
-            f"{loaded.path} is a checkpoint of another job ({', '.join(differing)} differ; "
-            f"network {sizes[0]} there, {sizes[1]} here): use --fresh to start over, or "
-            "another --out-dir"
+            f"{loaded.path} is a checkpoint of another job ({shown}): use --fresh to start "
+            "over, or another --out-dir"
         )
     if saved.get("data") != identity["data"]:
         raise ConfigError(

@@ -32,7 +32,7 @@ class LeaseDesk:
         self.book = book
         self.inline = inline
         self.min_workers = min_workers
-        self._quorum = min_workers <= 1
+        self._quorum = False  # min_workers have joined (once: leasing then goes on)
         self._joined_told = -1  # the count last logged while waiting (said once per change)
 
     def holding_back(self, joined: int) -> bool:

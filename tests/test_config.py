@@ -87,6 +87,12 @@ def test_bad_settings_fail_clearly(
     with pytest.raises(ConfigError, match="SNET_PORT"):
         _config([])
     monkeypatch.delenv("SNET_PORT")
+    with pytest.raises(ConfigError, match="min_workers must be at least 1, got 0"):
+        _config(["--min-workers", "0"])
+    with pytest.raises(ConfigError, match="port and http_port are both 7300"):
+        _config(["--port", "7300", "--http-port", "7300"])
+    other_host = ["--port", "7300", "--http-port", "7300", "--http-host", "127.0.0.2"]
+    assert _config(other_host).http_bind_host == "127.0.0.2"  # two addresses: no clash
     assert main(["server", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "cannot read config file" in capsys.readouterr().err
 

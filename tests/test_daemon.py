@@ -34,7 +34,7 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
     assert pid_file.read_text() == f"{server.process.pid}\n"
     ready = systemd.recv(4096).decode().splitlines()  # sent once both ports listen
     assert ready[:2] == ["READY=1", f"MAINPID={server.process.pid}"]
-    assert server.status()["state"] == "training"
+    assert server.status()["state"] == "waiting_for_workers"  # no worker joined yet
 
     # A second daemon with the same pid file is refused (2: configuration) ...
     clash = cluster.run("server", "--port", "0", "--http-port", "0", "--pid-file", str(pid_file))

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from snet.cli.main import main
@@ -57,6 +58,19 @@ async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
     assert [e["epoch"] for e in final["hooks"]["accuracy"]["epochs"]] == [1, 2]
     assert "epoch 1 done at version" in lab.log("server")
     assert "epoch 0 " not in lab.log("server")  # no log line counts from 0
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the waiting state, not the loop
+async def test_with_the_default_one_worker_the_server_waits_for_it_and_says_so(lab: Lab) -> None:
+    """The default --min-workers 1: before any worker joins, /status said "training"."""
+    server = await lab.server("--epochs", "1", *QUICK_JOB)
+    status = await server.status()
+    assert status["state"] == "waiting_for_workers" and status["min_workers"] == 1
+    assert "waiting for workers: 0 of 1 joined" in render(status)
+    assert _metric((await server.get("/metrics")).decode(), "snet_waiting_for_workers") == 1.0
+    lab.worker(server, "w1")
+    assert await server.wait(90) == "trained"
+    assert server.final_status()["state"] == "trained"
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # it waits on the clock for a rate
@@ -166,3 +180,24 @@ def test_snet_train_in_a_pipe_prints_plain_lines_counted_from_1(
     lines = printed.splitlines()
     assert [line.split()[:2] for line in lines[:2]] == [["epoch", "1"], ["epoch", "2"]]
     assert lines[2] == f"weights in {out / 'weights.npz'}"
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the out-dir, not the loop
+async def test_a_fresh_run_stopped_at_once_leaves_its_own_weights_beside_its_status(
+    lab: Lab,
+) -> None:
+    """``--fresh --force`` over a finished run, stopped before it trained: weights.npz was
+    the old run's (version 95) beside the new run's status.json (version 0)."""
+    first = await lab.server("--epochs", "1", *QUICK_JOB)
+    lab.worker(first, "w1")
+    assert await first.wait(90) == "trained"
+    with np.load(first.out_dir / "weights.npz") as saved:
+        assert int(saved["version"]) > 0
+
+    again = await lab.server("--epochs", "1", "--fresh", "--force", *QUICK_JOB)
+    again.stop("test over")
+    assert await again.wait(30) == "test over"
+    status = again.final_status()
+    with np.load(again.out_dir / "weights.npz") as saved:
+        assert int(saved["version"]) == status["weight_version"] == 0
+    assert not status["epochs_done"]
