@@ -83,6 +83,7 @@ class SnetServer:
         self._next_worker_id = 0
         self._trace_handle: Any = None
         self.pid_file = PidFile(config.pid_file) if config.pid_file else None
+        self._ready_written = False  # the ready file is ours to remove at exit
         self.out_lock = OutDirLock(config.out_dir)
         self.checkpointer: Checkpointer | None = None
         self.resumed: dict[str, Any] | None = None  # the checkpoint this server resumed from
@@ -223,6 +224,7 @@ class SnetServer:
         if self.config.ready_file:
             ready = {"pid": os.getpid(), "port": self.port, "http_port": self.http_port}
             write_atomically(Path(self.config.ready_file), json.dumps(ready).encode())
+            self._ready_written = True
         notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
 
     def release(self) -> None:
@@ -233,6 +235,9 @@ class SnetServer:
             self._tcp.close()
         if self.pid_file is not None:
             self.pid_file.release()
+        if self._ready_written:  # "ready" no more: a stale file would name a dead pid
+            Path(self.config.ready_file).unlink(missing_ok=True)
+            self._ready_written = False
         self.out_lock.release()
 
     async def serve(self) -> str:

@@ -63,7 +63,10 @@ class ServerConfig:
         default="snet-out", metadata={"help": "directory for the weights, norms and stats"}
     )
     ready_file: str = field(
-        default="", metadata={"help": "write JSON with the pid and bound ports once both listen"}
+        default="",
+        metadata={
+            "help": "write JSON with the pid and bound ports once both listen (removed at exit)"
+        },
     )
     pid_file: str = field(
         default="", metadata={"help": "write this process's id here while it runs"}

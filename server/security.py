@@ -113,5 +113,8 @@ def bearer_middleware(token: str) -> Middleware:
 
 def _authorised(request: web.Request, expected: bytes) -> bool:
     header = request.headers.get("Authorization", "")
-    given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
+    scheme, _, credentials = header.partition(" ")
+    # an auth scheme's name is case-insensitive (RFC 9110 11.1): "bearer" is "Bearer"
+    bearer = scheme.lower() == "bearer"
+    given = credentials.strip() if bearer else request.query.get("token", "")
     return hmac.compare_digest(given.encode(), expected)

@@ -58,6 +58,7 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
     assert systemd.recv(4096) == b"STOPPING=1"
     systemd.close()
     assert not pid_file.exists()
+    assert not (tmp_path / "server.ready").exists()  # ready no more: it would name a dead pid
     assert "exiting with status 0 (signal SIGTERM)" in server.log.read_text()
 
     # A stale pid file (its process is gone) is simply replaced.

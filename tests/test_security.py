@@ -58,8 +58,8 @@ def test_the_server_refuses_to_start_exposed_without_a_token(tmp_path: Path) -> 
     assert "Traceback" not in result.stderr
 
 
-def _get(url: str, token: str | None = None) -> int:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+def _get(url: str, token: str | None = None, scheme: str = "Bearer") -> int:
+    headers = {"Authorization": f"{scheme} {token}"} if token else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
             return 200
@@ -77,6 +77,9 @@ def test_with_a_token_every_endpoint_but_healthz_needs_it(cluster: Cluster, tmp_
     for path in ("/", "/status", "/metrics", "/weights"):
         assert _get(server.url + path, "s3cret-token") == 200, path
     assert _get(server.url + "/status?token=s3cret-token") == 200  # the dashboard's way
+    for scheme in ("bearer", "BEARER"):  # a scheme's name is case-insensitive (RFC 9110)
+        assert _get(server.url + "/status", "s3cret-token", scheme) == 200, scheme
+    assert _get(server.url + "/status", "s3cret-token", "Basic") == 401
     assert _get(server.url + "/healthz") == 200
     status = [sys.executable, "-m", "snet.cli", "status", "--url", server.url]
     refused = subprocess.run(status, capture_output=True, text=True, timeout=30,
