@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,8 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"--exemplars must be >= 1, got {args.exemplars}")
     if args.block_bunches < 1:
         raise ConfigError(f"--block-bunches must be >= 1, got {args.block_bunches}")
+    if args.link_mbps is not None and not (math.isfinite(args.link_mbps) and args.link_mbps > 0):
+        raise ConfigError(f"--link-mbps must be a speed > 0 Mbit/s, got {args.link_mbps:g}")
     update_bytes(network, args.compress)  # a clear error for a codec the plan cannot size
     measured = None
     if args.measured:

@@ -443,6 +443,9 @@ def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "--modes must be some of sync, async, bmuf, bmuf-async" in capsys.readouterr().err
     assert main(["plan", "--block-bunches", "0"]) == 2
     assert "--block-bunches must be >= 1" in capsys.readouterr().err
+    for speed in ("0", "-5", "nan", "inf"):  # 0 was taken as "no --link-mbps given"
+        assert main(["plan", "--link-mbps", speed]) == 2, speed
+        assert "--link-mbps must be a speed > 0 Mbit/s" in capsys.readouterr().err
     assert main(["plan", "--compress", "topk:0.1"]) == 2
     assert "fixed size" in capsys.readouterr().err
     (tmp_path / "c.json").write_text("{}")
