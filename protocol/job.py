@@ -37,6 +37,7 @@ FRAME_ORDERS = ("shuffled", "sequential")
 INT_MAX = 2**31 - 1  # any count: frames, bunches, chunks, updates, context
 EPOCHS_MAX = 1_000_000  # a million epochs is no run; the plan multiplies frames by it
 SEED_MAX = 2**63 - 1  # what a 64-bit signed integer holds; numpy's generators take any
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_int_bounds(spec: object, limits: dict[str, int]) -> None:
@@ -290,6 +291,11 @@ class JobSpec:
             not (math.isfinite(lr) and lr > 0) for lr in self.learning_rates
         ):
             raise ConfigError(f"learning rates must be positive, got {self.learning_rates}")
+        if max(self.learning_rates) > FLOAT32_MAX:  # the weights are float32: every step inf
+            raise ConfigError(
+                f"learning rates must be at most {FLOAT32_MAX:.3g} (float32's largest), "
+                f"got {max(self.learning_rates):g}"
+            )
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.chunk_frames < self.bunch_size:

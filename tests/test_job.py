@@ -64,6 +64,7 @@ def test_jobspec_learning_rate_schedule() -> None:
         {"learning_rates": ()},
         {"learning_rates": (0.1, 0.0)},
         {"learning_rates": (-0.1,)},
+        {"learning_rates": (0.1, 1e308)},  # past float32: every step would be inf
         {"momentum": 1.0},
         {"momentum": -0.1},
         {"chunk_frames": 64, "bunch_size": 128},
