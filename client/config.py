@@ -11,6 +11,7 @@ from snet.protocol.codecs.weights import canonical_weights_form
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
 from snet.protocol.process_settings import log_format_field, log_level_field
+from snet.protocol.worker_name import name_problem
 from snet.transport.faults import FaultSwitch
 
 HANDSHAKE_SECONDS = 30.0  # a server's hello, welcome and data description, in all
@@ -129,6 +130,8 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         self.address()  # validates
+        if self.name and (problem := name_problem(self.name)):
+            raise ConfigError(problem)
         if self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.processes < 1:

@@ -49,13 +49,14 @@ from snet.protocol.messages import (
     Update,
     WorkerReport,
 )
+from snet.protocol.worker_name import name_problem
 from snet.transport.stream import FrameStream
 
 from .admission import Admission
 from .ledger import CompressionLedger
 from .plausible import checked_report
 from .pool import ElementLoan, Received
-from .session import WorkerSession, name_problem, unique_name
+from .session import WorkerSession, unique_name
 from .training import Coordinator
 
 if TYPE_CHECKING:

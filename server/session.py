@@ -12,18 +12,6 @@ from snet.protocol.messages import Message
 from .ledger import CompressionLedger
 from .progress import DeliveryClock
 
-NAME_CHARS = 64  # a worker name's length
-
-
-def name_problem(name: str) -> str:
-    """Why a worker name cannot be used ("" if it can): it goes into logs, /status and
-    /metrics labels, so it is short and printable (a newline would forge log lines)."""
-    if len(name) > NAME_CHARS:
-        return f"worker name is {len(name)} characters long, over {NAME_CHARS}"
-    if not name.isprintable():
-        return f"worker name {name!r} has characters that are not printable"
-    return ""
-
 
 def unique_name(name: str, taken: Iterable[str]) -> str:
     """``name``, or with a suffix (``name-2``, ...) if a live worker has it already."""

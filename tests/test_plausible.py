@@ -8,7 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from snet.protocol.errors import RejectedUpdate
+from snet.client.config import WorkerConfig
+from snet.protocol.errors import ConfigError, RejectedUpdate
+from snet.protocol.worker_name import name_problem
 from snet.server.departures import Departures
 from snet.server.plausible import (
     ABSOLUTE_NORM,
@@ -21,7 +23,7 @@ from snet.server.plausible import (
     finite,
     update_figures_problem,
 )
-from snet.server.session import WorkerSession, name_problem, unique_name
+from snet.server.session import WorkerSession, unique_name
 
 RNG = np.random.default_rng(3)
 
@@ -114,6 +116,16 @@ def test_worker_names_are_printable_bounded_and_unique() -> None:
     assert "over 64" in name_problem("x" * 65)
     assert unique_name("w", ["a", "b"]) == "w"
     assert unique_name("w", ["w", "w-2"]) == "w-3"
+
+
+def test_a_worker_checks_its_own_name_before_it_connects() -> None:
+    """A name of 100,000 characters was a frame_too_large refusal from the server; a
+    newline a refusal after connecting. Both are the worker's own configuration."""
+    with pytest.raises(ConfigError, match="worker name is 100000 characters long, over 64"):
+        WorkerConfig(server="127.0.0.1:7000", name="x" * 100_000)
+    with pytest.raises(ConfigError, match="not printable"):
+        WorkerConfig(server="127.0.0.1:7000", name="w1\nforged log line")
+    assert WorkerConfig(server="127.0.0.1:7000").worker_name()  # hostname-pid: fine
 
 
 def test_departed_workers_are_summed_and_only_the_latest_kept() -> None:
