@@ -58,6 +58,7 @@ from .compression import UpdateCompressor
 from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus
+from .frame_limit import refused_frame
 from .joining import Handshake, NotJoined
 from .policies import ComputePolicy, ComputeState, make_compute_policy
 from .progress_log import ProgressLog
@@ -119,7 +120,9 @@ class Worker:
         ``retry_seconds``, or this worker was stopped by SIGTERM/SIGINT; 3 the server
         unreachable for ``retry_seconds`` (never reached, or lost without a goodbye); 4
         (``EXIT_REFUSED``) refused by the server (token, protocol version, a job it cannot
-        run), which a restart cannot cure (1: an unforeseen error, which one may).
+        run), which a restart cannot cure (1: an unforeseen error, which one may). Raises
+        ``ConfigError`` (``snet worker`` exits 2) for a setting of its own that cannot work,
+        e.g. ``max_frame_mb`` below the job's weights (client/frame_limit.py).
         """
         self._task = asyncio.current_task()
         tls = self.config.tls_ca
@@ -256,9 +259,12 @@ class Worker:
                 heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await heartbeat
-        except ConnectionLost:
+        except ConnectionLost as exc:
             gone = True
             connection.abort()  # on a dead link a graceful close would never finish
+            refused = connection.refused_frame_bytes  # a frame over our own --max-frame-mb
+            if refused is not None:
+                raise refused_frame(limits.max_payload_bytes, refused) from exc
             raise
         finally:
             if self._stop_reason is not None:
