@@ -12,7 +12,6 @@ and trains on frames the server sends (``client/data.py``, ``work.py``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import ssl
@@ -177,9 +176,17 @@ class Worker:
             self._stop_reason = reason
             self._task.cancel()
 
+    def _stop_if_asked(self) -> None:
+        """End ``run()`` as stopped if a stop was asked for, even if its cancel was lost:
+        3.11's ``wait_for`` drops a cancel that races its result, and a session torn down
+        just then would otherwise go on to the next one (a SIGTERM ignored)."""
+        if self._stop_reason is not None:
+            raise asyncio.CancelledError
+
     async def _between_sessions(self, why: Exception) -> None:
         """After a session that ended without the job done: give up once the retry
         window has passed (client/retry_window.py), else pause before the next one."""
+        self._stop_if_asked()
         self._retry.session_ended()
         self._retry.give_up_if_expired(self.config.server, why)
         self._reset()
@@ -243,8 +250,11 @@ class Worker:
                 await self._compute_loop(connection, box)
             finally:
                 heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeat
+                # Not `await heartbeat` with its CancelledError suppressed: that would
+                # suppress ours too, a SIGTERM that comes while the session ends.
+                await asyncio.wait([heartbeat])
+                if not heartbeat.cancelled():
+                    heartbeat.result()  # its own error, if it had one
         except ConnectionLost as exc:
             gone = True
             connection.abort()  # on a dead link a graceful close would never finish
@@ -324,8 +334,7 @@ class Worker:
                 return
             if self._lost:
                 raise ConnectionLost("connection lost")
-            if self._stop_reason is not None:  # asked to stop, and the cancel was lost: 3.11's
-                raise asyncio.CancelledError  # wait_for can swallow one that races its result
+            self._stop_if_asked()  # asked to stop, and the cancel was lost
             assert self.corpus is not None
             request = self._work.evaluation(self.corpus)
             if request is not None:

@@ -5,7 +5,7 @@ weights ("the server broke the protocol"), lose the connection and join again, t
 times a second for ever: joining renewed its retry window, and the refusal blamed the
 server. Now it stops once with exit 2 and one line naming the limit, the size needed and
 the flag; a server that drops a joined worker at once no longer renews its window
-(client/retry_window.py).
+(client/retry_window.py); and a SIGTERM while a session ends is no longer lost.
 """
 
 from __future__ import annotations
@@ -141,6 +141,29 @@ async def test_a_server_that_drops_joined_workers_does_not_keep_one_past_its_win
     assert "gave up after 2 s" in log and took < 2 + MAX_BACKOFF_SECONDS + 3
     # Backing off (0.2, 0.4, 0.8 s ...) rather than joining ten times a second.
     assert 2 <= log.count("joined snet") <= 6, log
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
+async def test_a_stop_that_comes_while_a_session_ends_is_not_lost(lab: Lab) -> None:
+    """The first SIGTERM of a worker in a reconnect loop was sometimes ignored: it came
+    while the session's heartbeat task was awaited with its cancellation suppressed,
+    which suppressed the worker's own. Here it comes exactly then, every time."""
+    server = await lab.server("--mode", "async", "--epochs", "1", *QUICK_JOB)
+    async with dropping_proxy(server) as port:
+        worker = lab.worker(server, "w", "--server", f"127.0.0.1:{port}", "--retry-seconds", "30")
+
+        async def heartbeat(connection: object) -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:  # the session is ending: a SIGTERM now
+                worker.stop("signal SIGTERM")
+                raise
+
+        worker.worker.reports.heartbeat = heartbeat  # type: ignore[method-assign]
+        assert await worker.wait(10) == 0
+    log = lab.log("w")
+    assert log.count("joined snet") == 1, log  # no second session after the stop
+    assert "stopped (signal SIGTERM)" in log
 
 
 @pytest.mark.system
