@@ -79,7 +79,11 @@ class WorkerConfig:
         metadata={"help": "an snet server says hello at once: after this long without it, "
                   "ask whether the port speaks HTTP (the wrong port given)"},
     )  # fmt: skip
-    max_frame_mb: int = field(default=512, metadata={"help": "largest frame accepted, MB"})
+    max_frame_mb: int = field(
+        default=512,
+        metadata={"help": "largest frame accepted, MiB; below the job's weights the worker "
+                  "exits 2 saying how much they need"},
+    )  # fmt: skip
     log_level: str = log_level_field()
     log_format: str = log_format_field()
     progress_seconds: float = field(
@@ -146,6 +150,8 @@ class WorkerConfig:
             raise ConfigError(
                 f"data_access must be auto, local or inline, got {self.data_access!r}"
             )
+        if self.max_frame_mb < 1:
+            raise ConfigError(f"max_frame_mb must be at least 1, got {self.max_frame_mb}")
         if self.server_timeout_seconds <= 1:
             raise ConfigError("server_timeout_seconds must be more than 1 s")
         if not 0 < self.hello_seconds < HANDSHAKE_SECONDS:

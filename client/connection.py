@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from snet.protocol.conversation import Conversation, Role
 from snet.protocol.decoder import Decoded
-from snet.protocol.errors import CodecError, ConnectionLost, ProtocolError
+from snet.protocol.errors import CodecError, ConnectionLost, FrameTooLarge, ProtocolError
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import Message, Resync, Weights
 from snet.transport.faults import FaultSwitch
@@ -46,6 +46,7 @@ class ServerConnection:
         self.stream: FrameStream | None = None
         self.box: WeightsBox | None = None
         self.send_buffers: SendBuffers | None = None
+        self.refused_frame_bytes: int | None = None  # a frame over this worker's own limit
         self.closed = asyncio.get_running_loop().create_future()
 
     def new_stream(self) -> FrameStream:
@@ -83,6 +84,16 @@ class ServerConnection:
             self.on_message(message)
 
     def stream_refused(self, error: ProtocolError) -> None:
+        if (
+            isinstance(error, FrameTooLarge)
+            and error.payload_bytes is not None
+            and error.limit_bytes == self.limits.max_payload_bytes
+        ):
+            # Over this worker's own --max-frame-mb, not the handshake's small bound: a
+            # setting here to change, not the server's fault; the worker stops and says
+            # so (client/frame_limit.py), and any reconnection would be refused alike.
+            self.refused_frame_bytes = error.payload_bytes
+            return
         log.error("the server broke the protocol: %s: %s", error.code, error)
 
     def stream_lost(self, error: ConnectionLost | None) -> None:

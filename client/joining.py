@@ -6,7 +6,8 @@ prepares its backend and agrees on codecs. It reads the worker's inbox (what the
 connection filed) and returns what the worker needs to train (``Joined``), or why it
 cannot (``NotJoined``: the server refused it or said goodbye first); it writes none of the
 worker's state. A job this worker cannot run ends the session with the reason logged on
-both sides.
+both sides; a job whose weights exceed this worker's own frame limit ends the worker
+(``FrameLimitTooSmall``, a configuration error: client/frame_limit.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .compression import UpdateCompressor
 from .config import HANDSHAKE_SECONDS, WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus, open_corpus
+from .frame_limit import FrameLimitTooSmall, check_job
 from .policies import make_compute_policy
 from .port_probe import refuse_if_http
 from .slice_work import memory_capabilities
@@ -154,8 +156,14 @@ class Handshake:
             return NotJoined(refused=exc)
         try:
             job = JobSpec.from_dict(welcome.job)
+            check_job(job, connection.limits.max_payload_bytes)
             corpus = await self._prepare(job, info, connection)
             codecs, compressor = self._agree(job, welcome.codecs, compressor)
+        except FrameLimitTooSmall as exc:
+            # This worker's own setting: the server is told why it leaves, and the worker
+            # stops (exit 2) instead of joining again to be refused the same frames.
+            connection.send(ErrorMessage("bad_job", str(exc), True))
+            raise
         except (ConfigError, DataError, RemoteError) as exc:
             # Tell the server why this worker cannot take part, then leave.
             connection.send(ErrorMessage("bad_job", str(exc), True))

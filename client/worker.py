@@ -12,7 +12,6 @@ and trains on frames the server sends (``client/data.py``, ``work.py``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import ssl
@@ -47,7 +46,7 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout
 from snet.protocol.staleness import StalenessSetting
-from snet.transport.dial import MAX_BACKOFF_SECONDS, connect_with_backoff
+from snet.transport.dial import connect_with_backoff
 from snet.transport.faults import FaultSwitch
 from snet.transport.tls import client_context
 from snet.transport.tls import refusal as tls_refusal
@@ -58,10 +57,12 @@ from .compression import UpdateCompressor
 from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus
+from .frame_limit import refused_frame
 from .joining import Handshake, NotJoined
 from .policies import ComputePolicy, ComputeState, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
+from .retry_window import RetryWindow
 from .slice_work import SliceWork
 from .update_timing import InlineChoice, UpdateTiming, timed
 from .work import WorkQueue
@@ -93,10 +94,7 @@ class Worker:
         self._task: asyncio.Task[int] | None = None  # the task running run()
         self._generation = 0  # counts connections; callbacks of older ones are ignored
         self._joined = False  # the current connection got past the handshake
-        # One deadline for getting back to a server, from the moment it was lost: not
-        # renewed by a connection that is accepted and then dropped (e.g. by a server
-        # still starting), only by joining again.
-        self._retry_deadline: float | None = None
+        self._retry = RetryWindow(config.retry_seconds)  # one deadline across reconnects
         self.job: JobSpec | None = None  # as welcomed, with any policy change since
         self.policy: ComputePolicy | None = None  # when it may compute: the mode's policy
         self.corpus: Corpus | None = None
@@ -119,7 +117,9 @@ class Worker:
         ``retry_seconds``, or this worker was stopped by SIGTERM/SIGINT; 3 the server
         unreachable for ``retry_seconds`` (never reached, or lost without a goodbye); 4
         (``EXIT_REFUSED``) refused by the server (token, protocol version, a job it cannot
-        run), which a restart cannot cure (1: an unforeseen error, which one may).
+        run), which a restart cannot cure (1: an unforeseen error, which one may). Raises
+        ``ConfigError`` (``snet worker`` exits 2) for a setting of its own that cannot work,
+        e.g. ``max_frame_mb`` below the job's weights (client/frame_limit.py).
         """
         self._task = asyncio.current_task()
         tls = self.config.tls_ca
@@ -127,7 +127,6 @@ class Worker:
         if self.config.tls_cert and not tls:
             raise ConfigError("tls_cert needs tls_ca: the CA that signed the server's certificate")
         server_stopped = False  # the last server said goodbye without finishing the job
-        pause = 0.1  # before reconnecting after a lost connection
         try:
             while True:
                 try:
@@ -137,14 +136,8 @@ class Worker:
                         raise TlsRefused(self._tls_refusal) from exc
                     retry = self.config.retry_seconds
                     log.warning("lost the server (%s); reconnecting for up to %.0f s", exc, retry)
-                    # A server that accepts and then drops connections must not be
-                    # hammered: pause longer after each session that never got going.
-                    pause = 0.1 if self._joined else min(pause * 2, MAX_BACKOFF_SECONDS)
                     server_stopped = False
-                    self._start_retry_window()
-                    self._give_up_if_past_deadline(exc)
-                    self._reset()
-                    await asyncio.sleep(pause)
+                    await self._between_sessions(exc)
                     continue
                 if self._refused is not None:
                     log.error("refused by the server: %s", self._refused)
@@ -154,8 +147,7 @@ class Worker:
                     message = "server said goodbye (%s) mid-job; waiting %.0f s for it to return"
                     log.warning(message, self._goodbye, retry)
                     server_stopped = True
-                    self._start_retry_window()
-                    self._reset()
+                    await self._between_sessions(ConnectionLost(f"goodbye: {self._goodbye}"))
                     continue
                 log.info(
                     "server said goodbye (%s) after %d updates", self._goodbye, self.updates_sent
@@ -184,18 +176,21 @@ class Worker:
             self._stop_reason = reason
             self._task.cancel()
 
-    def _start_retry_window(self) -> None:
-        if self._joined or self._retry_deadline is None:
-            self._retry_deadline = time.monotonic() + self.config.retry_seconds
+    def _stop_if_asked(self) -> None:
+        """End ``run()`` as stopped if a stop was asked for, even if its cancel was lost:
+        3.11's ``wait_for`` drops a cancel that races its result, and a session torn down
+        just then would otherwise go on to the next one (a SIGTERM ignored)."""
+        if self._stop_reason is not None:
+            raise asyncio.CancelledError
 
-    def _give_up_if_past_deadline(self, why: Exception) -> None:
-        """Connections that are accepted and dropped do not extend the retry window."""
-        if self._retry_deadline is not None and time.monotonic() >= self._retry_deadline:
-            host, port = self.config.address()
-            raise ServerUnreachable(
-                f"cannot join the server at {host}:{port} ({why}); "
-                f"gave up after {self.config.retry_seconds:.0f} s"
-            )
+    async def _between_sessions(self, why: Exception) -> None:
+        """After a session that ended without the job done: give up once the retry
+        window has passed (client/retry_window.py), else pause before the next one."""
+        self._stop_if_asked()
+        self._retry.session_ended()
+        self._retry.give_up_if_expired(self.config.server, why)
+        self._reset()
+        await asyncio.sleep(self._retry.pause)
 
     def _reset(self) -> None:
         # The ended connection may still report its loss (an abort's callback comes a
@@ -234,7 +229,7 @@ class Worker:
             connection.new_stream,
             self.config.retry_seconds,
             self._tls,
-            self._retry_deadline,
+            self._retry.deadline,
         )
         gone = False
         try:
@@ -247,6 +242,7 @@ class Worker:
             self.job, self.corpus = joined.job, joined.corpus
             self.codecs, self.compressor = joined.codecs, joined.compressor
             self._joined = True
+            self._retry.joined()
             box = WeightsBox(ElementLayout.for_network(self.job.network), wake=self._wake)
             connection.attach(box, SendBuffers(box.layout))
             heartbeat = asyncio.get_running_loop().create_task(self.reports.heartbeat(connection))
@@ -254,11 +250,17 @@ class Worker:
                 await self._compute_loop(connection, box)
             finally:
                 heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeat
-        except ConnectionLost:
+                # Not `await heartbeat` with its CancelledError suppressed: that would
+                # suppress ours too, a SIGTERM that comes while the session ends.
+                await asyncio.wait([heartbeat])
+                if not heartbeat.cancelled():
+                    heartbeat.result()  # its own error, if it had one
+        except ConnectionLost as exc:
             gone = True
             connection.abort()  # on a dead link a graceful close would never finish
+            refused = connection.refused_frame_bytes  # a frame over our own --max-frame-mb
+            if refused is not None:
+                raise refused_frame(limits.max_payload_bytes, refused) from exc
             raise
         finally:
             if self._stop_reason is not None:
@@ -332,8 +334,7 @@ class Worker:
                 return
             if self._lost:
                 raise ConnectionLost("connection lost")
-            if self._stop_reason is not None:  # asked to stop, and the cancel was lost: 3.11's
-                raise asyncio.CancelledError  # wait_for can swallow one that races its result
+            self._stop_if_asked()  # asked to stop, and the cancel was lost
             assert self.corpus is not None
             request = self._work.evaluation(self.corpus)
             if request is not None:

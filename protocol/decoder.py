@@ -178,9 +178,9 @@ class FrameDecoder:
                 f"header of {header_len} bytes (limit {self.limits.max_header_bytes})"
             )
         if payload_len > self.limits.max_payload_bytes:
-            raise FrameTooLarge(
-                f"payload of {payload_len} bytes (limit {self.limits.max_payload_bytes})"
-            )
+            limit = self.limits.max_payload_bytes
+            text = f"payload of {payload_len} bytes (limit {limit})"
+            raise FrameTooLarge(text, payload_len, limit)
         self._payload_len = payload_len
         self._header_len = header_len
         self._state = _HEADER

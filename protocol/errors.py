@@ -71,9 +71,19 @@ class FrameError(ProtocolError):
 
 
 class FrameTooLarge(FrameError):
-    """A frame whose declared header or payload size is over the configured limit."""
+    """A frame whose declared header or payload size is over the configured limit.
+
+    A payload over the limit carries its size and the limit (``payload_bytes``,
+    ``limit_bytes``), so that a receiver can tell its own setting from the peer's fault."""
 
     code = "frame_too_large"
+
+    def __init__(
+        self, text: str, payload_bytes: int | None = None, limit_bytes: int | None = None
+    ) -> None:
+        super().__init__(text)
+        self.payload_bytes = payload_bytes
+        self.limit_bytes = limit_bytes
 
 
 class MalformedFrame(FrameError):
