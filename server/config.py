@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
+from snet.protocol.network import ElementLayout
 from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
 
@@ -187,6 +188,16 @@ class ServerConfig:
             raise ConfigError(f"pool_size must be at least 2, got {self.pool_size}")
         if self.max_frame_mb < 1:
             raise ConfigError("max_frame_mb must be at least 1")
+        element = ElementLayout.for_network(self.job.network).nbytes
+        plain = self.job.mode != "np" and self.job.compress == "none"
+        if plain and element > self.max_frame_mb * 1024 * 1024:
+            # every uncompressed update (or bmuf delta) is a whole element: each would be
+            # refused as too large, and the run would never step
+            raise ConfigError(
+                f"max_frame_mb {self.max_frame_mb} cannot hold an update of network "
+                f"{self.job.network.describe()} ({element} bytes): give --max-frame-mb at "
+                f"least {-(-element // (1024 * 1024))}"
+            )
         if self.stall_seconds <= 0 or self.join_seconds < 0:
             raise ConfigError("stall_seconds must be > 0 and join_seconds >= 0")
         if self.checkpoint_seconds <= 0 or self.checkpoint_steps < 0 or self.checkpoint_keep < 1:

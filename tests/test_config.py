@@ -87,6 +87,9 @@ def test_bad_settings_fail_clearly(
     with pytest.raises(ConfigError, match="SNET_PORT"):
         _config([])
     monkeypatch.delenv("SNET_PORT")
+    with pytest.raises(ConfigError, match="cannot hold an update of network 117:2048:10"):
+        _config(["--max-frame-mb", "1", "--network", "117:2048:10"])
+    assert _config(["--max-frame-mb", "2", "--network", "117:2048:10"]).max_frame_mb == 2
     with pytest.raises(ConfigError, match="min_workers must be at least 1, got 0"):
         _config(["--min-workers", "0"])
     with pytest.raises(ConfigError, match="port and http_port are both 7300"):
