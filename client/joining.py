@@ -101,7 +101,9 @@ class Handshake:
         deadline = time.monotonic() + seconds
         while not self._inbox:
             if self._lost():
-                raise ConnectionLost("connection closed during the handshake")
+                # a TLS server closes a plain connection at its first bytes, saying nothing
+                hint = "" if self.config.tls_ca else " (a server that serves TLS wants --tls-ca)"
+                raise ConnectionLost(f"connection closed during the handshake{hint}")
             self._wake.clear()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -192,7 +194,13 @@ class Handshake:
             if config.tls_ca:
                 tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
             await refuse_if_http(*config.address(), tls)
-            return await self._next_message(ServerHello, HANDSHAKE_SECONDS - config.hello_seconds)
+            rest = HANDSHAKE_SECONDS - config.hello_seconds
+            log.warning(
+                "no hello from %s after %g s and it does not speak HTTP: waiting up to %g s "
+                "more (is it an snet server's worker port?)", config.server,
+                config.hello_seconds, rest,
+            )  # fmt: skip
+            return await self._next_message(ServerHello, rest)
 
     @staticmethod
     def _agree(

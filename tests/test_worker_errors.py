@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from snet.cli.main import main
 from snet.client.port_probe import WrongPort, http_answer, worker_port_of
 
 from helpers import QUICK_JOB, SMALL_JOB
-from inprocess import Lab
+from inprocess import Lab, wait_until
 
 
 def test_a_url_where_host_port_was_expected_is_one_line_exit_2(
@@ -45,6 +46,55 @@ async def test_a_worker_pointed_at_the_http_port_is_told_the_worker_port(lab: La
     )
     assert "reconnecting" not in lab.log("lost")
     assert (await server.status())["handshakes_refused"] == 0  # the server saw nothing odd
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
+async def test_a_worker_at_a_silent_port_says_what_it_waits_for(lab: Lab) -> None:
+    """A port that accepts and says nothing (and hangs up on what it does not know): the
+    worker waited 30 s for a hello with nothing in its log, even at debug. It says so once
+    the HTTP probe has found no HTTP."""
+    server = await lab.server("--epochs", "1", *QUICK_JOB)  # for the lab's bookkeeping
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # silent; hangs up on whoever sends it anything (the probe)
+        if await reader.read(1):
+            writer.close()
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    waiting = lab.worker(server, "waiting", "--server", address, "--hello-seconds", "0.2")
+    said = f"no hello from {address} after 0.2 s and it does not speak HTTP"
+    await wait_until(lambda: said in lab.log("waiting"), 20, "the worker to say so")
+    assert "is it an snet server's worker port?" in lab.log("waiting")
+    waiting.stop("test over")
+    assert await waiting.wait(20) == 0
+    for writer in held:
+        writer.close()
+    silent.close()
+    await silent.wait_closed()
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
+async def test_a_plain_worker_at_a_tls_server_is_told_to_give_tls_ca(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """A TLS server closes a plain connection without a word; the worker said only
+    "connection closed during the handshake", with no hint of TLS."""
+    pytest.importorskip("cryptography")
+    from snet.transport.certificates import make_cluster_certificates
+
+    pki = tmp_path / "pki"
+    make_cluster_certificates(pki, ["127.0.0.1"])
+    tls = ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")]
+    server = await lab.server("--epochs", "1", "--handshake-seconds", "0.25", *tls, *QUICK_JOB)
+    plain = lab.worker(server, "plain", "--retry-seconds", "0.3", "--hello-seconds", "0.2")
+    assert await plain.wait(30) == 3  # unreachable for its retry window
+    assert "(a server that serves TLS wants --tls-ca)" in lab.log("plain")
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
