@@ -24,7 +24,13 @@ from typing import TypeVar
 
 from snet.protocol import PROTOCOL_VERSION, auth
 from snet.protocol.codecs.handshake import worker_capabilities
-from snet.protocol.errors import ConfigError, ConnectionLost, DataError, RemoteError
+from snet.protocol.errors import (
+    ConfigError,
+    ConnectionLost,
+    DataError,
+    RefusedHere,
+    RemoteError,
+)
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     BUSY,
@@ -169,7 +175,7 @@ class Handshake:
         except (ConfigError, DataError, RemoteError) as exc:
             # Tell the server why this worker cannot take part, then leave.
             connection.send(ErrorMessage("bad_job", str(exc), True))
-            return NotJoined(refused=RemoteError("bad_job", str(exc)))
+            return NotJoined(refused=RefusedHere("bad_job", str(exc)))
         log.info(
             "joined %s as worker %d (%s mode, network %s, updates %s, weights %s)",
             hello.server_name,

@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from snet.protocol.errors import ConfigError, ProtocolError, RemoteError
+from snet.protocol.errors import ConfigError, ProtocolError, RefusedHere, RemoteError
 from snet.protocol.job import JobSpec
 from snet.protocol.memory import WorkerMemory
 from snet.protocol.messages import ErrorMessage, Message, NpBunch, PartialOutputs, SliceState
@@ -115,7 +115,7 @@ class SliceWork:
         except ConfigError as exc:
             log.error("cannot take the slice the server gave: %s", exc)
             send(ErrorMessage("bad_job", str(exc), True))
-            return RemoteError("bad_job", str(exc))
+            return RefusedHere("bad_job", str(exc))
         if bunch and inline is not None:  # the bunch's own time, not the switches' (apply)
             inline.measured(self.last_seconds)
         for reply in replies:

@@ -25,6 +25,7 @@ from snet.protocol.conversation import Role
 from snet.protocol.errors import (
     ConfigError,
     ConnectionLost,
+    RefusedHere,
     RemoteError,
     ServerUnreachable,
     TlsRefused,
@@ -140,7 +141,9 @@ class Worker:
                     await self._between_sessions(exc)
                     continue
                 if self._refused is not None:
-                    log.error("refused by the server: %s", self._refused)
+                    here = isinstance(self._refused, RefusedHere)
+                    who = "cannot run the server's job" if here else "refused by the server"
+                    log.error("%s: %s", who, self._refused)
                     return EXIT_REFUSED
                 if self._goodbye != TRAINING_COMPLETE:
                     retry = self.config.retry_seconds

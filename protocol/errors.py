@@ -174,3 +174,9 @@ class RemoteError(SnetError):
         super().__init__(f"{code}: {text}")
         self.code = code
         self.text = text
+
+
+class RefusedHere(RemoteError):
+    """This side refused what the peer asked (a worker that cannot run the server's job,
+    ``bad_job``) and told it so: the same ending as the peer's refusal, but its cause is
+    here, and the log must not blame the peer."""

@@ -154,6 +154,9 @@ async def test_np_network_no_board_holds_is_refused_by_one_and_trains_on_four(la
     board = lab.spert(alone, "board", *SMALL_BOARD)
     assert await board.wait(60) == 4  # EXIT_REFUSED: the whole hidden layer did not fit
     assert "does not fit the Spert board" in lab.log("board")
+    # its own refusal, not the server's (the log blamed the server)
+    assert "cannot run the server's job: bad_job" in lab.log("board")
+    assert "refused by the server" not in lab.log("board")
     alone.stop("test over")
     await alone.wait(30)
 
