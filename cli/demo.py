@@ -3,7 +3,9 @@
 ``--spert N`` adds N emulated Spert-II boards (``snet spert``) to the numpy workers.
 It trains the default job on the bundled data, prints each epoch's cross-validation
 accuracy as it comes, says where the status page is, and exits 0 once training is done
-and every worker has left.
+and every worker has left, or once the user has stopped it (SIGTERM, Ctrl-C) and every
+worker stopped cleanly. It watches its worker processes (cli/demo_workers.py) and stops
+the run, which is kept, once they cannot train it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from snet.protocol.job import SHARED_BUNCH_MODES, JobSpec
 from snet.protocol.numbering import shown_epoch
 from snet.server.config import ServerConfig
 
+from .demo_workers import INTERRUPT_LEAVE_SECONDS, LEAVE_SECONDS, DemoWorkers
 from .flags import given_job
 from .progress_bar import EXIT_READER_GONE, ProgressBar, bar_text, detach_stdout
 from .runtime import install_stop_signals, loop_name, run, setup_logging
@@ -30,8 +33,6 @@ from .settings import build_job, read_toml
 if TYPE_CHECKING:
     from snet.server.app import SnetServer
 
-WORKER_EXIT_SECONDS = 30.0  # to exit once asked to stop
-LEAVE_SECONDS = 5.0  # to leave by themselves once the server has finished
 READER_GONE = "its output's reader has gone"  # why the demo stopped its server
 BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
@@ -119,16 +120,30 @@ async def _demo(args: argparse.Namespace) -> int:
     # wait in its backlog until the server takes it over (no refused first attempts).
     listening = socket.create_server(("127.0.0.1", 0))
     started = time.monotonic()
-    workers = await _start_workers(args, f"127.0.0.1:{listening.getsockname()[1]}")
+    # The stop signals are taken before the workers start: a SIGTERM while the server is
+    # still being made stops it as soon as it is, where it had ended this process at once
+    # and left the workers retrying their vanished server for minutes.
+    early: list[str] = []
+    server: SnetServer | None = None
+
+    def stop(reason: str) -> None:
+        if server is None:
+            early.append(reason)
+        else:
+            server.request_stop(reason)
+
+    install_stop_signals(stop, logging.getLogger("snet.demo"))
+    workers = await DemoWorkers.start(args, f"127.0.0.1:{listening.getsockname()[1]}")
     from snet.server.app import SnetServer  # here: imported while the workers start
 
     server = SnetServer(config, listening)
-    install_stop_signals(server.request_stop, logging.getLogger("snet.demo"))
+    for reason in early:
+        server.request_stop(reason)
     try:
         await server.startup()
     except BaseException:
         listening.close()
-        await _stop_workers(workers)
+        await workers.stop()
         raise
     finished = server.coordinator.finished
     already_trained = finished.is_set()  # resumed a run that had completed
@@ -154,90 +169,74 @@ async def _demo(args: argparse.Namespace) -> int:
     )
     bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
     printed: set[int] = set()
-    progress = asyncio.get_running_loop().create_task(_progress(server, started, bar, printed))
+    loop = asyncio.get_running_loop()
+    progress = loop.create_task(_progress(server, started, bar, printed))
+    watch = loop.create_task(workers.watch(server))
+    reason = "stopped"  # what a stop that raised leaves the workers to
     try:
         reason = await server.run_until_stopped()
     finally:
-        progress.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await progress
+        for chore in (progress, watch):
+            chore.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await chore
         try:
             _print_epochs(server, started, bar, printed)  # the last epochs, at once
             bar.clear()
         except BrokenPipeError:
             _reader_gone(server)
-        # Stopped early, the workers would wait for the server to come back; after a run
-        # that had completed before this start they may not have joined to be sent home.
-        await _stop_workers(workers, terminate=already_trained or not finished.is_set())
+        await workers.stop(*_leave_time(reason, finished.is_set() and not already_trained))
     final = server.coordinator.stats.weights_cv_accuracy()  # of weights.npz (newbob rolls back)
-    codes = [p.returncode for p in workers]
+    # 0.00% would read as a score: a run stopped before its first CV result has none
+    scored = (
+        "no epoch was scored" if final is None else f"final CV frame accuracy {100 * final:.2f}%"
+    )
     # workers of a run that had completed were stopped by the demo: nothing to report
     workers_said = (
-        "workers stopped: nothing to train" if already_trained else f"worker exit codes {codes}"
+        "workers stopped: nothing to train"
+        if already_trained
+        else f"worker exit codes {workers.codes()}"
     )
     print(
-        f"done ({reason}) in {time.monotonic() - started:.1f} s: final CV frame accuracy "
-        f"{100 * (final or 0):.2f}%, {server.coordinator.stats.updates_applied} updates, "
+        f"done ({reason}) in {time.monotonic() - started:.1f} s: {scored}, "
+        f"{server.coordinator.stats.updates_applied} updates, "
         f"weights in {config.out_dir}/weights.npz; {workers_said}",
         flush=True,
     )
+    return _exit_status(reason, already_trained or workers.stopped_cleanly())
+
+
+def _leave_time(reason: str, trained: bool) -> tuple[float, bool]:
+    """How long the workers may take to leave by themselves before the demo stops them,
+    and whether that is after training (``DemoWorkers.stop``'s arguments). A finished
+    server sends them home; a terminal's Ctrl-C reached them too; stopped otherwise,
+    they would wait for the server to come back, and the workers of a run that had
+    completed before this start may not have joined to be sent home."""
+    if trained:
+        return LEAVE_SECONDS, True
+    if reason == "signal SIGINT":
+        return INTERRUPT_LEAVE_SECONDS, False
+    return 0.0, False
+
+
+def _exit_status(reason: str, workers_ok: bool) -> int:
+    """The demo's exit status, as ``snet server``'s where they meet: 0 trained, or stopped
+    by the user (SIGTERM, Ctrl-C) with every worker stopped cleanly; 141 its output's
+    reader gone; 1 otherwise (its workers gone before the end, or one that failed)."""
     if reason == READER_GONE:
         return EXIT_READER_GONE
-    workers_ok = already_trained or all(code == 0 for code in codes)  # those: stopped by us
-    return 0 if reason == "trained" and workers_ok else 1
-
-
-async def _start_workers(
-    args: argparse.Namespace, address: str
-) -> list[asyncio.subprocess.Process]:
-    """The demo's worker processes (numpy workers, then emulated boards) for ``address``."""
-    # One command forks the numpy workers once it has loaded their code (cli/worker_group.py):
-    # N commands would each import and load the compiled step, on the same cores, at once.
-    commands = [["worker", "--name", "demo-worker", "--processes", str(args.workers)]]
-    commands = commands if args.workers else []
-    commands += [
-        ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
-        for i in range(args.spert)
-    ]
-    codec = ["--weights-codec", args.weights_codec] if args.weights_codec else []
-    return [
-        await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "snet.cli", *command, "--server", address,
-            "--log-level", "warning", *codec,
-        )
-        for command in commands
-    ]  # fmt: skip
-
-
-async def _stop_workers(workers: list[asyncio.subprocess.Process], terminate: bool = True) -> None:
-    """Stop the workers: at once (``terminate``), or once they have had ``LEAVE_SECONDS``
-    to leave by themselves (a finished server sends them home; one it had dropped, and
-    which was reconnecting when training ended, would retry for minutes). Those still
-    there are asked to stop (SIGTERM, a worker's graceful exit), then killed if slow."""
-    if not terminate:
-        waits = [asyncio.create_task(process.wait()) for process in workers]
-        if waits:
-            await asyncio.wait(waits, timeout=LEAVE_SECONDS)
-        late = [process for process in workers if process.returncode is None]
-        if late:
-            print(
-                f"snet demo: {len(late)} worker process(es) had not left {LEAVE_SECONDS:g} s "
-                "after training ended (dropped and reconnecting): stopping them",
-                flush=True,
-            )
-    for process in workers:
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
-    for process in workers:
-        try:
-            await asyncio.wait_for(process.wait(), WORKER_EXIT_SECONDS)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+    by_user = reason.startswith("signal ")
+    return 0 if (reason == "trained" or by_user) and workers_ok else 1
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo; its exit status (``_exit_status``), or 2 for a bad flag, found before
+    anything starts (raised as ``ConfigError`` to ``main`` or said here)."""
+    from snet.protocol.codecs.weights import canonical_weights_form
+
+    if args.weights_codec is not None:
+        # The workers' flag, checked as they check it: a bad one made each of them exit 2.
+        args.weights_codec = canonical_weights_form(args.weights_codec)
     if args.workers < 0 or args.spert < 0 or args.workers + args.spert < 1:
         print("snet: the demo needs at least one worker (--workers, --spert)", file=sys.stderr)
         return 2

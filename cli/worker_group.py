@@ -7,7 +7,8 @@ cores. Here one process pays it, then forks the N workers, which inherit the loa
 (and, with the numpy backend, the backend itself, made before the fork) and start at once.
 
 The parent stays as a small supervisor: it passes SIGTERM on to every worker, and exits
-with the worst of their exit codes (0 only when every worker exits 0). The workers and
+with the worst of their exit codes (0 only when every worker exits 0, or was ended by the
+SIGTERM passed on to it while it was still starting). The workers and
 the supervisor leave with ``os._exit``, skipping the interpreter's teardown (with numba
 loaded, 0.2 s of CPU each, at the end of every run). A terminal's
 Ctrl-C reaches the workers directly (they share its process group), so the parent lets
@@ -96,7 +97,10 @@ def _child(config: WorkerConfig, backend: ComputeBackend | None) -> int:
 
 
 def _supervise(children: list[int]) -> NoReturn:
+    forwarded: set[int] = set()
+
     def forward(signum: int, frame: object) -> None:
+        forwarded.add(signum)
         for pid in children:
             with contextlib.suppress(ProcessLookupError):  # that one has exited already
                 os.kill(pid, signum)
@@ -107,6 +111,10 @@ def _supervise(children: list[int]) -> NoReturn:
     for pid in children:
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
+        if code < 0 and -code in forwarded:
+            # Ended by the stop passed on to it before it could take it as one (still
+            # starting: its handler not yet installed): stopped as asked, not a failure.
+            code = 0
         worst = max(worst, code if code >= 0 else 1)  # killed by a signal: a failure
     # Out without the interpreter's teardown, as the workers do: with numba loaded it
     # costs about 0.2 s of CPU, and nothing is left to clean up here.

@@ -334,3 +334,29 @@ def test_a_write_the_transport_refuses_drops_the_connection_quietly() -> None:
         assert stream.send(Goodbye("x")) is False and stream.sends_dropped == 1
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------- connecting
+
+
+def test_a_cancel_that_races_a_failed_connect_is_not_lost(monkeypatch: Any) -> None:
+    """A worker stopped (SIGTERM) just as a connection attempt is refused: Python 3.11's
+    ``wait_for`` raises the refusal and drops the cancel; ``connect_with_backoff`` must
+    still end with it, not retry until its deadline (``snet demo``'s Ctrl-C met this
+    when its server, stopped by the same signal, had just closed its port)."""
+    from snet.transport.dial import connect_with_backoff
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        dialing: list[asyncio.Task[Any]] = []
+
+        async def refused(*args: Any, **kwargs: Any) -> Any:
+            dialing[0].cancel()  # the stop lands while the attempt fails
+            raise ConnectionRefusedError(111, "Connection refused")
+
+        monkeypatch.setattr(loop, "create_connection", refused)
+        dialing.append(loop.create_task(connect_with_backoff("127.0.0.1", 9, object, 30)))
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(dialing[0]), 5)
+
+    asyncio.run(main())

@@ -65,6 +65,12 @@ async def connect_with_backoff(
         except ssl.SSLError as exc:
             raise TlsRefused(f"TLS with {host}:{port}: {refusal(exc)}") from exc
         except OSError as exc:  # TimeoutError is an OSError too
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Cancelled (a worker's SIGTERM) just as the attempt failed: 3.11's wait_for
+                # then raises the failure and drops the cancel, and this loop retried until
+                # its deadline (minutes) with the stop lost. The task still counts it.
+                raise asyncio.CancelledError from exc
             reason = exc.strerror or f"no answer in {timeout:.0f} s"
             if ssl_context is not None and not exc.strerror:  # TCP was fine, TLS was not
                 reason = f"{type(exc).__name__} {exc}".strip() + (

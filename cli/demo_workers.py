@@ -1,0 +1,146 @@
+"""The demo's worker processes: started, watched while the run goes on, and stopped.
+
+The demo is their only supervisor: a worker that cannot start (a bad setting in its
+environment, a crash) or that is killed leaves the server waiting for workers that will
+never come, so the demo watches them and stops the run once they cannot train it: when
+every one has exited, or when one has exited before all of them had joined (the server
+leases nothing until then: ``min_workers`` is all of them, for repeatable runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from snet.server.app import SnetServer
+
+WORKER_EXIT_SECONDS = 30.0  # to exit once asked to stop
+LEAVE_SECONDS = 5.0  # to leave by themselves once the server has finished
+# After Ctrl-C, which a terminal sends to the workers too (they share the demo's process
+# group): time to leave on that signal before they are sent SIGTERM, which a worker that
+# is already stopping takes as a second signal ("exit now", status 1). A worker leaves
+# in well under a second; a SIGINT sent to the demo alone costs this wait.
+INTERRUPT_LEAVE_SECONDS = 3.0
+WATCH_SECONDS = 0.1  # how often the demo looks at its worker processes
+WORKERS_GONE = "its workers have gone"  # why the demo stopped its server
+
+
+@dataclass
+class DemoWorkers:
+    """The demo's worker processes: one ``snet worker --processes N`` (forking the numpy
+    workers), then one ``snet spert`` per emulated board."""
+
+    processes: list[asyncio.subprocess.Process]
+    workers: int  # how many workers they are (the group counts N)
+    terminated: set[int] = field(default_factory=set)  # pids the demo sent SIGTERM
+
+    @classmethod
+    async def start(cls, args: argparse.Namespace, address: str) -> DemoWorkers:
+        """Start the demo's worker processes (numpy workers, then boards) for ``address``."""
+        # One command forks the numpy workers once it has loaded their code
+        # (cli/worker_group.py): N commands would each import and load the compiled step,
+        # on the same cores, at once.
+        commands = [["worker", "--name", "demo-worker", "--processes", str(args.workers)]]
+        commands = commands if args.workers else []
+        commands += [
+            ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
+            for i in range(args.spert)
+        ]
+        codec = ["--weights-codec", args.weights_codec] if args.weights_codec else []
+        processes = [
+            await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "snet.cli", *command, "--server", address,
+                "--log-level", "warning", *codec,
+            )
+            for command in commands
+        ]  # fmt: skip
+        return cls(processes, args.workers + args.spert)
+
+    def codes(self) -> list[int | None]:
+        """Each process's exit code (None: still running)."""
+        return [process.returncode for process in self.processes]
+
+    def stopped_cleanly(self) -> bool:
+        """Every process exited 0, or died of the SIGTERM the demo sent it (one still
+        starting has no handler yet: stopped before it did anything)."""
+        return all(
+            process.returncode == 0
+            or (process.returncode == -signal.SIGTERM and process.pid in self.terminated)
+            for process in self.processes
+        )
+
+    def cannot_train(self, server: SnetServer, all_joined: bool) -> str | None:
+        """Why the workers cannot train the run any more, or None while they can:
+        every process has exited, or one has before all the workers had joined."""
+        codes = self.codes()
+        exited = [code for code in codes if code is not None]
+        if not exited:
+            return None
+        if len(exited) == len(codes):
+            return (
+                f"its worker processes have all exited, with exit codes {exited}, before "
+                "training finished"
+            )
+        coordinator = server.coordinator
+        if not all_joined and coordinator.desk.holding_back(len(coordinator.sessions)):
+            return (
+                f"{len(exited)} of its {len(codes)} worker processes exited, with exit codes "
+                f"{exited}, before all {self.workers} workers had joined: training cannot "
+                "start"
+            )
+        return None
+
+    async def watch(self, server: SnetServer) -> None:
+        """Until training is finished or the run stopped: stop the run, as SIGTERM does
+        (the run is kept), once the workers cannot train it, saying why in one line."""
+        coordinator = server.coordinator
+        all_joined = False
+        while not (coordinator.finished.is_set() or server.stopping.is_set()):
+            # Seen once, never forgotten: workers may later leave and rejoin (np mode's
+            # desk keeps no quorum of its own, so ``holding_back`` alone cannot tell).
+            all_joined = all_joined or len(coordinator.sessions) >= self.workers
+            why = self.cannot_train(server, all_joined)
+            if why is not None:
+                print(
+                    f"snet demo: stopping: {why} (the run is kept in {server.config.out_dir}: "
+                    "the same command goes on from it)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                server.request_stop(WORKERS_GONE)
+                return
+            await asyncio.sleep(WATCH_SECONDS)
+
+    async def stop(self, grace: float = 0.0, after_training: bool = False) -> None:
+        """Stop the workers once they have had ``grace`` seconds to leave by themselves
+        (a finished server sends them home; a terminal's Ctrl-C reached them too), or at
+        once. Those still there are asked to stop (SIGTERM, a worker's graceful exit),
+        then killed if slow. ``after_training``: say how many had to be stopped (one the
+        server had dropped, and which was reconnecting when training ended, would retry
+        for minutes)."""
+        waits = [asyncio.create_task(process.wait()) for process in self.processes]
+        if grace > 0 and waits:
+            await asyncio.wait(waits, timeout=grace)
+        late = [process for process in self.processes if process.returncode is None]
+        if late and after_training:
+            print(
+                f"snet demo: {len(late)} worker process(es) had not left {grace:g} s "
+                "after training ended (dropped and reconnecting): stopping them",
+                flush=True,
+            )
+        for process in late:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+                self.terminated.add(process.pid)
+        for process, waiting in zip(self.processes, waits, strict=True):
+            try:
+                await asyncio.wait_for(asyncio.shield(waiting), WORKER_EXIT_SECONDS)
+            except TimeoutError:
+                process.kill()
+                await waiting

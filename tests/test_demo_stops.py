@@ -1,0 +1,176 @@
+"""How ``snet demo`` stops: a bad flag meant for its workers before anything starts; its
+worker processes gone (failed at start, or killed) before training is done; the user's
+SIGTERM or Ctrl-C before the first CV result (real processes: the system ring)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import helpers
+from helpers import SMALL_JOB, check_output, wait_until
+
+pytestmark = pytest.mark.system
+DEMO = ["demo", *SMALL_JOB, "--out-dir", "out"]
+EXIT_SECONDS = 60  # for a demo to end once it should (the bugs: it waited forever)
+
+
+class Demo:
+    """``snet demo ARGS`` in a session of its own (its workers too: a terminal's Ctrl-C
+    is sent to the process group), its output in files; what is left is killed."""
+
+    def __init__(self, cwd: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.cwd = cwd
+        self.out, self.err = cwd / "demo.out", cwd / "demo.err"
+        with self.out.open("wb") as out, self.err.open("wb") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "snet.cli", *args], stdout=out, stderr=err, cwd=cwd,
+                env={**helpers.system_ring_environment(), **(env or {})},
+                start_new_session=True,
+            )  # fmt: skip
+
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def wait(self) -> int:
+        """Its exit status, once it has exited (at most ``EXIT_SECONDS``)."""
+        code = self.process.wait(timeout=EXIT_SECONDS)
+        check_output("snet demo", self.stdout() + self.stderr())
+        return code
+
+    def worker_pids(self) -> list[int]:
+        """The demo's own child processes: its worker processes."""
+        pid = self.process.pid
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+    def status(self) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads((self.cwd / "out" / "status.json").read_text())
+        return document
+
+    def group_gone(self) -> bool:
+        """Nothing is left of the demo's process group (once the demo has exited)."""
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):  # its group: the demo and its workers
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def _status(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        document: dict[str, Any] = json.loads(response.read())
+        return document
+
+
+@contextlib.contextmanager
+def demo(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Demo]:
+    run = Demo(cwd, [*DEMO, *args], env)
+    try:
+        yield run
+    finally:
+        run.close()
+
+
+def test_a_bad_weights_codec_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    done = helpers.run_process(
+        [sys.executable, "-m", "snet.cli", *DEMO, "--weights-codec", "bogus"],
+        cwd=tmp_path, env=helpers.system_ring_environment(), timeout=EXIT_SECONDS,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stdout == ""  # no server, no workers
+    assert done.stderr.startswith("snet: unknown weights codec 'bogus'; use none, fp16")
+    assert len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_workers_that_fail_at_start_stop_the_run_which_is_kept(tmp_path: Path) -> None:
+    # A worker setting the demo does not check (the environment's) fails every worker.
+    with demo(tmp_path, "--epochs", "2", env={"SNET_WORKER_THREADS": "abc"}) as run:
+        assert run.wait() == 1
+        errors = run.stderr()
+    assert "snet: SNET_WORKER_THREADS: 'abc' is not a whole number" in errors
+    assert (
+        "snet demo: stopping: its worker processes have all exited, with exit codes [2], "
+        "before training finished (the run is kept in out: the same command goes on from it)"
+    ) in errors.splitlines()
+    assert "done (its workers have gone) in " in run.stdout()
+    assert "no epoch was scored, 0 updates" in run.stdout()
+    assert run.status()["state"] == "stopping"
+
+
+def test_a_board_that_fails_before_all_have_joined_stops_the_run(tmp_path: Path) -> None:
+    # The board exits; the numpy worker, joined, would wait for it forever (the server
+    # leases nothing until every one of the demo's workers has joined).
+    args = ("--workers", "1", "--spert", "1", "--spert-time-scale", "50")
+    with demo(tmp_path, *args, env={"SNET_SPERT_CHUNK_PATTERNS": "abc"}) as run:
+        assert run.wait() == 1
+        errors = run.stderr()
+    assert (
+        "snet demo: stopping: 1 of its 2 worker processes exited, with exit codes [2], "
+        "before all 2 workers had joined: training cannot start (the run is kept in out: "
+        "the same command goes on from it)"
+    ) in errors.splitlines()
+    assert "done (its workers have gone) in " in run.stdout()
+
+
+def test_its_worker_process_killed_mid_run_stops_the_run_which_is_kept(tmp_path: Path) -> None:
+    with demo(tmp_path, "--epochs", "50") as run:
+        wait_until(lambda: "\nepoch  1/50 " in run.stdout(), EXIT_SECONDS, "the first epoch")
+        (group,) = run.worker_pids()  # snet worker --processes 2: it forked the two
+        os.kill(group, signal.SIGKILL)
+        assert run.wait() == 1
+        errors = run.stderr()
+        wait_until(run.group_gone, 30, "the forked workers to leave, their parent gone")
+    assert (
+        "snet demo: stopping: its worker processes have all exited, with exit codes [-9], "
+        "before training finished (the run is kept in out: the same command goes on from it)"
+    ) in errors.splitlines()
+    assert "done (its workers have gone) in " in run.stdout()
+    status = run.status()
+    assert status["state"] == "stopping"
+    assert 1 <= status["epochs_done"] < 50
+
+
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["SIGTERM", "Ctrl-C"])
+def test_stopped_by_the_user_before_the_first_cv_result(tmp_path: Path, ctrl_c: bool) -> None:
+    """Stopped cleanly on the user's request: exit 0, as ``snet server`` does, and no
+    score where none was made (it said "final CV frame accuracy 0.00%", and exited 1)."""
+    # Every update a worker sends waits 60 s: no epoch can end before the stop.
+    with demo(tmp_path, "--epochs", "2", env={"SNET_WORKER_FAULTS": "delay:update:1:60"}) as run:
+        url = wait_until(
+            lambda: [w for w in run.stdout().split() if w.endswith("/status")],
+            EXIT_SECONDS,
+            "the status address",
+        )[0]
+        wait_until(lambda: _status(url)["workers_live"] == 2, EXIT_SECONDS, "both joined")
+        if ctrl_c:  # as a terminal sends it: to the demo and its workers (one group)
+            os.killpg(run.process.pid, signal.SIGINT)
+        else:
+            run.process.send_signal(signal.SIGTERM)
+        assert run.wait() == 0, run.stdout() + run.stderr()
+    name = "SIGINT" if ctrl_c else "SIGTERM"
+    (done,) = [line for line in run.stdout().splitlines() if line.startswith("done")]
+    assert done.startswith(f"done (signal {name}) in ")
+    assert ": no epoch was scored, " in done and "0.00%" not in done
+    assert done.endswith("worker exit codes [0]")
+    assert run.status()["epochs_done"] == 0
