@@ -345,10 +345,13 @@ class SliceRounds:
         self.parts.steps.offer(True)
         self._pump()
 
+    def holding_back(self) -> bool:
+        """Before the first bunch, fewer than ``min_workers`` have joined: it waits (for a
+        network no one board holds); once started, it goes on with whoever is there."""
+        return self.next_bunch == 0 and len(self.sessions) < self.min_workers
+
     def _reslice(self) -> None:
-        # Before the first bunch it waits for min_workers (for a network no one board holds).
-        waiting = self.next_bunch == 0 and len(self.sessions) < self.min_workers
-        if not self.sessions or waiting:
+        if not self.sessions or self.holding_back():
             self.master.holders.clear()
             return
         mean = float(np.mean(list(self.speeds.values()))) if self.speeds else 1.0

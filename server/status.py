@@ -30,9 +30,13 @@ def queues(coordinator: Coordinator) -> dict[str, int]:
 
 def _state(server: SnetServer) -> str:
     coordinator = server.coordinator
-    if server.state == "training" and coordinator.desk.holding_back(len(coordinator.sessions)):
-        return "waiting_for_workers"
-    return server.state
+    slices = coordinator.slices  # np mode waits for its workers in its own way
+    waiting = (
+        slices.holding_back()
+        if slices is not None
+        else coordinator.desk.holding_back(len(coordinator.sessions))
+    )
+    return "waiting_for_workers" if server.state == "training" and waiting else server.state
 
 
 def status_document(server: SnetServer) -> dict[str, Any]:

@@ -90,7 +90,7 @@ async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
 async def test_np_worker_leaving_hands_its_units_over(lab: Lab) -> None:
     """A holder that leaves mid-epoch: its units go to the others as last reported, the
     bunches in flight are run again, and training completes every frame once."""
-    server = await lab.server(*np_job(bunch_size=512))
+    server = await lab.server("--min-workers", "2", *np_job(bunch_size=512))
     first, second = lab.worker(server, "w0"), lab.worker(server, "w1")
 
     async def some_bunches_done() -> bool:
@@ -99,6 +99,9 @@ async def test_np_worker_leaving_hands_its_units_over(lab: Lab) -> None:
     await wait_until(some_bunches_done, 60, "15 bunches")
     second.stop("leaving on purpose")
     assert await second.wait(30) == 0
+    # it goes on with one: not waiting for --min-workers again (its status said so)
+    status = await server.status()
+    assert status["workers_live"] == 1 and status["state"] in ("training", "trained")
     assert await server.wait(120) == "trained"
     assert await first.wait(30) == 0
     status = server.final_status()
