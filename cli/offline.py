@@ -1,4 +1,5 @@
-"""Commands that need no server: ``snet eval``, ``snet train`` and ``snet data convert``."""
+"""Commands that need no server: ``snet eval`` and ``snet data convert``; and
+``train_job``, the sequential training ``snet train`` (cli/train.py) and the benchmarks run."""
 
 from __future__ import annotations
 
@@ -22,18 +23,16 @@ from snet.data.norms import Norms
 from snet.data.pfile import write_pfile
 from snet.data.sources import check_against_network, open_source, total_frames
 from snet.protocol.errors import ConfigError, DataError
-from snet.protocol.hooks import HookSet, standard_hooks
+from snet.protocol.hooks import HookSet
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import initial_weights
-from snet.protocol.numbering import shown_epoch
-from snet.server.export import SavedWeights, read_weights, weights_npz, write_atomically
+from snet.server.export import SavedWeights, read_weights
 from snet.server.leases import LeaseBook
 from snet.server.testset import score_test_set
 from snet.server.update_rule import UpdateRule
 
-from .flags import given, given_job
-from .progress_bar import BarHook, ProgressBar
-from .settings import build_job, env_name, merge, read_toml
+from .flags import given
+from .settings import env_name, merge
 
 
 def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
@@ -57,18 +56,26 @@ def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator
     return epoch_chunks
 
 
+def start_rule(job: JobSpec, weights: np.ndarray | None = None) -> UpdateRule:
+    """The server's update rule for ``job``, from ``weights`` or the job's initial ones."""
+    spec = job.network
+    return UpdateRule(initial_weights(spec, job.seed) if weights is None else weights, job.momentum)
+
+
 def train_job(
     job: JobSpec,
     hooks: HookSet | None = None,
     weights: np.ndarray | None = None,
     progress: Callable[[dict[str, float | int | bool]], None] | None = None,
+    rule: UpdateRule | None = None,
 ) -> SequentialResult:
     """Sequential training of ``job`` with the server's update rule and frame order and the
     worker's arithmetic (client/sequential.py); the parts meet here, where both may be
-    imported."""
+    imported. ``rule``: one made by ``start_rule``, for a caller that must see the
+    weights while they train (``snet train`` saves them when stopped)."""
     spec = job.network
     corpus = load_corpus(job.data, spec.output_size, spec.input_size)
-    rule = UpdateRule(initial_weights(spec, job.seed) if weights is None else weights, job.momentum)
+    rule = start_rule(job, weights) if rule is None else rule
     return train_sequential(job, corpus, rule, lone_worker_chunks(job, corpus), hooks, progress)
 
 
@@ -156,39 +163,6 @@ def run_eval(args: argparse.Namespace) -> int:
             f"{args.weights} on {result['data']} ({args.subset}, {result['frames']} frames): "
             f"frame accuracy {100 * float(result['accuracy']):.2f}%, loss {result['loss']:.4f}"
         )
-    return 0
-
-
-def run_train(args: argparse.Namespace) -> int:
-    """Sequential training in this process of the job a server would run (the same flags,
-    SNET_JOB_* variables and [job] table); writes weights.npz like the server."""
-    values, where = read_toml(args.config).table("job")
-    job = build_job(values, given_job(args), where)
-    weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
-
-    bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
-    hooks = standard_hooks()
-    hooks.hooks.append(BarHook(bar))
-
-    def show(row: dict[str, float | int | bool]) -> None:
-        kept = "" if row["kept"] else "  (rolled back)"
-        bar.print(
-            f"epoch {shown_epoch(int(row['epoch'])):>2}  lr {row['learning_rate']:<8g} "
-            f"train {100 * float(row['train_accuracy']):6.2f}%  "
-            f"CV {100 * float(row['cv_accuracy']):6.2f}%{kept}"
-        )
-
-    result = train_job(job, hooks, weights, show)
-    bar.clear()
-    spec = job.data
-    source = open_job_source(spec)
-    norms = job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])
-    path = Path(args.out_dir) / "weights.npz"
-    payload = weights_npz(
-        job.network, result.weights, 0, len(result.epochs), norms, spec.context, spec
-    )
-    write_atomically(path, payload)
-    print(f"weights in {path}")
     return 0
 
 
