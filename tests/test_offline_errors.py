@@ -270,3 +270,81 @@ def test_train_refuses_a_network_too_large_for_memory_before_allocating(
         "this machine has 8.0 GiB available"
     )
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- snet tls init
+
+
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [
+        ("w1,w1,../evil,", "worker name 'w1' is given twice"),
+        ("w1,../evil", "worker name '../evil': use 1-64 letters, digits, '.', '-' or '_', "
+                       "not starting with '.' (it names the files NAME.pem and NAME.key)"),
+        ("w1,", "an empty worker name (a stray comma in --workers?)"),
+        ("a/b", "worker name 'a/b': use 1-64"),
+        ("..", "worker name '..': use 1-64"),
+        ("ca", "worker name 'ca' would overwrite ca.pem: choose another"),
+        ("server", "worker name 'server' would overwrite server.pem: choose another"),
+    ],
+)  # fmt: skip
+def test_tls_init_refuses_worker_names_that_are_no_safe_file_names(
+    tmp_path: Path, workers: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("cryptography")
+    directory = tmp_path / "pki" / "inner"
+    err = _error(["tls", "init", str(directory), "--workers", workers], capsys)
+    assert err.startswith(f"snet: {expected}"), err
+    assert not (tmp_path / "pki").exists()  # nothing written, inside or out
+
+
+@pytest.mark.parametrize(
+    ("hosts", "expected"),
+    [
+        ("a b", "host 'a b': not an IP address or a DNS name"),
+        ("../x", "host '../x': not an IP address or a DNS name"),
+        ("*.*", "host '*.*': a wildcard needs a name of at least two labels after it"),
+        ("*.com", "host '*.com': a wildcard needs a name of at least two labels after it"),
+        ("1.2.3.999", "host '1.2.3.999': not an IP address, and a DNS name's last label"),
+        ("a.example,,b", "an empty host (a stray comma in --hosts?)"),
+        ("b.example,-a.example", "host '-a.example': not an IP address or a DNS name"),
+        ("x" * 64 + ".example", "host 'xxxx"),
+    ],
+)
+def test_tls_init_refuses_hosts_that_are_no_address_or_dns_name(
+    tmp_path: Path, hosts: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("cryptography")
+    err = _error(["tls", "init", str(tmp_path / "pki"), f"--hosts={hosts}"], capsys)
+    assert err.startswith(f"snet: {expected}"), err
+    assert not (tmp_path / "pki").exists()
+
+
+def test_tls_init_takes_addresses_names_and_a_leading_wildcard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("cryptography")
+    from cryptography import x509
+
+    hosts = "server.example,*.nodes.example,10.0.0.5,::1,host-1.local."
+    pki = tmp_path / "pki"
+    assert main(["tls", "init", str(pki), "--hosts", hosts, "--workers", "w-1,w_2,w.3"]) == 0
+    certificate = x509.load_pem_x509_certificate((pki / "server.pem").read_bytes())
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {*names.get_values_for_type(x509.DNSName)} >= {"*.nodes.example", "host-1.local."}
+    assert {str(a) for a in names.get_values_for_type(x509.IPAddress)} >= {"10.0.0.5", "::1"}
+    assert all((pki / f"{name}.pem").exists() for name in ("w-1", "w_2", "w.3"))
+
+
+@pytest.mark.parametrize("kind", ["file", "unmakeable"])
+def test_tls_init_into_a_file_is_one_line(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("cryptography")
+    target = tmp_path / "text.npz"
+    target.write_text("hello\n")
+    if kind == "unmakeable":
+        target = target / "pki"
+    reason = "File exists" if kind == "file" else "Not a directory"
+    err = _error(["tls", "init", str(target)], capsys)
+    assert err == f"snet: cannot use directory {target}: {reason}"
