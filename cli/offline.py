@@ -9,7 +9,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,7 @@ from snet.server.testset import score_test_set
 from snet.server.update_rule import UpdateRule
 
 from .flags import given
-from .settings import env_name, merge
+from .settings import env_name, merge, output_file
 
 
 def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
@@ -167,27 +166,29 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    """Rewrite a data set as a pfile, an .npz or a Kaldi ark/scp with alignments."""
+    """Rewrite a data set as a pfile, an .npz or a Kaldi ark/scp with alignments. The
+    output's name and folder are checked before the input is read (it may be large)."""
+    out = output_file(args.output, (".pfile", ".pf", ".npz", ".ark"), "output")
+    suffix = out.suffix.lower()
     source = open_source(DataSpec(source=args.input, labels=args.labels or ""))
     frames = source.read(np.arange(total_frames(source)))
-    out = Path(args.output)
-    suffix = out.suffix.lower()
-    if suffix in (".pfile", ".pf"):
-        write_pfile(out, frames, source.labels, source.lengths)
-    elif suffix == ".npz":
-        np.savez(out, X=frames, y=source.labels, lengths=source.lengths)
-    elif suffix == ".ark":
-        alignments = out.with_name(out.stem + "-ali.ark")
-        write_kaldi(
-            str(out),
-            str(out.with_suffix(".scp")),
-            str(alignments),
-            frames,
-            source.labels,
-            source.lengths,
-        )
-    else:
-        raise DataError(f"cannot write {out}: use .pfile, .npz or .ark")
+    try:
+        if suffix in (".pfile", ".pf"):
+            write_pfile(out, frames, source.labels, source.lengths)
+        elif suffix == ".npz":
+            np.savez(out, X=frames, y=source.labels, lengths=source.lengths)
+        else:
+            alignments = out.with_name(out.stem + "-ali.ark")
+            write_kaldi(
+                str(out),
+                str(out.with_suffix(".scp")),
+                str(alignments),
+                frames,
+                source.labels,
+                source.lengths,
+            )
+    except OSError as exc:  # no permission, a full disk
+        raise DataError(f"cannot write {out}: {exc.strerror or exc}") from exc
     print(
         f"{source.description} -> {out}: {len(source.lengths)} utterances, "
         f"{len(frames)} frames of {source.features} features"

@@ -35,12 +35,21 @@ def tiny_set(path: Path, utterances: int = 12, seed: int = 0) -> Path:
     return path
 
 
+def _refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str], status: int = 2
+) -> tuple[str, str]:
+    """Run ``snet ARGV`` in this process: its one-line error (its exit status asserted)
+    and what it printed on stdout."""
+    assert main(argv) == status
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err, captured.out
+
+
 def _error(argv: list[str], capsys: pytest.CaptureFixture[str], status: int = 2) -> str:
     """Run ``snet ARGV`` in this process; its one-line error (its exit status asserted)."""
-    assert main(argv) == status
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
+    return _refused(argv, capsys, status)[0]
 
 
 @pytest.fixture
@@ -114,10 +123,10 @@ def test_train_refuses_an_unusable_out_dir_before_training(
     out.write_text("hello\n")
     if kind == "unmakeable":
         out = out / "below"  # a directory under a file cannot be made
-    err = _error(_train(tmp_path, "--out-dir", str(out)), capsys)
+    err, printed = _refused(_train(tmp_path, "--out-dir", str(out)), capsys)
     reason = "File exists" if kind == "file" else "Not a directory"
     assert err == f"snet: cannot use out-dir {out}: {reason}"
-    assert "epoch" not in capsys.readouterr().out  # refused before the first epoch
+    assert printed == ""  # refused before the first epoch
 
 
 def test_train_respects_and_holds_the_out_dir_lock(
@@ -348,3 +357,66 @@ def test_tls_init_into_a_file_is_one_line(
     reason = "File exists" if kind == "file" else "Not a directory"
     err = _error(["tls", "init", str(target)], capsys)
     assert err == f"snet: cannot use directory {target}: {reason}"
+
+
+# ---------------------------------------------------------------- data convert, plan
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("nodir/x/d.npz", "{tmp}/nodir/x does not exist"),
+        ("text.npz/d.npz", "{tmp}/text.npz is not a directory"),
+        ("d.txt", "use .pfile, .pf, .npz, .ark"),
+    ],
+)
+def test_convert_checks_its_output_before_reading_the_input(
+    tmp_path: Path, output: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "text.npz").write_text("hello\n")
+    out = tmp_path / output
+    missing_input = str(tmp_path / "not-read.npz")  # checked after the output: not reached
+    err = _error(["data", "convert", missing_input, str(out)], capsys)
+    assert err == f"snet: cannot write output {out}: {expected.format(tmp=tmp_path)}"
+
+
+def test_convert_into_a_directory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "out.npz").mkdir()
+    data = str(tiny_set(tmp_path / "d.npz"))
+    err = _error(["data", "convert", data, str(tmp_path / "out.npz")], capsys)
+    assert err == f"snet: cannot write {tmp_path / 'out.npz'}: Is a directory"
+
+
+@pytest.mark.parametrize("text_file", ["features", "labels"])
+def test_kaldi_text_that_is_no_archive_is_one_line(
+    tmp_path: Path, text_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("kaldiio")
+    good = tmp_path / "good.ark"
+    assert main(["data", "convert", str(tiny_set(tmp_path / "d.npz")), str(good)]) == 0
+    capsys.readouterr()
+    text = tmp_path / "text.ark"
+    text.write_text("a b c\n")
+    features, labels = (text, tmp_path / "good-ali.ark")
+    if text_file == "labels":
+        features, labels = good, text
+    argv = ["data", "convert", str(features), str(tmp_path / "o.npz"), "--labels", str(labels)]
+    err = _error(argv, capsys)
+    assert err == (
+        f"snet: cannot read Kaldi {text_file} {text}: b is not a digit; File format is wrong?"
+    )
+
+
+@pytest.mark.parametrize(
+    ("png", "expected"),
+    [("p.txt", "use .png"), ("nodir/p.png", "{tmp}/nodir does not exist")],
+)
+def test_plan_checks_its_png_before_any_work(
+    tmp_path: Path, png: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    err, printed = _refused(["plan", "--png", str(tmp_path / png)], capsys)
+    assert err == f"snet: cannot write --png {tmp_path / png}: {expected.format(tmp=tmp_path)}"
+    assert printed == ""  # no table printed in vain
