@@ -121,6 +121,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     rule: UpdateRule | None = None
     first: np.ndarray | None = None  # the weights before the first step
+    saved: Path | None = None  # the final weights, once written
     try:
         weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
         plan = plan_data(job)  # the server's checks of the data and the test file
@@ -130,9 +131,8 @@ def run_train(args: argparse.Namespace) -> int:
         first = rule.weights
         result = train_job(job, hooks, progress=show, rule=rule)
         bar.clear()
-        print(
-            f"weights in {_save(job, result.weights, len(result.epochs), plan.norms, args.out_dir)}"
-        )
+        saved = _save(job, result.weights, len(result.epochs), plan.norms, args.out_dir)
+        print(f"weights in {saved}")
         if plan.test is not None:
             context = job.data.context
             scored = score_test_set(job.network, result.weights, plan.test, plan.norms, context)
@@ -140,7 +140,10 @@ def run_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         bar.clear()
         where = f"snet train: stopped by Ctrl-C in epoch {epochs_done + 1} of {job.epochs}"
-        if rule is None or rule.weights is first:  # nothing trained: an old file stays
+        if saved is not None:  # while the test file was scored
+            where = "snet train: stopped by Ctrl-C after training"
+            print(f"{where}: weights in {saved}, the test file not scored", file=sys.stderr)
+        elif rule is None or rule.weights is first:  # nothing trained: an old file stays
             print(f"{where}: nothing trained, no weights written", file=sys.stderr)
         else:
             path = _save(job, rule.weights, epochs_done, plan.norms, args.out_dir)
