@@ -140,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--threads",
         type=int,
-        default=1,
+        default=None,  # None: SNET_TRAIN_THREADS, else 1 (offline.train_threads)
         help="BLAS threads, pinned as a worker's are (default: 1; env SNET_TRAIN_THREADS): "
         "on a busy machine idle BLAS threads waiting for cores made it 5-10x slower",
     )
@@ -253,14 +253,16 @@ def main(argv: list[str] | None = None) -> int:
             from .plan import run_plan
 
             return run_plan(args)
-        if args.command in ("eval", "train", "data"):
+        if args.command == "train":
+            from .train import run_train
+
+            return run_train(args)
+        if args.command in ("eval", "data"):
             from . import offline
 
             if args.command == "eval":
                 return offline.run_eval(args)
-            if args.command == "data":
-                return offline.run_convert(args)
-            return offline.run_train(args)
+            return offline.run_convert(args)
         from .demo import run_demo
 
         return run_demo(args)

@@ -1,4 +1,5 @@
-"""Commands that need no server: ``snet eval``, ``snet train`` and ``snet data convert``."""
+"""Commands that need no server: ``snet eval`` and ``snet data convert``; and
+``train_job``, the sequential training ``snet train`` (cli/train.py) and the benchmarks run."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,18 +22,16 @@ from snet.data.norms import Norms
 from snet.data.pfile import write_pfile
 from snet.data.sources import check_against_network, open_source, total_frames
 from snet.protocol.errors import ConfigError, DataError
-from snet.protocol.hooks import HookSet, standard_hooks
+from snet.protocol.hooks import HookSet
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import initial_weights
-from snet.protocol.numbering import shown_epoch
-from snet.server.export import SavedWeights, read_weights, weights_npz, write_atomically
+from snet.server.export import SavedWeights, read_weights
 from snet.server.leases import LeaseBook
 from snet.server.testset import score_test_set
 from snet.server.update_rule import UpdateRule
 
-from .flags import given, given_job
-from .progress_bar import BarHook, ProgressBar
-from .settings import build_job, env_name, merge, read_toml
+from .flags import given
+from .settings import env_name, merge, output_file
 
 
 def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
@@ -57,18 +55,26 @@ def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator
     return epoch_chunks
 
 
+def start_rule(job: JobSpec, weights: np.ndarray | None = None) -> UpdateRule:
+    """The server's update rule for ``job``, from ``weights`` or the job's initial ones."""
+    spec = job.network
+    return UpdateRule(initial_weights(spec, job.seed) if weights is None else weights, job.momentum)
+
+
 def train_job(
     job: JobSpec,
     hooks: HookSet | None = None,
     weights: np.ndarray | None = None,
     progress: Callable[[dict[str, float | int | bool]], None] | None = None,
+    rule: UpdateRule | None = None,
 ) -> SequentialResult:
     """Sequential training of ``job`` with the server's update rule and frame order and the
     worker's arithmetic (client/sequential.py); the parts meet here, where both may be
-    imported."""
+    imported. ``rule``: one made by ``start_rule``, for a caller that must see the
+    weights while they train (``snet train`` saves them when stopped)."""
     spec = job.network
     corpus = load_corpus(job.data, spec.output_size, spec.input_size)
-    rule = UpdateRule(initial_weights(spec, job.seed) if weights is None else weights, job.momentum)
+    rule = start_rule(job, weights) if rule is None else rule
     return train_sequential(job, corpus, rule, lone_worker_chunks(job, corpus), hooks, progress)
 
 
@@ -159,61 +165,30 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_train(args: argparse.Namespace) -> int:
-    """Sequential training in this process of the job a server would run (the same flags,
-    SNET_JOB_* variables and [job] table); writes weights.npz like the server."""
-    values, where = read_toml(args.config).table("job")
-    job = build_job(values, given_job(args), where)
-    weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
-
-    bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
-    hooks = standard_hooks()
-    hooks.hooks.append(BarHook(bar))
-
-    def show(row: dict[str, float | int | bool]) -> None:
-        kept = "" if row["kept"] else "  (rolled back)"
-        bar.print(
-            f"epoch {shown_epoch(int(row['epoch'])):>2}  lr {row['learning_rate']:<8g} "
-            f"train {100 * float(row['train_accuracy']):6.2f}%  "
-            f"CV {100 * float(row['cv_accuracy']):6.2f}%{kept}"
-        )
-
-    result = train_job(job, hooks, weights, show)
-    bar.clear()
-    spec = job.data
-    source = open_job_source(spec)
-    norms = job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])
-    path = Path(args.out_dir) / "weights.npz"
-    payload = weights_npz(
-        job.network, result.weights, 0, len(result.epochs), norms, spec.context, spec
-    )
-    write_atomically(path, payload)
-    print(f"weights in {path}")
-    return 0
-
-
 def run_convert(args: argparse.Namespace) -> int:
-    """Rewrite a data set as a pfile, an .npz or a Kaldi ark/scp with alignments."""
+    """Rewrite a data set as a pfile, an .npz or a Kaldi ark/scp with alignments. The
+    output's name and folder are checked before the input is read (it may be large)."""
+    out = output_file(args.output, (".pfile", ".pf", ".npz", ".ark"), "output")
+    suffix = out.suffix.lower()
     source = open_source(DataSpec(source=args.input, labels=args.labels or ""))
     frames = source.read(np.arange(total_frames(source)))
-    out = Path(args.output)
-    suffix = out.suffix.lower()
-    if suffix in (".pfile", ".pf"):
-        write_pfile(out, frames, source.labels, source.lengths)
-    elif suffix == ".npz":
-        np.savez(out, X=frames, y=source.labels, lengths=source.lengths)
-    elif suffix == ".ark":
-        alignments = out.with_name(out.stem + "-ali.ark")
-        write_kaldi(
-            str(out),
-            str(out.with_suffix(".scp")),
-            str(alignments),
-            frames,
-            source.labels,
-            source.lengths,
-        )
-    else:
-        raise DataError(f"cannot write {out}: use .pfile, .npz or .ark")
+    try:
+        if suffix in (".pfile", ".pf"):
+            write_pfile(out, frames, source.labels, source.lengths)
+        elif suffix == ".npz":
+            np.savez(out, X=frames, y=source.labels, lengths=source.lengths)
+        else:
+            alignments = out.with_name(out.stem + "-ali.ark")
+            write_kaldi(
+                str(out),
+                str(out.with_suffix(".scp")),
+                str(alignments),
+                frames,
+                source.labels,
+                source.lengths,
+            )
+    except OSError as exc:  # no permission, a full disk
+        raise DataError(f"cannot write {out}: {exc.strerror or exc}") from exc
     print(
         f"{source.description} -> {out}: {len(source.lengths)} utterances, "
         f"{len(frames)} frames of {source.features} features"

@@ -41,6 +41,7 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
 
 from .checkout import bench_process
+from .settings import output_file
 
 BENCHMARKS_FILE = Path("docs/benchmarks.json")
 TRAINED_TODAY = "pattern"  # the strategy snet trains (in sync and async mode); the rest is model
@@ -126,6 +127,7 @@ def run_plan(args: argparse.Namespace) -> int:
         from snet.perf.figure import require_matplotlib
 
         require_matplotlib()  # before any work, so that nothing is printed in vain
+        output_file(args.png, (".png",), "--png")  # matplotlib draws the format it names
     network = NetworkSpec.parse(args.network)
     if args.bunch < 1:
         raise ConfigError(f"--bunch must be >= 1, got {args.bunch}")

@@ -21,6 +21,7 @@ from snet.protocol.numbering import shown_epoch
 BAR_WIDTH = 24
 REDRAW_SECONDS = 0.1  # a terminal need not be redrawn more often than this
 EXIT_READER_GONE = 141  # 128 + SIGPIPE: what a shell shows for a writer that SIGPIPE ended
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell shows for a command Ctrl-C ended
 
 
 def detach_stdout() -> None:

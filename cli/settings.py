@@ -8,7 +8,8 @@ in ``SNET_JOB_<FIELD>`` variables (``SNET_JOB_DATA_<FIELD>``).
 Every value, whichever source it comes from, is decoded here against its field's type
 and allowed values, so a mistake is one ``ConfigError`` naming the key, the value and
 what was expected (the command line prints it and exits 2). Unknown tables and keys are
-refused, with the nearest known name as a suggestion.
+refused, with the nearest known name as a suggestion. ``output_file`` checks a file a
+command will write before it does its work.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import tomllib
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 from snet.protocol.errors import ConfigError
@@ -246,3 +248,16 @@ def build_job(values: dict[str, Any], flags: dict[str, Any], where: str = "[job]
     data_flags = {k: flags.pop(k) for k in data_keys if k in flags}
     data = merge(DataSpec, data_values, "SNET_JOB_DATA_", data_flags, f"{where[:-1]}.data]")
     return merge(JobSpec, values, "SNET_JOB_", flags, where, network=network, data=data)
+
+
+def output_file(path: str, suffixes: tuple[str, ...], what: str) -> Path:
+    """``path`` as a file a command will write, checked before the command's work: one of
+    ``suffixes`` (the format is chosen by it) in a folder that exists. ``what`` names
+    the file in the message (``--png``, ``output``)."""
+    out = Path(path)
+    if out.suffix.lower() not in suffixes:
+        raise ConfigError(f"cannot write {what} {out}: use {', '.join(suffixes)}")
+    if not out.parent.is_dir():
+        missing = "is not a directory" if out.parent.exists() else "does not exist"
+        raise ConfigError(f"cannot write {what} {out}: {out.parent} {missing}")
+    return out

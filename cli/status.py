@@ -145,8 +145,9 @@ def run_tls_init(args: argparse.Namespace) -> int:
     """``snet tls init DIR``: a private CA and the cluster's certificates."""
     from snet.transport.certificates import make_cluster_certificates
 
-    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-    workers = [w.strip() for w in args.workers.split(",") if w.strip()] or None
+    # empty items are kept: the certificates' checks refuse them ("a,,b" is a mistake)
+    hosts = [h.strip() for h in args.hosts.split(",")] if args.hosts else []
+    workers = [w.strip() for w in args.workers.split(",")] if args.workers else None
     for path in make_cluster_certificates(Path(args.directory), hosts, workers):
         print(path)
     return 0

@@ -7,6 +7,8 @@ the other; both import this package and ``snet.protocol``.
 - ``sources``: one ``FrameSource`` per format (numpy .npz or memory-mapped .npy files,
   Quicknet pfiles, Kaldi feats.scp/.ark with alignments), opened without reading the
   features; ``open_source`` picks the format.
+- ``archive``: opening a user's ``.npz`` (weights or data) without ever unpickling it,
+  with one line for a file that is not an archive.
 - ``pfile``: reading and writing ICSI Quicknet pfiles.
 - ``kaldi``: Kaldi features and alignments through ``kaldiio``.
 - ``norms``: mean and standard deviation over the training frames, and Quicknet norm files.

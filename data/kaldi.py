@@ -18,6 +18,9 @@ import numpy as np
 from snet.protocol.errors import DataError
 
 CACHED_UTTERANCES = 64
+# what kaldiio raises on a file that is not what it expects: its own format checks raise
+# RuntimeError ("... is not a digit / File format is wrong?"), short reads EOFError
+KALDI_ERRORS = (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError)
 
 
 def _kaldiio() -> Any:
@@ -30,6 +33,11 @@ def _kaldiio() -> Any:
     return kaldiio
 
 
+def _one_line(exc: Exception) -> str:
+    """kaldiio's message on one line (it ends some with "\nFile format is wrong?")."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
 def _load_table(path: str, what: str) -> Any:
     """An scp as kaldiio's lazy mapping; an .ark read through into a dict."""
     kaldiio = _kaldiio()
@@ -37,8 +45,8 @@ def _load_table(path: str, what: str) -> Any:
         if path.endswith(".scp"):
             return kaldiio.load_scp(path)
         return dict(kaldiio.load_ark(path))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"cannot read Kaldi {what} {path}: {exc}") from exc
+    except KALDI_ERRORS as exc:
+        raise DataError(f"cannot read Kaldi {what} {path}: {_one_line(exc)}") from exc
 
 
 class KaldiSource:
@@ -79,8 +87,10 @@ class KaldiSource:
         key = self.keys[number]
         try:
             matrix = np.asarray(self._table[key], dtype=np.float32)
-        except (OSError, ValueError, KeyError) as exc:
-            raise DataError(f"{self.description}: cannot read utterance {key!r}: {exc}") from exc
+        except KALDI_ERRORS as exc:
+            raise DataError(
+                f"{self.description}: cannot read utterance {key!r}: {_one_line(exc)}"
+            ) from exc
         if matrix.ndim != 2 or len(matrix) != self.lengths[number]:
             raise DataError(
                 f"{self.description}: utterance {key!r} has {matrix.shape[0]} frames, "

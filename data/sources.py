@@ -28,6 +28,7 @@ import numpy as np
 from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec
 
+from .archive import ARCHIVE_ERRORS, open_npz
 from .pfile import PFile
 
 
@@ -151,22 +152,27 @@ class NpzFeatures:
 
     def __getitem__(self, rows: np.ndarray) -> np.ndarray:
         if self._array is None:
-            with np.load(self.path) as data:
-                self._array = data["X"].reshape(self.shape)
+            try:
+                with open_npz(self.path) as data:
+                    self._array = data["X"].reshape(self.shape)
+            except ARCHIVE_ERRORS as exc:  # changed or damaged since it was opened
+                raise DataError(f"cannot read data {self.path}: {exc}") from exc
         selected: np.ndarray = self._array[rows]
         return selected
 
 
 def _npz(path: str) -> ArraySource:
     try:
-        with np.load(path) as data:
+        with open_npz(path) as data:
             labels = data["y"]
             features = NpzFeatures(path)
             lengths = data["lengths"] if "lengths" in data.files else no_sequences(len(features))
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+    except KeyError as exc:
         raise DataError(
             f"cannot read {path}: needs arrays X and y (and lengths for sequences) ({exc})"
         ) from exc
+    except ARCHIVE_ERRORS as exc:  # not an archive, or a damaged one: its own message
+        raise DataError(f"cannot read data {path}: {exc}") from exc
     return ArraySource(path, features, labels, lengths)
 
 

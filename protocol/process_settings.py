@@ -1,13 +1,16 @@
 """Settings every snet process has, server and worker alike: how it logs.
 
 Each is a dataclass field of ``ServerConfig`` and ``WorkerConfig`` (so a flag, a TOML key
-and an environment variable, with this help), written once here.
+and an environment variable, with this help), written once here. ``check_threads``: the
+BLAS thread count's bound, which a worker and ``snet train`` share.
 """
 
 from __future__ import annotations
 
 from dataclasses import field
 from typing import Any
+
+from .errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
@@ -28,3 +31,11 @@ def log_format_field() -> Any:
             "choices": LOG_FORMATS,
         },
     )
+
+
+def check_threads(threads: int) -> int:
+    """``threads`` BLAS threads, refused below one with the worker's message (``snet
+    train --threads`` and SNET_TRAIN_THREADS; client/config.py checks a worker's so)."""
+    if threads < 1:
+        raise ConfigError(f"threads must be >= 1, got {threads}")
+    return threads

@@ -47,7 +47,7 @@ from .progress import ProgressWatch
 from .resume import drop_torn_line, resume_from
 from .security import over_tls, resolve_token, tls_contexts
 from .service import OutDirLock, PidFile, notify
-from .testset import score_test_set
+from .testset import describe_test_result, score_test_set
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
@@ -376,13 +376,7 @@ class SnetServer:
                 job.data.context,
             )
             self.test_result = result
-            log.info(
-                "test set %s: frame accuracy %.2f%% of %d frames, loss %.4f",
-                result["data"],
-                100 * float(result["accuracy"]),
-                result["frames"],
-                result["loss"],
-            )
+            log.info("%s", describe_test_result(result))
         if self.config.linger_seconds >= 0:  # negative: serve the results until stopped
             loop = asyncio.get_running_loop()
             loop.call_later(self.config.linger_seconds, self.request_stop, "trained")

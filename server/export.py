@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from snet.data.archive import ARCHIVE_ERRORS, open_npz
 from snet.data.norms import Norms
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec
@@ -87,7 +88,7 @@ class SavedWeights:
 def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> SavedWeights:
     """Read a weights .npz; with ``expected``, refuse a file of another network."""
     try:
-        with np.load(path) as data:
+        with open_npz(path) as data:
             spec = NetworkSpec(
                 tuple(int(s) for s in data["sizes"]),
                 tuple(str(a) for a in data["activations"]),
@@ -115,7 +116,7 @@ def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> Saved
                 if "data_spec" in data.files
                 else None
             )
-    except (OSError, KeyError, ValueError, TypeError) as exc:
+    except (*ARCHIVE_ERRORS, TypeError) as exc:
         raise ConfigError(f"cannot read weights from {path}: {exc}") from exc
     if not np.isfinite(flat).all():
         raise ConfigError(f"{path}: the weights contain NaN or infinite values")

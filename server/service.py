@@ -5,9 +5,10 @@ that names another process which is still running means a second server was star
 the same ``--pid-file``: that is refused, so two daemons never fight over one file. A file
 left by a process that no longer exists (after a crash or SIGKILL) is simply replaced.
 
-``OutDirLock``: an exclusive ``flock`` on ``OUT_DIR/.lock`` while the server runs, so two
-servers never write one out-dir's checkpoints and results. The kernel drops the lock when
-the process ends, however it ends, so a crash never leaves a stale lock behind.
+``OutDirLock``: an exclusive ``flock`` on ``OUT_DIR/.lock`` while the server (or ``snet
+train``) runs, so two of them never write one out-dir's checkpoints and results. The
+kernel drops the lock when the process ends, however it ends, so a crash never leaves a
+stale lock behind.
 
 ``notify``: systemd's readiness protocol (``Type=notify``), a datagram such as
 ``READY=1`` sent to the socket named in ``$NOTIFY_SOCKET``; a no-op without it.
@@ -82,8 +83,9 @@ class PidFile:
 class OutDirLock:
     """The out-dir's lock; ``acquire()`` at startup, released at exit (or by the kernel)."""
 
-    def __init__(self, out_dir: str) -> None:
+    def __init__(self, out_dir: str, holder: str = "snet server") -> None:
         self.path = Path(out_dir) / ".lock"
+        self.holder = holder  # what a refused process is told holds it (snet train, too)
         self._handle: int | None = None
 
     def acquire(self) -> None:
@@ -96,14 +98,17 @@ class OutDirLock:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(handle, 32, 0).decode(errors="replace").strip() or "unknown"
+            # "PID HOLDER"; a lock written before the holder was named holds the pid only
+            words = os.pread(handle, 64, 0).decode(errors="replace").split(maxsplit=1)
             os.close(handle)
+            pid = words[0] if words else "unknown"
+            holder = words[1].strip() if len(words) > 1 else "snet server"
             raise OutDirInUse(
-                f"out-dir {self.path.parent} is in use by another snet server (pid {holder}); "
+                f"out-dir {self.path.parent} is in use by another {holder} (pid {pid}); "
                 "stop it or choose another --out-dir"
             ) from None
         os.ftruncate(handle, 0)
-        os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(handle, f"{os.getpid()} {self.holder}\n".encode(), 0)
         self._handle = handle
 
     def release(self) -> None:

@@ -87,3 +87,11 @@ def score_test_set(
         "accuracy": round(correct / max(count, 1), 6),
         "loss": round(loss / max(count, 1), 6),
     }
+
+
+def describe_test_result(result: dict[str, float | int | str]) -> str:
+    """The line the server logs and ``snet train`` prints for a scored test file."""
+    return (
+        f"test set {result['data']}: frame accuracy {100 * float(result['accuracy']):.2f}% "
+        f"of {result['frames']} frames, loss {float(result['loss']):.4f}"
+    )

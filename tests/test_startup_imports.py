@@ -14,7 +14,7 @@ from helpers import run_process
 # what each command's path imports (cli/main.py dispatches to these modules)
 COMMANDS = {
     "worker": "import snet.cli.main, snet.cli.commands, snet.client.worker, snet.client.joining",
-    "train": "import snet.cli.main, snet.cli.offline",
+    "train": "import snet.cli.main, snet.cli.train",
     "server": "import snet.cli.main, snet.cli.commands, snet.server.app",
 }
 # modules a command must not load: (command, module)

@@ -8,6 +8,10 @@ Writes into a directory (files 0600 for keys):
 - ``worker.pem``, ``worker.key``: one certificate every worker may share, for mutual TLS
   (client authentication); ``--workers NAME,...`` makes one per name instead.
 
+Worker names become file names and hosts go into the server's certificate, so both are
+checked first (``check_worker_names``, ``check_hosts``): a name that is a path, empty or
+repeated, or a host that is neither an IP address nor a DNS name, is one line.
+
 Made with the ``cryptography`` package (the ``tls`` extra; the README says why a library
 rather than hand-written ASN.1): ``ssl`` in the standard library reads certificates but
 cannot make them.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +46,83 @@ def _tools() -> Any:
 
 def _write(path: Path, data: bytes, secret: bool) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    with os.fdopen(os.open(path, flags, 0o600 if secret else 0o644), "wb") as handle:
-        handle.write(data)
+    try:
+        with os.fdopen(os.open(path, flags, 0o600 if secret else 0o644), "wb") as handle:
+            handle.write(data)
+    except OSError as exc:  # a directory this user may not write, a full disk
+        raise ConfigError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+# A worker's name is a file name in the directory (NAME.pem, NAME.key) and a certificate's
+# common name: letters, digits, dot, dash and underscore, not starting with a dot (no
+# hidden files, no "..", no path), and none of the files the directory already holds.
+WORKER_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+RESERVED_NAMES = ("ca", "server")
+# One DNS label (RFC 1123): letters, digits and inner dashes, 1-63 characters.
+DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def check_worker_names(names: list[str]) -> None:
+    """Refuse a worker name that is empty, a repeat, a path or a reserved file's name."""
+    seen: set[str] = set()
+    for name in names:
+        if not name:
+            raise ConfigError("an empty worker name (a stray comma in --workers?)")
+        if not WORKER_NAME.fullmatch(name):
+            raise ConfigError(
+                f"worker name {name!r}: use 1-64 letters, digits, '.', '-' or '_', not "
+                "starting with '.' (it names the files NAME.pem and NAME.key)"
+            )
+        if name in RESERVED_NAMES:
+            raise ConfigError(f"worker name {name!r} would overwrite {name}.pem: choose another")
+        if name in seen:
+            raise ConfigError(f"worker name {name!r} is given twice")
+        seen.add(name)
+
+
+def host_name_problem(host: str) -> str:
+    """Why ``host`` cannot go into a server certificate ("" when it can): it must be an IP
+    address or a DNS name, whose first label may be the wildcard ``*`` (one label of a
+    name of at least two more: ``*.example.com``)."""
+    try:
+        ipaddress.ip_address(host)
+        return ""
+    except ValueError:
+        pass
+    labels = host.removesuffix(".").split(".")
+    if labels[0] == "*":
+        labels = labels[1:]
+        if len(labels) < 2:
+            return "a wildcard needs a name of at least two labels after it (*.example.com)"
+    if len(host) > 253 or not all(DNS_LABEL.fullmatch(label) for label in labels):
+        return "not an IP address or a DNS name (letters, digits and '-' between dots)"
+    if labels[-1].isdigit():  # 1.2.3.999: an address mistyped, not a name
+        return "not an IP address, and a DNS name's last label is not all digits"
+    return ""
+
+
+def check_hosts(hosts: list[str]) -> None:
+    """Refuse a host that is empty or neither an IP address nor a DNS name."""
+    for host in hosts:
+        if not host:
+            raise ConfigError("an empty host (a stray comma in --hosts?)")
+        problem = host_name_problem(host)
+        if problem:
+            raise ConfigError(f"host {host!r}: {problem}")
 
 
 def make_cluster_certificates(
     directory: Path, hosts: list[str], workers: list[str] | None = None
 ) -> list[Path]:
-    """Write the CA, the server's and the workers' certificates; returns the files."""
+    """Write the CA, the server's and the workers' certificates; returns the files.
+    Raises ``ConfigError`` for a bad host or worker name or a directory it cannot use."""
+    check_hosts(hosts)
+    check_worker_names(workers or [])
     x509, hashes, serialization, ec, usage, name_oid = _tools()
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot use directory {directory}: {exc.strerror}") from exc
     if (directory / "ca.key").exists():
         raise ConfigError(f"{directory} already holds a CA (ca.key): not overwritten")
     now = datetime.datetime.now(datetime.UTC)

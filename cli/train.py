@@ -1,0 +1,154 @@
+"""``snet train``: the job a server would run, trained sequentially in this process.
+
+Everything a user can get wrong is checked before the first epoch, with the server's own
+code where the server checks it too: the thread count (a worker's check), the job, the
+memory its network needs, the out-dir (locked as a server locks it, so that a server and
+``snet train`` never write one out-dir at once), the initial weights and the data, the
+test file included (server/dataplan.py). The test file is scored with the final weights
+as the server scores it (server/testset.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from snet.data.norms import Norms
+from snet.protocol.errors import ConfigError
+from snet.protocol.hooks import standard_hooks
+from snet.protocol.job import JobSpec
+from snet.protocol.numbering import shown_epoch
+from snet.protocol.process_settings import check_threads
+from snet.server.dataplan import plan_data
+from snet.server.export import read_weights, weights_npz, write_atomically
+from snet.server.service import OutDirLock
+from snet.server.testset import describe_test_result, score_test_set
+from snet.server.update_rule import UpdateRule
+
+from .flags import given_job
+from .offline import start_rule, train_job
+from .progress_bar import EXIT_INTERRUPTED, BarHook, ProgressBar
+from .settings import build_job, decode, read_toml
+
+GIB = 1 << 30
+# What sequential training holds of a network's element (float32 weights and biases): the
+# weights, two velocity buffers (server/update_rule.py), the gradient, newbob's best
+# weights and the fresh buffer each step writes. Activations come on top, per unit of a
+# bunch's rows: activations, deltas and their scratch (ROW_COPIES).
+ELEMENT_COPIES = 6
+ROW_COPIES = 3
+
+
+def training_bytes(job: JobSpec) -> int:
+    """About how much memory ``snet train`` needs for ``job``'s network."""
+    spec = job.network
+    rows = max(job.bunch_size, 1024)  # BunchNetwork's rows (client/sequential.py)
+    return 4 * (ELEMENT_COPIES * spec.connections + ROW_COPIES * rows * sum(spec.sizes))
+
+
+def available_bytes() -> int | None:
+    """The memory this machine can give now (Linux's MemAvailable), None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+def check_fits_in_memory(job: JobSpec) -> None:
+    """Refuse, before allocating anything, a network this machine cannot train: numpy
+    would otherwise fail (or the kernel kill the process) part-way into the run."""
+    needed, free = training_bytes(job), available_bytes()
+    if free is not None and needed > free:
+        spec = job.network
+        raise ConfigError(
+            f"network {spec.describe()} needs about {needed / GIB:.1f} GiB of memory to train "
+            f"({spec.connections:,} weights, {ELEMENT_COPIES} float32 copies and a bunch's "
+            f"activations); this machine has {free / GIB:.1f} GiB available"
+        )
+
+
+def train_threads(args: argparse.Namespace) -> int:
+    """--threads, else SNET_TRAIN_THREADS, else 1, checked as a worker's threads are (the
+    BLAS limit itself was set before numpy was imported: cli/main.py)."""
+    if args.threads is not None:
+        return check_threads(args.threads)
+    text = os.environ.get("SNET_TRAIN_THREADS", "1")
+    return check_threads(decode(text, int, "SNET_TRAIN_THREADS"))
+
+
+def _save(job: JobSpec, weights: np.ndarray, epochs: int, norms: Norms, out_dir: str) -> Path:
+    spec = job.data
+    path = Path(out_dir) / "weights.npz"
+    write_atomically(path, weights_npz(job.network, weights, 0, epochs, norms, spec.context, spec))
+    return path
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train, write OUT_DIR/weights.npz as the server does, score the test file (if any).
+
+    Ctrl-C stops as SIGINT stops a server: the weights trained so far are written (after
+    the last whole step; ``--init-weights`` continues from them) unless nothing was
+    trained, in one line, with status 130."""
+    train_threads(args)
+    values, where = read_toml(args.config).table("job")
+    job = build_job(values, given_job(args), where)
+    check_fits_in_memory(job)
+    lock = OutDirLock(args.out_dir, holder="snet train")
+    lock.acquire()
+    epochs_done = 0
+    bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
+
+    def show(row: dict[str, float | int | bool]) -> None:
+        nonlocal epochs_done
+        epochs_done += 1
+        kept = "" if row["kept"] else "  (rolled back)"
+        bar.print(
+            f"epoch {shown_epoch(int(row['epoch'])):>2}  lr {row['learning_rate']:<8g} "
+            f"train {100 * float(row['train_accuracy']):6.2f}%  "
+            f"CV {100 * float(row['cv_accuracy']):6.2f}%{kept}"
+        )
+
+    rule: UpdateRule | None = None
+    first: np.ndarray | None = None  # the weights before the first step
+    saved: Path | None = None  # the final weights, once written
+    try:
+        weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
+        plan = plan_data(job)  # the server's checks of the data and the test file
+        hooks = standard_hooks()
+        hooks.hooks.append(BarHook(bar))
+        rule = start_rule(job, weights)
+        first = rule.weights
+        result = train_job(job, hooks, progress=show, rule=rule)
+        bar.clear()
+        saved = _save(job, result.weights, len(result.epochs), plan.norms, args.out_dir)
+        print(f"weights in {saved}")
+        if plan.test is not None:
+            context = job.data.context
+            scored = score_test_set(job.network, result.weights, plan.test, plan.norms, context)
+            print(describe_test_result(scored))
+    except KeyboardInterrupt:
+        bar.clear()
+        where = f"snet train: stopped by Ctrl-C in epoch {epochs_done + 1} of {job.epochs}"
+        if saved is not None:  # while the test file was scored
+            where = "snet train: stopped by Ctrl-C after training"
+            print(f"{where}: weights in {saved}, the test file not scored", file=sys.stderr)
+        elif rule is None or rule.weights is first:  # nothing trained: an old file stays
+            print(f"{where}: nothing trained, no weights written", file=sys.stderr)
+        else:
+            path = _save(job, rule.weights, epochs_done, plan.norms, args.out_dir)
+            print(f"{where}: the weights so far in {path}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        lock.release()
+    return 0

@@ -1,0 +1,212 @@
+"""The offline commands (``snet eval``, ``data convert``, ``tls init``, ``plan``) and the
+weights and data files they share with ``snet train`` and the server, given a user's
+mistake: one line naming what to fix and exit 2, never a traceback, found before the work
+where it can be (run in this process: ``main([...])``). ``snet train``: test_train_errors.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from snet.cli.main import main
+from snet.protocol.network import NetworkSpec, initial_weights
+from snet.server.export import weights_npz
+
+from user_errors import TINY, error, refused, tiny_set
+
+
+@pytest.fixture
+def weights(tmp_path: Path) -> Path:
+    spec = NetworkSpec.parse("39:8:3")
+    path = tmp_path / "weights.npz"
+    path.write_bytes(weights_npz(spec, initial_weights(spec, 1), 0, 1))
+    return path
+
+
+# ---------------------------------------------------------------- not an .npz archive
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text"])
+def test_weights_that_are_no_archive_are_one_line_naming_the_file(
+    tmp_path: Path, weights: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / f"{damage}.npz"
+    if damage == "truncated":
+        bad.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        bad.write_text("hello\n")
+    expected = f"snet: cannot read weights from {bad}: {bad} is not an .npz archive"
+    assert error(["eval", "--weights", str(bad)], capsys).startswith(expected)
+    data = str(tiny_set(tmp_path / "d.npz"))
+    train = ["train", *TINY, "--data", data, "--out-dir", str(tmp_path / "o")]
+    assert error([*train, "--init-weights", str(bad)], capsys).startswith(expected)
+    assert not (tmp_path / "o" / "weights.npz").exists()
+
+
+def test_a_damaged_member_is_one_line_too(
+    tmp_path: Path, weights: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    payload = bytearray(weights.read_bytes())
+    start = payload.index(b"W0.npy") + 200  # inside the first layer's weights
+    payload[start : start + 64] = b"x" * 64
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(payload)
+    err = error(["eval", "--weights", str(bad)], capsys)
+    assert err.startswith(f"snet: cannot read weights from {bad}: "), err
+
+
+@pytest.mark.parametrize("flag", ["--data", "--cv-data", "--test-data"])
+def test_a_text_file_as_data_is_no_archive_and_no_pickle_advice(
+    tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "text.npz"
+    text.write_text("hello\n")
+    data = str(tiny_set(tmp_path / "d.npz"))
+    argv = ["train", *TINY, "--data", data, flag, str(text), "--out-dir", str(tmp_path / "o")]
+    err = error(argv, capsys)
+    assert err == f"snet: cannot read data {text}: {text} is not an .npz archive (or is " + (
+        "truncated or corrupt)"
+    )
+    assert "pickle" not in err
+
+
+# ---------------------------------------------------------------- snet tls init
+
+
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [
+        ("w1,w1,../evil,", "worker name 'w1' is given twice"),
+        ("w1,../evil", "worker name '../evil': use 1-64 letters, digits, '.', '-' or '_', "
+                       "not starting with '.' (it names the files NAME.pem and NAME.key)"),
+        ("w1,", "an empty worker name (a stray comma in --workers?)"),
+        ("a/b", "worker name 'a/b': use 1-64"),
+        ("..", "worker name '..': use 1-64"),
+        ("ca", "worker name 'ca' would overwrite ca.pem: choose another"),
+        ("server", "worker name 'server' would overwrite server.pem: choose another"),
+    ],
+)  # fmt: skip
+def test_tls_init_refuses_worker_names_that_are_no_safe_file_names(
+    tmp_path: Path, workers: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("cryptography")
+    directory = tmp_path / "pki" / "inner"
+    err = error(["tls", "init", str(directory), "--workers", workers], capsys)
+    assert err.startswith(f"snet: {expected}"), err
+    assert not (tmp_path / "pki").exists()  # nothing written, inside or out
+
+
+@pytest.mark.parametrize(
+    ("hosts", "expected"),
+    [
+        ("a b", "host 'a b': not an IP address or a DNS name"),
+        ("../x", "host '../x': not an IP address or a DNS name"),
+        ("*.*", "host '*.*': a wildcard needs a name of at least two labels after it"),
+        ("*.com", "host '*.com': a wildcard needs a name of at least two labels after it"),
+        ("1.2.3.999", "host '1.2.3.999': not an IP address, and a DNS name's last label"),
+        ("a.example,,b", "an empty host (a stray comma in --hosts?)"),
+        ("b.example,-a.example", "host '-a.example': not an IP address or a DNS name"),
+        ("x" * 64 + ".example", "host 'xxxx"),
+    ],
+)
+def test_tls_init_refuses_hosts_that_are_no_address_or_dns_name(
+    tmp_path: Path, hosts: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("cryptography")
+    err = error(["tls", "init", str(tmp_path / "pki"), f"--hosts={hosts}"], capsys)
+    assert err.startswith(f"snet: {expected}"), err
+    assert not (tmp_path / "pki").exists()
+
+
+def test_tls_init_takes_addresses_names_and_a_leading_wildcard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("cryptography")
+    from cryptography import x509
+
+    hosts = "server.example,*.nodes.example,10.0.0.5,::1,host-1.local."
+    pki = tmp_path / "pki"
+    assert main(["tls", "init", str(pki), "--hosts", hosts, "--workers", "w-1,w_2,w.3"]) == 0
+    certificate = x509.load_pem_x509_certificate((pki / "server.pem").read_bytes())
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {*names.get_values_for_type(x509.DNSName)} >= {"*.nodes.example", "host-1.local."}
+    assert {str(a) for a in names.get_values_for_type(x509.IPAddress)} >= {"10.0.0.5", "::1"}
+    assert all((pki / f"{name}.pem").exists() for name in ("w-1", "w_2", "w.3"))
+
+
+@pytest.mark.parametrize("kind", ["file", "unmakeable"])
+def test_tls_init_into_a_file_is_one_line(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("cryptography")
+    target = tmp_path / "text.npz"
+    target.write_text("hello\n")
+    if kind == "unmakeable":
+        target = target / "pki"
+    reason = "File exists" if kind == "file" else "Not a directory"
+    err = error(["tls", "init", str(target)], capsys)
+    assert err == f"snet: cannot use directory {target}: {reason}"
+
+
+# ---------------------------------------------------------------- data convert, plan
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("nodir/x/d.npz", "{tmp}/nodir/x does not exist"),
+        ("text.npz/d.npz", "{tmp}/text.npz is not a directory"),
+        ("d.txt", "use .pfile, .pf, .npz, .ark"),
+    ],
+)
+def test_convert_checks_its_output_before_reading_the_input(
+    tmp_path: Path, output: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "text.npz").write_text("hello\n")
+    out = tmp_path / output
+    missing_input = str(tmp_path / "not-read.npz")  # checked after the output: not reached
+    err = error(["data", "convert", missing_input, str(out)], capsys)
+    assert err == f"snet: cannot write output {out}: {expected.format(tmp=tmp_path)}"
+
+
+def test_convert_into_a_directory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "out.npz").mkdir()
+    data = str(tiny_set(tmp_path / "d.npz"))
+    err = error(["data", "convert", data, str(tmp_path / "out.npz")], capsys)
+    assert err == f"snet: cannot write {tmp_path / 'out.npz'}: Is a directory"
+
+
+@pytest.mark.parametrize("text_file", ["features", "labels"])
+def test_kaldi_text_that_is_no_archive_is_one_line(
+    tmp_path: Path, text_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("kaldiio")
+    good = tmp_path / "good.ark"
+    assert main(["data", "convert", str(tiny_set(tmp_path / "d.npz")), str(good)]) == 0
+    capsys.readouterr()
+    text = tmp_path / "text.ark"
+    text.write_text("a b c\n")
+    features, labels = (text, tmp_path / "good-ali.ark")
+    if text_file == "labels":
+        features, labels = good, text
+    argv = ["data", "convert", str(features), str(tmp_path / "o.npz"), "--labels", str(labels)]
+    err = error(argv, capsys)
+    assert err == (
+        f"snet: cannot read Kaldi {text_file} {text}: b is not a digit; File format is wrong?"
+    )
+
+
+@pytest.mark.parametrize(
+    ("png", "expected"),
+    [("p.txt", "use .png"), ("nodir/p.png", "{tmp}/nodir does not exist")],
+)
+def test_plan_checks_its_png_before_any_work(
+    tmp_path: Path, png: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    err, printed = refused(["plan", "--png", str(tmp_path / png)], capsys)
+    assert err == f"snet: cannot write --png {tmp_path / png}: {expected.format(tmp=tmp_path)}"
+    assert printed == ""  # no table printed in vain

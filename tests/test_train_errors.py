@@ -1,0 +1,216 @@
+"""``snet train`` given a user's mistake: found before the first epoch (the out-dir, its
+lock, the threads, the memory, the test file), one line and exit 2 (1 for a locked
+out-dir, as the server); Ctrl-C one line and status 130 (run in this process)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from snet.cli.main import main
+from snet.data.sources import open_source
+from snet.protocol.errors import OutDirInUse
+from snet.protocol.hooks import BunchEvent, Hook, HookSet
+from snet.protocol.job import DataSpec
+from snet.server.export import read_weights
+from snet.server.service import OutDirLock
+from snet.server.testset import describe_test_result, score_test_set
+
+from user_errors import TINY, error, refused, tiny_set
+
+# ---------------------------------------------------------------- snet train, up front
+
+
+def _train(tmp_path: Path, *more: str) -> list[str]:
+    data = str(tiny_set(tmp_path / "d.npz"))
+    return ["train", *TINY, "--data", data, *more]
+
+
+@pytest.mark.parametrize("kind", ["file", "unmakeable"])
+def test_train_refuses_an_unusable_out_dir_before_training(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "text.npz"
+    out.write_text("hello\n")
+    if kind == "unmakeable":
+        out = out / "below"  # a directory under a file cannot be made
+    err, printed = refused(_train(tmp_path, "--out-dir", str(out)), capsys)
+    reason = "File exists" if kind == "file" else "Not a directory"
+    assert err == f"snet: cannot use out-dir {out}: {reason}"
+    assert printed == ""  # refused before the first epoch
+
+
+def test_train_respects_and_holds_the_out_dir_lock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    server = OutDirLock(str(out))  # as a running server holds it
+    server.acquire()
+    try:
+        err = error(_train(tmp_path, "--out-dir", str(out)), capsys, status=1)
+    finally:
+        server.release()
+    pid = os.getpid()
+    assert err == (
+        f"snet: out-dir {out} is in use by another snet server (pid {pid}); "
+        "stop it or choose another --out-dir"
+    )
+    assert not (out / "weights.npz").exists()
+
+    import snet.cli.train as command
+
+    refused: list[str] = []
+    real = command.train_job
+
+    def while_training(*args: Any, **kwargs: Any) -> Any:
+        try:  # a server started now is refused, naming snet train
+            OutDirLock(str(out)).acquire()
+        except OutDirInUse as exc:
+            refused.append(str(exc))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(command, "train_job", while_training)
+    assert main(_train(tmp_path, "--out-dir", str(out))) == 0
+    assert refused == [f"out-dir {out} is in use by another snet train (pid {pid}); "
+                       "stop it or choose another --out-dir"]  # fmt: skip
+    assert (out / "weights.npz").exists()
+    OutDirLock(str(out)).acquire()  # released at the end
+
+
+def test_train_checks_the_test_file_up_front_and_scores_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    missing = tmp_path / "missing.npz"
+    err = error(_train(tmp_path, "--out-dir", str(out), "--test-data", str(missing)), capsys)
+    assert err == f"snet: data {missing} does not exist"
+    test = tiny_set(tmp_path / "test.npz", utterances=4, seed=5)
+    assert main(_train(tmp_path, "--out-dir", str(out), "--test-data", str(test))) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    # the server's scoring of the same weights gives the same line
+    saved = read_weights(out / "weights.npz")
+    assert saved.norms is not None
+    source = open_source(DataSpec(source=str(test), context=1))
+    scored = score_test_set(saved.spec, saved.flat, source, saved.norms, 1)
+    assert last == describe_test_result(scored)
+    assert last.startswith(f"test set {test}: frame accuracy ")
+
+
+class CtrlC(Hook):
+    """Ctrl-C where it lands: at the start of epoch ``epoch`` (0-based: before its first
+    step), or after its first step (``mid``)."""
+
+    def __init__(self, epoch: int, mid: bool) -> None:
+        self.epoch, self.mid = epoch, mid
+
+    def before_epoch(self, epoch: int, learning_rate: float) -> None:
+        if epoch == self.epoch and not self.mid:
+            raise KeyboardInterrupt
+
+    def after_bunch(self, event: BunchEvent) -> None:
+        if event.epoch == self.epoch and self.mid:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(("epoch", "mid"), [(0, False), (1, True)])
+def test_ctrl_c_in_train_is_one_line_status_130_and_saves_what_was_trained(
+    tmp_path: Path,
+    epoch: int,
+    mid: bool,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import snet.cli.train as command
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "weights.npz").write_bytes(b"an earlier run's")
+    monkeypatch.setattr(command, "standard_hooks", lambda: HookSet([CtrlC(epoch, mid)]))
+    err = error(_train(tmp_path, "--out-dir", str(out), "--epochs", "3"), capsys, status=130)
+    where = f"snet train: stopped by Ctrl-C in epoch {epoch + 1} of 3"
+    if not mid:  # before the first step: nothing to save, the earlier file left alone
+        assert err == f"{where}: nothing trained, no weights written"
+        assert (out / "weights.npz").read_bytes() == b"an earlier run's"
+    else:  # as a server stopped by SIGINT: the weights so far, to go on from
+        assert err == f"{where}: the weights so far in {out / 'weights.npz'}"
+        saved = read_weights(out / "weights.npz")
+        assert saved.spec.describe() == "39:8:3"
+        with np.load(out / "weights.npz") as data:
+            assert int(data["epoch"]) == 1  # whole epochs in them
+    OutDirLock(str(out)).acquire()  # the lock went with the run
+
+
+# ---------------------------------------------------------------- threads, memory
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        ("0", None, "snet: threads must be >= 1, got 0"),
+        ("-1", None, "snet: threads must be >= 1, got -1"),
+        (None, "0", "snet: threads must be >= 1, got 0"),
+        (None, "x", "snet: SNET_TRAIN_THREADS: 'x' is not a whole number"),
+    ],
+)
+def test_train_refuses_threads_as_a_worker_does(
+    tmp_path: Path,
+    flag: str | None,
+    env: str | None,
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if env is not None:
+        monkeypatch.setenv("SNET_TRAIN_THREADS", env)
+    threads = [] if flag is None else ["--threads", flag]
+    argv = _train(tmp_path, "--out-dir", str(tmp_path / "o"), *threads)
+    assert error(argv, capsys) == expected
+    assert not (tmp_path / "o").exists()  # refused before anything was made
+    if flag is not None:  # the worker's own words
+        worker = ["worker", "--server", "127.0.0.1:7000", "--threads", flag]
+        assert error(worker, capsys) == expected
+
+
+def test_train_refuses_a_network_too_large_for_memory_before_allocating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import snet.cli.train as command
+
+    def no_allocation(*args: Any) -> Any:
+        raise AssertionError("allocated the network")
+
+    assert (command.available_bytes() or 0) > 0  # this machine's is known
+    monkeypatch.setattr(command, "available_bytes", lambda: 8 << 30)
+    monkeypatch.setattr(command, "start_rule", no_allocation)
+    argv = ["train", "--network", "117:100000000:10", "--out-dir", str(tmp_path / "o")]
+    err = error(argv, capsys)
+    assert err == (
+        "snet: network 117:100000000:10 needs about 1430.5 GiB of memory to train "
+        "(12,800,000,010 weights, 6 float32 copies and a bunch's activations); "
+        "this machine has 8.0 GiB available"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_while_the_test_file_is_scored_keeps_the_final_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import snet.cli.train as command
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "score_test_set", interrupted)
+    out = tmp_path / "out"
+    test = str(tiny_set(tmp_path / "test.npz", utterances=4, seed=5))
+    err = error(_train(tmp_path, "--out-dir", str(out), "--test-data", test), capsys, 130)
+    assert err == (
+        "snet train: stopped by Ctrl-C after training: weights in "
+        f"{out / 'weights.npz'}, the test file not scored"
+    )
+    with np.load(out / "weights.npz") as data:
+        assert int(data["epoch"]) == 1  # the finished run's
