@@ -31,7 +31,7 @@ from snet.server.update_rule import UpdateRule
 
 from .flags import given_job
 from .offline import start_rule, train_job
-from .progress_bar import EXIT_INTERRUPTED, BarHook, ProgressBar
+from .progress_bar import EXIT_INTERRUPTED, EXIT_READER_GONE, BarHook, ProgressBar, detach_stdout
 from .settings import build_job, decode, read_toml
 
 GIB = 1 << 30
@@ -99,7 +99,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     Ctrl-C stops as SIGINT stops a server: the weights trained so far are written (after
     the last whole step; ``--init-weights`` continues from them) unless nothing was
-    trained, in one line, with status 130."""
+    trained, in one line, with status 130; so does a reader of the output that goes
+    (``| head``), with status 141."""
     train_threads(args)
     values, where = read_toml(args.config).table("job")
     job = build_job(values, given_job(args), where)
@@ -137,18 +138,25 @@ def run_train(args: argparse.Namespace) -> int:
             context = job.data.context
             scored = score_test_set(job.network, result.weights, plan.test, plan.norms, context)
             print(describe_test_result(scored))
-    except KeyboardInterrupt:
-        bar.clear()
-        where = f"snet train: stopped by Ctrl-C in epoch {epochs_done + 1} of {job.epochs}"
+    except (KeyboardInterrupt, BrokenPipeError) as exc:
+        # Ctrl-C, or the reader of the output gone (``| head``): stopped either way, as a
+        # server stops on SIGINT, with what was trained kept
+        gone = isinstance(exc, BrokenPipeError)
+        if gone:
+            detach_stdout()
+        else:
+            bar.clear()
+        cause = "(its output's reader has gone)" if gone else "by Ctrl-C"
+        where = f"snet train: stopped {cause} in epoch {epochs_done + 1} of {job.epochs}"
         if saved is not None:  # while the test file was scored
-            where = "snet train: stopped by Ctrl-C after training"
+            where = f"snet train: stopped {cause} after training"
             print(f"{where}: weights in {saved}, the test file not scored", file=sys.stderr)
         elif rule is None or rule.weights is first:  # nothing trained: an old file stays
             print(f"{where}: nothing trained, no weights written", file=sys.stderr)
         else:
             path = _save(job, rule.weights, epochs_done, plan.norms, args.out_dir)
             print(f"{where}: the weights so far in {path}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_READER_GONE if gone else EXIT_INTERRUPTED
     finally:
         lock.release()
     return 0

@@ -10,7 +10,7 @@ from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
-from snet.protocol.process_settings import log_format_field, log_level_field
+from snet.protocol.process_settings import check_threads, log_format_field, log_level_field
 from snet.protocol.worker_name import name_problem
 from snet.transport.faults import FaultSwitch
 
@@ -136,8 +136,7 @@ class WorkerConfig:
         self.address()  # validates
         if self.name and (problem := name_problem(self.name)):
             raise ConfigError(problem)
-        if self.threads < 1:
-            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        check_threads(self.threads)
         if self.processes < 1:
             raise ConfigError(f"processes must be >= 1, got {self.processes}")
         if self.inline_seconds < 0:

@@ -34,8 +34,8 @@ def log_format_field() -> Any:
 
 
 def check_threads(threads: int) -> int:
-    """``threads`` BLAS threads, refused below one with the worker's message (``snet
-    train --threads`` and SNET_TRAIN_THREADS; client/config.py checks a worker's so)."""
+    """``threads`` BLAS threads, refused below one (a worker's ``--threads``, ``snet
+    train --threads`` and their environment variables)."""
     if threads < 1:
         raise ConfigError(f"threads must be >= 1, got {threads}")
     return threads
