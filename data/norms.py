@@ -95,6 +95,8 @@ def read_norm_file(path: str | Path, features: int) -> Norms:
     mean, scale = vectors
     if len(mean) != features or len(scale) != features:
         raise DataError(f"{path} normalises {len(mean)} features, the data has {features}")
+    if not (np.isfinite(mean).all() and np.isfinite(scale).all()):
+        raise DataError(f"{path}: means and scales must be finite numbers (nan or inf found)")
     if (scale <= 0).any():
         raise DataError(f"{path}: scales (1 / standard deviation) must be positive")
     return Norms(mean, 1.0 / scale)

@@ -193,6 +193,13 @@ def test_norm_file_round_trip_in_quicknet_format(tmp_path: Path) -> None:
     (tmp_path / "bad").write_text("vec 3\n1\n2\n")
     with pytest.raises(DataError, match="not a Quicknet norm file"):
         read_norm_file(tmp_path / "bad", 3)
+    for means, scales in (("0 0 nan", "1 1 1"), ("0 0 0", "1 inf 1"), ("-inf 0 0", "1 1 1")):
+        (tmp_path / "odd").write_text(f"vec 3\n{means}\nvec 3\n{scales}\n")
+        with pytest.raises(DataError, match="must be finite numbers"):  # trained to 0 %
+            read_norm_file(tmp_path / "odd", 3)
+    (tmp_path / "zero").write_text("vec 3\n0 0 0\nvec 3\n1 0 1\n")
+    with pytest.raises(DataError, match="must be positive"):
+        read_norm_file(tmp_path / "zero", 3)
 
 
 def test_job_norm_file_is_used_instead_of_the_statistics(tmp_path: Path) -> None:
