@@ -48,6 +48,11 @@ class StalenessControl:
         self.mode = mode  # named in refusals
         self.stale_updates = stale_updates  # the step policy's: a policy has work to do
         self.setting = StalenessSetting.parse(text)
+        if not stale_updates and self.setting.policy != "none":  # as change() refuses it
+            raise ConfigError(
+                f"staleness {text}: {mode} mode has no stale updates: only 'none' applies "
+                "(a policy is for async mode and bmuf with asynchronous blocks)"
+            )
         self.changes: list[dict[str, Any]] = []
         self.refused_stale = 0  # updates refused for lagging more than the bound
 

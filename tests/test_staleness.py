@@ -289,3 +289,27 @@ def test_without_a_token_control_is_refused_beyond_loopback() -> None:
     with pytest.raises(web.HTTPForbidden):
         asyncio.run(handler(_control_request(app, "192.0.2.7")))
     server.coordinator.set_staleness.assert_not_called()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--mode", "sync", "--staleness", "bounded:1"],
+        ["--mode", "bmuf", "--staleness", "gap"],  # sync blocks: every delta is current
+    ],
+)
+def test_a_policy_where_nothing_is_stale_is_refused_at_start_up(flags: list[str]) -> None:
+    """/control refused it at run time; at start-up it was taken, shown as in force in
+    /control and as none in /metrics."""
+    from snet.cli.commands import server_config
+    from snet.cli.main import _parser
+    from snet.protocol.errors import ConfigError
+    from snet.server.policies import make_step_policy
+    from snet.server.staleness import StalenessControl
+
+    job = server_config(_parser().parse_args(["server", *flags])).job
+    stale_updates = make_step_policy(job).stale_updates  # as the coordinator builds it
+    with pytest.raises(ConfigError, match="mode has no stale updates: only 'none' applies"):
+        StalenessControl(job.staleness, job.mode, stale_updates)
+    async_blocks = job.with_changes(mode="bmuf", block_sync=False)
+    StalenessControl(job.staleness, "bmuf", make_step_policy(async_blocks).stale_updates)
