@@ -42,6 +42,18 @@ log = logging.getLogger("snet.server")
 TIMER_SECONDS = 1.0  # how often the clock for time-based checkpoints is looked at
 
 
+def _settings(job: dict[str, Any]) -> dict[str, Any]:
+    """A job's settings by name, a nested table's as ``table.key`` (``data.split_seed``),
+    so that a message names the setting that differs, not the whole table."""
+    flat: dict[str, Any] = {}
+    for key, value in job.items():
+        if isinstance(value, dict) and "sizes" not in value:  # a network stays whole
+            flat.update({f"{key}.{inner}": item for inner, item in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
 def _setting(value: object) -> str:
     """A job setting as a person reads it in a message (a network as its sizes)."""
     if isinstance(value, dict) and "sizes" in value:
@@ -88,9 +100,10 @@ def resume_point(
         _as_of_now(identity["job"]),
     )
     if theirs != ours:
-        differing = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k))
+        there, here = _settings(theirs), _settings(ours)
+        differing = sorted(k for k in {*there, *here} if there.get(k) != here.get(k))
         shown = "; ".join(
-            f"{key} {_setting(theirs.get(key))} there, {_setting(ours.get(key))} here"
+            f"{key} {_setting(there.get(key))} there, {_setting(here.get(key))} here"
             for key in differing[:3]
         ) + ("; ..." if len(differing) > 3 else "")
         raise ConfigError(

@@ -4,6 +4,7 @@ is refused when it is not."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -58,3 +59,7 @@ def test_a_checkpoint_from_before_a_setting_is_not_of_a_job_that_changes_it() ->
         _resume(_written_before_np_pipeline(job), job.with_changes(epochs=4))
     with pytest.raises(ConfigError, match="another job"):
         _resume({}, job)  # a saved job that says nothing is no match
+    # a setting in a nested table is named, not the table (both read alike, cut at 60)
+    other_split = job.with_changes(data=dataclasses.replace(job.data, split_seed=3))
+    with pytest.raises(ConfigError, match=r"another job \(data.split_seed 0 there, 3 here\)"):
+        _resume(_written_before_np_pipeline(job), other_split)
