@@ -46,7 +46,7 @@ from .lateness import check_progress
 from .progress import ProgressWatch
 from .resume import drop_torn_line, resume_from
 from .security import over_tls, resolve_token, tls_contexts
-from .service import OutDirLock, PidFile, notify
+from .service import OutDirLock, PidFile, check_output_files, notify
 from .testset import describe_test_result, score_test_set
 from .training import Coordinator
 
@@ -107,6 +107,8 @@ class SnetServer:
         job = self.config.job
         token = resolve_token(self.config)  # before anything else: a refusal costs nothing
         tls, https = tls_contexts(self.config)
+        outputs = {"ready file": self.config.ready_file, "trace file": self.config.trace_file}
+        check_output_files(outputs)
         if self.pid_file is not None:
             self.pid_file.claim()
         self.out_lock.acquire()

@@ -117,6 +117,26 @@ class OutDirLock:
             self._handle = None
 
 
+def check_output_files(paths: dict[str, str]) -> None:
+    """ConfigError unless each named file (``what``: path; "" for none) can be written
+    where it is to go: its folder is made as the writes would make it, and must take a
+    new file. Checked before the data is loaded, so that a typo costs nothing, where a
+    trace file's was a traceback and a ready file's one only after start-up."""
+    for what, path in paths.items():
+        if not path:
+            continue
+        folder = Path(path).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # a file on the way
+            raise ConfigError(f"cannot write the {what} {path}: a file is in its path") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot write the {what} {path}: {exc.strerror}") from exc
+        if Path(path).is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            problem = "it is a directory" if Path(path).is_dir() else "its folder is not writable"
+            raise ConfigError(f"cannot write the {what} {path}: {problem}")
+
+
 def notify(state: str) -> bool:
     """Tell systemd ``state`` (e.g. ``"READY=1"``); True when there was someone to tell."""
     address = os.environ.get("NOTIFY_SOCKET", "")

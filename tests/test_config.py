@@ -136,3 +136,21 @@ def test_snet_train_pins_its_blas_threads_as_a_worker_does() -> None:
     assert pinned(["train", "--epochs", "1"]) == "1"
     assert pinned(["train", "--threads", "2"]) == "2"
     assert pinned(["train"], SNET_TRAIN_THREADS="3") == "3"
+
+
+def test_a_trace_or_ready_file_that_cannot_be_written_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before the data is loaded: a trace file's folder missing or a file in its
+    path was a traceback, a ready file's a traceback after start-up."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder\n")
+    out = ["--port", "0", "--http-port", "0", "--out-dir", str(tmp_path / "out")]
+    for flag, what in (("--trace-file", "trace file"), ("--ready-file", "ready file")):
+        assert main(["server", *out, flag, str(blocker / "x")]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"snet: cannot write the {what} {blocker / 'x'}: a file is in its path"
+        )
+    assert main(["server", *out, "--trace-file", str(tmp_path)]) == 2
+    assert f"cannot write the trace file {tmp_path}: it is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "status.json").exists()  # refused before anything ran
