@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
+from snet.protocol.numbering import shown_epoch
 
 from .checkpoint import CheckpointStore, LoadedCheckpoint
 from .resume import coordinator_state
@@ -232,7 +233,7 @@ class Checkpointer:
         self.last = {
             "path": str(path),
             "version": coordinator["version"],
-            "epoch": coordinator["epochs"]["epoch"],
+            "epoch": shown_epoch(coordinator["epochs"]["epoch"]),  # for /status: from 1
             "digest": coordinator["digest"],
             "bytes": path.stat().st_size,
             "write_seconds": round(seconds, 4),

@@ -101,7 +101,7 @@ def resume_from(coordinator: Coordinator, path: Path, state: dict[str, Any]) -> 
         "checkpoint": path.name,
         "version": coordinator.version,
         "digest": coordinator.digest,
-        "epoch": coordinator.epoch,
+        "epoch": shown_epoch(coordinator.epoch),  # /status shows it: from 1
         "requeued_frames": requeued,
         "at": time.time(),
     }

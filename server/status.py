@@ -28,6 +28,14 @@ def queues(coordinator: Coordinator) -> dict[str, int]:
     }
 
 
+def _shown_record(row: dict[str, Any], epoch: int) -> dict[str, Any]:
+    """An epoch's record as /status shows it: its epoch, and its ledger's, from 1."""
+    ledger = row.get("ledger")
+    if isinstance(ledger, dict) and "epoch" in ledger:
+        row["ledger"] = {**ledger, "epoch": shown_epoch(epoch)}
+    return {**row, "epoch": shown_epoch(epoch)}
+
+
 def _state(server: SnetServer) -> str:
     coordinator = server.coordinator
     slices = coordinator.slices  # np mode waits for its workers in its own way
@@ -103,9 +111,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "rule": coordinator.rule.figures() or None,  # bmuf: the block filter
         "workers": workers,
         "earlier": coordinator.earlier,  # workers and compression totals before restarts
-        "epochs": [
-            {**record.as_dict(), "epoch": shown_epoch(record.epoch)} for record in stats.epochs
-        ],
+        "epochs": [_shown_record(record.as_dict(), record.epoch) for record in stats.epochs],
         "schedule": coordinator.job.schedule,
         "hooks": coordinator.hooks.figures(),
         "inline_frames": {

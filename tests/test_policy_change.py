@@ -135,6 +135,8 @@ async def test_a_restarted_server_keeps_the_policy_set_at_run_time(lab: Lab) -> 
     again = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)  # same out-dir
     status = await again.status()
     assert status["resumed"] is not None
+    assert status["resumed"]["epoch"] == status["epoch"] >= 1  # counted from 1 alike
+    assert status["checkpoints"]["last"] == {}  # none written yet by this server
     assert status["staleness"]["policy"] == "bounded:2"
     assert status["staleness"]["changes"] == [record]
     client = await AsyncRawClient.connect(again.port, "after")

@@ -48,6 +48,8 @@ async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
     final = server.final_status()
     assert final["state"] == "trained"
     assert final["epoch"] == 2 and [e["epoch"] for e in final["epochs"]] == [1, 2]
+    assert [e["ledger"]["epoch"] for e in final["epochs"]] == [1, 2]  # its ledger's too
+    assert final["checkpoints"]["last"]["epoch"] == 2  # the last checkpoint's, from 1
     progress = final["progress"]
     assert progress["fraction"] == 1.0 and progress["eta_seconds"] == 0.0
     assert (
