@@ -115,6 +115,9 @@ def _supervise(children: list[int]) -> NoReturn:
             # Ended by the stop passed on to it before it could take it as one (still
             # starting: its handler not yet installed): stopped as asked, not a failure.
             code = 0
+        elif code < 0:  # killed from outside (OOM killer, kill -9): say so, it cannot
+            print(f"snet: worker process {pid} was killed by {signal.Signals(-code).name}",
+                  file=sys.stderr)  # fmt: skip
         worst = max(worst, code if code >= 0 else 1)  # killed by a signal: a failure
     # Out without the interpreter's teardown, as the workers do: with numba loaded it
     # costs about 0.2 s of CPU, and nothing is left to clean up here.

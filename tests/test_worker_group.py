@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +43,20 @@ def test_processes_must_be_at_least_one(cluster: Cluster) -> None:
     done = cluster.run("worker", "--processes", "0")
     assert done.returncode == 2
     assert "processes must be >= 1, got 0" in done.stderr
+
+
+@pytest.mark.system
+def test_a_worker_killed_from_outside_is_named_and_fails_the_group(cluster: Cluster) -> None:
+    """kill -9 of one forked worker: the group exited 1 without a word of which or why."""
+    server = cluster.server("--mode", "async", "--epochs", "500", *SMALL_JOB)
+    group = cluster.worker(server, "g", "--processes", "2")
+    wait_until(lambda: len(server.status()["workers"]) == 2, 60, "both workers joined")
+    children = Path(f"/proc/{group.pid}/task/{group.pid}/children").read_text().split()
+    assert len(children) == 2
+    os.kill(int(children[0]), signal.SIGKILL)
+    wait_until(lambda: server.status()["workers_live"] == 1, 30, "the killed one dropped")
+    group.send_signal(signal.SIGTERM)  # the other stops politely
+    assert group.wait(30) == 1  # the worst: one was killed
+    assert f"snet: worker process {children[0]} was killed by SIGKILL" in cluster.log("g")
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
