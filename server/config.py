@@ -178,6 +178,11 @@ class ServerConfig:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {value}")
+        if self.trace_file and self.job.mode == "np":
+            raise ConfigError(
+                "trace_file: np mode writes no trace yet (its steps are bunches all holders "
+                "take part in, not updates): leave it out, or train in another mode"
+            )
         if self.min_workers < 1:
             raise ConfigError(f"min_workers must be at least 1, got {self.min_workers}")
         wildcard = {"", "0.0.0.0", "::"}

@@ -90,6 +90,8 @@ def test_bad_settings_fail_clearly(
     with pytest.raises(ConfigError, match="cannot hold an update of network 117:2048:10"):
         _config(["--max-frame-mb", "1", "--network", "117:2048:10"])
     assert _config(["--max-frame-mb", "2", "--network", "117:2048:10"]).max_frame_mb == 2
+    with pytest.raises(ConfigError, match="np mode writes no trace yet"):  # it wrote none
+        _config(["--mode", "np", "--network", "117:32:10", "--trace-file", "t.jsonl"])
     with pytest.raises(ConfigError, match="min_workers must be at least 1, got 0"):
         _config(["--min-workers", "0"])
     with pytest.raises(ConfigError, match="port and http_port are both 7300"):
