@@ -213,6 +213,22 @@ def _early_blas_limit(argv: list[str]) -> None:
     limit_blas_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
 
 
+SWITCHES = {"SNET_LOOP": ("asyncio", "uvloop"), "SNET_KERNELS": ("auto", "numba", "numpy")}
+CASE_FREE = {"SNET_LOOP"}  # read in any case (cli/runtime.py); SNET_KERNELS as it is
+
+
+def _check_switches() -> None:
+    """The environment's developer switches take known values only (a typo such as
+    SNET_KERNELS=nunpy was ignored without a word: the default ran)."""
+    from snet.protocol.errors import ConfigError
+
+    for name, known in SWITCHES.items():
+        value = os.environ.get(name, "")
+        compared = value.lower() if name in CASE_FREE else value
+        if value and compared not in known:
+            raise ConfigError(f"{name}={value!r} is not one of {', '.join(known)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     _early_blas_limit(words)
@@ -229,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
 
     try:
+        _check_switches()
         if args.command == "server":
             from .commands import run_server
 

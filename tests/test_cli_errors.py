@@ -239,3 +239,17 @@ def test_the_demo_splits_the_bunch_only_where_a_step_sums_shares_of_it() -> None
     assert [divided_bunch(job.with_changes(mode=mode), 2).bunch_size for mode in
             ("sync", "async", "bmuf", "np")] == [64, 64, 128, 128]  # fmt: skip
     assert divided_bunch(job.with_changes(mode="async"), 64).bunch_size == 8  # at least 8
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("SNET_KERNELS", "nunpy"), ("SNET_KERNELS", "NUMPY"), ("SNET_LOOP", "foo")]
+)
+def test_a_developer_switch_with_an_unknown_value_is_refused(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They were ignored without a word: the default ran."""
+    monkeypatch.setenv(name, value)
+    assert main(["plan", "--workers", "1"]) == 2
+    assert f"snet: {name}={value!r} is not one of" in capsys.readouterr().err
+    monkeypatch.setenv(name, "asyncio" if name == "SNET_LOOP" else "numpy")
+    assert main(["plan", "--workers", "1"]) == 0
