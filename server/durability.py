@@ -116,6 +116,10 @@ def resume_point(
             f"{loaded.path} is a checkpoint of the same job on other data (the data's "
             "fingerprint differs): use --fresh to start over, or another --out-dir"
         )
+    if config.init_weights:  # documented, but a user who gave it should hear it too
+        log.warning("--init-weights %s not used: resuming the run checkpointed in %s "
+                    "(--fresh starts over from those weights)", config.init_weights,
+                    loaded.path)  # fmt: skip
     return loaded
 
 

@@ -203,3 +203,18 @@ async def test_a_fresh_run_stopped_at_once_leaves_its_own_weights_beside_its_sta
     with np.load(again.out_dir / "weights.npz") as saved:
         assert int(saved["version"]) == status["weight_version"] == 0
     assert not status["epochs_done"]
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # a log line, not the loop
+async def test_init_weights_beside_a_checkpoint_is_said_to_be_unused(lab: Lab) -> None:
+    """Documented as ignored when there is a checkpoint to resume from; now also said."""
+    first = await lab.server("--epochs", "1", *QUICK_JOB)
+    lab.worker(first, "w1")
+    assert await first.wait(90) == "trained"
+    weights = first.out_dir / "weights.npz"
+    again = await lab.server("--epochs", "1", "--init-weights", str(weights), *QUICK_JOB)
+    again.stop("test over")
+    await again.wait(30)
+    assert f"--init-weights {weights} not used: resuming the run checkpointed in" in lab.log(
+        "server"
+    )
