@@ -179,8 +179,10 @@ def run_convert(args: argparse.Namespace) -> int:
             np.savez(out, X=frames, y=source.labels, lengths=source.lengths)
         else:
             alignments = out.with_name(out.stem + "-ali.ark")
+            # The scp names the ark as given: absolute, so that it reads from any folder
+            # (a relative name was read against the working directory of whoever trains).
             write_kaldi(
-                str(out),
+                str(out.resolve()),
                 str(out.with_suffix(".scp")),
                 str(alignments),
                 frames,

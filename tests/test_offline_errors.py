@@ -210,3 +210,22 @@ def test_plan_checks_its_png_before_any_work(
     err, printed = refused(["plan", "--png", str(tmp_path / png)], capsys)
     assert err == f"snet: cannot write --png {tmp_path / png}: {expected.format(tmp=tmp_path)}"
     assert printed == ""  # no table printed in vain
+
+
+def test_a_converted_scp_reads_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The scp named its ark as given (relative): trained from another folder, kaldiio
+    could not find it."""
+    pytest.importorskip("kaldiio")
+    made = tmp_path / "made"
+    made.mkdir()
+    monkeypatch.chdir(made)
+    assert main(["data", "convert", str(tiny_set(tmp_path / "d.npz")), "d.ark"]) == 0
+    first = (made / "d.scp").read_text().splitlines()[0]
+    assert first.split()[1].startswith(f"{made / 'd.ark'}:")
+    monkeypatch.chdir(tmp_path)  # elsewhere: the same scp still reads
+    back = str(tmp_path / "back.npz")
+    argv = ["data", "convert", str(made / "d.scp"), back, "--labels", str(made / "d-ali.ark")]
+    assert main(argv) == 0
+    capsys.readouterr()
