@@ -195,7 +195,7 @@ async def _demo(args: argparse.Namespace) -> int:
     workers_said = (
         "workers stopped: nothing to train"
         if already_trained
-        else f"worker exit codes {workers.codes()}"
+        else f"worker process exit codes {workers.codes()}"  # one per process
     )
     print(
         f"done ({reason}) in {time.monotonic() - started:.1f} s: {scored}, "

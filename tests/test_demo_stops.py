@@ -172,5 +172,5 @@ def test_stopped_by_the_user_before_the_first_cv_result(tmp_path: Path, ctrl_c: 
     (done,) = [line for line in run.stdout().splitlines() if line.startswith("done")]
     assert done.startswith(f"done (signal {name}) in ")
     assert ": no epoch was scored, " in done and "0.00%" not in done
-    assert done.endswith("worker exit codes [0]")
+    assert done.endswith("worker process exit codes [0]")  # one process, 2 workers
     assert run.status()["epochs_done"] == 0
