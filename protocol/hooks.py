@@ -5,8 +5,9 @@ The server's coordinator and the sequential trainer (``snet train``) call the sa
 at the same points; the statistics snet reports (MCUPS, accuracy per epoch) are collected
 by the built-in hooks below, and a user adds one by naming its class
 (``--hooks package.module:ClassName``; the class is built without arguments). A hook's
-``figures()`` appear in /status under ``"hooks"``. A hook that raises is switched off and
-its error shown there: statistics never stop training. A hook that keeps a history gives it
+``figures()`` appear in /status under ``"hooks"``. A hook that raises, or whose figures JSON
+cannot encode, is switched off and its error shown there: statistics never stop training
+(nor the /status, /metrics and status.json they go into). A hook that keeps a history gives it
 in ``checkpoint_state()`` (plain data) and takes it back in ``restore_checkpoint()``, so it
 survives a server restart with the rest of the training state.
 """
@@ -14,6 +15,7 @@ survives a server restart with the rest of the training state.
 from __future__ import annotations
 
 import importlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -103,12 +105,13 @@ class HookSet:
             self._guarded(hook, point, *args)
 
     def figures(self) -> dict[str, Any]:
+        """Each hook's figures by name, as plain JSON data; a switched-off hook's error."""
         out: dict[str, Any] = {}
-        for hook in self.hooks:
+        for hook in list(self.hooks):
             try:
-                out[hook.name] = hook.figures()
-            except Exception as exc:
-                out[hook.name] = {"error": f"{type(exc).__name__}: {exc}"}
+                out[hook.name] = _json_figures(hook)
+            except Exception as exc:  # checked here, where they are taken: every document
+                self._switch_off(hook, "figures", exc)  # they go into can be written
         for name, error in self.errors.items():
             out[name] = {"error": error, "disabled": True}
         return out
@@ -131,9 +134,24 @@ class HookSet:
         try:
             return getattr(hook, point)(*args)
         except Exception as exc:  # a user's hook must not stop training
-            self.errors[hook.name] = f"{point}: {type(exc).__name__}: {exc}"
-            self.hooks.remove(hook)
+            self._switch_off(hook, point, exc)
             return None
+
+    def _switch_off(self, hook: Hook, point: str, exc: Exception) -> None:
+        self.errors[hook.name] = f"{point}: {type(exc).__name__}: {exc}"
+        self.hooks.remove(hook)
+
+
+def _json_figures(hook: Hook) -> Any:
+    """``hook.figures()`` through JSON and back: plain data that /status, /metrics, the
+    dashboard's events and status.json can always encode (NaN stays NaN: /status makes it
+    null). A figure JSON cannot encode (a datetime, a set) raises ``TypeError``."""
+    figures = hook.figures()
+    try:
+        text = json.dumps(figures)
+    except (TypeError, ValueError, RecursionError) as exc:  # ValueError: a circular reference
+        raise TypeError(f"JSON cannot encode them: {exc}") from exc
+    return json.loads(text)
 
 
 class McupsHook(Hook):
@@ -220,8 +238,8 @@ def load_hook(path: str) -> Hook:
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
         hook: Hook = cls()
-    except (ImportError, AttributeError, TypeError) as exc:
-        raise ConfigError(f"cannot load hook {path!r}: {exc}") from exc
+    except Exception as exc:  # the user's module or constructor, whatever it raised: one line
+        raise ConfigError(f"cannot load hook {path!r}: {type(exc).__name__}: {exc}") from exc
     for point in ("before_training", "before_epoch", "after_bunch", "after_epoch"):
         if not callable(getattr(hook, point, None)):
             raise ConfigError(f"hook {path!r} has no {point}() (derive from snet Hook)")

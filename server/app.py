@@ -106,6 +106,7 @@ class SnetServer:
         loop = asyncio.get_running_loop()
         job = self.config.job
         token = resolve_token(self.config)  # before anything else: a refusal costs nothing
+        hooks = standard_hooks(self.config.hooks)  # so is a hook that cannot be loaded
         tls, https = tls_contexts(self.config)
         if self.pid_file is not None:
             self.pid_file.claim()
@@ -133,7 +134,7 @@ class SnetServer:
             self.executor,
             self.config.pool_size,
             trace,
-            standard_hooks(self.config.hooks),
+            hooks,
             weights,
             self.config.min_workers,
             ProgressWatch(self.config.stall_seconds, self.config.join_seconds),

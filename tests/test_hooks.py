@@ -1,0 +1,126 @@
+"""Hooks a user writes cannot stop a run nor the documents it reports: figures JSON cannot
+encode switch the hook off; a constructor that raises is one line at start-up."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from snet.protocol.errors import ConfigError
+from snet.protocol.hooks import EpochEvent, Hook, HookSet, load_hook
+from snet.server.plausible import finite
+
+from helpers import QUICK_JOB
+from inprocess import Lab
+from user_errors import error
+
+
+class Stamp(Hook):
+    """The stranger's hook: a datetime among its figures."""
+
+    name = "stamp"
+
+    def __init__(self) -> None:
+        self.at: datetime.datetime | None = None
+
+    def after_epoch(self, event: EpochEvent) -> None:
+        self.at = datetime.datetime.now()
+
+    def figures(self) -> dict[str, Any]:
+        return {"last_epoch_at": self.at}
+
+
+class Tally(Hook):
+    name = "tally"
+
+    def figures(self) -> dict[str, Any]:
+        return {"seen": {1, 2}}  # a set
+
+
+class Raising(Hook):
+    name = "raising"
+
+    def figures(self) -> dict[str, Any]:
+        raise RuntimeError("no figures today")
+
+
+class Plain(Hook):
+    name = "plain"
+
+    def figures(self) -> dict[str, Any]:
+        return {"pair": (1, 2.5), "nan": float("nan")}
+
+
+class BadInit(Hook):
+    def __init__(self) -> None:
+        raise ValueError("nope")
+
+
+@pytest.fixture
+def user_hooks(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The classes above as the importable module ``user_hooks`` (as ``--hooks`` names it)."""
+    module = types.ModuleType("user_hooks")
+    for cls in (Stamp, Tally, BadInit):
+        setattr(module, cls.__name__, cls)
+    monkeypatch.setitem(sys.modules, "user_hooks", module)
+    return "user_hooks"
+
+
+EPOCH = EpochEvent(0, 0.1, 16, 10, 4, 3, 1.0, True)
+
+
+def test_figures_json_cannot_encode_switch_the_hook_off_as_raising_does() -> None:
+    stamp = Stamp()
+    hooks = HookSet([stamp, Tally(), Raising(), Plain()])
+    assert hooks.figures()["stamp"] == {"last_epoch_at": None}  # encodable so far
+    hooks.call("after_epoch", EPOCH)
+    figures = hooks.figures()
+    json.dumps(finite(figures), allow_nan=False)  # as /status and status.json write them
+    assert figures["stamp"]["disabled"] and "datetime" in figures["stamp"]["error"]
+    assert figures["stamp"]["error"].startswith("figures: TypeError: ")
+    assert figures["tally"]["disabled"] and "set" in figures["tally"]["error"]
+    assert figures["raising"]["disabled"] and "no figures today" in figures["raising"]["error"]
+    assert figures["plain"]["pair"] == [1, 2.5] and finite(figures)["plain"]["nan"] is None
+    assert hooks.hooks[-1].name == "plain" and len(hooks.hooks) == 1  # the others: off
+    hooks.call("after_epoch", EPOCH)  # not called again
+    assert stamp.at is not None and hooks.figures()["stamp"]["disabled"]
+
+
+def test_a_hook_whose_constructor_raises_is_a_config_error(user_hooks: str) -> None:
+    with pytest.raises(ConfigError, match="hook 'user_hooks:BadInit': ValueError: nope"):
+        load_hook(f"{user_hooks}:BadInit")
+
+
+def test_snet_server_says_so_in_one_line(
+    user_hooks: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["server", "--port", "0", "--http-port", "0", "--out-dir", str(tmp_path / "out"),
+            "--hooks", f"{user_hooks}:BadInit"]  # fmt: skip
+    message = error(argv, capsys)
+    assert "cannot load hook 'user_hooks:BadInit': ValueError: nope" in message
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the hooks, not the loop
+async def test_a_hook_with_figures_json_cannot_encode_does_not_stop_the_server(
+    lab: Lab, user_hooks: str
+) -> None:
+    """It hung after training (status.json never written, workers kept) and /status gave 500."""
+    server = await lab.server("--epochs", "1", "--linger-seconds", "-1", "--hooks",
+                              f"{user_hooks}:Stamp", *QUICK_JOB)  # fmt: skip
+    worker = lab.worker(server, "w1")
+    assert await worker.wait(60) == 0  # told goodbye: trained
+    status = await server.status()
+    assert status["state"] == "trained"
+    assert status["hooks"]["stamp"]["disabled"]
+    assert "datetime" in status["hooks"]["stamp"]["error"]
+    assert b"snet_" in await server.get("/metrics")
+    final = server.final_status()
+    assert final["state"] == "trained" and final["hooks"]["stamp"]["disabled"]
+    server.stop("signal SIGTERM")
+    assert await server.wait(30) == "signal SIGTERM"
