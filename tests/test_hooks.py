@@ -1,5 +1,6 @@
 """Hooks a user writes cannot stop a run nor the documents it reports: figures JSON cannot
-encode switch the hook off; a constructor that raises is one line at start-up."""
+encode switch the hook off; a constructor that raises is one line at start-up; a server
+that cannot write its results stops and says so."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from snet.protocol.errors import ConfigError
 from snet.protocol.hooks import EpochEvent, Hook, HookSet, load_hook
+from snet.server.app import SnetServer
 from snet.server.plausible import finite
 
 from helpers import QUICK_JOB
@@ -124,3 +126,21 @@ async def test_a_hook_with_figures_json_cannot_encode_does_not_stop_the_server(
     assert final["state"] == "trained" and final["hooks"]["stamp"]["disabled"]
     server.stop("signal SIGTERM")
     assert await server.wait(30) == "signal SIGTERM"
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_results_that_cannot_be_written_stop_the_server_with_the_error(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception while writing the results left the server waiting, its workers too."""
+
+    def full_disk(self: SnetServer) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SnetServer, "write_final_weights", full_disk)
+    server = await lab.server("--epochs", "1", *QUICK_JOB)
+    worker = lab.worker(server, "w1")
+    reason = await server.wait(60)
+    assert reason == "failed: results not written: OSError: [Errno 28] No space left on device"
+    assert await worker.wait(30) == 0  # told goodbye, not left waiting
+    assert "ERROR   snet.server: failed: results not written" in lab.log("server")
