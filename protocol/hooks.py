@@ -155,14 +155,23 @@ def _json_figures(hook: Hook) -> Any:
 
 
 class McupsHook(Hook):
-    """Million connection updates per second: overall and per epoch (wall clock)."""
+    """Million connection updates per second: overall and per epoch (wall clock).
+
+    The overall figure covers the time spent training, up to the last weight update, over
+    every life of the server (the checkpoint keeps the patterns and seconds so far): idle
+    time after training (``--linger-seconds``, a restart that trained nothing) does not
+    dilute it. An epoch's figure is taken when the next one starts or training ends.
+    """
 
     name = "mcups"
 
     def __init__(self) -> None:
         self.connections = 0
-        self.started = 0.0
-        self.patterns = 0
+        self.started = 0.0  # this process's training began (before_training)
+        self.last_update = 0.0  # this process's latest weight update (0: none yet)
+        self.patterns = 0  # applied by this process
+        self.earlier_patterns = 0  # applied by the server's earlier lives
+        self.earlier_seconds = 0.0  # and the seconds they trained
         self.epoch_started = 0.0
         self.epoch_patterns = 0
         self.per_epoch: list[float] = []
@@ -172,29 +181,47 @@ class McupsHook(Hook):
         self.started = self.epoch_started = time.perf_counter()
 
     def before_epoch(self, epoch: int, learning_rate: float) -> None:
-        if self.epoch_patterns:
-            self.per_epoch.append(self._rate(self.epoch_patterns, self.epoch_started))
-        self.epoch_started, self.epoch_patterns = time.perf_counter(), 0
+        self._close_epoch()
+        self.epoch_started = time.perf_counter()
 
     def after_bunch(self, event: BunchEvent) -> None:
         self.patterns += event.patterns
         self.epoch_patterns += event.patterns
+        self.last_update = time.perf_counter()
 
-    def _rate(self, patterns: int, since: float) -> float:
-        seconds = max(time.perf_counter() - since, 1e-9)
-        return round(self.connections * patterns / seconds / 1e6, 3)
+    def after_training(self) -> None:
+        self._close_epoch()  # no next epoch will
+
+    def _close_epoch(self) -> None:
+        if self.epoch_patterns:
+            seconds = time.perf_counter() - self.epoch_started
+            self.per_epoch.append(self._rate(self.epoch_patterns, seconds))
+        self.epoch_patterns = 0
+
+    def _rate(self, patterns: int, seconds: float) -> float:
+        return round(self.connections * patterns / max(seconds, 1e-9) / 1e6, 3)
+
+    def _totals(self) -> tuple[int, float]:
+        """Patterns applied and seconds spent training, over every life of the server."""
+        seconds = self.last_update - self.started if self.last_update else 0.0
+        return self.earlier_patterns + self.patterns, self.earlier_seconds + seconds
 
     def figures(self) -> dict[str, Any]:
+        patterns, seconds = self._totals()
         return {
-            "mcups": self._rate(self.patterns, self.started) if self.started else 0.0,
+            "mcups": self._rate(patterns, seconds) if seconds > 0 else 0.0,
             "per_epoch": self.per_epoch,
         }
 
     def checkpoint_state(self) -> Any:
-        return {"per_epoch": self.per_epoch}  # the overall rate starts anew with the process
+        patterns, seconds = self._totals()
+        return {"per_epoch": self.per_epoch, "patterns": patterns, "seconds": seconds}
 
     def restore_checkpoint(self, state: Any) -> None:
         self.per_epoch = [float(rate) for rate in state["per_epoch"]]
+        # checkpoints from before these were kept: the overall rate starts anew
+        self.earlier_patterns = int(state.get("patterns", 0))
+        self.earlier_seconds = float(state.get("seconds", 0.0))
 
 
 class AccuracyHook(Hook):

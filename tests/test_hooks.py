@@ -1,6 +1,7 @@
 """Hooks a user writes cannot stop a run nor the documents it reports: figures JSON cannot
 encode switch the hook off; a constructor that raises is one line at start-up; a server
-that cannot write its results stops and says so."""
+that cannot write its results stops and says so. And the built-in MCUPS figures cover
+every epoch and only the time spent training."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from snet.protocol import hooks as hooks_module
 from snet.protocol.errors import ConfigError
-from snet.protocol.hooks import EpochEvent, Hook, HookSet, load_hook
+from snet.protocol.hooks import BunchEvent, EpochEvent, Hook, HookSet, McupsHook, RunInfo, load_hook
 from snet.server.app import SnetServer
 from snet.server.plausible import finite
 
@@ -144,3 +146,50 @@ async def test_results_that_cannot_be_written_stop_the_server_with_the_error(
     assert reason == "failed: results not written: OSError: [Errno 28] No space left on device"
     assert await worker.wait(30) == 0  # told goodbye, not left waiting
     assert "ERROR   snet.server: failed: results not written" in lab.log("server")
+
+
+class Clock:
+    """``time.perf_counter`` for the MCUPS hook, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def _epoch(hooks: HookSet, clock: Clock, epoch: int, seconds: float) -> None:
+    """An epoch of 1000 patterns in two bunches over ``seconds``, then its CV."""
+    hooks.call("before_epoch", epoch, 0.1)
+    for _ in range(2):
+        clock.now += seconds / 2
+        hooks.call("after_bunch", BunchEvent(epoch, 1, 1, 500, 400, 1.0, 0.1))
+    hooks.call("after_epoch", EPOCH)
+
+
+def test_mcups_has_every_epoch_and_only_the_training_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(hooks_module, "time", clock)
+    mcups = McupsHook()
+    hooks = HookSet([mcups])
+    hooks.call("before_training", RunInfo("3:4:2", 2000, "sync", 2, 1000))  # 2000 connections
+    _epoch(hooks, clock, 0, 1.0)
+    _epoch(hooks, clock, 1, 4.0)
+    hooks.call("after_training")
+    # 2000 connections x 1000 patterns: 2 million updates an epoch, in 1 s then 4 s
+    assert hooks.figures()["mcups"] == {"mcups": 0.8, "per_epoch": [2.0, 0.5]}
+    clock.now += 60.0  # lingering: the overall figure stays what training made it
+    assert hooks.figures()["mcups"]["mcups"] == 0.8
+
+    restarted = McupsHook()  # a server resumed from the checkpoint, trains nothing
+    again = HookSet([restarted])
+    again.call("before_training", RunInfo("3:4:2", 2000, "sync", 2, 1000))
+    again.restore_checkpoint(hooks.checkpoint_state())
+    clock.now += 30.0
+    assert again.figures()["mcups"] == {"mcups": 0.8, "per_epoch": [2.0, 0.5]}
+
+
+def test_mcups_restores_a_checkpoint_from_before_it_kept_its_totals() -> None:
+    mcups = McupsHook()
+    mcups.restore_checkpoint({"per_epoch": [1.5]})
+    assert mcups.figures() == {"mcups": 0.0, "per_epoch": [1.5]}
