@@ -7,8 +7,9 @@ by the built-in hooks below, and a user adds one by naming its class
 (``--hooks package.module:ClassName``; the class is built without arguments). A hook's
 ``figures()`` appear in /status under ``"hooks"``. A hook that raises, or whose figures JSON
 cannot encode, is switched off and its error shown there: statistics never stop training
-(nor the /status, /metrics and status.json they go into). A hook that keeps a history gives it
-in ``checkpoint_state()`` (plain data) and takes it back in ``restore_checkpoint()``, so it
+(nor the /status, /metrics and status.json they go into). A hook that keeps a history
+gives it in ``checkpoint_state()`` (plain data: JSON, numpy arrays; else the hook is
+switched off) and takes it back in ``restore_checkpoint()``, so it
 survives a server restart with the rest of the training state.
 """
 
@@ -17,8 +18,11 @@ from __future__ import annotations
 import importlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .errors import ConfigError
 from .numbering import shown_epoch
@@ -105,22 +109,23 @@ class HookSet:
             self._guarded(hook, point, *args)
 
     def figures(self) -> dict[str, Any]:
-        """Each hook's figures by name, as plain JSON data; a switched-off hook's error."""
+        """Each hook's figures by name, as plain JSON data; a switched-off hook's error.
+        Checked here, where they are taken: every document they go into can be written."""
         out: dict[str, Any] = {}
         for hook in list(self.hooks):
-            try:
-                out[hook.name] = _json_figures(hook)
-            except Exception as exc:  # checked here, where they are taken: every document
-                self._switch_off(hook, "figures", exc)  # they go into can be written
+            figures = self._guarded(hook, "figures", then=_plain_json)
+            if any(kept is hook for kept in self.hooks):  # not switched off
+                out[hook.name] = figures
         for name, error in self.errors.items():
             out[name] = {"error": error, "disabled": True}
         return out
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Each hook's state that is not None, by name."""
+        """Each hook's state that is not None, by name. A state the checkpoint cannot hold
+        switches its hook off: else no checkpoint at all could be written."""
         saved = {}
-        for hook in self.hooks:
-            state = self._guarded(hook, "checkpoint_state")
+        for hook in list(self.hooks):
+            state = self._guarded(hook, "checkpoint_state", then=_checkpointable)
             if state is not None:
                 saved[hook.name] = state
         return saved
@@ -130,28 +135,42 @@ class HookSet:
             if hook.name in saved:
                 self._guarded(hook, "restore_checkpoint", saved[hook.name])
 
-    def _guarded(self, hook: Hook, point: str, *args: Any) -> Any:
+    def _guarded(
+        self, hook: Hook, point: str, *args: Any, then: Callable[[Any], Any] = lambda x: x
+    ) -> Any:
+        """``hook.point(*args)`` passed through ``then``; None if either raised."""
         try:
-            return getattr(hook, point)(*args)
+            return then(getattr(hook, point)(*args))
         except Exception as exc:  # a user's hook must not stop training
-            self._switch_off(hook, point, exc)
+            self.errors[hook.name] = f"{point}: {type(exc).__name__}: {exc}"
+            self.hooks.remove(hook)
             return None
 
-    def _switch_off(self, hook: Hook, point: str, exc: Exception) -> None:
-        self.errors[hook.name] = f"{point}: {type(exc).__name__}: {exc}"
-        self.hooks.remove(hook)
 
-
-def _json_figures(hook: Hook) -> Any:
-    """``hook.figures()`` through JSON and back: plain data that /status, /metrics, the
-    dashboard's events and status.json can always encode (NaN stays NaN: /status makes it
-    null). A figure JSON cannot encode (a datetime, a set) raises ``TypeError``."""
-    figures = hook.figures()
+def _as_json(value: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """``value`` as JSON text; ``TypeError`` saying so if JSON cannot encode it."""
     try:
-        text = json.dumps(figures)
+        return json.dumps(value, default=default)
     except (TypeError, ValueError, RecursionError) as exc:  # ValueError: a circular reference
-        raise TypeError(f"JSON cannot encode them: {exc}") from exc
-    return json.loads(text)
+        raise TypeError(f"JSON cannot encode it: {exc}") from exc
+
+
+def _plain_json(figures: Any) -> Any:
+    """Figures through JSON and back: plain data that /status, /metrics, the dashboard's
+    events and status.json can always encode (NaN stays NaN: /status makes it null)."""
+    return json.loads(_as_json(figures))
+
+
+def _checkpointable(state: Any) -> Any:
+    """``state`` if a checkpoint can hold it: JSON, and numpy arrays and scalars."""
+    _as_json(state, _numpy_as_list)
+    return state
+
+
+def _numpy_as_list(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 class McupsHook(Hook):

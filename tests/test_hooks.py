@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from snet.protocol import hooks as hooks_module
@@ -94,6 +95,26 @@ def test_figures_json_cannot_encode_switch_the_hook_off_as_raising_does() -> Non
     assert hooks.hooks[-1].name == "plain" and len(hooks.hooks) == 1  # the others: off
     hooks.call("after_epoch", EPOCH)  # not called again
     assert stamp.at is not None and hooks.figures()["stamp"]["disabled"]
+
+
+class Keeper(Hook):
+    """Keeps a history; ``state`` is what it gives the checkpoint."""
+
+    def __init__(self, name: str, state: Any) -> None:
+        self.name, self.state = name, state
+
+    def checkpoint_state(self) -> Any:
+        return self.state
+
+
+def test_a_state_the_checkpoint_cannot_hold_switches_the_hook_off() -> None:
+    """It made every checkpoint fail ("cannot encode a checkpoint"): none was written."""
+    arrays = {"sums": np.arange(3.0), "best": np.float32(0.5)}  # a checkpoint holds these
+    hooks = HookSet([Keeper("dated", {"at": datetime.date(2026, 1, 1)}), Keeper("arrays", arrays)])
+    saved = hooks.checkpoint_state()
+    assert list(saved) == ["arrays"] and saved["arrays"] is arrays
+    assert hooks.figures()["dated"]["disabled"]
+    assert hooks.figures()["dated"]["error"].startswith("checkpoint_state: TypeError: ")
 
 
 def test_a_hook_whose_constructor_raises_is_a_config_error(user_hooks: str) -> None:
