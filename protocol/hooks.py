@@ -5,18 +5,24 @@ The server's coordinator and the sequential trainer (``snet train``) call the sa
 at the same points; the statistics snet reports (MCUPS, accuracy per epoch) are collected
 by the built-in hooks below, and a user adds one by naming its class
 (``--hooks package.module:ClassName``; the class is built without arguments). A hook's
-``figures()`` appear in /status under ``"hooks"``. A hook that raises is switched off and
-its error shown there: statistics never stop training. A hook that keeps a history gives it
-in ``checkpoint_state()`` (plain data) and takes it back in ``restore_checkpoint()``, so it
+``figures()`` appear in /status under ``"hooks"``. A hook that raises, or whose figures JSON
+cannot encode, is switched off and its error shown there: statistics never stop training
+(nor the /status, /metrics and status.json they go into). A hook that keeps a history
+gives it in ``checkpoint_state()`` (plain data: JSON, numpy arrays; else the hook is
+switched off) and takes it back in ``restore_checkpoint()``, so it
 survives a server restart with the rest of the training state.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .errors import ConfigError
 from .numbering import shown_epoch
@@ -103,21 +109,23 @@ class HookSet:
             self._guarded(hook, point, *args)
 
     def figures(self) -> dict[str, Any]:
+        """Each hook's figures by name, as plain JSON data; a switched-off hook's error.
+        Checked here, where they are taken: every document they go into can be written."""
         out: dict[str, Any] = {}
-        for hook in self.hooks:
-            try:
-                out[hook.name] = hook.figures()
-            except Exception as exc:
-                out[hook.name] = {"error": f"{type(exc).__name__}: {exc}"}
+        for hook in list(self.hooks):
+            figures = self._guarded(hook, "figures", then=_plain_json)
+            if any(kept is hook for kept in self.hooks):  # not switched off
+                out[hook.name] = figures
         for name, error in self.errors.items():
             out[name] = {"error": error, "disabled": True}
         return out
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Each hook's state that is not None, by name."""
+        """Each hook's state that is not None, by name. A state the checkpoint cannot hold
+        switches its hook off: else no checkpoint at all could be written."""
         saved = {}
-        for hook in self.hooks:
-            state = self._guarded(hook, "checkpoint_state")
+        for hook in list(self.hooks):
+            state = self._guarded(hook, "checkpoint_state", then=_checkpointable)
             if state is not None:
                 saved[hook.name] = state
         return saved
@@ -127,24 +135,62 @@ class HookSet:
             if hook.name in saved:
                 self._guarded(hook, "restore_checkpoint", saved[hook.name])
 
-    def _guarded(self, hook: Hook, point: str, *args: Any) -> Any:
+    def _guarded(
+        self, hook: Hook, point: str, *args: Any, then: Callable[[Any], Any] = lambda x: x
+    ) -> Any:
+        """``hook.point(*args)`` passed through ``then``; None if either raised."""
         try:
-            return getattr(hook, point)(*args)
+            return then(getattr(hook, point)(*args))
         except Exception as exc:  # a user's hook must not stop training
             self.errors[hook.name] = f"{point}: {type(exc).__name__}: {exc}"
             self.hooks.remove(hook)
             return None
 
 
+def _as_json(value: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """``value`` as JSON text; ``TypeError`` saying so if JSON cannot encode it."""
+    try:
+        return json.dumps(value, default=default)
+    except (TypeError, ValueError, RecursionError) as exc:  # ValueError: a circular reference
+        raise TypeError(f"JSON cannot encode it: {exc}") from exc
+
+
+def _plain_json(figures: Any) -> Any:
+    """Figures through JSON and back: plain data that /status, /metrics, the dashboard's
+    events and status.json can always encode (NaN stays NaN: /status makes it null)."""
+    return json.loads(_as_json(figures))
+
+
+def _checkpointable(state: Any) -> Any:
+    """``state`` if a checkpoint can hold it: JSON, and numpy arrays and scalars."""
+    _as_json(state, _numpy_as_list)
+    return state
+
+
+def _numpy_as_list(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 class McupsHook(Hook):
-    """Million connection updates per second: overall and per epoch (wall clock)."""
+    """Million connection updates per second: overall and per epoch (wall clock).
+
+    The overall figure covers the time spent training, up to the last weight update, over
+    every life of the server (the checkpoint keeps the patterns and seconds so far): idle
+    time after training (``--linger-seconds``, a restart that trained nothing) does not
+    dilute it. An epoch's figure is taken when the next one starts or training ends.
+    """
 
     name = "mcups"
 
     def __init__(self) -> None:
         self.connections = 0
-        self.started = 0.0
-        self.patterns = 0
+        self.started = 0.0  # this process's training began (before_training)
+        self.last_update = 0.0  # this process's latest weight update (0: none yet)
+        self.patterns = 0  # applied by this process
+        self.earlier_patterns = 0  # applied by the server's earlier lives
+        self.earlier_seconds = 0.0  # and the seconds they trained
         self.epoch_started = 0.0
         self.epoch_patterns = 0
         self.per_epoch: list[float] = []
@@ -154,29 +200,47 @@ class McupsHook(Hook):
         self.started = self.epoch_started = time.perf_counter()
 
     def before_epoch(self, epoch: int, learning_rate: float) -> None:
-        if self.epoch_patterns:
-            self.per_epoch.append(self._rate(self.epoch_patterns, self.epoch_started))
-        self.epoch_started, self.epoch_patterns = time.perf_counter(), 0
+        self._close_epoch()
+        self.epoch_started = time.perf_counter()
 
     def after_bunch(self, event: BunchEvent) -> None:
         self.patterns += event.patterns
         self.epoch_patterns += event.patterns
+        self.last_update = time.perf_counter()
 
-    def _rate(self, patterns: int, since: float) -> float:
-        seconds = max(time.perf_counter() - since, 1e-9)
-        return round(self.connections * patterns / seconds / 1e6, 3)
+    def after_training(self) -> None:
+        self._close_epoch()  # no next epoch will
+
+    def _close_epoch(self) -> None:
+        if self.epoch_patterns:
+            seconds = time.perf_counter() - self.epoch_started
+            self.per_epoch.append(self._rate(self.epoch_patterns, seconds))
+        self.epoch_patterns = 0
+
+    def _rate(self, patterns: int, seconds: float) -> float:
+        return round(self.connections * patterns / max(seconds, 1e-9) / 1e6, 3)
+
+    def _totals(self) -> tuple[int, float]:
+        """Patterns applied and seconds spent training, over every life of the server."""
+        seconds = self.last_update - self.started if self.last_update else 0.0
+        return self.earlier_patterns + self.patterns, self.earlier_seconds + seconds
 
     def figures(self) -> dict[str, Any]:
+        patterns, seconds = self._totals()
         return {
-            "mcups": self._rate(self.patterns, self.started) if self.started else 0.0,
+            "mcups": self._rate(patterns, seconds) if seconds > 0 else 0.0,
             "per_epoch": self.per_epoch,
         }
 
     def checkpoint_state(self) -> Any:
-        return {"per_epoch": self.per_epoch}  # the overall rate starts anew with the process
+        patterns, seconds = self._totals()
+        return {"per_epoch": self.per_epoch, "patterns": patterns, "seconds": seconds}
 
     def restore_checkpoint(self, state: Any) -> None:
         self.per_epoch = [float(rate) for rate in state["per_epoch"]]
+        # checkpoints from before these were kept: the overall rate starts anew
+        self.earlier_patterns = int(state.get("patterns", 0))
+        self.earlier_seconds = float(state.get("seconds", 0.0))
 
 
 class AccuracyHook(Hook):
@@ -220,8 +284,8 @@ def load_hook(path: str) -> Hook:
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
         hook: Hook = cls()
-    except (ImportError, AttributeError, TypeError) as exc:
-        raise ConfigError(f"cannot load hook {path!r}: {exc}") from exc
+    except Exception as exc:  # the user's module or constructor, whatever it raised: one line
+        raise ConfigError(f"cannot load hook {path!r}: {type(exc).__name__}: {exc}") from exc
     for point in ("before_training", "before_epoch", "after_bunch", "after_epoch"):
         if not callable(getattr(hook, point, None)):
             raise ConfigError(f"hook {path!r} has no {point}() (derive from snet Hook)")

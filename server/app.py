@@ -106,6 +106,7 @@ class SnetServer:
         loop = asyncio.get_running_loop()
         job = self.config.job
         token = resolve_token(self.config)  # before anything else: a refusal costs nothing
+        hooks = standard_hooks(self.config.hooks)  # so is a hook that cannot be loaded
         tls, https = tls_contexts(self.config)
         outputs = {"ready file": self.config.ready_file, "trace file": self.config.trace_file}
         check_output_files(outputs)
@@ -135,7 +136,7 @@ class SnetServer:
             self.executor,
             self.config.pool_size,
             trace,
-            standard_hooks(self.config.hooks),
+            hooks,
             weights,
             self.config.min_workers,
             ProgressWatch(self.config.stall_seconds, self.config.join_seconds),
@@ -284,10 +285,9 @@ class SnetServer:
                 await self._test_task
         goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
         self._send_goodbyes(goodbye, f"server {reason}")
+        await self._write_results()  # the last checkpoint after the running step, if any
         if self.checkpointer is not None:
-            await self.checkpointer.final()  # after the running step, if any
             self.checkpointer.close()
-        self.write_final_weights()
         if self._http is not None:
             if self.http_listener is not None:
                 self.http_listener.close()
@@ -320,6 +320,20 @@ class SnetServer:
         status = json.dumps(document, indent=1).encode()
         write_atomically(Path(self.config.out_dir) / "status.json", status)
         return path
+
+    async def _write_results(self) -> Path | None:
+        """The last checkpoint and ``write_final_weights``; if they fail (a full disk), the
+        server logs why and stops with it (None): else it would wait, and its workers too."""
+        try:
+            if self.checkpointer is not None:
+                await self.checkpointer.final()
+            return self.write_final_weights()
+        except Exception as exc:
+            self._stop_reason = f"failed: results not written: {type(exc).__name__}: {exc}"
+            log.error("%s", self._stop_reason)  # the reason: exit status 1 (also in shutdown)
+            log.debug("the error's traceback", exc_info=True)
+            self._stop.set()
+            return None
 
     def _final_status(self) -> dict[str, Any]:
         from .status import status_document
@@ -355,9 +369,9 @@ class SnetServer:
         """Training is complete: the last checkpoint and the results, now (not at exit).
         Only then are the workers sent home: a server killed before its last checkpoint
         is on disk resumes short of the end, and needs them back."""
-        if self.checkpointer is not None:
-            await self.checkpointer.final()
-        path = self.write_final_weights()
+        path = await self._write_results()
+        if path is None:
+            return  # stopping: shutdown says goodbye to the workers
         log.info("results written to %s", path.parent)
         self.state = "trained"  # as the workers are sent home: /status never shows one trained
         self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # and a worker still there

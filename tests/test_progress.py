@@ -58,6 +58,7 @@ async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
         == 2 * final["epochs"][0]["ledger"]["frames"]
     )
     assert [e["epoch"] for e in final["hooks"]["accuracy"]["epochs"]] == [1, 2]
+    assert len(final["hooks"]["mcups"]["per_epoch"]) == 2  # the last one was missing
     assert "epoch 1 done at version" in lab.log("server")
     assert "epoch 0 " not in lab.log("server")  # no log line counts from 0
 
