@@ -24,7 +24,6 @@ from typing import Any
 
 from aiohttp import web
 
-from snet.data.norms import write_norm_file
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError, ListenError
 from snet.protocol.fpu import flush_denormals
@@ -38,7 +37,7 @@ from .config import ServerConfig
 from .connection import WorkerConnection, tend_connections
 from .dataplan import plan_data
 from .durability import Checkpointer, job_identity, resume_point
-from .export import current_weights_npz, read_weights, write_atomically
+from .export import read_weights, write_atomically, write_final_files
 from .http import make_app
 from .http_guard import HttpListener
 from .job_progress import ProgressMeter
@@ -300,26 +299,11 @@ class SnetServer:
         self.state = "stopped"
 
     def write_final_weights(self) -> Path:
-        """Write weights.npz, the norms and status.json; a server that resumed a run and
-        trained nothing since leaves the weights that run wrote alone (a ``--fresh`` run
-        writes its own, or the directory would hold one run's weights beside another's
-        status)."""
+        """Write weights.npz, the norms and status.json (``write_final_files``)."""
         coordinator = self.coordinator
-        path = Path(self.config.out_dir) / "weights.npz"
-        untouched = coordinator.version == self._start_version and not self.config.fresh
-        if untouched and path.exists():
-            log.info("trained nothing since it started: %s left as it is", path)
-        else:
-            write_atomically(path, current_weights_npz(coordinator))
-            log.info("final weights (version %d, digest %s) written to %s",
-                     coordinator.version, coordinator.digest, path)  # fmt: skip
-        write_norm_file(Path(self.config.out_dir) / "norms", coordinator.plan.norms)
-        document = self._final_status()
-        if coordinator.finished.is_set():  # not "stopping": what the run came to
-            document["state"] = "trained"
-        status = json.dumps(document, indent=1).encode()
-        write_atomically(Path(self.config.out_dir) / "status.json", status)
-        return path
+        resumed_only = coordinator.version == self._start_version and not self.config.fresh
+        out_dir = Path(self.config.out_dir)
+        return write_final_files(out_dir, coordinator, resumed_only, self._final_status())
 
     async def _write_results(self) -> Path | None:
         """The last checkpoint and ``write_final_weights``; if they fail (a full disk), the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import tempfile
 from dataclasses import asdict, dataclass
@@ -20,13 +21,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from snet.data.archive import ARCHIVE_ERRORS, open_npz
-from snet.data.norms import Norms
+from snet.data.norms import Norms, write_norm_file
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec
 from snet.protocol.network import ElementLayout, NetworkSpec
 
 if TYPE_CHECKING:
     from .training import Coordinator
+
+log = logging.getLogger("snet.server")
 
 
 def weights_npz(
@@ -149,3 +152,24 @@ def write_atomically(path: Path, payload: bytes) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def write_final_files(
+    out_dir: Path, coordinator: Coordinator, resumed_only: bool, document: dict[str, Any]
+) -> Path:
+    """Write ``out_dir``'s weights.npz, norms and status.json (``document``: /status's);
+    the weights' path. ``resumed_only``: a server that resumed a run and trained nothing
+    since leaves the weights that run wrote alone (a ``--fresh`` run writes its own, or
+    the directory would hold one run's weights beside another's status)."""
+    path = out_dir / "weights.npz"
+    if resumed_only and path.exists():
+        log.info("trained nothing since it started: %s left as it is", path)
+    else:
+        write_atomically(path, current_weights_npz(coordinator))
+        log.info("final weights (version %d, digest %s) written to %s",
+                 coordinator.version, coordinator.digest, path)  # fmt: skip
+    write_norm_file(out_dir / "norms", coordinator.plan.norms)
+    if coordinator.finished.is_set():  # not "stopping": what the run came to
+        document = {**document, "state": "trained"}
+    write_atomically(out_dir / "status.json", json.dumps(document, indent=1).encode())
+    return path
