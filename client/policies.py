@@ -27,12 +27,15 @@ locally and sends the model delta at the block's end.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from snet.protocol.job import JobSpec
+from snet.protocol.messages import PolicyChange
 from snet.protocol.network import ElementLayout
 from snet.protocol.slices import slice_network
 from snet.protocol.staleness import StalenessSetting
@@ -174,3 +177,14 @@ def make_compute_policy(job: JobSpec) -> ComputePolicy:
         return AsyncCompute(job.max_in_flight, StalenessSetting.parse(job.staleness))
     policies: dict[str, type[ComputePolicy]] = {"sync": SyncCompute, "np": SliceCompute}
     return policies[job.mode](job.max_in_flight)
+
+
+def follow_change(job: JobSpec, policy: ComputePolicy, change: PolicyChange) -> JobSpec:
+    """The server changed its staleness policy: ``policy`` acts on it from the next bunch
+    (the message was checked when decoded: the text is a policy); the job as it is now."""
+    policy.follow(StalenessSetting.parse(change.staleness))
+    logging.getLogger("snet.worker").info(
+        "the server's staleness policy is now %s (after version %d): at most %d updates "
+        "unsettled", change.staleness, change.version, policy.max_in_flight,
+    )  # fmt: skip
+    return dataclasses.replace(job, staleness=change.staleness)

@@ -12,7 +12,6 @@ and trains on frames the server sends (``client/data.py``, ``work.py``).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import ssl
 import time
@@ -46,7 +45,6 @@ from snet.protocol.messages import (
     Weights,
 )
 from snet.protocol.network import ElementLayout
-from snet.protocol.staleness import StalenessSetting
 from snet.transport.dial import connect_with_backoff
 from snet.transport.faults import FaultSwitch
 from snet.transport.tls import client_context
@@ -60,7 +58,7 @@ from .connection import ServerConnection
 from .data import Corpus
 from .frame_limit import refused_frame
 from .joining import Handshake, NotJoined
-from .policies import ComputePolicy, ComputeState, make_compute_policy
+from .policies import ComputePolicy, ComputeState, follow_change, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
 from .retry_window import RetryWindow
@@ -296,7 +294,8 @@ class Worker:
             elif isinstance(message, Goodbye):
                 self._goodbye = message.reason
             elif isinstance(message, PolicyChange):
-                self._follow(message)
+                assert self.job is not None and self.policy is not None
+                self.job = follow_change(self.job, self.policy, message)
             elif isinstance(message, ErrorMessage):
                 if message.fatal and message.code == ROUND_DEADLINE:
                     raise ConnectionLost(f"dropped from the sync rounds: {message.text}")
@@ -308,16 +307,6 @@ class Worker:
                         self.compressor.refused_update(message)
             # else a Heartbeat: the conversation (protocol/conversation.py) lets a training
             # server send nothing else, and the channel has refused anything out of turn
-
-    def _follow(self, change: PolicyChange) -> None:
-        """The server changed its staleness policy: act on it from the next bunch (the
-        message was checked when decoded: the text is a policy)."""
-        assert self.job is not None and self.policy is not None
-        self.job = dataclasses.replace(self.job, staleness=change.staleness)
-        self.policy.follow(StalenessSetting.parse(change.staleness))
-        log.info("the server's staleness policy is now %s (after version %d): at most %d "
-                 "updates unsettled", change.staleness, change.version,
-                 self.policy.max_in_flight)  # fmt: skip
 
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and self.corpus is not None
