@@ -32,7 +32,7 @@ class OneCheckpoint:
 
 def _resume(saved_job: dict[str, Any], job: JobSpec) -> LoadedCheckpoint | None:
     store = OneCheckpoint({"job": saved_job, "data": "fsdd"})
-    config = SimpleNamespace(fresh=False)
+    config = SimpleNamespace(fresh=False, init_weights="")
     return resume_point(config, store, job_identity(job.to_dict(), "fsdd"))  # type: ignore[arg-type]
 
 
