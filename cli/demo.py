@@ -26,7 +26,7 @@ from snet.server.config import ServerConfig
 
 from .demo_workers import INTERRUPT_LEAVE_SECONDS, LEAVE_SECONDS, DemoWorkers
 from .flags import given_job
-from .progress_bar import EXIT_READER_GONE, ProgressBar, bar_text, detach_stdout
+from .progress_bar import EXIT_READER_GONE, ProgressBar, bar_text, detach_stdout, say
 from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import build_job, read_toml
 
@@ -79,14 +79,12 @@ def _reader_gone(server: SnetServer) -> None:
     """Nobody reads the demo's output any more: stop the run, which is kept (SIGTERM's
     graceful stop: its checkpoint and results written), and print nothing more."""
     detach_stdout()
+    server.request_stop(READER_GONE)  # first: the line below may find stderr gone too
     if not server.coordinator.finished.is_set():
-        print(
+        say(
             f"snet demo: stopping: its output's reader has gone (the run is kept in "
-            f"{server.config.out_dir}: the same command goes on from it)",
-            file=sys.stderr,
-            flush=True,
+            f"{server.config.out_dir}: the same command goes on from it)"
         )
-    server.request_stop(READER_GONE)
 
 
 def divided_bunch(job: JobSpec, workers: int) -> JobSpec:

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .progress_bar import say
+
 if TYPE_CHECKING:
     from snet.server.app import SnetServer
 
@@ -128,16 +130,15 @@ class DemoWorkers:
         if grace > 0 and waits:
             await asyncio.wait(waits, timeout=grace)
         late = [process for process in self.processes if process.returncode is None]
-        if late and after_training:
-            print(
-                f"snet demo: {len(late)} worker process(es) had not left {grace:g} s "
-                "after training ended (dropped and reconnecting): stopping them",
-                flush=True,
-            )
-        for process in late:
+        for process in late:  # stopped before a word is said: saying it may fail
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
                 self.terminated.add(process.pid)
+        if late and after_training:
+            say(
+                f"snet demo: {len(late)} worker process(es) had not left {grace:g} s "
+                "after training ended (dropped and reconnecting): stopping them"
+            )
         for process, waiting in zip(self.processes, waits, strict=True):
             try:
                 await asyncio.wait_for(asyncio.shield(waiting), WORKER_EXIT_SECONDS)

@@ -140,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--threads",
         type=int,
-        default=None,  # None: SNET_TRAIN_THREADS, else 1 (offline.train_threads)
+        default=None,  # None: SNET_TRAIN_THREADS, else 1 (train.train_threads)
         help="BLAS threads, pinned as a worker's are (default: 1; env SNET_TRAIN_THREADS): "
         "on a busy machine idle BLAS threads waiting for cores made it 5-10x slower",
     )
@@ -287,10 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"snet: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader of the output left (| head): stop, as SIGPIPE would
-        from .progress_bar import EXIT_READER_GONE, detach_stdout
+        from .progress_bar import EXIT_READER_GONE, detach_stdout, say
 
         detach_stdout()
-        print(f"snet {args.command}: stopped: its output's reader has gone", file=sys.stderr)
+        say(f"snet {args.command}: stopped: its output's reader has gone")
         return EXIT_READER_GONE
     except (ConfigError, DataError) as exc:
         print(f"snet: {exc}", file=sys.stderr)

@@ -24,6 +24,17 @@ EXIT_READER_GONE = 141  # 128 + SIGPIPE: what a shell shows for a writer that SI
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell shows for a command Ctrl-C ended
 
 
+def say(text: str) -> None:
+    """``text`` on stderr, unless stderr is gone too (``2>&1 | head``: the same dead pipe,
+    where a line about the stop must not stop the stop)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())
+        os.close(devnull)
+
+
 def detach_stdout() -> None:
     """The reader of standard output has gone (``snet train | head``): what is still
     printed goes nowhere, so that neither the next print nor the interpreter's flush at

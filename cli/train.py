@@ -31,7 +31,14 @@ from snet.server.update_rule import UpdateRule
 
 from .flags import given_job
 from .offline import start_rule, train_job
-from .progress_bar import EXIT_INTERRUPTED, EXIT_READER_GONE, BarHook, ProgressBar, detach_stdout
+from .progress_bar import (
+    EXIT_INTERRUPTED,
+    EXIT_READER_GONE,
+    BarHook,
+    ProgressBar,
+    detach_stdout,
+    say,
+)
 from .settings import build_job, decode, read_toml
 
 GIB = 1 << 30
@@ -147,15 +154,22 @@ def run_train(args: argparse.Namespace) -> int:
         else:
             bar.clear()
         cause = "(its output's reader has gone)" if gone else "by Ctrl-C"
-        where = f"snet train: stopped {cause} in epoch {epochs_done + 1} of {job.epochs}"
+        # An epoch's line is printed once the epoch is done: a failed print (or Ctrl-C
+        # just then) comes after epoch ``epochs_done``, not in the next one.
+        during = (
+            f"after epoch {epochs_done}"
+            if gone or epochs_done >= job.epochs
+            else f"in epoch {epochs_done + 1}"
+        )
+        where = f"snet train: stopped {cause} {during} of {job.epochs}"
         if saved is not None:  # while the test file was scored
             where = f"snet train: stopped {cause} after training"
-            print(f"{where}: weights in {saved}, the test file not scored", file=sys.stderr)
+            say(f"{where}: weights in {saved}, the test file not scored")
         elif rule is None or rule.weights is first:  # nothing trained: an old file stays
-            print(f"{where}: nothing trained, no weights written", file=sys.stderr)
+            say(f"{where}: nothing trained, no weights written")
         else:
             path = _save(job, rule.weights, epochs_done, plan.norms, args.out_dir)
-            print(f"{where}: the weights so far in {path}", file=sys.stderr)
+            say(f"{where}: the weights so far in {path}")
         return EXIT_READER_GONE if gone else EXIT_INTERRUPTED
     finally:
         lock.release()

@@ -18,15 +18,16 @@ from helpers import SMALL_JOB, check_output
 EXIT_READER_GONE = 141
 
 
-def _closed_after_first_epoch(args: list[str], cwd: Path) -> tuple[int, str]:
+def _closed_after_first_epoch(args: list[str], cwd: Path, merged: bool = False) -> tuple[int, str]:
     """``snet ARGS`` with its output read up to the first epoch line and then closed, as
-    ``| head`` does: the exit status and what it wrote to stderr."""
+    ``| head`` does: the exit status and what it wrote to stderr (``merged``: stderr into
+    the same pipe, as ``2>&1 | head``, so nothing of it can be read)."""
     argv = [sys.executable, "-m", "snet.cli", *args]
     process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-        env=helpers.system_ring_environment(),
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        text=True, cwd=cwd, env=helpers.system_ring_environment(),
     )  # fmt: skip
-    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout is not None
     try:
         for line in process.stdout:
             if line.startswith("epoch"):
@@ -35,7 +36,7 @@ def _closed_after_first_epoch(args: list[str], cwd: Path) -> tuple[int, str]:
             raise AssertionError("no epoch line")
         process.stdout.close()
         code = process.wait(timeout=60)
-        errors = process.stderr.read()
+        errors = "" if process.stderr is None else process.stderr.read()
     finally:
         if process.poll() is None:
             process.kill()
@@ -53,9 +54,16 @@ def test_train_whose_reader_goes_stops_with_141_and_keeps_what_it_trained(
     )
     assert code == EXIT_READER_GONE
     (line,) = errors.splitlines()  # as Ctrl-C: the weights trained so far are kept
-    assert line.startswith("snet train: stopped (its output's reader has gone) in epoch ")
+    assert line.startswith("snet train: stopped (its output's reader has gone) after epoch ")
     assert line.endswith("of 6: the weights so far in out/weights.npz")
     with np.load(tmp_path / "out" / "weights.npz") as saved:
+        done = int(saved["epoch"])
+        assert 1 <= done < 6 and f"after epoch {done} of 6" in line
+
+    # stderr in the same pipe (2>&1 | head): its line cannot be written, the stop holds
+    merged = ["train", *SMALL_JOB, "--epochs", "6", "--out-dir", "merged"]
+    assert _closed_after_first_epoch(merged, tmp_path, merged=True)[0] == EXIT_READER_GONE
+    with np.load(tmp_path / "merged" / "weights.npz") as saved:
         assert 1 <= int(saved["epoch"]) < 6
 
 
@@ -68,6 +76,12 @@ def test_demo_whose_reader_goes_stops_its_run_which_goes_on_again(tmp_path: Path
     stopped = json.loads((tmp_path / "out" / "status.json").read_text())
     done = stopped["epochs_done"]
     assert stopped["state"] == "stopping" and 1 <= done < 6  # stopped, not trained
+
+    # stderr in the same pipe (2>&1 | head): its line cannot be written, the stop holds
+    merged = ["demo", "--mode", "sync", *SMALL_JOB, "--epochs", "6", "--out-dir", "merged"]
+    assert _closed_after_first_epoch(merged, tmp_path, merged=True)[0] == EXIT_READER_GONE
+    halted = json.loads((tmp_path / "merged" / "status.json").read_text())
+    assert halted["state"] == "stopping" and 1 <= halted["epochs_done"] < 6
 
     again = helpers.run_process(
         [sys.executable, "-m", "snet.cli", *demo], cwd=tmp_path,
