@@ -178,6 +178,13 @@ class ServerConfig:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {value}")
+        from .policies import make_step_policy  # the mode's: whether anything is stale
+        from .staleness import StalenessControl
+
+        # before anything is locked, loaded, cleared or opened (the coordinator checks too)
+        StalenessControl(
+            self.job.staleness, self.job.mode, make_step_policy(self.job).stale_updates
+        )
         if self.trace_file and self.job.mode == "np":
             raise ConfigError(
                 "trace_file: np mode writes no trace yet (its steps are bunches all holders "

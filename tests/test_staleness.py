@@ -307,9 +307,12 @@ def test_a_policy_where_nothing_is_stale_is_refused_at_start_up(flags: list[str]
     from snet.server.policies import make_step_policy
     from snet.server.staleness import StalenessControl
 
-    job = server_config(_parser().parse_args(["server", *flags])).job
-    stale_updates = make_step_policy(job).stale_updates  # as the coordinator builds it
-    with pytest.raises(ConfigError, match="mode has no stale updates: only 'none' applies"):
-        StalenessControl(job.staleness, job.mode, stale_updates)
+    refused = "mode has no stale updates: only 'none' applies"
+    with pytest.raises(ConfigError, match=refused):  # the server's config: before anything
+        server_config(_parser().parse_args(["server", *flags]))
+    settings = dict(zip(flags[::2], flags[1::2], strict=True))
+    job = JobSpec(mode=settings["--mode"], staleness=settings["--staleness"])
+    with pytest.raises(ConfigError, match=refused):  # and the coordinator's part
+        StalenessControl(job.staleness, job.mode, make_step_policy(job).stale_updates)
     async_blocks = job.with_changes(mode="bmuf", block_sync=False)
     StalenessControl(job.staleness, "bmuf", make_step_policy(async_blocks).stale_updates)
