@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import sys
@@ -238,7 +239,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.workers < 0 or args.spert < 0 or args.workers + args.spert < 1:
         print("snet: the demo needs at least one worker (--workers, --spert)", file=sys.stderr)
         return 2
-    if args.spert_time_scale <= 0:
+    if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too
         print("snet: --spert-time-scale must be > 0", file=sys.stderr)
         return 2
     setup_logging("warning")

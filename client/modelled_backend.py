@@ -24,6 +24,7 @@ end of an epoch does not disturb a throughput measurement.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -68,7 +69,7 @@ class ModelledBackend:
         time_scale: float = 1.0,
         cu_seconds: float = DEFAULT_CU_SECONDS,
     ) -> None:
-        if time_scale <= 0:
+        if not (math.isfinite(time_scale) and time_scale > 0):  # nan passed "<= 0"
             raise ConfigError(f"the modelled time scale must be > 0, got {time_scale}")
         self._given = (c1, c2)
         self.cu_seconds = cu_seconds

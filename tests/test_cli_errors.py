@@ -14,6 +14,7 @@ from snet import __version__
 from snet.cli.main import _parser, main
 from snet.client.config import WorkerConfig
 from snet.client.spert.config import BoardConfig
+from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec, JobSpec
 from snet.server.config import ServerConfig
 
@@ -253,3 +254,17 @@ def test_a_developer_switch_with_an_unknown_value_is_refused(
     assert f"snet: {name}={value!r} is not one of" in capsys.readouterr().err
     monkeypatch.setenv(name, "asyncio" if name == "SNET_LOOP" else "numpy")
     assert main(["plan", "--workers", "1"]) == 0
+
+
+@pytest.mark.parametrize("scale", ["nan", "0", "-1"])
+def test_the_demos_board_time_scale_must_be_positive(
+    scale: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nan passed the "<= 0" check."""
+    argv = ["demo", "--workers", "0", "--spert", "1", "--spert-time-scale", scale]
+    assert main(argv) == 2
+    assert "--spert-time-scale must be > 0" in capsys.readouterr().err
+    from snet.client.modelled_backend import ModelledBackend
+
+    with pytest.raises(ConfigError, match="time scale must be > 0"):
+        ModelledBackend(time_scale=float(scale))
