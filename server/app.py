@@ -46,10 +46,12 @@ from .progress import ProgressWatch
 from .resume import drop_torn_line, resume_from
 from .security import over_tls, resolve_token, tls_contexts
 from .service import OutDirLock, PidFile, check_output_files, notify
+from .status import status_document
 from .testset import describe_test_result, score_test_set
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
+NOT_WRITTEN = "failed: results not written"  # a stop reason: exit status 1
 
 PROGRESS_CHECK_SECONDS = 0.2  # how often late workers are looked for
 
@@ -303,7 +305,7 @@ class SnetServer:
         coordinator = self.coordinator
         resumed_only = coordinator.version == self._start_version and not self.config.fresh
         out_dir = Path(self.config.out_dir)
-        return write_final_files(out_dir, coordinator, resumed_only, self._final_status())
+        return write_final_files(out_dir, coordinator, resumed_only, status_document(self))
 
     async def _write_results(self) -> Path | None:
         """The last checkpoint and ``write_final_weights``; if they fail (a full disk), the
@@ -311,18 +313,16 @@ class SnetServer:
         try:
             if self.checkpointer is not None:
                 await self.checkpointer.final()
-            return self.write_final_weights()
+            path = self.write_final_weights()
+            if (self._stop_reason or "").startswith(NOT_WRITTEN):  # at shutdown, a 2nd try
+                self._stop_reason = "trained" if self.coordinator.finished.is_set() else "stopped"
+            return path
         except Exception as exc:
-            self._stop_reason = f"failed: results not written: {type(exc).__name__}: {exc}"
+            self._stop_reason = f"{NOT_WRITTEN}: {type(exc).__name__}: {exc}"
             log.error("%s", self._stop_reason)  # the reason: exit status 1 (also in shutdown)
             log.debug("the error's traceback", exc_info=True)
             self._stop.set()
             return None
-
-    def _final_status(self) -> dict[str, Any]:
-        from .status import status_document
-
-        return status_document(self)
 
     # ------------------------------------------------------------ helpers
 

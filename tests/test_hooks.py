@@ -169,6 +169,30 @@ async def test_results_that_cannot_be_written_stop_the_server_with_the_error(
     assert "ERROR   snet.server: failed: results not written" in lab.log("server")
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_results_written_on_the_second_try_end_the_run_as_trained(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write at training's end fails, the one at shutdown succeeds: the exit named
+    the first failure (status 1) though the files were written."""
+    written = SnetServer.write_final_weights
+    tries: list[int] = []
+
+    def full_once(self: SnetServer) -> Path:
+        tries.append(1)
+        if len(tries) == 1:
+            raise OSError(28, "No space left on device")
+        return written(self)
+
+    monkeypatch.setattr(SnetServer, "write_final_weights", full_once)
+    server = await lab.server("--epochs", "1", *QUICK_JOB)
+    worker = lab.worker(server, "w1")
+    assert await server.wait(60) == "trained"
+    assert await worker.wait(30) == 0 and len(tries) == 2
+    assert server.final_status()["state"] == "trained"
+    assert "ERROR   snet.server: failed: results not written" in lab.log("server")
+
+
 class Clock:
     """``time.perf_counter`` for the MCUPS hook, moved by hand."""
 
