@@ -11,10 +11,9 @@ np), or else when a frame is refused by this limit (np mode's slices, inline fra
 from __future__ import annotations
 
 from snet.protocol.errors import ConfigError
+from snet.protocol.framing import MIB, mib_at_least, whole_element_bytes
 from snet.protocol.job import JobSpec
-from snet.protocol.network import ElementLayout
 
-MIB = 1024 * 1024
 FLAG = "--max-frame-mb (SNET_WORKER_MAX_FRAME_MB, or max_frame_mb in [worker])"
 
 
@@ -22,28 +21,20 @@ class FrameLimitTooSmall(ConfigError):
     """This worker's ``max_frame_mb`` cannot hold a frame its job needs."""
 
 
-def needed_payload_bytes(job: JobSpec) -> int:
-    """The largest payload the server is sure to send for ``job``: a whole float32 copy
-    of the weights (a ``Weights`` after a resync, an ``Evaluate``), whatever the weights
-    codec; 0 in np mode, where no worker is sent the whole network."""
-    if job.mode == "np":
-        return 0
-    return ElementLayout.for_network(job.network).nbytes
-
-
 def too_small(limit_bytes: int, needed_bytes: int, what: str) -> FrameLimitTooSmall:
     """The error naming the limit, the size needed (``what``: whose, with its verb, e.g.
     "a frame from the server takes") and the flag to raise."""
-    at_least = -(-needed_bytes // MIB)  # MiB, rounded up
     return FrameLimitTooSmall(
         f"this worker's frame limit is {limit_bytes // MIB} MiB ({limit_bytes} bytes), but "
-        f"{what} {needed_bytes} bytes: give {FLAG} at least {at_least}"
+        f"{what} {needed_bytes} bytes: give {FLAG} at least {mib_at_least(needed_bytes)}"
     )
 
 
 def check_job(job: JobSpec, limit_bytes: int) -> None:
-    """Raise ``FrameLimitTooSmall`` when ``job``'s weights would not fit in the limit."""
-    needed = needed_payload_bytes(job)
+    """Raise ``FrameLimitTooSmall`` when ``job``'s weights would not fit in the limit: the
+    server sends whole float32 copies of them (after a resync, with an ``Evaluate``)
+    whatever the weights codec, in every mode but np."""
+    needed = whole_element_bytes(job.network, job.mode)
     if needed > limit_bytes:
         weights = f"the weights of network {job.network.describe()} take"
         raise too_small(limit_bytes, needed, weights)

@@ -39,6 +39,7 @@ from . import PROTOCOL_VERSION
 from .codecs import canonical
 from .errors import ConfigError, MalformedFrame, UnknownMessage
 from .messages import MESSAGE_TYPES, Encoded, Message
+from .network import ElementLayout, NetworkSpec
 
 MAGIC = b"SN"
 PREFIX = struct.Struct(">2sBBIQ")
@@ -56,6 +57,21 @@ class FrameLimits:
     max_payload_bytes: int = 512 * 1024 * 1024
     max_arrays: int = 64
     max_ndim: int = 8
+
+
+MIB = 1024 * 1024
+
+
+def whole_element_bytes(network: NetworkSpec, mode: str) -> int:
+    """The payload of a whole float32 element of ``network``, which ``mode``'s exchange
+    is sure to carry (weights after a resync, an evaluation, an uncompressed update or
+    bmuf delta), so which a frame limit must hold; 0 in np mode, where none crosses."""
+    return 0 if mode == "np" else ElementLayout.for_network(network).nbytes
+
+
+def mib_at_least(payload_bytes: int) -> int:
+    """The smallest whole number of MiB (a ``--max-frame-mb``) that holds the payload."""
+    return -(-payload_bytes // MIB)
 
 
 @dataclass(frozen=True)

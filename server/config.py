@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
+from snet.protocol.framing import MIB, mib_at_least, whole_element_bytes
 from snet.protocol.job import JobSpec
-from snet.protocol.network import ElementLayout
 from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
+
+from .policies import make_step_policy
+from .staleness import StalenessControl
 
 
 @dataclass(frozen=True)
@@ -178,10 +181,8 @@ class ServerConfig:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {value}")
-        from .policies import make_step_policy  # the mode's: whether anything is stale
-        from .staleness import StalenessControl
-
-        # before anything is locked, loaded, cleared or opened (the coordinator checks too)
+        # whether anything in the mode is stale, before anything is locked, loaded, cleared
+        # or opened (the coordinator checks too, for servers built some other way)
         StalenessControl(
             self.job.staleness, self.job.mode, make_step_policy(self.job).stale_updates
         )
@@ -200,15 +201,14 @@ class ServerConfig:
             raise ConfigError(f"pool_size must be at least 2, got {self.pool_size}")
         if self.max_frame_mb < 1:
             raise ConfigError("max_frame_mb must be at least 1")
-        element = ElementLayout.for_network(self.job.network).nbytes
-        plain = self.job.mode != "np" and self.job.compress == "none"
-        if plain and element > self.max_frame_mb * 1024 * 1024:
+        element = whole_element_bytes(self.job.network, self.job.mode)
+        if self.job.compress == "none" and element > self.max_frame_mb * MIB:
             # every uncompressed update (or bmuf delta) is a whole element: each would be
             # refused as too large, and the run would never step
             raise ConfigError(
                 f"max_frame_mb {self.max_frame_mb} cannot hold an update of network "
                 f"{self.job.network.describe()} ({element} bytes): give --max-frame-mb at "
-                f"least {-(-element // (1024 * 1024))}"
+                f"least {mib_at_least(element)}"
             )
         if self.stall_seconds <= 0 or self.join_seconds < 0:
             raise ConfigError("stall_seconds must be > 0 and join_seconds >= 0")
