@@ -43,18 +43,23 @@ from .settings import build_job, decode, read_toml
 
 GIB = 1 << 30
 # What sequential training holds of a network's element (float32 weights and biases): the
-# weights, two velocity buffers (server/update_rule.py), the gradient, newbob's best
-# weights and the fresh buffer each step writes. Activations come on top, per unit of a
-# bunch's rows: activations, deltas and their scratch (ROW_COPIES).
-ELEMENT_COPIES = 6
+# weights, two velocity buffers (server/update_rule.py), the gradient and the fresh buffer
+# each step writes, and under newbob its best weights. Activations come on top, per unit of
+# a bunch's rows: activations, deltas and their scratch (ROW_COPIES).
+ELEMENT_COPIES = 5
 ROW_COPIES = 3
+
+
+def element_copies(job: JobSpec) -> int:
+    """The float32 copies of the element ``snet train`` holds for ``job``."""
+    return ELEMENT_COPIES + (job.schedule == "newbob")  # newbob keeps the best weights
 
 
 def training_bytes(job: JobSpec) -> int:
     """About how much memory ``snet train`` needs for ``job``'s network."""
     spec = job.network
     rows = max(job.bunch_size, 1024)  # BunchNetwork's rows (client/sequential.py)
-    return 4 * (ELEMENT_COPIES * spec.connections + ROW_COPIES * rows * sum(spec.sizes))
+    return 4 * (element_copies(job) * spec.connections + ROW_COPIES * rows * sum(spec.sizes))
 
 
 def available_bytes() -> int | None:
@@ -80,7 +85,7 @@ def check_fits_in_memory(job: JobSpec) -> None:
         spec = job.network
         raise ConfigError(
             f"network {spec.describe()} needs about {needed / GIB:.1f} GiB of memory to train "
-            f"({spec.connections:,} weights, {ELEMENT_COPIES} float32 copies and a bunch's "
+            f"({spec.connections:,} weights, {element_copies(job)} float32 copies and a bunch's "
             f"activations); this machine has {free / GIB:.1f} GiB available"
         )
 
