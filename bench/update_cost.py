@@ -9,7 +9,9 @@ updates applied in that window, and divided:
 - the server's event loop per update (receiving and decoding the update, the intake's
   checks, the lease book, publishing the step and sending the new weights to every
   worker) and its other threads (the step thread: the plausibility checks, the step, the
-  weights' digest; the checkpoint writer);
+  weights' digest; the checkpoint writer). A step that takes less than the server's
+  ``inline_step_seconds`` of CPU runs on the event loop's thread (transport/inline.py),
+  and is counted in the loop's figure then;
 - each worker's event loop per update (encoding and sending the update, receiving the
   weights and taking them over, leases, reports) and its compute (the bunch's
   arithmetic, which is what all of this is for: the workers' own figure, since bunches

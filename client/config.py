@@ -56,7 +56,7 @@ class WorkerConfig:
     inline_seconds: float = field(
         default=0.002,
         metadata={
-            "help": "compute bunches that take less than this (a running mean) on the event "
+            "help": "compute bunches that take less CPU than this (a running mean) on the event "
             "loop's thread, sparing two thread switches per bunch (0: always on the compute "
             "thread)"
         },

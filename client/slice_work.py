@@ -31,10 +31,10 @@ from snet.protocol.memory import WorkerMemory
 from snet.protocol.messages import ErrorMessage, Message, NpBunch, PartialOutputs, SliceState
 from snet.protocol.network import NetworkSpec
 from snet.protocol.slices import HiddenSlice, slice_network
+from snet.transport.inline import InlineChoice
 
 from .data import Corpus
 from .slice_trainer import SliceTrainer
-from .update_timing import InlineChoice
 
 log = logging.getLogger("snet.worker")
 
@@ -71,6 +71,7 @@ class SliceWork:
         self.bunches = 0  # forward passes computed (each after the previous one's update)
         self.compute_seconds = 0.0
         self.last_seconds = 0.0  # the last bunch's update and forward pass
+        self.last_cpu_seconds = 0.0  # the same, in the CPU time of the thread that ran it
 
     def file(self, message: Message) -> bool:
         """Take an np message (False for any other)."""
@@ -117,7 +118,7 @@ class SliceWork:
             send(ErrorMessage("bad_job", str(exc), True))
             return RefusedHere("bad_job", str(exc))
         if bunch and inline is not None:  # the bunch's own time, not the switches' (apply)
-            inline.measured(self.last_seconds)
+            inline.measured(self.last_cpu_seconds)
         for reply in replies:
             send(reply)
         if on_loop:  # let the loop read what came meanwhile
@@ -141,7 +142,7 @@ class SliceWork:
         trainer = self.trainer
         # A bunch's compute, reported with its partial outputs: the previous bunch's update
         # and this one's forward pass (the server sizes slices by it, /status shows it).
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         host = self.host  # its device's time is charged from before the arithmetic it covers
         if message.error_of >= 0:
             error = np.asarray(message.error, dtype=np.float32)
@@ -159,6 +160,7 @@ class SliceWork:
             if host is not None:
                 host.slice_forward(len(message.indices), mark)
             seconds = self.last_seconds = time.perf_counter() - started
+            self.last_cpu_seconds = time.thread_time() - cpu_started
             self.bunches += 1
             self.compute_seconds += seconds
             replies.append(PartialOutputs(message.bunch, seconds, partial))

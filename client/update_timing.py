@@ -5,7 +5,7 @@ read against the bunch's own arithmetic:
 
 - the compute thread's CPU time for the update (its own clock: time spent waiting for a
   core on a shared machine is left out; small bunches are computed on the event loop's
-  thread instead, ``InlineChoice``, and counted here, not in the loop's figure);
+  thread instead, ``transport/inline.py``, and counted here, not in the loop's figure);
 - the event loop's CPU time per update: encoding and sending the update, receiving the
   weights and taking them over, leases, reports (everything but the arithmetic);
 - the latency from sending an update to the start of the first bunch computed on weights
@@ -22,10 +22,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, TypeVar
-
-T = TypeVar("T")
 
 RECENT = 512  # latencies kept for the median: recent ones, so a slow start fades out
 
@@ -45,7 +41,7 @@ class UpdateTiming:
         self.latency_sum = 0.0
 
     def computed(self, cpu_seconds: float, on_loop: bool = False) -> None:
-        """The compute thread (``on_loop``: the event loop's, see ``InlineChoice``) spent
+        """The compute thread (``on_loop``: the event loop's, transport/inline.py) spent
         ``cpu_seconds`` on the update about to be sent."""
         self.compute_cpu += cpu_seconds
         if on_loop and self._loop_cpu_at_first is not None:
@@ -94,32 +90,3 @@ class UpdateTiming:
             figures["latency_ms"] = round(1e3 * statistics.median(self._recent), 3)
             figures["latency_mean_ms"] = round(1e3 * self.latency_sum / self.latency_count, 3)
         return figures
-
-
-def timed(function: Callable[..., T], *args: Any) -> tuple[T, float]:
-    """Compute thread: ``function(*args)`` and the CPU time this thread spent on it."""
-    started = time.thread_time()
-    result = function(*args)
-    return result, time.thread_time() - started
-
-
-class InlineChoice:
-    """Whether the worker computes its bunches on the event loop's thread.
-
-    Handing a bunch to the compute thread and its result back costs two thread switches
-    and a wake-up of the event loop (tens of microseconds of CPU, more on a busy machine)
-    and buys the overlap of receiving with computing. For a bunch of 64 patterns of the
-    default job (0.15 ms) the switching costs as much as the bunch, and what arrives
-    meanwhile is used only at the next bunch anyway; so while bunches take under
-    ``limit_seconds`` (a running mean; the worker's ``inline_seconds``, 0: never) they are
-    computed inline, and the event loop waits at most about that long."""
-
-    def __init__(self, limit_seconds: float) -> None:
-        self.limit_seconds = limit_seconds
-        self.chosen = False  # the first bunches go to the compute thread, and are timed
-        self._mean: float | None = None
-
-    def measured(self, seconds: float) -> None:
-        mean = seconds if self._mean is None else 0.8 * self._mean + 0.2 * seconds
-        self._mean = mean
-        self.chosen = mean < self.limit_seconds

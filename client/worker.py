@@ -2,9 +2,10 @@
 
 As in SNet v2, the connection (the receiving task, on the event loop) files incoming
 weights, leases and requests while the compute loop runs each bunch in a thread (bunches
-under ``inline_seconds`` on the loop itself, ``InlineChoice``) and takes the newest weights
-at each bunch boundary: in async mode it never waits for weights after sending an update,
-in sync mode it waits for the version after the one its update was computed on.
+under ``inline_seconds`` of CPU on the loop itself, transport/inline.py) and takes the
+newest weights at each bunch boundary: in async mode it never waits for weights after
+sending an update, in sync mode it waits for the version after the one its update was
+computed on.
 ``DataInfo`` follows ``Welcome``; a worker that cannot read the data says ``FramesWanted``
 and trains on frames the server sends (``client/data.py``, ``work.py``).
 """
@@ -47,6 +48,7 @@ from snet.protocol.messages import (
 from snet.protocol.network import ElementLayout
 from snet.transport.dial import connect_with_backoff
 from snet.transport.faults import FaultSwitch
+from snet.transport.inline import InlineChoice, timed
 from snet.transport.tls import client_context
 from snet.transport.tls import refusal as tls_refusal
 
@@ -63,7 +65,7 @@ from .progress_log import ProgressLog
 from .reports import Reports
 from .retry_window import RetryWindow
 from .slice_work import SliceWork
-from .update_timing import InlineChoice, UpdateTiming, timed
+from .update_timing import UpdateTiming
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
@@ -374,7 +376,8 @@ class Worker:
                 )  # fmt: skip
                 loss, correct, count, encoded = encoded_update
                 gradient = np.zeros(0, dtype=np.float32)
-            inline.measured(seconds := time.perf_counter() - started)
+            inline.measured(cpu)  # the bunch's CPU: a busy machine's waits left out
+            seconds = time.perf_counter() - started
             connection.send(Update(weights.version, lease.lease_id, offset, count, loss, correct,
                                    seconds, gradient, encoded=encoded))  # fmt: skip
             self.updates_sent += 1

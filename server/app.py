@@ -142,6 +142,7 @@ class SnetServer:
             self.config.min_workers,
             ProgressWatch(self.config.stall_seconds, self.config.join_seconds),
             verify_cv=self.config.verify_cv,
+            inline_step=self.config.inline_step_seconds,
         )
         if loaded is not None:
             self.resumed = resume_from(self.coordinator, loaded.path, loaded.state)

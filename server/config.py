@@ -80,6 +80,12 @@ class ServerConfig:
         metadata={"help": "JSON lines, one per step: which frames each update covered"},
     )
     pool_size: int = field(default=32, metadata={"help": "preallocated update elements (>= 2)"})
+    inline_step_seconds: float = field(
+        default=0.002,
+        metadata={"help": "apply steps that take less CPU than this (a running mean) on the "
+                  "event loop's thread, sparing a thread hand-off per step (0: always on the "
+                  "step thread)"},
+    )  # fmt: skip
     min_workers: int = field(
         default=1, metadata={"help": "lease no frames before this many workers have joined"}
     )
@@ -199,6 +205,10 @@ class ServerConfig:
             raise ConfigError(f"port and http_port are both {self.port}: give each its own")
         if self.pool_size < 2:
             raise ConfigError(f"pool_size must be at least 2, got {self.pool_size}")
+        if not 0 <= self.inline_step_seconds <= 60:  # also refuses nan
+            raise ConfigError(
+                f"inline_step_seconds must be between 0 and 60, got {self.inline_step_seconds:g}"
+            )
         if self.max_frame_mb < 1:
             raise ConfigError("max_frame_mb must be at least 1")
         element = whole_element_bytes(self.job.network, self.job.mode)

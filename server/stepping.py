@@ -1,9 +1,12 @@
 """``StepRunner``: applies steps with the update rule in the step thread, NaN-safe.
 
-The one part that runs numpy off the event loop. It is handed groups of queued updates
-(consecutive steps, as a policy chose them) and returns what became of each: the new
-weights and the groups applied, and the updates refused with the reason. It publishes
-nothing, sends nothing and knows no worker: the coordinator does that with the result.
+The one part that runs numpy off the event loop, or on it while a pass takes less than
+``inline_step_seconds`` of CPU (transport/inline.py: the hand-off to the thread cost as much
+as the default job's step). One pass runs at a time, wherever it runs. It is handed groups
+of queued updates (consecutive steps, as a policy chose them) and returns what became of
+each: the new weights and the groups applied, and the updates refused with the reason. It
+publishes nothing, sends nothing and knows no worker: the coordinator does that with the
+result.
 
 Each update's norm is checked first (server/plausible.py: one BLAS dot; NaN, Inf, zeros
 and norms far from the running mean of accepted updates are refused). Overflow is caught
@@ -37,6 +40,7 @@ from snet.protocol.digest import weights_digest
 from snet.protocol.hooks import BunchEvent
 from snet.protocol.messages import Update
 from snet.protocol.staleness import StalenessSetting
+from snet.transport.inline import InlineChoice, timed
 
 from .compensation import (
     StepSizes,
@@ -94,11 +98,12 @@ class StepOutcome:
 class StepRunner:
     """Runs the update rule over groups of pending updates in the step thread."""
 
-    def __init__(self, rule: StepRule, executor: Executor) -> None:
+    def __init__(self, rule: StepRule, executor: Executor, inline_seconds: float = 0.0) -> None:
         self.rule = rule
         self.executor = executor
-        self.bounds = NormBounds()  # only ever used in the step thread
-        # The staleness policy's state, used in the step thread only (plain attributes).
+        self.inline = InlineChoice(inline_seconds)  # passes this short run on the loop
+        self.bounds = NormBounds()  # only ever used by the pass that runs (one at a time)
+        # The staleness policy's state, used by the running pass only (plain attributes).
         self.setting = StalenessSetting()
         self.version = 0  # the version the next applied group is applied to
         self.history = WeightHistory()
@@ -124,10 +129,16 @@ class StepRunner:
         outcome = StepOutcome()
         loop = asyncio.get_running_loop()
         # One trip to the step thread per pass (the digest comes with the step): each
-        # trip costs the event loop a thread hand-off, more than a small step itself.
-        snapshot, digest, groups, outcome.refused = await loop.run_in_executor(
-            self.executor, self._screened_steps, groups, rate
-        )
+        # trip costs the event loop a thread hand-off, more than a small step itself; so
+        # a pass that takes less than the inline limit runs on the loop instead.
+        if self.inline.chosen:
+            screened, cpu = timed(self._screened_steps, groups, rate)
+        else:
+            screened, cpu = await loop.run_in_executor(
+                self.executor, timed, self._screened_steps, groups, rate
+            )
+        self.inline.measured(cpu)
+        snapshot, digest, groups, outcome.refused = screened
         if snapshot is not None or not groups:
             outcome.snapshot, outcome.applied, outcome.digest = snapshot, list(groups), digest
         else:

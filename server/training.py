@@ -80,7 +80,7 @@ class Coordinator:
         self, job: JobSpec, plan: DataPlan, executor: Executor, pool_size: int,
         trace: Callable[[dict[str, Any]], None] | None = None, hooks: HookSet | None = None,
         weights: np.ndarray | None = None, min_workers: int = 1,
-        progress: ProgressWatch | None = None, verify_cv: bool = False,
+        progress: ProgressWatch | None = None, verify_cv: bool = False, inline_step: float = 0.0,
     ) -> None:  # fmt: skip
         self.job = job
         self.plan = plan
@@ -94,7 +94,7 @@ class Coordinator:
         leases = combination.chunk_frames(job), combination.update_frames(job)
         self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames, *leases)
         self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
-        self.runner = StepRunner(self.rule, executor)
+        self.runner = StepRunner(self.rule, executor, inline_step)  # inline: CPU seconds
         self.staleness = StalenessControl(job.staleness, job.mode, self.policy.stale_updates)
         self.idle = IdleWatch()
         self.inline = InlineFrames(plan, job.data.context)

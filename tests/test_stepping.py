@@ -4,6 +4,7 @@ make a step is tested on the policies alone in test_policies.py."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from snet.protocol.framing import encode_bytes
 from snet.protocol.messages import Lease, Update, Weights, Welcome
@@ -18,12 +19,19 @@ LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 UPDATES = 40
 
 
-async def test_backlogged_async_steps_give_the_one_by_one_weights(lab: Lab) -> None:
+# 0: every pass in the step thread; 60: every pass after the first on the event loop's
+# thread (transport/inline.py); the default chooses by each pass's CPU time.
+@pytest.mark.parametrize("inline_step", ["0", "60"])
+async def test_backlogged_async_steps_give_the_one_by_one_weights(
+    lab: Lab, inline_step: str
+) -> None:
     """A burst of updates sent back to back: whether the server applies them one by one or
-    fuses the steps queued behind a running one, every update gets its own version and
-    the final weights are bit for bit those of applying the updates in order."""
+    fuses the steps queued behind a running one, in the step thread or on the loop, every
+    update gets its own version and the final weights are bit for bit those of applying
+    the updates in order."""
     server = await lab.server(
-        "--mode", "async", "--updates-per-step", "1", "--epochs", "1", *SMALL_JOB
+        "--mode", "async", "--updates-per-step", "1", "--epochs", "1",
+        "--inline-step-seconds", inline_step, *SMALL_JOB,
     )  # fmt: skip
     client = await AsyncRawClient.connect(server.port, "burst")
     welcome: Welcome = await client.handshake()

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from snet.client.update_timing import InlineChoice, UpdateTiming
+from snet.client.update_timing import UpdateTiming
+from snet.transport.inline import InlineChoice, timed
 
 from helpers import QUICK_JOB
 from inprocess import Lab
@@ -71,6 +72,17 @@ def test_small_bunches_are_computed_inline_once_measured_and_big_ones_never() ->
     never = InlineChoice(0.0)
     never.measured(0.0)
     assert not never.chosen
+
+
+def test_the_choice_is_made_on_cpu_time_not_on_time_spent_waiting_for_a_core() -> None:
+    """A bunch that waited (here: slept) is not a long bunch: on a busy machine wall time
+    counts the waits, and had every bunch handed to the thread exactly when cores were
+    scarce."""
+    (value, cpu) = timed(lambda: time.sleep(0.05) or 7)
+    assert value == 7 and 0 <= cpu < 0.01
+    choice = InlineChoice(0.002)
+    choice.measured(cpu)
+    assert choice.chosen
 
 
 def test_compute_on_the_event_loop_is_not_counted_as_the_loop_s_own_work() -> None:
