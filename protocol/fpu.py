@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import platform
 
 _FTZ = 1 << 15  # flush results that would be denormal to zero
@@ -26,6 +27,7 @@ class _FEnv(ctypes.Structure):
     _fields_ = [("x87", ctypes.c_ubyte * 28), ("mxcsr", ctypes.c_uint32)]
 
 
+@functools.cache  # find_library runs `ldconfig -p` (a process) on every call
 def _libm() -> ctypes.CDLL | None:
     if platform.machine() not in ("x86_64", "AMD64") or platform.system() != "Linux":
         return None
