@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 # Nothing imported here may import numpy: a worker's BLAS thread count is fixed by
 # limit_blas_threads() in main(), and BLAS reads it once, when numpy is first imported
@@ -54,41 +56,38 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
 
-def _parser() -> argparse.ArgumentParser:
-    # imported here, not at the top: the config classes import numpy, which must wait
-    # for the BLAS limit (main)
-    from dataclasses import fields
-
-    from snet import __version__
-    from snet.client.config import WorkerConfig
-    from snet.client.spert.config import BoardConfig
-    from snet.protocol.job import DataSpec
+def _server_flags(server: argparse.ArgumentParser) -> None:
     from snet.server.config import ServerConfig
 
     from .flags import add_config_flag, add_field_flags, add_job_flags
 
-    parser = argparse.ArgumentParser(prog="snet", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"snet {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    server = commands.add_parser("server", help="run the server daemon")
     add_field_flags(server, ServerConfig, "SNET_")
     add_config_flag(server, "[server] and [job] tables")
     add_job_flags(server)
 
-    worker = commands.add_parser("worker", help="attach a worker to a server")
+
+def _worker_flags(worker: argparse.ArgumentParser) -> None:
+    from snet.client.config import WorkerConfig
+
+    from .flags import add_config_flag, add_field_flags
+
     add_field_flags(worker, WorkerConfig, "SNET_WORKER_")
     add_config_flag(worker, "a [worker] table")
 
-    spert = commands.add_parser(
-        "spert", help="attach an emulated Spert-II board as a worker (backend spert)"
-    )
+
+def _spert_flags(spert: argparse.ArgumentParser) -> None:
+    from snet.client.config import WorkerConfig
+    from snet.client.spert.config import BoardConfig
+
+    from .flags import add_config_flag, add_field_flags
+
     add_field_flags(spert, WorkerConfig, "SNET_WORKER_", skip=("backend", "processes"))
     add_config_flag(spert, "[worker] and [spert] tables")
     board = spert.add_argument_group("board (also [spert] in the TOML file)")
     add_field_flags(board, BoardConfig, "SNET_SPERT_")
 
-    status = commands.add_parser("status", help="show a server's training status")
+
+def _status_flags(status: argparse.ArgumentParser) -> None:
     status.add_argument(
         "--url", default=None, help="HTTP address (default SNET_URL or http://127.0.0.1:7080)"
     )
@@ -108,12 +107,14 @@ def _parser() -> argparse.ArgumentParser:
         "--tls-ca", help="an https server's certificate must be signed by this CA file"
     )
 
-    plan = commands.add_parser(
-        "plan", help="predict MCUPS and speed-up per strategy and mode (performance models)"
-    )
-    _add_plan_flags(plan)
 
-    evaluate = commands.add_parser("eval", help="score saved weights on data")
+def _eval_flags(evaluate: argparse.ArgumentParser) -> None:
+    from dataclasses import fields
+
+    from snet.protocol.job import DataSpec
+
+    from .flags import add_field_flags
+
     evaluate.add_argument("--weights", required=True, help="a weights .npz written by snet")
     add_field_flags(
         evaluate,
@@ -130,7 +131,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    train = commands.add_parser("train", help="sequential training in this process")
+
+def _train_flags(train: argparse.ArgumentParser) -> None:
+    from .flags import add_config_flag, add_job_flags
+
     train.add_argument("--out-dir", dest="out_dir", default="snet-out", help=OUT_DIR_HELP)
     train.add_argument(
         "--init-weights", dest="init_weights", help="an snet weights .npz to continue from"
@@ -145,20 +149,22 @@ def _parser() -> argparse.ArgumentParser:
         "on a busy machine idle BLAS threads waiting for cores made it 5-10x slower",
     )
 
-    data = commands.add_parser("data", help="data tools")
+
+def _data_flags(data: argparse.ArgumentParser) -> None:
     data_commands = data.add_subparsers(dest="data_command", required=True)
     convert = data_commands.add_parser("convert", help="rewrite data as .pfile, .npz or .ark")
     convert.add_argument("input", help="any data snet reads")
     convert.add_argument("output", help="OUT.pfile, OUT.npz or OUT.ark (+ .scp, -ali.ark)")
     convert.add_argument("--labels", help="Kaldi alignment archive of the input")
 
-    commands.add_parser(
-        "bench",
-        help="run a source checkout's benchmark suite (python -m bench; its flags pass through)",
-        add_help=False,
-    ).add_argument("arguments", nargs=argparse.REMAINDER)
 
-    demo = commands.add_parser("demo", help="train locally: a server and N worker processes")
+def _bench_flags(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument("arguments", nargs=argparse.REMAINDER)
+
+
+def _demo_flags(demo: argparse.ArgumentParser) -> None:
+    from .flags import add_config_flag, add_job_flags
+
     demo.add_argument("--workers", type=int, default=2, help="numpy worker processes")
     demo.add_argument(
         "--spert", type=int, default=0, help="emulated Spert-II boards to add as workers"
@@ -182,7 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     add_config_flag(demo, "a [job] table (as the server reads it)")
     add_job_flags(demo)
 
-    tls = commands.add_parser("tls", help="TLS certificates for a cluster")
+
+def _tls_flags(tls: argparse.ArgumentParser) -> None:
     tls_commands = tls.add_subparsers(dest="tls_command", required=True)
     init = tls_commands.add_parser(
         "init", help="make a private CA, the server's certificate and the workers'"
@@ -194,6 +201,47 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument(
         "--workers", default="", help="one certificate per worker name (default: one shared)"
     )
+
+
+# command -> (its help, what adds its flags, add_parser's other arguments)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], dict[str, Any]]] = {
+    "server": ("run the server daemon", _server_flags, {}),
+    "worker": ("attach a worker to a server", _worker_flags, {}),
+    "spert": ("attach an emulated Spert-II board as a worker (backend spert)", _spert_flags, {}),
+    "status": ("show a server's training status", _status_flags, {}),
+    "plan": (
+        "predict MCUPS and speed-up per strategy and mode (performance models)",
+        _add_plan_flags,
+        {},
+    ),
+    "eval": ("score saved weights on data", _eval_flags, {}),
+    "train": ("sequential training in this process", _train_flags, {}),
+    "data": ("data tools", _data_flags, {}),
+    "bench": (
+        "run a source checkout's benchmark suite (python -m bench; its flags pass through)",
+        _bench_flags,
+        {"add_help": False},
+    ),
+    "demo": ("train locally: a server and N worker processes", _demo_flags, {}),
+    "tls": ("TLS certificates for a cluster", _tls_flags, {}),
+}
+
+
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line: every command's flags, or (``only``: the command word given)
+    that command's alone. Building the flags of the server, worker, job and data imports
+    their config classes and numpy (about 0.3 s of CPU), which ``snet status``, ``snet
+    tls``, ``snet --version`` and the top-level ``--help`` never use; they are imported
+    here, not at the top, also because numpy must wait for the BLAS limit (main)."""
+    from snet import __version__
+
+    parser = argparse.ArgumentParser(prog="snet", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"snet {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, add_flags, options) in COMMANDS.items():
+        command = commands.add_parser(name, help=help_text, **options)
+        if only is None or only == name:
+            add_flags(command)
     return parser
 
 
@@ -242,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"snet: {exc}", file=sys.stderr)
             return 2
-    args = _parser().parse_args(argv)
+    args = _parser(words[0] if words else "").parse_args(words)
 
     try:
         _check_switches()

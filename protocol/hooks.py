@@ -22,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .errors import ConfigError
 from .numbering import shown_epoch
 
@@ -168,6 +166,10 @@ def _checkpointable(state: Any) -> Any:
 
 
 def _numpy_as_list(value: Any) -> Any:
+    # imported here: `snet status` reads this module (through the progress bar) and has
+    # no other use for numpy, whose import is most of that command's start-up
+    import numpy as np
+
     if isinstance(value, np.ndarray | np.generic):
         return value.tolist()
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

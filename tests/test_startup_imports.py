@@ -16,6 +16,9 @@ COMMANDS = {
     "worker": "import snet.cli.main, snet.cli.commands, snet.client.worker, snet.client.joining",
     "train": "import snet.cli.main, snet.cli.train",
     "server": "import snet.cli.main, snet.cli.commands, snet.server.app",
+    # the command line as main() builds it for `snet status`: that command's flags alone
+    "status": "import snet.cli.main as m, snet.cli.status; "
+    "m._parser('status').parse_args(['status'])",
 }
 # modules a command must not load: (command, module)
 NOT_LOADED = [
@@ -24,6 +27,8 @@ NOT_LOADED = [
     ("train", "asyncio"),
     ("train", "aiohttp"),
     ("server", "snet.client.worker"),
+    ("status", "numpy"),  # the other commands' flags (their config classes) are not built
+    ("status", "aiohttp"),
 ]
 
 
