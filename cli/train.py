@@ -21,6 +21,7 @@ from snet.data.norms import Norms
 from snet.protocol.errors import ConfigError
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.job import JobSpec
+from snet.protocol.memory import GIB
 from snet.protocol.numbering import shown_epoch
 from snet.protocol.process_settings import check_threads
 from snet.server.dataplan import plan_data
@@ -28,7 +29,7 @@ from snet.server.export import read_weights, weights_npz, write_atomically
 from snet.server.service import OutDirLock
 from snet.server.testset import describe_test_result, score_test_set
 from snet.server.update_rule import UpdateRule
-from snet.transport.host_memory import GIB, available_bytes
+from snet.transport.host_memory import available_bytes
 
 from .flags import given_job
 from .offline import start_rule, train_job

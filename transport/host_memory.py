@@ -5,15 +5,13 @@ they could not hold (cli/train.py, server/footprint.py, client/footprint.py): nu
 otherwise raise ``MemoryError`` part-way, or, with overcommit, the kernel's OOM killer end
 the process later (or another process on the machine). Reading ``/proc`` is I/O, which
 protocol/ must not do, and the server and the worker may not import each other: so the
-reading lives here, in the layer both share.
+reading lives here, in the layer both share; what each needs, and the words of a
+refusal, are pure (protocol/memory.py's ``MemoryNeed``).
 """
 
 from __future__ import annotations
 
 import os
-
-GIB = 1 << 30
-MIB = 1 << 20
 
 
 def available_bytes() -> int | None:
@@ -32,11 +30,3 @@ def available_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
         return None
-
-
-def amount(count: int) -> str:
-    """``count`` bytes as the refusals say it: GiB with one decimal from 1 GiB up, whole
-    MiB (rounded up) below it, where "0.0 GiB" would hide the figure."""
-    if count >= GIB:
-        return f"{count / GIB:.1f} GiB"
-    return f"{-(-count // MIB)} MiB"
