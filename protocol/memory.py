@@ -23,13 +23,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .framing import MIB
 from .network import NetworkSpec
 from .slices import slice_network
 
 WORD16 = 2
 WORD32 = 4
 MEMORY_CAPABILITY = "memory"
-MIB = 1 << 20
 GIB = 1 << 30
 
 
