@@ -21,6 +21,7 @@ from snet.data.norms import Norms
 from snet.protocol.errors import ConfigError
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.job import JobSpec
+from snet.protocol.memory import GIB
 from snet.protocol.numbering import shown_epoch
 from snet.protocol.process_settings import check_threads
 from snet.server.dataplan import plan_data
@@ -28,6 +29,7 @@ from snet.server.export import read_weights, weights_npz, write_atomically
 from snet.server.service import OutDirLock
 from snet.server.testset import describe_test_result, score_test_set
 from snet.server.update_rule import UpdateRule
+from snet.transport.host_memory import available_bytes
 
 from .flags import given_job
 from .offline import start_rule, train_job
@@ -41,7 +43,6 @@ from .progress_bar import (
 )
 from .settings import build_job, decode, read_toml
 
-GIB = 1 << 30
 # What sequential training holds of a network's element (float32 weights and biases): the
 # weights, two velocity buffers (server/update_rule.py), the gradient and the fresh buffer
 # each step writes, and under newbob its best weights. Activations come on top, per unit of
@@ -60,21 +61,6 @@ def training_bytes(job: JobSpec) -> int:
     spec = job.network
     rows = max(job.bunch_size, 1024)  # BunchNetwork's rows (client/sequential.py)
     return 4 * (element_copies(job) * spec.connections + ROW_COPIES * rows * sum(spec.sizes))
-
-
-def available_bytes() -> int | None:
-    """The memory this machine can give now (Linux's MemAvailable), None when unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return None
 
 
 def check_fits_in_memory(job: JobSpec) -> None:

@@ -5,9 +5,10 @@ ServerHello -> Hello (with the token proof and the codecs this worker offers) ->
 prepares its backend and agrees on codecs. It reads the worker's inbox (what the
 connection filed) and returns what the worker needs to train (``Joined``), or why it
 cannot (``NotJoined``: the server refused it or said goodbye first); it writes none of the
-worker's state. A job this worker cannot run ends the session with the reason logged on
-both sides; a job whose weights exceed this worker's own frame limit ends the worker
-(``FrameLimitTooSmall``, a configuration error: client/frame_limit.py).
+worker's state. A job this worker cannot run (its data, its codecs, or a network larger
+than this machine's available memory: client/footprint.py) ends the session with the
+reason logged on both sides; a job whose weights exceed this worker's own frame limit
+ends the worker (``FrameLimitTooSmall``, a configuration error: client/frame_limit.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from .compression import UpdateCompressor
 from .config import HANDSHAKE_SECONDS, WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus, open_corpus
+from .footprint import check_fits_in_memory
 from .frame_limit import FrameLimitTooSmall, check_job
 from .policies import make_compute_policy
 from .port_probe import refuse_if_http
@@ -129,10 +131,14 @@ class Handshake:
         return message
 
     async def run(
-        self, connection: ServerConnection, compressor: UpdateCompressor | None
+        self,
+        connection: ServerConnection,
+        compressor: UpdateCompressor | None,
+        earlier: JobSpec | None = None,
     ) -> Joined | NotJoined:
         """ServerHello -> Hello -> Welcome -> DataInfo, then the data and the backend
-        (``compressor``: the worker's, kept if the codecs did not change)."""
+        (``compressor``: the worker's, kept if the codecs did not change; ``earlier``: the
+        job of the worker's last session, whose memory the new one reuses or frees)."""
         try:
             hello = await self._server_hello()
             if hello is None:
@@ -165,6 +171,10 @@ class Handshake:
         try:
             job = JobSpec.from_dict(welcome.job)
             check_job(job, connection.limits.max_payload_bytes)
+            # before the backend, buffers and compressor are made for the network
+            held = compressor.name if compressor is not None else "none"
+            update_codec = str(welcome.codecs.get("update", "none"))
+            check_fits_in_memory(job, update_codec, earlier, held)
             corpus = await self._prepare(job, info, connection)
             codecs, compressor = self._agree(job, welcome.codecs, compressor)
         except FrameLimitTooSmall as exc:

@@ -8,7 +8,13 @@ server must know how many units each board can take before it cuts the hidden la
 worker with bounded memory states it in its ``Hello`` capabilities as
 ``memory:BYTES:CHUNK:FIXED`` (``WorkerMemory``: its memory, the patterns a forward chunk
 holds, the bytes of its tables), and the server applies the same plan the board checks.
-A worker that states nothing is taken to hold any slice. Pure: no I/O.
+A worker that states nothing is taken to hold any slice.
+
+``MemoryNeed`` is what a server or a worker process holds for a job's network (whole
+float32 copies of its element, by what holds them, and other bytes), estimated before any
+of it is allocated (server/footprint.py, client/footprint.py), and the one-line refusal
+when this machine has less available (transport/host_memory.py reads how much). Pure: no
+I/O.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .framing import MIB
 from .network import NetworkSpec
 from .slices import slice_network
 
 WORD16 = 2
 WORD32 = 4
 MEMORY_CAPABILITY = "memory"
+GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -110,3 +118,43 @@ def stated_memory(capabilities: Iterable[str]) -> WorkerMemory | None:
             raise ConfigError(f"memory capability {capability[:80]!r}: a chunk of 0 patterns")
         return WorkerMemory(total, chunk, fixed)
     return None
+
+
+def amount(count: int) -> str:
+    """``count`` bytes as a refusal says it: in GiB from 1 GiB up, else in MiB or KiB,
+    with one decimal (where "0.0 GiB" would hide the figure)."""
+    for unit, name in ((GIB, "GiB"), (MIB, "MiB")):
+        if count >= unit:
+            return f"{count / unit:.1f} {name}"
+    return f"{count / 1024:.1f} KiB"
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """About how much memory one process holds for a network: ``copies`` of its float32
+    element (how many, and what holds them) and ``other`` bytes (how many, and what).
+    An estimate from what the code allocates, not a measurement: the interpreter,
+    the data and short-lived temporaries come on top."""
+
+    element_bytes: int
+    copies: tuple[tuple[int, str], ...]
+    other: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def total(self) -> int:
+        elements = sum(count for count, _ in self.copies)
+        return elements * self.element_bytes + sum(count for count, _ in self.other)
+
+    def refusal(self, network: str, where: str, available: int | None) -> str:
+        """The one line refusing the network, or "" when it fits ``available`` bytes
+        (None: unknown, taken as fitting: no check is better than a wrong one)."""
+        if available is None or self.total <= available:
+            return ""
+        elements = sum(count for count, _ in self.copies)
+        parts = ", ".join(f"{count:,} {what}" for count, what in self.copies if count)
+        others = "".join(f" and {amount(count)} for {what}" for count, what in self.other)
+        return (
+            f"network {network} needs about {amount(self.total)} of memory {where}: "
+            f"{elements:,} float32 copies of its {amount(self.element_bytes)} of weights "
+            f"({parts}){others}; this machine has {amount(available)} available"
+        )

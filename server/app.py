@@ -1,8 +1,9 @@
 """``SnetServer``: startup, serve, shutdown of the daemon (in the manner of uvicorn).
 
-Startup locks the out-dir, reads the data plan, resumes from the out-dir's newest
-checkpoint of the same job (server/durability.py), opens the TCP port for workers and the
-HTTP port for status (both inside one event loop), and writes the ready file. Serving
+Startup checks that the job fits this machine's memory (server/footprint.py), locks the
+out-dir, reads the data plan, resumes from the out-dir's newest checkpoint of the same job
+(server/durability.py), opens the TCP port for workers and the HTTP port for status (both
+inside one event loop), and writes the ready file. Serving
 ends when the job is trained (after ``linger_seconds``; the results are written as soon
 as training completes) or on ``request_stop`` (the command line calls it on the first
 SIGTERM/SIGINT: a last checkpoint, workers are told goodbye, the final weights are
@@ -38,6 +39,7 @@ from .connection import WorkerConnection, tend_connections
 from .dataplan import plan_data
 from .durability import Checkpointer, job_identity, resume_point
 from .export import read_weights, write_atomically, write_final_files
+from .footprint import check_fits_in_memory
 from .http import make_app
 from .http_guard import HttpListener
 from .job_progress import ProgressMeter
@@ -100,7 +102,8 @@ class SnetServer:
     async def startup(self) -> None:
         """Claim the pid file, load the data plan, listen on both ports, write the ready file.
 
-        Raises ``ConfigError`` (pid file taken or unwritable, a checkpoint of another job),
+        Raises ``ConfigError`` (pid file taken or unwritable, a checkpoint of another job, a
+        network larger than this machine's available memory),
         ``OutDirInUse``, ``DataError`` and ``ListenError`` (a port in use or an address not
         on this machine).
         """
@@ -111,6 +114,7 @@ class SnetServer:
         tls, https = tls_contexts(self.config)
         outputs = {"ready file": self.config.ready_file, "trace file": self.config.trace_file}
         check_output_files(outputs)
+        check_fits_in_memory(job, self.config.pool_size)  # before anything is allocated
         if self.pid_file is not None:
             self.pid_file.claim()
         self.out_lock.acquire()
@@ -213,17 +217,10 @@ class SnetServer:
             raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
         if self.state == "starting":  # workers may join while HTTP starts: a resumed run's
             self.state = "training"  # last frames can even complete its training by now
-        log.info(
-            "serving %s (%s mode, network %s, %d training frames) on %s:%d, HTTP on %s:%d",
-            self.config.name,
-            job.mode,
-            job.network.describe(),
-            len(plan.train_frames),
-            self.config.host,
-            self.port,
-            self.config.http_bind_host,
-            self.http_port,
-        )
+        log.info("serving %s (%s mode, network %s, %d training frames) on %s:%d, HTTP on %s:%d",
+                 self.config.name, job.mode, job.network.describe(), len(plan.train_frames),
+                 self.config.host, self.port, self.config.http_bind_host,
+                 self.http_port)  # fmt: skip
         if self.coordinator.finished.is_set() and self._results_task is None:
             await self._save_results()  # resumed a run that had completed: "trained" once ready
         if self.config.ready_file:

@@ -1,0 +1,143 @@
+"""A network too large for this machine's memory is refused before it is allocated: by
+the server at start-up (one line, exit 2: server/footprint.py) and by a worker when it
+learns the job (a job it cannot run, exit 4: client/footprint.py), as ``snet train``
+refuses it (test_train_errors.py). The machine's memory is simulated by replacing the
+one reading of it (transport/host_memory.py's ``available_bytes``) where each side
+imported it; a job that fits is not refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import snet.client.footprint as worker_side
+import snet.server.app as server_app
+import snet.server.footprint as server_side
+from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
+from snet.protocol.memory import GIB, MemoryNeed, amount
+from snet.transport.host_memory import available_bytes
+
+from helpers import QUICK_JOB, run_snet
+from inprocess import Lab, wait_until
+
+HUGE = ["--network", "117:100000000:10", "--max-frame-mb", "100000"]  # 47.7 GiB of weights
+
+
+def _no_loading(*args: Any) -> Any:
+    raise AssertionError("the server went on to load the data and allocate the network")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            HUGE,
+            "network 117:100000000:10 needs about 1955.0 GiB of memory on this server: 41 "
+            "float32 copies of its 47.7 GiB of weights (32 pooled update elements (--pool-size "
+            "32), 4 of the update rule, 5 while a checkpoint is written); this machine has "
+            "8.0 GiB available: give a smaller network or --pool-size (at least 2)",
+        ),
+        (
+            ["--pool-size", "40000", "--mode", "async", "--staleness", "dcasgd"],
+            "network 117:512:10 needs about 19.5 GiB of memory on this server: 80,017 float32 "
+            "copies of its 256.0 KiB of weights (40,000 pooled update elements (--pool-size "
+            "40,000), 4 of the update rule, 5 while a checkpoint is written, 8 of the dcasgd "
+            "staleness history, 40,000 of dcasgd's adjusted gradients); this machine has "
+            "8.0 GiB available: give a smaller network or --pool-size (at least 2)",
+        ),
+    ],
+)
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: nothing runs on it
+async def test_a_server_refuses_a_job_larger_than_memory_before_allocating_it(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: list[str], expected: str
+) -> None:
+    monkeypatch.setattr(server_side, "available_bytes", lambda: 8 * GIB)
+    monkeypatch.setattr(server_app, "plan_data", _no_loading)
+    pid_file = tmp_path / "server.pid"
+    with pytest.raises(ConfigError) as refused:  # `snet server` exits 2 with it
+        await lab.server(*flags, "--pid-file", str(pid_file))
+    assert str(refused.value) == expected
+    assert not pid_file.exists() and not (tmp_path / "server-out").exists()  # nothing taken
+
+
+@pytest.mark.system  # starts a real process
+def test_snet_server_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    done = run_snet(
+        "server", *HUGE, "--port", "0", "--http-port", "0", "--out-dir", str(tmp_path / "o")
+    )
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("snet: network 117:100000000:10 needs about 1955.0 GiB of memory")
+    assert "Traceback" not in done.stderr and "MemoryError" not in done.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_job_that_fits_is_not_refused() -> None:
+    """The default job's server and worker need some tens of MiB: no machine that runs
+    the tests has less, and neither side refuses it."""
+    job = JobSpec()
+    server, worker = server_side.server_need(job, 32), worker_side.worker_need(job, "int8")
+    assert server.total < 128 << 20 and worker.total < 128 << 20
+    assert (available_bytes() or 0) > server.total + worker.total
+    server_side.check_fits_in_memory(job, 32)
+    worker_side.check_fits_in_memory(job, "int8")
+
+
+def test_the_estimate_and_its_words() -> None:
+    need = MemoryNeed(1 << 20, ((2, "slots"), (0, "nothing"), (1, "scratch")), ((512, "rows"),))
+    assert need.total == 3 * (1 << 20) + 512
+    assert need.refusal("1:1:1", "here", None) == ""  # unknown memory: no refusal
+    assert need.refusal("1:1:1", "here", need.total) == ""  # exactly fits
+    assert need.refusal("1:1:1", "here", need.total - 1) == (
+        "network 1:1:1 needs about 3.0 MiB of memory here: 3 float32 copies of its 1.0 MiB "
+        "of weights (2 slots, 1 scratch) and 0.5 KiB for rows; this machine has 3.0 MiB "
+        "available"
+    )
+    assert [amount(n) for n in (1536, 3 << 20, 5 * GIB // 2)] == ["1.5 KiB", "3.0 MiB", "2.5 GiB"]
+
+
+def test_a_rejoining_worker_counts_what_it_holds_for_its_last_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose server restarted still holds its buffers for the job: the same job
+    must not be refused for memory the worker itself took."""
+    job = JobSpec()
+    need = worker_side.worker_need(job).total
+    monkeypatch.setattr(worker_side, "available_bytes", lambda: need // 2)
+    with pytest.raises(ConfigError, match="on this worker"):
+        worker_side.check_fits_in_memory(job, "none")
+    worker_side.check_fits_in_memory(job, "none", earlier=job)
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_a_worker_refuses_a_job_larger_than_its_memory_and_the_server_goes_on(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = await lab.server("--mode", "async", "--epochs", "1", *QUICK_JOB)
+    monkeypatch.setattr(worker_side, "available_bytes", lambda: 1 << 20)  # 1 MiB free
+    small = lab.worker(server, "small", "--retry-seconds", "300")
+    assert await small.wait(10) == 4  # refused here: a restart would not help
+    log = lab.log("small")
+    assert (
+        "cannot run the server's job: bad_job: network 117:64:10 needs about 2.4 MiB of "
+        "memory on this worker: 6 float32 copies of its 32.0 KiB of weights (3 weights slots, "
+        "2 send buffers, 1 scratch) and 2.2 MiB for a bunch's activations (1,024 rows); "
+        "this machine has 1.0 MiB available"
+    ) in log
+    assert "joined" not in log and "reconnecting" not in log
+    assert "worker small reports bad_job: network 117:64:10 needs about" in lab.log("server")
+    monkeypatch.setattr(worker_side, "available_bytes", available_bytes)  # memory back
+    big = lab.worker(server, "big")
+
+    async def trains() -> bool:  # the server was not disturbed: the next worker trains
+        return int((await server.status())["updates_applied"]) >= 3
+
+    await wait_until(trains, 60, "the next worker to train")
+    big.stop("test over")
+    assert await big.wait(30) == 0
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
