@@ -86,8 +86,11 @@ def encode_checkpoint(state: dict[str, Any]) -> bytes:
     parts: list[bytes | memoryview] = [PREFIX.pack(MAGIC, FORMAT, len(header), payload_length)]
     parts.append(header)
     parts.extend(a.data.cast("B") for a in little if a.nbytes)
-    body = b"".join(parts)
-    return body + _checksum(body)
+    checksum = hashlib.blake2b(digest_size=CHECKSUM_BYTES)  # as _checksum, over the parts:
+    for part in parts:  # the state is copied into the file's bytes once, not twice
+        checksum.update(part)
+    parts.append(checksum.digest())
+    return b"".join(parts)
 
 
 def decode_checkpoint(data: bytes, name: str = "checkpoint") -> dict[str, Any]:

@@ -15,8 +15,7 @@ The estimate counts whole float32 copies of the element, from what the code allo
   and the next step's;
 - newbob: the best epoch's weights (server/epochs.py);
 - a checkpoint being written (server/durability.py, checkpoint.py): the copied velocity
-  and the file's bytes, which ``encode_checkpoint`` holds twice (joined, then the checksum
-  appended) for every array of the state;
+  and the file's bytes, one copy of every array of the state;
 - the staleness policies (server/stepping.py, compensation.py): DC-ASGD and Gap-Aware keep
   ``HISTORY_VERSIONS`` past weights (Gap-Aware also its step sizes), and every policy that
   changes gradients makes a new one per update of a pass (at most the pool's).
@@ -53,7 +52,7 @@ def server_need(job: JobSpec, pool_size: int) -> MemoryNeed:
         (NP_RULE_COPIES if job.mode == "np" else RULE_COPIES, "of the update rule"),
         (LOOKAHEAD_COPIES * lookahead, f"of bmuf's {job.block_filter} look-ahead"),
         (int(newbob), "of newbob's best weights"),
-        (1 + 2 * state, "while a checkpoint is written"),
+        (1 + state, "while a checkpoint is written"),
     ]
     if staleness.needs_base_weights:
         history = HISTORY_VERSIONS + (staleness.policy == "gap")  # and Gap-Aware's sizes

@@ -36,16 +36,16 @@ def _no_loading(*args: Any) -> Any:
     [
         (
             HUGE,
-            "network 117:100000000:10 needs about 1955.0 GiB of memory on this server: 41 "
+            "network 117:100000000:10 needs about 1859.7 GiB of memory on this server: 39 "
             "float32 copies of its 47.7 GiB of weights (32 pooled update elements (--pool-size "
-            "32), 4 of the update rule, 5 while a checkpoint is written); this machine has "
+            "32), 4 of the update rule, 3 while a checkpoint is written); this machine has "
             "8.0 GiB available: give a smaller network or --pool-size (at least 2)",
         ),
         (
             ["--pool-size", "40000", "--mode", "async", "--staleness", "dcasgd"],
-            "network 117:512:10 needs about 19.5 GiB of memory on this server: 80,017 float32 "
+            "network 117:512:10 needs about 19.5 GiB of memory on this server: 80,015 float32 "
             "copies of its 256.0 KiB of weights (40,000 pooled update elements (--pool-size "
-            "40,000), 4 of the update rule, 5 while a checkpoint is written, 8 of the dcasgd "
+            "40,000), 4 of the update rule, 3 while a checkpoint is written, 8 of the dcasgd "
             "staleness history, 40,000 of dcasgd's adjusted gradients); this machine has "
             "8.0 GiB available: give a smaller network or --pool-size (at least 2)",
         ),
@@ -71,7 +71,7 @@ def test_snet_server_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("snet: network 117:100000000:10 needs about 1955.0 GiB of memory")
+    assert last.startswith("snet: network 117:100000000:10 needs about 1859.7 GiB of memory")
     assert "Traceback" not in done.stderr and "MemoryError" not in done.stderr
     assert not (tmp_path / "o").exists()
 
