@@ -107,7 +107,7 @@ class TrainingStats:
         self.updates_applied += updates
         self.patterns_applied += patterns
         self.step_seconds += seconds
-        log.debug("step %d: %d updates, %d patterns, %.2f ms in the step thread", self.steps,
+        log.debug("step %d: %d updates, %d patterns, %.2f ms applying it", self.steps,
                   updates, patterns, 1000 * seconds)  # fmt: skip
 
     def record_late(self, leases_revoked: int = 0, dropped: bool = False) -> None:
