@@ -139,7 +139,7 @@ class WorkerConfig:
         check_threads(self.threads)
         if self.processes < 1:
             raise ConfigError(f"processes must be >= 1, got {self.processes}")
-        if self.inline_seconds < 0:
+        if not self.inline_seconds >= 0:  # nan too (a TOML file can give one)
             raise ConfigError(f"inline_seconds must be >= 0, got {self.inline_seconds:g}")
         if self.retry_seconds < 0:
             raise ConfigError("retry_seconds must be >= 0")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from snet.cli.commands import server_config
 from snet.cli.main import _parser, main
 from snet.protocol.errors import ConfigError
+from snet.server.config import ServerConfig
 
 from helpers import run_process
 
@@ -98,6 +100,10 @@ def test_bad_settings_fail_clearly(
         _config(["--port", "7300", "--http-port", "7300"])
     other_host = ["--port", "7300", "--http-port", "7300", "--http-host", "127.0.0.2"]
     assert _config(other_host).http_bind_host == "127.0.0.2"  # two addresses: no clash
+    with pytest.raises(ConfigError, match="inline_step_seconds must be >= 0, got nan"):
+        ServerConfig(inline_step_seconds=math.nan)  # built in code: no flag or TOML check
+    with pytest.raises(ConfigError, match="inline_step_seconds must be >= 0, got -1"):
+        _config(["--inline-step-seconds", "-1"])
     assert main(["server", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "cannot read config file" in capsys.readouterr().err
 
