@@ -154,9 +154,10 @@ def system_ring_environment() -> dict[str, str]:
     the compiled step in 0.8 s of CPU at start-up, more than most of these tests' workers
     then train, and the system ring starts over a hundred of them: 31 % of its time (202 s
     against 140 s, two at a time). The compiled step is tested against numpy's in the fast
-    ring, which trains with it in-process, and in real processes by every test that runs
-    ``snet`` as a user does (``run_snet``: the demo, ``snet train``) and by those that say
-    ``cluster.env.pop("SNET_KERNELS")``."""
+    ring, which trains with it in-process, and in real processes by the tests that run
+    ``snet`` as a user does (``run_snet``: the demo, ``snet train``; test_user_data.py's
+    pass this environment: their subject is the data) and by those that set
+    ``cluster.env["SNET_KERNELS"]``."""
     return {"SNET_KERNELS": "numpy", **os.environ}
 
 
@@ -339,8 +340,11 @@ class RawClient:
         self.sock.close()
 
 
-def run_snet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """The real ``snet`` command, as a user runs it, to its end (at most 120 s)."""
+def run_snet(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real ``snet`` command, as a user runs it, to its end (at most 120 s); ``env``:
+    its environment if not the test run's."""
     argv = [sys.executable, "-m", "snet.cli", *args]
     _allowed(argv)
     return subprocess.run(
@@ -349,6 +353,7 @@ def run_snet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
         text=True,
         timeout=120,
         cwd=cwd,
+        env=env,
     )
 
 

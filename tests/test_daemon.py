@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SMALL_JOB, Cluster, free_port, wait_until
+from helpers import QUICK_JOB, SMALL_JOB, Cluster, free_port, wait_until
 
 
 def _ledger_exact(status: dict[str, object]) -> bool:
@@ -64,7 +64,7 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
     # A stale pid file (its process is gone) is simply replaced.
     pid_file.write_text("999999999\n")
     again = cluster.server(
-        *("--epochs", "1", "--linger-seconds", "-1", "--pid-file", str(pid_file), *SMALL_JOB),
+        *("--epochs", "1", "--linger-seconds", "-1", "--pid-file", str(pid_file), *QUICK_JOB),
         name="again",
     )
     assert pid_file.read_text() == f"{again.process.pid}\n"
@@ -136,8 +136,9 @@ def test_workers_started_first_survive_server_restart_and_crash(cluster: Cluster
 
 @pytest.mark.system
 def test_frozen_server_is_dropped_and_rejoined(cluster: Cluster) -> None:
+    # QUICK_JOB: the subject is the drop and the rejoin, not learning
     server = cluster.server(
-        "--mode", "async", "--epochs", "2", "--heartbeat-seconds", "0.5", *SMALL_JOB
+        "--mode", "async", "--epochs", "2", "--heartbeat-seconds", "0.5", *QUICK_JOB
     )
     worker = cluster.worker(server, "w0", "--retry-seconds", "60", "--server-timeout-seconds", "2")
     wait_until(lambda: server.status()["steps"] > 10, 60, "training to start")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import helpers
-from helpers import SMALL_JOB, check_output
+from helpers import QUICK_JOB, SMALL_JOB, check_output
 
 EXIT_READER_GONE = 141
 
@@ -70,7 +70,9 @@ def test_train_whose_reader_goes_stops_with_141_and_keeps_what_it_trained(
 
 @pytest.mark.system  # starts real processes
 def test_demo_whose_reader_goes_stops_its_run_which_goes_on_again(tmp_path: Path) -> None:
-    demo = ["demo", "--mode", "sync", *SMALL_JOB, "--epochs", "6", "--out-dir", "out"]
+    # QUICK_JOB: the subject is the stop and the going on, not how well the net learns; in
+    # bunches of 128 the demo's workers' updates were most of the test's CPU (three runs).
+    demo = ["demo", "--mode", "sync", *QUICK_JOB, "--epochs", "6", "--out-dir", "out"]
     code, errors = _closed_after_first_epoch(demo, tmp_path)
     assert code == EXIT_READER_GONE
     assert "snet demo: stopping: its output's reader has gone (the run is kept in out" in errors
@@ -80,7 +82,7 @@ def test_demo_whose_reader_goes_stops_its_run_which_goes_on_again(tmp_path: Path
     assert stopped["state"] == "stopping" and 2 <= done <= 5
 
     # stderr in the same pipe (2>&1 | head): its line cannot be written, the stop holds
-    merged = ["demo", "--mode", "sync", *SMALL_JOB, "--epochs", "6", "--out-dir", "merged"]
+    merged = ["demo", "--mode", "sync", *QUICK_JOB, "--epochs", "6", "--out-dir", "merged"]
     assert _closed_after_first_epoch(merged, tmp_path, merged=True)[0] == EXIT_READER_GONE
     halted = json.loads((tmp_path / "merged" / "status.json").read_text())
     assert halted["state"] == "stopping" and 2 <= halted["epochs_done"] <= 5

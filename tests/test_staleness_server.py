@@ -20,7 +20,7 @@ from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.compensation import HISTORY_VERSIONS, delay_compensated
 from snet.server.update_rule import UpdateRule
 
-from helpers import SMALL_JOB, Cluster, RawClient, ServerProcess, wait_until
+from helpers import QUICK_JOB, SMALL_JOB, Cluster, RawClient, ServerProcess, wait_until
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 
@@ -105,8 +105,10 @@ def test_bounded_staleness_applies_nothing_older_than_the_bound(cluster: Cluster
 
 def test_four_async_workers_with_a_bound_never_exceed_it(cluster: Cluster) -> None:
     trace = cluster.tmp_path / "trace.jsonl"
+    # QUICK_JOB: the bound holds or not whatever the bunch; in bunches of 128 the four
+    # workers' updates were most of the test's CPU
     server = cluster.server("--mode", "async", "--epochs", "2", "--staleness", "bounded:1",
-                            "--trace-file", str(trace), *SMALL_JOB)  # fmt: skip
+                            "--trace-file", str(trace), *QUICK_JOB)  # fmt: skip
     workers = [cluster.worker(server, f"w{i}") for i in range(4)]
     assert server.wait(180) == 0
     assert [w.wait(30) for w in workers] == [0] * 4
@@ -122,7 +124,7 @@ def test_four_async_workers_with_a_bound_never_exceed_it(cluster: Cluster) -> No
 def test_sync_steps_are_full_and_nobody_idles_on_eight_chunks(cluster: Cluster) -> None:
     """Four workers on data of eight chunks: each trains, and every step of the epoch but
     its last holds one full bunch from each of them (the global bunch)."""
-    bunch = 32
+    bunch = 128  # chunks and steps as with any bunch; 32 took four times the steps
     train = len(load_corpus(DataSpec(), 10).train_frames)
     chunk = math.ceil(train / 8 / bunch) * bunch
     trace = cluster.tmp_path / "trace.jsonl"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import SMALL_JOB, Cluster, check_output
+from helpers import QUICK_JOB, Cluster, check_output
 
 
 def _ctrl_c_as_at_a_terminal() -> None:
@@ -46,7 +46,8 @@ def _watch(cluster: Cluster, url: str) -> subprocess.Popen[str]:
 
 @pytest.mark.system
 def test_status_watch_follows_the_run_to_its_end_and_stops_cleanly(cluster: Cluster) -> None:
-    server = cluster.server("--epochs", "2", "--linger-seconds", "5", *SMALL_JOB)
+    # QUICK_JOB: the watch's subject is the readings and its end, not learning
+    server = cluster.server("--epochs", "2", "--linger-seconds", "5", *QUICK_JOB)
     address = server.url.removeprefix("http://")  # a bare HOST:PORT is taken as http://
 
     # Ctrl-C: exit 0, no traceback

@@ -8,6 +8,7 @@ CV accuracy the server reported, because the split travels with the weights.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,18 @@ from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec
 from snet.server.export import read_weights
 
-from helpers import Cluster, run_snet
+from helpers import Cluster, run_snet, system_ring_environment
 
 IMAGE_JOB = ["--network", "784:24:10", "--context", "0", "--bunch-size", "50"]
+
+
+def snet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``snet ARGS`` on numpy's step, as the Cluster's workers here train
+    (``helpers.system_ring_environment``): the subject is the data, not the step, and
+    loading the compiled step cost each ``snet train`` and ``snet eval`` 0.8 s of CPU (the
+    compiled step runs in real processes in test_cli_errors.py's, test_bmuf.py's and
+    test_training.py's). An eval then scores with the step the server scored with."""
+    return run_snet(*args, cwd=cwd, env=system_ring_environment())
 
 
 def image_set(path: Path, count: int, seed: int) -> Path:
@@ -48,7 +58,7 @@ def test_images_without_lengths_are_frames_of_their_own(tmp_path: Path) -> None:
 @pytest.mark.system  # starts real processes
 def test_image_data_with_the_default_context_suggests_context_0(tmp_path: Path) -> None:
     data = image_set(tmp_path / "images.npz", 40, 1)
-    result = run_snet("train", "--data", str(data), "--network", "784:24:10", cwd=tmp_path)
+    result = snet("train", "--data", str(data), "--network", "784:24:10", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "with a window of 9 frames a pattern has 7056 inputs" in result.stderr
     assert "use --context 0" in result.stderr
@@ -112,15 +122,13 @@ def test_fashion_shaped_data_with_a_cv_file_trains_and_eval_agrees(
     weights = server.out_dir / "weights.npz"
     saved = read_weights(weights)
     assert saved.data is not None and saved.data.cv_source == str(cv)
-    result = run_snet("eval", "--weights", str(weights), "--json", cwd=tmp_path)
+    result = snet("eval", "--weights", str(weights), "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     scored = json.loads(result.stdout)
     assert scored["frames"] == 600 and scored["data"] == str(cv)
     assert scored["accuracy"] == pytest.approx(last["cv_accuracy"], abs=1e-6)
     tested = json.loads(
-        run_snet(
-            "eval", "--weights", str(weights), "--subset", "test", "--json", cwd=tmp_path
-        ).stdout
+        snet("eval", "--weights", str(weights), "--subset", "test", "--json", cwd=tmp_path).stdout
     )
     assert tested["frames"] == 500
     assert tested["accuracy"] == status["test"]["accuracy"]
@@ -130,14 +138,14 @@ def test_fashion_shaped_data_with_a_cv_file_trains_and_eval_agrees(
 def test_eval_scores_the_jobs_split_not_the_default(tmp_path: Path) -> None:
     data = image_set(tmp_path / "images.npz", 400, 1)
     out = tmp_path / "out"
-    trained = run_snet(
+    trained = snet(
         "train", "--data", str(data), *IMAGE_JOB, "--epochs", "1", "--cv-fraction", "0.25",
         "--split-seed", "7", "--out-dir", str(out), cwd=tmp_path,
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     cv_line = [line for line in trained.stdout.splitlines() if line.startswith("epoch")][-1]
     scored = json.loads(
-        run_snet("eval", "--weights", str(out / "weights.npz"), "--json", cwd=tmp_path).stdout
+        snet("eval", "--weights", str(out / "weights.npz"), "--json", cwd=tmp_path).stdout
     )
     assert scored["frames"] == 100  # a quarter of 400, as the job said; not 40
     assert f"CV {100 * scored['accuracy']:6.2f}%" in cv_line
@@ -147,16 +155,16 @@ def test_eval_scores_the_jobs_split_not_the_default(tmp_path: Path) -> None:
 def test_eval_of_weights_without_a_saved_split_says_what_it_assumes(tmp_path: Path) -> None:
     data = image_set(tmp_path / "images.npz", 100, 1)
     out = tmp_path / "out"
-    trained = run_snet("train", "--data", str(data), *IMAGE_JOB, "--epochs", "1",
+    trained = snet("train", "--data", str(data), *IMAGE_JOB, "--epochs", "1",
                    "--out-dir", str(out), cwd=tmp_path)  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     with np.load(out / "weights.npz") as saved:  # as written before the split was saved
         arrays = {k: saved[k] for k in saved.files if k != "data_spec"}
     np.savez(out / "old.npz", **arrays)
-    result = run_snet("eval", "--weights", str(out / "old.npz"), "--data", str(data), cwd=tmp_path)
+    result = snet("eval", "--weights", str(out / "old.npz"), "--data", str(data), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "assuming cv_fraction 0.1 and split_seed 0" in result.stderr
-    missing = run_snet("eval", "--weights", str(out / "weights.npz"), "--subset", "test",
+    missing = snet("eval", "--weights", str(out / "weights.npz"), "--subset", "test",
                    cwd=tmp_path)  # fmt: skip
     assert missing.returncode == 2
     assert "has no test file: name one with --test-data" in missing.stderr
@@ -247,6 +255,6 @@ def test_bmuf_scores_the_test_file_with_the_weights_it_saves(
     status = server.final_status()
     assert status["rule"]["blocks"] > 0 and status["test"]["frames"] == 300
     weights = str(server.out_dir / "weights.npz")
-    tested = run_snet("eval", "--weights", weights, "--subset", "test", "--json", cwd=tmp_path)
+    tested = snet("eval", "--weights", weights, "--subset", "test", "--json", cwd=tmp_path)
     assert tested.returncode == 0, tested.stderr
     assert json.loads(tested.stdout)["loss"] == status["test"]["loss"]
