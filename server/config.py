@@ -206,9 +206,7 @@ class ServerConfig:
         if self.pool_size < 2:
             raise ConfigError(f"pool_size must be at least 2, got {self.pool_size}")
         if not self.inline_step_seconds >= 0:  # nan too (a TOML file can give one)
-            raise ConfigError(
-                f"inline_step_seconds must be >= 0, got {self.inline_step_seconds:g}"
-            )
+            raise ConfigError(f"inline_step_seconds must be >= 0, got {self.inline_step_seconds:g}")
         if self.max_frame_mb < 1:
             raise ConfigError("max_frame_mb must be at least 1")
         element = whole_element_bytes(self.job.network, self.job.mode)
