@@ -1,5 +1,5 @@
 """``python -m snet.cli`` is the ``snet`` command."""
 
-from .main import main
+from .main import entry
 
-raise SystemExit(main())
+entry()
