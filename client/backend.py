@@ -24,6 +24,10 @@ class ComputeBackend(Protocol):
     """The arithmetic of one worker. Every method runs in the worker's compute thread."""
 
     name: str
+    # True when a bunch's time is mostly a modelled device's, slept: it must never be
+    # computed on the event loop, whose inline choice sees only CPU time
+    # (transport/inline.py) and would take a sleeping bunch for a short one
+    models_device_time: bool
 
     def prepare(self, job: JobSpec, corpus: Corpus) -> None:
         """Set up for ``job`` on ``corpus`` (allocate buffers, load the board, ...)."""
@@ -45,6 +49,7 @@ class NumpyBackend:
     """float32 bunch-mode training with numpy (the reference backend)."""
 
     name = "numpy"
+    models_device_time = False
     matmul: MatMul | None = None  # numpy's (OpenBLAS); the torch backend brings MKL's
     derivative: Derivative | None = None  # numpy's blocked passes; torch brings fused ones
 

@@ -61,6 +61,7 @@ class ModelledBackend:
     gradient (not zeros: the server refuses an all-zero update as implausible)."""
 
     name = "modelled"
+    models_device_time = True  # sleeps the modelled time
 
     def __init__(
         self,

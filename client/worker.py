@@ -4,8 +4,7 @@ As in SNet v2, the connection (the receiving task, on the event loop) files inco
 weights, leases and requests while the compute loop runs each bunch in a thread (bunches
 under ``inline_seconds`` of CPU on the loop itself, transport/inline.py) and takes the
 newest weights at each bunch boundary: in async mode it never waits for weights after
-sending an update, in sync mode it waits for the version after the one its update was
-computed on.
+sending an update, in sync mode for the version after the one its update was computed on.
 ``DataInfo`` follows ``Welcome``; a worker that cannot read the data says ``FramesWanted``
 and trains on frames the server sends (``client/data.py``, ``work.py``).
 """
@@ -319,7 +318,8 @@ class Worker:
         per_update = policy.frames_per_update(self.job)
         last_base = -1
         scratch = box.layout.allocate()
-        inline = InlineChoice(self.config.inline_seconds)
+        limit = 0.0 if self.backend.models_device_time else self.config.inline_seconds
+        inline = InlineChoice(limit)  # never inline for a backend that sleeps a device's time
         self._slices = policy.slice_work(self.job, self.corpus, self.backend)
         while True:
             self._wake.clear()

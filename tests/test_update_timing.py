@@ -3,10 +3,13 @@ weights include, and what is reported."""
 
 from __future__ import annotations
 
+import threading
 import time
 
+import numpy as np
 import pytest
 
+from snet.client.backend import NumpyBackend
 from snet.client.update_timing import UpdateTiming
 from snet.transport.inline import InlineChoice, timed
 
@@ -78,7 +81,11 @@ def test_the_choice_is_made_on_cpu_time_not_on_time_spent_waiting_for_a_core() -
     """A bunch that waited (here: slept) is not a long bunch: on a busy machine wall time
     counts the waits, and had every bunch handed to the thread exactly when cores were
     scarce."""
-    (value, cpu) = timed(lambda: time.sleep(0.05) or 7)
+    def waits() -> int:
+        time.sleep(0.05)
+        return 7
+
+    (value, cpu) = timed(waits)
     assert value == 7 and 0 <= cpu < 0.01
     choice = InlineChoice(0.002)
     choice.measured(cpu)
@@ -98,3 +105,36 @@ def test_compute_on_the_event_loop_is_not_counted_as_the_loop_s_own_work() -> No
     assert figures is not None
     assert figures["compute_cpu_ms"] >= 10  # 20 ms over 2 updates
     assert figures["loop_cpu_ms"] < 5  # the loop itself did next to nothing meanwhile
+
+
+class WhereComputed(NumpyBackend):
+    """numpy's arithmetic, noting for each bunch whether it ran on the event loop's
+    thread (the test's main thread) or the compute thread; ``sleep``: it also sleeps
+    that long, as an emulated board's modelled time does (client/spert/timing.py)."""
+
+    def __init__(self, sleep: float = 0.0) -> None:
+        super().__init__("numpy")
+        self.models_device_time = sleep > 0
+        self.sleep = sleep
+        self.on_loop: list[bool] = []
+
+    def gradient(
+        self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
+    ) -> tuple[float, int]:
+        self.on_loop.append(threading.current_thread() is threading.main_thread())
+        if self.sleep:
+            time.sleep(self.sleep)
+        return super().gradient(weights, frames, out)
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # its subject is a thread, not the loop
+async def test_a_backend_that_sleeps_a_device_s_time_never_computes_on_the_loop(lab: Lab) -> None:
+    """The inline choice sees CPU time: a bunch that is mostly a board's slept time would
+    look short and hold the event loop (no heartbeats, nothing received) while it sleeps."""
+    server = await lab.server("--mode", "async", "--epochs", "1", *QUICK_JOB)
+    board_like, plain = WhereComputed(sleep=0.005), WhereComputed()
+    lab.worker(server, "board-like", backend=board_like)
+    lab.worker(server, "plain", backend=plain)
+    assert await server.wait(120) == "trained"
+    assert len(board_like.on_loop) >= 5 and not any(board_like.on_loop)
+    assert any(plain.on_loop)  # a short bunch of CPU is computed inline: the check sees it

@@ -61,6 +61,7 @@ class SpertBackend:
     """Worker arithmetic on an emulated Spert-II board (``snet worker --backend spert``)."""
 
     name = "spert"
+    models_device_time = True  # sleeps the board's modelled time (client/spert/timing.py)
 
     def __init__(self, config: BoardConfig | None = None) -> None:
         self.config = config or BoardConfig()
