@@ -81,6 +81,7 @@ def test_the_choice_is_made_on_cpu_time_not_on_time_spent_waiting_for_a_core() -
     """A bunch that waited (here: slept) is not a long bunch: on a busy machine wall time
     counts the waits, and had every bunch handed to the thread exactly when cores were
     scarce."""
+
     def waits() -> int:
         time.sleep(0.05)
         return 7
