@@ -32,6 +32,12 @@ def loop_name() -> str:
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run ``coroutine`` on uvloop when available, falling back to plain asyncio."""
+    from snet.protocol.fpu import flush_denormals
+
+    # The loop's thread computes too (short steps and bunches run inline, transport/
+    # inline.py): with denormals flushed as in the step and compute threads, a step's
+    # result does not depend on the thread that ran it, nor slow down a hundredfold.
+    flush_denormals()
     if loop_name() == "uvloop":
         import uvloop
 

@@ -1,4 +1,4 @@
-"""``StepRunner``: applies steps with the update rule in the step thread, NaN-safe.
+"""``StepRunner``: applies steps with the update rule (in the step thread), NaN-safe.
 
 The one part that runs numpy off the event loop, or on it while a pass takes less than
 ``inline_step_seconds`` of CPU (transport/inline.py: the hand-off to the thread cost as much
@@ -92,11 +92,12 @@ class StepOutcome:
     applied: list[list[PendingUpdate]] = field(default_factory=list)  # one list per version
     refused: list[tuple[PendingUpdate, str]] = field(default_factory=list)
     seconds: float = 0.0
-    digest: str = ""  # of ``snapshot`` (computed in the step thread)
+    digest: str = ""  # of ``snapshot`` (computed with the step, by the pass)
 
 
 class StepRunner:
-    """Runs the update rule over groups of pending updates in the step thread."""
+    """Runs the update rule over groups of pending updates in the step thread (a pass
+    expected to take under ``inline_seconds`` of CPU on the event loop)."""
 
     def __init__(self, rule: StepRule, executor: Executor, inline_seconds: float = 0.0) -> None:
         self.rule = rule
@@ -131,13 +132,14 @@ class StepRunner:
         # One trip to the step thread per pass (the digest comes with the step): each
         # trip costs the event loop a thread hand-off, more than a small step itself; so
         # a pass that takes less than the inline limit runs on the loop instead.
-        if self.inline.chosen:
+        updates = sum(len(group) for group in groups)
+        if self.inline.chosen_for(updates):
             screened, cpu = timed(self._screened_steps, groups, rate)
         else:
             screened, cpu = await loop.run_in_executor(
                 self.executor, timed, self._screened_steps, groups, rate
             )
-        self.inline.measured(cpu)
+        self.inline.measured(cpu, updates)
         snapshot, digest, groups, outcome.refused = screened
         if snapshot is not None or not groups:
             outcome.snapshot, outcome.applied, outcome.digest = snapshot, list(groups), digest
@@ -183,9 +185,9 @@ class StepRunner:
     def _screened_steps(
         self, groups: list[list[PendingUpdate]], rate: float
     ) -> tuple[np.ndarray | None, str, list[list[PendingUpdate]], list[tuple[PendingUpdate, str]]]:
-        """Step thread: refuse the updates whose norm is implausible (NaN and Inf among
-        them), then one fused pass of the update rule over the rest; the new weights
-        with their digest."""
+        """The pass (step thread or loop): refuse the updates whose norm is implausible
+        (NaN and Inf among them), then one fused pass of the update rule over the rest;
+        the new weights with their digest."""
         refused: list[tuple[PendingUpdate, str]] = []
         kept_groups: list[list[PendingUpdate]] = []
         for group in groups:
@@ -205,7 +207,7 @@ class StepRunner:
         return snapshot, digest, kept_groups, refused
 
     def _steps(self, groups: list[list[PendingUpdate]], rate: float) -> np.ndarray | None:
-        """Step thread: the update rule over consecutive ``groups`` (with the staleness
+        """The pass: the update rule over consecutive ``groups`` (with the staleness
         policy's gradients, if it changes them)."""
         if not self.setting.changes_gradients:
             gradients, patterns, direct = self._arguments(groups)
@@ -222,7 +224,7 @@ class StepRunner:
         return snapshot
 
     def _compensated(self, pending: PendingUpdate, index: int) -> np.ndarray:
-        """Step thread: an update's gradient as the staleness policy has it, applied in
+        """The pass: an update's gradient as the staleness policy has it, applied in
         the ``index``-th of the steps of this pass."""
         base_version = pending.message.base_version
         staleness = self.version + index - base_version

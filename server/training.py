@@ -4,7 +4,7 @@ Each part owns its state and nothing writes another's fields: ``ElementPool`` (p
 the elements updates are received into); ``UpdateIntake`` (intake.py, an update checked
 and queued); the mode's ``StepPolicy`` (policies.py: which queued updates make a step;
 its ``Combination``: how they combine, the rule); ``StepQueue`` (stepqueue.py) and
-``StepRunner`` (stepping.py, the rule applied in the step thread); ``LeaseBook``,
+``StepRunner`` (stepping.py, the rule applied, off the loop or a short pass on it); ``LeaseBook``,
 ``LeaseDesk``, ``InlineFrames`` (who trains on which frames); ``EpochControl``
 (epochs.py, epochs, rates, roll-back); ``Evaluations`` and ``CvScoring`` (who scores each
 epoch's weights on the CV frames, cv_scoring.py); ``ProgressWatch`` (progress.py,
@@ -16,7 +16,7 @@ of ``version`` and exactly the ledger they include (server/resume.py, durability
 The coordinator routes the events (a worker joins, sends an update or a CV result, is
 late (lateness.py), leaves) to them and carries out what they decide: it publishes each
 step's weights with a new version, sends them to every worker, starts epochs, on the event
-loop; only the ``StepRunner`` computes, in the step thread.
+loop; only the ``StepRunner`` computes (in the step thread, or inline when short).
 """
 
 from __future__ import annotations

@@ -194,9 +194,9 @@ class UpdateRule:
         self._spare_velocity[...] = 0.0
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
-        """The weights and the velocity, consistent only between steps (the step thread
-        writes the velocity). The weights are never written again; the velocity is copied,
-        as the step after next overwrites its buffer."""
+        """The weights and the velocity, consistent only between steps (a step, in the step
+        thread or on the loop, writes the velocity). The weights are never written again;
+        the velocity is copied, as the step after next overwrites its buffer."""
         return {"weights": self.weights, "velocity": self.velocity.copy()}
 
     def restore_checkpoint(self, state: dict[str, np.ndarray]) -> None:

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from snet.cli.runtime import run
 from snet.client.backend import NumpyBackend, make_backend, torch_available
 from snet.client.data import load_corpus
 from snet.protocol.errors import ConfigError
@@ -27,6 +28,18 @@ def test_flush_denormals_is_per_thread_and_reversible() -> None:
         before, during, after = pool.submit(in_thread).result()
     assert (before, during, after) == (False, True, False)
     assert not denormals_flushed()  # this thread was never touched
+
+
+def test_the_event_loop_s_thread_flushes_denormals_as_the_compute_threads_do() -> None:
+    """Short steps and bunches run on the loop's thread (transport/inline.py): a step's
+    velocity must not keep denormals there that the step thread flushes to zero."""
+
+    async def flushed() -> bool:
+        return denormals_flushed()
+
+    with ThreadPoolExecutor(1) as pool:  # a thread of its own: this one is left as it is
+        assert pool.submit(run, flushed()).result()
+    assert not denormals_flushed()
 
 
 def test_unknown_backend_is_a_clear_error() -> None:

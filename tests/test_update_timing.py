@@ -77,6 +77,16 @@ def test_small_bunches_are_computed_inline_once_measured_and_big_ones_never() ->
     assert not never.chosen
 
 
+def test_a_pass_of_many_updates_goes_to_the_thread_even_when_single_ones_ran_inline() -> None:
+    """The server's step passes: a backlog of fused steps is many updates in one pass; the
+    choice weighs the mean per update by the updates of the pass at hand."""
+    choice = InlineChoice(0.002)
+    assert not choice.chosen_for(1)  # nothing timed yet: the thread, and timed there
+    choice.measured(0.001, 2)  # a pass of two updates, 0.5 ms each
+    assert choice.chosen_for(2) and choice.chosen_for(3)
+    assert not choice.chosen_for(16)  # about 8 ms: it would hold the loop that long
+
+
 def test_the_choice_is_made_on_cpu_time_not_on_time_spent_waiting_for_a_core() -> None:
     """A bunch that waited (here: slept) is not a long bunch: on a busy machine wall time
     counts the waits, and had every bunch handed to the thread exactly when cores were

@@ -6,8 +6,10 @@ changing hands twice (tens of microseconds of CPU on an idle machine, several ti
 on a busy one) and buys the overlap of receiving with computing. For the default job's
 bunch of 64 patterns or its server step over two updates (each well under a millisecond)
 the hand-off costs as much as the work, and what arrives meanwhile is used only at the
-next bunch or step anyway. So while the work takes less than a limit (a running mean) it
-is done inline, and the event loop waits at most about that long.
+next bunch or step anyway. So work expected to take less than a limit of CPU is done
+inline: the running mean per unit (a bunch; an update of a step pass) times the units
+of the piece at hand, so that a backlog of fused steps, many updates in one pass, goes
+to the thread even when single updates ran inline.
 
 The measure is the work's CPU time (``timed``), not its wall time: on a busy machine wall
 time counts the moments spent waiting for a core, which had a loaded worker hand every
@@ -33,17 +35,25 @@ def timed(function: Callable[..., T], *args: Any) -> tuple[T, float]:
 
 
 class InlineChoice:
-    """Whether the next piece of work runs on the event loop's thread (``chosen``)."""
+    """Whether the next piece of work runs on the event loop's thread."""
 
     def __init__(self, limit_seconds: float) -> None:
-        """``limit_seconds``: the running mean of CPU seconds under which work is done
-        inline (0: never)."""
+        """``limit_seconds``: the CPU seconds under which a piece of work is done inline
+        (0: never)."""
         self.limit_seconds = limit_seconds
-        self.chosen = False  # the first pieces go to the thread, and are timed
-        self._mean: float | None = None
+        self._mean: float | None = None  # CPU seconds per unit; None: nothing timed yet
 
-    def measured(self, cpu_seconds: float) -> None:
-        """A piece of work took ``cpu_seconds`` of its thread's CPU."""
-        mean = cpu_seconds if self._mean is None else 0.8 * self._mean + 0.2 * cpu_seconds
-        self._mean = mean
-        self.chosen = mean < self.limit_seconds
+    @property
+    def chosen(self) -> bool:
+        """A piece of one unit (a bunch) runs inline."""
+        return self.chosen_for(1)
+
+    def chosen_for(self, units: int) -> bool:
+        """A piece of ``units`` units runs inline (the first pieces go to the thread, and
+        are timed)."""
+        return self._mean is not None and self._mean * units < self.limit_seconds
+
+    def measured(self, cpu_seconds: float, units: int = 1) -> None:
+        """A piece of ``units`` units took ``cpu_seconds`` of its thread's CPU."""
+        each = cpu_seconds / max(units, 1)
+        self._mean = each if self._mean is None else 0.8 * self._mean + 0.2 * each
