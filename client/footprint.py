@@ -14,8 +14,11 @@ velocity and gradient), and the update compressor (client/compression.py: its re
 target and decoded copy, a velocity for momentum-corrected codecs, a clipped copy for
 those that clip, the gradients of the last ``KEEP_SENT`` updates); and the backend's
 activations for a bunch (client/network.py: a few float32 values per unit and row, rows
-being at least ``MIN_ROWS``). In np mode the backend holds a slice, sized only later (a
-board checks its own memory then): the whole-network buffers alone are counted.
+being at least ``MIN_ROWS``). In np mode nothing is counted: the backend holds a slice,
+sized only later (a board checks its own memory then), and the whole-network buffers are
+zeros that no weights or updates are ever written into (the kernel maps none of them).
+A need above all the memory this process could ever have is refused; one above what is
+available now is a warning (transport/host_memory.py).
 
 A worker that joins again (its server restarted) still holds what it made for the last
 job, which the new one reuses or frees: that much counts as available, so that a worker
@@ -24,13 +27,17 @@ that ran is never turned away by its own earlier allocations.
 
 from __future__ import annotations
 
+import logging
+
 from snet.protocol.codecs import parse_codec
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 from snet.protocol.memory import WORD32, MemoryNeed
-from snet.transport.host_memory import available_bytes
+from snet.transport.host_memory import host_memory
 
 from .compression import CLIPPED_FAMILIES, KEEP_SENT
+
+log = logging.getLogger("snet.worker")
 
 BOX_SLOTS = 3  # WeightsBox's default
 SEND_BUFFERS = 2  # SendBuffers' default
@@ -40,12 +47,14 @@ ROW_COPIES = 3  # float32 values per unit and row: activations, deltas and their
 
 def worker_need(job: JobSpec, update_codec: str = "none") -> MemoryNeed:
     """About what a worker holds for ``job`` sending updates in ``update_codec``."""
+    if job.mode == "np":
+        # Its whole-network buffers are zeros it never writes (no weights come, no update
+        # goes); its slice is sized later, when the server cuts the hidden layer.
+        return MemoryNeed(WORD32 * job.network.connections, ())
     copies = [(BOX_SLOTS, "weights slots"), (SEND_BUFFERS, "send buffers"), (1, "scratch")]
-    other: list[tuple[int, str]] = []
-    if job.mode != "np":  # np's backend holds a slice, sized later
-        rows = max(job.bunch_size, MIN_ROWS)
-        activations = WORD32 * ROW_COPIES * rows * sum(job.network.sizes)
-        other.append((activations, f"a bunch's activations ({rows:,} rows)"))
+    rows = max(job.bunch_size, MIN_ROWS)
+    activations = WORD32 * ROW_COPIES * rows * sum(job.network.sizes)
+    other = [(activations, f"a bunch's activations ({rows:,} rows)")]
     if job.mode == "bmuf":
         copies.append((3, "of bmuf's local trainer"))
     if update_codec != "none":
@@ -58,12 +67,18 @@ def worker_need(job: JobSpec, update_codec: str = "none") -> MemoryNeed:
 def check_fits_in_memory(
     job: JobSpec, update_codec: str, earlier: JobSpec | None = None, earlier_codec: str = "none"
 ) -> None:
-    """ConfigError when this worker's estimate for ``job`` exceeds this machine's available
-    memory plus what it still holds for ``earlier``, the job of its last session (sent in
+    """ConfigError when this worker's estimate for ``job`` exceeds all the memory it could
+    ever have (a job this worker cannot run); a warning when it exceeds what is available
+    now plus what it still holds for ``earlier``, the job of its last session (sent in
     ``earlier_codec``): the new session reuses or frees that."""
-    free = available_bytes()
-    if free is not None and earlier is not None:
-        free += worker_need(earlier, earlier_codec).total
-    refusal = worker_need(job, update_codec).refusal(job.network.describe(), "on this worker", free)
+    need, memory = worker_need(job, update_codec), host_memory()
+    network = job.network.describe()
+    refusal = need.refusal(network, "on this worker", memory.total, memory.bounded_by)
     if refusal:
         raise ConfigError(refusal)
+    free = memory.available
+    if free is not None and earlier is not None:
+        free += worker_need(earlier, earlier_codec).total
+    warning = need.shortfall(network, "on this worker", free)
+    if warning:
+        log.warning("%s", warning)

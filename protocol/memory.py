@@ -145,16 +145,33 @@ class MemoryNeed:
         elements = sum(count for count, _ in self.copies)
         return elements * self.element_bytes + sum(count for count, _ in self.other)
 
-    def refusal(self, network: str, where: str, available: int | None) -> str:
-        """The one line refusing the network, or "" when it fits ``available`` bytes
-        (None: unknown, taken as fitting: no check is better than a wrong one)."""
+    def refusal(
+        self, network: str, where: str, most: int | None, bounded_by: str = "this machine's memory"
+    ) -> str:
+        """The one line refusing the network, or "" when it fits ``most`` bytes, the most
+        the process could ever have (``bounded_by`` says what that is; None: unknown,
+        taken as fitting: no check is better than a wrong one)."""
+        if most is None or self.total <= most:
+            return ""
+        return f"{self.describe(network, where)}; {bounded_by} is {amount(most)}"
+
+    def shortfall(self, network: str, where: str, available: int | None) -> str:
+        """A warning when the need is more than the ``available`` bytes now (it may still
+        be met as other processes free memory or the kernel reclaims it), else ""."""
         if available is None or self.total <= available:
             return ""
+        return (
+            f"{self.describe(network, where)}; {amount(available)} is available now: going "
+            "on, but the kernel may end a process if that much is not freed"
+        )
+
+    def describe(self, network: str, where: str) -> str:
+        """What the network needs and what holds it, in words."""
         elements = sum(count for count, _ in self.copies)
         parts = ", ".join(f"{count:,} {what}" for count, what in self.copies if count)
         others = "".join(f" and {amount(count)} for {what}" for count, what in self.other)
         return (
             f"network {network} needs about {amount(self.total)} of memory {where}: "
             f"{elements:,} float32 copies of its {amount(self.element_bytes)} of weights "
-            f"({parts}){others}; this machine has {amount(available)} available"
+            f"({parts}){others}"
         )

@@ -114,7 +114,7 @@ class SnetServer:
         tls, https = tls_contexts(self.config)
         outputs = {"ready file": self.config.ready_file, "trace file": self.config.trace_file}
         check_output_files(outputs)
-        check_fits_in_memory(job, self.config.pool_size)  # before anything is allocated
+        check_fits_in_memory(job, self.config.pool_size, self.config.min_workers)  # first
         if self.pid_file is not None:
             self.pid_file.claim()
         self.out_lock.acquire()

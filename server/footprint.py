@@ -7,7 +7,11 @@ overcommit, the kernel's OOM killer later (and perhaps another process on the ma
 
 The estimate counts whole float32 copies of the element, from what the code allocates:
 
-- the element pool: ``pool_size`` elements (server/pool.py), whatever the mode;
+- the element pool (server/pool.py): its elements are zeros the kernel maps only once an
+  update is received into one, and the most recently freed is reused first, so a run
+  writes about as many as it holds updates at once: counted as twice what
+  ``--min-workers`` workers may have unsettled, and two for a step's pass (none in np
+  mode, which sends no updates), at most ``pool_size``;
 - the update rule (server/update_rule.py): the weights, two velocity buffers, and the
   next step's fresh weights while the published ones are still sent and scored; np's
   rule (server/slice_master.py) has no step but keeps the slices' element and momentum;
@@ -20,27 +24,42 @@ The estimate counts whole float32 copies of the element, from what the code allo
   ``HISTORY_VERSIONS`` past weights (Gap-Aware also its step sizes), and every policy that
   changes gradients makes a new one per update of a pass (at most the pool's).
 
-The data, the interpreter and short-lived temporaries come on top: the refusal says
-"about". A policy changed at run time (server/http.py) is not foreseen here.
+The data, the interpreter and short-lived temporaries come on top: the words say
+"about". A policy changed at run time (server/http.py) is not foreseen here. A need
+above all this process could ever have (the machine's memory, or its container's limit:
+transport/host_memory.py) is refused; one above what is available now is a warning.
 """
 
 from __future__ import annotations
+
+import logging
 
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 from snet.protocol.memory import WORD32, MemoryNeed
 from snet.protocol.staleness import StalenessSetting
-from snet.transport.host_memory import available_bytes
+from snet.transport.host_memory import host_memory
 
 from .compensation import HISTORY_VERSIONS
+
+log = logging.getLogger("snet.server")
 
 RULE_COPIES = 4  # weights, the next step's weights, velocity, spare velocity
 NP_RULE_COPIES = 6  # the above, and the slice master's element and momentum
 LOOKAHEAD_COPIES = 2  # bmuf's published look-ahead point and the next step's
 
 
-def server_need(job: JobSpec, pool_size: int) -> MemoryNeed:
-    """About what the server holds for ``job`` with a pool of ``pool_size`` elements."""
+def pool_in_use(job: JobSpec, pool_size: int, min_workers: int = 1) -> int:
+    """The pool's elements a run writes (see the module's notes)."""
+    if job.mode == "np":
+        return 0
+    return min(pool_size, 2 + 2 * job.max_in_flight * max(min_workers, 1))
+
+
+def server_need(job: JobSpec, pool_size: int, min_workers: int = 1) -> MemoryNeed:
+    """About what the server holds for ``job`` with a pool of ``pool_size`` elements and
+    ``min_workers`` workers."""
+    in_use = pool_in_use(job, pool_size, min_workers)
     newbob = job.schedule == "newbob"
     lookahead = job.mode == "bmuf" and job.block_filter in ("nbm", "nesterov")
     staleness = StalenessSetting.parse(job.staleness)
@@ -48,7 +67,7 @@ def server_need(job: JobSpec, pool_size: int) -> MemoryNeed:
     # snapshot and model
     state = 2 + newbob + 2 * (job.mode == "bmuf")
     copies = [
-        (pool_size, f"pooled update elements (--pool-size {pool_size:,})"),
+        (in_use, f"pooled update elements in use (of --pool-size {pool_size:,})"),
         (NP_RULE_COPIES if job.mode == "np" else RULE_COPIES, "of the update rule"),
         (LOOKAHEAD_COPIES * lookahead, f"of bmuf's {job.block_filter} look-ahead"),
         (int(newbob), "of newbob's best weights"),
@@ -58,14 +77,19 @@ def server_need(job: JobSpec, pool_size: int) -> MemoryNeed:
         history = HISTORY_VERSIONS + (staleness.policy == "gap")  # and Gap-Aware's sizes
         copies.append((history, f"of the {staleness.policy} staleness history"))
     if staleness.changes_gradients:
-        copies.append((pool_size, f"of {staleness.policy}'s adjusted gradients"))
+        copies.append((in_use, f"of {staleness.policy}'s adjusted gradients"))
     return MemoryNeed(WORD32 * job.network.connections, tuple(copies))
 
 
-def check_fits_in_memory(job: JobSpec, pool_size: int) -> None:
-    """ConfigError (exit 2) when the server's estimate exceeds this machine's available
-    memory; nothing is allocated or locked before it."""
-    need = server_need(job, pool_size)
-    refusal = need.refusal(job.network.describe(), "on this server", available_bytes())
+def check_fits_in_memory(job: JobSpec, pool_size: int, min_workers: int = 1) -> None:
+    """ConfigError (exit 2) when the server's estimate exceeds all the memory it could
+    ever have; a warning when it exceeds what is available now. Nothing is allocated or
+    locked before it."""
+    need, memory = server_need(job, pool_size, min_workers), host_memory()
+    network = job.network.describe()
+    refusal = need.refusal(network, "on this server", memory.total, memory.bounded_by)
     if refusal:
-        raise ConfigError(f"{refusal}: give a smaller network or --pool-size (at least 2)")
+        raise ConfigError(f"{refusal}: give a smaller network")
+    warning = need.shortfall(network, "on this server", memory.available)
+    if warning:
+        log.warning("%s", warning)
