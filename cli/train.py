@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from snet.client.network import MIN_ROWS
 from snet.data.norms import Norms
 from snet.protocol.errors import ConfigError
 from snet.protocol.hooks import standard_hooks
@@ -59,7 +60,7 @@ def element_copies(job: JobSpec) -> int:
 def training_bytes(job: JobSpec) -> int:
     """About how much memory ``snet train`` needs for ``job``'s network."""
     spec = job.network
-    rows = max(job.bunch_size, 1024)  # BunchNetwork's rows (client/sequential.py)
+    rows = max(job.bunch_size, MIN_ROWS)  # BunchNetwork's rows (client/sequential.py)
     return 4 * (element_copies(job) * spec.connections + ROW_COPIES * rows * sum(spec.sizes))
 
 

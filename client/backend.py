@@ -16,7 +16,7 @@ import numpy as np
 from snet.protocol.job import JobSpec
 
 from .data import Corpus
-from .network import BunchNetwork, Derivative, MatMul, load_kernels
+from .network import MIN_ROWS, BunchNetwork, Derivative, MatMul, load_kernels
 from .spert.backend import SpertBackend
 
 
@@ -64,7 +64,7 @@ class NumpyBackend:
     def prepare(self, job: JobSpec, corpus: Corpus) -> None:
         self._corpus = corpus
         self._network = BunchNetwork(
-            job.network, max(job.bunch_size, 1024), self.matmul, self.derivative, self.kernels
+            job.network, max(job.bunch_size, MIN_ROWS), self.matmul, self.derivative, self.kernels
         )
         self._cv_x = None  # cut at the first evaluation (inline frames arrive late)
 

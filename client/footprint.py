@@ -36,12 +36,12 @@ from snet.protocol.memory import WORD32, MemoryNeed
 from snet.transport.host_memory import host_memory
 
 from .compression import CLIPPED_FAMILIES, KEEP_SENT
+from .network import MIN_ROWS
 
 log = logging.getLogger("snet.worker")
 
 BOX_SLOTS = 3  # WeightsBox's default
 SEND_BUFFERS = 2  # SendBuffers' default
-MIN_ROWS = 1024  # NumpyBackend sizes its BunchNetwork for max(bunch, 1024) rows
 ROW_COPIES = 3  # float32 values per unit and row: activations, deltas and their scratch
 
 

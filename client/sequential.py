@@ -23,7 +23,7 @@ from snet.protocol.job import JobSpec
 from snet.protocol.network import ElementLayout
 from snet.protocol.schedule import make_schedule
 
-from .network import BunchNetwork
+from .network import MIN_ROWS, BunchNetwork
 
 
 class StepRule(Protocol):
@@ -63,7 +63,7 @@ def train_sequential(
     starting from ``rule``'s weights and taking each epoch's frames from ``chunks``."""
     hooks = hooks or HookSet([])
     spec = job.network
-    network = BunchNetwork(spec, max(job.bunch_size, 1024))
+    network = BunchNetwork(spec, max(job.bunch_size, MIN_ROWS))
     gradient = ElementLayout.for_network(spec).allocate()
     cv_x, cv_labels = corpus.windows(corpus.cv_frames), corpus.labels_of(corpus.cv_frames)
     newbob = make_schedule(job)
