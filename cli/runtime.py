@@ -32,17 +32,23 @@ def loop_name() -> str:
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run ``coroutine`` on uvloop when available, falling back to plain asyncio."""
-    from snet.protocol.fpu import flush_denormals
+    from snet.protocol.fpu import denormals_flushed, flush_denormals
 
     # The loop's thread computes too (short steps and bunches run inline, transport/
     # inline.py): with denormals flushed as in the step and compute threads, a step's
-    # result does not depend on the thread that ran it, nor slow down a hundredfold.
+    # result does not depend on the thread that ran it, nor slow down a hundredfold. The
+    # thread is left as it was found (a caller's own arithmetic, a test's).
+    was_flushed = denormals_flushed()
     flush_denormals()
-    if loop_name() == "uvloop":
-        import uvloop
+    try:
+        if loop_name() == "uvloop":
+            import uvloop
 
-        return uvloop.run(coroutine)
-    return asyncio.run(coroutine)
+            return uvloop.run(coroutine)
+        return asyncio.run(coroutine)
+    finally:
+        if not was_flushed:
+            flush_denormals(False)
 
 
 def setup_logging(level: str, form: str = "text") -> None:

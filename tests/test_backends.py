@@ -37,8 +37,13 @@ def test_the_event_loop_s_thread_flushes_denormals_as_the_compute_threads_do() -
     async def flushed() -> bool:
         return denormals_flushed()
 
+    def in_thread() -> tuple[bool, bool]:
+        flush_denormals(False)  # a thread inherits its creator's setting: start from none
+        return run(flushed()), denormals_flushed()
+
     with ThreadPoolExecutor(1) as pool:  # a thread of its own: this one is left as it is
-        assert pool.submit(run, flushed()).result()
+        during, after = pool.submit(in_thread).result()
+    assert during and not after  # flushed while the loop ran, and left as it was found
     assert not denormals_flushed()
 
 
