@@ -50,9 +50,7 @@ _TRANSPOSED_GRADIENT_FROM = 128
 # From this bunch size on, a fused derivative kernel (the torch backend's) replaces the
 # blocked passes; below it its per-call cost (~15 us for torch here) exceeds theirs.
 _FUSED_DERIVATIVE_FROM = 64
-# Rows a trainer's BunchNetwork is sized for at least (a bunch's, or CV chunks of this
-# many): the memory estimates count them (client/footprint.py, cli/train.py).
-MIN_ROWS = 1024
+MIN_ROWS = 1024  # rows a trainer's BunchNetwork holds at least (memory estimates count them)
 
 
 MatMul = Callable[[np.ndarray, np.ndarray, np.ndarray], object]
