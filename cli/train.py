@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from snet.client.network import MIN_ROWS
+from snet.client.footprint import activations
 from snet.data.norms import Norms
 from snet.protocol.errors import ConfigError
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.job import JobSpec
-from snet.protocol.memory import GIB
+from snet.protocol.memory import WORD32, MemoryNeed
 from snet.protocol.numbering import shown_epoch
 from snet.protocol.process_settings import check_threads
 from snet.server.dataplan import plan_data
@@ -46,35 +46,29 @@ from .settings import build_job, decode, read_toml
 
 # What sequential training holds of a network's element (float32 weights and biases): the
 # weights, two velocity buffers (server/update_rule.py), the gradient and the fresh buffer
-# each step writes, and under newbob its best weights. Activations come on top, per unit of
-# a bunch's rows: activations, deltas and their scratch (ROW_COPIES).
+# each step writes, and under newbob its best weights; a bunch's activations on top.
 ELEMENT_COPIES = 5
-ROW_COPIES = 3
 
 
-def element_copies(job: JobSpec) -> int:
-    """The float32 copies of the element ``snet train`` holds for ``job``."""
-    return ELEMENT_COPIES + (job.schedule == "newbob")  # newbob keeps the best weights
-
-
-def training_bytes(job: JobSpec) -> int:
-    """About how much memory ``snet train`` needs for ``job``'s network."""
-    spec = job.network
-    rows = max(job.bunch_size, MIN_ROWS)  # BunchNetwork's rows (client/sequential.py)
-    return 4 * (element_copies(job) * spec.connections + ROW_COPIES * rows * sum(spec.sizes))
+def training_need(job: JobSpec) -> MemoryNeed:
+    """About how much memory ``snet train`` needs for ``job``'s network (the workers'
+    estimate's words and activations: client/footprint.py)."""
+    copies = [(ELEMENT_COPIES, "of the weights, momentum, gradient and step")]
+    if job.schedule == "newbob":
+        copies.append((1, "of newbob's best weights"))
+    return MemoryNeed(WORD32 * job.network.connections, tuple(copies), (activations(job),))
 
 
 def check_fits_in_memory(job: JobSpec) -> None:
-    """Refuse, before allocating anything, a network this machine cannot train: numpy
-    would otherwise fail (or the kernel kill the process) part-way into the run."""
-    needed, free = training_bytes(job), available_bytes()
-    if free is not None and needed > free:
-        spec = job.network
-        raise ConfigError(
-            f"network {spec.describe()} needs about {needed / GIB:.1f} GiB of memory to train "
-            f"({spec.connections:,} weights, {element_copies(job)} float32 copies and a bunch's "
-            f"activations); this machine has {free / GIB:.1f} GiB available"
-        )
+    """Refuse, before allocating anything, a network larger than this machine's available
+    memory: numpy would otherwise fail (or the kernel kill the process) part-way into the
+    run. A command run in the foreground, it refuses on what is available now, where the
+    daemons only warn (their restart would make a brief squeeze final)."""
+    need = training_need(job)
+    bound = "this machine's available memory"
+    refusal = need.refusal(job.network.describe(), "to train", available_bytes(), bound)
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def train_threads(args: argparse.Namespace) -> int:

@@ -45,6 +45,15 @@ SEND_BUFFERS = 2  # SendBuffers' default
 ROW_COPIES = 3  # float32 values per unit and row: activations, deltas and their scratch
 
 
+def activations(job: JobSpec) -> tuple[int, str]:
+    """A bunch's activations for ``job`` (bytes, and the words for them): its trainer's
+    BunchNetwork holds ``ROW_COPIES`` float32 values per unit and row."""
+    rows = max(job.bunch_size, MIN_ROWS)
+    return WORD32 * ROW_COPIES * rows * sum(
+        job.network.sizes
+    ), f"a bunch's activations ({rows:,} rows)"
+
+
 def worker_need(job: JobSpec, update_codec: str = "none") -> MemoryNeed:
     """About what a worker holds for ``job`` sending updates in ``update_codec``."""
     if job.mode == "np":
@@ -52,9 +61,7 @@ def worker_need(job: JobSpec, update_codec: str = "none") -> MemoryNeed:
         # goes); its slice is sized later, when the server cuts the hidden layer.
         return MemoryNeed(WORD32 * job.network.connections, ())
     copies = [(BOX_SLOTS, "weights slots"), (SEND_BUFFERS, "send buffers"), (1, "scratch")]
-    rows = max(job.bunch_size, MIN_ROWS)
-    activations = WORD32 * ROW_COPIES * rows * sum(job.network.sizes)
-    other = [(activations, f"a bunch's activations ({rows:,} rows)")]
+    other = [activations(job)]
     if job.mode == "bmuf":
         copies.append((3, "of bmuf's local trainer"))
     if update_codec != "none":

@@ -189,15 +189,17 @@ def test_train_refuses_a_network_too_large_for_memory_before_allocating(
     argv = ["train", "--network", "117:100000000:10", "--out-dir", str(tmp_path / "o")]
     err = error(argv, capsys)
     assert err == (
-        "snet: network 117:100000000:10 needs about 1382.8 GiB of memory to train "
-        "(12,800,000,010 weights, 5 float32 copies and a bunch's activations); "
-        "this machine has 8.0 GiB available"
+        "snet: network 117:100000000:10 needs about 1382.8 GiB of memory to train: 5 float32 "
+        "copies of its 47.7 GiB of weights (5 of the weights, momentum, gradient and step) and "
+        "1144.4 GiB for a bunch's activations (1,024 rows); this machine's available memory "
+        "is 8.0 GiB"
     )
     err = error([*argv, "--schedule", "newbob"], capsys)  # it keeps the best weights too
     assert err == (
-        "snet: network 117:100000000:10 needs about 1430.5 GiB of memory to train "
-        "(12,800,000,010 weights, 6 float32 copies and a bunch's activations); "
-        "this machine has 8.0 GiB available"
+        "snet: network 117:100000000:10 needs about 1430.5 GiB of memory to train: 6 float32 "
+        "copies of its 47.7 GiB of weights (5 of the weights, momentum, gradient and step, 1 "
+        "of newbob's best weights) and 1144.4 GiB for a bunch's activations (1,024 rows); this "
+        "machine's available memory is 8.0 GiB"
     )
     assert not (tmp_path / "o").exists()
 
