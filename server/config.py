@@ -79,7 +79,7 @@ class ServerConfig:
         default="",
         metadata={"help": "JSON lines, one per step: which frames each update covered"},
     )
-    pool_size: int = field(default=32, metadata={"help": "preallocated update elements (>= 2)"})
+    pool_size: int = field(default=32, metadata={"help": "update elements kept for reuse, made as first needed (>= 2)"})
     inline_step_seconds: float = field(
         default=0.002,
         metadata={"help": "apply steps that take less CPU than this (a running mean) on the "
