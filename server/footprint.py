@@ -7,9 +7,9 @@ overcommit, the kernel's OOM killer later (and perhaps another process on the ma
 
 The estimate counts whole float32 copies of the element, from what the code allocates:
 
-- the element pool (server/pool.py): its elements are zeros the kernel maps only once an
-  update is received into one, and the most recently freed is reused first, so a run
-  writes about as many as it holds updates at once: counted as twice what
+- the element pool (server/pool.py): an element is made only when no freed one is left,
+  and the most recently freed is reused first, so a run holds about as many as it holds
+  updates at once: counted as twice what
   ``--min-workers`` workers may have unsettled, and two for a step's pass (none in np
   mode, which sends no updates), at most ``pool_size``;
 - the update rule (server/update_rule.py): the weights, two velocity buffers, and the
