@@ -27,13 +27,20 @@ class _FEnv(ctypes.Structure):
     _fields_ = [("x87", ctypes.c_ubyte * 28), ("mxcsr", ctypes.c_uint32)]
 
 
-@functools.cache  # find_library runs `ldconfig -p` (a process) on every call
+@functools.cache
 def _libm() -> ctypes.CDLL | None:
     if platform.machine() not in ("x86_64", "AMD64") or platform.system() != "Linux":
         return None
-    name = ctypes.util.find_library("m") or "libm.so.6"
+    # glibc's soname first: find_library starts `ldconfig -p` as a child process, which
+    # each server, worker and forked worker paid at start-up (a fork of a process with
+    # numpy loaded); it is asked only where libm.so.6 cannot be loaded (another libc).
     try:
-        return ctypes.CDLL(name)
+        return ctypes.CDLL("libm.so.6")
+    except OSError:
+        pass
+    name = ctypes.util.find_library("m")
+    try:
+        return ctypes.CDLL(name) if name else None
     except OSError:
         return None
 

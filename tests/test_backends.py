@@ -10,6 +10,7 @@ import pytest
 from snet.cli.runtime import run
 from snet.client.backend import NumpyBackend, make_backend, torch_available
 from snet.client.data import load_corpus
+from snet.protocol import fpu
 from snet.protocol.errors import ConfigError
 from snet.protocol.fpu import denormals_flushed, flush_denormals
 from snet.protocol.job import JobSpec
@@ -28,6 +29,21 @@ def test_flush_denormals_is_per_thread_and_reversible() -> None:
         before, during, after = pool.submit(in_thread).result()
     assert (before, during, after) == (False, True, False)
     assert not denormals_flushed()  # this thread was never touched
+
+
+def test_libm_is_found_without_starting_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``find_library`` runs ``ldconfig -p``: every server and worker (each forked worker
+    too) started that process to find glibc's libm, whose soname is known."""
+
+    def no_process(name: str) -> str:
+        raise AssertionError(f"find_library({name!r}) started a process")
+
+    monkeypatch.setattr(fpu.ctypes.util, "find_library", no_process)
+    fpu._libm.cache_clear()
+    try:
+        assert fpu._libm() is not None  # x86-64 Linux: the switch is set through it
+    finally:
+        fpu._libm.cache_clear()
 
 
 def test_the_event_loop_s_thread_flushes_denormals_as_the_compute_threads_do() -> None:
