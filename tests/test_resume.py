@@ -14,13 +14,8 @@ steps replayed, to float rounding), and so is each epoch's CV newbob decided on.
 
 from __future__ import annotations
 
-import json
 import random
-import signal
-import subprocess
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -31,152 +26,16 @@ from snet.protocol.network import NetworkSpec, initial_weights
 from snet.protocol.schedule import NewbobSchedule
 from snet.server.export import read_weights
 
-from helpers import Cluster, ServerProcess, free_port, wait_until
+from helpers import Cluster
+from resume_runs import (
+    SMALLER,
+    TRAIN_FRAMES,
+    Run,
+    assert_exactly_once,
+    reference_cv,
+    run_with_kills,
+)
 
-TRAIN_FRAMES = 48_479  # the default data's training frames
-
-
-def surviving_steps(trace: Path) -> list[dict[str, Any]]:
-    """The steps whose weights the run ended with: a ``resumed`` record undoes every step
-    after the version it names (that server's work since its checkpoint was lost)."""
-    steps: list[dict[str, Any]] = []
-    for line in trace.read_text().splitlines():
-        record = json.loads(line)
-        if "resumed" in record:
-            steps = [s for s in steps if s["version"] <= record["resumed"]]
-        else:
-            steps.append(record)
-    return steps
-
-
-def frames_per_epoch(steps: list[dict[str, Any]]) -> dict[int, np.ndarray]:
-    frames: dict[int, list[int]] = defaultdict(list)
-    for step in steps:
-        for update in step["updates"]:
-            frames[step["epoch"]] += update["frames"]
-    return {epoch: np.array(used) for epoch, used in frames.items()}
-
-
-class Run:
-    """One job on a fixed port and out-dir, its server restarted by the same command."""
-
-    def __init__(self, cluster: Cluster, name: str, job: tuple[str, ...]) -> None:
-        self.cluster = cluster
-        self.out_dir = cluster.tmp_path / f"{name}-out"
-        self.trace = cluster.tmp_path / f"{name}.trace"
-        self.name = name
-        self.port = free_port()
-        self.args = (*job, "--port", str(self.port), "--out-dir", str(self.out_dir),
-                     "--trace-file", str(self.trace))  # fmt: skip
-        self.starts = 0
-
-    def start(self, *extra: str) -> ServerProcess:
-        """The server, by the same command each time. It serves until stopped once trained
-        (``--linger-seconds -1``), so a worker that was still rejoining is sent home too."""
-        self.starts += 1
-        name = f"{self.name}-{self.starts}"
-        return self.cluster.server(*self.args, "--linger-seconds", "-1", *extra, name=name)
-
-    def workers(self, server: ServerProcess, count: int = 2) -> list[subprocess.Popen[bytes]]:
-        return [
-            self.cluster.worker(server, f"{self.name}-w{i}", "--retry-seconds", "120")
-            for i in range(count)
-        ]
-
-    def finish(self, server: ServerProcess, workers: list[subprocess.Popen[bytes]]) -> None:
-        """The workers are sent home once trained; then the server is stopped (SIGTERM)."""
-        assert [w.wait(180) for w in workers] == [0] * len(workers)
-        assert server.status()["state"] == "trained"
-        # the results are written when training completes, not when the server stops
-        wait_until(lambda: self.final_if_written().get("state") == "trained", 30, "results")
-        assert (self.out_dir / "weights.npz").exists()
-        server.process.send_signal(signal.SIGTERM)
-        assert server.wait(30) == 0
-
-    def final_if_written(self) -> dict[str, Any]:
-        try:
-            return self.final()
-        except (OSError, ValueError):
-            return {}
-
-    def final(self) -> dict[str, Any]:
-        status: dict[str, Any] = json.loads((self.out_dir / "status.json").read_text())
-        return status
-
-
-def _progress(server: ServerProcess) -> tuple[int, bool]:
-    """The weight version and whether training is complete."""
-    status = server.status()
-    return int(status["weight_version"]), status["state"] == "trained"
-
-
-def run_with_kills(
-    cluster: Cluster, name: str, job: tuple[str, ...], marks: list[int]
-) -> tuple[Run, int]:
-    """Run ``job`` with two workers, SIGKILLing the server as its version passes each
-    mark (once it has a checkpoint to resume from) and starting it again with the same
-    command. Returns the run and the number of kills made."""
-    run = Run(cluster, name, job)
-    server = run.start()
-    workers = run.workers(server)
-    checkpoints = run.out_dir / "checkpoints"
-    kills = 0
-    for mark in marks:
-
-        def due(server: ServerProcess = server, mark: int = mark) -> tuple[int, bool] | None:
-            version, trained = _progress(server)
-            if trained or (version >= mark and any(checkpoints.glob("ckpt-*.snet"))):
-                return version, trained
-            return None  # the mark not passed yet, or nothing to resume from yet
-
-        _, trained = wait_until(due, 120, f"version {mark}")
-        if trained:
-            break
-        server.process.send_signal(signal.SIGKILL)
-        server.wait(30)
-        kills += 1
-        server = run.start()
-        assert "resumed from ckpt-" in server.log.read_text()
-    run.finish(server, workers)
-    return run, kills
-
-
-def reference_cv(cluster: Cluster, name: str, job: tuple[str, ...]) -> dict[str, Any]:
-    run = Run(cluster, name, job)
-    server = run.start()
-    run.finish(server, run.workers(server))
-    return run.final()
-
-
-def assert_exactly_once(run: Run, epochs: int) -> None:
-    status = run.final()
-    assert status["state"] == "trained" and status["epochs_done"] == epochs
-    for record in status["epochs"]:
-        ledger = record["ledger"]
-        assert ledger["used_once"] == ledger["frames"] == TRAIN_FRAMES, record
-        assert ledger["used_more"] == ledger["unused"] == 0
-    used = frames_per_epoch(surviving_steps(run.trace))
-    assert sorted(used) == list(range(epochs))
-    for frames in used.values():  # the weights' own lineage: each frame once per epoch
-        assert len(frames) == TRAIN_FRAMES and len(np.unique(frames)) == TRAIN_FRAMES
-
-
-# The default job's schedule (10 epochs, the rate decaying from epoch 6) on a smaller net
-# in bunches of 512 (95 steps an epoch): the subject is what the kills take, not how well
-# the net learns, and the default net in bunches of 128 made these two tests a sixth of
-# the suite's time. With ``--min-workers 2``: a restarted server leases nothing until both
-# workers are back, as with a fixed set of workers. Otherwise the first worker to rejoin
-# trains alone for a moment, in steps of one update instead of two (more progress per
-# pattern at the same rate), and the final CV came out up to 0.65 points *higher* than the
-# reference's: that would measure the step size, not the kills. For the same reason the
-# async run takes two updates per step whoever is live (a late worker does not shrink the
-# steps either). Sync runs so set up are deterministic (the default net's CV was 0.917029
-# in three runs), so a sync run with kills is held to 0.5 points of one. Async ones are not
-# (the default net's: 0.9139-0.9241 in twelve runs), so this test holds the async run to
-# the ledger and the schedule, and the 0.5-point bound for async resumes is held on a job
-# whose uninterrupted runs agree (CONVERGING below).
-SMALLER_NET = ("--network", "117:64:10")
-SMALLER = (*SMALLER_NET, "--bunch-size", "512")
 SETUPS = {
     "async": ("--mode", "async", "--min-workers", "2", "--updates-per-step", "2"),
     "sync": ("--mode", "sync", "--min-workers", "2"),
@@ -338,85 +197,3 @@ def test_newbob_resumes_its_schedule(cluster: Cluster) -> None:
     lineage.assert_written(run, initial_weights(spec.network, spec.seed))
     assert len(lineage.cv) == len(accuracy)
     assert np.allclose(lineage.cv, [100 * a for a in accuracy], atol=0.01), (lineage.cv, accuracy)
-
-
-@pytest.mark.timeout(240)
-def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster) -> None:
-    job = ("--mode", "async", "--epochs", "3", "--checkpoint-seconds", "0.3", *SMALLER_NET)
-    run = Run(cluster, "run", job)
-    server = run.start()
-    # A second server on the same out-dir: refused in one line, exit 1. (Before the
-    # workers start: the job trains in a few seconds, and must not end before the kill.)
-    clash = cluster.run("server", "--port", "0", "--http-port", "0", *run.args[-4:-2])
-    assert clash.returncode == 1, clash.stderr
-    assert f"out-dir {run.out_dir} is in use by another snet server (pid {server.process.pid})" in (
-        clash.stderr
-    )
-    assert "Traceback" not in clash.stderr
-
-    workers = run.workers(server)
-    wait_until(lambda: _progress(server)[0] > 300, 60, "a few hundred steps")
-    server.process.send_signal(signal.SIGKILL)
-    server.wait(30)
-    checkpoints = sorted((run.out_dir / "checkpoints").glob("ckpt-*.snet"))
-    # The last K (default 2), consecutive; K + 1 when the kill fell between a new file's
-    # rename and the pruning of the oldest (pruning itself: test_checkpoint.py, and below).
-    numbers = [int(path.stem.removeprefix("ckpt-")) for path in checkpoints]
-    assert len(numbers) in (2, 3) and numbers == list(range(numbers[0], numbers[-1] + 1))
-    newest, previous = checkpoints[-1], checkpoints[-2]
-    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # killed mid-write
-
-    # A checkpoint of another network: one line, exit 2, nothing touched.
-    other = cluster.run("server", *run.args, "--port", "0", "--network", "117:32:10")
-    assert other.returncode == 2, other.stderr
-    errors = [line for line in other.stderr.splitlines() if line.startswith("snet: ")]
-    assert len(errors) == 1, other.stderr
-    assert "is a checkpoint of another job (network 117:64:10 there, 117:32:10 here)" in errors[0]
-    assert "Traceback" not in other.stderr
-
-    server = run.start()
-    log = server.log.read_text()
-    assert f"{newest.name}: truncated" in log and "trying the previous checkpoint" in log
-    assert f"resumed from {previous.name}" in log
-    run.finish(server, workers)
-    assert_exactly_once(run, 3)
-    assert len(list((run.out_dir / "checkpoints").glob("ckpt-*.snet"))) == 2  # pruned to K
-    final = run.final()
-    earlier = {row["name"] for row in final["earlier"]["workers"]}  # the first life's
-    assert earlier and earlier <= {"run-w0", "run-w1"} and len(final["earlier"]["compression"]) == 1
-    assert [e["epoch"] for e in final["hooks"]["accuracy"]["epochs"]] == [1, 2, 3]  # kept (from 1)
-    trained = (run.out_dir / "weights.npz").read_bytes()
-
-    # Restarted on the finished run and stopped at once: the trained weights stay.
-    server = run.start()
-    assert server.status()["state"] == "trained"
-    server.process.send_signal(signal.SIGTERM)
-    assert server.wait(30) == 0
-    assert (run.out_dir / "weights.npz").read_bytes() == trained
-    assert run.final()["state"] == "trained"
-
-    # --fresh would discard a finished run: refused without --force.
-    fresh = cluster.run("server", "--port", "0", "--http-port", "0", *run.args, "--fresh")
-    assert fresh.returncode == 2 and "holds the results of a finished run" in fresh.stderr
-    assert (run.out_dir / "weights.npz").read_bytes() == trained
-
-
-@pytest.mark.timeout(240)
-def test_sigterm_checkpoints_where_it_stopped(cluster: Cluster) -> None:
-    """A stop (``systemctl restart``) loses nothing: the server resumes at the very version
-    it stopped at, and what it wrote at the stop are the weights it resumes with."""
-    # In bunches of 512 (SMALLER): the subject is the version the stop is resumed at, not
-    # learning; three epochs make about 140 versions, and the stop comes after a third.
-    run = Run(cluster, "stop", ("--mode", "async", "--epochs", "3", *SMALLER))
-    server = run.start()
-    workers = run.workers(server)
-    wait_until(lambda: _progress(server)[0] > 50, 60, "fifty steps")
-    server.process.send_signal(signal.SIGTERM)
-    assert server.wait(30) == 0
-    stopped = run.final()
-    version, digest = stopped["weight_version"], stopped["weights_digest"]
-    assert stopped["checkpoints"]["last"]["version"] == version
-    server = run.start()
-    assert f"version {version} (weights digest {digest})" in server.log.read_text()
-    run.finish(server, workers)
-    assert_exactly_once(run, 3)
