@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -229,12 +230,18 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], dict[s
 }
 
 
+@functools.cache
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line: every command's flags, or (``only``: the command word given)
     that command's alone. Building the flags of the server, worker, job and data imports
     their config classes and numpy (about 0.3 s of CPU), which ``snet status``, ``snet
     tls``, ``snet --version`` and the top-level ``--help`` never use; they are imported
-    here, not at the top, also because numpy must wait for the BLAS limit (main)."""
+    here, not at the top, also because numpy must wait for the BLAS limit (main).
+
+    Built once per ``only`` in a process: it depends on nothing but the code, and parsing
+    leaves it as it was (what is parsed goes into a new namespace), so a process that
+    parses again does not build it again (5-15 ms each: the test suite's fast ring, which
+    calls ``main`` and starts its servers and workers in one process, built 160)."""
     from snet import __version__
 
     parser = argparse.ArgumentParser(prog="snet", description=__doc__)
