@@ -15,10 +15,8 @@ itself fails the test on any unhandled error (``loop_guard.py``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextvars
-import functools
 import inspect
 import json
 import logging
@@ -162,7 +160,7 @@ class Lab:
         self._start_logging()
         out_dir = self.tmp_path / f"{name}-out"
         flags = ["--port", "0", "--http-port", "0", "--out-dir", str(out_dir)]
-        config = server_config(_snet_flags().parse_args(["server", *flags, *args]))
+        config = server_config(_parser().parse_args(["server", *flags, *args]))
         server = SnetServer(config)
         context = _named(name)
         loop = asyncio.get_running_loop()
@@ -188,7 +186,7 @@ class Lab:
         ``snet spert``, an emulated Spert-II board)."""
         self._start_logging()
         flags = ["--server", server.address, "--name", name, "--retry-seconds", "5"]
-        parsed = _snet_flags().parse_args([command, *flags, *args])
+        parsed = _parser().parse_args([command, *flags, *args])
         if command == "spert":
             from snet.client.spert.backend import SpertBackend
 
@@ -256,13 +254,6 @@ class Lab:
             logging.getLogger("snet").setLevel(self._saved_level)
             logging.getLogger().removeHandler(self.capture)
             self._saved_level = None
-
-
-@functools.cache
-def _snet_flags() -> argparse.ArgumentParser:
-    """``snet``'s own parser, built once: parsing leaves it as it was, and building it
-    (some 250 flags) cost 5-10 ms for each of the ring's 200 servers and workers."""
-    return _parser()
 
 
 def _named(name: str) -> contextvars.Context:
