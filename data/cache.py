@@ -15,6 +15,14 @@ only one process of those starting together writes it. Beside each file a note n
 data files; a copy whose data files are gone is removed when the next one is written.
 Copies of data files that still exist stay: delete ``frames-*`` to reclaim the space.
 (Kaldi: the ``.scp`` is what is fingerprinted; rewrite it when its archives change.)
+
+The server keeps the training frames' normalisation there too (``cached_norms``): the
+mean and standard deviation it computes at every start take a pass over all training
+frames (for the bundled digits, decompressing 2.6 MB: 30 ms; for a corpus, its whole
+size), which a restart on the same files and split skips. That file's name covers the
+same identity of the data files and the training frames themselves, and holds the exact
+float64 values, so a server that reads it sends its workers the very normalisation it
+would have computed.
 """
 
 from __future__ import annotations
@@ -24,12 +32,15 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from snet.protocol.errors import DataError
+
 from .joined import JoinedSource
-from .norms import Norms
+from .norms import Norms, compute_norms
 from .sources import total_frames
 
 log = logging.getLogger("snet.data")
@@ -55,14 +66,27 @@ def _file_identity(path: Path) -> list[str]:
     return identity
 
 
-def fingerprint(source: JoinedSource, norms: Norms) -> str:
-    """A name for the normalised frames of ``source`` under ``norms``."""
-    digest = hashlib.sha256(f"snet frames v{FORMAT_VERSION}".encode())
+def cache_directory(setting: str) -> Path | None:
+    """The directory a ``data_cache`` setting names: empty, the default; ``none``, none."""
+    if setting == "none":
+        return None
+    return Path(setting) if setting else default_cache_directory()
+
+
+def _source_digest(kind: str, source: JoinedSource) -> hashlib._Hash:
+    """A digest of ``kind`` (``frames``, ``norms``) begun with what identifies the data."""
+    digest = hashlib.sha256(f"snet {kind} v{FORMAT_VERSION}".encode())
     for part in source.parts:
         path = Path(part.description)  # every source's description is its path
         identity = _file_identity(path) if path.exists() else [part.description]
         digest.update("\n".join(identity).encode())
     digest.update(f"{total_frames(source)}x{source.features}".encode())
+    return digest
+
+
+def fingerprint(source: JoinedSource, norms: Norms) -> str:
+    """A name for the normalised frames of ``source`` under ``norms``."""
+    digest = _source_digest("frames", source)
     digest.update(norms.as_array().tobytes())
     return digest.hexdigest()[:32]
 
@@ -92,7 +116,7 @@ def _prune(directory: Path) -> None:
     """Remove the cached copies of data files that no longer exist (a test's temporary
     files, a corpus deleted), so the directory does not only grow. A process that still
     maps one keeps its pages: the file goes when the last mapping does."""
-    for note in directory.glob("frames-*.json"):
+    for note in [*directory.glob("frames-*.json"), *directory.glob("norms-*.json")]:
         try:
             sources = json.loads(note.read_text())["sources"]
         except (OSError, ValueError, KeyError):
@@ -101,6 +125,12 @@ def _prune(directory: Path) -> None:
             continue
         for stale in (note.with_suffix(".npy"), note.with_suffix(".lock"), note):
             stale.unlink(missing_ok=True)
+
+
+def _note(path: Path, source: JoinedSource) -> None:
+    """Beside ``path``: the data files it was made from (for ``_prune``)."""
+    sources = [part.description for part in source.parts]
+    path.with_suffix(".json").write_text(json.dumps({"sources": sources}))
 
 
 def shared_frames(source: JoinedSource, norms: Norms, directory: Path) -> np.ndarray | None:
@@ -116,8 +146,7 @@ def shared_frames(source: JoinedSource, norms: Norms, directory: Path) -> np.nda
                     log.info("normalising %s into the shared cache %s", source.description, path)
                     _prune(directory)
                     _write(path, source, norms)
-                    sources = [part.description for part in source.parts]
-                    path.with_suffix(".json").write_text(json.dumps({"sources": sources}))
+                    _note(path, source)
         frames: np.ndarray = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as exc:
         log.warning(
@@ -128,3 +157,37 @@ def shared_frames(source: JoinedSource, norms: Norms, directory: Path) -> np.nda
         log.warning("the data cache's %s has shape %s: not used", path, frames.shape)
         return None
     return frames
+
+
+def cached_norms(source: JoinedSource, train: np.ndarray, directory: Path | None) -> Norms:
+    """``compute_norms`` of ``source``'s frames ``train``, read from ``directory`` when it
+    was computed there before for the same data files and frames (None: no cache), else
+    computed and kept there. A cache that cannot be read or written is logged and the
+    normalisation computed as without one."""
+    if directory is None:
+        return compute_norms(source, train)
+    digest = _source_digest("norms", source)
+    digest.update(np.ascontiguousarray(train, dtype=np.int64).tobytes())
+    path = directory / f"norms-{digest.hexdigest()[:32]}.npy"
+    try:
+        return Norms.from_array(np.load(path))
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, EOFError, DataError) as exc:
+        log.warning("the data cache's %s cannot be read (%s): computed again", path, exc)
+    norms = compute_norms(source, train)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _prune(directory)
+        # a name of its own: servers of one process (the test suite's) may write together
+        handle, temporary = tempfile.mkstemp(prefix=f"{path.stem}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                np.save(out, norms.as_array())
+            os.replace(temporary, path)  # whole or absent to a reader (a bad one is recomputed)
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+        _note(path, source)
+    except OSError as exc:
+        log.warning("cannot keep the normalisation in the data cache %s (%s)", directory, exc)
+    return norms

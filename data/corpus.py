@@ -21,9 +21,9 @@ import numpy as np
 from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec
 
-from .cache import shared_frames
+from .cache import cached_norms, shared_frames
 from .joined import JoinedSource, open_job_source, split_frames
-from .norms import Norms, compute_norms, read_norm_file
+from .norms import Norms, read_norm_file
 from .sources import FrameSource, check_against_network, total_frames
 from .windows import UtteranceBounds
 
@@ -213,11 +213,14 @@ class Corpus:
         return out
 
 
-def job_norms(spec: DataSpec, source: FrameSource, train: np.ndarray) -> Norms:
-    """The job's norm file when it names one, else computed over the training frames."""
+def job_norms(
+    spec: DataSpec, source: JoinedSource, train: np.ndarray, cache: Path | None = None
+) -> Norms:
+    """The job's norm file when it names one, else computed over the training frames (kept
+    in the ``cache`` directory, when given, for the next start: ``cache.cached_norms``)."""
     if spec.norm_file:
         return read_norm_file(spec.norm_file, source.features)
-    return compute_norms(source, train)
+    return cached_norms(source, train, cache)
 
 
 def corpus_from_source(

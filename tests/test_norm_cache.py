@@ -1,0 +1,94 @@
+"""The server keeps the training frames' normalisation in the data cache (``data/cache.py``
+``cached_norms``): a start on the same files and split reads it instead of taking a pass
+over every training frame, and gets the very values it would have computed."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from snet.data.cache import cache_directory, cached_norms, default_cache_directory
+from snet.data.joined import open_job_source, split_frames
+from snet.data.norms import compute_norms
+from snet.protocol.job import DataSpec
+
+
+def frames_set(path: Path, utterances: int, seed: int, shift: float = 0.0) -> Path:
+    """``utterances`` of 5-15 frames of 13 features in three classes (``shift`` moves the
+    features, not the shapes)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, 16, utterances)
+    features = rng.standard_normal((int(lengths.sum()), 13)).astype(np.float32) * 3 + shift
+    np.savez(path, X=features, y=rng.integers(0, 3, utterances), lengths=lengths)
+    return path
+
+
+def _train(spec: DataSpec) -> np.ndarray:
+    source = open_job_source(spec)
+    return split_frames(spec, source.lengths, source.cv_utterances)[0]
+
+
+def test_the_normalisation_is_computed_once_for_the_same_files_and_split(tmp_path: Path) -> None:
+    spec = DataSpec(source=str(frames_set(tmp_path / "d.npz", 40, 1)), cv_fraction=0.25)
+    cache, train = tmp_path / "cache", _train(spec)
+    computed = compute_norms(open_job_source(spec), train).as_array()
+    assert np.array_equal(cached_norms(open_job_source(spec), train, cache).as_array(), computed)
+    (kept,) = cache.glob("norms-*.npy")
+    source = open_job_source(spec)
+    again = cached_norms(source, train, cache)
+    assert again.as_array().tobytes() == computed.tobytes()  # bit for bit
+    assert source.parts[0]._features._array is None  # type: ignore[attr-defined]  # not read
+    # another split, or a rewritten file, is another normalisation
+    other = DataSpec(source=spec.source, cv_fraction=0.25, split_seed=5)
+    assert not np.array_equal(_train(other), train)
+    assert np.array_equal(
+        cached_norms(open_job_source(other), _train(other), cache).as_array(),
+        compute_norms(open_job_source(other), _train(other)).as_array(),
+    )
+    frames_set(Path(spec.source), 40, 1, shift=1.0)  # the same size, rewritten in place:
+    later = kept.stat().st_mtime_ns + 10**9  # its time tells it (a clock tick may not)
+    os.utime(spec.source, ns=(later, later))
+    changed = cached_norms(open_job_source(spec), train, cache).as_array()
+    assert np.array_equal(changed, compute_norms(open_job_source(spec), train).as_array())
+    assert np.allclose(changed[0], computed[0] + 1.0) and not np.array_equal(changed, computed)
+    assert len(list(cache.glob("norms-*.npy"))) == 3 and kept.exists()
+
+
+def test_the_normalisation_of_deleted_data_is_pruned(tmp_path: Path) -> None:
+    gone = DataSpec(source=str(frames_set(tmp_path / "gone.npz", 10, 1)))
+    cached_norms(open_job_source(gone), _train(gone), tmp_path / "c")
+    Path(gone.source).unlink()
+    kept = DataSpec(source=str(frames_set(tmp_path / "kept.npz", 10, 2)))
+    cached_norms(open_job_source(kept), _train(kept), tmp_path / "c")
+    assert len(list((tmp_path / "c").glob("norms-*"))) == 2  # kept's .npy and its note
+
+
+def test_without_a_usable_cache_it_is_computed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = DataSpec(source=str(frames_set(tmp_path / "d.npz", 10, 1)))
+    source, train = open_job_source(spec), _train(spec)
+    computed = compute_norms(source, train).as_array()
+    assert np.array_equal(cached_norms(source, train, None).as_array(), computed)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    caplog.set_level(logging.WARNING, "snet.data")
+    assert np.array_equal(cached_norms(source, train, blocker / "cache").as_array(), computed)
+    assert "cannot keep the normalisation in the data cache" in caplog.text
+    damaged = tmp_path / "cache"
+    cached_norms(source, train, damaged)
+    (kept,) = damaged.glob("norms-*.npy")
+    kept.write_bytes(b"not an array")
+    assert np.array_equal(cached_norms(source, train, damaged).as_array(), computed)
+    assert "cannot be read" in caplog.text
+    assert np.array_equal(np.load(kept), computed)  # written again
+
+
+def test_the_data_cache_setting_names_the_directory() -> None:
+    assert cache_directory("none") is None
+    assert cache_directory("") == default_cache_directory()
+    assert cache_directory("/some/where") == Path("/some/where")
