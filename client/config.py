@@ -164,13 +164,9 @@ class WorkerConfig:
 
     def data_cache_directory(self) -> Path | None:
         """Where this machine's workers share the normalised data (None: not shared)."""
-        if self.data_cache == "none":
-            return None
-        if self.data_cache:
-            return Path(self.data_cache)
-        from snet.data.cache import default_cache_directory
+        from snet.data.cache import cache_directory
 
-        return default_cache_directory()
+        return cache_directory(self.data_cache)
 
     def address(self) -> tuple[str, int]:
         _, found, rest = self.server.partition("://")
