@@ -118,7 +118,7 @@ class SnetServer:
         if self.pid_file is not None:
             self.pid_file.claim()
         self.out_lock.acquire()
-        plan = await loop.run_in_executor(self.executor, plan_data, job)
+        plan = await loop.run_in_executor(self.executor, plan_data, job, self.config.data_cache)
         checkpoints = Path(self.config.out_dir) / "checkpoints"
         store = CheckpointStore(checkpoints, self.config.checkpoint_keep)
         identity = job_identity(job.to_dict(), plan.fingerprint())

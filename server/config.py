@@ -79,7 +79,18 @@ class ServerConfig:
         default="",
         metadata={"help": "JSON lines, one per step: which frames each update covered"},
     )
-    pool_size: int = field(default=32, metadata={"help": "update elements kept for reuse, made as first needed (>= 2)"})
+    data_cache: str = field(
+        default="",
+        metadata={
+            "help": "directory where the server keeps the training frames' normalisation "
+            "for its next start on the same data (empty: $XDG_CACHE_HOME/snet or "
+            "~/.cache/snet; none: computed at every start)"
+        },
+    )
+    pool_size: int = field(
+        default=32,
+        metadata={"help": "update elements kept for reuse, made as first needed (>= 2)"},
+    )
     inline_step_seconds: float = field(
         default=0.002,
         metadata={"help": "apply steps that take less CPU than this (a running mean) on the "

@@ -4,9 +4,10 @@ The server reads the utterance lengths (to split and lease the training frames),
 the labels and the feature count against the network before any worker joins (a wrong
 label or dimension fails at startup with a clear message), and fixes the normalisation
 every worker applies (the job's norm file, or the training frames' mean and standard
-deviation, computed here in one streaming pass). A separate CV file is joined after the
-training data (``snet.data.joined``); a test file is opened and checked too, and scored
-once training ends (``server/testset.py``). The features themselves are read only for
+deviation, computed here in one streaming pass and kept in the data cache for the next
+start on the same data: ``data/cache.py``). A separate CV file is joined after the training
+data (``snet.data.joined``); a test file is opened and checked too, and scored once
+training ends (``server/testset.py``). Otherwise the features themselves are read only for
 workers that cannot read the data and are sent their frames inline (``server/inline.py``).
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from snet.data.cache import cache_directory
 from snet.data.corpus import job_norms
 from snet.data.joined import JoinedSource, open_job_source, split_frames
 from snet.data.norms import Norms
@@ -61,8 +63,9 @@ class DataPlan:
         return digest.hexdigest()
 
 
-def plan_data(job: JobSpec) -> DataPlan:
-    """Open and check the job's data (raises DataError with what is wrong)."""
+def plan_data(job: JobSpec, data_cache: str = "none") -> DataPlan:
+    """Open and check the job's data (raises DataError with what is wrong); the server's
+    ``data_cache`` setting keeps the normalisation for its next start (``none``: not)."""
     source = open_job_source(job.data)
     network = job.network
     check_against_network(source, job.data.window, network.input_size, network.output_size)
@@ -72,6 +75,6 @@ def plan_data(job: JobSpec) -> DataPlan:
             test, job.data.window, network.input_size, network.output_size, every_class=False
         )
     train, cv = split_frames(job.data, source.lengths, source.cv_utterances)
-    norms = job_norms(job.data, source, train)
+    norms = job_norms(job.data, source, train, cache_directory(data_cache))
     bounds = UtteranceBounds(source.lengths)
     return DataPlan(source, train, cv, total_frames(source), bounds, norms, test)

@@ -16,6 +16,8 @@ from snet.data.joined import open_job_source, split_frames
 from snet.data.norms import compute_norms
 from snet.protocol.job import DataSpec
 
+from inprocess import Lab
+
 
 def frames_set(path: Path, utterances: int, seed: int, shift: float = 0.0) -> Path:
     """``utterances`` of 5-15 frames of 13 features in three classes (``shift`` moves the
@@ -92,3 +94,27 @@ def test_the_data_cache_setting_names_the_directory() -> None:
     assert cache_directory("none") is None
     assert cache_directory("") == default_cache_directory()
     assert cache_directory("/some/where") == Path("/some/where")
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # its subject is not the loop
+async def test_the_server_keeps_the_normalisation_where_its_data_cache_says(
+    lab: Lab, tmp_path: Path
+) -> None:
+    data = frames_set(tmp_path / "d.npz", 60, 1)
+    job = ["--data", str(data), "--network", "117:8:3", "--epochs", "1"]
+    kept = await lab.server(*job, "--data-cache", str(tmp_path / "kept"), name="kept")
+    unkept = await lab.server(*job, "--data-cache", "none", name="unkept")
+    assert len(list((tmp_path / "kept").glob("norms-*.npy"))) == 1
+    assert np.array_equal(
+        kept.server.coordinator.plan.norms.as_array(),
+        unkept.server.coordinator.plan.norms.as_array(),
+    )
+    again = await lab.server(*job, "--data-cache", str(tmp_path / "kept"), name="again")
+    assert again.server.coordinator.plan.source.parts[0]._features._array is None  # type: ignore[attr-defined]
+    assert np.array_equal(
+        again.server.coordinator.plan.norms.as_array(),
+        unkept.server.coordinator.plan.norms.as_array(),
+    )
+    for server in (kept, unkept, again):
+        server.stop("test over")
+        assert await server.wait(30) == "test over"
