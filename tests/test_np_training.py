@@ -4,6 +4,7 @@ bunches and partial outputs over 127.0.0.1, checked against sequential training.
 from __future__ import annotations
 
 import ast
+import functools
 import signal
 from typing import Any
 
@@ -12,12 +13,13 @@ import pytest
 
 from bench.np_pipeline import train_np_replay
 from snet.cli.offline import train_job
-from snet.protocol.job import JobSpec
+from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import NetworkSpec
 
 from helpers import Cluster, load_weights
 from helpers import wait_until as system_wait
 from inprocess import Lab, wait_until
+from short_data import short_data
 
 
 def np_job(epochs: int = 1, bunch_size: int = 256) -> list[str]:
@@ -43,8 +45,25 @@ NP_JOB = JobSpec(
 )
 
 
-def _sequential_weights(**changes: object) -> np.ndarray:
-    return train_job(NP_JOB.with_changes(mode="sync", **changes)).weights
+def short_np_job() -> list[str]:
+    """np_job() on a third of the data (tests/short_data.py): 63 bunches, for the tests
+    that np gives what sequential training or its replay gives, whatever the data, and
+    of what holders' memory lets them hold."""
+    return [*np_job(), "--data", short_data()]
+
+
+def short_np_spec() -> JobSpec:
+    """short_np_job() as a JobSpec."""
+    return NP_JOB.with_changes(data=DataSpec(source=short_data()))
+
+
+@functools.cache
+def _sequential_weights() -> np.ndarray:
+    """short_np_spec() trained sequentially: computed once for the tests that compare with
+    it (read-only, as they only compare)."""
+    weights = train_job(short_np_spec().with_changes(mode="sync")).weights
+    weights.setflags(write=False)
+    return weights
 
 
 def assert_trained_once(status: dict[str, Any], epochs: int) -> None:
@@ -64,7 +83,7 @@ def _saved(lab_server_out: object) -> np.ndarray:
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
 @pytest.mark.parametrize("workers", [2, 3])
 async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
-    server = await lab.server(*np_job())
+    server = await lab.server(*short_np_job())
     started = [lab.worker(server, f"w{i}") for i in range(workers)]
     assert await server.wait(120) == "trained"
     assert [await w.wait(30) for w in started] == [0] * workers
@@ -135,11 +154,11 @@ async def test_np_pipelined_gives_the_replayed_pipeline_weights(lab: Lab) -> Non
     """With np_pipeline the forward pass of bunch k+1 runs before bunch k's error is
     applied: the server and workers give exactly what bench/np_pipeline.py's replay of
     that order gives (so the default-job figures measured with it hold for the daemon)."""
-    server = await lab.server(*np_job(), "--np-pipeline", "true", "--min-workers", "2")
+    server = await lab.server(*short_np_job(), "--np-pipeline", "true", "--min-workers", "2")
     started = [lab.worker(server, f"w{i}") for i in range(2)]
     assert await server.wait(120) == "trained"
     assert [await w.wait(30) for w in started] == [0, 0]
-    replayed, _ = train_np_replay(NP_JOB, 2, pipelined=True)
+    replayed, _ = train_np_replay(short_np_spec(), 2, pipelined=True)
     saved = _saved(server.out_dir)
     np.testing.assert_allclose(saved, replayed, rtol=1e-4, atol=1e-5)
     assert not np.allclose(saved, _sequential_weights(), rtol=1e-4, atol=1e-5)
@@ -151,9 +170,15 @@ SMALL_BOARD = ["--memory-mb", "0.6", "--time-scale", "10"]
 WIDE_NP_JOB = [*np_job(), "--network", "117:256:10"]
 
 
+def short_wide_np_job() -> list[str]:
+    """WIDE_NP_JOB on a third of the data (what a board holds depends on the network and
+    the bunch, not on the data)."""
+    return [*short_np_job(), "--network", "117:256:10"]
+
+
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
 async def test_np_network_no_board_holds_is_refused_by_one_and_trains_on_four(lab: Lab) -> None:
-    alone = await lab.server(*WIDE_NP_JOB, name="alone")
+    alone = await lab.server(*short_wide_np_job(), name="alone")
     board = lab.spert(alone, "board", *SMALL_BOARD)
     assert await board.wait(60) == 4  # EXIT_REFUSED: the whole hidden layer did not fit
     assert "does not fit the Spert board" in lab.log("board")
@@ -163,8 +188,12 @@ async def test_np_network_no_board_holds_is_refused_by_one_and_trains_on_four(la
     alone.stop("test over")
     await alone.wait(30)
 
-    server = await lab.server(*WIDE_NP_JOB, "--min-workers", "4")
-    boards = [lab.spert(server, f"board{i}", *SMALL_BOARD) for i in range(4)]
+    server = await lab.server(*short_wide_np_job(), "--min-workers", "4")
+    # reporting every 0.1 s, not every second: the last report is one of a board that
+    # has trained (the first comes with its first partials, before it has)
+    boards = [
+        lab.spert(server, f"board{i}", *SMALL_BOARD, "--heartbeat-seconds", "0.1") for i in range(4)
+    ]
     assert await server.wait(120) == "trained"
     assert [await b.wait(30) for b in boards] == [0, 0, 0, 0]
     status = server.final_status()
@@ -181,7 +210,7 @@ TINY_BOARD = ["--memory-mb", "0.5", "--time-scale", "10"]
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
 async def test_np_slices_fit_their_holders_memory(lab: Lab) -> None:
-    server = await lab.server(*WIDE_NP_JOB, "--min-workers", "2")
+    server = await lab.server(*short_wide_np_job(), "--min-workers", "2")
     started = [lab.spert(server, "board", *TINY_BOARD), lab.worker(server, "numpy")]
     assert await server.wait(120) == "trained"
     assert [await w.wait(30) for w in started] == [0, 0]

@@ -1,0 +1,48 @@
+"""A third of the default data, for lab tests whose subject is not how well the net learns.
+
+Every third utterance of the bundled digits (1,000 of 3,000, a hundred of each of the ten
+classes: 18,115 of 53,999 frames), so an epoch trains a third of the frames: 32 updates
+in bunches of 512 where QUICK_JOB's epoch is 95, and the net still learns (60% of the CV
+frames after one sequential epoch in bunches of 512, 65% in bunches of 128; np's 117:32:10
+and 117:256:10 in bunches of 256: 63%). A test's time goes mostly into its updates, so a
+test whose subject is what the server and workers do, or that an np or sync run equals
+its sequential replay, trains on this and takes a third of the time. Written once per
+test process, when first asked for, to a directory of its own removed at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from snet.data.sources import resolve_source
+from snet.protocol.job import DataSpec
+
+from helpers import QUICK_JOB
+
+EVERY = 3  # utterances: keep the first of every EVERY
+
+
+@functools.cache
+def short_data() -> str:
+    """The path of the third of the default data (an ``.npz`` with X, y and lengths)."""
+    directory = Path(tempfile.mkdtemp(prefix="snet-short-data-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    with np.load(resolve_source(DataSpec().source)) as data:
+        features, labels, lengths = data["X"], data["y"], data["lengths"]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    kept = np.arange(0, len(lengths), EVERY)
+    rows = np.concatenate([np.arange(starts[u], starts[u + 1]) for u in kept])
+    path = directory / "digits-every-third-utterance.npz"
+    np.savez(path, X=features[rows], y=labels[kept], lengths=lengths[kept])
+    return str(path)
+
+
+def short_job() -> list[str]:
+    """QUICK_JOB on ``short_data()``."""
+    return [*QUICK_JOB, "--data", short_data()]
