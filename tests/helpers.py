@@ -370,9 +370,12 @@ def load_weights(path: Path) -> list[np.ndarray]:
         return [data[f"{kind}{i}"] for i in range(layers) for kind in ("W", "b")]
 
 
-def replay_sequentially(trace: list[dict], spec: NetworkSpec, momentum: float) -> np.ndarray:
-    """Sequential bunch training on the union of each step's frames, in the same order."""
-    corpus = load_corpus(DataSpec(), spec.output_size)
+def replay_sequentially(
+    trace: list[dict], spec: NetworkSpec, momentum: float, data: str = ""
+) -> np.ndarray:
+    """Sequential bunch training on the union of each step's frames, in the same order
+    (of the default data, or of ``data``)."""
+    corpus = load_corpus(DataSpec(source=data) if data else DataSpec(), spec.output_size)
     rule = UpdateRule(initial_weights(spec, seed=1), momentum)
     biggest = max(sum(len(u["frames"]) for u in step["updates"]) for step in trace)
     network = BunchNetwork(spec, biggest)

@@ -16,9 +16,12 @@ from snet.protocol.network import NetworkSpec, initial_weights
 
 from helpers import SMALL_JOB, Cluster, load_weights, replay_sequentially, wait_until
 from inprocess import Lab
+from short_data import short_data
 
 
 async def test_sync_two_workers_equal_sequential_training(lab: Lab) -> None:
+    # on a third of the data (tests/short_data.py): the subject is that the steps equal
+    # their sequential replay, bunch for bunch, not how much the net learns
     server = await lab.server(
         "--mode",
         "sync",
@@ -33,6 +36,8 @@ async def test_sync_two_workers_equal_sequential_training(lab: Lab) -> None:
         "--trace-file",
         str(lab.tmp_path / "trace.jsonl"),
         *SMALL_JOB,
+        "--data",
+        short_data(),
     )
     workers = [lab.worker(server, f"w{i}") for i in range(2)]
     assert await server.wait(120) == "trained"
@@ -48,7 +53,7 @@ async def test_sync_two_workers_equal_sequential_training(lab: Lab) -> None:
         assert len({u["worker"] for u in step["updates"]}) == len(step["updates"])
 
     spec = NetworkSpec.parse("117:64:10")
-    expected = replay_sequentially(trace, spec, momentum=0.9)
+    expected = replay_sequentially(trace, spec, momentum=0.9, data=short_data())
     got = np.concatenate([a.ravel() for a in load_weights(server.out_dir / "weights.npz")])
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
