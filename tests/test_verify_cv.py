@@ -13,13 +13,18 @@ import pytest
 from snet.protocol.messages import EvalResult, Evaluate
 
 from async_raw import AsyncRawClient
-from helpers import QUICK_JOB
 from inprocess import Lab, LabServer
 from inprocess import wait_until as wait_in_lab
+from short_data import short_job
 
 pytestmark = pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
-VERIFIED_ASYNC_JOB = ("--mode", "async", "--epochs", "2", "--verify-cv", "--min-workers", "2",
-                      "--linger-seconds", "30", *QUICK_JOB)  # fmt: skip
+
+
+def verified_async_job() -> tuple[str, ...]:
+    """Two epochs checked by two workers, on a third of the data: the subject is the
+    checks, each epoch's, not what the net learns."""
+    return ("--mode", "async", "--epochs", "2", "--verify-cv", "--min-workers", "2",
+            "--linger-seconds", "30", *short_job())  # fmt: skip
 
 
 async def _trained(server: LabServer) -> dict[str, Any]:
@@ -31,7 +36,7 @@ async def _trained(server: LabServer) -> dict[str, Any]:
 
 
 async def test_two_honest_workers_agree_on_every_epoch(lab: Lab) -> None:
-    server = await lab.server(*VERIFIED_ASYNC_JOB)
+    server = await lab.server(*verified_async_job())
     for name in ("w1", "w2"):
         lab.worker(server, name)
     status = await _trained(server)
@@ -45,7 +50,7 @@ async def test_alone_a_worker_is_checked_by_the_server_which_agrees_with_it(lab:
     """One worker: no second opinion, so the server scores each epoch itself; its float64
     forward pass agrees with the worker's (nothing refused), and training runs its course."""
     server = await lab.server("--mode", "sync", "--epochs", "2", "--verify-cv",
-                              "--linger-seconds", "30", *QUICK_JOB)  # fmt: skip
+                              "--linger-seconds", "30", *short_job())  # fmt: skip
     lab.worker(server, "w1")
     status = await _trained(server)
     assert status["cv_checks"] == {"scorers": 2, "agreed": 0, "refereed": 2, "refused": 0}
@@ -54,7 +59,7 @@ async def test_alone_a_worker_is_checked_by_the_server_which_agrees_with_it(lab:
 
 async def test_a_forged_cv_result_is_refused_and_the_servers_score_kept(lab: Lab) -> None:
     # The forger takes a lease and never delivers it: the epoch ends once it is late.
-    server = await lab.server(*VERIFIED_ASYNC_JOB, "--stall-seconds", "0.5")
+    server = await lab.server(*verified_async_job(), "--stall-seconds", "0.5")
     forger = await AsyncRawClient.connect(server.port, "forger")
     await forger.handshake()
     lab.worker(server, "honest")
