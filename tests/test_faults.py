@@ -19,8 +19,9 @@ from snet.protocol.messages import (
 from snet.protocol.network import ElementLayout, NetworkSpec
 
 from async_raw import AsyncRawClient
-from helpers import QUICK_JOB, SMALL_JOB
+from helpers import SMALL_JOB
 from inprocess import Lab, LabServer, wait_until
+from short_data import short_job
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 
@@ -93,7 +94,7 @@ async def test_bad_clients_are_refused_and_training_state_is_untouched(lab: Lab)
 
 async def test_truncated_frame_then_disconnect_loses_nothing(lab: Lab) -> None:
     server = await lab.server(
-        "--mode", "async", "--epochs", "1", "--linger-seconds", "30", *QUICK_JOB
+        "--mode", "async", "--epochs", "1", "--linger-seconds", "30", *short_job()
     )
     client = await AsyncRawClient.connect(server.port, "truncated")
     await client.handshake()
@@ -127,7 +128,7 @@ def _update_pieces(lease: Lease, element: np.ndarray) -> list[bytes | memoryview
 
 async def test_token_is_required_and_never_sent(lab: Lab) -> None:
     server = await lab.server(
-        "--mode", "async", "--epochs", "1", "--token", "s3cret-token", *QUICK_JOB
+        "--mode", "async", "--epochs", "1", "--token", "s3cret-token", *short_job()
     )
     intruder = lab.worker(server, "intruder", "--token", "wrong")
     assert await intruder.wait(30) == 4  # refused: EXIT_REFUSED

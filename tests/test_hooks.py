@@ -21,8 +21,8 @@ from snet.protocol.hooks import BunchEvent, EpochEvent, Hook, HookSet, McupsHook
 from snet.server.app import SnetServer
 from snet.server.plausible import finite
 
-from helpers import QUICK_JOB
 from inprocess import Lab
+from short_data import short_job
 from user_errors import error
 
 
@@ -137,7 +137,7 @@ async def test_a_hook_with_figures_json_cannot_encode_does_not_stop_the_server(
 ) -> None:
     """It hung after training (status.json never written, workers kept) and /status gave 500."""
     server = await lab.server("--epochs", "1", "--linger-seconds", "-1", "--hooks",
-                              f"{user_hooks}:Stamp", *QUICK_JOB)  # fmt: skip
+                              f"{user_hooks}:Stamp", *short_job())  # fmt: skip
     worker = lab.worker(server, "w1")
     assert await worker.wait(60) == 0  # told goodbye: trained
     status = await server.status()
@@ -161,7 +161,7 @@ async def test_results_that_cannot_be_written_stop_the_server_with_the_error(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(SnetServer, "write_final_weights", full_disk)
-    server = await lab.server("--epochs", "1", *QUICK_JOB)
+    server = await lab.server("--epochs", "1", *short_job())
     worker = lab.worker(server, "w1")
     reason = await server.wait(60)
     assert reason == "failed: results not written: OSError: [Errno 28] No space left on device"
@@ -185,7 +185,7 @@ async def test_results_written_on_the_second_try_end_the_run_as_trained(
         return written(self)
 
     monkeypatch.setattr(SnetServer, "write_final_weights", full_once)
-    server = await lab.server("--epochs", "1", *QUICK_JOB)
+    server = await lab.server("--epochs", "1", *short_job())
     worker = lab.worker(server, "w1")
     assert await server.wait(60) == "trained"
     assert await worker.wait(30) == 0 and len(tries) == 2

@@ -14,9 +14,10 @@ from snet.protocol.framing import MAGIC, PREFIX
 from snet.protocol.messages import ErrorMessage, Hello, ServerHello
 
 from async_raw import AsyncRawClient
-from helpers import QUICK_JOB, SMALL_JOB
+from helpers import SMALL_JOB
 from inprocess import Lab
 from inprocess import wait_until as wait_in_lab
+from short_data import short_job
 
 pytestmark = pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
 
@@ -78,7 +79,7 @@ async def test_a_handshake_not_completed_in_time_is_closed(lab: Lab) -> None:
 async def test_a_worker_turned_away_as_busy_tries_again_and_trains(lab: Lab) -> None:
     server = await lab.server(
         "--mode", "async", "--epochs", "1", "--max-connections", "1", "--linger-seconds",
-        "30", *QUICK_JOB,
+        "30", *short_job(),
     )  # fmt: skip
     squatter = await AsyncRawClient.connect(server.port, "squatter")
     await squatter.receive(ServerHello)

@@ -15,8 +15,9 @@ from snet.cli.logformat import JsonFormatter
 from snet.client.progress_log import ProgressLog
 
 import helpers
-from helpers import QUICK_JOB, SMALL_JOB, Cluster
+from helpers import SMALL_JOB, Cluster
 from inprocess import Lab, wait_until
+from short_data import short_job
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
@@ -35,7 +36,7 @@ async def test_debug_shows_steps_leases_and_updates_and_info_does_not(lab: Lab) 
     for name in ("server", "quiet"):  # at info: no per-step, per-lease or per-update line
         assert not re.search(r"(step|lease|update) \d+:", lab.log(name)), lab.log(name)
 
-    again = await lab.server("--mode", "async", "--epochs", "1", *QUICK_JOB, name="again")
+    again = await lab.server("--mode", "async", "--epochs", "1", *short_job(), name="again")
     logging.getLogger("snet").setLevel(logging.DEBUG)  # what --log-level debug sets
     talkative = lab.worker(again, "talkative")
     assert await talkative.wait(60) == 0 and await again.wait(30) == "trained"

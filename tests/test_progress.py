@@ -18,8 +18,9 @@ from snet.cli.progress_bar import ProgressBar, bar_text, clock
 from snet.cli.status import render
 from snet.server.job_progress import WINDOW_SECONDS, ProgressMeter
 
-from helpers import QUICK_JOB, SMALL_JOB
+from helpers import SMALL_JOB
 from inprocess import Lab, wait_until
+from short_data import short_data, short_job
 
 
 def _metric(text: str, name: str) -> float | None:
@@ -32,7 +33,7 @@ def _metric(text: str, name: str) -> float | None:
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
 async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
     """/status says "waiting_for_workers" (not "training") until --min-workers joined."""
-    server = await lab.server("--epochs", "2", "--min-workers", "2", *QUICK_JOB)
+    server = await lab.server("--epochs", "2", "--min-workers", "2", *short_job())
     lab.worker(server, "w1")
     await wait_until(lambda: server.server.coordinator.sessions, 30, "the first worker")
     status = await server.status()
@@ -66,7 +67,7 @@ async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the waiting state, not the loop
 async def test_with_the_default_one_worker_the_server_waits_for_it_and_says_so(lab: Lab) -> None:
     """The default --min-workers 1: before any worker joins, /status said "training"."""
-    server = await lab.server("--epochs", "1", *QUICK_JOB)
+    server = await lab.server("--epochs", "1", *short_job())
     status = await server.status()
     assert status["state"] == "waiting_for_workers" and status["min_workers"] == 1
     assert "waiting for workers: 0 of 1 joined" in render(status)
@@ -175,9 +176,11 @@ def test_the_bar_is_drawn_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) ->
 def test_snet_train_in_a_pipe_prints_plain_lines_counted_from_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`snet train` whose output is not a terminal: one plain line per epoch."""
+    """`snet train` whose output is not a terminal: one plain line per epoch (on a third
+    of the data: tests/short_data.py)."""
     out = tmp_path / "out"
-    assert main(["train", "--epochs", "2", "--network", "117:16:10", "--out-dir", str(out)]) == 0
+    job = ["--epochs", "2", "--network", "117:16:10", "--data", short_data()]
+    assert main(["train", *job, "--out-dir", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "\x1b" not in printed and "\r" not in printed
     lines = printed.splitlines()
@@ -190,14 +193,14 @@ async def test_a_fresh_run_stopped_at_once_leaves_its_own_weights_beside_its_sta
     lab: Lab,
 ) -> None:
     """``--fresh --force`` over a finished run, stopped before it trained: weights.npz was
-    the old run's (version 95) beside the new run's status.json (version 0)."""
-    first = await lab.server("--epochs", "1", *QUICK_JOB)
+    the old run's (version 32 here) beside the new run's status.json (version 0)."""
+    first = await lab.server("--epochs", "1", *short_job())
     lab.worker(first, "w1")
     assert await first.wait(90) == "trained"
     with np.load(first.out_dir / "weights.npz") as saved:
         assert int(saved["version"]) > 0
 
-    again = await lab.server("--epochs", "1", "--fresh", "--force", *QUICK_JOB)
+    again = await lab.server("--epochs", "1", "--fresh", "--force", *short_job())
     again.stop("test over")
     assert await again.wait(30) == "test over"
     status = again.final_status()
@@ -209,11 +212,11 @@ async def test_a_fresh_run_stopped_at_once_leaves_its_own_weights_beside_its_sta
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # a log line, not the loop
 async def test_init_weights_beside_a_checkpoint_is_said_to_be_unused(lab: Lab) -> None:
     """Documented as ignored when there is a checkpoint to resume from; now also said."""
-    first = await lab.server("--epochs", "1", *QUICK_JOB)
+    first = await lab.server("--epochs", "1", *short_job())
     lab.worker(first, "w1")
     assert await first.wait(90) == "trained"
     weights = first.out_dir / "weights.npz"
-    again = await lab.server("--epochs", "1", "--init-weights", str(weights), *QUICK_JOB)
+    again = await lab.server("--epochs", "1", "--init-weights", str(weights), *short_job())
     again.stop("test over")
     await again.wait(30)
     assert f"--init-weights {weights} not used: resuming the run checkpointed in" in lab.log(

@@ -14,6 +14,7 @@ from snet.client.port_probe import WrongPort, http_answer, worker_port_of
 
 from helpers import QUICK_JOB, SMALL_JOB
 from inprocess import Lab, wait_until
+from short_data import short_job
 
 
 def test_a_url_where_host_port_was_expected_is_one_line_exit_2(
@@ -100,7 +101,7 @@ async def test_a_plain_worker_at_a_tls_server_is_told_to_give_tls_ca(
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
 async def test_a_token_the_server_does_not_check_is_a_warning(lab: Lab) -> None:
     """`snet worker --token ...` for a server started without one: it joins, and says so."""
-    server = await lab.server("--epochs", "1", *QUICK_JOB)
+    server = await lab.server("--epochs", "1", *short_job())
     worker = lab.worker(server, "w1", "--token", "s3cret")
     assert await worker.wait(60) == 0
     assert "snet checks no token: the --token given is not used" in lab.log("w1")
