@@ -26,6 +26,7 @@ from snet.protocol.job import DataSpec
 from helpers import QUICK_JOB
 
 EVERY = 3  # utterances: keep the first of every EVERY
+FRAMES = 18_115  # in the utterances kept
 
 
 @functools.cache
@@ -38,6 +39,7 @@ def short_data() -> str:
     starts = np.concatenate([[0], np.cumsum(lengths)])
     kept = np.arange(0, len(lengths), EVERY)
     rows = np.concatenate([np.arange(starts[u], starts[u + 1]) for u in kept])
+    assert len(rows) == FRAMES, len(rows)
     path = directory / "digits-every-third-utterance.npz"
     np.savez(path, X=features[rows], y=labels[kept], lengths=lengths[kept])
     return str(path)

@@ -16,6 +16,8 @@ from snet.cli.main import main
 
 from helpers import QUICK_JOB, SMALL_JOB, Cluster, wait_until
 from inprocess import Lab
+from short_data import FRAMES as SHORT_FRAMES
+from short_data import short_job
 
 
 def _ledgers_exact(status: dict) -> None:
@@ -63,8 +65,8 @@ def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
     assert not rows["w-first"]["inline_frames"]
     # raw frames, not windows, and each at most once: fewer than one per training frame
     sent = status["inline_frames"]["frames_sent"]
-    assert 0 < sent <= 53999
-    assert status["inline_frames"]["bytes_sent"] < 53999 * (13 * 4 + 12)
+    assert 0 < sent <= SHORT_FRAMES
+    assert status["inline_frames"]["bytes_sent"] < SHORT_FRAMES * (13 * 4 + 12)
     assert status["cv_accuracy"] > 0.6
     assert "frames come inline" in cluster.log("w-inline")
     server.process.send_signal(signal.SIGTERM)
@@ -75,9 +77,10 @@ def test_worker_killed_mid_epoch_and_an_inline_newcomer_every_pattern_once(
 async def test_a_worker_that_cannot_read_the_data_trains_on_frames_sent_inline(
     lab: Lab,
 ) -> None:
-    """The fast ring's view of the inline path (the system test above adds the kill)."""
+    """The fast ring's view of the inline path (the system test above adds the kill), on
+    a third of the data (tests/short_data.py)."""
     server = await lab.server(
-        "--mode", "async", "--epochs", "1", "--min-workers", "2", *QUICK_JOB
+        "--mode", "async", "--epochs", "1", "--min-workers", "2", *short_job()
     )  # both hold leases from the start: the inline one trains whatever the timing
     local = lab.worker(server, "w-local")
     inline = lab.worker(server, "w-inline", "--data-access", "inline")
@@ -89,8 +92,8 @@ async def test_a_worker_that_cannot_read_the_data_trains_on_frames_sent_inline(
     assert rows["w-inline"]["inline_frames"] and rows["w-inline"]["updates_sent"] > 0
     assert not rows["w-local"]["inline_frames"]
     sent = status["inline_frames"]["frames_sent"]  # raw frames, each at most once
-    assert 0 < sent <= 53999
-    assert status["inline_frames"]["bytes_sent"] < 53999 * (13 * 4 + 12)
+    assert 0 < sent <= SHORT_FRAMES
+    assert status["inline_frames"]["bytes_sent"] < SHORT_FRAMES * (13 * 4 + 12)
     assert "frames come inline" in lab.log("w-inline")
 
 
