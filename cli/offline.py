@@ -67,13 +67,16 @@ def train_job(
     weights: np.ndarray | None = None,
     progress: Callable[[dict[str, float | int | bool]], None] | None = None,
     rule: UpdateRule | None = None,
+    corpus: Corpus | None = None,
 ) -> SequentialResult:
     """Sequential training of ``job`` with the server's update rule and frame order and the
     worker's arithmetic (client/sequential.py); the parts meet here, where both may be
     imported. ``rule``: one made by ``start_rule``, for a caller that must see the
-    weights while they train (``snet train`` saves them when stopped)."""
+    weights while they train (``snet train`` saves them when stopped); ``corpus``: the
+    job's data already opened and normalised (else loaded here)."""
     spec = job.network
-    corpus = load_corpus(job.data, spec.output_size, spec.input_size)
+    if corpus is None:
+        corpus = load_corpus(job.data, spec.output_size, spec.input_size)
     rule = start_rule(job, weights) if rule is None else rule
     return train_sequential(job, corpus, rule, lone_worker_chunks(job, corpus), hooks, progress)
 
