@@ -57,7 +57,7 @@ def local_corpus(job: JobSpec, info: DataInfo, cache: Path | None = None) -> Cor
             f"{source.features} features) differs from the server's "
             f"({len(lengths)} utterances, {info.features} features)"
         )
-    return corpus_from_source(job.data, source, Norms.from_array(info.norms), cache)
+    return corpus_from_source(job.data, source, Norms.from_array(info.norms, info.features), cache)
 
 
 def inline_corpus(job: JobSpec, info: DataInfo) -> Corpus:
@@ -71,7 +71,7 @@ def inline_corpus(job: JobSpec, info: DataInfo) -> Corpus:
         cv,
         info.features,
         job.data.context,
-        Norms.from_array(info.norms),
+        Norms.from_array(info.norms, info.features),
     )
 
 

@@ -32,7 +32,7 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +40,8 @@ import numpy as np
 from snet.protocol.errors import DataError
 
 from .joined import JoinedSource
-from .norms import Norms, compute_norms
+from .kaldi import KaldiSource
+from .norms import STD_FLOOR, Norms, compute_norms
 from .sources import total_frames
 
 log = logging.getLogger("snet.data")
@@ -163,31 +164,52 @@ def cached_norms(source: JoinedSource, train: np.ndarray, directory: Path | None
     """``compute_norms`` of ``source``'s frames ``train``, read from ``directory`` when it
     was computed there before for the same data files and frames (None: no cache), else
     computed and kept there. A cache that cannot be read or written is logged and the
-    normalisation computed as without one."""
-    if directory is None:
+    normalisation computed as without one. Kaldi data is not cached: its key would be the
+    ``.scp`` alone, and the pass over every frame is also what finds an archive that
+    cannot be read (a DataError at start, not a failure in every worker)."""
+    if directory is None or any(isinstance(part, KaldiSource) for part in source.parts):
         return compute_norms(source, train)
     digest = _source_digest("norms", source)
-    digest.update(np.ascontiguousarray(train, dtype=np.int64).tobytes())
+    digest.update(np.ascontiguousarray(train, dtype=np.int64).data)  # in place, no copy
     path = directory / f"norms-{digest.hexdigest()[:32]}.npy"
     try:
-        return Norms.from_array(np.load(path))
+        return _read_norms(path, source.features)
     except FileNotFoundError:
         pass
-    except (OSError, ValueError, EOFError, DataError) as exc:
+    except Exception as exc:  # whatever the file holds (or fails to), it is computed again
         log.warning("the data cache's %s cannot be read (%s): computed again", path, exc)
     norms = compute_norms(source, train)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         _prune(directory)
-        # a name of its own: servers of one process (the test suite's) may write together
-        handle, temporary = tempfile.mkstemp(prefix=f"{path.stem}.", suffix=".tmp", dir=directory)
+        # A name of its own (servers of one process, the test suite's, may write at once),
+        # opened as the frames files are: its mode follows the umask.
+        temporary = path.with_name(f"{path.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
-            with os.fdopen(handle, "wb") as out:
+            with open(temporary, "xb") as out:
                 np.save(out, norms.as_array())
+                out.flush()
+                os.fsync(out.fileno())
             os.replace(temporary, path)  # whole or absent to a reader (a bad one is recomputed)
         finally:
-            Path(temporary).unlink(missing_ok=True)
+            temporary.unlink(missing_ok=True)
         _note(path, source)
     except OSError as exc:
         log.warning("cannot keep the normalisation in the data cache %s (%s)", directory, exc)
+    return norms
+
+
+def _read_norms(path: Path, features: int) -> Norms:
+    """The kept normalisation, only as ``compute_norms`` writes it: this user's file,
+    2 x ``features`` little-endian float64, finite, standard deviations of at least the
+    floor ``compute_norms`` applies. Its header is read before its values (mapped), so a
+    header claiming a huge array allocates nothing."""
+    if path.stat().st_uid != os.getuid():
+        raise DataError("written by another user")  # another user's file is not trusted
+    kept = np.load(path, mmap_mode="r", allow_pickle=False)
+    if kept.dtype != np.dtype("<f8") or kept.shape != (2, features):
+        raise DataError(f"holds {kept.dtype} {kept.shape}, not <f8 (2, {features})")
+    norms = Norms.from_array(np.array(kept), features)
+    if (norms.std < STD_FLOOR).any():
+        raise DataError(f"a standard deviation is below {STD_FLOOR}")
     return norms

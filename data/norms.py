@@ -19,6 +19,7 @@ from snet.protocol.errors import DataError
 from .sources import FrameSource
 
 CHUNK_FRAMES = 65536
+STD_FLOOR = 1e-8  # a standard deviation below this is taken as 1 (a constant feature)
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,19 @@ class Norms:
         return np.stack([self.mean, self.std]).astype("<f8")
 
     @classmethod
-    def from_array(cls, array: np.ndarray) -> Norms:
-        array = np.asarray(array, dtype=np.float64)
-        if array.ndim != 2 or array.shape[0] != 2 or not np.isfinite(array).all():
+    def from_array(cls, array: np.ndarray, features: int | None = None) -> Norms:
+        """From ``as_array``'s form: DataError unless it is 2 x ``features`` (when given)
+        finite real values with positive standard deviations. A width that differs would
+        broadcast (one mean for every feature) or fail later, far from its cause."""
+        given = np.asarray(array)
+        if given.dtype.kind not in "fiu":  # complex would lose its imaginary part silently
+            raise DataError(f"normalisation must be real numbers, got dtype {given.dtype}")
+        array = given.astype(np.float64)
+        width = array.shape[1] if array.ndim == 2 else -1
+        if array.shape[0:1] != (2,) or width < 1 or not np.isfinite(array).all():
             raise DataError(f"normalisation must be 2 x features finite values, got {array.shape}")
+        if features is not None and width != features:
+            raise DataError(f"normalisation is for {width} features, the data has {features}")
         if (array[1] <= 0).any():
             raise DataError("normalisation standard deviations must be positive")
         return cls(array[0].copy(), array[1].copy())
@@ -61,7 +71,7 @@ def compute_norms(source: FrameSource, frames: np.ndarray) -> Norms:
     mean = total / len(rows)
     variance = np.maximum(squares / len(rows) - mean * mean, 0.0)
     std = np.sqrt(variance)
-    std[std < 1e-8] = 1.0
+    std[std < STD_FLOOR] = 1.0
     return Norms(mean, std)
 
 

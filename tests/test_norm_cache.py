@@ -13,7 +13,8 @@ import pytest
 
 from snet.data.cache import cache_directory, cached_norms, default_cache_directory
 from snet.data.joined import open_job_source, split_frames
-from snet.data.norms import compute_norms
+from snet.data.norms import Norms, compute_norms
+from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec
 
 from inprocess import Lab
@@ -90,6 +91,53 @@ def test_without_a_usable_cache_it_is_computed(
     assert np.array_equal(np.load(kept), computed)  # written again
 
 
+def _planted(path: Path, kind: str) -> None:
+    """A file under the kept normalisation's name that ``compute_norms`` never writes."""
+    good = np.load(path)
+    if kind == "one column":  # would broadcast: one mean and std for every feature
+        np.save(path, good[:, :1])
+    elif kind == "wider":
+        np.save(path, np.concatenate([good, good[:, :1]], axis=1))
+    elif kind == "tiny std":  # below the floor: the frames would be infinite
+        np.save(path, np.stack([good[0], np.full(good.shape[1], 1e-300)]))
+    elif kind == "complex":
+        np.save(path, good.astype(np.complex128))
+    elif kind == "float32":
+        np.save(path, good.astype(np.float32))
+    elif kind == "structured":
+        np.save(path, np.zeros(2, dtype=[("a", "<f8"), ("b", "<i4")]))
+    elif kind == "huge header":  # a header that claims 16 TB: nothing may be allocated
+        header = {"descr": "<f8", "fortran_order": False, "shape": (2, 10**12)}
+        with open(path, "wb") as out:
+            np.lib.format.write_array_header_1_0(out, header)
+    elif kind == "another user's":  # in a shared directory: not trusted
+        os.chown(path, 54321, 54321)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["one column", "wider", "tiny std", "complex", "float32", "structured", "huge header",
+     "another user's"],
+)  # fmt: skip
+def test_a_kept_normalisation_that_compute_norms_never_wrote_is_computed_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """Whatever sits under the file's name, the server starts with the normalisation of
+    its data: a bad file is neither used nor a crash (a crash loop under systemd)."""
+    if kind == "another user's" and os.geteuid() != 0:
+        pytest.skip("making a file another user's needs root")
+    spec = DataSpec(source=str(frames_set(tmp_path / "d.npz", 10, 1)))
+    source, train, cache = open_job_source(spec), _train(spec), tmp_path / "cache"
+    computed = compute_norms(source, train).as_array()
+    cached_norms(source, train, cache)
+    (kept,) = cache.glob("norms-*.npy")
+    _planted(kept, kind)
+    caplog.set_level(logging.WARNING, "snet.data")
+    assert np.array_equal(cached_norms(source, train, cache).as_array(), computed)
+    assert "cannot be read" in caplog.text
+    assert np.array_equal(np.load(kept), computed) and kept.stat().st_uid == os.getuid()
+
+
 def test_the_data_cache_setting_names_the_directory() -> None:
     assert cache_directory("none") is None
     assert cache_directory("") == default_cache_directory()
@@ -118,3 +166,16 @@ async def test_the_server_keeps_the_normalisation_where_its_data_cache_says(
     for server in (kept, unkept, again):
         server.stop("test over")
         assert await server.wait(30) == "test over"
+
+
+def test_a_normalisation_of_another_width_or_not_real_is_refused() -> None:
+    """What a server sends (``DataInfo.norms``) is checked against the data's width by the
+    worker: one column would have broadcast over every feature."""
+    good = np.stack([np.zeros(13), np.ones(13)])
+    assert Norms.from_array(good, 13).mean.shape == (13,)
+    with pytest.raises(DataError, match="for 1 features, the data has 13"):
+        Norms.from_array(good[:, :1], 13)
+    with pytest.raises(DataError, match="real numbers"):
+        Norms.from_array(good.astype(np.complex128), 13)
+    with pytest.raises(DataError, match="2 x features"):
+        Norms.from_array(np.zeros((2, 0)), 0)
