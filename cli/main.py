@@ -299,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"snet: {exc}", file=sys.stderr)
             return 2
-    args = _parser(words[0] if words else "").parse_args(words)
+    # keyed by a known command word only: a typo is refused by the parser of no command
+    command = words[0] if words and words[0] in COMMANDS else ""
+    args = _parser(command).parse_args(words)
 
     try:
         _check_switches()

@@ -9,9 +9,9 @@ The estimate counts whole float32 copies of the element, from what the code allo
 
 - the element pool (server/pool.py): an element is made only when no freed one is left,
   and the most recently freed is reused first, so a run holds about as many as it holds
-  updates at once: counted as twice what
-  ``--min-workers`` workers may have unsettled, and two for a step's pass (none in np
-  mode, which sends no updates), at most ``pool_size``;
+  updates at once: counted as twice what ``--min-workers`` workers may have unsettled,
+  and two for a step's pass (none in np mode, which sends no updates), at most
+  ``pool_size``;
 - the update rule (server/update_rule.py): the weights, two velocity buffers, and the
   next step's fresh weights while the published ones are still sent and scored; np's
   rule (server/slice_master.py) has no step but keeps the slices' element and momentum;

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,11 +30,17 @@ EVERY = 3  # utterances: keep the first of every EVERY
 FRAMES = 18_115  # in the utterances kept
 
 
+def _remove_if_mine(directory: Path, owner: int) -> None:
+    """At exit: a process forked from the one that wrote it must not remove it."""
+    if os.getpid() == owner:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 @functools.cache
 def short_data() -> str:
     """The path of the third of the default data (an ``.npz`` with X, y and lengths)."""
     directory = Path(tempfile.mkdtemp(prefix="snet-short-data-"))
-    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    atexit.register(_remove_if_mine, directory, os.getpid())
     with np.load(resolve_source(DataSpec().source)) as data:
         features, labels, lengths = data["X"], data["y"], data["lengths"]
     starts = np.concatenate([[0], np.cumsum(lengths)])

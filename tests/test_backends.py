@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -31,6 +32,10 @@ def test_flush_denormals_is_per_thread_and_reversible() -> None:
     assert not denormals_flushed()  # this thread was never touched
 
 
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or platform.system() != "Linux",
+    reason="the switch is set through libm on x86-64 Linux only",
+)
 def test_libm_is_found_without_starting_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """``find_library`` runs ``ldconfig -p``: every server and worker (each forked worker
     too) started that process to find glibc's libm, whose soname is known."""
