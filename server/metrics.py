@@ -133,9 +133,12 @@ def metrics_text(server: SnetServer) -> str:
     _checkpoints(out, document)
     queues = dict(document["queues"])
     overflows, pool_size = queues.pop("pool_overflows"), queues.pop("pool_size")
+    made = queues.pop("pool_made")
     out.metric("queue_length", "gauge", "Lengths of the element pool's and lease book's queues.",
                [({"queue": queue}, length) for queue, length in queues.items()])  # fmt: skip
-    out.single("pool_size", "gauge", "Elements in the server's pool.", pool_size)
+    out.single("pool_size", "gauge", "Elements the server's pool may hold.", pool_size)
+    out.single("pool_elements_made", "gauge", "Pool elements made so far, each kept for reuse.",
+               made)  # fmt: skip
     out.single("pool_overflows_total", "counter", "Elements allocated beyond the pool.",
                overflows)  # fmt: skip
     inline = document["inline_frames"]

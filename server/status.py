@@ -22,6 +22,7 @@ def queues(coordinator: Coordinator) -> dict[str, int]:
         "free": coordinator.pool.free,
         "received": len(coordinator.steps),
         "pool_size": coordinator.pool.size,
+        "pool_made": coordinator.pool.made,  # elements in memory (made as first needed)
         "pool_overflows": coordinator.pool.overflows,
         "chunks_waiting": coordinator.book.waiting_chunks,
         "leases_out": coordinator.book.leases_out,

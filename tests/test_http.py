@@ -89,6 +89,8 @@ def _check_the_api(healthz: bytes, document: bytes, metrics_text: bytes, weights
     assert status["patterns_processed"] == 2 * status["epochs"][0]["ledger"]["frames"]
     assert 0.5 < status["cv_accuracy"] <= 1 and 0.5 < status["train_accuracy"] <= 1
     assert set(status["queues"]) >= {"free", "received"}
+    queues = status["queues"]  # the pool makes elements as needed: some, never all 32
+    assert 0 < queues["pool_made"] < queues["pool_size"] and queues["free"] == queues["pool_size"]
     assert len(status["workers"]) == 2
     for row in status["workers"]:
         assert set(row) >= WORKER_KEYS
@@ -103,6 +105,7 @@ def _check_the_api(healthz: bytes, document: bytes, metrics_text: bytes, weights
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in samples}
     assert values["snet_weight_version"] == status["weight_version"]
     assert values["snet_updates_applied_total"] == status["updates_applied"]
+    assert values["snet_pool_elements_made"] == queues["pool_made"]
     assert "# TYPE snet_updates_applied_total counter" in metrics
 
     with np.load(io.BytesIO(weights)) as npz:
