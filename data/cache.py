@@ -174,8 +174,8 @@ def cached_norms(source: JoinedSource, train: np.ndarray, directory: Path | None
     path = directory / f"norms-{digest.hexdigest()[:32]}.npy"
     try:
         return _read_norms(path, source.features)
-    except FileNotFoundError:
-        pass
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # nothing kept yet (a directory that is a file is said once, when writing)
     except Exception as exc:  # whatever the file holds (or fails to), it is computed again
         log.warning("the data cache's %s cannot be read (%s): computed again", path, exc)
     norms = compute_norms(source, train)
