@@ -6,9 +6,10 @@ prepares its backend and agrees on codecs. It reads the worker's inbox (what the
 connection filed) and returns what the worker needs to train (``Joined``), or why it
 cannot (``NotJoined``: the server refused it or said goodbye first); it writes none of the
 worker's state. A job this worker cannot run (its data, its codecs, or a network larger
-than this machine's available memory: client/footprint.py) ends the session with the
-reason logged on both sides; a job whose weights exceed this worker's own frame limit
-ends the worker (``FrameLimitTooSmall``, a configuration error: client/frame_limit.py).
+than all the memory this machine could ever give it: client/footprint.py) ends the
+session with the reason logged on both sides; a job whose weights exceed this worker's own
+frame limit ends the worker (``FrameLimitTooSmall``, a configuration error:
+client/frame_limit.py).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class SnetServer:
         """Claim the pid file, load the data plan, listen on both ports, write the ready file.
 
         Raises ``ConfigError`` (pid file taken or unwritable, a checkpoint of another job, a
-        network larger than this machine's available memory),
+        network larger than all the memory this machine or its container could ever give),
         ``OutDirInUse``, ``DataError`` and ``ListenError`` (a port in use or an address not
         on this machine).
         """
