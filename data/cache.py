@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -92,11 +93,26 @@ def fingerprint(source: JoinedSource, norms: Norms) -> str:
     return digest.hexdigest()[:32]
 
 
+def _write_atomically(path: Path, fill: Callable[[Path], None]) -> None:
+    """``fill`` writes a temporary file beside ``path``; it is synced, then renamed into
+    place, so a reader finds it whole or not at all (one that is bad is made again). The
+    temporary's name is its writer's own: processes, or servers of one process (the test
+    suite's), may write at once. Its mode follows the umask."""
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        fill(temporary)
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def _write(path: Path, source: JoinedSource, norms: Norms) -> None:
     """The normalised frames as a ``.npy``, written in blocks, then renamed into place."""
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     count = total_frames(source)
-    try:
+
+    def fill(temporary: Path) -> None:
         out = np.lib.format.open_memmap(
             temporary, mode="w+", dtype=np.float32, shape=(count, source.features)
         )
@@ -106,11 +122,8 @@ def _write(path: Path, source: JoinedSource, norms: Norms) -> None:
             out[start : start + len(rows)] = norms.apply(source.read(rows))
         out.flush()
         del out
-        with open(temporary, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+
+    _write_atomically(path, fill)
 
 
 def _prune(directory: Path) -> None:
@@ -182,21 +195,18 @@ def cached_norms(source: JoinedSource, train: np.ndarray, directory: Path | None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         _prune(directory)
-        # A name of its own (servers of one process, the test suite's, may write at once),
-        # opened as the frames files are: its mode follows the umask.
-        temporary = path.with_name(f"{path.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        try:
-            with open(temporary, "xb") as out:
-                np.save(out, norms.as_array())
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)  # whole or absent to a reader (a bad one is recomputed)
-        finally:
-            temporary.unlink(missing_ok=True)
+        _write_atomically(path, lambda temporary: _save(temporary, norms.as_array()))
         _note(path, source)
     except OSError as exc:
         log.warning("cannot keep the normalisation in the data cache %s (%s)", directory, exc)
     return norms
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    """``array`` as a ``.npy`` at ``path`` exactly (``np.save`` given a name would add
+    ``.npy`` to one that lacks it)."""
+    with open(path, "xb") as out:
+        np.save(out, array)
 
 
 def _read_norms(path: Path, features: int) -> Norms:
