@@ -166,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, help="a checkout of earlier code to measure too")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args(argv)
-    rows = run_update_bench(args.seconds, tuple(args.elements.split(",")), args.baseline)
+    elements = tuple(args.elements.split(","))
+    unknown = [label for label in elements if label not in ELEMENTS]
+    if unknown:
+        parser.error(f"unknown element(s) {', '.join(unknown)}; known: {', '.join(ELEMENTS)}")
+    rows = run_update_bench(args.seconds, elements, args.baseline)
     text = json.dumps(rows, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")
