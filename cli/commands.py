@@ -12,19 +12,20 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from snet.client.config import WorkerConfig
-from snet.server.config import ServerConfig
-
 from .flags import given, given_job
 from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import ConfigFile, build_job, merge, read_toml
 
 if TYPE_CHECKING:
     from snet.client.backend import ComputeBackend
+    from snet.client.config import WorkerConfig
+    from snet.server.config import ServerConfig
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """Flags > SNET_* environment > TOML [server]/[job] > defaults."""
+    from snet.server.config import ServerConfig  # a worker never loads the server's side
+
     document = read_toml(getattr(args, "config", None))
     values, where = document.table("job")
     job = build_job(values, given_job(args), where)
@@ -58,6 +59,8 @@ def run_server(args: argparse.Namespace) -> int:
 
 def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfig:
     """Flags > SNET_WORKER_* (and SNET_TOKEN) environment > TOML [worker] > defaults."""
+    from snet.client.config import WorkerConfig  # nor the server the worker's
+
     flags = given(args, WorkerConfig)
     if "token" not in flags and os.environ.get("SNET_TOKEN"):
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers

@@ -17,7 +17,6 @@ from snet.protocol.job import JobSpec
 
 from .data import Corpus
 from .network import MIN_ROWS, BunchNetwork, Derivative, MatMul, load_kernels
-from .spert.backend import SpertBackend
 
 
 class ComputeBackend(Protocol):
@@ -106,6 +105,12 @@ def kernels_available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+def _spert_backend(threads: int) -> ComputeBackend:
+    from .spert.backend import SpertBackend  # the board's emulator, for its workers only
+
+    return SpertBackend()  # an emulated Spert-II board, default settings
+
+
 def _modelled_backend(threads: int) -> ComputeBackend:
     from .modelled_backend import ModelledBackend
 
@@ -115,7 +120,7 @@ def _modelled_backend(threads: int) -> ComputeBackend:
 BACKENDS: dict[str, Any] = {
     "numpy": lambda threads: NumpyBackend(),
     "torch": _torch_backend,
-    "spert": lambda threads: SpertBackend(),  # an emulated Spert-II board, default settings
+    "spert": _spert_backend,
     "modelled": _modelled_backend,  # compute-free, for scaling benchmarks
 }
 

@@ -24,6 +24,8 @@ COMMANDS = {
 NOT_LOADED = [
     ("worker", "aiohttp"),
     ("worker", "snet.server.app"),
+    ("worker", "snet.server.config"),  # the server's flags and settings (0.03 s)
+    ("worker", "snet.client.spert.backend"),  # the board emulator: `snet spert`'s alone
     ("train", "asyncio"),
     ("train", "aiohttp"),
     ("server", "snet.client.worker"),
