@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# at first import, and not at all where PYTHONDONTWRITEBYTECODE is set, which made
 	# every process compile snet's modules again (0.1 s of CPU per process at start-up).
 	$(BIN)/python -m compileall -q server client protocol transport cli data perf > /dev/null
+	# The compiled step (numba, in the dev extra) is compiled now too, once, into numba's
+	# cache on disk: otherwise the first worker of `make demo`, or of each test process on
+	# a clean clone, compiled it (8 s of CPU on a 2-core machine), several at a time and
+	# inside the time bounds of the tests whose workers did.
+	$(BIN)/python -c 'from snet.client.fused import warm_up; warm_up()'
 	touch $(STAMP)
 
 demo: $(STAMP)
