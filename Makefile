@@ -55,9 +55,9 @@ fast: $(STAMP)
 
 # On a fresh machine the virtual environment's packages and Debian's (below) download at
 # the same time: both wait mostly on the network, and one after the other cost CI ~40 s.
-# The type check then runs before the tests, not beside them: beside them it saved 12 s in
-# a checkout but cost a clean clone's tests 20 s, its 16 s of one core taken from the
-# system ring's heaviest tests, which start first.
+# Then lint, type check and tests, one after the other: the type check beside the tests
+# saved 12 s in a checkout but cost a clean clone's tests 20 s, its 16 s of one core
+# taken from the system ring's heaviest tests, which start first.
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target $(STAMP) browser
 	@$(MAKE) --no-print-directory lint typecheck pytest
