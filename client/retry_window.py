@@ -55,6 +55,5 @@ class RetryWindow:
         """Raise ``ServerUnreachable`` (``where``: HOST:PORT) once the deadline has passed."""
         if self.expired():
             raise ServerUnreachable(
-                f"cannot join the server at {where} ({why}); "
-                f"gave up after {self.retry_seconds:.0f} s"
+                f"cannot join the server at {where} ({why}); gave up after {self.retry_seconds:g} s"
             )

@@ -135,7 +135,7 @@ class Worker:
                     if self._tls_refusal:  # the server refused our certificate: for good
                         raise TlsRefused(self._tls_refusal) from exc
                     retry = self.config.retry_seconds
-                    log.warning("lost the server (%s); reconnecting for up to %.0f s", exc, retry)
+                    log.warning("lost the server (%s); reconnecting for up to %g s", exc, retry)
                     server_stopped = False
                     await self._between_sessions(exc)
                     continue
