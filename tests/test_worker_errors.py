@@ -91,7 +91,7 @@ async def test_a_plain_worker_at_a_tls_server_is_told_to_give_tls_ca(
     make_cluster_certificates(pki, ["127.0.0.1"])
     tls = ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")]
     server = await lab.server("--epochs", "1", "--handshake-seconds", "0.25", *tls, *QUICK_JOB)
-    plain = lab.worker(server, "plain", "--retry-seconds", "0.3", "--hello-seconds", "0.2")
+    plain = lab.worker(server, "plain", "--retry-seconds", "0", "--hello-seconds", "0.2")
     assert await plain.wait(30) == 3  # unreachable for its retry window
     assert "(a server that serves TLS wants --tls-ca)" in lab.log("plain")
     server.stop("test over")
