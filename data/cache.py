@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from .norms import STD_FLOOR, Norms, compute_norms
 from .sources import total_frames
 
 log = logging.getLogger("snet.data")
+ABANDONED_SECONDS = 3600.0  # a temporary unchanged this long, its writer gone: removed
 
 FORMAT_VERSION = 1  # bump when the file's layout or the normalisation arithmetic changes
 BLOCK_BYTES = 32 << 20  # the writer's working memory, not the data set's size
@@ -127,9 +129,10 @@ def _write(path: Path, source: JoinedSource, norms: Norms) -> None:
 
 
 def _prune(directory: Path) -> None:
-    """Remove the cached copies of data files that no longer exist (a test's temporary
-    files, a corpus deleted), so the directory does not only grow. A process that still
-    maps one keeps its pages: the file goes when the last mapping does."""
+    """Remove what the cache holds of data files that no longer exist (frames and
+    normalisations of a test's temporary files, of a corpus deleted), and the temporaries
+    of writers that were killed, so the directory does not only grow. A process that still
+    maps a file keeps its pages: the file goes when the last mapping does."""
     for note in [*directory.glob("frames-*.json"), *directory.glob("norms-*.json")]:
         try:
             sources = json.loads(note.read_text())["sources"]
@@ -139,6 +142,31 @@ def _prune(directory: Path) -> None:
             continue
         for stale in (note.with_suffix(".npy"), note.with_suffix(".lock"), note):
             stale.unlink(missing_ok=True)
+    for temporary in [*directory.glob("frames-*.tmp"), *directory.glob("norms-*.tmp")]:
+        if _abandoned(temporary):
+            temporary.unlink(missing_ok=True)
+
+
+def _abandoned(temporary: Path) -> bool:
+    """A temporary (``_write_atomically``'s NAME.PID.TOKEN.tmp) whose writer was killed: as
+    big as what it was making (a corpus's frames), and nobody else removes it. Its pid is
+    not alive here, and it has not changed for ``ABANDONED_SECONDS``: the directory may be
+    shared with other hosts, whose pids mean nothing here, and their live writers change
+    their files."""
+    try:
+        pid = int(temporary.name.split(".")[-3])
+        age = time.time() - temporary.stat().st_mtime
+    except (ValueError, IndexError, OSError):
+        return False  # not one of ours, or gone already
+    if age < ABANDONED_SECONDS:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    return False
 
 
 def _note(path: Path, source: JoinedSource) -> None:

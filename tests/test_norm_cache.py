@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from snet.data.cache import cache_directory, cached_norms, default_cache_directory
+from snet.data.cache import (
+    ABANDONED_SECONDS,
+    cache_directory,
+    cached_norms,
+    default_cache_directory,
+)
 from snet.data.joined import open_job_source, split_frames
 from snet.data.norms import Norms, compute_norms
 from snet.protocol.errors import DataError
@@ -68,6 +74,32 @@ def test_the_normalisation_of_deleted_data_is_pruned(tmp_path: Path) -> None:
     kept = DataSpec(source=str(frames_set(tmp_path / "kept.npz", 10, 2)))
     cached_norms(open_job_source(kept), _train(kept), tmp_path / "c")
     assert len(list((tmp_path / "c").glob("norms-*"))) == 2  # kept's .npy and its note
+
+
+def test_temporaries_of_killed_writers_are_pruned_and_live_ones_kept(tmp_path: Path) -> None:
+    """A writer killed mid-write leaves its temporary (as big as a corpus's frames);
+    the next write removes it once its pid is gone and it is an hour old, and only then."""
+    cache = tmp_path / "c"
+    cache.mkdir()
+    gone = 4_194_305  # above the largest pid Linux gives (pid_max is at most 2**22)
+    old = time.time() - ABANDONED_SECONDS - 60
+
+    def planted(name: str, mtime: float | None = None) -> Path:
+        path = cache / name
+        path.write_bytes(b"half a file")
+        if mtime is not None:
+            os.utime(path, (mtime, mtime))
+        return path
+
+    abandoned = planted(f"frames-{'a' * 32}.npy.{gone}.0badf00d.tmp", old)
+    abandoned_norms = planted(f"norms-{'b' * 32}.npy.{gone}.0badf00d.tmp", old)
+    recent = planted(f"frames-{'c' * 32}.npy.{gone}.0badf00d.tmp")  # perhaps elsewhere
+    alive = planted(f"frames-{'d' * 32}.npy.{os.getpid()}.0badf00d.tmp", old)
+    not_ours = planted("frames-notes.tmp", old)
+    spec = DataSpec(source=str(frames_set(tmp_path / "d.npz", 10, 1)))
+    cached_norms(open_job_source(spec), _train(spec), cache)  # a write prunes
+    assert not abandoned.exists() and not abandoned_norms.exists()
+    assert recent.exists() and alive.exists() and not_ours.exists()
 
 
 def test_without_a_usable_cache_it_is_computed(
