@@ -109,6 +109,8 @@ async def _demo(args: argparse.Namespace) -> int:
         port=0,
         http_port=args.http_port,
         out_dir=args.out_dir,
+        fresh=args.fresh,
+        force=args.force,
         job=job,
         name="snet-demo",
         log_level="warning",
@@ -149,7 +151,7 @@ async def _demo(args: argparse.Namespace) -> int:
     if already_trained:
         print(
             f"snet demo: {config.out_dir} holds this job's finished run, shown below and not "
-            "trained again (remove it, or give another --out-dir, to train anew)",
+            "trained again (add --fresh --force, or give another --out-dir, to train anew)",
             flush=True,
         )
     url = f"http://127.0.0.1:{server.http_port}"

@@ -183,6 +183,13 @@ def _demo_flags(demo: argparse.ArgumentParser) -> None:
         "--http-port", dest="http_port", type=int, default=0, help="status port (0: any free)"
     )
     demo.add_argument("--out-dir", dest="out_dir", default="snet-out", help=OUT_DIR_HELP)
+    # As the server's: the demo resumes the out-dir's run, and its refusals name these.
+    demo.add_argument(
+        "--fresh", action="store_true", help="start over instead of resuming the out-dir's run"
+    )
+    demo.add_argument(
+        "--force", action="store_true", help="with --fresh: overwrite a finished run's results"
+    )
     demo.add_argument(
         "--weights-codec",
         dest="weights_codec",

@@ -186,6 +186,17 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     assert "\nepoch  1/1  lr " in again.stdout and "done (trained)" in again.stdout
     assert "workers stopped: nothing to train" in again.stdout
     assert "not reachable" not in again.stderr and "Traceback" not in again.stderr
+    # another job on that out-dir is refused with the demo's own flags named, which work
+    other = ("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"),
+             "--network", "117:8:10")  # fmt: skip
+    refused = run_snet(*other)
+    assert refused.returncode == 2 and "use --fresh to start over" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    anew = run_snet(*other, "--fresh", "--force")
+    assert anew.returncode == 0, anew.stderr
+    assert "network 117:8:10" in anew.stdout and "done (trained)" in anew.stdout
+    with np.load(tmp_path / "o" / "weights.npz") as saved:
+        assert [int(n) for n in saved["sizes"]] == [117, 8, 10]
 
 
 def test_cv_fraction_and_split_seed_are_flags(tmp_path: Path) -> None:
