@@ -4,6 +4,7 @@ with exit status 2 and no traceback (issue 18); flags come from the config field
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import fields
 from pathlib import Path
 
@@ -172,8 +173,11 @@ def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
 @pytest.mark.system  # starts real processes
 def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     path = _toml(tmp_path, '[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n')
-    done = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))
+    cache = tmp_path / "cache"  # the server's data cache follows SNET_DATA_CACHE, as workers'
+    done = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"),
+                    env={**os.environ, "SNET_DATA_CACHE": str(cache)})  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert list(cache.glob("norms-*.npy")), "the server kept its normalisation elsewhere"
     assert done.stdout.startswith("snet demo: sync mode, 1 workers, network 117:16:10, 1 epochs")
     assert "Traceback" not in done.stderr
     assert "\x1b" not in done.stdout and "\r" not in done.stdout  # a pipe: no progress bar
