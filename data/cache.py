@@ -70,6 +70,10 @@ def _file_identity(path: Path) -> list[str]:
     return identity
 
 
+# Said with a cache that cannot be used: otherwise the same warning comes at every start.
+ELSEWHERE = "; --data-cache DIR (SNET_DATA_CACHE) names another directory, none keeps nothing"
+
+
 def cache_directory(setting: str) -> Path | None:
     """The directory a ``data_cache`` setting names: empty, the default; ``none``, none."""
     if setting == "none":
@@ -191,9 +195,8 @@ def shared_frames(source: JoinedSource, norms: Norms, directory: Path) -> np.nda
                     _note(path, source)
         frames: np.ndarray = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as exc:
-        log.warning(
-            "cannot use the data cache %s (%s): this process holds its own copy", directory, exc
-        )
+        log.warning("cannot use the data cache %s (%s): this process holds its own copy%s",
+                    directory, exc, ELSEWHERE)  # fmt: skip
         return None
     if frames.shape != (total_frames(source), source.features) or frames.dtype != np.float32:
         log.warning("the data cache's %s has shape %s: not used", path, frames.shape)
@@ -226,7 +229,8 @@ def cached_norms(source: JoinedSource, train: np.ndarray, directory: Path | None
         _write_atomically(path, lambda temporary: _save(temporary, norms.as_array()))
         _note(path, source)
     except OSError as exc:
-        log.warning("cannot keep the normalisation in the data cache %s (%s)", directory, exc)
+        log.warning("cannot keep the normalisation in the data cache %s (%s)%s",
+                    directory, exc, ELSEWHERE)  # fmt: skip
     return norms
 
 
