@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +47,30 @@ from .progress_bar import (
     say,
 )
 from .settings import build_job, decode, read_toml
+
+EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped before the end, as Ctrl-C's 130 says
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``docker stop``, Slurm, systemd): stopped as Ctrl-C stops."""
+
+
+@contextmanager
+def sigterm_stops() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` in the main thread, once: a second one ends the
+    process at once (the default), as a second signal does to a server. Without this,
+    SIGTERM ended ``snet train`` on the spot, with every trained epoch lost."""
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
 
 # What sequential training holds of a network's element (float32 weights and biases): the
 # weights, two velocity buffers (server/update_rule.py), the gradient and the fresh buffer
@@ -93,8 +120,13 @@ def run_train(args: argparse.Namespace) -> int:
 
     Ctrl-C stops as SIGINT stops a server: the weights trained so far are written (after
     the last whole step; ``--init-weights`` continues from them) unless nothing was
-    trained, in one line, with status 130; so does a reader of the output that goes
-    (``| head``), with status 141."""
+    trained, in one line, with status 130; so does SIGTERM, with status 143, and a reader
+    of the output that goes (``| head``), with status 141."""
+    with sigterm_stops():
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     train_threads(args)
     values, where = read_toml(args.config).table("job")
     job = build_job(values, given_job(args), where)
@@ -140,11 +172,13 @@ def run_train(args: argparse.Namespace) -> int:
         # Ctrl-C, or the reader of the output gone (``| head``): stopped either way, as a
         # server stops on SIGINT, with what was trained kept
         gone = isinstance(exc, BrokenPipeError)
+        terminated = isinstance(exc, Terminated)
         if gone:
             detach_stdout()
         else:
             bar.clear()
         cause = "(its output's reader has gone)" if gone else "by Ctrl-C"
+        cause = "by SIGTERM" if terminated else cause
         # An epoch's line is printed once the epoch is done: a failed print (or Ctrl-C
         # just then) comes after epoch ``epochs_done``, not in the next one.
         during = (
@@ -161,6 +195,8 @@ def run_train(args: argparse.Namespace) -> int:
         else:
             path = _save(job, rule.weights, epochs_done, plan.norms, args.out_dir)
             say(f"{where}: the weights so far in {path}")
+        if terminated:
+            return EXIT_TERMINATED
         return EXIT_READER_GONE if gone else EXIT_INTERRUPTED
     finally:
         lock.release()

@@ -5,6 +5,7 @@ out-dir, as the server); Ctrl-C one line and status 130 (run in this process).""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,36 @@ def test_ctrl_c_in_train_is_one_line_status_130_and_saves_what_was_trained(
         assert saved.spec.describe() == "39:8:3"
         with np.load(out / "weights.npz") as data:
             assert int(data["epoch"]) == 1  # whole epochs in them
+    OutDirLock(str(out)).acquire()  # the lock went with the run
+
+
+class Sigterm(Hook):
+    """A real SIGTERM to this process after the first step of epoch ``epoch``, as
+    ``timeout``, ``docker stop`` or Slurm send one."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def after_bunch(self, event: BunchEvent) -> None:
+        if event.epoch == self.epoch:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_in_train_stops_as_ctrl_c_does_with_status_143(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import snet.cli.train as command
+
+    out = tmp_path / "out"
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(command, "standard_hooks", lambda: HookSet([Sigterm(1)]))
+    err = error(_train(tmp_path, "--out-dir", str(out), "--epochs", "3"), capsys, status=143)
+    # it ended the process on the spot before: every trained epoch lost
+    where = "snet train: stopped by SIGTERM in epoch 2 of 3"
+    assert err == f"{where}: the weights so far in {out / 'weights.npz'}"
+    with np.load(out / "weights.npz") as data:
+        assert int(data["epoch"]) == 1
+    assert signal.getsignal(signal.SIGTERM) == before  # the process's own handler is back
     OutDirLock(str(out)).acquire()  # the lock went with the run
 
 
