@@ -46,6 +46,25 @@ def test_a_bad_learning_rate_flag_names_the_flag_and_the_value(
     )
 
 
+@pytest.mark.parametrize("command", ["server", "worker", "status"])
+def test_ctrl_c_before_a_command_takes_sigint_is_one_line_and_130(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a command still imports and loads (before its event loop takes SIGINT
+    over) fell through as a traceback of whichever import it hit, and status 1."""
+    import snet.cli.commands
+    import snet.cli.status
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    module = snet.cli.status if command == "status" else snet.cli.commands
+    monkeypatch.setattr(module, f"run_{command}", interrupted)
+    assert main([command]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == f"snet {command}: stopped by Ctrl-C\n" and not captured.out
+
+
 def test_toml_learning_rates_must_be_a_list(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
