@@ -3,7 +3,8 @@
 Everything a user can get wrong is checked before the first epoch, with the server's own
 code where the server checks it too: the thread count (a worker's check), the job, the
 memory its network needs, the out-dir (locked as a server locks it, so that a server and
-``snet train`` never write one out-dir at once), the initial weights and the data, the
+``snet train`` never write one out-dir at once, and refused where a server's run is kept),
+the initial weights and the data, the
 test file included (server/dataplan.py). The test file is scored with the final weights
 as the server scores it (server/testset.py).
 """
@@ -99,6 +100,21 @@ def check_fits_in_memory(job: JobSpec) -> None:
         raise ConfigError(refusal)
 
 
+SERVER_RUN_FILES = ("status.json", "checkpoints")  # what a server (or demo) leaves in its out-dir
+
+
+def refuse_a_server_run(out_dir: str) -> None:
+    """ConfigError when ``out_dir`` holds a server's (or the demo's) run: its weights.npz
+    would be replaced by this run's, while its status and checkpoints, which a server or
+    the demo shows and resumes, went on describing the other network."""
+    found = [name for name in SERVER_RUN_FILES if (Path(out_dir) / name).exists()]
+    if found:
+        raise ConfigError(
+            f"{out_dir} holds a server's run ({', '.join(found)}): snet train would replace "
+            "its weights.npz; give another --out-dir, or remove that run"
+        )
+
+
 def train_threads(args: argparse.Namespace) -> int:
     """--threads, else SNET_TRAIN_THREADS, else 1, checked as a worker's threads are (the
     BLAS limit itself was set before numpy was imported: cli/main.py)."""
@@ -132,7 +148,12 @@ def _train(args: argparse.Namespace) -> int:
     job = build_job(values, given_job(args), where)
     check_fits_in_memory(job)
     lock = OutDirLock(args.out_dir, holder="snet train")
-    lock.acquire()
+    lock.acquire()  # first: a server still running there is named as the holder
+    try:
+        refuse_a_server_run(args.out_dir)
+    except ConfigError:
+        lock.release()
+        raise
     epochs_done = 0
     bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
 

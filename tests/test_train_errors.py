@@ -101,6 +101,28 @@ def test_train_checks_the_test_file_up_front_and_scores_it(
     assert last.startswith(f"test set {test}: frame accuracy ")
 
 
+@pytest.mark.parametrize("left", ["status.json", "checkpoints"])
+def test_train_refuses_an_out_dir_holding_a_servers_run(
+    tmp_path: Path, left: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It replaced a finished demo's weights.npz, which the demo went on showing as its
+    own (its status and checkpoints describe the other network)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "weights.npz").write_bytes(b"the server's")
+    if left == "checkpoints":
+        (out / left).mkdir()
+    else:
+        (out / left).write_text('{"state": "trained"}')
+    err = error(_train(tmp_path, "--out-dir", str(out)), capsys)
+    assert err == (
+        f"snet: {out} holds a server's run ({left}): snet train would replace its "
+        "weights.npz; give another --out-dir, or remove that run"
+    )
+    assert (out / "weights.npz").read_bytes() == b"the server's"
+    OutDirLock(str(out)).acquire()  # not kept by the refused run
+
+
 class CtrlC(Hook):
     """Ctrl-C where it lands: at the start of epoch ``epoch`` (0-based: before its first
     step), or after its first step (``mid``)."""
