@@ -8,6 +8,7 @@ the other's start-up (``python -X importtime -m snet.cli worker ...``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -65,7 +66,12 @@ def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfi
     if "token" not in flags and os.environ.get("SNET_TOKEN"):
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
     values, where = document.table("worker")
-    return merge(WorkerConfig, values, "SNET_WORKER_", flags, where)
+    config = merge(WorkerConfig, values, "SNET_WORKER_", flags, where)
+    if config.token_file:  # read here, once, as the server reads its own at start
+        from snet.transport.tls import read_token_file
+
+        return dataclasses.replace(config, token=read_token_file(config.token_file))
+    return config
 
 
 def run_worker(args: argparse.Namespace) -> int:

@@ -27,6 +27,13 @@ class WorkerConfig:
     token: str = field(
         default="", metadata={"help": "the server's shared secret (also SNET_TOKEN)"}
     )
+    token_file: str = field(
+        default="",
+        metadata={
+            "help": "read the server's shared secret from this file (keeps it out of ps and "
+            "the environment; wins over --token and SNET_TOKEN)"
+        },
+    )
     threads: int = field(default=1, metadata={"help": "BLAS threads for this worker's compute"})
     processes: int = field(
         default=1,

@@ -23,13 +23,12 @@ import logging
 import os
 import ssl
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from snet.protocol.errors import ConfigError
-from snet.transport.tls import CopyingProtocol, http_context, server_context
+from snet.transport.tls import CopyingProtocol, http_context, read_token_file, server_context
 
 from .config import ServerConfig
 
@@ -53,12 +52,7 @@ def resolve_token(config: ServerConfig) -> str | None:
     None when there is none. Refuses a server exposed beyond loopback without one."""
     token = config.token
     if config.token_file:
-        try:
-            token = Path(config.token_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read token_file {config.token_file}: {exc}") from None
-        if not token:
-            raise ConfigError(f"token_file {config.token_file} is empty")
+        token = read_token_file(config.token_file)
     elif token and "SNET_TOKEN" not in os.environ:
         log.warning("the token was given as a flag or in the config file; prefer "
                     "--token-file or SNET_TOKEN (a flag shows in ps)")  # fmt: skip

@@ -45,6 +45,30 @@ def test_a_server_beyond_loopback_needs_a_token_or_insecure(tmp_path: Path) -> N
 
 
 @pytest.mark.system  # starts real processes
+def test_a_worker_reads_its_token_from_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the server: ``--token-file`` keeps the secret out of ps and the environment (a
+    worker had only ``--token`` and SNET_TOKEN, while the README told it to use a file)."""
+    from snet.cli.commands import worker_config
+    from snet.cli.main import _parser
+    from snet.cli.settings import ConfigFile
+
+    def config(path: Path) -> str:
+        args = _parser("worker").parse_args(["worker", "--token-file", str(path)])
+        return worker_config(args, ConfigFile()).token
+
+    secret = tmp_path / "token"
+    secret.write_text("s3cret\n")
+    monkeypatch.setenv("SNET_TOKEN", "from-the-environment")
+    assert config(secret) == "s3cret"  # the file wins, as on the server
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        config(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="cannot read token_file"):
+        config(tmp_path / "missing")
+
+
 def test_the_server_refuses_to_start_exposed_without_a_token(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "snet.cli", "server", "--host", NOT_HERE, "--port", "0",
@@ -88,4 +112,8 @@ def test_with_a_token_every_endpoint_but_healthz_needs_it(cluster: Cluster, tmp_
     shown = subprocess.run([*status, "--token-file", str(secret)], capture_output=True,
                            text=True, timeout=30)  # fmt: skip
     assert shown.returncode == 0 and "server snet" in shown.stdout
+    # a worker given the same file trains the job (the README's way on real machines)
+    worker = cluster.worker(server, "w", "--token-file", str(secret))
+    assert worker.wait(60) == 0
+    assert server.wait(30) == 0 and "final weights (version" in server.log.read_text()
     assert "s3cret-token" not in server.log.read_text()

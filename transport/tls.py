@@ -20,6 +20,18 @@ from pathlib import Path
 from snet.protocol.errors import ConfigError
 
 
+def read_token_file(path: str) -> str:
+    """The shared secret kept in ``path`` (``--token-file``, on the server and on a
+    worker): its text, stripped. ConfigError when it cannot be read or is empty."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read token_file {path}: {exc}") from None
+    if not token:
+        raise ConfigError(f"token_file {path} is empty")
+    return token
+
+
 def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str) -> None:
     for path in (cert, key):
         if not Path(path).is_file():
