@@ -185,6 +185,7 @@ def merge(
             raise ConfigError(f"{where}: unknown setting {key!r}{_suggest(key, known)}")
     kinds = _field_types(cls)
     chosen: dict[str, Any] = {}
+    labels: dict[str, str] = {}  # where each chosen value came from, as the user wrote it
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name in extra:
             continue
@@ -200,6 +201,7 @@ def merge(
                 raise ConfigError(f"{cls.__name__} needs {f.name}")
             continue
         chosen[f.name] = decode(value, kinds[f.name], label)
+        labels[f.name] = label
         allowed = f.metadata.get("choices")
         if allowed and chosen[f.name] not in allowed:
             raise ConfigError(
@@ -211,6 +213,19 @@ def merge(
         return cls(**chosen)
     except TypeError as exc:
         raise ConfigError(f"bad settings for {cls.__name__}: {exc}") from exc
+    except ConfigError as exc:
+        raise _as_given(exc, labels) from exc
+
+
+def _as_given(error: ConfigError, labels: dict[str, str]) -> ConfigError:
+    """A class's own check names its field ("retry_seconds must be >= 0"): said instead
+    with what the user gave, the flag, the variable or the file's key
+    ("--retry-seconds must be >= 0"), which a user can find and change."""
+    text = str(error)
+    name = text.split(" ", 1)[0]
+    if name in labels and labels[name] != name:
+        return ConfigError(labels[name] + text[len(name) :])
+    return error
 
 
 def _network(values: dict[str, Any], flags: dict[str, Any], where: str) -> NetworkSpec:

@@ -119,9 +119,9 @@ def train_threads(args: argparse.Namespace) -> int:
     """--threads, else SNET_TRAIN_THREADS, else 1, checked as a worker's threads are (the
     BLAS limit itself was set before numpy was imported: cli/main.py)."""
     if args.threads is not None:
-        return check_threads(args.threads)
+        return check_threads(args.threads, "--threads")
     text = os.environ.get("SNET_TRAIN_THREADS", "1")
-    return check_threads(decode(text, int, "SNET_TRAIN_THREADS"))
+    return check_threads(decode(text, int, "SNET_TRAIN_THREADS"), "SNET_TRAIN_THREADS")
 
 
 def _save(job: JobSpec, weights: np.ndarray, epochs: int, norms: Norms, out_dir: str) -> Path:

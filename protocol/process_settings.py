@@ -33,9 +33,9 @@ def log_format_field() -> Any:
     )
 
 
-def check_threads(threads: int) -> int:
+def check_threads(threads: int, name: str = "threads") -> int:
     """``threads`` BLAS threads, refused below one (a worker's ``--threads``, ``snet
-    train --threads`` and their environment variables)."""
+    train --threads`` and their environment variables); ``name``: the setting, as given."""
     if threads < 1:
-        raise ConfigError(f"threads must be >= 1, got {threads}")
+        raise ConfigError(f"{name} must be >= 1, got {threads}")
     return threads

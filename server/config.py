@@ -229,16 +229,17 @@ class ServerConfig:
                 f"{self.job.network.describe()} ({element} bytes): give --max-frame-mb at "
                 f"least {mib_at_least(element)}"
             )
-        if self.stall_seconds <= 0 or self.join_seconds < 0:
-            raise ConfigError("stall_seconds must be > 0 and join_seconds >= 0")
-        if self.checkpoint_seconds <= 0 or self.checkpoint_steps < 0 or self.checkpoint_keep < 1:
-            raise ConfigError(
-                "checkpoint_seconds must be > 0, checkpoint_steps >= 0, checkpoint_keep >= 1"
-            )
-        if self.max_connections < 1 or self.max_handshakes < 1:
-            raise ConfigError("max_connections and max_handshakes must be at least 1")
-        if self.handshake_seconds <= 0 or self.http_header_seconds <= 0:
-            raise ConfigError("handshake_seconds and http_header_seconds must be > 0")
+        # one setting per message, its name first: the command line says it as the flag,
+        # the variable or the file's key the user gave (cli/settings.py)
+        positive = ("stall_seconds", "checkpoint_seconds", "handshake_seconds",
+                    "http_header_seconds")  # fmt: skip
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name):g}")
+        for name, least in (("join_seconds", 0), ("checkpoint_steps", 0), ("checkpoint_keep", 1),
+                            ("max_connections", 1), ("max_handshakes", 1)):  # fmt: skip
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name} must be >= {least}, got {getattr(self, name):g}")
         if self.http_connections < 1:
             raise ConfigError("http_connections must be at least 1")
         if not 0.05 <= self.event_seconds <= 60:  # a floor: each push builds the document

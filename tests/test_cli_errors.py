@@ -65,6 +65,25 @@ def test_ctrl_c_before_a_command_takes_sigint_is_one_line_and_130(
     assert captured.err == f"snet {command}: stopped by Ctrl-C\n" and not captured.out
 
 
+def test_a_settings_own_check_names_it_as_the_user_gave_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class's check names its field ("retry_seconds must be >= 0"): said as the flag,
+    the variable or the file's key the value came from, which the user can find."""
+    assert _error(["worker", "--retry-seconds", "-1"], capsys) == (
+        "snet: --retry-seconds must be >= 0"
+    )
+    assert _error(["server", "--checkpoint-keep", "0"], capsys) == (
+        "snet: --checkpoint-keep must be >= 1, got 0"
+    )
+    path = _toml(tmp_path, "[job]\nepochs = 0\n")
+    assert _error(["train", "--config", path], capsys) == (
+        f"snet: {path} [job] epochs must be >= 1, got 0"
+    )
+    monkeypatch.setenv("SNET_WORKER_PROCESSES", "0")
+    assert _error(["worker"], capsys) == "snet: SNET_WORKER_PROCESSES must be >= 1, got 0"
+
+
 def test_toml_learning_rates_must_be_a_list(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -128,7 +147,7 @@ def test_an_unknown_log_level_exits_2(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_the_event_interval_has_a_floor(capsys: pytest.CaptureFixture[str]) -> None:
     # every push builds the status document: a dashboard may not make the server spin
-    assert "event_seconds must be between 0.05 and 60" in _error(
+    assert "snet: --event-seconds must be between 0.05 and 60" in _error(
         ["server", "--event-seconds", "0.001"], capsys
     )
 

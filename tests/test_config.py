@@ -94,7 +94,7 @@ def test_bad_settings_fail_clearly(
     assert _config(["--max-frame-mb", "2", "--network", "117:2048:10"]).max_frame_mb == 2
     with pytest.raises(ConfigError, match="np mode writes no trace yet"):  # it wrote none
         _config(["--mode", "np", "--network", "117:32:10", "--trace-file", "t.jsonl"])
-    with pytest.raises(ConfigError, match="min_workers must be at least 1, got 0"):
+    with pytest.raises(ConfigError, match=r"^--min-workers must be at least 1, got 0"):
         _config(["--min-workers", "0"])
     with pytest.raises(ConfigError, match="port and http_port are both 7300"):
         _config(["--port", "7300", "--http-port", "7300"])
@@ -102,7 +102,7 @@ def test_bad_settings_fail_clearly(
     assert _config(other_host).http_bind_host == "127.0.0.2"  # two addresses: no clash
     with pytest.raises(ConfigError, match="inline_step_seconds must be >= 0, got nan"):
         ServerConfig(inline_step_seconds=math.nan)  # built in code: no flag or TOML check
-    with pytest.raises(ConfigError, match="inline_step_seconds must be >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"^--inline-step-seconds must be >= 0, got -1"):
         _config(["--inline-step-seconds", "-1"])
     assert main(["server", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "cannot read config file" in capsys.readouterr().err

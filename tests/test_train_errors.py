@@ -203,9 +203,9 @@ def test_sigterm_in_train_stops_as_ctrl_c_does_with_status_143(
 @pytest.mark.parametrize(
     ("flag", "env", "expected"),
     [
-        ("0", None, "snet: threads must be >= 1, got 0"),
-        ("-1", None, "snet: threads must be >= 1, got -1"),
-        (None, "0", "snet: threads must be >= 1, got 0"),
+        ("0", None, "snet: --threads must be >= 1, got 0"),
+        ("-1", None, "snet: --threads must be >= 1, got -1"),
+        (None, "0", "snet: SNET_TRAIN_THREADS must be >= 1, got 0"),
         (None, "x", "snet: SNET_TRAIN_THREADS: 'x' is not a whole number"),
     ],
 )

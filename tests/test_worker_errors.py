@@ -24,7 +24,7 @@ def test_a_url_where_host_port_was_expected_is_one_line_exit_2(
     assert main(["worker", "--server", "http://host:7000"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "snet: server must be HOST:PORT of the server's worker port, not a URL: "
+        "snet: --server must be HOST:PORT of the server's worker port, not a URL: "
         "got 'http://host:7000' (did you mean --server host:7000?)"
     )
 
