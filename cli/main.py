@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 # (with two BLAS threads per worker on two cores, the demo ran ten times slower).
 from .blas import limit_blas_threads
 
-OUT_DIR_HELP = "directory for the weights (default snet-out)"
+OUT_DIR_HELP = "directory for the weights (default snet-out; env SNET_OUT_DIR, as the server's)"
 
 
 def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
@@ -138,7 +138,7 @@ def _eval_flags(evaluate: argparse.ArgumentParser) -> None:
 def _train_flags(train: argparse.ArgumentParser) -> None:
     from .flags import add_config_flag, add_job_flags
 
-    train.add_argument("--out-dir", dest="out_dir", default="snet-out", help=OUT_DIR_HELP)
+    train.add_argument("--out-dir", dest="out_dir", help=OUT_DIR_HELP)
     train.add_argument(
         "--init-weights", dest="init_weights", help="an snet weights .npz to continue from"
     )
@@ -182,7 +182,7 @@ def _demo_flags(demo: argparse.ArgumentParser) -> None:
     demo.add_argument(
         "--http-port", dest="http_port", type=int, default=0, help="status port (0: any free)"
     )
-    demo.add_argument("--out-dir", dest="out_dir", default="snet-out", help=OUT_DIR_HELP)
+    demo.add_argument("--out-dir", dest="out_dir", help=OUT_DIR_HELP)
     # As the server's: the demo resumes the out-dir's run, and its refusals name these.
     demo.add_argument(
         "--fresh", action="store_true", help="start over instead of resuming the out-dir's run"
@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     # keyed by a known command word only: a typo is refused by the parser of no command
     command = words[0] if words and words[0] in COMMANDS else ""
     args = _parser(command).parse_args(words)
+    if command in ("train", "demo") and args.out_dir is None:  # as the server finds its own
+        args.out_dir = os.environ.get("SNET_OUT_DIR") or "snet-out"
 
     try:
         _check_switches()

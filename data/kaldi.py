@@ -56,7 +56,7 @@ class KaldiSource:
         if not labels_path:
             raise DataError(
                 f"Kaldi features {features_path} need per-frame labels: "
-                "set data.labels to an alignment archive (ali.ark or ali.scp)"
+                "give --labels (labels in [job.data]) an alignment archive (ali.ark or ali.scp)"
             )
         self.description = features_path
         self._table = _load_table(features_path, "features")

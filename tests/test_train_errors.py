@@ -101,6 +101,19 @@ def test_train_checks_the_test_file_up_front_and_scores_it(
     assert last.startswith(f"test set {test}: frame accuracy ")
 
 
+def test_train_writes_where_snet_out_dir_says_as_the_server_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SNET_OUT_DIR", str(tmp_path / "from-env"))
+    assert main(_train(tmp_path)) == 0
+    assert (tmp_path / "from-env" / "weights.npz").exists()
+    assert not (tmp_path / "snet-out").exists()  # it wrote ./snet-out whatever the variable said
+    assert main(_train(tmp_path, "--out-dir", str(tmp_path / "flag"))) == 0  # the flag wins
+    assert (tmp_path / "flag" / "weights.npz").exists()
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("left", ["status.json", "checkpoints"])
 def test_train_refuses_an_out_dir_holding_a_servers_run(
     tmp_path: Path, left: str, capsys: pytest.CaptureFixture[str]

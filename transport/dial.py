@@ -80,7 +80,8 @@ async def connect_with_backoff(
             if time.monotonic() + delay > deadline:
                 raise ServerUnreachable(
                     f"cannot reach the server at {host}:{port} ({reason}); "
-                    f"gave up after {attempts} attempts in {retry_seconds:g} s"
+                    f"gave up after {attempts} attempt{'s' if attempts != 1 else ''} in "
+                    f"{retry_seconds:g} s"
                 ) from exc
             level = logging.WARNING if attempts == 1 else logging.INFO
             log.log(
