@@ -92,7 +92,10 @@ def _spert_flags(spert: argparse.ArgumentParser) -> None:
 
 def _status_flags(status: argparse.ArgumentParser) -> None:
     status.add_argument(
-        "--url", default=None, help="HTTP address (default SNET_URL or http://127.0.0.1:7080)"
+        "--url",
+        default=None,
+        help="the server's HTTP address, HOST:PORT or its URL, /status or not "
+        "(default SNET_URL or http://127.0.0.1:7080)",
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(

@@ -221,10 +221,19 @@ def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) ->
         time.sleep(interval)
 
 
+def server_url(given: str) -> str:
+    """The server's URL from what a user gives: a bare HOST:PORT is http://; a URL of one
+    of the server's pages that snet prints (the dashboard's ``/``, ``/status``) or of
+    its ``/events`` names the server too, with or without a trailing slash."""
+    url = (given if "://" in given else f"http://{given}").rstrip("/")
+    for page in ("/status", "/events"):
+        if url.endswith(page):
+            return url.removesuffix(page).rstrip("/")
+    return url
+
+
 def run_status(args: argparse.Namespace) -> int:
-    url = args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080")
-    if "://" not in url:
-        url = f"http://{url}"
+    url = server_url(args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080"))
     token = os.environ.get("SNET_TOKEN", "")
     if args.token_file:
         try:
