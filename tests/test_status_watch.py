@@ -3,14 +3,18 @@ cleanly on Ctrl-C and when its reader goes away. Real processes: signals and pip
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from helpers import QUICK_JOB, Cluster, check_output
+from inprocess import Lab
 
 
 def _ctrl_c_as_at_a_terminal() -> None:
@@ -85,3 +89,34 @@ def test_status_watch_follows_the_run_to_its_end_and_stops_cleanly(cluster: Clus
     assert readings[-1].startswith("server snet (trained)")
     assert "progress 100.0%" in readings[-1] and "epoch 2/2," in readings[-1]
     assert "\x1b" not in out and "\r" not in out
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: see tests/README.md
+async def test_events_are_never_silent_long_and_end_with_the_last_state(lab: Lab) -> None:
+    # documents a minute apart: a comment every 2 s between them (KEEPALIVE_SECONDS), so
+    # a watch that gives up after 5 s of silence keeps following a live server
+    server = await lab.server("--event-seconds", "60", *QUICK_JOB)
+    session = await lab.http()
+    async with session.get(server.url + "/events") as stream:
+
+        async def line(timeout: float) -> str:
+            raw = await asyncio.wait_for(stream.content.readline(), timeout)
+            return raw.decode().rstrip("\n")
+
+        assert [await line(10) for _ in range(2)] == ["retry: 2000", ""]
+        assert await line(10) == "event: status"
+        assert json.loads((await line(10)).removeprefix("data: "))["state"] == (
+            "waiting_for_workers"
+        )
+        assert await line(10) == ""
+        started = time.monotonic()
+        assert [await line(3) for _ in range(2)] == [":", ""]  # not a document
+        assert [await line(3) for _ in range(2)] == [":", ""]
+        assert 2.5 < time.monotonic() - started < 6  # two comments, about 2 s apart
+        server.stop("stopped")
+        rest = []  # the last document, then the end of the stream
+        while text := (await asyncio.wait_for(stream.content.readline(), 10)).decode():
+            rest.append(text.rstrip("\n"))
+    documents = [json.loads(r.removeprefix("data: ")) for r in rest if r.startswith("data: ")]
+    assert [d["state"] for d in documents] == ["stopping"]
+    assert await server.wait(30) == "stopped"
