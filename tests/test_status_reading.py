@@ -166,3 +166,30 @@ def test_a_url_of_the_servers_pages_names_the_server(
             assert main(["status", "--json", "--url", given]) == 0
             assert json.loads(capsys.readouterr().out) == STATUS
     assert asked == ["/status"] * 2
+
+
+def test_a_watch_ends_with_0_on_the_streams_last_state(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ended = ["waiting_for_workers", "training", "training", "stopping"]
+    with _snet_like(ended) as (url, asked):
+        assert main(["status", "--json", "--watch", "--interval", "60", "--url", url]) == 0
+    assert asked == ["/events"]
+    captured = capsys.readouterr()
+    # a reading at most every --interval seconds, and the last, however soon it comes
+    shown = [json.loads(line)["state"] for line in captured.out.splitlines()]
+    assert shown == ["waiting_for_workers", "stopping"]
+    assert captured.err == ""
+
+
+def test_a_watch_ends_with_1_when_the_stream_ends_mid_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with _snet_like(["training"]) as (url, asked):
+        assert main(["status", "--json", "--watch", "--interval", "60", "--url", url]) == 1
+    assert asked == ["/events", "/events"]  # once more: then it was gone
+    captured = capsys.readouterr()
+    assert [json.loads(line)["state"] for line in captured.out.splitlines()] == ["training"]
+    assert captured.err == (
+        f"snet: the server stopped answering ({url}/events ended); last state training\n"
+    )
