@@ -92,16 +92,20 @@ def _spert_flags(spert: argparse.ArgumentParser) -> None:
 
 def _status_flags(status: argparse.ArgumentParser) -> None:
     status.add_argument(
-        "--url", default=None, help="HTTP address (default SNET_URL or http://127.0.0.1:7080)"
+        "--url",
+        default=None,
+        help="the server's HTTP address, HOST:PORT or its URL, /status or not "
+        "(default SNET_URL or http://127.0.0.1:7080)",
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(
         "--watch",
         action="store_true",
-        help="show the status again every --interval seconds until the run ends (Ctrl-C: stop)",
+        help="follow the status until the run ends, a reading every --interval seconds and the "
+        "last; exit 0 once ended, 1 if the server stops answering mid-run (Ctrl-C: stop)",
     )
     status.add_argument(
-        "--interval", type=float, default=2.0, help="seconds between readings of --watch"
+        "--interval", type=float, default=2.0, help="least seconds between readings of --watch"
     )
     status.add_argument(
         "--token-file", help="the server's token, read from this file (default SNET_TOKEN)"

@@ -1,5 +1,6 @@
-"""``snet status``: a server's /status as a readable table, or as JSON; ``--watch`` reads it
-again every ``--interval`` seconds until the run ends.
+"""``snet status``: a server's /status as a readable table, or as JSON; ``--watch`` follows
+the server's /events, showing a reading at most every ``--interval`` seconds, until the run
+ends (and shows how it ended: the stream's last document).
 
 Epochs arrive numbered from 1, as /status gives them. Ctrl-C ends a watch with status 0;
 a reader that goes away (``snet status | head -3``) ends it quietly, without a traceback.
@@ -22,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .event_stream import open_events, status_events
 from .progress_bar import clock, detach_stdout, on_terminal
 
 
@@ -154,28 +156,41 @@ def run_tls_init(args: argparse.Namespace) -> int:
 
 
 ENDED = ("trained", "stopping", "stopped")  # states after which a watch ends
+# what reading a URL may raise (HTTPError is a URLError, URLError an OSError)
+READ_ERRORS = (OSError, http.client.HTTPException, ValueError)
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def _cannot_read(url: str, path: str, exc: Exception) -> str:
+    """Why ``url`` + ``path`` could not be read, in one line."""
+    if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
+        return f"{url} needs the server's token (SNET_TOKEN or --token-file)"
+    if isinstance(exc, http.client.HTTPException):  # not HTTP at all, or TLS asked in plain
+        hint = (
+            " (a server that serves TLS wants https:// and --tls-ca)"
+            if url.startswith("http://")
+            else ""
+        )
+        return f"cannot read {url}{path}: no HTTP answer ({exc!r}){hint}"
+    return f"cannot read {url}{path}: {exc}"
+
+
+def _not_a_status(url: str, path: str, document: object) -> str:
+    """Why ``document`` is not an snet server's status ("" if it is one)."""
+    if isinstance(document, dict) and {"server", "state"} <= document.keys():
+        return ""
+    return f"{url}{path} is not an snet server's status (no server and state in it)"
 
 
 def _read(url: str, token: str, tls_ca: str) -> dict[str, Any] | str:
     """The status document, or why it cannot be read (one line)."""
     try:
         document: object = fetch_status(url, token=token, tls_ca=tls_ca)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 401:
-            return f"{url} needs the server's token (SNET_TOKEN or --token-file)"
-        return f"cannot read {url}/status: {exc}"
-    except http.client.HTTPException as exc:  # not HTTP at all, or a TLS port asked in plain
-        hint = (
-            " (a server that serves TLS wants https:// and --tls-ca)"
-            if url.startswith("http://")
-            else ""
-        )
-        return f"cannot read {url}/status: no HTTP answer ({exc!r}){hint}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return f"cannot read {url}/status: {exc}"
-    if not (isinstance(document, dict) and {"server", "state"} <= document.keys()):
-        return f"{url}/status is not an snet server's status (no server and state in it)"
+    except READ_ERRORS as exc:
+        return _cannot_read(url, "/status", exc)
+    if not_one := _not_a_status(url, "/status", document):
+        return not_one
+    assert isinstance(document, dict)  # _not_a_status checked it
     return document
 
 
@@ -201,8 +216,59 @@ def _show(document: dict[str, Any], as_json: bool, watching: bool) -> None:
 
 
 def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) -> int:
-    """Show the status every ``interval`` seconds until the run ends (0), or until the
-    server no longer answers (0 if it had finished, else 1)."""
+    """Show the status at most every ``interval`` seconds, and the last, following the
+    server's /events, until the run ends (0), or until the server no longer answers before
+    it did (1). The stream, not /status read again, because a server ends it with its last
+    state before it closes (cli/event_stream.py): a run that ends while the watch waits
+    between two readings is still seen to end. A server without /events is polled."""
+    try:
+        stream = open_events(url, token, tls_ca)
+    except READ_ERRORS:
+        stream = None  # the first reading of /status says why, in its own words
+    if stream is None:
+        return _poll(url, token, tls_ca, as_json, interval)
+    state, shown_at = "", -math.inf
+    while True:
+        documents = 0
+        try:
+            with stream:
+                for document in status_events(stream):
+                    if not_one := _not_a_status(url, "/events", document):
+                        print(f"snet: {not_one}", file=sys.stderr)
+                        return 1
+                    assert isinstance(document, dict)  # _not_a_status checked it
+                    documents += 1
+                    state = document["state"]
+                    now = time.monotonic()
+                    if state in ENDED or now - shown_at >= interval:
+                        if not _shown(document, url, as_json, watching=True):
+                            return 1
+                        shown_at = now
+                    if state in ENDED:
+                        return 0
+            why = f"{url}/events ended"
+        except BrokenPipeError:  # stdout's reader left, not the server: run_status ends
+            raise
+        except READ_ERRORS as exc:  # cut off, or silent past the read timeout
+            why = _cannot_read(url, "/events", exc)
+        # The stream ended before the run did. Once more (a proxy may cut long streams;
+        # an older server's may be silent past the timeout): a dead server does not answer.
+        try:
+            stream = open_events(url, token, tls_ca) if documents else None
+        except READ_ERRORS as exc:
+            why, stream = _cannot_read(url, "/events", exc), None
+        if stream is None:
+            if not state:
+                print(f"snet: {why}", file=sys.stderr)
+                return 1
+            print(f"snet: the server stopped answering ({why}); last state {state}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+
+
+def _poll(url: str, token: str, tls_ca: str, as_json: bool, interval: float) -> int:
+    """``_watch`` for a server without /events: /status every ``interval`` seconds. A
+    server that exits as its run ends is often gone before the next reading: exit 1."""
     state = ""
     while True:
         document = _read(url, token, tls_ca)
@@ -221,10 +287,19 @@ def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) ->
         time.sleep(interval)
 
 
+def server_url(given: str) -> str:
+    """The server's URL from what a user gives: a bare HOST:PORT is http://; a URL of one
+    of the server's pages that snet prints (the dashboard's ``/``, ``/status``) or of
+    its ``/events`` names the server too, with or without a trailing slash."""
+    url = (given if "://" in given else f"http://{given}").rstrip("/")
+    for page in ("/status", "/events"):
+        if url.endswith(page):
+            return url.removesuffix(page).rstrip("/")
+    return url
+
+
 def run_status(args: argparse.Namespace) -> int:
-    url = args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080")
-    if "://" not in url:
-        url = f"http://{url}"
+    url = server_url(args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080"))
     token = os.environ.get("SNET_TOKEN", "")
     if args.token_file:
         try:

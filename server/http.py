@@ -1,7 +1,9 @@
 """The HTTP API, served by aiohttp inside the server's own event loop.
 
 GET /          the live dashboard: one self-contained HTML page (server/dashboard/)
-GET /events    server-sent events: the /status document every ``event_seconds`` (config)
+GET /events    server-sent events: the /status document every ``event_seconds`` (config),
+               a comment line at least every ``KEEPALIVE_SECONDS`` between, and the last
+               document (state ``stopping``) when the server stops, before it closes
 GET /status    JSON: mode, versions, epochs, accuracies, queues, a row per worker
 GET /metrics   Prometheus text format
 GET /weights   the current weights as .npz
@@ -41,6 +43,10 @@ if TYPE_CHECKING:
 SERVER_KEY: web.AppKey[SnetServer] = web.AppKey("snet_server")
 TOKEN_KEY: web.AppKey[bool] = web.AppKey("snet_token_required")
 CONTROL_BODY_BYTES = 4096  # a control request is a few words of JSON
+# /events is never silent longer (a comment between documents pushed further apart), so
+# a reader tells a live server from a hung one in seconds, whatever --event-seconds says
+# (snet status --watch gives up after 5 s: cli/event_stream.py), and proxies keep it open
+KEEPALIVE_SECONDS = 2.0
 
 
 @functools.cache
@@ -60,7 +66,8 @@ async def _dashboard(request: web.Request) -> web.Response:
 
 async def _events(request: web.Request) -> web.StreamResponse:
     """Push the status document as an SSE ``status`` event until the client leaves or
-    the server stops (it sends one last document first)."""
+    the server stops (it sends one last document first: shutdown sets ``stopping`` before
+    it closes the HTTP side, and the runner's cleanup waits for this handler to end)."""
     server = request.app[SERVER_KEY]
     response = web.StreamResponse(
         headers={
@@ -70,6 +77,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
         }
     )
     await response.prepare(request)
+    loop = asyncio.get_running_loop()
     with contextlib.suppress(ConnectionResetError):  # the browser went away
         await response.write(b"retry: 2000\n\n")
         while True:
@@ -77,8 +85,12 @@ async def _events(request: web.Request) -> web.StreamResponse:
             await response.write(f"event: status\ndata: {document}\n\n".encode())
             if server.stopping.is_set():
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(server.stopping.wait(), server.config.event_seconds)
+            due = loop.time() + server.config.event_seconds
+            while (left := due - loop.time()) > 0 and not server.stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(server.stopping.wait(), min(left, KEEPALIVE_SECONDS))
+                if due > loop.time() and not server.stopping.is_set():
+                    await response.write(b":\n\n")  # a comment: readers skip it
     return response
 
 

@@ -5,6 +5,7 @@ asked in plain HTTP), and a watch interval that is not a positive number of seco
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -106,3 +107,89 @@ def test_the_watch_interval_must_be_a_positive_number_of_seconds(
 ) -> None:
     assert main(["status", "--url", "127.0.0.1:9", "--watch", "--interval", interval]) == 2
     assert "--interval must be > 0" in capsys.readouterr().err
+
+
+STATUS = {"server": "fake", "state": "training"}
+
+
+@contextmanager
+def _snet_like(events: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 with snet's paths only: /status (``STATUS``) and, the
+    first time it is asked, /events: a ``status`` event for each of ``events`` (states),
+    then the end of the stream (later: 404, as a server that is gone). Its URL and the
+    paths asked."""
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the stdlib names it so
+            asked.append(self.path)
+            if self.path == "/events" and asked.count("/events") == 1:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()  # HTTP/1.0: the stream ends when the connection does
+                self.wfile.write(b"retry: 2000\n\n:\n\n")
+                for state in events:
+                    data = json.dumps({**STATUS, "state": state})
+                    self.wfile.write(f"event: status\ndata: {data}\n\n".encode())
+                return
+            if self.path != "/status":
+                self.send_error(404)
+                return
+            body = json.dumps(STATUS).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("page", ["", "/", "/status", "/status/", "/events", "//status//"])
+def test_a_url_of_the_servers_pages_names_the_server(
+    page: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `snet demo` prints the dashboard's URL (with /) and the status page's (with /status)
+    with _snet_like([]) as (url, asked):
+        for given in (url + page, url.removeprefix("http://") + page):  # bare HOST:PORT too
+            assert main(["status", "--json", "--url", given]) == 0
+            assert json.loads(capsys.readouterr().out) == STATUS
+    assert asked == ["/status"] * 2
+
+
+def test_a_watch_ends_with_0_on_the_streams_last_state(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ended = ["waiting_for_workers", "training", "training", "stopping"]
+    with _snet_like(ended) as (url, asked):
+        assert main(["status", "--json", "--watch", "--interval", "60", "--url", url]) == 0
+    assert asked == ["/events"]
+    captured = capsys.readouterr()
+    # a reading at most every --interval seconds, and the last, however soon it comes
+    shown = [json.loads(line)["state"] for line in captured.out.splitlines()]
+    assert shown == ["waiting_for_workers", "stopping"]
+    assert captured.err == ""
+
+
+def test_a_watch_ends_with_1_when_the_stream_ends_mid_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with _snet_like(["training"]) as (url, asked):
+        assert main(["status", "--json", "--watch", "--interval", "60", "--url", url]) == 1
+    assert asked == ["/events", "/events"]  # once more: then it was gone
+    captured = capsys.readouterr()
+    assert [json.loads(line)["state"] for line in captured.out.splitlines()] == ["training"]
+    assert captured.err == (
+        f"snet: the server stopped answering ({url}/events ended); last state training\n"
+    )
