@@ -4,7 +4,8 @@ The demo is their only supervisor: a worker that cannot start (a bad setting in 
 environment, a crash) or that is killed leaves the server waiting for workers that will
 never come, so the demo watches them and stops the run once they cannot train it: when
 every one has exited, or when one has exited before all of them had joined (the server
-leases nothing until then: ``min_workers`` is all of them, for repeatable runs).
+leases nothing until then: ``min_workers`` is all of them, for repeatable runs). They
+end with the demo, whatever ends it (cli/lifeline.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .lifeline import supervised_environment
 from .progress_bar import say
 
 if TYPE_CHECKING:
@@ -55,10 +57,13 @@ class DemoWorkers:
             for i in range(args.spert)
         ]
         codec = ["--weights-codec", args.weights_codec] if args.weights_codec else []
+        # Each ends when the demo dies, however it dies (kill -9, the OOM killer): it
+        # would retry the server that died with the demo for minutes (cli/lifeline.py).
+        environment = supervised_environment()
         processes = [
             await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "snet.cli", *command, "--server", address,
-                "--log-level", "warning", *codec,
+                "--log-level", "warning", *codec, env=environment,
             )
             for command in commands
         ]  # fmt: skip

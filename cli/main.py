@@ -373,6 +373,9 @@ QUICK_EXIT = frozenset({"server", "worker", "spert", "demo"})
 
 def entry() -> NoReturn:
     """The ``snet`` command (its console script and ``python -m snet.cli``)."""
+    from .lifeline import follow_supervisor
+
+    follow_supervisor()  # first: started by ``snet demo``, it must not outlive the demo
     words = sys.argv[1:]
     status = main(words)
     if words[:1] and words[0] in QUICK_EXIT:

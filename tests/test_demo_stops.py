@@ -1,6 +1,7 @@
 """How ``snet demo`` stops: a bad flag meant for its workers before anything starts; its
 worker processes gone (failed at start, or killed) before training is done; the user's
-SIGTERM or Ctrl-C before the first CV result (real processes: the system ring)."""
+SIGTERM or Ctrl-C before the first CV result; the demo itself killed, which its workers
+do not outlive (real processes: the system ring)."""
 
 from __future__ import annotations
 
@@ -68,10 +69,30 @@ class Demo:
             return True
         return False
 
+    def descendants(self) -> list[int]:
+        """The demo's worker processes and theirs (the forked workers of its group)."""
+        found, frontier = [], [self.process.pid]
+        while frontier:
+            pid = frontier.pop()
+            with contextlib.suppress(FileNotFoundError):  # exited meanwhile
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                found += [int(child) for child in children]
+                frontier += [int(child) for child in children]
+        return found
+
     def close(self) -> None:
         with contextlib.suppress(ProcessLookupError):  # its group: the demo and its workers
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has exited: its new parent, init, reaps it late)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _status(url: str) -> dict[str, Any]:
@@ -175,3 +196,34 @@ def test_stopped_by_the_user_before_the_first_cv_result(tmp_path: Path, ctrl_c: 
     assert ": no epoch was scored, " in done and "0.00%" not in done
     assert done.endswith("worker process exit codes [0]")  # one process, 2 workers
     assert run.status()["epochs_done"] == 0
+
+
+def test_the_demo_killed_takes_its_workers_and_boards_with_it(tmp_path: Path) -> None:
+    """kill -9 of the demo (or the OOM killer): its workers retried its server, which died
+    with it, for 5 minutes, logging to the terminal; now they end with it."""
+    args = ("--epochs", "50", "--spert", "1", "--spert-time-scale", "50")
+    with demo(tmp_path, *args) as run:
+        wait_until(lambda: "\nepoch  1/50 " in run.stdout(), EXIT_SECONDS, "the first epoch")
+        workers = run.descendants()  # the group, its two forked workers and the board
+        assert len(workers) == 4, workers
+        run.process.kill()
+        assert run.process.wait(EXIT_SECONDS) == -signal.SIGKILL
+        # Well within their 300 s of retrying. (One may still say it lost the server:
+        # the kernel closes the demo's sockets before it signals the demo's children.)
+        wait_until(lambda: not any(map(running, workers)), 30, "the workers to end")
+
+
+def test_a_worker_whose_supervisor_is_gone_before_it_starts_ends_at_once(
+    tmp_path: Path,
+) -> None:
+    """The demo killed before the worker it started asked to end with it (the kernel's
+    request made in the worker, first thing): the worker sees it has another parent."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that is nobody's parent
+    gone.wait()
+    done = helpers.run_process(
+        [sys.executable, "-m", "snet.cli", "worker", "--server", "127.0.0.1:9"],
+        cwd=tmp_path, timeout=EXIT_SECONDS,
+        env={**helpers.system_ring_environment(), "SNET_SUPERVISOR_PID": str(gone.pid)},
+    )  # fmt: skip
+    assert done.returncode == 128 + signal.SIGTERM  # as the demo's death would have ended it
+    assert done.stdout == done.stderr == ""  # it tried no server
