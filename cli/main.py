@@ -293,6 +293,13 @@ def _check_switches() -> None:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(known)}")
 
 
+def parse_command(words: list[str]) -> argparse.Namespace:
+    """``words``, a command line after ``snet``, read as ``main`` reads them."""
+    # keyed by a known command word only: a typo is refused by the parser of no command
+    command = words[0] if words and words[0] in COMMANDS else ""
+    return _parser(command).parse_args(words)
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     _early_blas_limit(words)
@@ -306,9 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"snet: {exc}", file=sys.stderr)
             return 2
-    # keyed by a known command word only: a typo is refused by the parser of no command
-    command = words[0] if words and words[0] in COMMANDS else ""
-    args = _parser(command).parse_args(words)
+    args = parse_command(words)
 
     try:
         _check_switches()

@@ -95,6 +95,15 @@ def running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def _board(run: Demo) -> int | None:
+    """The pid of the demo's board process (``snet spert``), once it has started."""
+    for pid in run.worker_pids():
+        with contextlib.suppress(FileNotFoundError):
+            if b"spert" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                return pid
+    return None
+
+
 def _status(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=10) as response:
         document: dict[str, Any] = json.loads(response.read())
@@ -124,12 +133,40 @@ def test_a_bad_weights_codec_is_one_line_and_exit_2_before_anything_starts(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("SNET_WORKER_BACKEND", "bogus", "is not one of auto, numpy, torch, spert, modelled"),
+        ("SNET_WORKER_THREADS", "abc", "is not a whole number"),
+        ("SNET_SPERT_CHUNK_PATTERNS", "abc", "is not a whole number"),
+    ],
+)
+def test_a_bad_worker_setting_in_the_environment_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path, variable: str, value: str, said: str
+) -> None:
+    """Checked as the workers would read it: each of them said it (run together on one
+    line), then the demo stopped the run it had started, saying the same command would
+    go on from it."""
+    done = helpers.run_process(
+        [sys.executable, "-m", "snet.cli", *DEMO, "--spert", "1", "--spert-time-scale", "50"],
+        cwd=tmp_path, env={**helpers.system_ring_environment(), variable: value},
+        timeout=EXIT_SECONDS,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stdout == ""  # no server, no workers
+    assert done.stderr.splitlines() == [f"snet: {variable}: {value!r} {said}"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_workers_that_fail_at_start_stop_the_run_which_is_kept(tmp_path: Path) -> None:
-    # A worker setting the demo does not check (the environment's) fails every worker.
-    with demo(tmp_path, "--epochs", "2", env={"SNET_WORKER_THREADS": "abc"}) as run:
+    # A setting the workers find wrong only as they start (a file they cannot read; a
+    # setting of their own is refused before anything starts: the test above) fails
+    # every worker.
+    env = {"SNET_WORKER_TLS_CA": str(tmp_path / "missing-ca.pem")}
+    with demo(tmp_path, "--epochs", "2", env=env) as run:
         assert run.wait() == 1
         errors = run.stderr()
-    assert "snet: SNET_WORKER_THREADS: 'abc' is not a whole number" in errors
+    assert f"snet: tls_ca {tmp_path / 'missing-ca.pem'} does not exist" in errors
     assert (
         "snet demo: stopping: its worker processes have all exited, with exit codes [2], "
         "before training finished (the run is kept in out: the same command goes on from it)"
@@ -141,13 +178,17 @@ def test_workers_that_fail_at_start_stop_the_run_which_is_kept(tmp_path: Path) -
 
 def test_a_board_that_fails_before_all_have_joined_stops_the_run(tmp_path: Path) -> None:
     # The board exits; the numpy worker, joined, would wait for it forever (the server
-    # leases nothing until every one of the demo's workers has joined).
+    # leases nothing until every one of the demo's workers has joined). It is killed as
+    # it starts (importing its code: it cannot have joined), a bad setting of its own
+    # being refused before anything starts.
     args = ("--workers", "1", "--spert", "1", "--spert-time-scale", "50")
-    with demo(tmp_path, *args, env={"SNET_SPERT_CHUNK_PATTERNS": "abc"}) as run:
+    with demo(tmp_path, *args) as run:
+        board = wait_until(lambda: _board(run), EXIT_SECONDS, "the board's process")
+        os.kill(board, signal.SIGKILL)
         assert run.wait() == 1
         errors = run.stderr()
     assert (
-        "snet demo: stopping: 1 of its 2 worker processes exited, with exit codes [2], "
+        "snet demo: stopping: 1 of its 2 worker processes exited, with exit codes [-9], "
         "before all 2 workers had joined: training cannot start (the run is kept in out: "
         "the same command goes on from it)"
     ) in errors.splitlines()
