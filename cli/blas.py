@@ -17,3 +17,19 @@ def limit_blas_threads(threads: int) -> None:
     """Pin the BLAS thread count; effective only before numpy is first imported."""
     for name in BLAS_VARIABLES:
         os.environ.setdefault(name, str(threads))
+
+
+def early_blas_limit(argv: list[str]) -> None:
+    """The BLAS thread count of a worker or of ``snet train`` (``--threads``, else
+    SNET_WORKER_THREADS or SNET_TRAIN_THREADS, else 1), set before anything imports numpy:
+    building the parser already does."""
+    if not argv or argv[0] not in ("worker", "spert", "train"):
+        return
+    variable = "SNET_TRAIN_THREADS" if argv[0] == "train" else "SNET_WORKER_THREADS"
+    threads = os.environ.get(variable, "1")
+    for index, word in enumerate(argv):
+        if word == "--threads" and index + 1 < len(argv):
+            threads = argv[index + 1]
+        elif word.startswith("--threads="):
+            threads = word.split("=", 1)[1]
+    limit_blas_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)

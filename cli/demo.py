@@ -25,7 +25,12 @@ from snet.protocol.job import SHARED_BUNCH_MODES, JobSpec
 from snet.protocol.numbering import shown_epoch
 from snet.server.config import ServerConfig
 
-from .demo_workers import INTERRUPT_LEAVE_SECONDS, LEAVE_SECONDS, DemoWorkers
+from .demo_workers import (
+    INTERRUPT_LEAVE_SECONDS,
+    LEAVE_SECONDS,
+    DemoWorkers,
+    check_worker_settings,
+)
 from .flags import given_job
 from .progress_bar import EXIT_READER_GONE, ProgressBar, bar_text, detach_stdout, say
 from .runtime import install_stop_signals, loop_name, run, setup_logging
@@ -233,8 +238,9 @@ def _exit_status(reason: str, workers_ok: bool) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Run the demo; its exit status (``_exit_status``), or 2 for a bad flag, found before
-    anything starts (raised as ``ConfigError`` to ``main`` or said here)."""
+    """Run the demo; its exit status (``_exit_status``), or 2 for a bad flag or a bad
+    setting of its workers, found before anything starts (raised as ``ConfigError`` to
+    ``main`` or said here)."""
     from snet.protocol.codecs.weights import canonical_weights_form
 
     if args.weights_codec is not None:
@@ -246,5 +252,6 @@ def run_demo(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too
         print("snet: --spert-time-scale must be > 0", file=sys.stderr)
         return 2
+    check_worker_settings(args)  # as they will read them, environment and all
     setup_logging("warning")
     return run(_demo(args))

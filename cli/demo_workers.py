@@ -4,7 +4,8 @@ The demo is their only supervisor: a worker that cannot start (a bad setting in 
 environment, a crash) or that is killed leaves the server waiting for workers that will
 never come, so the demo watches them and stops the run once they cannot train it: when
 every one has exited, or when one has exited before all of them had joined (the server
-leases nothing until then: ``min_workers`` is all of them, for repeatable runs).
+leases nothing until then: ``min_workers`` is all of them, for repeatable runs). They
+end with the demo, whatever ends it (cli/lifeline.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .lifeline import supervised_environment
 from .progress_bar import say
 
 if TYPE_CHECKING:
@@ -33,6 +35,47 @@ WATCH_SECONDS = 0.1  # how often the demo looks at its worker processes
 WORKERS_GONE = "its workers have gone"  # why the demo stopped its server
 
 
+def worker_commands(args: argparse.Namespace, address: str) -> list[list[str]]:
+    """The command lines (after ``snet``) of the demo's worker processes for the server at
+    ``address``: the numpy workers' group, then one per board."""
+    # One command forks the numpy workers once it has loaded their code
+    # (cli/worker_group.py): N commands would each import and load the compiled step, on
+    # the same cores, at once.
+    commands = [["worker", "--name", "demo-worker", "--processes", str(args.workers)]]
+    commands = commands if args.workers else []
+    commands += [
+        ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
+        for i in range(args.spert)
+    ]
+    codec = ["--weights-codec", args.weights_codec] if args.weights_codec else []
+    common = ["--server", address, "--log-level", "warning", *codec]
+    return [[*command, *common] for command in commands]
+
+
+def check_worker_settings(args: argparse.Namespace) -> None:
+    """Build the settings of each of the demo's worker processes as that process will
+    (its flags, and the environment it inherits: ``SNET_WORKER_*``, ``SNET_SPERT_*``),
+    and check its backend can be made here; ``ConfigError`` for the first that fails.
+    Run before the demo starts anything: a bad one made every worker exit 2 once the
+    server had started and made the out-dir, and the demo then said that running the
+    same command again would go on from it."""
+    from snet.client.backend import check_backend
+
+    from .commands import worker_config
+    from .main import parse_command
+    from .settings import ConfigFile
+    from .spert import spert_configs
+
+    # The server's port is not known yet: any address stands for it (the flag is what
+    # the worker reads, whatever SNET_WORKER_SERVER says).
+    for words in worker_commands(args, "127.0.0.1:1"):
+        parsed = parse_command(words)
+        if parsed.command == "spert":
+            spert_configs(parsed)
+        else:  # the demo gives its workers no --config: the file's [worker] is not read
+            check_backend(worker_config(parsed, ConfigFile()).backend)
+
+
 @dataclass
 class DemoWorkers:
     """The demo's worker processes: one ``snet worker --processes N`` (forking the numpy
@@ -45,23 +88,15 @@ class DemoWorkers:
     @classmethod
     async def start(cls, args: argparse.Namespace, address: str) -> DemoWorkers:
         """Start the demo's worker processes (numpy workers, then boards) for ``address``."""
-        # One command forks the numpy workers once it has loaded their code
-        # (cli/worker_group.py): N commands would each import and load the compiled step,
-        # on the same cores, at once.
-        commands = [["worker", "--name", "demo-worker", "--processes", str(args.workers)]]
-        commands = commands if args.workers else []
-        commands += [
-            ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
-            for i in range(args.spert)
-        ]
-        codec = ["--weights-codec", args.weights_codec] if args.weights_codec else []
+        # Each ends when the demo dies, however it dies (kill -9, the OOM killer): it
+        # would retry the server that died with the demo for minutes (cli/lifeline.py).
+        environment = supervised_environment()
         processes = [
             await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "snet.cli", *command, "--server", address,
-                "--log-level", "warning", *codec,
+                sys.executable, "-m", "snet.cli", *command, env=environment
             )
-            for command in commands
-        ]  # fmt: skip
+            for command in worker_commands(args, address)
+        ]
         return cls(processes, args.workers + args.spert)
 
     def codes(self) -> list[int | None]:

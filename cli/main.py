@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 # Nothing imported here may import numpy: a worker's BLAS thread count is fixed by
 # limit_blas_threads() in main(), and BLAS reads it once, when numpy is first imported
 # (with two BLAS threads per worker on two cores, the demo ran ten times slower).
-from .blas import limit_blas_threads
+from .blas import early_blas_limit
 
 OUT_DIR_HELP = "directory for the weights (default snet-out; env SNET_OUT_DIR, as the server's)"
 
@@ -265,22 +265,6 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _early_blas_limit(argv: list[str]) -> None:
-    """The BLAS thread count of a worker or of ``snet train`` (``--threads``, else
-    SNET_WORKER_THREADS or SNET_TRAIN_THREADS, else 1), set before anything imports numpy:
-    building the parser already does."""
-    if not argv or argv[0] not in ("worker", "spert", "train"):
-        return
-    variable = "SNET_TRAIN_THREADS" if argv[0] == "train" else "SNET_WORKER_THREADS"
-    threads = os.environ.get(variable, "1")
-    for index, word in enumerate(argv):
-        if word == "--threads" and index + 1 < len(argv):
-            threads = argv[index + 1]
-        elif word.startswith("--threads="):
-            threads = word.split("=", 1)[1]
-    limit_blas_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
-
-
 SWITCHES = {"SNET_LOOP": ("asyncio", "uvloop"), "SNET_KERNELS": ("auto", "numba", "numpy")}
 CASE_FREE = {"SNET_LOOP"}  # read in any case (cli/runtime.py); SNET_KERNELS as it is
 
@@ -297,9 +281,19 @@ def _check_switches() -> None:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(known)}")
 
 
+def parse_command(words: list[str]) -> argparse.Namespace:
+    """``words``, a command line after ``snet``, read as ``main`` reads them."""
+    # keyed by a known command word only: a typo is refused by the parser of no command
+    command = words[0] if words and words[0] in COMMANDS else ""
+    args = _parser(command).parse_args(words)
+    if command in ("train", "demo") and args.out_dir is None:  # as the server finds its own
+        args.out_dir = os.environ.get("SNET_OUT_DIR") or "snet-out"
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    _early_blas_limit(words)
+    early_blas_limit(words)
     from snet.protocol.errors import ConfigError, DataError, ListenError, OutDirInUse
 
     if words[:1] == ["bench"]:  # every argument, --help too, is the suite's own
@@ -310,11 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"snet: {exc}", file=sys.stderr)
             return 2
-    # keyed by a known command word only: a typo is refused by the parser of no command
-    command = words[0] if words and words[0] in COMMANDS else ""
-    args = _parser(command).parse_args(words)
-    if command in ("train", "demo") and args.out_dir is None:  # as the server finds its own
-        args.out_dir = os.environ.get("SNET_OUT_DIR") or "snet-out"
+    args = parse_command(words)
 
     try:
         _check_switches()
@@ -387,6 +377,9 @@ QUICK_EXIT = frozenset({"server", "worker", "spert", "demo"})
 
 def entry() -> NoReturn:
     """The ``snet`` command (its console script and ``python -m snet.cli``)."""
+    from .lifeline import follow_supervisor
+
+    follow_supervisor()  # first: started by ``snet demo``, it must not outlive the demo
     words = sys.argv[1:]
     status = main(words)
     if words[:1] and words[0] in QUICK_EXIT:

@@ -8,11 +8,15 @@ It is ``snet worker --backend spert`` with the board's settings as flags: each f
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from snet.client.spert.config import BoardConfig
 
 from .flags import given
 from .settings import ConfigFile, merge, read_toml
+
+if TYPE_CHECKING:
+    from snet.client.config import WorkerConfig
 
 
 def board_config(args: argparse.Namespace, document: ConfigFile) -> BoardConfig:
@@ -21,16 +25,22 @@ def board_config(args: argparse.Namespace, document: ConfigFile) -> BoardConfig:
     return merge(BoardConfig, values, "SNET_SPERT_", given(args, BoardConfig), where)
 
 
+def spert_configs(args: argparse.Namespace) -> tuple[WorkerConfig, BoardConfig]:
+    """The board's worker settings (backend spert) and the board's own."""
+    from .commands import worker_config
+
+    args.backend = "spert"
+    document = read_toml(getattr(args, "config", None))
+    return worker_config(args, document), board_config(args, document)
+
+
 def run_spert(args: argparse.Namespace) -> int:
     # imported here so that building the parser stays light for every other command
     from snet.client.spert.backend import SpertBackend
 
-    from .commands import run_worker_process, worker_config
+    from .commands import run_worker_process
     from .runtime import setup_logging
 
-    args.backend = "spert"
-    document = read_toml(getattr(args, "config", None))
-    config = worker_config(args, document)
-    board = board_config(args, document)
+    config, board = spert_configs(args)
     setup_logging(config.log_level, config.log_format)
     return run_worker_process(config, SpertBackend(board))

@@ -13,14 +13,14 @@ the supervisor leave with ``os._exit``, skipping the interpreter's teardown (wit
 loaded, 0.2 s of CPU each, at the end of every run). A terminal's
 Ctrl-C reaches the workers directly (they share its process group), so the parent lets
 it pass instead of sending a second signal, which a worker takes as "exit now". A worker
-whose parent dies is sent SIGTERM (Linux), so that no worker outlives its group unseen.
+whose parent dies is sent SIGTERM (Linux: cli/lifeline.py), so that no worker outlives
+its group unseen; one whose parent died before it could ask for that leaves at once.
 It needs ``os.fork`` (not on Windows: there, start N commands).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import logging
 import os
@@ -34,8 +34,6 @@ from snet.client.config import WorkerConfig
 if TYPE_CHECKING:
     from snet.client.backend import ComputeBackend
 
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
-
 
 def member_config(config: WorkerConfig, index: int) -> WorkerConfig:
     """The settings of the group's worker ``index`` (from 0): named NAME-(index+1), or
@@ -46,6 +44,7 @@ def member_config(config: WorkerConfig, index: int) -> WorkerConfig:
 
 def run_worker_group(config: WorkerConfig) -> int:
     """Run ``config.processes`` workers (``run_worker_process`` each); the worst exit code."""
+    from snet.client.backend import check_backend
     from snet.protocol.errors import ConfigError
 
     from .commands import run_worker_process
@@ -54,12 +53,14 @@ def run_worker_group(config: WorkerConfig) -> int:
         return run_worker_process(config)
     if not hasattr(os, "fork"):
         raise ConfigError("processes > 1 needs os.fork: start one worker command per process")
+    check_backend(config.backend)  # here: a worker that cannot start said so N times
     backend = _loaded_backend(config)
+    parent = os.getpid()
     children: list[int] = []
     for index in range(config.processes):
         pid = os.fork()
         if pid == 0:  # the child: one worker, then out, never back into the parent's stack
-            os._exit(_child(member_config(config, index), backend))
+            os._exit(_child(member_config(config, index), backend, parent))
         children.append(pid)
     return _supervise(children)
 
@@ -75,14 +76,14 @@ def _loaded_backend(config: WorkerConfig) -> ComputeBackend | None:
     return None
 
 
-def _child(config: WorkerConfig, backend: ComputeBackend | None) -> int:
+def _child(config: WorkerConfig, backend: ComputeBackend | None, parent: int) -> int:
     from snet.protocol.errors import ConfigError, DataError
 
     from .commands import run_worker_process
+    from .lifeline import end_with_parent
 
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if not end_with_parent(parent):  # the group's parent died before this worker asked
+        return 128 + signal.SIGTERM  # as that death's SIGTERM would have ended it
     try:
         return run_worker_process(config, backend)
     except (ConfigError, DataError) as exc:

@@ -125,6 +125,18 @@ BACKENDS: dict[str, Any] = {
 }
 
 
+def check_backend(name: str) -> None:
+    """Refuse a backend this machine cannot make, before any worker starts (``snet worker
+    --processes N``: once, not in each of N forked workers; ``snet demo``): an unknown
+    name, or torch when it is not installed (``make_backend`` would find out later)."""
+    from snet.protocol.errors import ConfigError
+
+    if name != "auto" and name not in BACKENDS:
+        raise ConfigError(f"unknown backend {name!r}; known: auto, {', '.join(sorted(BACKENDS))}")
+    if name == "torch" and not torch_available():
+        raise ConfigError("backend 'torch' needs a package that is missing: torch")
+
+
 def make_backend(name: str, threads: int = 1) -> ComputeBackend:
     """The backend called ``name`` (``snet worker --backend``).
 

@@ -15,6 +15,9 @@ from snet.protocol.worker_name import name_problem
 from snet.transport.faults import FaultSwitch
 
 HANDSHAKE_SECONDS = 30.0  # a server's hello, welcome and data description, in all
+# client/backend.py's BACKENDS and "auto"; named here too, so that a setting is checked
+# when it is read, before any worker starts (the backends' code is not loaded by then)
+BACKEND_NAMES = ("auto", "numpy", "torch", "spert", "modelled")
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,8 @@ class WorkerConfig:
         default="auto",
         metadata={
             "help": "compute backend: auto (torch if installed, else numpy), numpy, "
-            "torch, spert or modelled"
+            "torch, spert or modelled",
+            "choices": BACKEND_NAMES,
         },
     )
     compress: str = field(
@@ -146,6 +150,10 @@ class WorkerConfig:
         check_threads(self.threads)
         if self.processes < 1:
             raise ConfigError(f"processes must be >= 1, got {self.processes}")
+        if self.backend not in BACKEND_NAMES:
+            raise ConfigError(
+                f"unknown backend {self.backend!r}; known: {', '.join(BACKEND_NAMES)}"
+            )
         if not self.inline_seconds >= 0:  # nan too (a TOML file can give one)
             raise ConfigError(f"inline_seconds must be >= 0, got {self.inline_seconds:g}")
         if self.retry_seconds < 0:

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from snet.cli.runtime import run
-from snet.client.backend import NumpyBackend, make_backend, torch_available
+from snet.client.backend import (
+    BACKENDS,
+    NumpyBackend,
+    check_backend,
+    make_backend,
+    torch_available,
+)
+from snet.client.config import BACKEND_NAMES, WorkerConfig
 from snet.client.data import load_corpus
 from snet.protocol import fpu
 from snet.protocol.errors import ConfigError
@@ -71,6 +78,10 @@ def test_the_event_loop_s_thread_flushes_denormals_as_the_compute_threads_do() -
 def test_unknown_backend_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="unknown backend 'gpu'"):
         make_backend("gpu")
+    with pytest.raises(ConfigError, match="unknown backend 'gpu'"):
+        check_backend("gpu")  # before any worker starts
+    with pytest.raises(ConfigError, match="unknown backend 'gpu'"):
+        WorkerConfig(backend="gpu")
     expected = "torch" if torch_available() else "numpy"
     assert make_backend("auto").name == expected
 
@@ -93,3 +104,8 @@ def test_torch_backend_matches_numpy(activation: str) -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     assert loss_b == pytest.approx(loss_a, rel=1e-5) and correct_a == correct_b
     assert reference.evaluate(weights)[:2] == torch_backend.evaluate(weights)[:2]
+
+
+def test_the_settings_know_every_backend_by_name() -> None:
+    """A setting is checked against ``BACKEND_NAMES`` before the backends' code loads."""
+    assert ("auto", *BACKENDS) == BACKEND_NAMES

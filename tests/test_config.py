@@ -118,8 +118,8 @@ def test_the_command_line_imports_no_numpy_before_the_blas_limit() -> None:
     output = run_process([sys.executable, "-c", probe], check=True).stdout
     assert output.strip() == "False"
     probe = (
-        "import os, sys; from snet.cli.main import _early_blas_limit;"
-        "_early_blas_limit(['worker', '--server', 'h:1', '--threads', '2']);"
+        "import os, sys; from snet.cli.blas import early_blas_limit;"
+        "early_blas_limit(['worker', '--server', 'h:1', '--threads', '2']);"
         "print(os.environ['OPENBLAS_NUM_THREADS'], 'numpy' in sys.modules)"
     )
     env = {k: v for k, v in __import__("os").environ.items() if "NUM_THREADS" not in k}
@@ -135,8 +135,8 @@ def test_snet_train_pins_its_blas_threads_as_a_worker_does() -> None:
 
     def pinned(argv: list[str], **extra: str) -> str:
         probe = (
-            "import os; from snet.cli.main import _early_blas_limit;"
-            f"_early_blas_limit({argv!r}); print(os.environ['OPENBLAS_NUM_THREADS'])"
+            "import os; from snet.cli.blas import early_blas_limit;"
+            f"early_blas_limit({argv!r}); print(os.environ['OPENBLAS_NUM_THREADS'])"
         )
         env = {k: v for k, v in os.environ.items() if "NUM_THREADS" not in k} | extra
         return str(run_process([sys.executable, "-c", probe], check=True, env=env).stdout.strip())

@@ -1,6 +1,7 @@
 """How ``snet demo`` stops: a bad flag meant for its workers before anything starts; its
 worker processes gone (failed at start, or killed) before training is done; the user's
-SIGTERM or Ctrl-C before the first CV result (real processes: the system ring)."""
+SIGTERM or Ctrl-C before the first CV result; the demo itself killed, which its workers
+do not outlive (real processes: the system ring)."""
 
 from __future__ import annotations
 
@@ -68,10 +69,39 @@ class Demo:
             return True
         return False
 
+    def descendants(self) -> list[int]:
+        """The demo's worker processes and theirs (the forked workers of its group)."""
+        found, frontier = [], [self.process.pid]
+        while frontier:
+            pid = frontier.pop()
+            with contextlib.suppress(FileNotFoundError):  # exited meanwhile
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                found += [int(child) for child in children]
+                frontier += [int(child) for child in children]
+        return found
+
     def close(self) -> None:
         with contextlib.suppress(ProcessLookupError):  # its group: the demo and its workers
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has exited: its new parent, init, reaps it late)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _board(run: Demo) -> int | None:
+    """The pid of the demo's board process (``snet spert``), once it has started."""
+    for pid in run.worker_pids():
+        with contextlib.suppress(FileNotFoundError):
+            if b"spert" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                return pid
+    return None
 
 
 def _status(url: str) -> dict[str, Any]:
@@ -103,12 +133,40 @@ def test_a_bad_weights_codec_is_one_line_and_exit_2_before_anything_starts(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("SNET_WORKER_BACKEND", "bogus", "is not one of auto, numpy, torch, spert, modelled"),
+        ("SNET_WORKER_THREADS", "abc", "is not a whole number"),
+        ("SNET_SPERT_CHUNK_PATTERNS", "abc", "is not a whole number"),
+    ],
+)
+def test_a_bad_worker_setting_in_the_environment_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path, variable: str, value: str, said: str
+) -> None:
+    """Checked as the workers would read it: each of them said it (run together on one
+    line), then the demo stopped the run it had started, saying the same command would
+    go on from it."""
+    done = helpers.run_process(
+        [sys.executable, "-m", "snet.cli", *DEMO, "--spert", "1", "--spert-time-scale", "50"],
+        cwd=tmp_path, env={**helpers.system_ring_environment(), variable: value},
+        timeout=EXIT_SECONDS,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stdout == ""  # no server, no workers
+    assert done.stderr.splitlines() == [f"snet: {variable}: {value!r} {said}"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_workers_that_fail_at_start_stop_the_run_which_is_kept(tmp_path: Path) -> None:
-    # A worker setting the demo does not check (the environment's) fails every worker.
-    with demo(tmp_path, "--epochs", "2", env={"SNET_WORKER_THREADS": "abc"}) as run:
+    # A setting the workers find wrong only as they start (a file they cannot read; a
+    # setting of their own is refused before anything starts: the test above) fails
+    # every worker.
+    env = {"SNET_WORKER_TLS_CA": str(tmp_path / "missing-ca.pem")}
+    with demo(tmp_path, "--epochs", "2", env=env) as run:
         assert run.wait() == 1
         errors = run.stderr()
-    assert "snet: SNET_WORKER_THREADS: 'abc' is not a whole number" in errors
+    assert f"snet: tls_ca {tmp_path / 'missing-ca.pem'} does not exist" in errors
     assert (
         "snet demo: stopping: its worker processes have all exited, with exit codes [2], "
         "before training finished (the run is kept in out: the same command goes on from it)"
@@ -120,13 +178,17 @@ def test_workers_that_fail_at_start_stop_the_run_which_is_kept(tmp_path: Path) -
 
 def test_a_board_that_fails_before_all_have_joined_stops_the_run(tmp_path: Path) -> None:
     # The board exits; the numpy worker, joined, would wait for it forever (the server
-    # leases nothing until every one of the demo's workers has joined).
+    # leases nothing until every one of the demo's workers has joined). It is killed as
+    # it starts (importing its code: it cannot have joined), a bad setting of its own
+    # being refused before anything starts.
     args = ("--workers", "1", "--spert", "1", "--spert-time-scale", "50")
-    with demo(tmp_path, *args, env={"SNET_SPERT_CHUNK_PATTERNS": "abc"}) as run:
+    with demo(tmp_path, *args) as run:
+        board = wait_until(lambda: _board(run), EXIT_SECONDS, "the board's process")
+        os.kill(board, signal.SIGKILL)
         assert run.wait() == 1
         errors = run.stderr()
     assert (
-        "snet demo: stopping: 1 of its 2 worker processes exited, with exit codes [2], "
+        "snet demo: stopping: 1 of its 2 worker processes exited, with exit codes [-9], "
         "before all 2 workers had joined: training cannot start (the run is kept in out: "
         "the same command goes on from it)"
     ) in errors.splitlines()
@@ -175,3 +237,34 @@ def test_stopped_by_the_user_before_the_first_cv_result(tmp_path: Path, ctrl_c: 
     assert ": no epoch was scored, " in done and "0.00%" not in done
     assert done.endswith("worker process exit codes [0]")  # one process, 2 workers
     assert run.status()["epochs_done"] == 0
+
+
+def test_the_demo_killed_takes_its_workers_and_boards_with_it(tmp_path: Path) -> None:
+    """kill -9 of the demo (or the OOM killer): its workers retried its server, which died
+    with it, for 5 minutes, logging to the terminal; now they end with it."""
+    args = ("--epochs", "50", "--spert", "1", "--spert-time-scale", "50")
+    with demo(tmp_path, *args) as run:
+        wait_until(lambda: "\nepoch  1/50 " in run.stdout(), EXIT_SECONDS, "the first epoch")
+        workers = run.descendants()  # the group, its two forked workers and the board
+        assert len(workers) == 4, workers
+        run.process.kill()
+        assert run.process.wait(EXIT_SECONDS) == -signal.SIGKILL
+        # Well within their 300 s of retrying. (One may still say it lost the server:
+        # the kernel closes the demo's sockets before it signals the demo's children.)
+        wait_until(lambda: not any(map(running, workers)), 30, "the workers to end")
+
+
+def test_a_worker_whose_supervisor_is_gone_before_it_starts_ends_at_once(
+    tmp_path: Path,
+) -> None:
+    """The demo killed before the worker it started asked to end with it (the kernel's
+    request made in the worker, first thing): the worker sees it has another parent."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that is nobody's parent
+    gone.wait()
+    done = helpers.run_process(
+        [sys.executable, "-m", "snet.cli", "worker", "--server", "127.0.0.1:9"],
+        cwd=tmp_path, timeout=EXIT_SECONDS,
+        env={**helpers.system_ring_environment(), "SNET_SUPERVISOR_PID": str(gone.pid)},
+    )  # fmt: skip
+    assert done.returncode == 128 + signal.SIGTERM  # as the demo's death would have ended it
+    assert done.stdout == done.stderr == ""  # it tried no server

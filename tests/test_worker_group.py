@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from snet.client.backend import torch_available
+
 from helpers import QUICK_JOB, SMALL_JOB, Cluster, wait_until
 
 
@@ -44,6 +46,27 @@ def test_processes_must_be_at_least_one(cluster: Cluster) -> None:
     done = cluster.run("worker", "--processes", "0")
     assert done.returncode == 2
     assert "processes must be >= 1, got 0" in done.stderr
+
+
+@pytest.mark.system
+def test_a_bad_backend_is_said_once_before_the_fork(cluster: Cluster) -> None:
+    """Each forked worker said it, run together on one line: now the group checks first."""
+    cluster.env["SNET_WORKER_BACKEND"] = "bogus"
+    done = cluster.run("worker", "--processes", "3", "--server", "127.0.0.1:9")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "snet: SNET_WORKER_BACKEND: 'bogus' is not one of auto, numpy, torch, spert, modelled"
+    ]
+
+
+@pytest.mark.system
+@pytest.mark.skipif(torch_available(), reason="torch is installed: the backend can be made")
+def test_a_backend_whose_package_is_missing_is_said_once(cluster: Cluster) -> None:
+    done = cluster.run("worker", "--processes", "3", "--backend", "torch")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "snet: backend 'torch' needs a package that is missing: torch"
+    ]
 
 
 @pytest.mark.system
