@@ -211,7 +211,8 @@ async def _demo(args: argparse.Namespace) -> int:
         f"weights in {config.out_dir}/weights.npz; {workers_said}",
         flush=True,
     )
-    return _exit_status(reason, already_trained or workers.stopped_cleanly())
+    interrupted = reason == "signal SIGINT"
+    return _exit_status(reason, already_trained or workers.stopped_cleanly(interrupted))
 
 
 def _leave_time(reason: str, trained: bool) -> tuple[float, bool]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .lifeline import supervised_environment
-from .progress_bar import say
+from .progress_bar import EXIT_INTERRUPTED, say
 
 if TYPE_CHECKING:
     from snet.server.app import SnetServer
@@ -103,12 +103,15 @@ class DemoWorkers:
         """Each process's exit code (None: still running)."""
         return [process.returncode for process in self.processes]
 
-    def stopped_cleanly(self) -> bool:
+    def stopped_cleanly(self, interrupted: bool = False) -> bool:
         """Every process exited 0, or died of the SIGTERM the demo sent it (one still
-        starting has no handler yet: stopped before it did anything)."""
+        starting has no handler yet: stopped before it did anything), or, when a
+        terminal's Ctrl-C reached them all (``interrupted``), was stopped by it while
+        still starting (status 130: cli/main.py), before it had anything to keep."""
         return all(
             process.returncode == 0
             or (process.returncode == -signal.SIGTERM and process.pid in self.terminated)
+            or (interrupted and process.returncode == EXIT_INTERRUPTED)
             for process in self.processes
         )
 

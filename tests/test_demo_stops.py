@@ -268,3 +268,21 @@ def test_a_worker_whose_supervisor_is_gone_before_it_starts_ends_at_once(
     )  # fmt: skip
     assert done.returncode == 128 + signal.SIGTERM  # as the demo's death would have ended it
     assert done.stdout == done.stderr == ""  # it tried no server
+
+
+def test_workers_a_terminals_ctrl_c_stopped_while_starting_stopped_cleanly() -> None:
+    """A terminal's Ctrl-C reaches the demo's workers too: one still starting (importing,
+    loading the compiled step) leaves with status 130 (cli/main.py), which is clean when
+    the demo was interrupted with them, and not otherwise (the demo said exit 1)."""
+    from types import SimpleNamespace
+
+    from snet.cli.demo_workers import DemoWorkers
+
+    def workers(*codes: int) -> DemoWorkers:
+        processes = [SimpleNamespace(returncode=code, pid=100 + i) for i, code in enumerate(codes)]
+        return DemoWorkers(processes, len(codes))  # type: ignore[arg-type]
+
+    assert workers(130, 0).stopped_cleanly(interrupted=True)
+    assert not workers(130, 0).stopped_cleanly()  # no Ctrl-C reached the demo: not ours
+    assert not workers(1, 0).stopped_cleanly(interrupted=True)
+    assert workers(0, 0).stopped_cleanly()
