@@ -21,6 +21,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from snet.protocol.errors import ConfigError
 from snet.protocol.job import SHARED_BUNCH_MODES, JobSpec
 from snet.protocol.numbering import shown_epoch
 from snet.server.config import ServerConfig
@@ -108,7 +109,8 @@ async def _demo(args: argparse.Namespace) -> int:
     values, where = read_toml(args.config).table("job")
     job = build_job(values, given_job(args), where)
     chosen = args.bunch_size is not None or "bunch_size" in values
-    if not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ):
+    divided = not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ)
+    if divided:
         job = divided_bunch(job, args.workers + args.spert)
     config = ServerConfig(
         port=0,
@@ -149,9 +151,15 @@ async def _demo(args: argparse.Namespace) -> int:
         server.request_stop(reason)
     try:
         await server.startup()
-    except BaseException:
+    except BaseException as exc:
         listening.close()
         await workers.stop()
+        if divided and isinstance(exc, ConfigError) and "bunch_size" in str(exc):
+            # the refusal of another job names a setting the user never gave
+            raise ConfigError(
+                f"{exc} (the demo divides the job's bunch among its workers, so --workers "
+                "and --spert change bunch_size; --bunch-size sets it)"
+            ) from None
         raise
     finished = server.coordinator.finished
     already_trained = finished.is_set()  # resumed a run that had completed

@@ -228,6 +228,10 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     assert "\nepoch  1/1  lr " in again.stdout and "done (trained)" in again.stdout
     assert "workers stopped: nothing to train" in again.stdout
     assert "not reachable" not in again.stderr and "Traceback" not in again.stderr
+    # more workers divide the bunch otherwise: another job, and the refusal says why
+    more = run_snet("demo", "--workers", "2", "--config", path, "--out-dir", str(tmp_path / "o"))
+    assert more.returncode == 2 and "(bunch_size 128 there, 64 here)" in more.stderr
+    assert "--workers and --spert change bunch_size" in more.stderr
     # another job on that out-dir is refused with the demo's own flags named, which work
     other = ("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"),
              "--network", "117:8:10")  # fmt: skip
