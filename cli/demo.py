@@ -44,23 +44,27 @@ READER_GONE = "its output's reader has gone"  # why the demo stopped its server
 BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
 
-def _print_epochs(server: SnetServer, started: float, bar: ProgressBar, printed: set[int]) -> None:
-    """Print each epoch not in ``printed`` whose cross-validation result is in."""
+def _print_epochs(
+    server: SnetServer, started: float | None, bar: ProgressBar, printed: set[int]
+) -> None:
+    """Print each epoch not in ``printed`` whose cross-validation result is in, with the
+    seconds since ``started`` (None: a finished run shown again, whose times are gone)."""
     epochs = server.coordinator.job.epochs
     for record in server.coordinator.stats.epochs:
         row = record.as_dict()
         if row["cv_accuracy"] is None or record.epoch in printed:
             continue
         printed.add(record.epoch)
+        when = "" if started is None else f"  ({time.monotonic() - started:5.1f} s)"
         bar.print(
             f"epoch {shown_epoch(record.epoch):>2}/{epochs}  "
             f"lr {row['learning_rate']:<7g} train {100 * (row['train_accuracy'] or 0):6.2f}%  "
-            f"CV {100 * row['cv_accuracy']:6.2f}%  ({time.monotonic() - started:5.1f} s)"
+            f"CV {100 * row['cv_accuracy']:6.2f}%{when}"
         )
 
 
 async def _progress(
-    server: SnetServer, started: float, bar: ProgressBar, printed: set[int]
+    server: SnetServer, started: float | None, bar: ProgressBar, printed: set[int]
 ) -> None:
     """Print each epoch once its cross-validation result is in; on a terminal, a bar.
     If the output's reader goes (``snet demo | head``), the run stops as on SIGTERM."""
@@ -176,17 +180,21 @@ async def _demo(args: argparse.Namespace) -> int:
         else ""
     )
     print(
-        f"snet demo: {job.mode} mode, {args.workers} workers{boards}, "
-        f"network {job.network.describe()}, "
-        f"{job.epochs} epochs, bunch {job.bunch_size} per worker, updates {job.compress}, "
-        f"{loop_name()} loop\n"
-        f"dashboard: {url}/  status: {url}/status  (or: snet status --url {url})",
+        f"snet demo: {job.mode} mode, {_count(args.workers, 'worker')}{boards}, "
+        f"network {job.network.describe()}, {_count(job.epochs, 'epoch')}, "
+        f"bunch {job.bunch_size} per worker, updates {job.compress}, "
+        f"{loop_name()} loop",
         flush=True,
     )
+    if not already_trained:  # a finished run's server stops at once: nothing to watch
+        print(f"dashboard: {url}/  status: {url}/status  (or: snet status --url {url})")
+    # a finished run's epoch times were not kept: the seconds since this start would pass
+    # for them (a 4.3 s run shown as 1.0 s)
+    shown_from = None if already_trained else started
     bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
     printed: set[int] = set()
     loop = asyncio.get_running_loop()
-    progress = loop.create_task(_progress(server, started, bar, printed))
+    progress = loop.create_task(_progress(server, shown_from, bar, printed))
     watch = loop.create_task(workers.watch(server))
     reason = "stopped"  # what a stop that raised leaves the workers to
     try:
@@ -197,7 +205,7 @@ async def _demo(args: argparse.Namespace) -> int:
             with contextlib.suppress(asyncio.CancelledError):
                 await chore
         try:
-            _print_epochs(server, started, bar, printed)  # the last epochs, at once
+            _print_epochs(server, shown_from, bar, printed)  # the last epochs, at once
             bar.clear()
         except BrokenPipeError:
             _reader_gone(server)
@@ -213,14 +221,19 @@ async def _demo(args: argparse.Namespace) -> int:
         if already_trained
         else f"worker process exit codes {workers.codes()}"  # one per process
     )
+    took = "in an earlier run" if already_trained else f"in {time.monotonic() - started:.1f} s"
     print(
-        f"done ({reason}) in {time.monotonic() - started:.1f} s: {scored}, "
+        f"done ({reason}) {took}: {scored}, "
         f"{server.coordinator.stats.updates_applied} updates, "
         f"weights in {config.out_dir}/weights.npz; {workers_said}",
         flush=True,
     )
     interrupted = reason == "signal SIGINT"
     return _exit_status(reason, already_trained or workers.stopped_cleanly(interrupted))
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _leave_time(reason: str, trained: bool) -> tuple[float, bool]:

@@ -216,7 +216,7 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
                     env={**os.environ, "SNET_DATA_CACHE": str(cache)})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert list(cache.glob("norms-*.npy")), "the server kept its normalisation elsewhere"
-    assert done.stdout.startswith("snet demo: sync mode, 1 workers, network 117:16:10, 1 epochs")
+    assert done.stdout.startswith("snet demo: sync mode, 1 worker, network 117:16:10, 1 epoch,")
     assert "Traceback" not in done.stderr
     assert "\x1b" not in done.stdout and "\r" not in done.stdout  # a pipe: no progress bar
     assert "\nepoch  1/1  lr " in done.stdout  # counted from 1
@@ -227,6 +227,9 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     assert "holds this job's finished run" in again.stdout
     assert "\nepoch  1/1  lr " in again.stdout and "done (trained)" in again.stdout
     assert "workers stopped: nothing to train" in again.stdout
+    # nothing is trained, and the run's own times are gone: neither is made up
+    assert "done (trained) in an earlier run:" in again.stdout and " s)" not in again.stdout
+    assert "dashboard:" not in again.stdout
     assert "not reachable" not in again.stderr and "Traceback" not in again.stderr
     # more workers divide the bunch otherwise: another job, and the refusal says why
     more = run_snet("demo", "--workers", "2", "--config", path, "--out-dir", str(tmp_path / "o"))
