@@ -161,9 +161,11 @@ READ_ERRORS = (OSError, http.client.HTTPException, ValueError)
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
-def _cannot_read(url: str, path: str, exc: Exception) -> str:
-    """Why ``url`` + ``path`` could not be read, in one line."""
+def _cannot_read(url: str, path: str, exc: Exception, token: str = "") -> str:
+    """Why ``url`` + ``path`` could not be read, in one line (``token``: the one sent)."""
     if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
+        if token:  # said as "needs the token", a wrong one sent the user looking for how
+            return f"{url} refused the token given (SNET_TOKEN or --token-file): not the server's"
         return f"{url} needs the server's token (SNET_TOKEN or --token-file)"
     if isinstance(exc, http.client.HTTPException):  # not HTTP at all, or TLS asked in plain
         hint = (
@@ -187,7 +189,7 @@ def _read(url: str, token: str, tls_ca: str) -> dict[str, Any] | str:
     try:
         document: object = fetch_status(url, token=token, tls_ca=tls_ca)
     except READ_ERRORS as exc:
-        return _cannot_read(url, "/status", exc)
+        return _cannot_read(url, "/status", exc, token)
     if not_one := _not_a_status(url, "/status", document):
         return not_one
     assert isinstance(document, dict)  # _not_a_status checked it
@@ -250,13 +252,13 @@ def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) ->
         except BrokenPipeError:  # stdout's reader left, not the server: run_status ends
             raise
         except READ_ERRORS as exc:  # cut off, or silent past the read timeout
-            why = _cannot_read(url, "/events", exc)
+            why = _cannot_read(url, "/events", exc, token)
         # The stream ended before the run did. Once more (a proxy may cut long streams;
         # an older server's may be silent past the timeout): a dead server does not answer.
         try:
             stream = open_events(url, token, tls_ca) if documents else None
         except READ_ERRORS as exc:
-            why, stream = _cannot_read(url, "/events", exc), None
+            why, stream = _cannot_read(url, "/events", exc, token), None
         if stream is None:
             if not state:
                 print(f"snet: {why}", file=sys.stderr)
@@ -301,12 +303,10 @@ def server_url(given: str) -> str:
 def run_status(args: argparse.Namespace) -> int:
     url = server_url(args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080"))
     token = os.environ.get("SNET_TOKEN", "")
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            print(f"snet: cannot read the token file: {exc}", file=sys.stderr)
-            return 1
+    if args.token_file:  # as the server and the workers read theirs (ConfigError: exit 2)
+        from snet.transport.tls import read_token_file
+
+        token = read_token_file(args.token_file)
     if not (math.isfinite(args.interval) and args.interval > 0):
         print(f"snet: --interval must be > 0, got {args.interval:g}", file=sys.stderr)
         return 2

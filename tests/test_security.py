@@ -109,6 +109,12 @@ def test_with_a_token_every_endpoint_but_healthz_needs_it(cluster: Cluster, tmp_
     refused = subprocess.run(status, capture_output=True, text=True, timeout=30,
                              env={**os.environ, "SNET_TOKEN": ""})  # fmt: skip
     assert refused.returncode == 1 and "needs the server's token" in refused.stderr
+    wrong = subprocess.run(status, capture_output=True, text=True, timeout=30,
+                           env={**os.environ, "SNET_TOKEN": "wrong"})  # fmt: skip
+    assert wrong.returncode == 1 and "refused the token given" in wrong.stderr  # not "needs"
+    unreadable = subprocess.run([*status, "--token-file", str(tmp_path / "missing")],
+                                capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert unreadable.returncode == 2 and "cannot read token_file" in unreadable.stderr
     shown = subprocess.run([*status, "--token-file", str(secret)], capture_output=True,
                            text=True, timeout=30)  # fmt: skip
     assert shown.returncode == 0 and "server snet" in shown.stdout
