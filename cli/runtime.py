@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from .blas import BLAS_VARIABLES as BLAS_VARIABLES
 from .blas import blas_thread_env as blas_thread_env
 from .blas import limit_blas_threads as limit_blas_threads
+from .stop_signals import Meaning, StopSignals
 
 T = TypeVar("T")
 
@@ -72,18 +73,22 @@ def setup_logging(level: str, form: str = "text") -> None:
 
 
 def install_stop_signals(stop: Callable[[str], None], log: logging.Logger) -> None:
-    """First SIGTERM/SIGINT: ``stop("signal SIGTERM")``, a graceful stop. Second: exit 1 now.
+    """First SIGTERM/SIGINT: ``stop("signal SIGTERM")``, a graceful stop. Second: exit 1 now
+    (but not the first one delivered twice: cli/stop_signals.py).
 
     Call inside the running event loop."""
     loop = asyncio.get_running_loop()
-    received: list[str] = []
+    received = StopSignals()
 
     def handle(signum: int) -> None:
         name = signal.Signals(signum).name
-        if received:
+        meaning = received.meaning(signum)
+        if meaning is Meaning.REPEAT:
+            log.debug("signal %s again at once: the same request", name)
+            return
+        if meaning is Meaning.INSIST:
             log.warning("second signal (%s): exiting now", name)
             os._exit(1)
-        received.append(name)
         log.info("signal %s: stopping gracefully", name)
         stop(f"signal {name}")
 

@@ -48,6 +48,7 @@ from .progress_bar import (
     say,
 )
 from .settings import build_job, decode, read_toml
+from .stop_signals import Meaning, StopSignals
 
 EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped before the end, as Ctrl-C's 130 says
 
@@ -59,12 +60,19 @@ class Terminated(KeyboardInterrupt):
 @contextmanager
 def sigterm_stops() -> Iterator[None]:
     """SIGTERM raises ``Terminated`` in the main thread, once: a second one ends the
-    process at once (the default), as a second signal does to a server. Without this,
+    process at once (the default), as a second signal does to a server (the first one
+    delivered twice is not a second: cli/stop_signals.py). Without this,
     SIGTERM ended ``snet train`` on the spot, with every trained epoch lost."""
 
+    received = StopSignals()
+
     def stop(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise Terminated
+        meaning = received.meaning(signum)
+        if meaning is Meaning.INSIST:  # ended at once, as by default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif meaning is Meaning.STOP:
+            raise Terminated
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:

@@ -49,3 +49,26 @@ def test_first_signal_stops_gracefully_and_second_forces_exit() -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.mark.system  # starts real processes
+def test_the_first_signal_delivered_twice_at_once_is_not_a_second() -> None:
+    """GNU ``timeout`` sends its command SIGTERM, then its own process group, which holds
+    the command, the same again: a server under it exited 1 at once, nothing written."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert _wait_for_line(process) == "ready"
+        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGTERM)
+        assert _wait_for_line(process) == "stop: signal SIGTERM"
+        time.sleep(0.2)
+        assert process.poll() is None  # still stopping gracefully: the same request
+        time.sleep(0.5)  # past REPEAT_SECONDS: a user insisting
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
