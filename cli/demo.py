@@ -268,7 +268,11 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.weights_codec is not None:
         # The workers' flag, checked as they check it: a bad one made each of them exit 2.
         args.weights_codec = canonical_weights_form(args.weights_codec)
-    if args.workers < 0 or args.spert < 0 or args.workers + args.spert < 1:
+    for flag, count in (("--workers", args.workers), ("--spert", args.spert)):
+        if count < 0:  # said as "needs at least one worker" while 2 were there by default
+            print(f"snet: {flag} must be >= 0, got {count}", file=sys.stderr)
+            return 2
+    if args.workers + args.spert < 1:
         print("snet: the demo needs at least one worker (--workers, --spert)", file=sys.stderr)
         return 2
     if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too

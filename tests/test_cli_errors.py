@@ -84,6 +84,20 @@ def test_a_settings_own_check_names_it_as_the_user_gave_it(
     assert _error(["worker"], capsys) == "snet: SNET_WORKER_PROCESSES must be >= 1, got 0"
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--spert", "-1"], "snet: --spert must be >= 0, got -1"),
+        (["--workers", "-2"], "snet: --workers must be >= 0, got -2"),
+        (["--workers", "0"], "snet: the demo needs at least one worker (--workers, --spert)"),
+    ],
+)
+def test_the_demo_names_a_negative_count_of_workers(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _error(["demo", *argv], capsys) == expected
+
+
 def test_toml_learning_rates_must_be_a_list(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
