@@ -74,14 +74,20 @@ def add_field_flags(
         )
 
 
-def add_job_flags(parser: argparse.ArgumentParser, *, parallel: bool = True) -> None:
+def add_job_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    parallel: bool = True,
+    defaults: dict[str, Any] | None = None,
+) -> None:
     """The job's flags (``[job]`` in the TOML file) and its data's (``[job.data]``);
-    without ``parallel``, only those sequential training uses."""
+    without ``parallel``, only those sequential training uses; ``defaults``: the
+    command's own, as ``add_field_flags``."""
     from snet.protocol.job import DataSpec, JobSpec
 
     group = parser.add_argument_group("job (what to train; also [job] in the TOML file)")
     unused = tuple(f.name for f in fields(JobSpec) if f.metadata.get("parallel"))
-    add_field_flags(group, JobSpec, "SNET_JOB_", skip=() if parallel else unused)
+    add_field_flags(group, JobSpec, "SNET_JOB_", skip=() if parallel else unused, defaults=defaults)
     group.add_argument(
         "--activation",
         metavar="{" + ",".join(ACTIVATIONS) + "}",

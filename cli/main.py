@@ -200,7 +200,11 @@ def _demo_flags(demo: argparse.ArgumentParser) -> None:
         help="the workers' --weights-codec (none, fp16, delta:CODEC)",
     )
     add_config_flag(demo, "a [job] table (as the server reads it)")
-    add_job_flags(demo)
+    # the demo divides the job's bunch among its workers unless one is chosen (cli/demo.py)
+    from snet.protocol.job import JobSpec  # as add_job_flags does
+
+    divided = f"the job's {JobSpec().bunch_size} divided among the workers"
+    add_job_flags(demo, defaults={"bunch_size": divided})
 
 
 def _tls_flags(tls: argparse.ArgumentParser) -> None:
