@@ -45,6 +45,7 @@ def member_config(config: WorkerConfig, index: int) -> WorkerConfig:
 def run_worker_group(config: WorkerConfig) -> int:
     """Run ``config.processes`` workers (``run_worker_process`` each); the worst exit code."""
     from snet.client.backend import check_backend
+    from snet.client.joining import tls_context
     from snet.protocol.errors import ConfigError
 
     from .commands import run_worker_process
@@ -53,7 +54,9 @@ def run_worker_group(config: WorkerConfig) -> int:
         return run_worker_process(config)
     if not hasattr(os, "fork"):
         raise ConfigError("processes > 1 needs os.fork: start one worker command per process")
-    check_backend(config.backend)  # here: a worker that cannot start said so N times
+    # here: a worker that cannot start said so N times (its backend, its TLS files)
+    check_backend(config.backend)
+    tls_context(config)
     backend = _loaded_backend(config)
     parent = os.getpid()
     children: list[int] = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -63,6 +64,16 @@ from .slice_work import memory_capabilities
 log = logging.getLogger("snet.worker")
 
 M = TypeVar("M", ServerHello, Welcome, DataInfo)
+
+
+def tls_context(config: WorkerConfig) -> ssl.SSLContext | None:
+    """The TLS context of ``config``'s connections (None: plain TCP); ConfigError for
+    files that cannot be used, or a certificate without the CA to check the server's."""
+    if config.tls_cert and not config.tls_ca:
+        raise ConfigError("tls_cert needs tls_ca: the CA that signed the server's certificate")
+    if not config.tls_ca:
+        return None
+    return client_context(config.tls_ca, config.tls_cert, config.tls_key)
 
 
 class ServerBusy(ConnectionLost):
@@ -207,10 +218,7 @@ class Handshake:
             raise  # it spoke: an snet server
         except ConnectionLost:
             config = self.config
-            tls = None
-            if config.tls_ca:
-                tls = client_context(config.tls_ca, config.tls_cert, config.tls_key)
-            await refuse_if_http(*config.address(), tls)
+            await refuse_if_http(*config.address(), tls_context(config))
             rest = HANDSHAKE_SECONDS - config.hello_seconds
             log.warning(
                 "no hello from %s after %g s and it does not speak HTTP: waiting up to %g s "

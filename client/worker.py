@@ -22,7 +22,6 @@ import numpy as np
 
 from snet.protocol.conversation import Role
 from snet.protocol.errors import (
-    ConfigError,
     ConnectionLost,
     RefusedHere,
     RemoteError,
@@ -48,7 +47,6 @@ from snet.protocol.network import ElementLayout
 from snet.transport.dial import connect_with_backoff
 from snet.transport.faults import FaultSwitch
 from snet.transport.inline import InlineChoice, timed
-from snet.transport.tls import client_context
 from snet.transport.tls import refusal as tls_refusal
 
 from .backend import ComputeBackend, make_backend
@@ -58,7 +56,7 @@ from .config import WorkerConfig
 from .connection import ServerConnection
 from .data import Corpus
 from .frame_limit import refused_frame
-from .joining import Handshake, NotJoined
+from .joining import Handshake, NotJoined, tls_context
 from .policies import ComputePolicy, ComputeState, follow_change, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
@@ -122,10 +120,7 @@ class Worker:
         e.g. ``max_frame_mb`` below the job's weights (client/frame_limit.py).
         """
         self._task = asyncio.current_task()
-        tls = self.config.tls_ca
-        self._tls = client_context(tls, self.config.tls_cert, self.config.tls_key) if tls else None
-        if self.config.tls_cert and not tls:
-            raise ConfigError("tls_cert needs tls_ca: the CA that signed the server's certificate")
+        self._tls = tls_context(self.config)
         server_stopped = False  # the last server said goodbye without finishing the job
         try:
             while True:

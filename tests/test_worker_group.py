@@ -60,6 +60,15 @@ def test_a_bad_backend_is_said_once_before_the_fork(cluster: Cluster) -> None:
 
 
 @pytest.mark.system
+def test_a_missing_tls_file_is_said_once_before_the_fork(cluster: Cluster) -> None:
+    """Found by each worker as it started: N times, after the fork."""
+    missing = str(cluster.tmp_path / "no-ca.pem")
+    done = cluster.run("worker", "--processes", "3", "--server", "127.0.0.1:9", "--tls-ca", missing)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"snet: tls_ca {missing} does not exist"]
+
+
+@pytest.mark.system
 @pytest.mark.skipif(torch_available(), reason="torch is installed: the backend can be made")
 def test_a_backend_whose_package_is_missing_is_said_once(cluster: Cluster) -> None:
     done = cluster.run("worker", "--processes", "3", "--backend", "torch")
