@@ -1,22 +1,22 @@
 """``Coordinator``: the server's training, driven by worker events, composed of parts.
 
 Each part owns its state and nothing writes another's fields: ``ElementPool`` (pool.py,
-the elements updates are received into); ``UpdateIntake`` (intake.py, an update checked
-and queued); the mode's ``StepPolicy`` (policies.py: which queued updates make a step;
-its ``Combination``: how they combine, the rule); ``StepQueue`` (stepqueue.py) and
-``StepRunner`` (stepping.py, the rule applied, off the loop or a short pass on it); ``LeaseBook``,
-``LeaseDesk``, ``InlineFrames`` (who trains on which frames); ``EpochControl``
-(epochs.py, epochs, rates, roll-back); ``Evaluations`` and ``CvScoring`` (who scores each
-epoch's weights on the CV frames, cv_scoring.py); ``ProgressWatch`` (progress.py,
-delivery deadlines); ``StalenessControl`` (staleness.py); ``TrainingStats`` (stats.py)
-and the hooks. ``SliceRounds`` (slice_rounds.py) runs np's bunches through the slices.
+the elements updates are received into); ``UpdateIntake`` (intake.py, an update checked and
+queued); the mode's ``StepPolicy`` (policies.py: which queued updates make a step; its
+``Combination``: how they combine, the rule); ``StepQueue`` (stepqueue.py) and ``StepRunner``
+(stepping.py, the rule applied, off the loop or a short pass on it); ``LeaseBook``,
+``LeaseDesk``, ``InlineFrames`` (who trains on which frames); ``EpochControl`` (epochs.py,
+epochs, rates, roll-back); ``Evaluations`` and ``CvScoring`` (who scores each epoch's
+weights on the CV frames, cv_scoring.py); ``ProgressWatch`` (progress.py, delivery
+deadlines); ``StalenessControl`` (staleness.py); ``TrainingStats`` (stats.py) and the
+hooks. ``SliceRounds`` (slice_rounds.py) runs np's bunches through the slices.
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
 of ``version`` and exactly the ledger they include (server/resume.py, durability.py).
-The coordinator routes the events (a worker joins, sends an update or a CV result, is
-late (lateness.py), leaves) to them and carries out what they decide: it publishes each
-step's weights with a new version, sends them to every worker, starts epochs, on the event
-loop; only the ``StepRunner`` computes (in the step thread, or inline when short).
+The coordinator routes the events (a worker joins, sends an update or a CV result, is late
+(lateness.py), leaves) to them and carries out what they decide: it publishes each step's
+weights with a new version, sends them to every worker, starts epochs, on the event loop;
+only the ``StepRunner`` computes (in the step thread, or inline when short).
 """
 
 from __future__ import annotations
@@ -82,8 +82,7 @@ class Coordinator:
         weights: np.ndarray | None = None, min_workers: int = 1,
         progress: ProgressWatch | None = None, verify_cv: bool = False, inline_step: float = 0.0,
     ) -> None:  # fmt: skip
-        self.job = job
-        self.plan = plan
+        self.job, self.plan = job, plan
         self.layout = ElementLayout.for_network(job.network)
         self.connections = job.network.connections
         start = initial_weights(job.network, job.seed) if weights is None else weights
@@ -205,6 +204,7 @@ class Coordinator:
             self.slices.fill()
         elif not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
             self.desk.fill(self.sessions.values(), self.learning_rate)
+            self.stats.leasing(bool(self.book.granted))
 
     def on_slice_message(self, session: WorkerSession, message: SliceReply) -> None:
         if self.slices is not None:

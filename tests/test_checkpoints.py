@@ -196,6 +196,27 @@ def test_schedule_and_statistics_survive_a_round_trip() -> None:
     }
 
 
+def test_an_epochs_seconds_count_from_its_first_lease_not_the_wait_for_workers() -> None:
+    """The first epoch began with the server, and /status showed the wait for the
+    workers as its training time (27.8 s for a 1.5 s epoch)."""
+    stats = TrainingStats(2)
+    stats.start_epoch(0, 0.2)
+    stats.epochs[0].started -= 30.0  # the server waited 30 s for its workers
+    stats.leasing(False)  # nobody to lease to yet
+    assert stats.epochs[0].leased is None
+    stats.leasing(True)
+    first = stats.epochs[0].leased
+    stats.leasing(True)  # later leases of the same epoch change nothing
+    assert first is not None and stats.epochs[0].leased == first
+    stats.end_epoch(0, 10, {})
+    assert stats.epochs[0].as_dict()["seconds"] < 5.0
+    state = stats.checkpoint_state()
+    del state["epochs"][0]["leased"]  # a checkpoint written before epochs kept it
+    restored = TrainingStats(2)
+    restored.restore_checkpoint(state)
+    assert restored.epochs[0].as_dict()["seconds"] >= 30.0  # as it was counted then
+
+
 def test_a_worker_checks_the_digest_the_server_announced() -> None:
     layout = ElementLayout.for_network(NetworkSpec((4, 3, 2), ("sigmoid",)))
     box = WeightsBox(layout, wake=asyncio.Event())
