@@ -165,6 +165,13 @@ def test_restored_norm_bounds_judge_updates_as_before() -> None:
     huge = np.full(100, 100.0, np.float32)
     assert "implausible" in restored.problem(kinds[0], huge, 10)
     assert NormBounds().problem(kinds[0], huge, 10) == ""  # a fresh one would have taken it
+    # rows written before the spread was kept: [kind..., log mean, seen], no spread yet
+    old_rows = [[*kind, row["log_mean"], row["seen"]] for kind, row in
+                zip(kinds, bounds.checkpoint_state(), strict=True)]  # fmt: skip
+    older = NormBounds()
+    older.restore_checkpoint(old_rows)
+    assert older.figures() == bounds.figures()
+    assert "implausible" in older.problem(kinds[0], huge, 10)
 
 
 def test_schedule_and_statistics_survive_a_round_trip() -> None:

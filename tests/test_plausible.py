@@ -56,6 +56,31 @@ def test_norm_bounds_refuse_what_no_honest_gradient_looks_like() -> None:
     assert ABSOLUTE_NORM > 1e3
 
 
+def test_single_pattern_updates_of_a_trained_network_are_taken() -> None:
+    """Bunch 1 once the network has learned: most patterns' gradients are tiny, a
+    misclassified one's is not (the default job's trained weights: log norms with a
+    standard deviation of 3.4, 7.8 % of them beyond 100x their geometric mean). A fixed
+    factor refused those, and again each time their frames came back: bunch 1 and 2
+    never finished. The bound widens with the spread seen; a mutated value still fails."""
+    bounds = NormBounds()
+    kind = (False, "none")
+    rng = np.random.default_rng(11)
+    direction = _gradient(1.0)
+    direction /= np.linalg.norm(direction)
+    norms = np.exp(rng.normal(math.log(0.0316), 3.4, 3000))
+    refused = [n for n in norms if bounds.problem(kind, (n * direction).astype(np.float32), 1)]
+    assert refused == []
+    assert max(norms) > 100 * math.exp(np.log(norms).mean())  # the old bound's refusals
+    huge = np.zeros(1000, np.float32)
+    huge[3] = 2.0**43  # one mutated value
+    assert "implausible" in bounds.problem(kind, huge, 1)
+    # a bunch of 64's norms barely spread: the bound stays NORM_FACTOR there
+    tight = NormBounds()
+    for n in np.exp(rng.normal(math.log(0.2), 0.3, 200)):
+        assert tight.problem(kind, (n * 64 * direction).astype(np.float32), 64) == ""
+    assert "implausible" in tight.problem(kind, (0.2 * 64 * 3 * NORM_FACTOR * direction), 64)
+
+
 def test_a_refused_update_does_not_move_the_mean() -> None:
     bounds = NormBounds()
     kind = (False, "none")
