@@ -204,15 +204,22 @@ def shared_frames(source: JoinedSource, norms: Norms, directory: Path) -> np.nda
     return frames
 
 
-def cached_norms(source: JoinedSource, train: np.ndarray, directory: Path | None) -> Norms:
+def cached_norms(
+    source: JoinedSource,
+    train: np.ndarray,
+    directory: Path | None,
+    checked: np.ndarray | None = None,
+) -> Norms:
     """``compute_norms`` of ``source``'s frames ``train``, read from ``directory`` when it
     was computed there before for the same data files and frames (None: no cache), else
     computed and kept there. A cache that cannot be read or written is logged and the
-    normalisation computed as without one. Kaldi data is not cached: its key would be the
+    normalisation computed as without one. ``checked``: other frames of the same files
+    (the CV frames) whose values are checked when the data is read for the norms, as
+    the training frames are (``compute_norms``). Kaldi data is not cached: its key would be the
     ``.scp`` alone, and the pass over every frame is also what finds an archive that
     cannot be read (a DataError at start, not a failure in every worker)."""
     if directory is None or any(isinstance(part, KaldiSource) for part in source.parts):
-        return compute_norms(source, train)
+        return compute_norms(source, train, checked)
     digest = _source_digest("norms", source)
     digest.update(np.ascontiguousarray(train, dtype=np.int64).data)  # in place, no copy
     path = directory / f"norms-{digest.hexdigest()[:32]}.npy"
@@ -222,7 +229,7 @@ def cached_norms(source: JoinedSource, train: np.ndarray, directory: Path | None
         pass  # nothing kept yet (a directory that is a file is said once, when writing)
     except Exception as exc:  # whatever the file holds (or fails to), it is computed again
         log.warning("the data cache's %s cannot be read (%s): computed again", path, exc)
-    norms = compute_norms(source, train)
+    norms = compute_norms(source, train, checked)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         _prune(directory)

@@ -214,13 +214,18 @@ class Corpus:
 
 
 def job_norms(
-    spec: DataSpec, source: JoinedSource, train: np.ndarray, cache: Path | None = None
+    spec: DataSpec,
+    source: JoinedSource,
+    train: np.ndarray,
+    cache: Path | None = None,
+    checked: np.ndarray | None = None,
 ) -> Norms:
     """The job's norm file when it names one, else computed over the training frames (kept
-    in the ``cache`` directory, when given, for the next start: ``cache.cached_norms``)."""
+    in the ``cache`` directory, when given, for the next start: ``cache.cached_norms``;
+    ``checked``: frames whose values are checked then too)."""
     if spec.norm_file:
         return read_norm_file(spec.norm_file, source.features)
-    return cached_norms(source, train, cache)
+    return cached_norms(source, train, cache, checked)
 
 
 def corpus_from_source(

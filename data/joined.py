@@ -36,6 +36,12 @@ class JoinedSource:
         self.cv_utterances = 0 if cv is None else len(cv.lengths)
         self._first_rows = np.cumsum([0] + [total_frames(part) for part in self.parts])
 
+    def locate(self, row: int) -> tuple[str, int]:
+        """The file a global row is in, and its frame number there (messages name the
+        CV file's own frame, not the training file with the joined row's number)."""
+        number = int(np.searchsorted(self._first_rows, row, side="right")) - 1
+        return self.parts[number].description, int(row - self._first_rows[number])
+
     def read(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         if len(self.parts) == 1:

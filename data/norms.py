@@ -16,7 +16,7 @@ import numpy as np
 
 from snet.protocol.errors import DataError
 
-from .sources import FrameSource
+from .sources import FrameSource, located
 
 CHUNK_FRAMES = 65536
 STD_FLOOR = 1e-8  # a standard deviation below this is taken as 1 (a constant feature)
@@ -57,15 +57,47 @@ class Norms:
         return cls(array[0].copy(), array[1].copy())
 
 
-def compute_norms(source: FrameSource, frames: np.ndarray) -> Norms:
-    """Mean and (population) standard deviation of ``frames``, read in chunks."""
+def _refuse_not_finite(source: FrameSource, rows: np.ndarray, chunk: np.ndarray) -> None:
+    """DataError naming the first frame of ``chunk`` (the features of ``rows``) that has
+    a NaN or an infinity: normalised, it trained nothing (0 % on train and CV) or made
+    every worker refuse the job's NaN normalisation."""
+    finite = np.isfinite(chunk)
+    if finite.all():
+        return
+    at, feature = (int(i) for i in np.argwhere(~finite)[0])
+    where, frame = located(source, int(rows[at]))
+    raise DataError(
+        f"{where}: frame {frame} has {chunk[at, feature]} in feature {feature}: "
+        "features must be finite numbers"
+    )
+
+
+def check_finite(source: FrameSource, frames: np.ndarray) -> None:
+    """Refuse (DataError) NaN or infinite features in ``frames``, read in chunks."""
+    rows = np.sort(np.asarray(frames, dtype=np.int64))
+    for start in range(0, len(rows), CHUNK_FRAMES):
+        part = rows[start : start + CHUNK_FRAMES]
+        _refuse_not_finite(source, part, source.read(part))
+
+
+def compute_norms(
+    source: FrameSource, frames: np.ndarray, checked: np.ndarray | None = None
+) -> Norms:
+    """Mean and (population) standard deviation of ``frames``, read in chunks (DataError
+    for a NaN or infinite feature among them, or among the ``checked`` frames: the CV
+    frames of the same file, read now rather than in a pass of their own)."""
+    if checked is not None:
+        check_finite(source, checked)
     total = np.zeros(source.features, dtype=np.float64)
     squares = np.zeros(source.features, dtype=np.float64)
     rows = np.sort(np.asarray(frames, dtype=np.int64))
     if len(rows) == 0:
         raise DataError(f"{source.description}: no training frames to normalise on")
     for start in range(0, len(rows), CHUNK_FRAMES):
-        chunk = source.read(rows[start : start + CHUNK_FRAMES]).astype(np.float64)
+        part = rows[start : start + CHUNK_FRAMES]
+        read = source.read(part)
+        _refuse_not_finite(source, part, read)
+        chunk = read.astype(np.float64)
         total += chunk.sum(axis=0)
         squares += np.square(chunk).sum(axis=0)
     mean = total / len(rows)

@@ -102,6 +102,11 @@ class ArraySource:
     ) -> None:
         if features.ndim != 2:
             raise DataError(f"{description}: features must be 2-D (frames x features)")
+        if features.dtype.kind not in "biuf":  # text read as numbers, or complex halves dropped
+            raise DataError(
+                f"{description}: features must be real numbers (integers or floats), not "
+                f"{features.dtype}"
+            )
         self.description = description
         self._features = features
         self.features = int(features.shape[1])
@@ -140,9 +145,10 @@ class NpzFeatures:
         with zipfile.ZipFile(path) as archive, archive.open("X.npy") as member:
             version = np.lib.format.read_magic(member)
             if version == (1, 0):
-                shape = np.lib.format.read_array_header_1_0(member)[0]
+                shape, _, dtype = np.lib.format.read_array_header_1_0(member)
             else:
-                shape = np.lib.format.read_array_header_2_0(member)[0]
+                shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+        self.dtype = np.dtype(dtype)
         self.ndim = 2 if len(shape) >= 2 else len(shape)
         self.shape = (shape[0], int(np.prod(shape[1:]))) if len(shape) >= 2 else tuple(shape)
         self._array: np.ndarray | None = None
@@ -212,6 +218,13 @@ def open_source(spec: DataSpec) -> FrameSource:
     )
 
 
+def located(source: FrameSource, row: int) -> tuple[str, int]:
+    """The file ``row`` of ``source`` is in and its frame number there (a joined source
+    knows its parts: data/joined.py)."""
+    locate = getattr(source, "locate", None)
+    return locate(row) if locate is not None else (source.description, row)
+
+
 def check_against_network(
     source: FrameSource, window: int, inputs: int, outputs: int, *, every_class: bool = True
 ) -> None:
@@ -234,9 +247,10 @@ def check_against_network(
         )
     if len(source.labels) and (source.labels.min() < 0 or source.labels.max() >= outputs):
         bad = int(np.flatnonzero((source.labels < 0) | (source.labels >= outputs))[0])
+        where, frame = located(source, bad)
         raise DataError(
-            f"{source.description}: labels run from {source.labels.min()} to "
-            f"{source.labels.max()} (frame {bad} has label {source.labels[bad]}), "
+            f"{where}: labels run from {source.labels.min()} to "
+            f"{source.labels.max()} (frame {frame} has label {source.labels[bad]}), "
             f"but the network has {outputs} outputs (labels 0..{outputs - 1})"
         )
     if every_class and len(source.labels) and outputs > source.labels.max() + 1:

@@ -21,7 +21,7 @@ import numpy as np
 from snet.data.cache import cache_directory
 from snet.data.corpus import job_norms
 from snet.data.joined import JoinedSource, open_job_source, split_frames
-from snet.data.norms import Norms
+from snet.data.norms import Norms, check_finite
 from snet.data.sources import FrameSource, check_against_network, open_source, total_frames
 from snet.data.windows import UtteranceBounds
 from snet.protocol.job import JobSpec
@@ -75,6 +75,17 @@ def plan_data(job: JobSpec, data_cache: str = "none") -> DataPlan:
             test, job.data.window, network.input_size, network.output_size, every_class=False
         )
     train, cv = split_frames(job.data, source.lengths, source.cv_utterances)
-    norms = job_norms(job.data, source, train, cache_directory(data_cache))
+    # The values are checked for NaN and infinity where they are read: the training
+    # frames (and CV frames of the same file) as the norms are computed, or were when the
+    # kept ones were (their key is the files' identity); a CV file of its own and the test
+    # file apart. Reading the CV frames of the training file apart would read all of it
+    # (an .npz is read whole) at every start, which the kept norms spare.
+    separate_cv = source.cv_utterances > 0
+    cache = cache_directory(data_cache)
+    norms = job_norms(job.data, source, train, cache, checked=None if separate_cv else cv)
+    if separate_cv:
+        check_finite(source, cv)
+    if test is not None:
+        check_finite(test, np.arange(total_frames(test)))
     bounds = UtteranceBounds(source.lengths)
     return DataPlan(source, train, cv, total_frames(source), bounds, norms, test)

@@ -293,3 +293,76 @@ def test_ctrl_c_while_the_test_file_is_scored_keeps_the_final_weights(
     )
     with np.load(out / "weights.npz") as data:
         assert int(data["epoch"]) == 1  # the finished run's
+
+
+# ---------------------------------------------------------------- the data's values
+
+
+def _altered(path: Path, source: Path, change: Any) -> str:
+    """``source``'s arrays with ``change(X, y)`` applied, saved at ``path``."""
+    with np.load(source) as data:
+        arrays = {name: data[name].copy() for name in data.files}
+    changed = change(arrays["X"], arrays["y"])
+    if changed is not None:
+        arrays["X"] = changed
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_nan_or_infinite_features_are_refused_naming_the_file_and_frame(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A NaN trained nothing (0 % train and CV, NaN norms in weights.npz); in a CV or test
+    file it was scored silently (loss nan); under a server every worker refused the job's
+    NaN normalisation with a message about its shape."""
+    good = tiny_set(tmp_path / "good.npz")
+
+    def poke(value: float, row: int) -> Any:
+        def change(x: np.ndarray, y: np.ndarray) -> None:
+            x[row, 3] = value
+
+        return change
+
+    nan = _altered(tmp_path / "nan.npz", good, poke(np.nan, 17))
+    argv = ["train", *TINY, "--data", nan, "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys) == (
+        f"snet: {nan}: frame 17 has nan in feature 3: features must be finite numbers"
+    )
+    cv = _altered(tmp_path / "cv.npz", good, poke(np.inf, 5))
+    argv = ["train", *TINY, "--data", str(good), "--cv-data", cv, "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys) == (
+        f"snet: {cv}: frame 5 has inf in feature 3: features must be finite numbers"
+    )
+    argv = ["train", *TINY, "--data", str(good), "--test-data", nan]
+    assert error([*argv, "--out-dir", str(tmp_path / "o")], capsys).startswith(
+        f"snet: {nan}: frame 17 has nan"
+    )
+    assert not (tmp_path / "o" / "weights.npz").exists()
+
+
+def test_a_bad_cv_label_names_the_cv_file_and_its_frame(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It named the training file, with the joined row's number."""
+    good = tiny_set(tmp_path / "good.npz")
+
+    def label(x: np.ndarray, y: np.ndarray) -> None:
+        y[3] = 7
+
+    cv = _altered(tmp_path / "cv.npz", good, label)
+    argv = ["train", *TINY, "--data", str(good), "--cv-data", cv, "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys).startswith(f"snet: {cv}: labels run from 0 to 7 (frame 3 has ")
+
+
+def test_features_that_are_not_real_numbers_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Text was a traceback (ValueError from the normalisation); complex numbers lost
+    their imaginary halves with a warning."""
+    good = tiny_set(tmp_path / "good.npz")
+    for kind, convert in (("complex64", np.complex64), ("<U32", str)):
+        path = _altered(tmp_path / f"{kind}.npz", good, lambda x, y, c=convert: x.astype(c))
+        argv = ["train", *TINY, "--data", path, "--out-dir", str(tmp_path / "o")]
+        assert error(argv, capsys) == (
+            f"snet: {path}: features must be real numbers (integers or floats), not {kind}"
+        )
