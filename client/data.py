@@ -24,6 +24,7 @@ from snet.data.corpus import (
 from snet.data.joined import open_job_source, split_frames
 from snet.data.norms import Norms
 from snet.data.windows import UtteranceBounds
+from snet.protocol.digest import labels_digest
 from snet.protocol.errors import DataError
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import DataInfo, Frames, Lease
@@ -56,6 +57,11 @@ def local_corpus(job: JobSpec, info: DataInfo, cache: Path | None = None) -> Cor
             f"this machine's {source.description} ({len(source.lengths)} utterances, "
             f"{source.features} features) differs from the server's "
             f"({len(lengths)} utterances, {info.features} features)"
+        )
+    if info.labels and labels_digest(source.labels) != info.labels:
+        raise DataError(
+            f"this machine's {source.description} has the server's shape but other labels "
+            "(another file of the same name?)"
         )
     return corpus_from_source(job.data, source, Norms.from_array(info.norms, info.features), cache)
 

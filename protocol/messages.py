@@ -190,6 +190,9 @@ class DataInfo:
     norms: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
     lengths: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
     cv_utterances: int = field(default=0, kw_only=True)  # added later: keyword only
+    # protocol/digest.py's ``labels_digest`` of the server's labels ("": none sent, by a
+    # server before it): a worker's copy of the same shape with other labels is not it
+    labels: str = field(default="", kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from snet.data.joined import JoinedSource, open_job_source, split_frames
 from snet.data.norms import Norms, check_finite
 from snet.data.sources import FrameSource, check_against_network, open_source, total_frames
 from snet.data.windows import UtteranceBounds
+from snet.protocol.digest import labels_digest
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import DataInfo
 
@@ -49,6 +50,7 @@ class DataPlan:
             norms=norms,
             lengths=lengths,
             cv_utterances=self.source.cv_utterances,
+            labels=labels_digest(self.source.labels),
         )
 
     def fingerprint(self) -> str:

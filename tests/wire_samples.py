@@ -257,7 +257,7 @@ def samples() -> list[Sample]:
         Sample("resync", {"reason": "no base"}, [], Resync("no base")),
         Sample(
             "data_info",
-            {"features": 2, "total_frames": 5, "cv_utterances": 1},
+            {"features": 2, "total_frames": 5, "cv_utterances": 1, "labels": "8bd69e52"},
             [("<f8", [2, 2], norms_raw), ("<i8", [2], struct.pack("<2q", 3, 2))],
             DataInfo(
                 2,
@@ -265,6 +265,7 @@ def samples() -> list[Sample]:
                 np.frombuffer(norms_raw, "<f8").reshape(2, 2),
                 np.array([3, 2], dtype="<i8"),
                 cv_utterances=1,
+                labels="8bd69e52",
             ),
         ),
         Sample(
