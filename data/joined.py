@@ -24,6 +24,8 @@ class JoinedSource:
 
     def __init__(self, train: FrameSource, cv: FrameSource | None = None) -> None:
         self.parts = [train] if cv is None else [train, cv]
+        if cv is not None and total_frames(cv) == 0:  # it fell back to the split, unsaid
+            raise DataError(f"the CV file {cv.description} has no frames")
         if cv is not None and cv.features != train.features:
             raise DataError(
                 f"the CV file {cv.description} has {cv.features} features per frame, "

@@ -255,7 +255,16 @@ def check_against_network(
         )
     if every_class and len(source.labels) and outputs > source.labels.max() + 1:
         classes = int(source.labels.max()) + 1
-        raise DataError(
-            f"{source.description} has {classes} classes (labels 0..{classes - 1}), but the "
-            f"network has {outputs} outputs: end the network with :{classes}"
+        fix = (
+            "a classifier needs frames of at least two classes"
+            if classes == 1
+            else f"end the network with :{classes}"
         )
+        raise DataError(
+            f"{source.description} has {_count(classes, 'class', 'classes')} (labels "
+            f"0..{classes - 1}), but the network has {outputs} outputs: {fix}"
+        )
+
+
+def _count(number: int, one: str, many: str) -> str:
+    return f"{number} {one if number == 1 else many}"

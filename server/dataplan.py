@@ -25,6 +25,7 @@ from snet.data.norms import Norms, check_finite
 from snet.data.sources import FrameSource, check_against_network, open_source, total_frames
 from snet.data.windows import UtteranceBounds
 from snet.protocol.digest import labels_digest
+from snet.protocol.errors import DataError
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import DataInfo
 
@@ -72,6 +73,8 @@ def plan_data(job: JobSpec, data_cache: str = "none") -> DataPlan:
     network = job.network
     check_against_network(source, job.data.window, network.input_size, network.output_size)
     test = open_source(job.data.part("test")) if job.data.test_source else None
+    if test is not None and total_frames(test) == 0:  # it was scored: 0.00 % of 0 frames
+        raise DataError(f"the test file {test.description} has no frames")
     if test is not None:
         check_against_network(
             test, job.data.window, network.input_size, network.output_size, every_class=False

@@ -366,3 +366,54 @@ def test_features_that_are_not_real_numbers_are_refused(
         assert error(argv, capsys) == (
             f"snet: {path}: features must be real numbers (integers or floats), not {kind}"
         )
+
+
+def test_an_empty_cv_or_test_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty CV file fell back to the job's split, unsaid (and `snet eval` then named
+    it beside frames it did not hold); an empty test file was scored, 0.00 % of 0."""
+    good = str(tiny_set(tmp_path / "good.npz"))
+    empty = tmp_path / "empty.npz"
+    np.savez(empty, X=np.zeros((0, 13), np.float32), y=np.zeros(0, np.int64), lengths=[])
+    out = ["--out-dir", str(tmp_path / "o")]
+    argv = ["train", *TINY, "--data", good, "--cv-data", str(empty), *out]
+    assert error(argv, capsys) == f"snet: the CV file {empty} has no frames"
+    argv = ["train", *TINY, "--data", good, "--test-data", str(empty), *out]
+    assert error(argv, capsys) == f"snet: the test file {empty} has no frames"
+
+
+def test_one_class_is_refused_with_a_fix_that_can_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "1 classes ...: end the network with :1", a network that learns nothing."""
+    good = tiny_set(tmp_path / "good.npz")
+
+    def one_class(x: np.ndarray, y: np.ndarray) -> None:
+        y[:] = 0
+
+    path = _altered(tmp_path / "one.npz", good, one_class)
+    argv = ["train", *TINY, "--data", path, "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys) == (
+        f"snet: {path} has 1 class (labels 0..0), but the network has 3 outputs: a "
+        "classifier needs frames of at least two classes"
+    )
+
+
+def test_eval_scores_trained_weights_on_data_with_fewer_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It refused data without the top class ("end the network with :2"), which trained
+    weights cannot do; a subset of the classes is a fair thing to score."""
+    good = tiny_set(tmp_path / "good.npz")
+    out = tmp_path / "o"
+    assert main(["train", *TINY, "--data", str(good), "--out-dir", str(out)]) == 0
+
+    def two_classes(x: np.ndarray, y: np.ndarray) -> None:
+        y[y == 2] = 1
+
+    subset = _altered(tmp_path / "two.npz", good, two_classes)
+    capsys.readouterr()
+    argv = ["eval", "--weights", str(out / "weights.npz"), "--data", subset, "--subset", "all"]
+    assert main(argv) == 0
+    assert "frame accuracy" in capsys.readouterr().out
