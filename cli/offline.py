@@ -177,6 +177,8 @@ def run_convert(args: argparse.Namespace) -> int:
     out = output_file(args.output, (".pfile", ".pf", ".npz", ".ark"), "output")
     suffix = out.suffix.lower()
     source = open_source(DataSpec(source=args.input, labels=args.labels or ""))
+    if total_frames(source) == 0:  # a pfile of none was a traceback (reshaping nothing)
+        raise DataError(f"{source.description} has no frames: nothing to convert")
     frames = source.read(np.arange(total_frames(source)))
     try:
         if suffix in (".pfile", ".pf"):

@@ -20,6 +20,7 @@ import fcntl
 import logging
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 from snet.protocol.errors import ConfigError, OutDirInUse
@@ -135,6 +136,11 @@ def check_output_files(paths: dict[str, str]) -> None:
         if Path(path).is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             problem = "it is a directory" if Path(path).is_dir() else "its folder is not writable"
             raise ConfigError(f"cannot write the {what} {path}: {problem}")
+        try:  # a new file, made and removed: access() says yes to root, even in /proc
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".snet-check-"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"cannot write the {what} {path}: {exc.strerror}") from None
 
 
 def notify(state: str) -> bool:

@@ -161,4 +161,12 @@ def test_a_trace_or_ready_file_that_cannot_be_written_is_one_line(
         )
     assert main(["server", *out, "--trace-file", str(tmp_path)]) == 2
     assert f"cannot write the trace file {tmp_path}: it is a directory" in capsys.readouterr().err
+    if Path("/proc/self").is_dir():  # a folder access() calls writable (for root) that is not
+        for flag, what in (("--trace-file", "trace file"), ("--ready-file", "ready file")):
+            assert main(["server", *out, flag, "/proc/snet-test"]) == 2
+            assert (
+                capsys.readouterr()
+                .err.strip()
+                .startswith(f"snet: cannot write the {what} /proc/snet-test: ")
+            )
     assert not (tmp_path / "out" / "status.json").exists()  # refused before anything ran

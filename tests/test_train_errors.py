@@ -381,6 +381,8 @@ def test_an_empty_cv_or_test_file_is_refused(
     assert error(argv, capsys) == f"snet: the CV file {empty} has no frames"
     argv = ["train", *TINY, "--data", good, "--test-data", str(empty), *out]
     assert error(argv, capsys) == f"snet: the test file {empty} has no frames"
+    argv = ["data", "convert", str(empty), str(tmp_path / "empty.pfile")]  # was a traceback
+    assert error(argv, capsys) == f"snet: {empty} has no frames: nothing to convert"
 
 
 def test_one_class_is_refused_with_a_fix_that_can_work(
