@@ -147,12 +147,16 @@ class DemoWorkers:
             all_joined = all_joined or len(coordinator.sessions) >= self.workers
             why = self.cannot_train(server, all_joined)
             if why is not None:
-                print(
-                    f"snet demo: stopping: {why} (the run is kept in {server.config.out_dir}: "
-                    "the same command goes on from it)",
-                    file=sys.stderr,
-                    flush=True,
+                kept = f"the run is kept in {server.config.out_dir}"
+                # a worker that refused its settings (2) or was refused the job (4: e.g. a
+                # board without the memory the network needs) would do so again
+                again = {2, 4} & set(self.codes())
+                after = (
+                    f"{kept}; the job or a worker's settings must change first (see above)"
+                    if again
+                    else f"{kept}: the same command goes on from it"
                 )
+                print(f"snet demo: stopping: {why} ({after})", file=sys.stderr, flush=True)
                 server.request_stop(WORKERS_GONE)
                 return
             await asyncio.sleep(WATCH_SECONDS)

@@ -167,9 +167,11 @@ def test_workers_that_fail_at_start_stop_the_run_which_is_kept(tmp_path: Path) -
         assert run.wait() == 1
         errors = run.stderr()
     assert f"snet: tls_ca {tmp_path / 'missing-ca.pem'} does not exist" in errors
+    # the same command would fail the same way: it is not said to go on from the run
     assert (
         "snet demo: stopping: its worker processes have all exited, with exit codes [2], "
-        "before training finished (the run is kept in out: the same command goes on from it)"
+        "before training finished (the run is kept in out; the job or a worker's settings "
+        "must change first (see above))"
     ) in errors.splitlines()
     assert "done (its workers have gone) in " in run.stdout()
     assert "no epoch was scored, 0 updates" in run.stdout()
