@@ -175,7 +175,7 @@ async def _demo(args: argparse.Namespace) -> int:
         )
     url = f"http://127.0.0.1:{server.http_port}"
     boards = (
-        f" and {args.spert} emulated Spert-II boards (x{args.spert_time_scale:g})"
+        f" and {_count(args.spert, 'emulated Spert-II board')} (x{args.spert_time_scale:g})"
         if args.spert
         else ""
     )
