@@ -71,7 +71,10 @@ def checked_labels(
     description: str, frames: int, labels: np.ndarray, lengths: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """(per-frame int64 labels, int64 lengths), or a DataError saying what disagrees."""
-    lengths = np.asarray(lengths, dtype=np.int64)
+    given = np.asarray(lengths)
+    if given.size and not np.issubdtype(given.dtype, np.integer):  # 2.5 became 2, unsaid
+        raise DataError(f"{description}: lengths must be whole numbers, not {given.dtype}")
+    lengths = given.astype(np.int64)
     labels = np.asarray(labels)
     if lengths.ndim != 1 or (lengths < 1).any():
         raise DataError(f"{description}: lengths must be a 1-D array of positive counts")

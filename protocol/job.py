@@ -299,7 +299,10 @@ class JobSpec:
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.chunk_frames < self.bunch_size:
-            raise ConfigError("chunk_frames must be at least bunch_size")
+            raise ConfigError(
+                f"chunk_frames ({self.chunk_frames}) must be at least bunch_size "
+                f"({self.bunch_size}): raise --chunk-frames or lower --bunch-size"
+            )
         if self.max_in_flight < 1:
             raise ConfigError("max_in_flight must be >= 1")
         if self.updates_per_step < 0:
@@ -376,7 +379,10 @@ def split_utterances(
     Both server and workers call this with the job's values and get the same split.
     """
     if utterances < 2:
-        raise ConfigError(f"need at least 2 utterances to split, got {utterances}")
+        raise ConfigError(
+            f"need at least 2 utterances to split into training and CV sets, got "
+            f"{utterances} (--cv-data names a CV file of its own)"
+        )
     order = np.random.default_rng(seed).permutation(utterances)
     n_cv = min(max(1, round(utterances * cv_fraction)), utterances - 1)
     return np.sort(order[n_cv:]), np.sort(order[:n_cv])

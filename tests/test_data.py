@@ -187,6 +187,7 @@ def test_lengths_not_summing_to_frames(tmp_path: Path) -> None:
     [
         ({"y": np.zeros(5, dtype=np.int64)}, "5 labels for 27 frames"),
         ({"lengths": np.array([3, 2, 5, 4, 7, 6, 0])}, "positive counts"),
+        ({"lengths": np.array([3, 2, 5, 4, 7.5, 5.5])}, "whole numbers, not float64"),
         ({"X": np.zeros(27, dtype=np.float32)}, "2-D"),
     ],
     ids=["label-count", "zero-length", "1-d"],
