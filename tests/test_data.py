@@ -190,7 +190,7 @@ def test_lengths_not_summing_to_frames(tmp_path: Path) -> None:
         ({"lengths": np.array([3, 2, 5, 4, 7.5, 5.5])}, "whole numbers, not float64"),
         ({"X": np.zeros(27, dtype=np.float32)}, "2-D"),
     ],
-    ids=["label-count", "zero-length", "1-d"],
+    ids=["label-count", "zero-length", "fractional-length", "1-d"],
 )
 def test_bad_shapes(tmp_path: Path, change: dict[str, np.ndarray], match: str) -> None:
     frames, labels, lengths = small_arrays()
