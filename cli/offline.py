@@ -159,7 +159,13 @@ def run_eval(args: argparse.Namespace) -> int:
     frame accuracy and mean cross-entropy."""
     saved = read_weights(args.weights)
     spec = eval_spec(args, saved)
-    scored = _score(args, saved, spec)
+    try:
+        scored = _score(args, saved, spec)
+    except DataError as exc:
+        if "source" in given(args, DataSpec) or "does not exist" not in str(exc):
+            raise
+        # the path the weights were trained with, perhaps relative to another folder
+        raise DataError(f"{exc} (the data {args.weights} was trained on: --data names it)") from exc
     result = {"weights": args.weights, "subset": args.subset, **scored}
     if args.json:
         print(json.dumps(result))

@@ -419,3 +419,21 @@ def test_eval_scores_trained_weights_on_data_with_fewer_classes(
     argv = ["eval", "--weights", str(out / "weights.npz"), "--data", subset, "--subset", "all"]
     assert main(argv) == 0
     assert "frame accuracy" in capsys.readouterr().out
+
+
+def test_eval_elsewhere_names_the_flag_for_data_saved_by_a_relative_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights keep the path as the run was given it: read from another folder it
+    "did not exist", with nothing said of how to point at it."""
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    tiny_set(tmp_path / "run" / "d.npz")
+    assert main(["train", *TINY, "--data", "d.npz", "--out-dir", "o"]) == 0
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    weights = str(tmp_path / "run" / "o" / "weights.npz")
+    assert error(["eval", "--weights", weights], capsys) == (
+        f"snet: data d.npz does not exist (the data {weights} was trained on: --data names it)"
+    )
+    assert main(["eval", "--weights", weights, "--data", str(tmp_path / "run" / "d.npz")]) == 0
