@@ -13,7 +13,9 @@ second; accuracy counts of 7.8e15 and a NaN loss reached /status. So:
   (a trained default job's single-pattern norms: log standard deviation 3.4, 7.8 % of
   them beyond 100x their geometric mean, where a bunch of 64's spread is 0.3), and a
   fixed factor refused honest misclassified patterns again each time their frames came
-  back: bunch 1 or 2 never finished. An
+  back: bunch 1 or 2 never finished. It widens to ``MAX_FACTOR`` at most: the spread is
+  learned from what is accepted, so updates sent just under the bound would otherwise
+  widen it without end (a value of 2^43 or 1e30 is still far beyond). An
   update with a zero, NaN or infinite norm is refused too. A small update is not: a bunch
   the network already classifies with confidence has a tiny honest gradient (8-worker
   runs of 16-pattern bunches on Fashion-MNIST sent some 1e4 times below the mean, which
@@ -40,6 +42,9 @@ from snet.protocol.errors import RejectedUpdate
 
 NORM_FACTOR = 100.0  # accepted: within this factor of the running mean norm per pattern
 SPREAD_SIGMAS = 5.0  # or within this many running standard deviations of its log, if wider
+# but never wider than this: every accepted update feeds the spread, so a worker sending
+# updates just under the bound could double it with each (100x -> 1e22x in 7 updates)
+MAX_FACTOR = 1e6
 ABSOLUTE_NORM = 1e6  # per pattern, while the running mean settles (or has no history)
 SETTLE_UPDATES = 8  # accepted updates of a kind before its running mean is trusted
 MEAN_WEIGHT = 0.05  # of the newest accepted update in the running mean of log norms
@@ -61,7 +66,7 @@ class NormBounds:
         """How far above the running mean, in log, an update of ``kind`` may be."""
         mean = self._log_mean[kind]
         spread = math.sqrt(max(self._log_square.get(kind, mean * mean) - mean * mean, 0.0))
-        return max(math.log(self.factor), SPREAD_SIGMAS * spread)
+        return min(max(math.log(self.factor), SPREAD_SIGMAS * spread), math.log(MAX_FACTOR))
 
     def problem(self, kind: Hashable, gradient: np.ndarray, patterns: int) -> str:
         """Why this update is implausible ("" if it is not). Accepted ones join the mean."""

@@ -14,6 +14,7 @@ from snet.protocol.worker_name import name_problem
 from snet.server.departures import Departures
 from snet.server.plausible import (
     ABSOLUTE_NORM,
+    MAX_FACTOR,
     NORM_FACTOR,
     REPORT_DEPTH,
     SETTLE_UPDATES,
@@ -74,6 +75,15 @@ def test_single_pattern_updates_of_a_trained_network_are_taken() -> None:
     huge = np.zeros(1000, np.float32)
     huge[3] = 2.0**43  # one mutated value
     assert "implausible" in bounds.problem(kind, huge, 1)
+    # updates sent just under the bound widen the spread: never past MAX_FACTOR
+    pushed = NormBounds()
+    for n in np.exp(rng.normal(0.0, 0.3, 50)):
+        assert pushed.problem(kind, (n * direction).astype(np.float32), 1) == ""
+    for _ in range(60):
+        allowed = math.exp(pushed._log_mean[kind] + pushed._allowed(kind))
+        assert allowed <= MAX_FACTOR * math.exp(pushed._log_mean[kind]) * 1.0001
+        pushed.problem(kind, (0.99 * allowed * direction).astype(np.float32), 1)
+    assert pushed._allowed(kind) == pytest.approx(math.log(MAX_FACTOR))
     # a bunch of 64's norms barely spread: the bound stays NORM_FACTOR there
     tight = NormBounds()
     for n in np.exp(rng.normal(math.log(0.2), 0.3, 200)):
