@@ -117,8 +117,11 @@ def encode(message: Message) -> list[bytes | memoryview]:
     must not change those arrays until the transport has sent them.
     """
     header: dict[str, Any] = {"type": message.TYPE}
+    omitted = _OMITTED.get(message.TYPE)
     for name in _HEADER_NAMES[message.TYPE]:
         value = getattr(message, name)
+        if omitted and name in omitted and value == omitted[name]:
+            continue  # left out at its default: a receiver of an earlier version does not know it
         header[name] = list(value) if isinstance(value, tuple) else value
     encoded: Encoded | None = getattr(message, "encoded", None)
     codec = encoded.codec if encoded is not None else CODEC_NONE
@@ -157,6 +160,9 @@ def _checker(annotation: Any) -> tuple[str, Any]:
 _SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {}
 _HEADER_NAMES: dict[str, tuple[str, ...]] = {}  # for encode(): fields() is slow per frame
 _OPTIONAL: dict[str, set[str]] = {}  # fields added later, with defaults: may be left out
+# fields the encoder leaves out at their default (metadata ``omitted_when_default``): sent
+# only to a peer that knows them, which an older one, refusing unknown fields, does not
+_OMITTED: dict[str, dict[str, Any]] = {}
 for _name, _cls in MESSAGE_TYPES.items():
     _hints = typing.get_type_hints(_cls)
     _header_fields = [
@@ -169,6 +175,9 @@ for _name, _cls in MESSAGE_TYPES.items():
         for f in _header_fields
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
     }
+    _omitted = {f.name: f.default for f in _header_fields if f.metadata.get("omitted_when_default")}
+    if _omitted:
+        _OMITTED[_name] = _omitted
 
 
 def _check_field(type_name: str, name: str, kind: str, expected: Any, value: Any) -> Any:

@@ -192,7 +192,7 @@ class DataInfo:
     cv_utterances: int = field(default=0, kw_only=True)  # added later: keyword only
     # protocol/digest.py's ``labels_digest`` of the server's labels ("": none sent, by a
     # server before it): a worker's copy of the same shape with other labels is not it
-    labels: str = field(default="", kw_only=True)
+    labels: str = field(default="", kw_only=True, metadata={"omitted_when_default": True})
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from snet.protocol.codecs.handshake import DATA_LABELS
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import RejectedUpdate
 from snet.protocol.hooks import HookSet, RunInfo
@@ -109,8 +110,7 @@ class Coordinator:
                                  plan, self.sessions, self.book.remaining_frames,
                                  not self.policy.workers_score_cv, self._accept_cv,
                                  self._fail, lambda: self.closed)  # fmt: skip
-        self.departed = Departures()
-        self.version = 0
+        self.departed, self.version = Departures(), 0
         self.digest = weights_digest(self.rule.snapshot)  # of the weights of ``version``
         self.earlier: dict[str, Any] = {"workers": [], "compression": []}  # before restarts
         self.steps = StepQueue(self.runner)
@@ -157,7 +157,7 @@ class Coordinator:
         log.info("worker %s (%s, %s) joined", session.name, session.backend, session.address)
         codecs = session.ledger.agreed() if session.ledger is not None else {}
         session.send(Welcome(session.worker_id, self.staleness.job_in_force(self.job), codecs))
-        session.send(self.plan.data_info())
+        session.send(self.plan.data_info(DATA_LABELS in session.capabilities))
         self.send_weights(session)
         if self.finished.is_set():  # a latecomer (e.g. a restarted pod): nothing left to do
             session.send(Goodbye(TRAINING_COMPLETE))

@@ -75,6 +75,7 @@ def test_a_different_local_copy_is_not_used(tmp_path: Path) -> None:
         local_corpus(job, info)
     legacy = dataclasses.replace(info, labels="")  # from a server that sent no digest
     assert local_corpus(job, legacy).features == 4
+    assert plan_data(job).data_info(labels=False).labels == ""  # to a worker of before
 
 
 def test_stores_say_when_every_row_is_at_hand(tmp_path: Path) -> None:

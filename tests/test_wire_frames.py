@@ -17,6 +17,7 @@ from snet.protocol.errors import ProtocolError
 from snet.protocol.framing import FrameLimits, encode_bytes
 from snet.protocol.messages import (
     MESSAGE_TYPES,
+    DataInfo,
     ErrorMessage,
     Goodbye,
     Heartbeat,
@@ -367,3 +368,14 @@ def test_encoded_descriptors_are_checked_on_the_header(
     lease = lease_with({**LEASE_ARRAY, "codec": "sign"})
     with pytest.raises(ProtocolError, match="cannot carry an element encoded"):
         FrameDecoder().feed(lease)
+
+
+def test_the_labels_digest_is_left_out_where_it_was_not_asked_for() -> None:
+    """A worker of an earlier version refuses a data_info with a field it does not know:
+    the server sends the digest only to a worker that says it checks it (``data:labels``),
+    and the encoder leaves the field out at its default."""
+    norms, lengths = np.zeros((2, 2), "<f8"), np.array([3, 2], "<i8")
+    bare = parse_frame(encode_bytes(DataInfo(2, 5, norms=norms, lengths=lengths)))[0]
+    assert "labels" not in bare and bare["features"] == 2
+    told = DataInfo(2, 5, norms=norms, lengths=lengths, labels="8bd69e52")
+    assert parse_frame(encode_bytes(told))[0]["labels"] == "8bd69e52"

@@ -22,11 +22,14 @@ from .weights import canonical_weights_form
 COMPRESS = "compress:"
 WEIGHTS = "weights:"
 CODEC = "codec:"
+# The worker checks DataInfo's ``labels`` digest: a server sends it only to one that says
+# so, since a worker of an earlier version refuses a message with a field it does not know.
+DATA_LABELS = "data:labels"
 
 
 def worker_capabilities(compress: str, weights: str) -> tuple[str, ...]:
     """What a worker of this version says in its Hello (``compress`` "" = the job's)."""
-    capabilities = [CODEC + family for family in FAMILIES]
+    capabilities = [CODEC + family for family in FAMILIES] + [DATA_LABELS]
     if compress:
         capabilities.append(COMPRESS + compress)
     if weights and weights != "none":
