@@ -122,7 +122,7 @@ async def _demo(args: argparse.Namespace) -> int:
         out_dir=args.out_dir,
         fresh=args.fresh,
         force=args.force,
-        # as its workers, which read it from the environment they inherit
+        # the server's variable (its workers are told the same: DemoWorkers.start)
         data_cache=os.environ.get("SNET_DATA_CACHE", ""),
         job=job,
         name="snet-demo",

@@ -91,6 +91,10 @@ class DemoWorkers:
         # Each ends when the demo dies, however it dies (kill -9, the OOM killer): it
         # would retry the server that died with the demo for minutes (cli/lifeline.py).
         environment = supervised_environment()
+        # One data cache for the demo's processes: SNET_DATA_CACHE is the server's
+        # variable, and the workers' own (SNET_WORKER_DATA_CACHE) follows it unless set.
+        if "SNET_DATA_CACHE" in environment:
+            environment.setdefault("SNET_WORKER_DATA_CACHE", environment["SNET_DATA_CACHE"])
         processes = [
             await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "snet.cli", *command, env=environment

@@ -71,7 +71,9 @@ def _file_identity(path: Path) -> list[str]:
 
 
 # Said with a cache that cannot be used: otherwise the same warning comes at every start.
-ELSEWHERE = "; --data-cache DIR (SNET_DATA_CACHE) names another directory, none keeps nothing"
+# (The flag is the server's and the worker's; their variables differ: SNET_DATA_CACHE,
+# SNET_WORKER_DATA_CACHE.)
+ELSEWHERE = "; --data-cache DIR names another directory, none keeps nothing"
 
 
 def cache_directory(setting: str) -> Path | None:

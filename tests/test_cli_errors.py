@@ -225,11 +225,12 @@ def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
 @pytest.mark.system  # starts real processes
 def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     path = _toml(tmp_path, '[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n')
-    cache = tmp_path / "cache"  # the server's data cache follows SNET_DATA_CACHE, as workers'
+    cache = tmp_path / "cache"  # the demo's server and workers follow SNET_DATA_CACHE
     done = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"),
                     env={**os.environ, "SNET_DATA_CACHE": str(cache)})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert list(cache.glob("norms-*.npy")), "the server kept its normalisation elsewhere"
+    assert list(cache.glob("frames-*.npy")), "the workers shared their frames elsewhere"
     assert done.stdout.startswith("snet demo: sync mode, 1 worker, network 117:16:10, 1 epoch,")
     assert "Traceback" not in done.stderr
     assert "\x1b" not in done.stdout and "\r" not in done.stdout  # a pipe: no progress bar
