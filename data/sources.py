@@ -72,8 +72,12 @@ def checked_labels(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(per-frame int64 labels, int64 lengths), or a DataError saying what disagrees."""
     given = np.asarray(lengths)
-    if given.size and not np.issubdtype(given.dtype, np.integer):  # 2.5 became 2, unsaid
-        raise DataError(f"{description}: lengths must be whole numbers, not {given.dtype}")
+    if given.size and not np.issubdtype(given.dtype, np.integer):
+        whole = np.issubdtype(given.dtype, np.floating) and bool(
+            np.all(np.isfinite(given) & (given == np.floor(given)))
+        )
+        if not whole:  # 7.5 became 7, unsaid (7.0 stored as a float is a whole number)
+            raise DataError(f"{description}: lengths must be whole numbers, got {given.dtype}")
     lengths = given.astype(np.int64)
     labels = np.asarray(labels)
     if lengths.ndim != 1 or (lengths < 1).any():

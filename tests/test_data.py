@@ -171,6 +171,12 @@ def test_labels_out_of_range(tmp_path: Path) -> None:
         load_corpus(DataSpec(source=negative), 3)
 
 
+def test_whole_lengths_stored_as_floats_are_taken(tmp_path: Path) -> None:
+    frames, labels, lengths = small_arrays()
+    path = write_npz(tmp_path / "f.npz", X=frames, y=labels, lengths=lengths.astype(np.float64))
+    assert open_source(DataSpec(source=path)).lengths.tolist() == lengths.tolist()
+
+
 def test_lengths_not_summing_to_frames(tmp_path: Path) -> None:
     frames, labels, lengths = small_arrays()
     short = lengths.copy()
@@ -187,7 +193,7 @@ def test_lengths_not_summing_to_frames(tmp_path: Path) -> None:
     [
         ({"y": np.zeros(5, dtype=np.int64)}, "5 labels for 27 frames"),
         ({"lengths": np.array([3, 2, 5, 4, 7, 6, 0])}, "positive counts"),
-        ({"lengths": np.array([3, 2, 5, 4, 7.5, 5.5])}, "whole numbers, not float64"),
+        ({"lengths": np.array([3, 2, 5, 4, 7.5, 5.5])}, "whole numbers, got float64"),
         ({"X": np.zeros(27, dtype=np.float32)}, "2-D"),
     ],
     ids=["label-count", "zero-length", "fractional-length", "1-d"],
