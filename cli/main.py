@@ -361,14 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        # Ctrl-C before the command took SIGINT over (while a server, a worker or a
-        # group loading the compiled step imports and loads, or in a command that never
-        # does): it printed a traceback of whatever import it fell in, and exited 1.
-        from .progress_bar import EXIT_INTERRUPTED, say
+    except KeyboardInterrupt as exc:  # before the command took the signal over
+        from .stop_signals import stopped_unhandled
 
-        say(f"snet {args.command}: stopped by Ctrl-C")
-        return EXIT_INTERRUPTED
+        return stopped_unhandled(args.command, exc)
 
 
 # Commands that end a long run with every file closed and every thread joined (the server's

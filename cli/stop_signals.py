@@ -7,12 +7,17 @@ which holds the command, so ``timeout 3600 snet server`` got SIGTERM twice a few
 milliseconds apart and exited 1 at once instead of stopping gracefully.
 
 The daemons hear signals on their event loop (cli/runtime.py's ``install_stop_signals``);
-``snet train``, which has none, in a plain handler (cli/train.py).
+``snet train``, which has none, in the handlers of ``raised_on_stop`` below.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 
 REPEAT_SECONDS = 0.5
@@ -38,3 +43,46 @@ class StopSignals:
         if self._first[0] == signum and now - self._first[1] < REPEAT_SECONDS:
             return Meaning.REPEAT
         return Meaning.INSIST
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``docker stop``, Slurm, systemd): stopped as Ctrl-C stops."""
+
+
+EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped before the end, as Ctrl-C's 130 says
+
+
+@contextmanager
+def raised_on_stop() -> Iterator[None]:
+    """For a command without an event loop: the first SIGINT raises ``KeyboardInterrupt``
+    and the first SIGTERM ``Terminated`` in the main thread, the first again at once is
+    nothing, and a second exits 1 now, as the daemons do. Without it SIGTERM ended
+    ``snet train`` on the spot, with every trained epoch lost."""
+    received = StopSignals()
+
+    def stop(signum: int, frame: object) -> None:
+        meaning = received.meaning(signum)
+        if meaning is Meaning.INSIST:
+            print(f"second signal ({signal.Signals(signum).name}): exiting now", file=sys.stderr)
+            os._exit(1)
+        if meaning is Meaning.STOP:
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def stopped_unhandled(command: str, interrupt: KeyboardInterrupt) -> int:
+    """Say that ``command`` was stopped by a signal it had not taken over yet (Ctrl-C while
+    a server, a worker or a group loading the compiled step imports and loads, or in a
+    command that never takes it; snet train's SIGTERM before its run), in one line; its
+    exit status. It printed a traceback of whatever import it fell in, and exited 1."""
+    from .progress_bar import EXIT_INTERRUPTED, say
+
+    terminated = isinstance(interrupt, Terminated)
+    say(f"snet {command}: stopped by {'SIGTERM' if terminated else 'Ctrl-C'}")
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED

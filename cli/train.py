@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -48,38 +45,7 @@ from .progress_bar import (
     say,
 )
 from .settings import build_job, decode, read_toml
-from .stop_signals import Meaning, StopSignals
-
-EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped before the end, as Ctrl-C's 130 says
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``timeout``, ``docker stop``, Slurm, systemd): stopped as Ctrl-C stops."""
-
-
-@contextmanager
-def sigterm_stops() -> Iterator[None]:
-    """SIGTERM raises ``Terminated`` in the main thread, once: a second one ends the
-    process at once (the default), as a second signal does to a server (the first one
-    delivered twice is not a second: cli/stop_signals.py). Without this,
-    SIGTERM ended ``snet train`` on the spot, with every trained epoch lost."""
-
-    received = StopSignals()
-
-    def stop(signum: int, frame: object) -> None:
-        meaning = received.meaning(signum)
-        if meaning is Meaning.INSIST:  # ended at once, as by default
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-        elif meaning is Meaning.STOP:
-            raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
+from .stop_signals import EXIT_TERMINATED, Terminated, raised_on_stop
 
 # What sequential training holds of a network's element (float32 weights and biases): the
 # weights, two velocity buffers (server/update_rule.py), the gradient and the fresh buffer
@@ -146,7 +112,7 @@ def run_train(args: argparse.Namespace) -> int:
     the last whole step; ``--init-weights`` continues from them) unless nothing was
     trained, in one line, with status 130; so does SIGTERM, with status 143, and a reader
     of the output that goes (``| head``), with status 141."""
-    with sigterm_stops():
+    with raised_on_stop():
         return _train(args)
 
 

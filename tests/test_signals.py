@@ -61,8 +61,9 @@ def test_the_first_signal_delivered_twice_at_once_is_not_a_second() -> None:
     try:
         assert _wait_for_line(process) == "ready"
         process.send_signal(signal.SIGTERM)
-        process.send_signal(signal.SIGTERM)
+        # the second once the first was heard (two sent back to back may merge into one)
         assert _wait_for_line(process) == "stop: signal SIGTERM"
+        process.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         assert process.poll() is None  # still stopping gracefully: the same request
         time.sleep(0.5)  # past REPEAT_SECONDS: a user insisting
@@ -72,3 +73,19 @@ def test_the_first_signal_delivered_twice_at_once_is_not_a_second() -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_the_rule_of_stop_signals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli/stop_signals.py on a clock of the test's: the first stops, the same again within
+    REPEAT_SECONDS is nothing new, anything later or another signal insists."""
+    import snet.cli.stop_signals as rule
+
+    now = [100.0]
+    monkeypatch.setattr(rule.time, "monotonic", lambda: now[0])
+    received = rule.StopSignals()
+    assert received.meaning(signal.SIGTERM) is rule.Meaning.STOP
+    now[0] += rule.REPEAT_SECONDS / 2
+    assert received.meaning(signal.SIGTERM) is rule.Meaning.REPEAT
+    assert received.meaning(signal.SIGINT) is rule.Meaning.INSIST  # another signal
+    now[0] += rule.REPEAT_SECONDS
+    assert received.meaning(signal.SIGTERM) is rule.Meaning.INSIST  # a user insisting
