@@ -21,9 +21,8 @@ from .staleness import canonical_staleness
 
 MODES = ("sync", "async", "bmuf", "np")
 # The modes whose workers each take a share of the job's bunch when several start together
-# (`snet demo`): SNet's data division, a step summing the shares of one global bunch. In
-# bmuf every worker trains its own copy on whole bunches (local SGD with the job's bunch
-# and rate, as Chen & Huo), and in np every worker sees each whole bunch.
+# (`snet demo`): SNet's data division, a step summing the shares of one global bunch. In bmuf
+# every worker trains its copy on whole bunches (local SGD, as Chen & Huo), in np sees each.
 SHARED_BUNCH_MODES = ("sync", "async")
 BLOCK_FILTERS = ("cbm", "nbm", "average", "nesterov")
 SCHEDULES = ("list", "newbob")
@@ -299,10 +298,8 @@ class JobSpec:
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.chunk_frames < self.bunch_size:
-            raise ConfigError(
-                f"chunk_frames ({self.chunk_frames}) must be at least bunch_size "
-                f"({self.bunch_size}): raise --chunk-frames or lower --bunch-size"
-            )
+            raise ConfigError(f"chunk_frames ({self.chunk_frames}) must be at least "
+                              f"bunch_size ({self.bunch_size})")  # fmt: skip
         if self.max_in_flight < 1:
             raise ConfigError("max_in_flight must be >= 1")
         if self.updates_per_step < 0:
@@ -379,10 +376,8 @@ def split_utterances(
     Both server and workers call this with the job's values and get the same split.
     """
     if utterances < 2:
-        raise ConfigError(
-            f"need at least 2 utterances to split into training and CV sets, got "
-            f"{utterances} (--cv-data names a CV file of its own)"
-        )
+        raise ConfigError(f"need at least 2 utterances to split into training and CV sets, "
+                          f"got {utterances} (--cv-data names a CV file)")  # fmt: skip
     order = np.random.default_rng(seed).permutation(utterances)
     n_cv = min(max(1, round(utterances * cv_fraction)), utterances - 1)
     return np.sort(order[n_cv:]), np.sort(order[:n_cv])

@@ -1,0 +1,156 @@
+"""The data's values as the commands meet them (snet train, snet eval, snet data, run in
+this process): features that are not finite real numbers, empty CV and test files, labels
+naming the file they are in, classes, data saved by a relative path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from snet.cli.main import main
+
+from user_errors import TINY, error, tiny_set
+
+
+def _altered(path: Path, source: Path, change: Any) -> str:
+    """``source``'s arrays with ``change(X, y)`` applied, saved at ``path``."""
+    with np.load(source) as data:
+        arrays = {name: data[name].copy() for name in data.files}
+    changed = change(arrays["X"], arrays["y"])
+    if changed is not None:
+        arrays["X"] = changed
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_nan_or_infinite_features_are_refused_naming_the_file_and_frame(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A NaN trained nothing (0 % train and CV, NaN norms in weights.npz); in a CV or test
+    file it was scored silently (loss nan); under a server every worker refused the job's
+    NaN normalisation with a message about its shape."""
+    good = tiny_set(tmp_path / "good.npz")
+
+    def poke(value: float, row: int) -> Any:
+        def change(x: np.ndarray, y: np.ndarray) -> None:
+            x[row, 3] = value
+
+        return change
+
+    nan = _altered(tmp_path / "nan.npz", good, poke(np.nan, 17))
+    argv = ["train", *TINY, "--data", nan, "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys) == (
+        f"snet: {nan}: frame 17 has nan in feature 3: features must be finite numbers"
+    )
+    cv = _altered(tmp_path / "cv.npz", good, poke(np.inf, 5))
+    argv = ["train", *TINY, "--data", str(good), "--cv-data", cv, "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys) == (
+        f"snet: {cv}: frame 5 has inf in feature 3: features must be finite numbers"
+    )
+    argv = ["train", *TINY, "--data", str(good), "--test-data", nan]
+    assert error([*argv, "--out-dir", str(tmp_path / "o")], capsys).startswith(
+        f"snet: {nan}: frame 17 has nan"
+    )
+    assert not (tmp_path / "o" / "weights.npz").exists()
+
+
+def test_a_bad_cv_label_names_the_cv_file_and_its_frame(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It named the training file, with the joined row's number."""
+    good = tiny_set(tmp_path / "good.npz")
+
+    def label(x: np.ndarray, y: np.ndarray) -> None:
+        y[3] = 7
+
+    cv = _altered(tmp_path / "cv.npz", good, label)
+    argv = ["train", *TINY, "--data", str(good), "--cv-data", cv, "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys).startswith(f"snet: {cv}: labels run from 0 to 7 (frame 3 has ")
+
+
+def test_features_that_are_not_real_numbers_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Text was a traceback (ValueError from the normalisation); complex numbers lost
+    their imaginary halves with a warning."""
+    good = tiny_set(tmp_path / "good.npz")
+    for kind, convert in (("complex64", np.complex64), ("<U32", str)):
+        path = _altered(tmp_path / f"{kind}.npz", good, lambda x, y, c=convert: x.astype(c))
+        argv = ["train", *TINY, "--data", path, "--out-dir", str(tmp_path / "o")]
+        assert error(argv, capsys) == (
+            f"snet: {path}: features must be real numbers (integers or floats), not {kind}"
+        )
+
+
+def test_an_empty_cv_or_test_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty CV file fell back to the job's split, unsaid (and `snet eval` then named
+    it beside frames it did not hold); an empty test file was scored, 0.00 % of 0."""
+    good = str(tiny_set(tmp_path / "good.npz"))
+    empty = tmp_path / "empty.npz"
+    np.savez(empty, X=np.zeros((0, 13), np.float32), y=np.zeros(0, np.int64), lengths=[])
+    out = ["--out-dir", str(tmp_path / "o")]
+    argv = ["train", *TINY, "--data", good, "--cv-data", str(empty), *out]
+    assert error(argv, capsys) == f"snet: the CV file {empty} has no frames"
+    argv = ["train", *TINY, "--data", good, "--test-data", str(empty), *out]
+    assert error(argv, capsys) == f"snet: the test file {empty} has no frames"
+    argv = ["data", "convert", str(empty), str(tmp_path / "empty.pfile")]  # was a traceback
+    assert error(argv, capsys) == f"snet: {empty} has no frames: nothing to convert"
+
+
+def test_one_class_is_refused_with_a_fix_that_can_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "1 classes ...: end the network with :1", a network that learns nothing."""
+    good = tiny_set(tmp_path / "good.npz")
+
+    def one_class(x: np.ndarray, y: np.ndarray) -> None:
+        y[:] = 0
+
+    path = _altered(tmp_path / "one.npz", good, one_class)
+    argv = ["train", *TINY, "--data", path, "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys) == (
+        f"snet: {path} has 1 class (labels 0..0), but the network has 3 outputs: a "
+        "classifier needs frames of at least two classes"
+    )
+
+
+def test_eval_scores_trained_weights_on_data_with_fewer_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It refused data without the top class ("end the network with :2"), which trained
+    weights cannot do; a subset of the classes is a fair thing to score."""
+    good = tiny_set(tmp_path / "good.npz")
+    out = tmp_path / "o"
+    assert main(["train", *TINY, "--data", str(good), "--out-dir", str(out)]) == 0
+
+    def two_classes(x: np.ndarray, y: np.ndarray) -> None:
+        y[y == 2] = 1
+
+    subset = _altered(tmp_path / "two.npz", good, two_classes)
+    capsys.readouterr()
+    argv = ["eval", "--weights", str(out / "weights.npz"), "--data", subset, "--subset", "all"]
+    assert main(argv) == 0
+    assert "frame accuracy" in capsys.readouterr().out
+
+
+def test_eval_elsewhere_names_the_flag_for_data_saved_by_a_relative_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights keep the path as the run was given it: read from another folder it
+    "did not exist", with nothing said of how to point at it."""
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    tiny_set(tmp_path / "run" / "d.npz")
+    assert main(["train", *TINY, "--data", "d.npz", "--out-dir", "o"]) == 0
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    weights = str(tmp_path / "run" / "o" / "weights.npz")
+    assert error(["eval", "--weights", weights], capsys) == (
+        f"snet: data d.npz does not exist (the data {weights} was trained on: --data names it)"
+    )
+    assert main(["eval", "--weights", weights, "--data", str(tmp_path / "run" / "d.npz")]) == 0
