@@ -298,8 +298,7 @@ class JobSpec:
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.chunk_frames < self.bunch_size:
-            raise ConfigError(f"chunk_frames ({self.chunk_frames}) must be at least "
-                              f"bunch_size ({self.bunch_size})")  # fmt: skip
+            raise ConfigError(f"chunk_frames {self.chunk_frames} < bunch_size {self.bunch_size}")
         if self.max_in_flight < 1:
             raise ConfigError("max_in_flight must be >= 1")
         if self.updates_per_step < 0:
