@@ -223,9 +223,13 @@ def _as_given(error: ConfigError, labels: dict[str, str]) -> ConfigError:
     ("--retry-seconds must be >= 0"), which a user can find and change."""
     text = str(error)
     name = text.split(" ", 1)[0]
-    if name in labels and labels[name] != name:
-        return ConfigError(labels[name] + text[len(name) :])
-    return error
+    said = labels[name] + text[len(name) :] if name in labels else text
+    # a check of two settings ("port and http_port are both 7300") names the other later;
+    # only a name with an underscore is taken for one there, not a word ("server")
+    for other, label in labels.items():
+        if "_" in other and other != name:
+            said = re.sub(rf"(?<![\w-]){re.escape(other)}(?![\w-])", label, said)
+    return error if said == text else ConfigError(said)
 
 
 def _network(values: dict[str, Any], flags: dict[str, Any], where: str) -> NetworkSpec:

@@ -96,7 +96,7 @@ def test_bad_settings_fail_clearly(
         _config(["--mode", "np", "--network", "117:32:10", "--trace-file", "t.jsonl"])
     with pytest.raises(ConfigError, match=r"^--min-workers must be at least 1, got 0"):
         _config(["--min-workers", "0"])
-    with pytest.raises(ConfigError, match="port and http_port are both 7300"):
+    with pytest.raises(ConfigError, match=r"^--port and --http-port are both 7300"):
         _config(["--port", "7300", "--http-port", "7300"])
     other_host = ["--port", "7300", "--http-port", "7300", "--http-host", "127.0.0.2"]
     assert _config(other_host).http_bind_host == "127.0.0.2"  # two addresses: no clash
