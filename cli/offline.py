@@ -162,8 +162,8 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         scored = _score(args, saved, spec)
     except DataError as exc:
-        if "source" in given(args, DataSpec) or "does not exist" not in str(exc):
-            raise
+        if "source" in given(args, DataSpec) or str(exc) != f"data {spec.source} does not exist":
+            raise  # given by the user, or another file (a CV, test or labels file)
         # the path the weights were trained with, perhaps relative to another folder
         raise DataError(f"{exc} (the data {args.weights} was trained on: --data names it)") from exc
     result = {"weights": args.weights, "subset": args.subset, **scored}
