@@ -231,7 +231,7 @@ def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) ->
         return _poll(url, token, tls_ca, as_json, interval)
     state, shown_at = "", -math.inf
     while True:
-        documents = 0
+        documents, silent = 0, False
         try:
             with stream:
                 for document in status_events(stream):
@@ -253,6 +253,7 @@ def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) ->
             raise
         except READ_ERRORS as exc:  # cut off, or silent past the read timeout
             why = _cannot_read(url, "/events", exc, token)
+            silent = isinstance(exc, TimeoutError) or "timed out" in str(exc)
         # The stream ended before the run did. Once more (a proxy may cut long streams;
         # an older server's may be silent past the timeout): a dead server does not answer.
         try:
@@ -263,6 +264,10 @@ def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) ->
             if not state:
                 print(f"snet: {why}", file=sys.stderr)
                 return 1
+            # silent past the read timeout, yet /status answers: a live server of an
+            # earlier version (no keep-alive in its stream): follow it by polling
+            if silent and isinstance(_read(url, token, tls_ca), dict):
+                return _poll(url, token, tls_ca, as_json, interval)
             print(f"snet: the server stopped answering ({why}); last state {state}",
                   file=sys.stderr)  # fmt: skip
             return 1

@@ -8,6 +8,7 @@ import http.server
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -113,12 +114,15 @@ STATUS = {"server": "fake", "state": "training"}
 
 
 @contextmanager
-def _snet_like(events: list[str]) -> Iterator[tuple[str, list[str]]]:
-    """An HTTP server on 127.0.0.1 with snet's paths only: /status (``STATUS``) and, the
-    first time it is asked, /events: a ``status`` event for each of ``events`` (states),
-    then the end of the stream (later: 404, as a server that is gone). Its URL and the
-    paths asked."""
+def _snet_like(
+    events: list[str], hold: float = 0.0, states: list[str] | None = None
+) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 with snet's paths only: /status (``STATUS``, or in turn
+    the ``states``, the last repeated) and, the first time it is asked, /events: a
+    ``status`` event for each of ``events`` (states), ``hold`` seconds of silence, then the
+    end of the stream (later: 404, as a server that is gone). Its URL and the paths asked."""
     asked: list[str] = []
+    answers = list(states or [STATUS["state"]])
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # the stdlib names it so
@@ -131,11 +135,14 @@ def _snet_like(events: list[str]) -> Iterator[tuple[str, list[str]]]:
                 for state in events:
                     data = json.dumps({**STATUS, "state": state})
                     self.wfile.write(f"event: status\ndata: {data}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(hold)  # an earlier server's stream: no keep-alive between
                 return
             if self.path != "/status":
                 self.send_error(404)
                 return
-            body = json.dumps(STATUS).encode()
+            state = answers.pop(0) if len(answers) > 1 else answers[0]
+            body = json.dumps({**STATUS, "state": state}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -193,3 +200,20 @@ def test_a_watch_ends_with_1_when_the_stream_ends_mid_run(
     assert captured.err == (
         f"snet: the server stopped answering ({url}/events ended); last state training\n"
     )
+
+
+def test_a_watch_polls_a_live_server_whose_stream_falls_silent(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server of an earlier version sends no keep-alive: its stream is silent between
+    documents as long as --event-seconds (up to 60 s), past the watch's read timeout. It
+    still answers /status: the watch follows it so, where it said it stopped answering."""
+    import snet.cli.event_stream
+
+    monkeypatch.setattr(snet.cli.event_stream, "READ_SECONDS", 0.3)
+    with _snet_like(["training"], hold=2.0, states=["training", "stopping"]) as (url, asked):
+        argv = ["status", "--json", "--watch", "--interval", "0.05", "--url", url]
+        assert main(argv) == 0
+    assert asked[0] == "/events" and asked[-1] == "/status"
+    shown = [json.loads(line)["state"] for line in capsys.readouterr().out.splitlines()]
+    assert shown[0] == "training" and shown[-1] == "stopping"
