@@ -253,6 +253,29 @@ def test_a_message_out_of_turn_closes_with_the_protocol_code(loop_name: str) -> 
 
 
 @pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_refusal_reaches_a_peer_still_sending(loop_name: str) -> None:
+    """The worker refuses a damaged frame while the server's frames keep coming: closed at
+    once with them unread, its socket was reset and the server lost the error frame
+    (a fault test saw "connection reset by peer" where malformed_frame was due). Now it
+    stops writing, drops what comes in, and closes when the server does."""
+
+    async def body(pair: Pair) -> None:
+        await join(pair)
+        server, _ = streams(pair)
+        assert server.transport is not None
+        beats = b"".join(encode_bytes(Heartbeat(float(n))) for n in range(20000))
+        server.transport.write(b"XX" + b"\0" * 30 + beats)  # a bad frame, then many more
+        error = await pair[0].until(2)  # the hello, then the worker's error frame
+        assert isinstance(error[1], ErrorMessage) and error[1].code == "malformed_frame"
+        assert [e.code for e in pair[1].refused] == ["malformed_frame"]
+        # the worker ends its side; the server sees an end of stream, not a reset
+        assert await asyncio.wait_for(pair[0].lost, 5) is None
+        assert await asyncio.wait_for(pair[1].lost, 5) is None
+
+    run_pair(loop_name, body)
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
 def test_faults_on_send(loop_name: str) -> None:
     async def body(pair: Pair) -> None:
         await join(pair)

@@ -11,7 +11,10 @@ The rules it keeps:
 
 - A message from the peer that breaks the protocol (a bad frame, a message out of turn)
   is answered with one fatal ``error`` frame carrying that error's code, and the
-  connection is closed; the handler hears of it first (``stream_refused``).
+  connection is closed; the handler hears of it first (``stream_refused``). The close
+  lingers (``LINGER_SECONDS``): this side's writing ends, what still comes in is read and
+  dropped until the peer closes. Closed at once, with the peer's frames still arriving
+  unread, the socket was reset, and the peer lost the error frame it had not read yet.
 - Sending on a connection that is closing or closed, or after this side said goodbye,
   is a counted no-op (``sends_dropped``): a peer that went away never makes ``send``
   raise (a write to a closed uvloop transport raises; none is ever made).
@@ -39,6 +42,8 @@ from snet.protocol.framing import FrameLimits, PayloadSink, encode_bytes
 from snet.protocol.messages import ErrorMessage, Message
 
 from .faults import FaultRule, FaultSwitch
+
+LINGER_SECONDS = 2.0  # a refusing side reads and drops for this long before closing anyway
 
 log = logging.getLogger("snet.transport")
 
@@ -106,6 +111,7 @@ class FrameStream(asyncio.BufferedProtocol):
         self._gather: WritelinesFunction | None = None  # the transport's writev, if it has one
         self._held = False  # a delay fault holds the outgoing frames back
         self._delayed: deque[Decoded] | None = None  # incoming ones held by a delay fault
+        self._dropping: memoryview | None = None  # refused: what comes in lands here, unread
 
     # ------------------------------------------------------------ the transport's events
 
@@ -125,12 +131,16 @@ class FrameStream(asyncio.BufferedProtocol):
         self.handler.stream_opened(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._dropping is not None:
+            return self._dropping
         assert self.channel is not None
         return self.channel.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         assert self.channel is not None
         self.last_received = time.monotonic()
+        if self._dropping is not None:
+            return  # refused: read only so that closing does not reset the connection
         if self.faults is not None and self.faults.passing("receive", nbytes) is not None:
             self.abort()  # cut: what came in with these bytes is lost
             return
@@ -191,9 +201,25 @@ class FrameStream(asyncio.BufferedProtocol):
         """The peer broke the protocol: tell it ``error.code`` (fatal) and close."""
         self.handler.stream_refused(error)
         self.send(ErrorMessage(error.code, str(error), True))
-        self.close()
         if self.channel is not None:
             release_tokens(self.channel.abandon())
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close once the peer does (having read our error), LINGER_SECONDS at most; until
+        then what comes in is dropped, so that the close does not reset the connection."""
+        transport = self.transport
+        if transport is None or self.lost or self.closing:
+            self.close()
+            return
+        self._dropping = memoryview(bytearray(64 * 1024))
+        if self.channel is not None:
+            self._held = False
+            self.channel.writing_resumed()  # the error frame to the transport first
+        self.closing = True
+        if transport.can_write_eof():
+            transport.write_eof()  # our side is done: the peer reads the error, then EOF
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
 
     # ------------------------------------------------------------ sending and closing
 
