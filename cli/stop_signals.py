@@ -68,7 +68,10 @@ def raised_on_stop() -> Iterator[None]:
         if meaning is Meaning.STOP:
             raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    # A signal ignored when this process started stays ignored (a background job of a
+    # shell, nohup): Python itself leaves SIGINT so.
+    taken = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
+    previous = {signum: signal.signal(signum, stop) for signum in taken}
     try:
         yield
     finally:

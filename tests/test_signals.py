@@ -89,3 +89,18 @@ def test_the_rule_of_stop_signals(monkeypatch: pytest.MonkeyPatch) -> None:
     assert received.meaning(signal.SIGINT) is rule.Meaning.INSIST  # another signal
     now[0] += rule.REPEAT_SECONDS
     assert received.meaning(signal.SIGTERM) is rule.Meaning.INSIST  # a user insisting
+
+
+def test_a_signal_ignored_from_the_start_stays_ignored() -> None:
+    """A shell's background job starts with SIGINT ignored (so Ctrl-C reaches only the
+    foreground): snet train's handlers leave it so, as Python itself does."""
+    from snet.cli.stop_signals import raised_on_stop
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with raised_on_stop():
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
