@@ -104,8 +104,8 @@ def _calibrate(network: NetworkSpec, bunch: int) -> Constants:
 
 
 def _counts(text: str, what: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+    try:  # every part a number: "1,,2" was taken as 1,2, a typo passed over
+        values = [int(part) for part in text.split(",")]
     except ValueError:
         raise ConfigError(f"{what} must be comma-separated whole numbers, got {text!r}") from None
     if not values or min(values) < 1:
@@ -114,7 +114,7 @@ def _counts(text: str, what: str) -> list[int]:
 
 
 def _choices(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    chosen = [part.strip() for part in text.split(",")]
     unknown = [c for c in chosen if c not in allowed]
     if unknown or not chosen:
         raise ConfigError(f"{what} must be some of {', '.join(allowed)}, got {text!r}")

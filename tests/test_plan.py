@@ -166,8 +166,9 @@ def test_plan_json_reads_constants_from_a_benchmark_file(
 
 
 def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--workers", "1,two"]) == 2
-    assert "--workers must be comma-separated whole numbers" in capsys.readouterr().err
+    for workers in ("1,two", "1,,2", "2,"):  # an empty part was passed over
+        assert main(["plan", "--workers", workers]) == 2
+        assert "--workers must be comma-separated whole numbers" in capsys.readouterr().err
     assert main(["plan", "--modes", "eventual"]) == 2
     assert "--modes must be some of sync, async, bmuf, bmuf-async" in capsys.readouterr().err
     assert main(["plan", "--block-bunches", "0"]) == 2
