@@ -20,6 +20,7 @@ import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 EVENT_STREAM = "text/event-stream"
 # A read that waits longer fails (a hung server, a host gone from the network): the
@@ -27,16 +28,24 @@ EVENT_STREAM = "text/event-stream"
 READ_SECONDS = 5.0
 
 
+def open_page(
+    url: str, path: str, token: str, tls_ca: str, timeout: float, headers: dict[str, str]
+) -> Any:
+    """GET ``url`` + ``path`` (with ``token``: as ``Authorization: Bearer``; with ``tls_ca``:
+    an https server's certificate must be signed by that CA); urlopen's response."""
+    if token:
+        headers = {**headers, "Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url.rstrip("/") + path, headers=headers)
+    context = ssl.create_default_context(cafile=tls_ca) if tls_ca else None
+    return urllib.request.urlopen(request, timeout=timeout, context=context)
+
+
 def open_events(url: str, token: str, tls_ca: str) -> http.client.HTTPResponse | None:
     """``url``/events as an open stream; None when there is no event stream there (404,
     or an answer of another type: an older server, or something that is not snet)."""
     headers = {"Accept": EVENT_STREAM, "Cache-Control": "no-cache"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url + "/events", headers=headers)
-    context = ssl.create_default_context(cafile=tls_ca) if tls_ca else None
     try:
-        response = urllib.request.urlopen(request, timeout=READ_SECONDS, context=context)
+        response = open_page(url, "/events", token, tls_ca, READ_SECONDS, headers)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             exc.close()

@@ -15,7 +15,6 @@ import http.client
 import json
 import math
 import os
-import ssl
 import sys
 import time
 import urllib.error
@@ -23,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .event_stream import open_events, status_events
+from .event_stream import open_events, open_page, status_events
 from .progress_bar import clock, detach_stdout, on_terminal
 
 
@@ -32,10 +31,7 @@ def fetch_status(
 ) -> dict[str, Any]:
     """GET ``url``/status (with ``token``: as ``Authorization: Bearer``; with ``tls_ca``:
     an https server's certificate must be signed by that CA)."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(url.rstrip("/") + "/status", headers=headers)
-    context = ssl.create_default_context(cafile=tls_ca) if tls_ca else None
-    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+    with open_page(url, "/status", token, tls_ca, timeout, {}) as response:
         document: dict[str, Any] = json.load(response)
         return document
 
@@ -253,7 +249,7 @@ def _watch(url: str, token: str, tls_ca: str, as_json: bool, interval: float) ->
             raise
         except READ_ERRORS as exc:  # cut off, or silent past the read timeout
             why = _cannot_read(url, "/events", exc, token)
-            silent = isinstance(exc, TimeoutError) or "timed out" in str(exc)
+            silent = isinstance(exc, TimeoutError)  # a read's timeout (socket.timeout)
         # The stream ended before the run did. Once more (a proxy may cut long streams;
         # an older server's may be silent past the timeout): a dead server does not answer.
         try:
