@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import SHARED_BUNCH_MODES, JobSpec
-from snet.protocol.numbering import shown_epoch
+from snet.protocol.numbering import counted, shown_epoch
 from snet.server.config import ServerConfig
 
 from .demo_workers import (
@@ -175,13 +175,13 @@ async def _demo(args: argparse.Namespace) -> int:
         )
     url = f"http://127.0.0.1:{server.http_port}"
     boards = (
-        f" and {_count(args.spert, 'emulated Spert-II board')} (x{args.spert_time_scale:g})"
+        f" and {counted(args.spert, 'emulated Spert-II board')} (x{args.spert_time_scale:g})"
         if args.spert
         else ""
     )
     print(
-        f"snet demo: {job.mode} mode, {_count(args.workers, 'worker')}{boards}, "
-        f"network {job.network.describe()}, {_count(job.epochs, 'epoch')}, "
+        f"snet demo: {job.mode} mode, {counted(args.workers, 'worker')}{boards}, "
+        f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
         f"bunch {job.bunch_size} per worker, updates {job.compress}, "
         f"{loop_name()} loop",
         flush=True,
@@ -230,10 +230,6 @@ async def _demo(args: argparse.Namespace) -> int:
     )
     interrupted = reason == "signal SIGINT"
     return _exit_status(reason, already_trained or workers.stopped_cleanly(interrupted))
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _leave_time(reason: str, trained: bool) -> tuple[float, bool]:

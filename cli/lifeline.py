@@ -25,6 +25,8 @@ import os
 import signal
 import sys
 
+from .stop_signals import EXIT_TERMINATED
+
 SUPERVISOR_VARIABLE = "SNET_SUPERVISOR_PID"  # set by a parent for the snet it starts
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
@@ -53,4 +55,4 @@ def follow_supervisor() -> None:
         return
     if not end_with_parent(int(named)):
         sys.stderr.flush()
-        os._exit(128 + signal.SIGTERM)  # as killed by it: nobody is left to read a word
+        os._exit(EXIT_TERMINATED)  # as killed by it: nobody is left to read a word

@@ -84,9 +84,10 @@ def _child(config: WorkerConfig, backend: ComputeBackend | None, parent: int) ->
 
     from .commands import run_worker_process
     from .lifeline import end_with_parent
+    from .stop_signals import EXIT_TERMINATED
 
     if not end_with_parent(parent):  # the group's parent died before this worker asked
-        return 128 + signal.SIGTERM  # as that death's SIGTERM would have ended it
+        return EXIT_TERMINATED  # as that death's SIGTERM would have ended it
     try:
         return run_worker_process(config, backend)
     except (ConfigError, DataError) as exc:

@@ -27,6 +27,7 @@ import numpy as np
 
 from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec
+from snet.protocol.numbering import counted
 
 from .archive import ARCHIVE_ERRORS, open_npz
 from .pfile import PFile
@@ -268,10 +269,6 @@ def check_against_network(
             else f"end the network with :{classes}"
         )
         raise DataError(
-            f"{source.description} has {_count(classes, 'class', 'classes')} (labels "
+            f"{source.description} has {counted(classes, 'class', 'classes')} (labels "
             f"0..{classes - 1}), but the network has {outputs} outputs: {fix}"
         )
-
-
-def _count(number: int, one: str, many: str) -> str:
-    return f"{number} {one if number == 1 else many}"

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from snet.protocol.errors import ServerUnreachable, TlsRefused
+from snet.protocol.numbering import counted
 
 from .tls import CopyingProtocol, refusal
 
@@ -80,8 +81,7 @@ async def connect_with_backoff(
             if time.monotonic() + delay > deadline:
                 raise ServerUnreachable(
                     f"cannot reach the server at {host}:{port} ({reason}); "
-                    f"gave up after {attempts} attempt{'s' if attempts != 1 else ''} in "
-                    f"{retry_seconds:g} s"
+                    f"gave up after {counted(attempts, 'attempt')} in {retry_seconds:g} s"
                 ) from exc
             level = logging.WARNING if attempts == 1 else logging.INFO
             log.log(
