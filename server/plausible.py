@@ -65,7 +65,7 @@ class NormBounds:
     def _allowed(self, kind: Hashable) -> float:
         """How far above the running mean, in log, an update of ``kind`` may be."""
         mean = self._log_mean[kind]
-        spread = math.sqrt(max(self._log_square.get(kind, mean * mean) - mean * mean, 0.0))
+        spread = math.sqrt(max(self._log_square[kind] - mean * mean, 0.0))
         return min(max(math.log(self.factor), SPREAD_SIGMAS * spread), math.log(MAX_FACTOR))
 
     def problem(self, kind: Hashable, gradient: np.ndarray, patterns: int) -> str:
@@ -81,18 +81,18 @@ class NormBounds:
         if per_pattern == 0.0:
             return "update is all zeros: no training happened"
         seen = self._seen.get(kind, 0)
+        log_norm = math.log(per_pattern)
         if seen < SETTLE_UPDATES:
             if per_pattern > ABSOLUTE_NORM:
                 return f"update norm {per_pattern:.3g} per pattern is beyond {ABSOLUTE_NORM:g}"
-        elif math.log(per_pattern) > self._log_mean[kind] + self._allowed(kind):
-            typical, allowed = math.exp(self._log_mean[kind]), math.exp(self._allowed(kind))
+        elif log_norm > self._log_mean[kind] + (allowed := self._allowed(kind)):
             return (
                 f"update norm {per_pattern:.3g} per pattern is implausible: the accepted "
-                f"updates' running mean is {typical:.3g} (at most {allowed:.3g}x that)"
+                f"updates' running mean is {math.exp(self._log_mean[kind]):.3g} (at most "
+                f"{math.exp(allowed):.3g}x that)"
             )
-        log_norm = math.log(per_pattern)
         previous = self._log_mean.get(kind, log_norm)
-        square = self._log_square.get(kind, previous * previous)
+        square = self._log_square.get(kind, log_norm * log_norm)  # both begin together
         weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))  # a plain mean while few are seen
         self._log_mean[kind] = (1 - weight) * previous + weight * log_norm
         self._log_square[kind] = (1 - weight) * square + weight * log_norm * log_norm
@@ -107,7 +107,7 @@ class NormBounds:
                 "kind": list(_as_tuple(kind)),
                 "log_mean": mean,
                 "seen": self._seen[kind],
-                "log_square": self._log_square.get(kind, mean * mean),
+                "log_square": self._log_square[kind],
             }
             for kind, mean in self._log_mean.items()
         ]
