@@ -149,6 +149,7 @@ async def _demo(args: argparse.Namespace) -> int:
     install_stop_signals(stop, logging.getLogger("snet.demo"))
     workers = await DemoWorkers.start(args, f"127.0.0.1:{listening.getsockname()[1]}")
     from snet.server.app import SnetServer  # here: imported while the workers start
+    from snet.server.durability import OtherJob
 
     server = SnetServer(config, listening)
     for reason in early:
@@ -158,7 +159,7 @@ async def _demo(args: argparse.Namespace) -> int:
     except BaseException as exc:
         listening.close()
         await workers.stop()
-        if divided and isinstance(exc, ConfigError) and "bunch_size" in str(exc):
+        if divided and isinstance(exc, OtherJob) and "bunch_size" in exc.differing:
             # the refusal of another job names a setting the user never gave
             raise ConfigError(
                 f"{exc} (the demo divides the job's bunch among its workers, so --workers "

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
@@ -20,7 +21,12 @@ from snet.data.joined import open_job_source, split_frames
 from snet.data.kaldi import write_kaldi
 from snet.data.norms import Norms
 from snet.data.pfile import write_pfile
-from snet.data.sources import check_against_network, open_source, total_frames
+from snet.data.sources import (
+    check_against_network,
+    open_source,
+    resolve_source,
+    total_frames,
+)
 from snet.protocol.errors import ConfigError, DataError
 from snet.protocol.hooks import HookSet
 from snet.protocol.job import DataSpec, JobSpec
@@ -159,13 +165,13 @@ def run_eval(args: argparse.Namespace) -> int:
     frame accuracy and mean cross-entropy."""
     saved = read_weights(args.weights)
     spec = eval_spec(args, saved)
-    try:
-        scored = _score(args, saved, spec)
-    except DataError as exc:
-        if "source" in given(args, DataSpec) or str(exc) != f"data {spec.source} does not exist":
-            raise  # given by the user, or another file (a CV, test or labels file)
+    path = resolve_source(spec.source)
+    if "source" not in given(args, DataSpec) and not Path(path).exists():
         # the path the weights were trained with, perhaps relative to another folder
-        raise DataError(f"{exc} (the data {args.weights} was trained on: --data names it)") from exc
+        raise DataError(
+            f"data {path} does not exist (the data {args.weights} was trained on: --data names it)"
+        )
+    scored = _score(args, saved, spec)
     result = {"weights": args.weights, "subset": args.subset, **scored}
     if args.json:
         print(json.dumps(result))

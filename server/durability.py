@@ -77,6 +77,15 @@ def _as_of_now(job: dict[str, Any]) -> dict[str, Any]:
     return {**json.loads(json.dumps(JobSpec().to_dict())), **job}
 
 
+class OtherJob(ConfigError):
+    """The out-dir's checkpoint is of another job: ``differing`` names the job's settings
+    that differ (a command that chose one of them itself can say so: snet demo)."""
+
+    def __init__(self, message: str, differing: list[str]) -> None:
+        super().__init__(message)
+        self.differing = differing
+
+
 def resume_point(
     config: ServerConfig, store: CheckpointStore, identity: dict[str, Any]
 ) -> LoadedCheckpoint | None:
@@ -107,9 +116,10 @@ def resume_point(
             f"{key} {_setting(there.get(key))} there, {_setting(here.get(key))} here"
             for key in differing[:3]
         ) + ("; ..." if len(differing) > 3 else "")
-        raise ConfigError(
+        raise OtherJob(
             f"{loaded.path} is a checkpoint of another job ({shown}): use --fresh to start "
-            "over, or another --out-dir"
+            "over, or another --out-dir",
+            differing,
         )
     if saved.get("data") != identity["data"]:
         raise ConfigError(
