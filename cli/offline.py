@@ -7,9 +7,9 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable, Iterator
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
