@@ -4,9 +4,8 @@ Everything a user can get wrong is checked before the first epoch, with the serv
 code where the server checks it too: the thread count (a worker's check), the job, the
 memory its network needs, the out-dir (locked as a server locks it, so that a server and
 ``snet train`` never write one out-dir at once, and refused where a server's run is kept),
-the initial weights and the data, the
-test file included (server/dataplan.py). The test file is scored with the final weights
-as the server scores it (server/testset.py).
+the initial weights and the data, the test file included (server/dataplan.py). The test
+file is scored with the final weights as the server scores it (server/testset.py).
 """
 
 from __future__ import annotations
@@ -27,8 +26,9 @@ from snet.protocol.job import JobSpec
 from snet.protocol.memory import WORD32, MemoryNeed
 from snet.protocol.numbering import shown_epoch
 from snet.protocol.process_settings import check_threads
+from snet.server.checkpoint import CHECKPOINTS_DIR
 from snet.server.dataplan import plan_data
-from snet.server.export import read_weights, weights_npz, write_atomically
+from snet.server.export import STATUS_FILE, read_weights, weights_npz, write_atomically
 from snet.server.service import OutDirLock
 from snet.server.testset import describe_test_result, score_test_set
 from snet.server.update_rule import UpdateRule
@@ -74,14 +74,12 @@ def check_fits_in_memory(job: JobSpec) -> None:
         raise ConfigError(refusal)
 
 
-SERVER_RUN_FILES = ("status.json", "checkpoints")  # what a server (or demo) leaves in its out-dir
-
-
 def refuse_a_server_run(out_dir: str) -> None:
     """ConfigError when ``out_dir`` holds a server's (or the demo's) run: its weights.npz
     would be replaced by this run's, while its status and checkpoints, which a server or
     the demo shows and resumes, went on describing the other network."""
-    found = [name for name in SERVER_RUN_FILES if (Path(out_dir) / name).exists()]
+    # what a server's (or the demo's) run keeps beside its weights
+    found = [name for name in (STATUS_FILE, CHECKPOINTS_DIR) if (Path(out_dir) / name).exists()]
     if found:
         raise ConfigError(
             f"{out_dir} holds a server's run ({', '.join(found)}): snet train would replace "

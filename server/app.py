@@ -33,7 +33,7 @@ from snet.protocol.messages import TRAINING_COMPLETE, Goodbye
 from snet.transport.faults import FaultSwitch
 
 from .admission import Admission, worker_frame_limits
-from .checkpoint import CheckpointStore
+from .checkpoint import CHECKPOINTS_DIR, CheckpointStore
 from .config import ServerConfig
 from .connection import WorkerConnection, tend_connections
 from .dataplan import plan_data
@@ -119,7 +119,7 @@ class SnetServer:
             self.pid_file.claim()
         self.out_lock.acquire()
         plan = await loop.run_in_executor(self.executor, plan_data, job, self.config.data_cache)
-        checkpoints = Path(self.config.out_dir) / "checkpoints"
+        checkpoints = Path(self.config.out_dir) / CHECKPOINTS_DIR
         store = CheckpointStore(checkpoints, self.config.checkpoint_keep)
         identity = job_identity(job.to_dict(), plan.fingerprint())
         loaded = resume_point(self.config, store, identity)

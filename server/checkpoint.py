@@ -36,6 +36,7 @@ from .export import write_atomically
 
 log = logging.getLogger("snet.server")
 
+CHECKPOINTS_DIR = "checkpoints"  # in the out-dir: where a run keeps what it resumes from
 MAGIC = b"SNETCKPT"
 FORMAT = 1
 PREFIX = struct.Struct("<8sIQQ")

@@ -32,6 +32,7 @@ from snet.protocol.job import JobSpec
 from snet.protocol.numbering import shown_epoch
 
 from .checkpoint import CheckpointStore, LoadedCheckpoint
+from .export import STATUS_FILE
 from .resume import coordinator_state
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ def _finished_run(config: ServerConfig, store: CheckpointStore) -> str:
         loaded = None
     if loaded is not None and loaded.state["coordinator"]["finished"]:
         return f"checkpoint {loaded.path.name} of a completed training"
-    status = Path(config.out_dir) / "status.json"
+    status = Path(config.out_dir) / STATUS_FILE
     try:
         if json.loads(status.read_text()).get("state") == "trained":
             return f"{status} says trained"

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .training import Coordinator
 
 log = logging.getLogger("snet.server")
+STATUS_FILE = "status.json"  # the results document beside weights.npz in the out-dir
 
 
 def weights_npz(
@@ -171,5 +172,5 @@ def write_final_files(
     write_norm_file(out_dir / "norms", coordinator.plan.norms)
     if coordinator.finished.is_set():  # not "stopping": what the run came to
         document = {**document, "state": "trained"}
-    write_atomically(out_dir / "status.json", json.dumps(document, indent=1).encode())
+    write_atomically(out_dir / STATUS_FILE, json.dumps(document, indent=1).encode())
     return path
