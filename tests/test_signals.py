@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -30,13 +32,24 @@ def _wait_for_line(process: subprocess.Popen[str]) -> str:
     return process.stdout.readline().strip()
 
 
-@pytest.mark.system  # starts real processes
-def test_first_signal_stops_gracefully_and_second_forces_exit() -> None:
+@contextmanager
+def _child() -> Iterator[subprocess.Popen[str]]:
+    """CHILD running, ready for signals; killed at the end if it is still there."""
     process = subprocess.Popen(
         [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         assert _wait_for_line(process) == "ready"
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.system  # starts real processes
+def test_first_signal_stops_gracefully_and_second_forces_exit() -> None:
+    with _child() as process:
         process.send_signal(signal.SIGTERM)
         assert _wait_for_line(process) == "stop: signal SIGTERM"
         assert process.poll() is None  # still running: the graceful stop is the caller's
@@ -45,21 +58,13 @@ def test_first_signal_stops_gracefully_and_second_forces_exit() -> None:
         assert process.wait(timeout=10) == 1
         assert process.stderr is not None
         assert "Traceback" not in process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 @pytest.mark.system  # starts real processes
 def test_the_first_signal_delivered_twice_at_once_is_not_a_second() -> None:
     """GNU ``timeout`` sends its command SIGTERM, then its own process group, which holds
     the command, the same again: a server under it exited 1 at once, nothing written."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert _wait_for_line(process) == "ready"
+    with _child() as process:
         process.send_signal(signal.SIGTERM)
         # the second once the first was heard (two sent back to back may merge into one)
         assert _wait_for_line(process) == "stop: signal SIGTERM"
@@ -69,10 +74,6 @@ def test_the_first_signal_delivered_twice_at_once_is_not_a_second() -> None:
         time.sleep(0.5)  # past REPEAT_SECONDS: a user insisting
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 1
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_the_rule_of_stop_signals(monkeypatch: pytest.MonkeyPatch) -> None:

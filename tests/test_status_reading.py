@@ -18,6 +18,20 @@ from snet.cli.main import main
 
 
 @contextmanager
+def _serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` serving on 127.0.0.1 in a thread of its own; its URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@contextmanager
 def _http_answering(body: bytes) -> Iterator[str]:
     """An HTTP server on 127.0.0.1 answering every GET with ``body`` (JSON); its URL."""
 
@@ -32,15 +46,8 @@ def _http_answering(body: bytes) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with _serving(Handler) as url:
+        yield url
 
 
 @contextmanager
@@ -152,15 +159,8 @@ def _snet_like(
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with _serving(Handler) as url:
+        yield url, asked
 
 
 @pytest.mark.parametrize("page", ["", "/", "/status", "/status/", "/events", "//status//"])

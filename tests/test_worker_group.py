@@ -48,13 +48,18 @@ def test_processes_must_be_at_least_one(cluster: Cluster) -> None:
     assert "processes must be >= 1, got 0" in done.stderr
 
 
+def _group_refused(cluster: Cluster, *args: str) -> list[str]:
+    """``snet worker --processes 3 ARGS`` at a port nobody serves: refused before the fork,
+    exit 2; its stderr's lines (one, where each forked worker said it, run together)."""
+    done = cluster.run("worker", "--processes", "3", "--server", "127.0.0.1:9", *args)
+    assert done.returncode == 2
+    return done.stderr.splitlines()
+
+
 @pytest.mark.system
 def test_a_bad_backend_is_said_once_before_the_fork(cluster: Cluster) -> None:
-    """Each forked worker said it, run together on one line: now the group checks first."""
     cluster.env["SNET_WORKER_BACKEND"] = "bogus"
-    done = cluster.run("worker", "--processes", "3", "--server", "127.0.0.1:9")
-    assert done.returncode == 2
-    assert done.stderr.splitlines() == [
+    assert _group_refused(cluster) == [
         "snet: SNET_WORKER_BACKEND: 'bogus' is not one of auto, numpy, torch, spert, modelled"
     ]
 
@@ -63,17 +68,15 @@ def test_a_bad_backend_is_said_once_before_the_fork(cluster: Cluster) -> None:
 def test_a_missing_tls_file_is_said_once_before_the_fork(cluster: Cluster) -> None:
     """Found by each worker as it started: N times, after the fork."""
     missing = str(cluster.tmp_path / "no-ca.pem")
-    done = cluster.run("worker", "--processes", "3", "--server", "127.0.0.1:9", "--tls-ca", missing)
-    assert done.returncode == 2
-    assert done.stderr.splitlines() == [f"snet: tls_ca {missing} does not exist"]
+    assert _group_refused(cluster, "--tls-ca", missing) == [
+        f"snet: tls_ca {missing} does not exist"
+    ]
 
 
 @pytest.mark.system
 @pytest.mark.skipif(torch_available(), reason="torch is installed: the backend can be made")
 def test_a_backend_whose_package_is_missing_is_said_once(cluster: Cluster) -> None:
-    done = cluster.run("worker", "--processes", "3", "--backend", "torch")
-    assert done.returncode == 2
-    assert done.stderr.splitlines() == [
+    assert _group_refused(cluster, "--backend", "torch") == [
         "snet: backend 'torch' needs a package that is missing: torch"
     ]
 
