@@ -69,6 +69,7 @@ def test_a_worker_reads_its_token_from_a_file(
         config(tmp_path / "missing")
 
 
+@pytest.mark.system  # starts a real process
 def test_the_server_refuses_to_start_exposed_without_a_token(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "snet.cli", "server", "--host", NOT_HERE, "--port", "0",
