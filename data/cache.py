@@ -14,6 +14,8 @@ into place, under an exclusive lock, so a process that finds the file finds it w
 only one process of those starting together writes it. Beside each file a note names its
 data files; a copy whose data files are gone is removed when the next one is written.
 Copies of data files that still exist stay: delete ``frames-*`` to reclaim the space.
+The data check of a server that reads a norm file leaves an empty ``checked-*`` marker
+(``checked_values``), pruned in the same way.
 (Kaldi: the ``.scp`` is what is fingerprinted; rewrite it when its archives change.)
 
 The server keeps the training frames' normalisation there too (``cached_norms``): the
@@ -27,6 +29,7 @@ would have computed.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -43,13 +46,14 @@ from snet.protocol.errors import DataError
 
 from .joined import JoinedSource
 from .kaldi import KaldiSource
-from .norms import STD_FLOOR, Norms, compute_norms
+from .norms import STD_FLOOR, Norms, check_finite, compute_norms
 from .sources import total_frames
 
 log = logging.getLogger("snet.data")
 ABANDONED_SECONDS = 3600.0  # a temporary unchanged this long, its writer gone: removed
 
 FORMAT_VERSION = 1  # bump when the file's layout or the normalisation arithmetic changes
+KINDS = ("frames", "norms", "checked")  # what the cache keeps, each file named KIND-DIGEST
 BLOCK_BYTES = 32 << 20  # the writer's working memory, not the data set's size
 
 
@@ -139,16 +143,18 @@ def _prune(directory: Path) -> None:
     normalisations of a test's temporary files, of a corpus deleted), and the temporaries
     of writers that were killed, so the directory does not only grow. A process that still
     maps a file keeps its pages: the file goes when the last mapping does."""
-    for note in [*directory.glob("frames-*.json"), *directory.glob("norms-*.json")]:
+    notes = [note for kind in KINDS for note in directory.glob(f"{kind}-*.json")]
+    for note in notes:
         try:
             sources = json.loads(note.read_text())["sources"]
         except (OSError, ValueError, KeyError):
             continue
         if all(Path(source).exists() for source in sources):
             continue
-        for stale in (note.with_suffix(".npy"), note.with_suffix(".lock"), note):
-            stale.unlink(missing_ok=True)
-    for temporary in [*directory.glob("frames-*.tmp"), *directory.glob("norms-*.tmp")]:
+        for suffix in (".npy", ".lock", ".ok"):
+            note.with_suffix(suffix).unlink(missing_ok=True)
+        note.unlink(missing_ok=True)
+    for temporary in [t for kind in KINDS for t in directory.glob(f"{kind}-*.tmp")]:
         if _abandoned(temporary):
             temporary.unlink(missing_ok=True)
 
@@ -241,6 +247,31 @@ def cached_norms(
         log.warning("cannot keep the normalisation in the data cache %s (%s)%s",
                     directory, exc, ELSEWHERE)  # fmt: skip
     return norms
+
+
+def checked_values(source: JoinedSource, frames: np.ndarray, directory: Path | None) -> None:
+    """``check_finite`` of ``source``'s ``frames``, once for the same data files and frames
+    when ``directory`` is given: a marker kept there says they were checked, so a server
+    that reads a norm file (and so no pass for the norms) does not read the data again at
+    every start to check it. Kaldi data is checked every time (as ``cached_norms``)."""
+    if directory is None or any(isinstance(part, KaldiSource) for part in source.parts):
+        check_finite(source, frames)
+        return
+    digest = _source_digest("checked", source)
+    digest.update(np.ascontiguousarray(frames, dtype=np.int64).data)
+    path = directory / f"checked-{digest.hexdigest()[:32]}.ok"
+    with contextlib.suppress(OSError):
+        if path.stat().st_uid == os.getuid():  # another user's marker is not trusted
+            return
+    check_finite(source, frames)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _prune(directory)
+        _write_atomically(path, lambda temporary: temporary.touch())
+        _note(path, source)
+    except OSError as exc:
+        log.warning("cannot keep the data check's result in the data cache %s (%s)%s",
+                    directory, exc, ELSEWHERE)  # fmt: skip
 
 
 def _save(path: Path, array: np.ndarray) -> None:

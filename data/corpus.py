@@ -21,7 +21,7 @@ import numpy as np
 from snet.protocol.errors import DataError
 from snet.protocol.job import DataSpec
 
-from .cache import cached_norms, shared_frames
+from .cache import cached_norms, checked_values, shared_frames
 from .joined import JoinedSource, open_job_source, split_frames
 from .norms import Norms, read_norm_file
 from .sources import FrameSource, check_against_network, total_frames
@@ -222,9 +222,15 @@ def job_norms(
 ) -> Norms:
     """The job's norm file when it names one, else computed over the training frames (kept
     in the ``cache`` directory, when given, for the next start: ``cache.cached_norms``;
-    ``checked``: frames whose values are checked then too)."""
+    ``checked``: frames whose values are checked then too). With a norm file the training
+    (and ``checked``) frames are checked for NaN and infinity in a pass of their own,
+    remembered in the ``cache`` directory (``cache.checked_values``)."""
     if spec.norm_file:
-        return read_norm_file(spec.norm_file, source.features)
+        norms = read_norm_file(spec.norm_file, source.features)
+        # No pass computes the norms to check the values in: one of its own, once.
+        frames = train if checked is None else np.concatenate([train, checked])
+        checked_values(source, frames, cache)
+        return norms
     return cached_norms(source, train, cache, checked)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from snet.cli.main import main
+from snet.protocol.errors import DataError
 
 from user_errors import TINY, error, tiny_set
 
@@ -26,6 +27,15 @@ def _altered(path: Path, source: Path, change: Any) -> str:
     return str(path)
 
 
+def _poked(value: float, row: int) -> Any:
+    """A change that sets feature 3 of frame ``row`` to ``value``."""
+
+    def change(x: np.ndarray, y: np.ndarray) -> None:
+        x[row, 3] = value
+
+    return change
+
+
 def test_nan_or_infinite_features_are_refused_naming_the_file_and_frame(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -33,19 +43,12 @@ def test_nan_or_infinite_features_are_refused_naming_the_file_and_frame(
     file it was scored silently (loss nan); under a server every worker refused the job's
     NaN normalisation with a message about its shape."""
     good = tiny_set(tmp_path / "good.npz")
-
-    def poke(value: float, row: int) -> Any:
-        def change(x: np.ndarray, y: np.ndarray) -> None:
-            x[row, 3] = value
-
-        return change
-
-    nan = _altered(tmp_path / "nan.npz", good, poke(np.nan, 17))
+    nan = _altered(tmp_path / "nan.npz", good, _poked(np.nan, 17))
     argv = ["train", *TINY, "--data", nan, "--out-dir", str(tmp_path / "o")]
     assert error(argv, capsys) == (
         f"snet: {nan}: frame 17 has nan in feature 3: features must be finite numbers"
     )
-    cv = _altered(tmp_path / "cv.npz", good, poke(np.inf, 5))
+    cv = _altered(tmp_path / "cv.npz", good, _poked(np.inf, 5))
     argv = ["train", *TINY, "--data", str(good), "--cv-data", cv, "--out-dir", str(tmp_path / "o")]
     assert error(argv, capsys) == (
         f"snet: {cv}: frame 5 has inf in feature 3: features must be finite numbers"
@@ -154,3 +157,41 @@ def test_eval_elsewhere_names_the_flag_for_data_saved_by_a_relative_path(
         f"snet: data d.npz does not exist (the data {weights} was trained on: --data names it)"
     )
     assert main(["eval", "--weights", weights, "--data", str(tmp_path / "run" / "d.npz")]) == 0
+
+
+def test_with_a_norm_file_the_values_are_still_checked_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a norm file no pass computed the norms, and none checked the values: a NaN
+    trained nothing. Now it is refused as without one, and with a data cache the check is
+    made once for the same files (a marker there), then again when a file changes."""
+    from snet.data.cache import KINDS
+    from snet.protocol.job import DataSpec, JobSpec
+    from snet.protocol.network import NetworkSpec
+    from snet.server.dataplan import plan_data
+
+    good = tiny_set(tmp_path / "good.npz")
+    norms = tmp_path / "norms"
+    norms.write_text("vec 13\n" + " 0" * 13 + "\nvec 13\n" + " 1" * 13 + "\n")
+    nan = _altered(tmp_path / "nan.npz", good, _poked(np.nan, 17))
+    argv = ["train", *TINY, "--norm-file", str(norms), "--out-dir", str(tmp_path / "o")]
+    assert error([*argv, "--data", nan], capsys) == (
+        f"snet: {nan}: frame 17 has nan in feature 3: features must be finite numbers"
+    )
+
+    cache = tmp_path / "cache"
+    network = NetworkSpec.parse("39:8:3")
+
+    def plan(path: Path) -> None:
+        spec = DataSpec(source=str(path), context=1, norm_file=str(norms))
+        plan_data(JobSpec(network=network, data=spec), str(cache))
+
+    data = tmp_path / "data.npz"
+    data.write_bytes(good.read_bytes())
+    plan(data)
+    assert [p.name.split("-")[0] for p in cache.glob("*.ok")] == ["checked"]
+    assert "checked" in KINDS  # pruned with the others once its data file is gone
+    poked = Path(_altered(tmp_path / "poked.npz", data, _poked(np.inf, 4)))
+    poked.replace(data)  # the same name, another file: checked again, and refused
+    with pytest.raises(DataError, match="frame 4 has inf in feature 3"):
+        plan(data)
