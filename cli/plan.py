@@ -39,6 +39,7 @@ from snet.perf.plan import (
 )
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
+from snet.protocol.slices import np_problem
 
 from .checkout import bench_process
 from .settings import output_file
@@ -121,6 +122,23 @@ def _choices(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
     return chosen
 
 
+def _check_strategies(network: NetworkSpec, strategies: list[str], modes: list[str]) -> None:
+    """Refuse what the trainer refuses, and a choice with no row at all: the network
+    strategy is np mode (one hidden layer; sync and async rows), and bmuf trains whole
+    copies (pattern rows only). Both printed an empty or untrainable table."""
+    if "network" not in strategies:
+        return
+    problem = np_problem(network)
+    if problem:
+        raise ConfigError(f"--strategies network: {problem}")
+    if strategies == ["network"] and all(mode in BLOCK_MODES for mode in modes):
+        raise ConfigError(
+            f"--strategies network has no {', '.join(modes)} rows (bmuf trains whole copies "
+            "of the network, pattern-parallel): add --modes sync or async, or --strategies "
+            "pattern,network"
+        )
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """The ``snet plan`` command; returns the exit code."""
     if args.png:
@@ -134,6 +152,7 @@ def run_plan(args: argparse.Namespace) -> int:
     workers = _counts(args.workers, "--workers")
     strategies = _choices(args.strategies, STRATEGIES, "--strategies")
     modes = _choices(args.modes, MODES, "--modes")
+    _check_strategies(network, strategies, modes)
     if args.exemplars < 1:
         raise ConfigError(f"--exemplars must be >= 1, got {args.exemplars}")
     if args.block_bunches < 1:

@@ -181,6 +181,11 @@ def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     (tmp_path / "c.json").write_text("{}")
     assert main(["plan", "--constants", str(tmp_path / "c.json")]) == 2
     assert "no performance-model constants" in capsys.readouterr().err
+    # what the trainer refuses, and choices with no row (an empty table, exit 0, before)
+    assert main(["plan", "--strategies", "network", "--network", "117:64:32:10"]) == 2
+    assert "np mode trains networks with one hidden layer" in capsys.readouterr().err
+    assert main(["plan", "--strategies", "network", "--modes", "bmuf,bmuf-async"]) == 2
+    assert "--strategies network has no bmuf, bmuf-async rows" in capsys.readouterr().err
 
 
 def test_plan_png_needs_matplotlib_and_says_so(
