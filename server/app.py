@@ -91,6 +91,7 @@ class SnetServer:
         self.checkpointer: Checkpointer | None = None
         self.resumed: dict[str, Any] | None = None  # the checkpoint this server resumed from
         self._start_version = 0
+        self._written_version: int | None = None  # the version weights.npz was written at
         self._results_task: asyncio.Task[None] | None = None
         self.stopping = asyncio.Event()  # set when shutdown begins (ends live HTTP streams)
         self.port = 0
@@ -301,9 +302,15 @@ class SnetServer:
     def write_final_weights(self) -> Path:
         """Write weights.npz, the norms and status.json (``write_final_files``)."""
         coordinator = self.coordinator
-        resumed_only = coordinator.version == self._start_version and not self.config.fresh
+        keep: str | None = None  # why an existing weights.npz is left alone (None: it is not)
+        if coordinator.version == self._written_version:
+            keep = ""  # written at completion, and again at the stop: nothing new to say
+        elif coordinator.version == self._start_version and not self.config.fresh:
+            keep = "trained nothing since it started"
         out_dir = Path(self.config.out_dir)
-        return write_final_files(out_dir, coordinator, resumed_only, status_document(self))
+        path = write_final_files(out_dir, coordinator, keep, status_document(self))
+        self._written_version = coordinator.version
+        return path
 
     async def _write_results(self) -> Path | None:
         """The last checkpoint and ``write_final_weights``; if they fail (a full disk), the

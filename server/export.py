@@ -156,15 +156,18 @@ def write_atomically(path: Path, payload: bytes) -> None:
 
 
 def write_final_files(
-    out_dir: Path, coordinator: Coordinator, resumed_only: bool, document: dict[str, Any]
+    out_dir: Path, coordinator: Coordinator, keep: str | None, document: dict[str, Any]
 ) -> Path:
     """Write ``out_dir``'s weights.npz, norms and status.json (``document``: /status's);
-    the weights' path. ``resumed_only``: a server that resumed a run and trained nothing
-    since leaves the weights that run wrote alone (a ``--fresh`` run writes its own, or
-    the directory would hold one run's weights beside another's status)."""
+    the weights' path. ``keep``: why an existing weights.npz is left alone, logged if not
+    empty (None: it is written): a server that resumed a run and trained nothing since
+    leaves the weights that run wrote (a ``--fresh`` run writes its own, or the directory
+    would hold one run's weights beside another's status), and one that wrote them at
+    completion does not write them again at its stop."""
     path = out_dir / "weights.npz"
-    if resumed_only and path.exists():
-        log.info("trained nothing since it started: %s left as it is", path)
+    if keep is not None and path.exists():
+        if keep:
+            log.info("%s: %s left as it is", keep, path)
     else:
         write_atomically(path, current_weights_npz(coordinator))
         log.info("final weights (version %d, digest %s) written to %s",

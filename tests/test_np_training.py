@@ -292,3 +292,7 @@ async def test_np_server_restarted_mid_epoch_resumes_and_completes(lab: Lab) -> 
     assert await second.wait(120) == "trained"
     assert [await w.wait(30) for w in again] == [0, 0]
     assert_trained_once(second.final_status(), epochs=1)
+    # written by the first at its stop, by the second at completion, and not again at its
+    # stop (it said "trained nothing since it started: ... left as it is" after a resume)
+    assert lab.log("server").count("final weights (version") == 2
+    assert "left as it is" not in lab.log("server")
