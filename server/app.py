@@ -38,7 +38,7 @@ from .config import ServerConfig
 from .connection import WorkerConnection, tend_connections
 from .dataplan import plan_data
 from .durability import Checkpointer, job_identity, resume_point
-from .export import read_weights, write_atomically, write_final_files
+from .export import read_weights, why_weights_kept, write_atomically, write_final_files
 from .footprint import check_fits_in_memory
 from .http import make_app
 from .http_guard import HttpListener
@@ -301,13 +301,9 @@ class SnetServer:
 
     def write_final_weights(self) -> Path:
         """Write weights.npz, the norms and status.json (``write_final_files``)."""
-        coordinator = self.coordinator
-        keep: str | None = None  # why an existing weights.npz is left alone (None: it is not)
-        if coordinator.version == self._written_version:
-            keep = ""  # written at completion, and again at the stop: nothing new to say
-        elif coordinator.version == self._start_version and not self.config.fresh:
-            keep = "trained nothing since it started"
-        out_dir = Path(self.config.out_dir)
+        coordinator, out_dir = self.coordinator, Path(self.config.out_dir)
+        start = None if self.config.fresh else self._start_version
+        keep = why_weights_kept(coordinator.version, start, self._written_version)
         path = write_final_files(out_dir, coordinator, keep, status_document(self))
         self._written_version = coordinator.version
         return path

@@ -155,6 +155,15 @@ def write_atomically(path: Path, payload: bytes) -> None:
         os.close(directory)
 
 
+def why_weights_kept(version: int, start: int | None, written: int | None) -> str | None:
+    """Why a server at ``version`` leaves an existing weights.npz alone (None: it writes
+    it): it wrote them at this version already (at completion: nothing new to say at its
+    stop), or it resumed a run at ``start`` and trained nothing since (None: ``--fresh``)."""
+    if version == written:
+        return ""
+    return "trained nothing since it started" if version == start else None
+
+
 def write_final_files(
     out_dir: Path, coordinator: Coordinator, keep: str | None, document: dict[str, Any]
 ) -> Path:
