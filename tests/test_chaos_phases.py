@@ -1,4 +1,4 @@
-"""bench/chaos.py: where a server kill's seconds went, read from the server's log (no
+"""bench/chaos_reading.py: where a server kill's seconds went, read from the server's log (no
 benchmark run)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import kill_phases, server_log_times, worker_rejoin_seconds
+from bench.chaos_reading import kill_phases, server_log_times, worker_rejoin_seconds
 
 LOG = """\
 2026-11-23 15:41:21,974 INFO    snet.server: event loop: uvloop
