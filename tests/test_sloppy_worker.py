@@ -20,7 +20,7 @@ from snet.protocol.network import ElementLayout
 
 from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
-from inprocess import Lab
+from inprocess import Lab, wait_until
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))  # SMALL_JOB's network
 
@@ -44,3 +44,24 @@ async def test_an_update_at_a_negative_offset_is_refused_and_settled(lab: Lab) -
     status = await server.status()
     assert status["updates_rejected"] == 1 and status["updates_applied"] == 0
     await client.close()
+
+
+async def test_a_fatal_error_from_a_worker_ends_its_connection(lab: Lab) -> None:
+    """``fatal = true`` means the sender is done; the server ends the worker's session at
+    once (its frames back in the queue) rather than holding its leases until it times
+    out, even when the worker does not close its end."""
+    server = await lab.server("--mode", "async", "--epochs", "1", *SMALL_JOB)
+    client = await AsyncRawClient.connect(server.port, "fatal")
+    await client.handshake()
+    await client.receive(Lease)
+    await client.send(ErrorMessage("out_of_memory", "the worker cannot go on", True))
+    assert await client.closed_by_peer(timeout=5), "the server kept the connection open"
+
+    async def gone() -> dict[str, object] | None:
+        status = await server.status()
+        rows = [w for w in status["workers"] if w["name"] == "fatal"]
+        return rows[0] if status["connections_open"] == 0 and rows[0]["left_reason"] else None
+
+    row = await wait_until(gone, 5, "the worker to be gone from /status")
+    assert "fatal error from the worker: out_of_memory" in str(row["left_reason"])
+    assert "4096 frames back in the queue" in lab.log("server")
