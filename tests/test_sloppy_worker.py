@@ -12,7 +12,10 @@ import numpy as np
 from snet.protocol.job import NetworkSpec
 from snet.protocol.messages import (
     ErrorMessage,
+    Frames,
+    FramesWanted,
     Lease,
+    Resync,
     Update,
     Weights,
 )
@@ -65,3 +68,29 @@ async def test_a_fatal_error_from_a_worker_ends_its_connection(lab: Lab) -> None
     row = await wait_until(gone, 5, "the worker to be gone from /status")
     assert "fatal error from the worker: out_of_memory" in str(row["left_reason"])
     assert "4096 frames back in the queue" in lab.log("server")
+
+
+async def test_frames_wanted_again_sends_nothing_more(lab: Lab) -> None:
+    """A second ``frames_wanted`` on a connection is ignored. It used to start the
+    connection's inline record afresh and send every held lease's frames again: a few
+    dozen bytes in, hundreds of kilobytes queued out, without bound for a peer that sent
+    it in a loop and read nothing (3,000 of them took the server from 70 to 770 MB)."""
+    server = await lab.server("--mode", "async", "--epochs", "1", *SMALL_JOB)
+    client = await AsyncRawClient.connect(server.port, "inline")
+    await client.handshake()
+    await client.receive(Weights)
+    await client.receive(Lease)
+    await client.send(FramesWanted("reads no data"))
+    await client.send(Resync("marker"))  # answered with weights after what came before it
+    await client.receive(Weights)
+    assert any(isinstance(m, Frames) for m in client.inbox)
+    sent = (await server.status())["inline_frames"]["frames_sent"]
+    assert sent > 0
+    client.inbox.clear()
+    for _ in range(20):
+        await client.send(FramesWanted("again"))
+    await client.send(Resync("marker"))
+    await client.receive(Weights)
+    assert not any(isinstance(m, Frames) for m in client.inbox)
+    assert (await server.status())["inline_frames"]["frames_sent"] == sent
+    await client.close()
