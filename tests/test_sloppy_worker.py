@@ -7,14 +7,21 @@ says, and checks the answer the specification promises.
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from snet.protocol.job import NetworkSpec
 from snet.protocol.messages import (
+    TRAINING_COMPLETE,
     ErrorMessage,
+    EvalResult,
+    Evaluate,
     Frames,
     FramesWanted,
+    Goodbye,
     Lease,
+    Message,
     Resync,
     Update,
     Weights,
@@ -24,6 +31,7 @@ from snet.protocol.network import ElementLayout
 from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
 from inprocess import Lab, wait_until
+from short_data import short_job
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))  # SMALL_JOB's network
 
@@ -94,3 +102,52 @@ async def test_frames_wanted_again_sends_nothing_more(lab: Lab) -> None:
     assert not any(isinstance(m, Frames) for m in client.inbox)
     assert (await server.status())["inline_frames"]["frames_sent"] == sent
     await client.close()
+
+
+async def next_message(client: AsyncRawClient) -> Message:
+    """The next message from the server, whatever it is (fails on EOF or 10 s of silence)."""
+    while not client.inbox:
+        data = await asyncio.wait_for(client.reader.read(1 << 20), 10)
+        if not data:
+            raise ConnectionError("closed by the server")
+        client.inbox.extend(client.decoder.feed(data))
+    return client.inbox.pop(0)
+
+
+async def train_until_asked_to_score(client: AsyncRawClient, patterns: int) -> Evaluate:
+    """Deliver an update on every leased frame, in order, until the server sends
+    ``evaluate`` (gradients of plausible size: what is checked here is not the net)."""
+    rng = np.random.default_rng(3)
+    version = 0
+    while not isinstance(message := await next_message(client), Evaluate):
+        if isinstance(message, Weights):
+            version = max(version, message.version)
+        elif isinstance(message, Lease):
+            for offset in range(0, len(message.indices), patterns):
+                count = min(patterns, len(message.indices) - offset)
+                gradient = rng.standard_normal(LAYOUT.size).astype(np.float32)
+                update = Update(version, message.lease_id, offset, count, count, 0, 0.01, gradient)
+                await client.send(update)
+    return message
+
+
+async def test_a_worker_whose_cv_score_is_refused_is_not_asked_again_for_it(lab: Lab) -> None:
+    """A CV result with implausible figures (here one frame too many: a worker that cut
+    the CV set otherwise) is refused. The job used to go straight back to the same worker
+    when no other was there, ten times a second for as long as it answered so: the epoch
+    never ended. Now a job goes to a worker that has not had its result for it refused,
+    and when every connected worker has, the server scores the CV set itself."""
+    server = await lab.server("--mode", "async", "--epochs", "1", *short_job())
+    client = await AsyncRawClient.connect(server.port, "miscounts")
+    await client.handshake()
+    asked = await train_until_asked_to_score(client, 512)
+    await client.send(EvalResult(asked.version, asked.epoch, 10**6, 0, 1.0))
+    error: ErrorMessage = await client.receive(ErrorMessage)
+    assert error.code == "update_rejected" and "frames" in error.text
+    while not isinstance(message := await next_message(client), Goodbye):
+        assert not isinstance(message, Evaluate), "asked again after refusing its result"
+    assert message.reason == TRAINING_COMPLETE
+    assert await server.wait(10) == "trained"
+    status = server.final_status()
+    assert status["cv_checks"]["refereed"] == 1
+    assert status["epochs"][0]["cv_accuracy"] is not None
