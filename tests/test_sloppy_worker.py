@@ -1,8 +1,8 @@
 """What a sloppy or hostile third-party worker gets from the server (protocol/README.md).
 
 Found by writing a worker from the specification alone and then sending what such a
-worker might: each test is one message the server answered other than the specification
-says, and checks the answer the specification promises.
+worker might: each test is one thing the server did other than the specification says (or
+without bound: a peer that reads nothing), and checks what the specification promises.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
+from test_transport import LOOPS, Pair, join, run_pair, streams
 
 from snet.protocol.job import NetworkSpec
 from snet.protocol.messages import (
@@ -27,6 +29,7 @@ from snet.protocol.messages import (
     Weights,
 )
 from snet.protocol.network import ElementLayout
+from snet.transport.stream import MAX_BACKLOG
 
 from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
@@ -151,3 +154,32 @@ async def test_a_worker_whose_cv_score_is_refused_is_not_asked_again_for_it(lab:
     status = server.final_status()
     assert status["cv_checks"]["refereed"] == 1
     assert status["epochs"][0]["cv_accuracy"] is not None
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_peer_that_reads_nothing_is_dropped_before_its_backlog_grows_without_bound(
+    loop_name: str,
+) -> None:
+    """While the peer reads nothing, frames wait in the channel's backlog (weights only
+    coalesce). A hostile worker that sent requests and read no answers made the server's
+    backlog grow for as long as it kept sending (20 MB in 16 s of refused reports): the
+    connection is now dropped once ``MAX_BACKLOG`` frames wait, far above what a worker
+    that reads is ever sent unread (a lease or two, their frames, an evaluate)."""
+
+    async def body(pair: Pair) -> None:
+        await join(pair)
+        server, worker = streams(pair)
+        assert worker.transport is not None and server.channel is not None
+        worker.transport.pause_reading()  # the peer reads nothing more
+        rows = 4096  # a megabyte a frame: the socket's buffers fill after a few
+        frames = Frames(np.arange(rows), np.zeros((rows, 64), np.float32), np.zeros(rows, np.int32))
+        sent = 0
+        while server.open and sent < MAX_BACKLOG + 100:
+            server.send(frames)  # the same arrays every time: the backlog holds references
+            sent += 1
+            await asyncio.sleep(0)
+        assert not server.open, f"still open with {server.channel.backlog} frames queued"
+        assert sent <= MAX_BACKLOG + 10
+        await asyncio.wait_for(pair[0].lost, 5)
+
+    run_pair(loop_name, body)
