@@ -157,7 +157,10 @@ class WorkerConnection:
         if isinstance(message, Goodbye):
             self.close(f"goodbye: {message.reason}")
         elif isinstance(message, ErrorMessage):
-            log.warning("worker %s reports %s: %s", self.describe(), message.code, message.text)
+            log.warning("worker %s reports %s: %s%s", self.describe(), message.code,
+                        message.text, " (fatal)" if message.fatal else "")  # fmt: skip
+            if message.fatal:  # it is done: its frames go to others now, not at its timeout
+                self.close(f"fatal error from the worker: {message.code}")
         elif isinstance(message, Hello):
             self._handshake(message)
         elif self.session is None:  # the conversation admits nothing else before hello

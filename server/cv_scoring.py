@@ -8,7 +8,8 @@ mode (``by_server``) the server scores every epoch itself: no worker need hold t
 network, which in np mode none may be able to (a board's memory).
 
 An accepted score goes to the coordinator's ``accept`` (the epoch's decision: newbob,
-the next epoch, the end); a refused one's job is handed out again.
+the next epoch, the end); a refused one's job is handed out again, to another worker, or
+scored by the server when every worker there has had its result for it refused.
 """
 
 from __future__ import annotations
@@ -74,7 +75,10 @@ class CvScoring:
         for session, job in self.evaluations.assign(self.sessions.values(), self.remaining, now):
             self.inline.send(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
-        for job in self.evaluations.without_second_scorer(self.sessions.values()):
+        workers = self.sessions.values()
+        stranded = self.evaluations.without_second_scorer(workers)
+        stranded += self.evaluations.refused_everywhere(workers)
+        for job in stranded:
             self.referee.referee(job, self._refereed, self.fail)
 
     def result(self, session: WorkerSession, message: EvalResult) -> None:

@@ -5,7 +5,11 @@ the others train on. A job goes to a worker that has delivered updates (a newcom
 never compute), preferring the one with the fewest frames left to train on. A job not
 returned in time (server/progress.py's deadline with the CV set's size at the worker's
 measured rate) is asked of another worker; a result is accepted only from the worker that
-was asked, for the version it was sent.
+was asked, for the version it was sent. A result with implausible figures (another count
+of CV frames, say: a worker that cut the CV set otherwise) is refused, and that job is not
+asked of that worker again: it would answer the same, and when it was the only worker the
+job went back to it ten times a second and the epoch never ended. When every connected
+worker has had its result for a job refused, the server scores the job itself.
 
 With ``--verify-cv`` (``copies=2``) each epoch's job is asked of two different workers and
 their results must agree (``results_agree``: the same frames, correct counts within 0.1 %
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +51,7 @@ class EvalJob:
     worker_id: int | None = None
     assigned_at: float = 0.0  # monotonic
     copy: int = 0
+    refused_by: set[int] = field(default_factory=set)  # workers whose result was refused
 
 
 @dataclass
@@ -122,7 +127,11 @@ class Evaluations:
         sent: list[tuple[WorkerSession, EvalJob]] = []
         for job in self._jobs.values():
             others = self._scorers(job.epoch)  # a second opinion is another worker's
-            eligible = [s for s in candidates if s.worker_id not in others]
+            eligible = [
+                s
+                for s in candidates
+                if s.worker_id not in others and s.worker_id not in job.refused_by
+            ]
             if job.worker_id is not None or not eligible:
                 continue
             session = min(
@@ -145,6 +154,7 @@ class Evaluations:
         problem = eval_figures_problem(result.frames, result.correct, result.loss_sum, cv_frames)
         if problem:
             job.worker_id = None
+            job.refused_by.add(session.worker_id)
             session.probation = True  # not asked again before it delivers something
             raise RejectedUpdate(problem)
         del self._jobs[job.epoch, job.copy]
@@ -171,6 +181,24 @@ class Evaluations:
                 for j in waiting:
                     del self._jobs[epoch, j.copy]
                 self._disputed[epoch] = waiting[0], self._answers.pop(epoch)
+                stranded.append(waiting[0])
+        return stranded
+
+    def refused_everywhere(self, sessions: Iterable[WorkerSession]) -> list[EvalJob]:
+        """Jobs no connected worker may take because each has had its result for them
+        refused (or scored the epoch's other copy): the server scores them itself."""
+        present = {s.worker_id for s in sessions}
+        stranded: list[EvalJob] = []
+        for epoch in sorted({j.epoch for j in self._jobs.values()}):
+            waiting = [j for j in self._jobs.values() if j.epoch == epoch]
+            answered = set(self._answers.get(epoch, {}))
+            if present and all(
+                j.worker_id is None and j.refused_by and present <= j.refused_by | answered
+                for j in waiting
+            ):
+                for j in waiting:
+                    del self._jobs[epoch, j.copy]
+                self._disputed[epoch] = waiting[0], self._answers.pop(epoch, {})
                 stranded.append(waiting[0])
         return stranded
 

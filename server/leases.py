@@ -271,7 +271,11 @@ class LeaseBook:
     def is_repeat(self, worker_id: int, lease_id: int, offset: int) -> bool:
         """True for an update of ``worker_id`` on frames of its lease that an earlier
         update already covered: a second delivery of one update (a worker never resends;
-        see ``skip``), to be ignored rather than refused, which would settle it twice."""
+        see ``skip``), to be ignored rather than refused, which would settle it twice.
+        A negative offset names no frames at all, so it is never a repeat: ignored, it
+        was never settled either, and the worker's flow control waited on it for ever."""
+        if offset < 0:
+            return False
         lease = self._leases.get(lease_id)
         if lease is not None:
             return lease.worker_id == worker_id and offset < lease.received

@@ -253,6 +253,20 @@ def test_an_update_delivered_twice_is_known_as_a_repeat() -> None:
     assert book.is_repeat(1, lease.lease_id, 4)
     assert not book.is_repeat(2, lease.lease_id, 4)
     assert not book.is_repeat(1, lease.lease_id + 1, 0)  # never granted
+    # a negative offset covers no frames: a bad claim to refuse, not a delivery to ignore
+    assert not book.is_repeat(1, lease.lease_id, -1)
+
+
+def test_a_negative_offset_on_a_held_lease_is_not_a_repeat() -> None:
+    book = new_book(chunk=10)
+    book.start_epoch(0)
+    lease = book.grant(1)
+    assert lease is not None
+    book.accept(1, lease.lease_id, 0, 4)
+    assert not book.is_repeat(1, lease.lease_id, -5)
+    assert not book.is_repeat(1, lease.lease_id, -(2**63))
+    with pytest.raises(RejectedUpdate, match="update covers -5:-1"):
+        book.accept(1, lease.lease_id, -5, 4)
 
 
 def test_epoch_complete_waits_for_application() -> None:

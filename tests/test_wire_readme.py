@@ -8,6 +8,7 @@ import json
 import re
 import typing
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -129,6 +130,24 @@ def test_readme_lists_every_error_code() -> None:
     assert {"malformed_frame", "frame_too_large", "update_rejected"} <= codes
     table = re.findall(r"^\| `(\w+)` \| (?:server|both|—) \|", readme_text(), flags=re.MULTILINE)
     assert codes <= set(table)
+
+
+def test_readme_lists_every_error_code_sent_by_name() -> None:
+    """Codes the server and the reference worker send as plain strings (not as an error
+    class's ``code``): ``bad_job`` was sent by both and missing from section 9."""
+    from snet.protocol import messages
+
+    root = Path(errors.__file__).resolve().parent.parent  # the checkout (src/snet links)
+    sent = set()
+    for folder in ("server", "client", "transport"):
+        for source in (root / folder).rglob("*.py"):
+            text = source.read_text()
+            sent |= set(re.findall(r'ErrorMessage\(\s*"(\w+)"', text))
+            sent |= set(re.findall(r'\.fail\(\s*"(\w+)"', text))
+    named = {messages.ROUND_DEADLINE, messages.TOO_MANY_CONNECTIONS, messages.TOO_MANY_HANDSHAKES}
+    assert {"bad_job", "timeout"} <= sent  # the scan still finds what it is for
+    table = re.findall(r"^\| `(\w+)` \| (?:server|both|—) \|", readme_text(), flags=re.MULTILINE)
+    assert sent | named <= set(table)
 
 
 def test_element_layout_is_weights_then_biases_per_layer() -> None:

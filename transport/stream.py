@@ -44,6 +44,10 @@ from snet.protocol.messages import ErrorMessage, Message
 from .faults import FaultRule, FaultSwitch
 
 LINGER_SECONDS = 2.0  # a refusing side reads and drops for this long before closing anyway
+# Frames queued for a peer that reads nothing before it is dropped: a worker that reads is
+# never sent more than a few unread (leases, their frames, an evaluate; weights coalesce),
+# but a peer that sends requests and reads no answers would grow the queue without end.
+MAX_BACKLOG = 1024
 
 log = logging.getLogger("snet.transport")
 
@@ -242,6 +246,11 @@ class FrameStream(asyncio.BufferedProtocol):
         else:
             self._send_faulty(message, rule)
         self.last_sent = time.monotonic()
+        if self.channel.backlog > MAX_BACKLOG:
+            log.warning("%s reads nothing: %d frames wait for it; dropping the connection",
+                        self.peer, self.channel.backlog)  # fmt: skip
+            self.abort()
+            return True  # handed on, as any send before the loss that drops it
         self._check_drained()
         return True
 
