@@ -64,6 +64,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("snet.server")
 
+# Warnings about what one connection's peer sent (refusals, its error reports) logged in
+# full; the rest are counted and summed up when it leaves. A peer repeating one refused
+# message wrote 47,000 log lines (13.7 MB) in 7 s, a disk's worth in hours.
+PEER_WARNINGS = 20
 HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coalesce
 LOW_WATER = 1024 * 1024
 
@@ -91,6 +95,8 @@ class WorkerConnection:
         self.session: WorkerSession | None = None
         self.nonce = os.urandom(auth.NONCE_BYTES)
         self.connected_at = time.monotonic()
+        self._warned = 0  # warnings logged about what this peer sent (PEER_WARNINGS)
+        self._unlogged: tuple[str, int] = ("", 0)  # its name, and the warnings not logged
         self.stream = FrameStream(
             self,
             Conversation(Role.SERVER),
@@ -132,7 +138,7 @@ class WorkerConnection:
         try:
             self.dispatch(message, received)
         except RejectedUpdate as exc:
-            log.warning("refused update from %s: %s", self.describe(), exc)
+            self._warn("refused update from %s: %s", self.describe(), exc)
             self.send(ErrorMessage(exc.code, str(exc), False, exc.lease_id, exc.offset))
         except (ProtocolError, AuthError) as exc:
             self.fail(exc.code, str(exc))
@@ -144,6 +150,9 @@ class WorkerConnection:
 
     def stream_lost(self, error: ConnectionLost | None) -> None:
         self.connections.discard(self)
+        name, unlogged = self._unlogged
+        if unlogged:
+            log.warning("%s: %d more warnings about what it sent were not logged", name, unlogged)
         reason = "closed" if self.stream.closing else f"connection lost ({error or 'eof'})"
         self._leave(reason)
 
@@ -157,8 +166,8 @@ class WorkerConnection:
         if isinstance(message, Goodbye):
             self.close(f"goodbye: {message.reason}")
         elif isinstance(message, ErrorMessage):
-            log.warning("worker %s reports %s: %s%s", self.describe(), message.code,
-                        message.text, " (fatal)" if message.fatal else "")  # fmt: skip
+            self._warn("worker %s reports %s: %s%s", self.describe(), message.code,
+                       message.text, " (fatal)" if message.fatal else "")  # fmt: skip
             if message.fatal:  # it is done: its frames go to others now, not at its timeout
                 self.close(f"fatal error from the worker: {message.code}")
         elif isinstance(message, Hello):
@@ -232,6 +241,19 @@ class WorkerConnection:
         self.coordinator.add_worker(self.session)
 
     # ------------------------------------------------------------ sending and closing
+
+    def _warn(self, text: str, *args: object) -> None:
+        """A warning about what this peer sent: the first ``PEER_WARNINGS`` of the
+        connection are logged, the rest counted and summed up when it is gone (/status
+        counts every refusal)."""
+        self._warned += 1
+        if self._warned <= PEER_WARNINGS:
+            log.warning(text, *args)
+            if self._warned == PEER_WARNINGS:
+                log.warning("%s: %d warnings about what it sent; the next are summed up when "
+                            "it leaves", self.describe(), PEER_WARNINGS)  # fmt: skip
+        else:
+            self._unlogged = (self._unlogged[0] or self.describe(), self._unlogged[1] + 1)
 
     def describe(self) -> str:
         return self.session.name if self.session else self.stream.peer

@@ -29,6 +29,7 @@ from snet.protocol.messages import (
     Weights,
 )
 from snet.protocol.network import ElementLayout
+from snet.server.connection import PEER_WARNINGS
 from snet.transport.stream import MAX_BACKLOG
 
 from async_raw import AsyncRawClient
@@ -183,3 +184,27 @@ def test_a_peer_that_reads_nothing_is_dropped_before_its_backlog_grows_without_b
         await asyncio.wait_for(pair[0].lost, 5)
 
     run_pair(loop_name, body)
+
+
+async def test_a_peer_repeating_a_refused_message_does_not_flood_the_log(lab: Lab) -> None:
+    """Each refusal was a warning line: a peer repeating one wrote 47,000 lines (13.7 MB)
+    in 7 s. The first PEER_WARNINGS of a connection are logged, the rest counted and
+    summed up in one line when it leaves; /status counts every refusal."""
+    server = await lab.server("--mode", "async", "--epochs", "1", *SMALL_JOB)
+    client = await AsyncRawClient.connect(server.port, "repeater")
+    await client.handshake()
+    start: Weights = await client.receive(Weights)
+    lease: Lease = await client.receive(Lease)
+    gradient = np.full(LAYOUT.size, 0.01, np.float32)
+    sent = PEER_WARNINGS + 30
+    for _ in range(sent):
+        await client.send(Update(start.version, lease.lease_id, -1, 1, 0.5, 0, 0.001, gradient))
+
+    async def all_refused() -> bool:
+        return bool((await server.status())["updates_rejected"] == sent)
+
+    await wait_until(all_refused, 10, "every update to be refused")
+    await client.close()
+    summary = "repeater: 30 more warnings about what it sent were not logged"
+    await wait_until(lambda: summary in lab.log("server"), 10, "the summary line")
+    assert lab.log("server").count("refused update from repeater") == PEER_WARNINGS
