@@ -34,26 +34,33 @@ from snet.transport.stream import MAX_BACKLOG
 
 from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
-from inprocess import Lab, wait_until
+from inprocess import Lab, LabServer, wait_until
 from short_data import short_job
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))  # SMALL_JOB's network
+
+
+async def _negative_update(lab: Lab, name: str) -> tuple[LabServer, AsyncRawClient, Update]:
+    """An async server, a raw worker ``name`` joined to it, and an update of its first
+    lease at offset -1 (before the lease's start: it covers no frames)."""
+    server = await lab.server("--mode", "async", "--epochs", "1", *SMALL_JOB)
+    client = await AsyncRawClient.connect(server.port, name)
+    await client.handshake()
+    start: Weights = await client.receive(Weights)
+    lease: Lease = await client.receive(Lease)
+    gradient = np.full(LAYOUT.size, 0.01, np.float32)
+    return server, client, Update(start.version, lease.lease_id, -1, 1, 0.5, 0, 0.001, gradient)
 
 
 async def test_an_update_at_a_negative_offset_is_refused_and_settled(lab: Lab) -> None:
     """An offset before the lease's start covers no frames: the update is refused (and so
     settled), not taken for a second delivery and ignored, which left it unsettled and a
     worker waiting on its flow control for ever."""
-    server = await lab.server("--mode", "async", "--epochs", "1", *SMALL_JOB)
-    client = await AsyncRawClient.connect(server.port, "negative")
-    await client.handshake()
-    start: Weights = await client.receive(Weights)
-    lease: Lease = await client.receive(Lease)
-    gradient = np.full(LAYOUT.size, 0.01, np.float32)
-    await client.send(Update(start.version, lease.lease_id, -1, 1, 0.5, 0, 0.001, gradient))
+    server, client, update = await _negative_update(lab, "negative")
+    await client.send(update)
     error: ErrorMessage = await client.receive(ErrorMessage, timeout=5)
     assert error.code == "update_rejected" and not error.fatal, error
-    assert (error.lease_id, error.offset) == (lease.lease_id, -1)
+    assert (error.lease_id, error.offset) == (update.lease_id, -1)
     settled: Weights = await client.receive(Weights)
     assert settled.settled == 1
     status = await server.status()
@@ -190,15 +197,10 @@ async def test_a_peer_repeating_a_refused_message_does_not_flood_the_log(lab: La
     """Each refusal was a warning line: a peer repeating one wrote 47,000 lines (13.7 MB)
     in 7 s. The first PEER_WARNINGS of a connection are logged, the rest counted and
     summed up in one line when it leaves; /status counts every refusal."""
-    server = await lab.server("--mode", "async", "--epochs", "1", *SMALL_JOB)
-    client = await AsyncRawClient.connect(server.port, "repeater")
-    await client.handshake()
-    start: Weights = await client.receive(Weights)
-    lease: Lease = await client.receive(Lease)
-    gradient = np.full(LAYOUT.size, 0.01, np.float32)
+    server, client, update = await _negative_update(lab, "repeater")
     sent = PEER_WARNINGS + 30
     for _ in range(sent):
-        await client.send(Update(start.version, lease.lease_id, -1, 1, 0.5, 0, 0.001, gradient))
+        await client.send(update)
 
     async def all_refused() -> bool:
         return bool((await server.status())["updates_rejected"] == sent)
