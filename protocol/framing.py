@@ -242,6 +242,10 @@ def parse_arrays(
             raise MalformedFrame("array nbytes must be a non-negative integer")
         if math.prod(shape) * np.dtype(dtype).itemsize != nbytes:  # Python ints: no overflow
             raise MalformedFrame(f"array nbytes {nbytes} does not match {dtype} {shape}")
+        if math.prod(n for n in shape if n) > limits.max_payload_bytes:
+            # an empty array whose other dimensions no array could have (numpy refused to
+            # shape one: a ValueError's words sent back as the error's text)
+            raise MalformedFrame(f"array shape {shape!r:.60} is larger than any frame")
         infos.append(ArrayInfo(dtype, tuple(shape), codec, nbytes))
     if sum(i.nbytes for i in infos) != payload_len:
         raise MalformedFrame(

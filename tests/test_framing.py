@@ -368,6 +368,13 @@ def test_overflowing_shape_is_malformed() -> None:
     with pytest.raises(MalformedFrame):
         decoder.feed(raw_frame(weights_header(arrays=[entry])))
     assert_refuses_further_use(decoder)
+    # empty, but with dimensions no frame could fill: refused on the header, in words of
+    # its own (numpy's reshape raised a ValueError whose words were the error's text)
+    for shape in ([2**40, 2**40, 0], [0, 2**62]):
+        decoder = FrameDecoder()
+        entry = array_entry(dtype="<f4", shape=shape, nbytes=0)
+        with pytest.raises(MalformedFrame, match="larger than any frame"):
+            decoder.feed(raw_frame(weights_header(arrays=[entry])))
 
 
 def test_payload_length_mismatch() -> None:
