@@ -200,6 +200,8 @@ def parse_header(data: bytes | memoryview) -> tuple[str, dict[str, Any]]:
     """Decode and check a header; returns (message type, header map)."""
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except msgpack.StackError as exc:  # its own words are none
+        raise MalformedFrame("header is not valid msgpack: nested too deeply") from exc
     except Exception as exc:  # msgpack raises several unrelated types
         raise MalformedFrame(f"header is not valid msgpack: {exc}") from exc
     if not isinstance(header, dict):

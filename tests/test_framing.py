@@ -280,6 +280,12 @@ def test_bad_headers(packed: bytes, error: type[ProtocolError]) -> None:
     assert_refuses_further_use(decoder)
 
 
+def test_a_header_nested_too_deeply_says_so() -> None:
+    """msgpack's StackError has no words: the error's text ended at its colon."""
+    with pytest.raises(MalformedFrame, match="not valid msgpack: nested too deeply"):
+        FrameDecoder().feed(raw_frame(None, packed=b"\x91" * 60_000 + b"\xc0"))
+
+
 def test_unknown_message_is_not_a_frame_error() -> None:
     with pytest.raises(UnknownMessage) as info:
         FrameDecoder().feed(raw_frame({"type": "hello_v2", "arrays": []}))
