@@ -100,7 +100,7 @@ def test_kubernetes_manifests_match_their_schemas() -> None:
     )
     documents = [d for path in MANIFESTS for d in _yaml_documents(path)]
     kinds = sorted(d["kind"] for d in documents)
-    assert kinds == ["ConfigMap", "Deployment", "Job", "Service"]
+    assert kinds == ["ConfigMap", "Deployment", "Job", "PersistentVolumeClaim", "Service"]
     for document in documents:
         for version in KUBERNETES_VERSIONS:
             validator.validate(document, version, strict=True)  # raises on any mistake
@@ -123,6 +123,13 @@ def test_kubernetes_pieces_fit_together() -> None:
     assert container_ports == ports
     assert worker.address() == (service["metadata"]["name"], server.port)
     assert server.linger_seconds < 0  # a Deployment must not exit (and restart) once trained
+    # the out-dir (checkpoints) outlives the pod: a claim, writable by the server's user
+    mount = next(m for m in server_pod["containers"][0]["volumeMounts"] if m["name"] == "results")
+    assert mount["mountPath"] == server.out_dir
+    volume = next(v for v in server_pod["volumes"] if v["name"] == "results")
+    claim = documents["PersistentVolumeClaim"]["metadata"]["name"]
+    assert volume == {"name": "results", "persistentVolumeClaim": {"claimName": claim}}
+    assert server_pod["securityContext"]["fsGroup"] == _dockerfile_uid()
     for pod in (server_pod, worker_pod):
         token = next(e for e in pod["containers"][0]["env"] if e["name"] == "SNET_TOKEN")
         assert token["valueFrom"]["secretKeyRef"] == {"name": "snet-token", "key": "token"}
