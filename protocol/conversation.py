@@ -128,6 +128,15 @@ def event_name(message: Message) -> str:
     return message.TYPE
 
 
+def shown_name(message: Message) -> str:
+    """A message as an out-of-turn error names it: an error frame says fatal or not (the
+    table allows a worker the fatal one only, and "may not send error" read as if it
+    allowed it none)."""
+    if isinstance(message, ErrorMessage):
+        return f"{'a fatal' if message.fatal else 'a non-fatal'} error"
+    return message.TYPE
+
+
 def senders(message_type: str) -> set[Role]:
     """The roles that may ever send ``message_type`` (protocol/README.md's "dir" column)."""
     return {
@@ -175,7 +184,7 @@ class Conversation:
         """Record a message this end sends; ``LocalProtocolError`` if it is out of turn."""
         if not self._advance(self.role, message):
             raise LocalProtocolError(
-                f"{self.role.value} may not send {event_name(message)} in state "
+                f"{self.role.value} may not send {shown_name(message)} in state "
                 f"{self.state.value} (a bug on this side)"
             )
 
@@ -184,7 +193,7 @@ class Conversation:
         peer = self.role.peer
         if not self._advance(peer, message):
             raise OutOfTurn(
-                f"a {peer.value} may not send {event_name(message)} in state "
+                f"a {peer.value} may not send {shown_name(message)} in state "
                 f"{self.states[peer].value}"
             )
 

@@ -115,6 +115,17 @@ def test_a_worker_out_of_turn_is_the_peers_fault(
     assert message.TYPE in str(caught.value)
 
 
+def test_a_workers_non_fatal_error_is_named_so() -> None:
+    """A worker may send a fatal error only: the refusal said "may not send error", as if
+    it might send none."""
+    server = Conversation(Role.SERVER)
+    for sender, earlier in JOURNEY[:3]:  # server_hello, hello, welcome
+        (server.sent if sender is Role.SERVER else server.received)(earlier)
+    with pytest.raises(OutOfTurn, match="a worker may not send a non-fatal error in state"):
+        server.received(ErrorMessage("busy", "later", False))
+    server.received(ErrorMessage("out_of_memory", "gone", True))  # allowed: it ends the worker
+
+
 def test_out_of_turn_on_our_side_is_a_bug_not_a_protocol_error() -> None:
     server = Conversation(Role.SERVER)
     with pytest.raises(LocalProtocolError) as caught:
