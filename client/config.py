@@ -62,7 +62,9 @@ class WorkerConfig:
     )
     weights_codec: str = field(
         default="none",
-        metadata={"help": "receive weights as none (float32), fp16, or delta:CODEC"},
+        metadata={
+            "help": "receive weights as none (float32), fp16, or delta:CODEC (delta:none is none)"
+        },
     )
     inline_seconds: float = field(
         default=0.002,
