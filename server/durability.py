@@ -71,6 +71,16 @@ def job_identity(job_dict: dict[str, Any], data_fingerprint: str) -> dict[str, A
     return {"job": json.loads(json.dumps(job_dict)), "data": data_fingerprint}
 
 
+# Settings a run changes while it trains (POST /control): not part of what a checkpoint
+# must match. A restart's command that gives another one puts it in force (resume.py); a
+# refusal, "staleness 'none' there", named the command that was, not the policy in force.
+RUN_TIME_SETTINGS = ("staleness",)
+
+
+def _compared(job: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in job.items() if key not in RUN_TIME_SETTINGS}
+
+
 def _as_of_now(job: dict[str, Any]) -> dict[str, Any]:
     """A saved job with the settings added since it was written at their defaults: a
     checkpoint from before a setting existed (``np_pipeline``, say) is of the same job as
@@ -107,8 +117,8 @@ def resume_point(
     saved = loaded.state
     job = saved.get("job")
     theirs, ours = (
-        _as_of_now(job) if isinstance(job, dict) and job else {},
-        _as_of_now(identity["job"]),
+        _compared(_as_of_now(job)) if isinstance(job, dict) and job else {},
+        _compared(_as_of_now(identity["job"])),
     )
     if theirs != ours:
         there, here = _settings(theirs), _settings(ours)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
 from snet.protocol.numbering import shown_epoch
 
 from .departures import DEPARTED_KEPT, Departures
@@ -97,6 +98,7 @@ def resume_from(coordinator: Coordinator, path: Path, state: dict[str, Any]) -> 
     if coordinator.trace is not None:
         coordinator.trace({"resumed": coordinator.version, "digest": coordinator.digest,
                            "epoch": coordinator.epoch, "checkpoint": path.name})  # fmt: skip
+    follow_the_command(coordinator, state.get("job"))
     return {
         "checkpoint": path.name,
         "version": coordinator.version,
@@ -105,6 +107,17 @@ def resume_from(coordinator: Coordinator, path: Path, state: dict[str, Any]) -> 
         "requeued_frames": requeued,
         "at": time.time(),
     }
+
+
+def follow_the_command(coordinator: Coordinator, saved_job: object) -> None:
+    """The staleness policy after a restart. Given as the checkpointed run's command gave
+    it, the policy in force stays (a change made at run time survives a crash and the
+    same command's restart); given otherwise, the command's is put in force as ``POST
+    /control`` would put it (logged, traced, listed in /status's changes)."""
+    job = saved_job if isinstance(saved_job, dict) else {}
+    given = coordinator.job.staleness
+    if job.get("staleness", JobSpec().staleness) != given and coordinator.staleness.name != given:
+        coordinator.set_staleness(given, by="the restart's command")
 
 
 def drop_torn_line(path: Path) -> None:
