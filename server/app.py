@@ -45,7 +45,7 @@ from .http_guard import HttpListener
 from .job_progress import ProgressMeter
 from .lateness import check_progress
 from .progress import ProgressWatch
-from .resume import drop_torn_line, resume_from
+from .resume import open_trace, resume_from
 from .security import over_tls, resolve_token, tls_contexts
 from .service import OutDirLock, PidFile, check_output_files, notify
 from .status import status_document
@@ -129,11 +129,7 @@ class SnetServer:
             log.info("continuing from the weights in %s", self.config.init_weights)
         trace = None
         if self.config.trace_file:
-            mode = "a" if loaded is not None else "w"  # a resumed run's trace goes on
-            if loaded is not None:
-                drop_torn_line(Path(self.config.trace_file))
-            # Line-buffered: a killed server's trace holds every step it published.
-            self._trace_handle = open(self.config.trace_file, mode, 1, encoding="utf-8")  # noqa: SIM115
+            self._trace_handle = open_trace(Path(self.config.trace_file), loaded is not None)
             trace = self._write_trace
         self.coordinator = Coordinator(
             job,
@@ -282,9 +278,14 @@ class SnetServer:
             self._test_task.cancel()  # stopped while scoring the test file: not scored
             with contextlib.suppress(asyncio.CancelledError):
                 await self._test_task
-        goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
+        finished = self.coordinator.finished.is_set()
+        if retried := finished and self._results_failed():  # the 2nd try, before the
+            await self._write_results()  # workers hear the end
+        ended = finished and not self._results_failed()  # else workers await a restart
+        goodbye = TRAINING_COMPLETE if ended else (self._stop_reason or reason)
         self._send_goodbyes(goodbye, f"server {reason}")
-        await self._write_results()  # the last checkpoint after the running step, if any
+        if not retried:  # the last checkpoint after the running step, if any
+            await self._write_results()
         if self.checkpointer is not None:
             self.checkpointer.close()
         if self._http is not None:
@@ -312,7 +313,7 @@ class SnetServer:
             if self.checkpointer is not None:
                 await self.checkpointer.final()
             path = self.write_final_weights()
-            if (self._stop_reason or "").startswith(NOT_WRITTEN):  # at shutdown, a 2nd try
+            if self._results_failed():  # at shutdown, a 2nd try
                 self._stop_reason = "trained" if self.coordinator.finished.is_set() else "stopped"
             return path
         except Exception as exc:
@@ -323,6 +324,9 @@ class SnetServer:
             return None
 
     # ------------------------------------------------------------ helpers
+
+    def _results_failed(self) -> bool:
+        return (self._stop_reason or "").startswith(NOT_WRITTEN)
 
     def _new_worker_id(self) -> int:
         self._next_worker_id += 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import ConfigError
@@ -118,6 +118,14 @@ def follow_the_command(coordinator: Coordinator, saved_job: object) -> None:
     given = coordinator.job.staleness
     if job.get("staleness", JobSpec().staleness) != given and coordinator.staleness.name != given:
         coordinator.set_staleness(given, by="the restart's command")
+
+
+def open_trace(path: Path, resumed: bool) -> TextIO:
+    """The trace file, line-buffered (a killed server's trace holds every step it
+    published); a resumed run's trace goes on after its last whole line."""
+    if resumed:
+        drop_torn_line(path)
+    return open(path, "a" if resumed else "w", 1, encoding="utf-8")
 
 
 def drop_torn_line(path: Path) -> None:

@@ -21,7 +21,7 @@ from snet.protocol.hooks import BunchEvent, EpochEvent, Hook, HookSet, McupsHook
 from snet.server.app import SnetServer
 from snet.server.plausible import finite
 
-from inprocess import Lab
+from inprocess import Lab, wait_until
 from short_data import short_job
 from user_errors import error
 
@@ -155,7 +155,10 @@ async def test_a_hook_with_figures_json_cannot_encode_does_not_stop_the_server(
 async def test_results_that_cannot_be_written_stop_the_server_with_the_error(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An exception while writing the results left the server waiting, its workers too."""
+    """An exception while writing the results left the server waiting, its workers too.
+    The workers are told why, not "training complete": they had gone home (exit 0, which
+    systemd does not restart), and the restarted server, resuming short of the end from
+    its last checkpoint, waited for them forever. Now they wait for it to come back."""
 
     def full_disk(self: SnetServer) -> Path:
         raise OSError(28, "No space left on device")
@@ -165,8 +168,12 @@ async def test_results_that_cannot_be_written_stop_the_server_with_the_error(
     worker = lab.worker(server, "w1")
     reason = await server.wait(60)
     assert reason == "failed: results not written: OSError: [Errno 28] No space left on device"
-    assert await worker.wait(30) == 0  # told goodbye, not left waiting
     assert "ERROR   snet.server: failed: results not written" in lab.log("server")
+    await wait_until(lambda: "mid-job; waiting" in lab.log("w1"), 10, "the worker waiting")
+    assert f"server said goodbye ({reason}) mid-job" in lab.log("w1")
+    assert not worker.task.done()  # waiting for the restarted server, not gone home
+    worker.stop("signal SIGTERM")
+    assert await worker.wait(10) == 0
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
