@@ -115,7 +115,10 @@ def _eval_norms(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -
     source = open_job_source(spec)
     if saved.norms is not None and not spec.norm_file:
         if len(saved.norms.mean) != source.features:
-            raise DataError(f"{args.weights} was trained on {len(saved.norms.mean)} features")
+            raise DataError(
+                f"{args.weights} was trained on {len(saved.norms.mean)} features per frame, "
+                f"but {spec.source} has {source.features}: give --data the job's kind of data"
+            )
         return saved.norms
     return job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])
 

@@ -154,3 +154,21 @@ def test_eval_elsewhere_names_the_flag_for_data_saved_by_a_relative_path(
         f"snet: data d.npz does not exist (the data {weights} was trained on: --data names it)"
     )
     assert main(["eval", "--weights", weights, "--data", str(tmp_path / "run" / "d.npz")]) == 0
+
+
+def test_eval_on_data_of_another_width_names_both_widths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "weights.npz was trained on 13 features", and not what the data had."""
+    tiny_set(tmp_path / "d.npz")
+    out = tmp_path / "o"
+    assert main(["train", *TINY, "--data", str(tmp_path / "d.npz"), "--out-dir", str(out)]) == 0
+    wide = tmp_path / "wide.npz"
+    np.savez(wide, X=np.zeros((20, 784), np.float32), y=np.arange(20) % 3)
+    capsys.readouterr()
+    weights = str(out / "weights.npz")
+    argv = ["eval", "--weights", weights, "--data", str(wide), "--context", "0"]
+    assert error(argv, capsys) == (
+        f"snet: {weights} was trained on 13 features per frame, but {wide} has 784: give "
+        "--data the job's kind of data"
+    )
