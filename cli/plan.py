@@ -39,6 +39,7 @@ from snet.perf.plan import (
 )
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
+from snet.protocol.slices import np_problem
 
 from .checkout import bench_process
 from .settings import output_file
@@ -133,6 +134,9 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bunch must be >= 1, got {args.bunch}")
     workers = _counts(args.workers, "--workers")
     strategies = _choices(args.strategies, STRATEGIES, "--strategies")
+    # rows of figures for a mode that refuses the network mislead (117:64:32:10 had them)
+    if "network" in strategies and (problem := np_problem(network)):
+        raise ConfigError(f"{problem}; --strategies network models --mode np")
     modes = _choices(args.modes, MODES, "--modes")
     if args.exemplars < 1:
         raise ConfigError(f"--exemplars must be >= 1, got {args.exemplars}")
