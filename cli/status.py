@@ -303,7 +303,7 @@ def server_url(given: str) -> str:
 
 def run_status(args: argparse.Namespace) -> int:
     url = server_url(args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080"))
-    token = os.environ.get("SNET_TOKEN", "")
+    token = os.environ.get("SNET_TOKEN", "").strip()  # as the server reads it
     if args.token_file:  # as the server and the workers read theirs (ConfigError: exit 2)
         from snet.transport.tls import read_token_file
 

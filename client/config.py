@@ -146,6 +146,7 @@ class WorkerConfig:
     )
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "token", self.token.strip())  # as the server's (config.py)
         self.address()  # validates
         if self.name and (problem := name_problem(self.name)):
             raise ConfigError(problem)

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from snet.client.config import WorkerConfig
 from snet.protocol.errors import ConfigError
 from snet.server.config import ServerConfig
 from snet.server.security import is_loopback, resolve_token
 
 from helpers import SMALL_JOB, Cluster
-from inprocess import Lab
+from inprocess import Lab, wait_until
 
 NOT_HERE = "10.255.255.1"  # an address this machine does not have: never actually bound
 
@@ -172,3 +173,30 @@ async def test_a_control_body_nested_too_deeply_is_a_400_not_a_traceback(lab: La
     deep = "[" * 2000 + "]" * 2000
     async with session.post(server.url + "/control", data=deep) as response:
         assert response.status == 400 and "nested too deeply" in await response.text()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_token_from_a_file_made_secret_is_the_files_token(
+    lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SNET_TOKEN with a trailing newline (a Kubernetes Secret made --from-file of
+    `openssl rand -hex 16 > token`) was the server's token as it stood: every HTTP client
+    was refused (a Bearer value is stripped), and so was a worker given the same file
+    with --token-file (read stripped). Every way of giving it now reads the same token."""
+    monkeypatch.setenv("SNET_TOKEN", "sesame\n")
+    server = await lab.server("--min-workers", "9", *SMALL_JOB)
+    monkeypatch.delenv("SNET_TOKEN")
+    session = await lab.http()
+    bearer = {"Authorization": "Bearer sesame"}
+    async with session.get(server.url + "/status", headers=bearer) as response:
+        assert response.status == 200
+    async with session.get(server.url + "/status?token=sesame") as response:
+        assert response.status == 200
+    token_file = tmp_path / "token"
+    token_file.write_text("sesame\n")
+    token_file.chmod(0o600)
+    worker = lab.worker(server, "w1", "--token-file", str(token_file))
+    await wait_until(lambda: bool(server.server.coordinator.sessions), 10, "the worker joined")
+    worker.stop("test over")
+    assert await worker.wait(10) == 0
+    assert WorkerConfig(token=" sesame\n").token == "sesame"
