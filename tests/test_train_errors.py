@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from snet.cli import train as train_command
 from snet.cli.main import main
 from snet.data.sources import open_source
 from snet.protocol.errors import OutDirInUse
@@ -289,3 +290,20 @@ def test_ctrl_c_while_the_test_file_is_scored_keeps_the_final_weights(
     )
     with np.load(out / "weights.npz") as data:
         assert int(data["epoch"]) == 1  # the finished run's
+
+
+def test_train_onto_a_full_disk_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trained weights that could not be written (a full disk) were a traceback."""
+
+    def full_disk(path: Path, payload: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_command, "write_atomically", full_disk)
+    data = str(tiny_set(tmp_path / "d.npz"))
+    out = tmp_path / "o"
+    err = error(["train", *TINY, "--data", data, "--out-dir", str(out)], capsys, status=1)
+    assert err == (
+        f"snet: cannot write the trained weights to {out / 'weights.npz'}: No space left on device"
+    )
