@@ -45,7 +45,7 @@ from .http_guard import HttpListener
 from .job_progress import ProgressMeter
 from .lateness import check_progress
 from .progress import ProgressWatch
-from .resume import open_trace, resume_from
+from .resume import TraceFile, resume_from
 from .security import over_tls, resolve_token, tls_contexts
 from .service import OutDirLock, PidFile, check_output_files, notify
 from .status import status_document
@@ -84,7 +84,7 @@ class SnetServer:
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._next_worker_id = 0
-        self._trace_handle: Any = None
+        self._trace: TraceFile | None = None
         self.pid_file = PidFile(config.pid_file) if config.pid_file else None
         self._ready_written = False  # the ready file is ours to remove at exit
         self.out_lock = OutDirLock(config.out_dir)
@@ -129,8 +129,8 @@ class SnetServer:
             log.info("continuing from the weights in %s", self.config.init_weights)
         trace = None
         if self.config.trace_file:
-            self._trace_handle = open_trace(Path(self.config.trace_file), loaded is not None)
-            trace = self._write_trace
+            self._trace = TraceFile(Path(self.config.trace_file), loaded is not None)
+            trace = self._trace.write
         self.coordinator = Coordinator(
             job,
             plan,
@@ -294,8 +294,8 @@ class SnetServer:
             await self._http.cleanup()
         if self._tcp is not None:
             await self._tcp.wait_closed()
-        if self._trace_handle is not None:
-            self._trace_handle.close()
+        if self._trace is not None:
+            self._trace.close()
         self.executor.shutdown(wait=True)
         self.state = "stopped"
 
@@ -331,9 +331,6 @@ class SnetServer:
     def _new_worker_id(self) -> int:
         self._next_worker_id += 1
         return self._next_worker_id
-
-    def _write_trace(self, record: dict[str, Any]) -> None:
-        self._trace_handle.write(json.dumps(record) + "\n")
 
     def _send_goodbyes(self, goodbye: str, reason: str) -> None:
         for connection in list(self.connections):

@@ -14,6 +14,8 @@ are left out of the epoch's.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -120,12 +122,36 @@ def follow_the_command(coordinator: Coordinator, saved_job: object) -> None:
         coordinator.set_staleness(given, by="the restart's command")
 
 
-def open_trace(path: Path, resumed: bool) -> TextIO:
-    """The trace file, line-buffered (a killed server's trace holds every step it
-    published); a resumed run's trace goes on after its last whole line."""
-    if resumed:
-        drop_torn_line(path)
-    return open(path, "a" if resumed else "w", 1, encoding="utf-8")
+class TraceFile:
+    """``--trace-file``: a JSON line per record, line-buffered (a killed server's trace
+    holds every step it published); a resumed run's trace goes on after its last whole
+    line. A record that cannot be written (a full disk) ends the trace, said once, and
+    training goes on: the write had raised in the step machinery, which stopped the
+    server, and its exit was a traceback from closing the file."""
+
+    def __init__(self, path: Path, resumed: bool) -> None:
+        if resumed:
+            drop_torn_line(path)
+        self.path = path
+        mode = "a" if resumed else "w"
+        self._handle: TextIO | None = open(path, mode, 1, encoding="utf-8")  # noqa: SIM115
+
+    def write(self, record: dict[str, Any]) -> None:
+        """The coordinator's ``trace``: one record, one line."""
+        if self._handle is None:
+            return
+        try:
+            self._handle.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            log.error("cannot write the trace file %s (%s): the trace ends here; training "
+                      "goes on", self.path, exc)  # fmt: skip
+            self.close()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            with contextlib.suppress(OSError):  # the last line's flush, on a full disk
+                handle.close()
 
 
 def drop_torn_line(path: Path) -> None:

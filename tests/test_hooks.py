@@ -249,6 +249,20 @@ async def test_a_last_checkpoint_that_cannot_be_written_is_results_not_written(
     assert await worker.wait(10) == 0
 
 
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_trace_file_on_a_full_disk_ends_the_trace_not_the_run(lab: Lab) -> None:
+    """A trace record that could not be written raised in the step machinery, which
+    stopped the server, and its exit was a traceback from closing the file. /dev/full
+    answers every write with ENOSPC."""
+    server = await lab.server("--epochs", "1", "--trace-file", "/dev/full", *short_job())
+    worker = lab.worker(server, "w1")
+    assert await server.wait(60) == "trained"
+    assert await worker.wait(30) == 0
+    log = lab.log("server")
+    assert "cannot write the trace file /dev/full ([Errno 28] No space left on device): " in log
+    assert log.count("cannot write the trace file") == 1  # said once
+
+
 class Clock:
     """``time.perf_counter`` for the MCUPS hook, moved by hand."""
 
