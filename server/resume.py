@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import ConfigError
@@ -133,7 +133,7 @@ class TraceFile:
         if resumed:
             drop_torn_line(path)
         self.path = path
-        mode = "a" if resumed else "w"
+        mode: Literal["a", "w"] = "a" if resumed else "w"
         self._handle: TextIO | None = open(path, mode, 1, encoding="utf-8")  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
