@@ -298,13 +298,8 @@ def parse_command(words: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     early_blas_limit(words)
-    from snet.protocol.errors import (
-        ConfigError,
-        DataError,
-        ListenError,
-        OutDirInUse,
-        ResultsNotWritten,
-    )
+    from snet.protocol import errors
+    from snet.protocol.errors import ConfigError, DataError, ListenError, OutDirInUse
 
     if words[:1] == ["bench"]:  # every argument, --help too, is the suite's own
         from .checkout import run_bench
@@ -355,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(args)
-    except (ListenError, OutDirInUse, ResultsNotWritten) as exc:
+    except (ListenError, OutDirInUse, errors.ResultsNotWritten) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader of the output left (| head): stop, as SIGPIPE would
