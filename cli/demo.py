@@ -148,7 +148,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
     install_stop_signals(stop, logging.getLogger("snet.demo"))
     workers = await DemoWorkers.start(args, f"127.0.0.1:{listening.getsockname()[1]}")
-    from snet.server.app import SnetServer  # here: imported while the workers start
+    from snet.server.app import NOT_WRITTEN, SnetServer  # here: while the workers start
     from snet.server.durability import OtherJob
 
     server = SnetServer(config, listening)
@@ -210,7 +210,9 @@ async def _demo(args: argparse.Namespace) -> int:
             bar.clear()
         except BrokenPipeError:
             _reader_gone(server)
-        await workers.stop(*_leave_time(reason, finished.is_set() and not already_trained))
+        # results not written: the workers were told so and wait for a restarted server
+        sent_home = finished.is_set() and not reason.startswith(NOT_WRITTEN)
+        await workers.stop(*_leave_time(reason, sent_home and not already_trained))
     final = server.coordinator.stats.weights_cv_accuracy()  # of weights.npz (newbob rolls back)
     # 0.00% would read as a score: a run stopped before its first CV result has none
     scored = (
@@ -223,10 +225,14 @@ async def _demo(args: argparse.Namespace) -> int:
         else f"worker process exit codes {workers.codes()}"  # one per process
     )
     took = "in an earlier run" if already_trained else f"in {time.monotonic() - started:.1f} s"
+    weights = (
+        "no weights written"  # said "weights in OUT/weights.npz" of a file not there
+        if reason.startswith(NOT_WRITTEN)
+        else f"weights in {config.out_dir}/weights.npz"
+    )
     print(
         f"done ({reason}) {took}: {scored}, "
-        f"{server.coordinator.stats.updates_applied} updates, "
-        f"weights in {config.out_dir}/weights.npz; {workers_said}",
+        f"{server.coordinator.stats.updates_applied} updates, {weights}; {workers_said}",
         flush=True,
     )
     interrupted = reason == "signal SIGINT"

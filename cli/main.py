@@ -298,6 +298,7 @@ def parse_command(words: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     early_blas_limit(words)
+    from snet.protocol import errors
     from snet.protocol.errors import ConfigError, DataError, ListenError, OutDirInUse
 
     if words[:1] == ["bench"]:  # every argument, --help too, is the suite's own
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(args)
-    except (ListenError, OutDirInUse) as exc:
+    except (ListenError, OutDirInUse, errors.ResultsNotWritten) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader of the output left (| head): stop, as SIGPIPE would

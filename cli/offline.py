@@ -115,7 +115,10 @@ def _eval_norms(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -
     source = open_job_source(spec)
     if saved.norms is not None and not spec.norm_file:
         if len(saved.norms.mean) != source.features:
-            raise DataError(f"{args.weights} was trained on {len(saved.norms.mean)} features")
+            raise DataError(
+                f"{args.weights} was trained on {len(saved.norms.mean)} features per frame, "
+                f"but {spec.source} has {source.features}: give --data the job's kind of data"
+            )
         return saved.norms
     return job_norms(spec, source, split_frames(spec, source.lengths, source.cv_utterances)[0])
 
@@ -192,13 +195,15 @@ def run_convert(args: argparse.Namespace) -> int:
     if total_frames(source) == 0:  # a pfile of none was a traceback (reshaping nothing)
         raise DataError(f"{source.description} has no frames: nothing to convert")
     frames = source.read(np.arange(total_frames(source)))
+    alignments = out.with_name(out.stem + "-ali.ark")
+    outputs = [out, out.with_suffix(".scp"), alignments] if suffix == ".ark" else [out]
+    before = {path: _stamp(path) for path in outputs}
     try:
         if suffix in (".pfile", ".pf"):
             write_pfile(out, frames, source.labels, source.lengths)
         elif suffix == ".npz":
             np.savez(out, X=frames, y=source.labels, lengths=source.lengths)
         else:
-            alignments = out.with_name(out.stem + "-ali.ark")
             # The scp names the ark as given: absolute, so that it reads from any folder
             # (a relative name was read against the working directory of whoever trains).
             write_kaldi(
@@ -210,9 +215,23 @@ def run_convert(args: argparse.Namespace) -> int:
                 source.lengths,
             )
     except OSError as exc:  # no permission, a full disk
+        # a full disk left a truncated file under the output's name: what this command
+        # wrote goes (a file it could not open, someone else's perhaps, stays as it was)
+        for path in outputs:
+            if _stamp(path) != before[path]:
+                path.unlink(missing_ok=True)
         raise DataError(f"cannot write {out}: {exc.strerror or exc}") from exc
     print(
         f"{source.description} -> {out}: {len(source.lengths)} utterances, "
         f"{len(frames)} frames of {source.features} features"
     )
     return 0
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is written (None: there is none)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size

@@ -11,6 +11,7 @@ the readings follow one another, separated by a blank line, with no escape codes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import math
@@ -163,6 +164,12 @@ def _cannot_read(url: str, path: str, exc: Exception, token: str = "") -> str:
         if token:  # said as "needs the token", a wrong one sent the user looking for how
             return f"{url} refused the token given (SNET_TOKEN or --token-file): not the server's"
         return f"{url} needs the server's token (SNET_TOKEN or --token-file)"
+    if isinstance(exc, urllib.error.HTTPError) and exc.code == 403:
+        # the server says why (one without a token, asked by a name it does not answer)
+        with contextlib.suppress(*READ_ERRORS):
+            why = exc.read(512).decode(errors="replace").strip().splitlines()
+            if why:
+                return f"cannot read {url}{path}: refused: {why[0]}"
     if isinstance(exc, http.client.HTTPException):  # not HTTP at all, or TLS asked in plain
         hint = (
             " (a server that serves TLS wants https:// and --tls-ca)"
@@ -303,7 +310,7 @@ def server_url(given: str) -> str:
 
 def run_status(args: argparse.Namespace) -> int:
     url = server_url(args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080"))
-    token = os.environ.get("SNET_TOKEN", "")
+    token = os.environ.get("SNET_TOKEN", "").strip()  # as the server reads it
     if args.token_file:  # as the server and the workers read theirs (ConfigError: exit 2)
         from snet.transport.tls import read_token_file
 

@@ -20,7 +20,7 @@ import numpy as np
 from snet.client.footprint import activations
 from snet.data.corpus import corpus_from_source
 from snet.data.norms import Norms
-from snet.protocol.errors import ConfigError
+from snet.protocol.errors import ConfigError, ResultsNotWritten
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.job import JobSpec
 from snet.protocol.memory import WORD32, MemoryNeed
@@ -99,7 +99,13 @@ def train_threads(args: argparse.Namespace) -> int:
 def _save(job: JobSpec, weights: np.ndarray, epochs: int, norms: Norms, out_dir: str) -> Path:
     spec = job.data
     path = Path(out_dir) / "weights.npz"
-    write_atomically(path, weights_npz(job.network, weights, 0, epochs, norms, spec.context, spec))
+    payload = weights_npz(job.network, weights, 0, epochs, norms, spec.context, spec)
+    try:
+        write_atomically(path, payload)
+    except OSError as exc:  # a full disk: a traceback said so, after the whole training
+        raise ResultsNotWritten(
+            f"cannot write the trained weights to {path}: {exc.strerror or exc}"
+        ) from exc
     return path
 
 

@@ -62,7 +62,9 @@ class WorkerConfig:
     )
     weights_codec: str = field(
         default="none",
-        metadata={"help": "receive weights as none (float32), fp16, or delta:CODEC"},
+        metadata={
+            "help": "receive weights as none (float32), fp16, or delta:CODEC (delta:none is none)"
+        },
     )
     inline_seconds: float = field(
         default=0.002,
@@ -144,6 +146,7 @@ class WorkerConfig:
     )
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "token", self.token.strip())  # as the server's (config.py)
         self.address()  # validates
         if self.name and (problem := name_problem(self.name)):
             raise ConfigError(problem)

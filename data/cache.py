@@ -30,6 +30,7 @@ would have computed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -128,6 +129,7 @@ def _write(path: Path, source: JoinedSource, norms: Norms) -> None:
         out = np.lib.format.open_memmap(
             temporary, mode="w+", dtype=np.float32, shape=(count, source.features)
         )
+        reserve(temporary)
         block = max(1, BLOCK_BYTES // (8 * source.features))  # normalised in float64
         for start in range(0, count, block):
             rows = np.arange(start, min(start + block, count))
@@ -136,6 +138,21 @@ def _write(path: Path, source: JoinedSource, norms: Norms) -> None:
         del out
 
     _write_atomically(path, fill)
+
+
+def reserve(path: Path) -> None:
+    """Allocate the disk blocks of the (sparse) file ``path`` now: a full disk is then an
+    ``OSError`` here, where writing the pages of its memory map killed the process with
+    SIGBUS (a worker whose cache was on a full file system died, exit 135, saying
+    nothing). File systems that cannot reserve are written as before."""
+    if not hasattr(os, "posix_fallocate"):  # macOS
+        return
+    with open(path, "rb+") as handle:
+        try:
+            os.posix_fallocate(handle.fileno(), 0, os.fstat(handle.fileno()).st_size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
 
 
 def _prune(directory: Path) -> None:

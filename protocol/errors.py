@@ -6,6 +6,7 @@
     ├── ConfigError                a bad job, network or process configuration
     ├── ListenError                the server cannot listen on a configured address
     ├── OutDirInUse                another server holds the out-dir's lock
+    ├── ResultsNotWritten          trained weights that could not be written (a full disk)
     ├── DataError                  a data set that cannot be used (missing, wrong shape)
     ├── ProtocolError              the peer broke the wire protocol; the connection is lost
     │   ├── FrameError             a frame that cannot be decoded
@@ -56,6 +57,10 @@ class ListenError(SnetError):
 
 class OutDirInUse(SnetError):
     """Another running server holds the lock of the out-dir this one was given."""
+
+
+class ResultsNotWritten(SnetError):
+    """Trained weights that could not be written (a full disk, the out-dir removed)."""
 
 
 class ProtocolError(SnetError):

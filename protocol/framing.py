@@ -196,14 +196,20 @@ def _check_field(type_name: str, name: str, kind: str, expected: Any, value: Any
     raise MalformedFrame(f"{type_name}.{name}: unexpected value {value!r:.60}")
 
 
+# msgpack's errors that say nothing themselves (the refusal's text ended at its colon)
+WORDLESS: dict[type[Exception], str] = {
+    msgpack.StackError: "nested too deeply",
+    msgpack.FormatError: "a byte that starts no msgpack value",
+}
+
+
 def parse_header(data: bytes | memoryview) -> tuple[str, dict[str, Any]]:
     """Decode and check a header; returns (message type, header map)."""
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except msgpack.StackError as exc:  # its own words are none
-        raise MalformedFrame("header is not valid msgpack: nested too deeply") from exc
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise MalformedFrame(f"header is not valid msgpack: {exc}") from exc
+    except Exception as exc:  # msgpack raises several unrelated types, some without words
+        detail = str(exc) or WORDLESS.get(type(exc), type(exc).__name__)
+        raise MalformedFrame(f"header is not valid msgpack: {detail}") from exc
     if not isinstance(header, dict):
         raise MalformedFrame("header is not a msgpack map")
     type_name = header.get("type")

@@ -45,7 +45,7 @@ from .http_guard import HttpListener
 from .job_progress import ProgressMeter
 from .lateness import check_progress
 from .progress import ProgressWatch
-from .resume import drop_torn_line, resume_from
+from .resume import TraceFile, resume_from
 from .security import over_tls, resolve_token, tls_contexts
 from .service import OutDirLock, PidFile, check_output_files, notify
 from .status import status_document
@@ -84,7 +84,7 @@ class SnetServer:
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._next_worker_id = 0
-        self._trace_handle: Any = None
+        self._trace: TraceFile | None = None
         self.pid_file = PidFile(config.pid_file) if config.pid_file else None
         self._ready_written = False  # the ready file is ours to remove at exit
         self.out_lock = OutDirLock(config.out_dir)
@@ -130,12 +130,8 @@ class SnetServer:
             log.info("continuing from the weights in %s", self.config.init_weights)
         trace = None
         if self.config.trace_file:
-            mode = "a" if loaded is not None else "w"  # a resumed run's trace goes on
-            if loaded is not None:
-                drop_torn_line(Path(self.config.trace_file))
-            # Line-buffered: a killed server's trace holds every step it published.
-            self._trace_handle = open(self.config.trace_file, mode, 1, encoding="utf-8")  # noqa: SIM115
-            trace = self._write_trace
+            self._trace = TraceFile(Path(self.config.trace_file), loaded is not None)
+            trace = self._trace.write
         self.coordinator = Coordinator(
             job,
             plan,
@@ -283,9 +279,14 @@ class SnetServer:
             self._test_task.cancel()  # stopped while scoring the test file: not scored
             with contextlib.suppress(asyncio.CancelledError):
                 await self._test_task
-        goodbye = TRAINING_COMPLETE if self.coordinator.finished.is_set() else reason
+        finished = self.coordinator.finished.is_set()
+        if retried := finished and self._results_failed():  # the 2nd try, before the
+            await self._write_results()  # workers hear the end
+        ended = finished and not self._results_failed()  # else workers await a restart
+        goodbye = TRAINING_COMPLETE if ended else (self._stop_reason or reason)
         self._send_goodbyes(goodbye, f"server {reason}")
-        await self._write_results()  # the last checkpoint after the running step, if any
+        if not retried:  # the last checkpoint after the running step, if any
+            await self._write_results()
         if self.checkpointer is not None:
             self.checkpointer.close()
         if self._http is not None:
@@ -294,8 +295,8 @@ class SnetServer:
             await self._http.cleanup()
         if self._tcp is not None:
             await self._tcp.wait_closed()
-        if self._trace_handle is not None:
-            self._trace_handle.close()
+        if self._trace is not None:
+            self._trace.close()
         self.executor.shutdown(wait=True)
         self.state = "stopped"
 
@@ -315,7 +316,7 @@ class SnetServer:
             if self.checkpointer is not None:
                 await self.checkpointer.final()
             path = self.write_final_weights()
-            if (self._stop_reason or "").startswith(NOT_WRITTEN):  # at shutdown, a 2nd try
+            if self._results_failed():  # at shutdown, a 2nd try
                 self._stop_reason = "trained" if self.coordinator.finished.is_set() else "stopped"
             return path
         except Exception as exc:
@@ -327,12 +328,12 @@ class SnetServer:
 
     # ------------------------------------------------------------ helpers
 
+    def _results_failed(self) -> bool:
+        return (self._stop_reason or "").startswith(NOT_WRITTEN)
+
     def _new_worker_id(self) -> int:
         self._next_worker_id += 1
         return self._next_worker_id
-
-    def _write_trace(self, record: dict[str, Any]) -> None:
-        self._trace_handle.write(json.dumps(record) + "\n")
 
     def _send_goodbyes(self, goodbye: str, reason: str) -> None:
         for connection in list(self.connections):

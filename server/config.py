@@ -194,6 +194,10 @@ class ServerConfig:
     job: JobSpec = field(default_factory=JobSpec)
 
     def __post_init__(self) -> None:
+        # as --token-file's text is read (stripped): a token from a file-made Kubernetes
+        # Secret, "abc\n", refused every HTTP client (a Bearer value is stripped) and any
+        # worker that read the same secret from a file
+        object.__setattr__(self, "token", self.token.strip())
         for name in ("port", "http_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:

@@ -214,7 +214,10 @@ class WorkerConnection:
             raise AuthError("wrong or missing token proof")
         try:
             codecs = agree_codecs(hello.capabilities, self.coordinator.job.compress)
-            problem = self.coordinator.policy.combination.codec_problem(codecs["update"])
+            combination = self.coordinator.policy.combination
+            problem = combination.codec_problem(codecs["update"]) or (
+                combination.weights_problem(codecs["weights"])
+            )
             if problem:
                 raise UnknownCodec(problem)
         except UnknownCodec:

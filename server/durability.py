@@ -71,6 +71,16 @@ def job_identity(job_dict: dict[str, Any], data_fingerprint: str) -> dict[str, A
     return {"job": json.loads(json.dumps(job_dict)), "data": data_fingerprint}
 
 
+# Settings a run changes while it trains (POST /control): not part of what a checkpoint
+# must match. A restart's command that gives another one puts it in force (resume.py); a
+# refusal, "staleness 'none' there", named the command that was, not the policy in force.
+RUN_TIME_SETTINGS = ("staleness",)
+
+
+def _compared(job: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in job.items() if key not in RUN_TIME_SETTINGS}
+
+
 def _as_of_now(job: dict[str, Any]) -> dict[str, Any]:
     """A saved job with the settings added since it was written at their defaults: a
     checkpoint from before a setting existed (``np_pipeline``, say) is of the same job as
@@ -107,8 +117,8 @@ def resume_point(
     saved = loaded.state
     job = saved.get("job")
     theirs, ours = (
-        _as_of_now(job) if isinstance(job, dict) and job else {},
-        _as_of_now(identity["job"]),
+        _compared(_as_of_now(job)) if isinstance(job, dict) and job else {},
+        _compared(_as_of_now(identity["job"])),
     )
     if theirs != ours:
         there, here = _settings(theirs), _settings(ours)
@@ -174,6 +184,8 @@ class Checkpointer:
         self._due = False  # a periodic checkpoint waits for the end of the running step
         self._taken_at = time.monotonic()
         self._taken_mark = self._mark()
+        self._written_mark = self._taken_mark  # the state on disk (or, fresh, nothing lost)
+        self._write_error: OSError | None = None
         # figures for /status and the benchmarks
         self.written = 0
         self.failed = 0
@@ -225,17 +237,18 @@ class Checkpointer:
         self.take_seconds += time.perf_counter() - started
         self._due = False
         self._taken_at, self._taken_mark = time.monotonic(), self._mark()
-        future = self._writer.submit(self._write, state)
+        future = self._writer.submit(self._write, state, self._taken_mark)
         self._writing.append(future)
         return future
 
-    def _write(self, state: dict[str, Any]) -> None:
+    def _write(self, state: dict[str, Any], mark: tuple[int, int, bool]) -> None:
         started = time.perf_counter()
         coordinator = state["coordinator"]
         try:
             path = self.store.write(state)
         except OSError as exc:  # e.g. a full disk: training goes on, the next one retries
             self.failed += 1
+            self._write_error = exc
             log.error("cannot write a checkpoint: %s", exc)
             return
         except Exception:  # a bug: said loudly (a future's exception is otherwise unseen)
@@ -245,6 +258,7 @@ class Checkpointer:
         seconds = time.perf_counter() - started
         self.write_seconds += seconds
         self.written += 1
+        self._written_mark = mark
         self.last = {
             "path": str(path),
             "version": coordinator["version"],
@@ -268,11 +282,18 @@ class Checkpointer:
 
     async def final(self) -> None:
         """The last checkpoint (at SIGTERM or when training completes), written before this
-        returns; then the ones still queued are waited for."""
+        returns; then the ones still queued are waited for. A state whose write failed (a
+        full disk) is written once more: it counted as taken, so the end of a run whose
+        last checkpoint had failed never reached the disk, and a restart resumed short of
+        it. ``OSError`` when that fails too: the run's last state is not on disk."""
         await self.coordinator.steps.settle()
         if self._mark() != self._taken_mark:
             self.take(forced=True)
         await self.flush()
+        if self._written_mark != self._mark() and self.take(forced=True) is not None:
+            await self.flush()
+            if self._written_mark != self._mark():
+                raise OSError(f"the last checkpoint was not written ({self._write_error})")
 
     async def flush(self) -> None:
         """Wait for every queued write."""

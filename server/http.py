@@ -16,7 +16,8 @@ POST /control  JSON ``{"staleness": "bounded:2"}``: another staleness policy fro
 With a token every path but /healthz needs it (server/security.py). Without a token the
 read-only paths are open to whoever reaches the port, but POST /control only to clients
 on loopback (403 otherwise): changing how training runs is never left open to the network
-(a server without a token listens beyond loopback only with ``--insecure``).
+(a server without a token listens beyond loopback only with ``--insecure``); nor to web
+pages that a browser on this machine opens (server/security.py's browser middleware).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from snet.protocol.errors import ConfigError
 
 from .export import current_weights_npz
 from .metrics import metrics_text
-from .security import bearer_middleware, is_loopback
+from .security import bearer_middleware, browser_middleware, is_loopback
 from .status import status_document
 
 if TYPE_CHECKING:
@@ -136,6 +137,8 @@ async def _control(request: web.Request) -> web.Response:
         raise web.HTTPRequestTimeout(text="the request body took too long\n") from None
     except ValueError as exc:
         raise web.HTTPBadRequest(text=f"the body is not JSON: {exc}\n") from None
+    except RecursionError:  # json's decoder recurses per level of nesting
+        raise web.HTTPBadRequest(text="the body is JSON nested too deeply\n") from None
     if (
         not isinstance(body, dict)
         or set(body) != {"staleness"}
@@ -158,7 +161,11 @@ async def _healthz(request: web.Request) -> web.Response:
 def make_app(server: SnetServer, token: str | None = None) -> web.Application:
     """The aiohttp application for one server (with ``token``: every path but /healthz
     needs it; server/security.py)."""
-    app = web.Application(middlewares=[bearer_middleware(token)] if token else [])
+    if token:
+        middlewares = [bearer_middleware(token)]
+    else:  # what a web page could send through a browser on this machine is refused
+        middlewares = [browser_middleware(check_host=is_loopback(server.config.http_bind_host))]
+    app = web.Application(middlewares=middlewares)
     app[SERVER_KEY] = server
     app[TOKEN_KEY] = bool(token)
     app.router.add_get("/", _dashboard)

@@ -14,13 +14,16 @@ are left out of the epoch's.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
 from snet.protocol.numbering import shown_epoch
 
 from .departures import DEPARTED_KEPT, Departures
@@ -97,6 +100,7 @@ def resume_from(coordinator: Coordinator, path: Path, state: dict[str, Any]) -> 
     if coordinator.trace is not None:
         coordinator.trace({"resumed": coordinator.version, "digest": coordinator.digest,
                            "epoch": coordinator.epoch, "checkpoint": path.name})  # fmt: skip
+    follow_the_command(coordinator, state.get("job"))
     return {
         "checkpoint": path.name,
         "version": coordinator.version,
@@ -105,6 +109,49 @@ def resume_from(coordinator: Coordinator, path: Path, state: dict[str, Any]) -> 
         "requeued_frames": requeued,
         "at": time.time(),
     }
+
+
+def follow_the_command(coordinator: Coordinator, saved_job: object) -> None:
+    """The staleness policy after a restart. Given as the checkpointed run's command gave
+    it, the policy in force stays (a change made at run time survives a crash and the
+    same command's restart); given otherwise, the command's is put in force as ``POST
+    /control`` would put it (logged, traced, listed in /status's changes)."""
+    job = saved_job if isinstance(saved_job, dict) else {}
+    given = coordinator.job.staleness
+    if job.get("staleness", JobSpec().staleness) != given and coordinator.staleness.name != given:
+        coordinator.set_staleness(given, by="the restart's command")
+
+
+class TraceFile:
+    """``--trace-file``: a JSON line per record, line-buffered (a killed server's trace
+    holds every step it published); a resumed run's trace goes on after its last whole
+    line. A record that cannot be written (a full disk) ends the trace, said once, and
+    training goes on: the write had raised in the step machinery, which stopped the
+    server, and its exit was a traceback from closing the file."""
+
+    def __init__(self, path: Path, resumed: bool) -> None:
+        if resumed:
+            drop_torn_line(path)
+        self.path = path
+        mode: Literal["a", "w"] = "a" if resumed else "w"
+        self._handle: TextIO | None = open(path, mode, 1, encoding="utf-8")  # noqa: SIM115
+
+    def write(self, record: dict[str, Any]) -> None:
+        """The coordinator's ``trace``: one record, one line."""
+        if self._handle is None:
+            return
+        try:
+            self._handle.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            log.error("cannot write the trace file %s (%s): the trace ends here; training "
+                      "goes on", self.path, exc)  # fmt: skip
+            self.close()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            with contextlib.suppress(OSError):  # the last line's flush, on a full disk
+                handle.close()
 
 
 def drop_torn_line(path: Path) -> None:

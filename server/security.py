@@ -9,6 +9,13 @@
 - With a token, every HTTP endpoint but ``/healthz`` needs it, as ``Authorization: Bearer
   TOKEN`` (``snet status`` sends it) or, for a browser, ``?token=TOKEN`` in the address
   (the dashboard passes it on to ``/events``). Tokens are compared in constant time.
+- Without a token, on loopback, the HTTP port still meets web pages: a browser on this
+  machine sends what any site's page asks of 127.0.0.1. So such a server answers only
+  requests addressed to it by an IP address, ``localhost`` or this machine's name (a
+  site's own name made to resolve to 127.0.0.1, DNS rebinding, would make its pages
+  same-origin with the port and let them read the weights and change the policy), and
+  refuses a ``POST`` that a page of another origin sent (cross-site request forgery:
+  a form or ``fetch`` in ``text/plain`` needs no permission from the server).
 - TLS on both ports (``--tls-cert``, ``--tls-key``; transport/tls.py), with mutual TLS on
   the worker port (``--tls-client-ca``); a worker certificate is then proof enough to
   listen beyond loopback without a token.
@@ -21,7 +28,9 @@ import hmac
 import ipaddress
 import logging
 import os
+import socket
 import ssl
+import urllib.parse
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -103,6 +112,69 @@ def bearer_middleware(token: str) -> Middleware:
         return await handler(request)
 
     return check
+
+
+def browser_middleware(check_host: bool) -> Middleware:
+    """aiohttp middleware for a server without a token: refuse what a web page in a
+    browser on this machine could send it (module docstring). ``check_host``: the HTTP
+    port listens on loopback only, so every honest request names an IP address,
+    ``localhost`` or this machine (``--insecure`` servers beyond loopback are reached by
+    any name the network gives them, and are open to the network anyway)."""
+    own = {socket.gethostname().lower().rstrip(".")}
+
+    @web.middleware
+    async def check(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:  # a worker given this port asks it by any name
+            return await handler(request)
+        if check_host and not names_this_machine(request.headers.get("Host", ""), own):
+            raise web.HTTPForbidden(
+                text="this server has no token, so it answers only requests addressed to "
+                "an IP address, localhost or this machine's name (a web page could reach "
+                "it through a name of its own: DNS rebinding); give the server "
+                "--token-file to be reached by other names\n"
+            )
+        if request.method not in ("GET", "HEAD", "OPTIONS") and _cross_site(request):
+            raise web.HTTPForbidden(
+                text="a request from a web page of another origin (a server without a "
+                "token takes changes only from programs on this machine)\n"
+            )
+        return await handler(request)
+
+    return check
+
+
+def names_this_machine(host_header: str, own: set[str]) -> bool:
+    """Whether a Host header names this machine without asking DNS: an IP address,
+    ``localhost`` (and ``*.localhost``, which browsers resolve to loopback themselves),
+    one of ``own``'s names, or no Host at all (HTTP/1.0: no browser sends that)."""
+    host = host_header.strip().lower()
+    if host.startswith("["):  # [::1]:7080
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:  # name:port (a bare IPv6 address has more colons)
+        host = host.partition(":")[0]
+    host = host.rstrip(".")
+    if not host or host in own or host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _cross_site(request: web.Request) -> bool:
+    """A browser's request sent by a page of another origin: browsers name the page's
+    origin in ``Origin`` (``null`` for opaque ones) on every POST, and newer ones say
+    ``Sec-Fetch-Site``; programs such as curl send neither."""
+    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        return True
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return False
+    return urllib.parse.urlsplit(origin).netloc.lower() != request.host.lower()
 
 
 def _authorised(request: web.Request, expected: bytes) -> bool:

@@ -108,8 +108,14 @@ class OutDirLock:
                 f"out-dir {self.path.parent} is in use by another {holder} (pid {pid}); "
                 "stop it or choose another --out-dir"
             ) from None
-        os.ftruncate(handle, 0)
-        os.pwrite(handle, f"{os.getpid()} {self.holder}\n".encode(), 0)
+        try:  # the holder's pid, for a refused one to name (a full disk: a traceback)
+            os.ftruncate(handle, 0)
+            os.pwrite(handle, f"{os.getpid()} {self.holder}\n".encode(), 0)
+        except OSError as exc:
+            os.close(handle)
+            raise ConfigError(
+                f"cannot use out-dir {self.path.parent}: cannot write {self.path}: {exc.strerror}"
+            ) from exc
         self._handle = handle
 
     def release(self) -> None:

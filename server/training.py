@@ -99,11 +99,11 @@ class Coordinator:
         self.idle = IdleWatch()
         self.inline = InlineFrames(plan, job.data.context)
         self.desk = LeaseDesk(self.book, self.inline, min_workers)
-        self.epochs = EpochControl(job)
-        self.evaluations = Evaluations(copies=2 if verify_cv else 1)
+        self.epochs, self.trace = EpochControl(job), trace
+        second = verify_cv and self.policy.workers_score_cv  # np: the server scores alone
+        self.evaluations = Evaluations(copies=2 if second else 1)  # (a 2nd was waited for)
         self.progress = progress or ProgressWatch()
         self.hooks = hooks or HookSet([])
-        self.trace = trace
         self.stats = TrainingStats(job.epochs)
         self.sessions: dict[int, WorkerSession] = {}
         self.scoring = CvScoring(self.evaluations, CvReferee(job, plan, executor), self.inline,

@@ -233,6 +233,8 @@ def test_canonical_names() -> None:
         JobSpec(compress="zstd")
     with pytest.raises(ConfigError, match="weights codec"):
         WorkerConfig(weights_codec="int8")
+    assert WorkerConfig(weights_codec=" delta:none").weights_codec == "none"  # same bytes
+    assert agree_codecs(("weights:delta:none",), "none")["weights"] == "none"  # older workers
 
 
 # ---------------------------------------------------------------- the wire
@@ -281,6 +283,33 @@ def test_compressed_weights_follow_the_servers(form: str) -> None:
     full = encoder.prepare(Weights(60, 0, 0.1, 0, weights.copy()))
     assert isinstance(full, Weights) and full.encoded is None
     assert np.array_equal(full.element, weights)
+
+
+@pytest.mark.parametrize("form", ["none", "fp16", *(f"delta:{codec}" for codec in CODECS)])
+def test_every_weights_form_a_worker_accepts_crosses_the_wire(form: str) -> None:
+    """What the server's encoder makes of each form the worker's flag accepts is framed,
+    decoded by the worker's frame decoder and applied to its copy. ``delta:none`` made
+    frames of per-layer float32 parts that the decoder refused (a frame whose codec is
+    "none" is one unencoded array): the worker reconnected and trained a bunch per
+    connection until its retry window ran out; it is taken as ``none`` now."""
+    form = WorkerConfig(weights_codec=form).weights_codec
+    encoder = WeightsEncoder(form, SMALL)
+    decoder = FrameDecoder()
+    weights = gradient(14, SMALL)
+    held, held_version = None, -1
+    for version in range(3):
+        weights = weights + np.float32(0.01) * gradient(15 + version, SMALL)
+        sent = encoder.prepare(Weights(version, 0, 0.1, 0, weights.copy()))
+        (got,) = decoder.feed(encode_bytes(sent))
+        assert isinstance(got, Weights) and got.version == version
+        out = SMALL.allocate()
+        decode_weights(SMALL, got, held, held_version, out)
+        held, held_version = out, version
+    assert held is not None
+    error = np.linalg.norm(held - weights) / np.linalg.norm(weights)
+    assert error < 0.5, error
+    if form in ("none", "delta:none"):
+        assert np.array_equal(held, weights)
 
 
 def test_a_delta_from_a_version_not_held_is_refused() -> None:

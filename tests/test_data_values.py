@@ -195,3 +195,21 @@ def test_with_a_norm_file_the_values_are_still_checked_once(
     poked.replace(data)  # the same name, another file: checked again, and refused
     with pytest.raises(DataError, match="frame 4 has inf in feature 3"):
         plan(data)
+
+
+def test_eval_on_data_of_another_width_names_both_widths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "weights.npz was trained on 13 features", and not what the data had."""
+    tiny_set(tmp_path / "d.npz")
+    out = tmp_path / "o"
+    assert main(["train", *TINY, "--data", str(tmp_path / "d.npz"), "--out-dir", str(out)]) == 0
+    wide = tmp_path / "wide.npz"
+    np.savez(wide, X=np.zeros((20, 784), np.float32), y=np.arange(20) % 3)
+    capsys.readouterr()
+    weights = str(out / "weights.npz")
+    argv = ["eval", "--weights", weights, "--data", str(wide), "--context", "0"]
+    assert error(argv, capsys) == (
+        f"snet: {weights} was trained on 13 features per frame, but {wide} has 784: give "
+        "--data the job's kind of data"
+    )

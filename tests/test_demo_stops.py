@@ -288,3 +288,18 @@ def test_workers_a_terminals_ctrl_c_stopped_while_starting_stopped_cleanly() -> 
     assert not workers(130, 0).stopped_cleanly()  # no Ctrl-C reached the demo: not ours
     assert not workers(1, 0).stopped_cleanly(interrupted=True)
     assert workers(0, 0).stopped_cleanly()
+
+
+def test_results_it_cannot_write_are_said_and_its_workers_stopped_at_once(tmp_path: Path) -> None:
+    """A demo whose server could not write its results (a full disk; here weights.npz is
+    a directory) ended "weights in out/weights.npz", a file that was not there. Its
+    workers, told the failure (not "training complete") so that a restarted server finds
+    them, are stopped at once, not after the time given to workers leaving by themselves."""
+    (tmp_path / "out" / "weights.npz" / "taken").mkdir(parents=True)
+    with demo(tmp_path, "--epochs", "1", "--workers", "1", "--bunch-size", "512") as run:
+        assert run.wait() == 1
+    printed = run.stdout()
+    assert "done (failed: results not written: IsADirectoryError: " in printed
+    assert ", no weights written; worker process exit codes [0]" in printed
+    assert "weights in out/weights.npz" not in printed
+    assert "had not left" not in run.stderr()

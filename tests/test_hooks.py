@@ -19,9 +19,10 @@ from snet.protocol import hooks as hooks_module
 from snet.protocol.errors import ConfigError
 from snet.protocol.hooks import BunchEvent, EpochEvent, Hook, HookSet, McupsHook, RunInfo, load_hook
 from snet.server.app import SnetServer
+from snet.server.checkpoint import CheckpointStore
 from snet.server.plausible import finite
 
-from inprocess import Lab
+from inprocess import Lab, wait_until
 from short_data import short_job
 from user_errors import error
 
@@ -155,7 +156,10 @@ async def test_a_hook_with_figures_json_cannot_encode_does_not_stop_the_server(
 async def test_results_that_cannot_be_written_stop_the_server_with_the_error(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An exception while writing the results left the server waiting, its workers too."""
+    """An exception while writing the results left the server waiting, its workers too.
+    The workers are told why, not "training complete": they had gone home (exit 0, which
+    systemd does not restart), and the restarted server, resuming short of the end from
+    its last checkpoint, waited for them forever. Now they wait for it to come back."""
 
     def full_disk(self: SnetServer) -> Path:
         raise OSError(28, "No space left on device")
@@ -165,8 +169,12 @@ async def test_results_that_cannot_be_written_stop_the_server_with_the_error(
     worker = lab.worker(server, "w1")
     reason = await server.wait(60)
     assert reason == "failed: results not written: OSError: [Errno 28] No space left on device"
-    assert await worker.wait(30) == 0  # told goodbye, not left waiting
     assert "ERROR   snet.server: failed: results not written" in lab.log("server")
+    await wait_until(lambda: "mid-job; waiting" in lab.log("w1"), 10, "the worker waiting")
+    assert f"server said goodbye ({reason}) mid-job" in lab.log("w1")
+    assert not worker.task.done()  # waiting for the restarted server, not gone home
+    worker.stop("signal SIGTERM")
+    assert await worker.wait(10) == 0
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
@@ -191,6 +199,68 @@ async def test_results_written_on_the_second_try_end_the_run_as_trained(
     assert await worker.wait(30) == 0 and len(tries) == 2
     assert server.final_status()["state"] == "trained"
     assert "ERROR   snet.server: failed: results not written" in lab.log("server")
+
+
+def _failing_finished_checkpoints(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[int]:
+    """The checkpoint store's first ``failures`` writes of a finished run's state fail
+    (a full disk); the list counts them."""
+    write, failed = CheckpointStore.write, []
+
+    def full_disk(self: CheckpointStore, state: dict[str, Any]) -> Path:
+        if state["coordinator"]["finished"] and len(failed) < failures:
+            failed.append(1)
+            raise OSError(28, "No space left on device")
+        return write(self, state)
+
+    monkeypatch.setattr(CheckpointStore, "write", full_disk)
+    return failed
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_last_checkpoint_that_failed_is_written_again_at_the_end(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint of the run's end failed once (space freed just after): it counted as
+    taken, so none was written again, the server ended "trained", and the same command on
+    its out-dir resumed short of the end and waited for workers (a finished run's says so
+    and exits)."""
+    failed = _failing_finished_checkpoints(monkeypatch, 1)
+    server = await lab.server("--epochs", "1", *short_job())
+    worker = lab.worker(server, "w1")
+    assert await server.wait(60) == "trained" and failed == [1]
+    assert await worker.wait(30) == 0
+    again = await lab.server("--epochs", "1", *short_job())
+    assert await again.wait(30) == "trained"  # a completed run: nothing to wait for
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_last_checkpoint_that_cannot_be_written_is_results_not_written(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose end never reaches the disk is not "trained" (exit 0, which systemd
+    leaves down): its restart resumes short of the end and needs the workers back."""
+    _failing_finished_checkpoints(monkeypatch, 99)
+    server = await lab.server("--epochs", "1", *short_job())
+    worker = lab.worker(server, "w1")
+    reason = await server.wait(60)
+    assert reason.startswith("failed: results not written: OSError: the last checkpoint was not")
+    await wait_until(lambda: "mid-job; waiting" in lab.log("w1"), 10, "the worker waiting")
+    worker.stop("signal SIGTERM")
+    assert await worker.wait(10) == 0
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_trace_file_on_a_full_disk_ends_the_trace_not_the_run(lab: Lab) -> None:
+    """A trace record that could not be written raised in the step machinery, which
+    stopped the server, and its exit was a traceback from closing the file. /dev/full
+    answers every write with ENOSPC."""
+    server = await lab.server("--epochs", "1", "--trace-file", "/dev/full", *short_job())
+    worker = lab.worker(server, "w1")
+    assert await server.wait(60) == "trained"
+    assert await worker.wait(30) == 0
+    log = lab.log("server")
+    assert "cannot write the trace file /dev/full ([Errno 28] No space left on device): " in log
+    assert log.count("cannot write the trace file") == 1  # said once
 
 
 class Clock:

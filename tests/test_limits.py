@@ -150,7 +150,7 @@ async def test_slow_http_clients_are_closed_within_the_bound_while_training_goes
     assert max(waits) < 0.25 + 1.0, waits  # the bound, and the loop's own lateness
     body = await _http_peer(port)  # a body sent slowly is held to the same bound
     body[1].write(
-        b"POST /control HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /control HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b'Content-Length: 30\r\n\r\n{"stal'
     )
     answer = await asyncio.wait_for(body[0].read(1 << 16), 10)

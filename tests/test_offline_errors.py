@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from snet.cli import offline
 from snet.cli.main import main
 from snet.protocol.network import NetworkSpec, initial_weights
 from snet.server.export import weights_npz
@@ -229,3 +230,30 @@ def test_a_converted_scp_reads_from_any_folder(
     argv = ["data", "convert", str(made / "d.scp"), back, "--labels", str(made / "d-ali.ark")]
     assert main(argv) == 0
     capsys.readouterr()
+
+
+def test_convert_onto_a_full_disk_leaves_no_truncated_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`snet data convert` onto a full disk said "cannot write" and left a truncated
+    pfile (and empty .ark, .npz files) under the output's name. What it wrote goes; a
+    file it could not open at all (another user's, say) stays."""
+    data = str(tiny_set(tmp_path / "d.npz"))
+    out = tmp_path / "o.pfile"
+
+    def full_disk(path: Path, *args: object) -> None:
+        Path(path).write_bytes(b"-pfile_header version 0 size 32768\n")  # the first block
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(offline, "write_pfile", full_disk)
+    err = error(["data", "convert", data, str(out)], capsys)
+    assert err == f"snet: cannot write {out}: No space left on device"
+    assert not out.exists()
+    out.write_text("someone else's\n")
+
+    def not_allowed(path: Path, *args: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(offline, "write_pfile", not_allowed)
+    assert error(["data", "convert", data, str(out)], capsys).endswith("Permission denied")
+    assert out.read_text() == "someone else's\n"

@@ -178,12 +178,15 @@ def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
         assert "--link-mbps must be a speed > 0 Mbit/s" in capsys.readouterr().err
     assert main(["plan", "--compress", "topk:0.1"]) == 2
     assert "fixed size" in capsys.readouterr().err
+    for strategies in ("network", "pattern,network"):  # np mode refuses it: no np rows
+        assert main(["plan", "--strategies", strategies, "--network", "117:64:32:10"]) == 2
+        assert "np mode trains networks with one hidden layer" in capsys.readouterr().err
+    assert main(["plan", "--network", "117:64:32:10"]) == 0  # pattern-parallel trains it
+    capsys.readouterr()
     (tmp_path / "c.json").write_text("{}")
     assert main(["plan", "--constants", str(tmp_path / "c.json")]) == 2
     assert "no performance-model constants" in capsys.readouterr().err
-    # what the trainer refuses, and choices with no row (an empty table, exit 0, before)
-    assert main(["plan", "--strategies", "network", "--network", "117:64:32:10"]) == 2
-    assert "np mode trains networks with one hidden layer" in capsys.readouterr().err
+    # choices with no row at all (an empty table, exit 0, before)
     assert main(["plan", "--strategies", "network", "--modes", "bmuf,bmuf-async"]) == 2
     assert "--strategies network has no bmuf, bmuf-async rows" in capsys.readouterr().err
 

@@ -114,6 +114,11 @@ def test_make_step_policy_names_the_modes() -> None:
     assert isinstance(blocks.combination, BlockDeltas)
     assert "carries a worker's momentum" in blocks.combination.codec_problem("topk:0.01")
     assert blocks.combination.codec_problem("int8") == ""
+    for sliver in ("delta:topk:0.01", "delta:powersgd:2"):  # the run collapsed
+        assert "sends a sliver of each change" in blocks.combination.weights_problem(sliver)
+    for whole in ("none", "fp16", "delta:int8", "delta:sign"):
+        assert blocks.combination.weights_problem(whole) == ""
+    assert policy.combination.weights_problem("delta:topk:0.01") == ""  # every bunch's copy
     assert blocks.combination.chunk_frames(JobSpec(mode="bmuf", block_bunches=64)) == 64 * 128
     loose = make_step_policy(JobSpec(mode="bmuf", block_sync=False))
     assert isinstance(loose, AsyncSteps) and loose.updates_per_step == 1  # each block alone

@@ -144,3 +144,41 @@ async def test_a_restarted_server_keeps_the_policy_set_at_run_time(lab: Lab) -> 
         assert (await client.handshake()).job["staleness"] == "bounded:2"
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_restart_with_another_staleness_policy_puts_it_in_force(lab: Lab) -> None:
+    """--staleness is changed at run time (POST /control): an operator who then writes the
+    new policy into the server's command was refused at the restart, "a checkpoint of
+    another job (staleness 'none' there, 'bounded:2' here)", though bounded:2 was the
+    policy in force there. A command's policy other than the checkpointed command's is
+    put in force as a change; the same command keeps the run-time change."""
+    first = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)
+    worker = lab.worker(first, "w0")
+    await wait_until(lambda: worker.worker.updates_sent >= 3, 60, "the worker training")
+    await _control(lab, first, "bounded:2")
+    worker.stop("restart")
+    assert await worker.wait(30) == 0
+    first.stop("restart")
+    await first.wait(30)
+    flags = ["--mode", "async", "--epochs", "200", *SMALL_JOB]
+    second = await lab.server(*flags, "--staleness", "bounded:2", name="server")
+    status = await second.status()
+    assert status["resumed"] is not None and status["staleness"]["policy"] == "bounded:2"
+    assert len(status["staleness"]["changes"]) == 1  # in force already: no change made
+    second.stop("restart")
+    await second.wait(30)
+    third = await lab.server(*flags, "--staleness", "rate", name="server")
+    status = await third.status()
+    assert status["resumed"] is not None and status["staleness"]["policy"] == "rate"
+    change = status["staleness"]["changes"][-1]
+    assert (change["from"], change["to"], change["by"]) == (
+        "bounded:2",
+        "rate",
+        "the restart's command",
+    )
+    client = await AsyncRawClient.connect(third.port, "after")
+    try:
+        assert (await client.handshake()).job["staleness"] == "rate"
+    finally:
+        await client.close()

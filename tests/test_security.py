@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -11,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from snet.client.config import WorkerConfig
 from snet.protocol.errors import ConfigError
 from snet.server.config import ServerConfig
 from snet.server.security import is_loopback, resolve_token
 
 from helpers import SMALL_JOB, Cluster
+from inprocess import Lab, wait_until
 
 NOT_HERE = "10.255.255.1"  # an address this machine does not have: never actually bound
 
@@ -124,3 +128,76 @@ def test_with_a_token_every_endpoint_but_healthz_needs_it(cluster: Cluster, tmp_
     assert worker.wait(60) == 0
     assert server.wait(30) == 0 and "final weights (version" in server.log.read_text()
     assert "s3cret-token" not in server.log.read_text()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: see tests/README.md
+async def test_without_a_token_web_pages_in_a_browser_here_are_refused(lab: Lab) -> None:
+    """A server without a token (on loopback, as `snet server` and `snet demo` start)
+    was open to any web page a browser on this machine opened: a form posting
+    ``text/plain`` to /control changed the staleness policy (cross-site request forgery),
+    and a site whose own name resolved to 127.0.0.1 (DNS rebinding) read /weights.
+    Programs (curl, snet status) and the dashboard itself are served as before."""
+    server = await lab.server("--min-workers", "9", *SMALL_JOB)
+    session = await lab.http()
+    port = server.server.http_port
+    forged = {"Content-Type": "text/plain", "Origin": "http://site.example"}
+    body = json.dumps({"staleness": "rate"})
+    async with session.post(server.url + "/control", data=body, headers=forged) as response:
+        assert response.status == 403, await response.text()
+    fetch = {"Sec-Fetch-Site": "cross-site"}  # a browser that names no Origin still says so
+    async with session.post(server.url + "/control", data=body, headers=fetch) as response:
+        assert response.status == 403
+    assert json.loads(await server.get("/control"))["policy"] == "none"
+    rebound = {"Host": f"site.example:{port}"}
+    for path in ("/weights", "/status", "/control", "/"):
+        async with session.get(server.url + path, headers=rebound) as response:
+            assert response.status == 403, path
+    async with session.get(server.url + "/healthz", headers=rebound) as response:
+        assert response.status == 200  # a worker given this port asks it by any name
+    for host in (f"localhost:{port}", f"[::1]:{port}", f"{socket.gethostname()}:{port}"):
+        async with session.get(server.url + "/status", headers={"Host": host}) as response:
+            assert response.status == 200, host
+    own_page = {"Origin": server.url, "Content-Type": "application/json"}
+    async with session.post(server.url + "/control", data=body, headers=own_page) as response:
+        assert response.status == 200, await response.text()
+    async with session.post(server.url + "/control", json={"staleness": "none"}) as response:
+        assert response.status == 200  # a program: no Origin
+    assert json.loads(await server.get("/control"))["policy"] == "none"
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_control_body_nested_too_deeply_is_a_400_not_a_traceback(lab: Lab) -> None:
+    """json's decoder recurses per level: 2000 brackets raised a RecursionError that
+    aiohttp logged as a traceback and answered 500 (the lab fails on tracebacks)."""
+    server = await lab.server("--min-workers", "9", *SMALL_JOB)
+    session = await lab.http()
+    deep = "[" * 2000 + "]" * 2000
+    async with session.post(server.url + "/control", data=deep) as response:
+        assert response.status == 400 and "nested too deeply" in await response.text()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_token_from_a_file_made_secret_is_the_files_token(
+    lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SNET_TOKEN with a trailing newline (a Kubernetes Secret made --from-file of
+    `openssl rand -hex 16 > token`) was the server's token as it stood: every HTTP client
+    was refused (a Bearer value is stripped), and so was a worker given the same file
+    with --token-file (read stripped). Every way of giving it now reads the same token."""
+    monkeypatch.setenv("SNET_TOKEN", "sesame\n")
+    server = await lab.server("--min-workers", "9", *SMALL_JOB)
+    monkeypatch.delenv("SNET_TOKEN")
+    session = await lab.http()
+    bearer = {"Authorization": "Bearer sesame"}
+    async with session.get(server.url + "/status", headers=bearer) as response:
+        assert response.status == 200
+    async with session.get(server.url + "/status?token=sesame") as response:
+        assert response.status == 200
+    token_file = tmp_path / "token"
+    token_file.write_text("sesame\n")
+    token_file.chmod(0o600)
+    worker = lab.worker(server, "w1", "--token-file", str(token_file))
+    await wait_until(lambda: bool(server.server.coordinator.sessions), 10, "the worker joined")
+    worker.stop("test over")
+    assert await worker.wait(10) == 0
+    assert WorkerConfig(token=" sesame\n").token == "sesame"

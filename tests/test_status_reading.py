@@ -4,17 +4,21 @@ asked in plain HTTP), and a watch interval that is not a positive number of seco
 
 from __future__ import annotations
 
+import email.message
 import http.server
+import io
 import json
 import socket
 import threading
 import time
+import urllib.error
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
 from snet.cli.main import main
+from snet.cli.status import _cannot_read
 
 
 @contextmanager
@@ -217,3 +221,16 @@ def test_a_watch_polls_a_live_server_whose_stream_falls_silent(
     assert asked[0] == "/events" and asked[-1] == "/status"
     shown = [json.loads(line)["state"] for line in capsys.readouterr().out.splitlines()]
     assert shown[0] == "training" and shown[-1] == "stopping"
+
+
+def test_a_refusal_says_the_servers_reason() -> None:
+    """A server without a token asked by a name it does not answer (403) was shown as
+    "HTTP Error 403: Forbidden", its reason left unread."""
+    reason = b"this server has no token, so it answers only requests addressed to ...\n"
+    refused = urllib.error.HTTPError(
+        "http://alias:7080/status", 403, "Forbidden", email.message.Message(), io.BytesIO(reason)
+    )
+    assert _cannot_read("http://alias:7080", "/status", refused) == (
+        "cannot read http://alias:7080/status: refused: this server has no token, so it "
+        "answers only requests addressed to ..."
+    )

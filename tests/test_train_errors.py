@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from snet.cli import train as train_command
 from snet.cli.main import main
 from snet.data.sources import open_source
-from snet.protocol.errors import OutDirInUse
+from snet.protocol.errors import ConfigError, OutDirInUse
 from snet.protocol.hooks import BunchEvent, Hook, HookSet
 from snet.protocol.job import DataSpec
 from snet.server.export import read_weights
@@ -289,3 +290,43 @@ def test_ctrl_c_while_the_test_file_is_scored_keeps_the_final_weights(
     )
     with np.load(out / "weights.npz") as data:
         assert int(data["epoch"]) == 1  # the finished run's
+
+
+def test_train_onto_a_full_disk_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trained weights that could not be written (a full disk) were a traceback."""
+
+    def full_disk(path: Path, payload: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_command, "write_atomically", full_disk)
+    data = str(tiny_set(tmp_path / "d.npz"))
+    out = tmp_path / "o"
+    err = error(["train", *TINY, "--data", data, "--out-dir", str(out)], capsys, status=1)
+    assert err == (
+        f"snet: cannot write the trained weights to {out / 'weights.npz'}: No space left on device"
+    )
+
+
+def test_an_out_dir_on_a_full_disk_is_one_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The out-dir lock's pid text on a full disk raised an OSError out of the server's
+    and snet train's start (a traceback); the lock is not kept either."""
+
+    def full_disk(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    lock = OutDirLock(str(tmp_path / "o"))
+    with pytest.raises(ConfigError) as refusal:
+        lock.acquire()
+    assert str(refusal.value) == (
+        f"cannot use out-dir {tmp_path / 'o'}: cannot write {tmp_path / 'o' / '.lock'}: "
+        "No space left on device"
+    )
+    monkeypatch.undo()
+    again = OutDirLock(str(tmp_path / "o"))
+    again.acquire()  # nothing was left holding it
+    again.release()

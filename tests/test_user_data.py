@@ -7,7 +7,10 @@ CV accuracy the server reported, because the split travels with the weights.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
 import subprocess
 from pathlib import Path
 
@@ -258,3 +261,27 @@ def test_bmuf_scores_the_test_file_with_the_weights_it_saves(
     tested = snet("eval", "--weights", weights, "--subset", "test", "--json", cwd=tmp_path)
     assert tested.returncode == 0, tested.stderr
     assert json.loads(tested.stdout)["loss"] == status["test"]["loss"]
+
+
+def test_a_cache_on_a_full_disk_is_a_warning_not_a_sigbus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cache's copy is written through a memory map of a sparse file: on a full file
+    system the kernel answered a page written with SIGBUS, and the worker died (exit 135)
+    saying nothing. Its blocks are reserved first, so a full disk is an OSError: the
+    worker says so and holds its own copy, and no temporary is left."""
+    train = image_set(tmp_path / "train.npz", 40, 1)
+    source = open_job_source(DataSpec(source=str(train), context=0))
+    norms = Norms(np.zeros(784), np.ones(784))
+    reserved: list[int] = []
+
+    def full_disk(fd: int, offset: int, length: int) -> None:
+        reserved.append(length)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full_disk)
+    with caplog.at_level(logging.WARNING, "snet.data"):
+        assert shared_frames(source, norms, tmp_path / "cache") is None
+    assert reserved and reserved[0] >= 40 * 784 * 4  # the whole file, header and frames
+    assert "No space left on device): this process holds its own copy" in caplog.text
+    assert not list((tmp_path / "cache").glob("*.tmp"))

@@ -57,6 +57,18 @@ async def test_alone_a_worker_is_checked_by_the_server_which_agrees_with_it(lab:
     assert "the server scores the CV set itself" in lab.log("server")
 
 
+async def test_in_np_mode_the_server_scores_every_epoch_and_the_run_ends(lab: Lab) -> None:
+    """np mode and --verify-cv: the server scores every epoch itself; the second copy it
+    asked for found no scorer, and the run waited for it forever after its first epoch."""
+    server = await lab.server("--mode", "np", "--epochs", "2", "--verify-cv", "--min-workers",
+                              "2", "--linger-seconds", "30", *short_job())  # fmt: skip
+    for name in ("w1", "w2"):
+        lab.worker(server, name)
+    status = await _trained(server)
+    assert status["cv_checks"]["scorers"] == 1
+    assert all(epoch["cv_accuracy"] is not None for epoch in status["epochs"])
+
+
 async def test_a_forged_cv_result_is_refused_and_the_servers_score_kept(lab: Lab) -> None:
     # The forger takes a lease and never delivers it: the epoch ends once it is late.
     server = await lab.server(*verified_async_job(), "--stall-seconds", "0.5")

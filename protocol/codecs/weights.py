@@ -5,6 +5,7 @@ Forms (a worker's ``--weights-codec``)::
     none          every copy in float32 (the default)
     fp16          every copy in half precision (2x fewer bytes)
     delta:CODEC   the difference from the copy the worker holds, in any update codec
+                  but none (``delta:none`` is taken as ``none``: the same bytes)
 
 The first copy after a (re)connection and the copy after a ``Resync`` are always full
 float32. For deltas the server keeps a *mirror* of what the worker has reconstructed
@@ -29,15 +30,23 @@ DELTA_PREFIX = "delta:"
 
 
 def canonical_weights_form(text: str) -> str:
-    """The canonical spelling of a weights form; ``ConfigError`` when there is none."""
+    """The canonical spelling of a weights form; ``ConfigError`` when there is none.
+
+    ``delta:none`` is ``none``: a float32 delta is as large as the float32 weights, and a
+    frame of float32 values is a whole copy on the wire (a frame's codec "none" means
+    unencoded), so such deltas could not be sent (the worker refused every one of them
+    as malformed, reconnected and trained one bunch per connection).
+    """
     text = str(text).strip()
     if text in ("none", "fp16"):
         return text
     if text.startswith(DELTA_PREFIX):
         try:
-            return DELTA_PREFIX + parse_codec(text[len(DELTA_PREFIX) :]).name
+            codec = parse_codec(text[len(DELTA_PREFIX) :]).name
         except ConfigError:
             pass
+        else:
+            return "none" if codec == "none" else DELTA_PREFIX + codec
     raise ConfigError(
         f"unknown weights codec {text!r:.40}; use none, fp16 or delta:CODEC "
         f"with CODEC one of {', '.join(CODEC_FORMS)}"
