@@ -239,6 +239,7 @@ class WorkerConnection:
             capabilities=hello.capabilities,
             send=self.send,
             close=self.close,
+            warn=self._warn,
             ledger=ledger,
         )
         self.coordinator.add_worker(self.session)
@@ -248,9 +249,10 @@ class WorkerConnection:
     def _warn(self, text: str, *args: object) -> None:
         """A warning about what this peer sent: the first ``PEER_WARNINGS`` of the
         connection are logged, the rest counted and summed up when it is gone (/status
-        counts every refusal)."""
+        counts every refusal). One after it left (an update refused at step time) is
+        logged: no summary would say it."""
         self._warned += 1
-        if self._warned <= PEER_WARNINGS:
+        if self._warned <= PEER_WARNINGS or self.stream.lost:
             log.warning(text, *args)
             if self._warned == PEER_WARNINGS:
                 log.warning("%s: %d warnings about what it sent; the next are summed up when "

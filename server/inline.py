@@ -61,8 +61,8 @@ class InlineFrames:
         Said again on the same connection, it is ignored: starting afresh would send the
         held leases' frames again, hundreds of kilobytes for each few dozen bytes in."""
         if session.worker_id in self._sent:
-            log.warning("worker %s said frames_wanted again (%s); ignored", session.name,
-                        reason[:100])  # fmt: skip
+            session.warn("worker %s said frames_wanted again (%s); ignored", session.name,
+                         reason[:100])  # fmt: skip
             return
         log.info("worker %s cannot read the data (%s): frames go inline", session.name, reason)
         session.inline_frames = True

@@ -11,7 +11,6 @@ lost. Its values (norm, NaN, Inf) are checked in the step thread (server/steppin
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import NoReturn
 
@@ -28,8 +27,6 @@ from .policies import StepPolicy
 from .pool import ElementLoan, ElementPool, Received
 from .session import WorkerSession
 from .stepping import PendingUpdate
-
-log = logging.getLogger("snet.server")
 
 
 class UpdateIntake:
@@ -51,8 +48,8 @@ class UpdateIntake:
         message = received.message
         if self.book.is_repeat(session.worker_id, message.lease_id, message.offset):
             received.release()
-            log.warning("update of %s on lease %d offset %d came again; ignored", session.name,
-                        message.lease_id, message.offset)  # fmt: skip
+            session.warn("update of %s on lease %d offset %d came again; ignored", session.name,
+                         message.lease_id, message.offset)  # fmt: skip
             return False
         session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
         session.probation = False  # alive after all: it may hold leases again
@@ -61,8 +58,8 @@ class UpdateIntake:
         )
         if lost:
             session.updates_settled += updates
-            log.warning("updates of %s were lost: %d frames back in the queue", session.name,
-                        lost)  # fmt: skip
+            session.warn("updates of %s were lost: %d frames back in the queue", session.name,
+                         lost)  # fmt: skip
         return True
 
     def admit(self, session: WorkerSession, received: Received, version: int) -> PendingUpdate:

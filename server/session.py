@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -11,6 +12,13 @@ from snet.protocol.messages import Message
 
 from .ledger import CompressionLedger
 from .progress import DeliveryClock
+
+log = logging.getLogger("snet.server")
+
+
+def log_warning(text: str, *args: object) -> None:
+    """A session's ``warn`` with no connection to keep its budget (the server's own)."""
+    log.warning(text, *args)
 
 
 def unique_name(name: str, taken: Iterable[str]) -> str:
@@ -34,6 +42,8 @@ class WorkerSession:
     capabilities: tuple[str, ...]
     send: Callable[[Message], None]
     close: Callable[[str], None]
+    # a warning about what this worker sent, within its connection's budget (PEER_WARNINGS)
+    warn: Callable[..., None] = log_warning
     joined_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
     last_seen_wall: float = field(default_factory=time.time)

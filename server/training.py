@@ -327,7 +327,7 @@ class Coordinator:
         self.book.unaccept(pending.frames)
         self.stats.record_train(-message.patterns, -message.correct, -message.loss_sum)
         self._count_refused(session)
-        log.warning("refused update from %s: %s", session.name, reason)
+        session.warn("refused update from %s: %s", session.name, reason)
         if session.state != "gone":  # a departed worker is told nothing (and owes nothing)
             session.send(
                 ErrorMessage(RejectedUpdate.code, reason, False, message.lease_id, message.offset)

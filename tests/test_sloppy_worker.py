@@ -210,3 +210,35 @@ async def test_a_peer_repeating_a_refused_message_does_not_flood_the_log(lab: La
     summary = "repeater: 30 more warnings about what it sent were not logged"
     await wait_until(lambda: summary in lab.log("server"), 10, "the summary line")
     assert lab.log("server").count("refused update from repeater") == PEER_WARNINGS
+
+
+async def test_refusals_at_step_time_and_repeats_share_the_log_budget(lab: Lab) -> None:
+    """An update refused when its step is applied (NaN, an implausible norm, over the
+    staleness bound) and an update delivered again were warnings outside the budget: a
+    worker whose training diverged, sending NaN at its full rate, wrote a line for each.
+    Every warning about what one connection's peer sent counts against PEER_WARNINGS."""
+    server, client, update = await _negative_update(lab, "diverged")
+    nan = np.full(LAYOUT.size, np.nan, np.float32)
+    refused = 25
+    for offset in range(refused):
+        await client.send(
+            Update(update.base_version, update.lease_id, offset, 1, 0.5, 0, 0.001, nan)
+        )
+
+    async def all_refused() -> bool:
+        return bool((await server.status())["updates_rejected"] == refused)
+
+    await wait_until(all_refused, 10, "every NaN update to be refused")
+    repeated = 25  # offset 0 again: a second delivery, ignored
+    for _ in range(repeated):
+        await client.send(Update(update.base_version, update.lease_id, 0, 1, 0.5, 0, 0.001, nan))
+    await client.send(Resync("marker"))  # read after the repeats (TCP keeps order)
+    marker = "asks for a full copy of the weights: marker"
+    await wait_until(lambda: marker in lab.log("server"), 10, "the repeats to be read")
+    await client.close()
+    unlogged = refused + repeated - PEER_WARNINGS
+    summary = f"diverged: {unlogged} more warnings about what it sent were not logged"
+    await wait_until(lambda: summary in lab.log("server"), 10, "the summary line")
+    log = lab.log("server")
+    logged = log.count("refused update from diverged") + log.count("came again; ignored")
+    assert logged == PEER_WARNINGS, log
