@@ -160,11 +160,12 @@ def test_eval_elsewhere_names_the_flag_for_data_saved_by_a_relative_path(
 
 
 def test_with_a_norm_file_the_values_are_still_checked_once(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With a norm file no pass computed the norms, and none checked the values: a NaN
     trained nothing. Now it is refused as without one, and with a data cache the check is
     made once for the same files (a marker there), then again when a file changes."""
+    from snet.data import cache as data_cache
     from snet.data.cache import KINDS
     from snet.protocol.job import DataSpec, JobSpec
     from snet.protocol.network import NetworkSpec
@@ -186,15 +187,26 @@ def test_with_a_norm_file_the_values_are_still_checked_once(
         spec = DataSpec(source=str(path), context=1, norm_file=str(norms))
         plan_data(JobSpec(network=network, data=spec), str(cache))
 
+    check, checks = data_cache.check_finite, []
+
+    def counted(source: Any, frames: np.ndarray) -> None:
+        checks.append(len(frames))
+        check(source, frames)
+
+    monkeypatch.setattr(data_cache, "check_finite", counted)
     data = tmp_path / "data.npz"
     data.write_bytes(good.read_bytes())
     plan(data)
+    assert len(checks) == 1 and checks[0] > 0
     assert [p.name.split("-")[0] for p in cache.glob("*.ok")] == ["checked"]
+    plan(data)  # the same file: the marker says it was checked
+    assert len(checks) == 1
     assert "checked" in KINDS  # pruned with the others once its data file is gone
     poked = Path(_altered(tmp_path / "poked.npz", data, _poked(np.inf, 4)))
     poked.replace(data)  # the same name, another file: checked again, and refused
     with pytest.raises(DataError, match="frame 4 has inf in feature 3"):
         plan(data)
+    assert len(checks) == 2
 
 
 def test_eval_on_data_of_another_width_names_both_widths(
