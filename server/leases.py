@@ -294,10 +294,11 @@ class LeaseBook:
         move past them. The updates are counted in the largest this worker has delivered
         (or this one): exact when its updates are all of one size (a bunch, a block),
         never too many, so that its flow control recovers and is never loosened.
-        Nothing for a claim on a lease the worker does not hold.
+        Nothing for a claim on a lease the worker does not hold, or outside the lease (a
+        negative offset, refused next, took the worker's earlier leases back).
         """
         lease = self._leases.get(lease_id)
-        if lease is None or lease.worker_id != worker_id or offset > len(lease.indices):
+        if lease is None or lease.worker_id != worker_id or not 0 <= offset <= len(lease.indices):
             return 0, 0
         gaps: list[np.ndarray] = []
         for earlier in self.held_by(worker_id):

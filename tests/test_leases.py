@@ -269,6 +269,17 @@ def test_a_negative_offset_on_a_held_lease_is_not_a_repeat() -> None:
         book.accept(1, lease.lease_id, -5, 4)
 
 
+def test_a_negative_offset_shows_no_update_lost() -> None:
+    """An update at a negative offset on a later lease is a bad claim, refused: it showed
+    the worker's earlier lease as trained and its updates lost, and took it back."""
+    book = new_book(chunk=10)
+    book.start_epoch(0)
+    first, second = book.grant(1), book.grant(1)
+    assert first is not None and second is not None
+    assert book.lost_before(1, second.lease_id, -1, 3) == (0, 0)
+    assert first.lease_id in {lease.lease_id for lease in book.held_by(1)}
+
+
 def test_epoch_complete_waits_for_application() -> None:
     book = new_book(chunk=1000)  # a single chunk
     book.start_epoch(0)
