@@ -77,7 +77,7 @@ def job_identity(job_dict: dict[str, Any], data_fingerprint: str) -> dict[str, A
 RUN_TIME_SETTINGS = ("staleness",)
 
 
-def _compared(job: dict[str, Any]) -> dict[str, Any]:
+def _without_run_time_settings(job: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in job.items() if key not in RUN_TIME_SETTINGS}
 
 
@@ -117,8 +117,8 @@ def resume_point(
     saved = loaded.state
     job = saved.get("job")
     theirs, ours = (
-        _compared(_as_of_now(job)) if isinstance(job, dict) and job else {},
-        _compared(_as_of_now(identity["job"])),
+        _without_run_time_settings(_as_of_now(job)) if isinstance(job, dict) and job else {},
+        _without_run_time_settings(_as_of_now(identity["job"])),
     )
     if theirs != ours:
         there, here = _settings(theirs), _settings(ours)

@@ -100,7 +100,7 @@ def resume_from(coordinator: Coordinator, path: Path, state: dict[str, Any]) -> 
     if coordinator.trace is not None:
         coordinator.trace({"resumed": coordinator.version, "digest": coordinator.digest,
                            "epoch": coordinator.epoch, "checkpoint": path.name})  # fmt: skip
-    follow_the_command(coordinator, state.get("job"))
+    put_restart_staleness_in_force(coordinator, state.get("job"))
     return {
         "checkpoint": path.name,
         "version": coordinator.version,
@@ -111,7 +111,7 @@ def resume_from(coordinator: Coordinator, path: Path, state: dict[str, Any]) -> 
     }
 
 
-def follow_the_command(coordinator: Coordinator, saved_job: object) -> None:
+def put_restart_staleness_in_force(coordinator: Coordinator, saved_job: object) -> None:
     """The staleness policy after a restart. Given as the checkpointed run's command gave
     it, the policy in force stays (a change made at run time survives a crash and the
     same command's restart); given otherwise, the command's is put in force as ``POST
