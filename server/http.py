@@ -14,10 +14,11 @@ POST /control  JSON ``{"staleness": "bounded:2"}``: another staleness policy fro
                next step (docs/staleness.md); 400 for a bad one, with the reason
 
 With a token every path but /healthz needs it (server/security.py). Without a token the
-read-only paths are open to whoever reaches the port, but POST /control only to clients
-on loopback (403 otherwise): changing how training runs is never left open to the network
-(a server without a token listens beyond loopback only with ``--insecure``); nor to web
-pages that a browser on this machine opens (server/security.py's browser middleware).
+read-only paths are open to whoever reaches the port (on loopback, by an IP address,
+localhost or this machine's name), but POST /control only to clients on loopback (403
+otherwise): changing how training runs is never left open to the network (a server
+without a token listens beyond loopback only with ``--insecure``), nor to web pages that
+a browser on this machine opens (server/security.py's browser middleware).
 """
 
 from __future__ import annotations
