@@ -64,9 +64,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("snet.server")
 
-# Warnings about what one connection's peer sent (refusals, its error reports) logged in
-# full; the rest are counted and summed up when it leaves. A peer repeating one refused
-# message wrote 47,000 log lines (13.7 MB) in 7 s, a disk's worth in hours.
+# Warnings about what one connection's peer sent (refusals, on arrival or at step time;
+# repeats; its error reports: WorkerSession.warn) logged in full; the rest are counted and
+# summed up when it leaves. A peer repeating one refused message wrote 47,000 log lines
+# (13.7 MB) in 7 s, a disk's worth in hours.
 PEER_WARNINGS = 20
 HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coalesce
 LOW_WATER = 1024 * 1024
