@@ -21,6 +21,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from snet.client.config import MAX_PROCESSES
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import SHARED_BUNCH_MODES, JobSpec
 from snet.protocol.numbering import counted, shown_epoch
@@ -272,8 +273,9 @@ def run_demo(args: argparse.Namespace) -> int:
         # The workers' flag, checked as they check it: a bad one made each of them exit 2.
         args.weights_codec = canonical_weights_form(args.weights_codec)
     for flag, count in (("--workers", args.workers), ("--spert", args.spert)):
-        if count < 0:  # said as "needs at least one worker" while 2 were there by default
-            print(f"snet: {flag} must be >= 0, got {count}", file=sys.stderr)
+        # below 0 it was said as "needs at least one worker" while 2 were there by default
+        if not 0 <= count <= MAX_PROCESSES:
+            print(f"snet: {flag} must be 0 to {MAX_PROCESSES}, got {count}", file=sys.stderr)
             return 2
     if args.workers + args.spert < 1:
         print("snet: the demo needs at least one worker (--workers, --spert)", file=sys.stderr)

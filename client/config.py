@@ -18,6 +18,9 @@ HANDSHAKE_SECONDS = 30.0  # a server's hello, welcome and data description, in a
 # client/backend.py's BACKENDS and "auto"; named here too, so that a setting is checked
 # when it is read, before any worker starts (the backends' code is not loaded by then)
 BACKEND_NAMES = ("auto", "numpy", "torch", "spert", "modelled")
+# Worker processes one command may fork: a typo (100000 for 10) forked until the machine
+# gave out (300 idle ones held 1.3 GB); far beyond one per core of any machine we run on.
+MAX_PROCESSES = 256
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class WorkerConfig:
         default=1,
         metadata={
             "help": "worker processes to run on this machine, forked from one that has loaded "
-            "the code once (names NAME-1..N; one per core is the rule)"
+            "the code once (names NAME-1..N; one per core is the rule; at most 256)"
         },
     )
     backend: str = field(
@@ -151,8 +154,11 @@ class WorkerConfig:
         if self.name and (problem := name_problem(self.name)):
             raise ConfigError(problem)
         check_threads(self.threads)
-        if self.processes < 1:
-            raise ConfigError(f"processes must be >= 1, got {self.processes}")
+        if not 1 <= self.processes <= MAX_PROCESSES:
+            raise ConfigError(
+                f"processes must be 1 to {MAX_PROCESSES} (one per core is the rule), "
+                f"got {self.processes}"
+            )
         if self.backend not in BACKEND_NAMES:
             raise ConfigError(
                 f"unknown backend {self.backend!r}; known: {', '.join(BACKEND_NAMES)}"

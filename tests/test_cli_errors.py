@@ -81,14 +81,21 @@ def test_a_settings_own_check_names_it_as_the_user_gave_it(
         f"snet: {path} [job] epochs must be >= 1, got 0"
     )
     monkeypatch.setenv("SNET_WORKER_PROCESSES", "0")
-    assert _error(["worker"], capsys) == "snet: SNET_WORKER_PROCESSES must be >= 1, got 0"
+    assert _error(["worker"], capsys) == (
+        "snet: SNET_WORKER_PROCESSES must be 1 to 256 (one per core is the rule), got 0"
+    )
+    monkeypatch.setenv("SNET_WORKER_PROCESSES", "100000")  # a typo forked until memory ran out
+    assert _error(["worker"], capsys) == (
+        "snet: SNET_WORKER_PROCESSES must be 1 to 256 (one per core is the rule), got 100000"
+    )
 
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--spert", "-1"], "snet: --spert must be >= 0, got -1"),
-        (["--workers", "-2"], "snet: --workers must be >= 0, got -2"),
+        (["--spert", "-1"], "snet: --spert must be 0 to 256, got -1"),
+        (["--workers", "-2"], "snet: --workers must be 0 to 256, got -2"),
+        (["--workers", "100000"], "snet: --workers must be 0 to 256, got 100000"),  # a typo
         (["--workers", "0"], "snet: the demo needs at least one worker (--workers, --spert)"),
     ],
 )
