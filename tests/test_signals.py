@@ -105,3 +105,29 @@ def test_a_signal_ignored_from_the_start_stays_ignored() -> None:
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_snet_trains_handler_takes_the_first_signal_delivered_twice_as_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """snet train's handlers (``raised_on_stop``) under GNU timeout's double SIGTERM: the
+    first raises ``Terminated`` (the run stops and writes its weights), the same signal
+    again at once is nothing, and only a later one would exit now. Called directly, as
+    the kernel would: two signals sent to this process back to back may merge into one."""
+    import snet.cli.stop_signals as rule
+
+    now = [100.0]
+    monkeypatch.setattr(rule.time, "monotonic", lambda: now[0])
+    exits: list[int] = []
+    monkeypatch.setattr(rule.os, "_exit", exits.append)
+    with rule.raised_on_stop():
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        with pytest.raises(rule.Terminated):
+            handler(signal.SIGTERM, None)
+        now[0] += rule.REPEAT_SECONDS / 2
+        handler(signal.SIGTERM, None)  # GNU timeout's second: neither raises nor exits
+        assert exits == []
+        now[0] += rule.REPEAT_SECONDS
+        handler(signal.SIGTERM, None)  # a user insisting
+        assert exits == [1]
