@@ -243,11 +243,9 @@ def cached_norms(
     the training frames are (``compute_norms``). Kaldi data is not cached: its key would be the
     ``.scp`` alone, and the pass over every frame is also what finds an archive that
     cannot be read (a DataError at start, not a failure in every worker)."""
-    if directory is None or any(isinstance(part, KaldiSource) for part in source.parts):
+    if directory is None or not _cacheable(source):
         return compute_norms(source, train, checked)
-    digest = _source_digest("norms", source)
-    digest.update(np.ascontiguousarray(train, dtype=np.int64).data)  # in place, no copy
-    path = directory / f"norms-{digest.hexdigest()[:32]}.npy"
+    path = _kept_path(directory, "norms", source, train, ".npy")
     try:
         return _read_norms(path, source.features)
     except (FileNotFoundError, NotADirectoryError):
@@ -255,14 +253,7 @@ def cached_norms(
     except Exception as exc:  # whatever the file holds (or fails to), it is computed again
         log.warning("the data cache's %s cannot be read (%s): computed again", path, exc)
     norms = compute_norms(source, train, checked)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        _prune(directory)
-        _write_atomically(path, lambda temporary: _save(temporary, norms.as_array()))
-        _note(path, source)
-    except OSError as exc:
-        log.warning("cannot keep the normalisation in the data cache %s (%s)%s",
-                    directory, exc, ELSEWHERE)  # fmt: skip
+    _keep(path, source, lambda temporary: _save(temporary, norms.as_array()), "the normalisation")
     return norms
 
 
@@ -271,24 +262,45 @@ def checked_values(source: JoinedSource, frames: np.ndarray, directory: Path | N
     when ``directory`` is given: a marker kept there says they were checked, so a server
     that reads a norm file (and so no pass for the norms) does not read the data again at
     every start to check it. Kaldi data is checked every time (as ``cached_norms``)."""
-    if directory is None or any(isinstance(part, KaldiSource) for part in source.parts):
+    if directory is None or not _cacheable(source):
         check_finite(source, frames)
         return
-    digest = _source_digest("checked", source)
-    digest.update(np.ascontiguousarray(frames, dtype=np.int64).data)
-    path = directory / f"checked-{digest.hexdigest()[:32]}.ok"
+    path = _kept_path(directory, "checked", source, frames, ".ok")
     with contextlib.suppress(OSError):
         if path.stat().st_uid == os.getuid():  # another user's marker is not trusted
             return
     check_finite(source, frames)
+    _keep(path, source, lambda temporary: temporary.touch(), "the data check's result")
+
+
+def _cacheable(source: JoinedSource) -> bool:
+    """Whether what is derived from ``source`` can be kept: not Kaldi data, whose key would
+    be the ``.scp`` alone (and whose pass over every frame also finds an archive that
+    cannot be read: a DataError at start, not a failure in every worker)."""
+    return not any(isinstance(part, KaldiSource) for part in source.parts)
+
+
+def _kept_path(
+    directory: Path, kind: str, source: JoinedSource, frames: np.ndarray, suffix: str
+) -> Path:
+    """Where ``kind`` (one of ``KINDS``) of ``source``'s ``frames`` is kept: named by the
+    data files' identity and the frames themselves."""
+    digest = _source_digest(kind, source)
+    digest.update(np.ascontiguousarray(frames, dtype=np.int64).data)  # in place, no copy
+    return directory / f"{kind}-{digest.hexdigest()[:32]}{suffix}"
+
+
+def _keep(path: Path, source: JoinedSource, fill: Callable[[Path], None], what: str) -> None:
+    """Write ``path`` whole (``fill`` writes a temporary) with its note, pruning the
+    directory first; a cache that cannot be written is logged, and the run goes on."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        _prune(directory)
-        _write_atomically(path, lambda temporary: temporary.touch())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _prune(path.parent)
+        _write_atomically(path, fill)
         _note(path, source)
     except OSError as exc:
-        log.warning("cannot keep the data check's result in the data cache %s (%s)%s",
-                    directory, exc, ELSEWHERE)  # fmt: skip
+        log.warning("cannot keep %s in the data cache %s (%s)%s",
+                    what, path.parent, exc, ELSEWHERE)  # fmt: skip
 
 
 def _save(path: Path, array: np.ndarray) -> None:
