@@ -41,6 +41,8 @@ from .settings import build_job, read_toml
 if TYPE_CHECKING:
     from snet.server.app import SnetServer
 
+    from .preloaded_worker import PreloadedWorker
+
 READER_GONE = "its output's reader has gone"  # why the demo stopped its server
 BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
@@ -110,7 +112,7 @@ def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
     return job.with_changes(bunch_size=max(job.bunch_size // max(workers, 1), 8))
 
 
-async def _demo(args: argparse.Namespace) -> int:
+async def _demo(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> int:
     values, where = read_toml(args.config).table("job")
     job = build_job(values, given_job(args), where)
     chosen = args.bunch_size is not None or "bunch_size" in values
@@ -148,7 +150,8 @@ async def _demo(args: argparse.Namespace) -> int:
             server.request_stop(reason)
 
     install_stop_signals(stop, logging.getLogger("snet.demo"))
-    workers = await DemoWorkers.start(args, f"127.0.0.1:{listening.getsockname()[1]}")
+    address = f"127.0.0.1:{listening.getsockname()[1]}"
+    workers = await DemoWorkers.start(args, address, preloaded)
     from snet.server.app import NOT_WRITTEN, SnetServer  # here: while the workers start
     from snet.server.durability import OtherJob
 
@@ -263,10 +266,11 @@ def _exit_status(reason: str, workers_ok: bool) -> int:
     return 0 if (reason == "trained" or by_user) and workers_ok else 1
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None) -> int:
     """Run the demo; its exit status (``_exit_status``), or 2 for a bad flag or a bad
     setting of its workers, found before anything starts (raised as ``ConfigError`` to
-    ``main`` or said here)."""
+    ``main`` or said here). ``preloaded``: the process to run its numpy workers in
+    (cli/preloaded_worker.py), else one is started for them."""
     from snet.protocol.codecs.weights import canonical_weights_form
 
     if args.weights_codec is not None:
@@ -285,4 +289,4 @@ def run_demo(args: argparse.Namespace) -> int:
         return 2
     check_worker_settings(args)  # as they will read them, environment and all
     setup_logging("warning")
-    return run(_demo(args))
+    return run(_demo(args, preloaded))

@@ -16,13 +16,15 @@ import contextlib
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .lifeline import supervised_environment
 from .progress_bar import EXIT_INTERRUPTED, say
 
 if TYPE_CHECKING:
     from snet.server.app import SnetServer
+
+    from .preloaded_worker import PreloadedWorker
 
 WORKER_EXIT_SECONDS = 30.0  # to exit once asked to stop
 LEAVE_SECONDS = 5.0  # to leave by themselves once the server has finished
@@ -33,6 +35,35 @@ LEAVE_SECONDS = 5.0  # to leave by themselves once the server has finished
 INTERRUPT_LEAVE_SECONDS = 3.0
 WATCH_SECONDS = 0.1  # how often the demo looks at its worker processes
 WORKERS_GONE = "its workers have gone"  # why the demo stopped its server
+
+
+class WorkerProcess(Protocol):
+    """What the demo uses of a worker process: ``asyncio.subprocess.Process``, or one
+    started before its event loop (cli/preloaded_worker.py)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    async def wait(self) -> int: ...
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment of the demo's worker processes."""
+    # Each ends when the demo dies, however it dies (kill -9, the OOM killer): it would
+    # retry the server that died with the demo for minutes (cli/lifeline.py).
+    environment = supervised_environment()
+    # One data cache for the demo's processes: SNET_DATA_CACHE is the server's variable,
+    # and the workers' own (SNET_WORKER_DATA_CACHE) follows it unless set.
+    if "SNET_DATA_CACHE" in environment:
+        environment.setdefault("SNET_WORKER_DATA_CACHE", environment["SNET_DATA_CACHE"])
+    return environment
 
 
 def worker_commands(args: argparse.Namespace, address: str) -> list[list[str]]:
@@ -62,7 +93,7 @@ def check_worker_settings(args: argparse.Namespace) -> None:
     from snet.client.backend import check_backend
 
     from .commands import worker_config
-    from .main import parse_command
+    from .parser import parse_command
     from .settings import ConfigFile
     from .spert import spert_configs
 
@@ -81,26 +112,30 @@ class DemoWorkers:
     """The demo's worker processes: one ``snet worker --processes N`` (forking the numpy
     workers), then one ``snet spert`` per emulated board."""
 
-    processes: list[asyncio.subprocess.Process]
+    processes: list[WorkerProcess]
     workers: int  # how many workers they are (the group counts N)
     terminated: set[int] = field(default_factory=set)  # pids the demo sent SIGTERM
 
     @classmethod
-    async def start(cls, args: argparse.Namespace, address: str) -> DemoWorkers:
-        """Start the demo's worker processes (numpy workers, then boards) for ``address``."""
-        # Each ends when the demo dies, however it dies (kill -9, the OOM killer): it
-        # would retry the server that died with the demo for minutes (cli/lifeline.py).
-        environment = supervised_environment()
-        # One data cache for the demo's processes: SNET_DATA_CACHE is the server's
-        # variable, and the workers' own (SNET_WORKER_DATA_CACHE) follows it unless set.
-        if "SNET_DATA_CACHE" in environment:
-            environment.setdefault("SNET_WORKER_DATA_CACHE", environment["SNET_DATA_CACHE"])
-        processes = [
-            await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "snet.cli", *command, env=environment
+    async def start(
+        cls, args: argparse.Namespace, address: str, preloaded: PreloadedWorker | None = None
+    ) -> DemoWorkers:
+        """Start the demo's worker processes (numpy workers, then boards) for ``address``;
+        the numpy workers in ``preloaded`` if given (which is discarded when there are
+        none)."""
+        environment = worker_environment()
+        commands = worker_commands(args, address)
+        processes: list[WorkerProcess] = []
+        if preloaded is not None and args.workers:  # the numpy workers' group is first
+            processes.append(preloaded.run(commands.pop(0)))
+        elif preloaded is not None:
+            preloaded.discard()
+        for command in commands:
+            processes.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "snet.cli", *command, env=environment
+                )
             )
-            for command in worker_commands(args, address)
-        ]
         return cls(processes, args.workers + args.spert)
 
     def codes(self) -> list[int | None]:

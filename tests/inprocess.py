@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 
 from snet.cli.commands import server_config, worker_config
-from snet.cli.main import _parser
+from snet.cli.parser import command_parser
 from snet.cli.settings import ConfigFile
 from snet.cli.spert import board_config
 from snet.client.backend import ComputeBackend
@@ -160,7 +160,7 @@ class Lab:
         self._start_logging()
         out_dir = self.tmp_path / f"{name}-out"
         flags = ["--port", "0", "--http-port", "0", "--out-dir", str(out_dir)]
-        config = server_config(_parser().parse_args(["server", *flags, *args]))
+        config = server_config(command_parser().parse_args(["server", *flags, *args]))
         server = SnetServer(config)
         context = _named(name)
         loop = asyncio.get_running_loop()
@@ -186,7 +186,7 @@ class Lab:
         ``snet spert``, an emulated Spert-II board)."""
         self._start_logging()
         flags = ["--server", server.address, "--name", name, "--retry-seconds", "5"]
-        parsed = _parser().parse_args([command, *flags, *args])
+        parsed = command_parser().parse_args([command, *flags, *args])
         if command == "spert":
             from snet.client.spert.backend import SpertBackend
 

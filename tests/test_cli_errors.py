@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from snet import __version__
-from snet.cli.main import _parser, main
+from snet.cli.main import main
+from snet.cli.parser import command_parser
 from snet.client.config import WorkerConfig
 from snet.client.spert.config import BoardConfig
 from snet.protocol.errors import ConfigError
@@ -210,7 +211,7 @@ def test_train_offers_only_what_sequential_training_uses(
 ) -> None:
     for flag in ("--mode", "--compress", "--updates-per-step", "--max-in-flight"):
         with pytest.raises(SystemExit) as stopped:
-            _parser().parse_args(["train", flag, "1"])
+            command_parser().parse_args(["train", flag, "1"])
         assert stopped.value.code == 2
         assert f"unrecognized arguments: {flag} 1" in capsys.readouterr().err
 
@@ -273,13 +274,13 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
 def test_cv_fraction_and_split_seed_are_flags(tmp_path: Path) -> None:
     from snet.cli.commands import server_config
 
-    args = _parser().parse_args(["server", "--cv-fraction", "0.25", "--split-seed", "7"])
+    args = command_parser().parse_args(["server", "--cv-fraction", "0.25", "--split-seed", "7"])
     data = server_config(args).job.data
     assert (data.cv_fraction, data.split_seed) == (0.25, 7)
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
-    parser = _parser()
+    parser = command_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return dict(sub.choices)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from snet.cli.commands import server_config
-from snet.cli.main import _parser, main
+from snet.cli.main import main
+from snet.cli.parser import command_parser
 from snet.protocol.errors import ConfigError
 from snet.server.config import ServerConfig
 
@@ -33,7 +34,7 @@ context = 4
 
 
 def _config(argv: list[str]):  # type: ignore[no-untyped-def]
-    return server_config(_parser().parse_args(["server", *argv]))
+    return server_config(command_parser().parse_args(["server", *argv]))
 
 
 def test_toml_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

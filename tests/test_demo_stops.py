@@ -122,14 +122,14 @@ def demo(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[D
 def test_a_bad_weights_codec_is_one_line_and_exit_2_before_anything_starts(
     tmp_path: Path,
 ) -> None:
-    done = helpers.run_process(
-        [sys.executable, "-m", "snet.cli", *DEMO, "--weights-codec", "bogus"],
-        cwd=tmp_path, env=helpers.system_ring_environment(), timeout=EXIT_SECONDS,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert done.stdout == ""  # no server, no workers
-    assert done.stderr.startswith("snet: unknown weights codec 'bogus'; use none, fp16")
-    assert len(done.stderr.splitlines()) == 1
+    """Its workers' process, started first to load their code while the demo loads its
+    own (cli/preloaded_worker.py), is gone with the demo, without a word."""
+    with demo(tmp_path, "--weights-codec", "bogus") as run:
+        assert run.wait() == 2
+        assert run.group_gone()
+    assert run.stdout() == ""  # no server, no workers
+    assert run.stderr().startswith("snet: unknown weights codec 'bogus'; use none, fp16")
+    assert len(run.stderr().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 

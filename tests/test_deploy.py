@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from snet.cli.commands import server_config, worker_config
-from snet.cli.main import _parser
+from snet.cli.parser import command_parser
 from snet.cli.settings import read_toml
 
 from helpers import run_process
@@ -40,7 +40,7 @@ def _configuration(argv: list[str], toml: Path | None = None) -> Any:
     if toml is not None:  # the file the launcher mounts or installs, read from deploy/
         argv = [re.sub(r"^(--config=?)/etc/snet/snet\.toml$", rf"\g<1>{toml}", a) for a in argv]
         argv = [str(toml) if a == "/etc/snet/snet.toml" else a for a in argv]
-    args: argparse.Namespace = _parser().parse_args(argv)
+    args: argparse.Namespace = command_parser().parse_args(argv)
     if args.command == "server":
         return server_config(args)
     return worker_config(args, read_toml(getattr(args, "config", None)))

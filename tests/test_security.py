@@ -55,11 +55,11 @@ def test_a_worker_reads_its_token_from_a_file(
     """As the server: ``--token-file`` keeps the secret out of ps and the environment (a
     worker had only ``--token`` and SNET_TOKEN, while the README told it to use a file)."""
     from snet.cli.commands import worker_config
-    from snet.cli.main import _parser
+    from snet.cli.parser import command_parser
     from snet.cli.settings import ConfigFile
 
     def config(path: Path) -> str:
-        args = _parser("worker").parse_args(["worker", "--token-file", str(path)])
+        args = command_parser("worker").parse_args(["worker", "--token-file", str(path)])
         return worker_config(args, ConfigFile()).token
 
     secret = tmp_path / "token"

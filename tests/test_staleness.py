@@ -302,14 +302,14 @@ def test_a_policy_where_nothing_is_stale_is_refused_at_start_up(flags: list[str]
     """/control refused it at run time; at start-up it was taken, shown as in force in
     /control and as none in /metrics."""
     from snet.cli.commands import server_config
-    from snet.cli.main import _parser
+    from snet.cli.parser import command_parser
     from snet.protocol.errors import ConfigError
     from snet.server.policies import make_step_policy
     from snet.server.staleness import StalenessControl
 
     refused = "mode has no stale updates: only 'none' applies"
     with pytest.raises(ConfigError, match=refused):  # the server's config: before anything
-        server_config(_parser().parse_args(["server", *flags]))
+        server_config(command_parser().parse_args(["server", *flags]))
     settings = dict(zip(flags[::2], flags[1::2], strict=True))
     job = JobSpec(mode=settings["--mode"], staleness=settings["--staleness"])
     with pytest.raises(ConfigError, match=refused):  # and the coordinator's part

@@ -17,8 +17,8 @@ COMMANDS = {
     "train": "import snet.cli.main, snet.cli.train",
     "server": "import snet.cli.main, snet.cli.commands, snet.server.app",
     # the command line as main() builds it for `snet status`: that command's flags alone
-    "status": "import snet.cli.main as m, snet.cli.status; "
-    "m._parser('status').parse_args(['status'])",
+    "status": "import snet.cli.parser as p, snet.cli.status; "
+    "p.command_parser('status').parse_args(['status'])",
 }
 # modules a command must not load: (command, module)
 NOT_LOADED = [

@@ -219,8 +219,8 @@ def test_an_unusable_cache_directory_means_a_copy_of_its_own(
 def test_eval_flags_are_decoded_on_top_of_the_saved_data(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from snet.cli.main import _parser
     from snet.cli.offline import eval_spec
+    from snet.cli.parser import command_parser
     from snet.protocol.errors import ConfigError
     from snet.protocol.network import NetworkSpec
     from snet.server.export import SavedWeights
@@ -230,7 +230,7 @@ def test_eval_flags_are_decoded_on_top_of_the_saved_data(
     saved = SavedWeights(NetworkSpec((784, 10), ()), np.zeros(7850, "f4"), 1, None, 0, job)
 
     def spec(*flags: str) -> DataSpec:
-        return eval_spec(_parser().parse_args(["eval", "--weights", "w.npz", *flags]), saved)
+        return eval_spec(command_parser().parse_args(["eval", "--weights", "w.npz", *flags]), saved)
 
     assert spec() == DataSpec(source="t.npz", cv_source="cv.npz", context=0)  # saved norms
     assert spec("--split-seed", "7", "--test-data", "x.npz").split_seed == 7

@@ -1,0 +1,148 @@
+"""The demo's numpy workers, started before the demo knows their command line.
+
+A worker group spends its start-up importing numpy and numba and loading the compiled
+bunch step (cli/worker_group.py): about 0.8 s of one core. The demo could start it only
+once it had imported its own code, parsed its flags, checked its workers' settings and
+opened the server's socket, another 0.35 s, while the machine's second core had nothing
+to do; its server then waited some 0.8 s for workers still loading. So the demo starts,
+first thing, a process that loads what a worker needs and then waits for its command
+line (as multiprocessing's fork server and Android's zygote do): one line of JSON on
+its standard input, which it then runs as ``snet worker`` would. A demo that stops
+before it has a command for it (a bad flag, ``--help``, no numpy workers) kills it: it
+has done nothing but load code.
+
+Run as ``python -m snet.cli.preloaded_worker``; the demo's side is ``PreloadedWorker``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from typing import NoReturn
+
+from .blas import early_blas_limit
+
+MODULE = "snet.cli.preloaded_worker"
+POLL_SECONDS = 0.02  # how often a wait looks whether the process has exited
+MAX_COMMAND_BYTES = 1 << 20  # a command line is a few hundred bytes
+
+
+class StartedProcess:
+    """A process started with ``subprocess`` (before the demo's event loop ran), seen
+    through ``asyncio.subprocess.Process``'s methods, as the demo watches its others."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status, or None while it runs (reaped here once it has exited)."""
+        return self._process.poll()
+
+    def terminate(self) -> None:
+        self._process.terminate()  # nothing is sent to a process already reaped
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    async def wait(self) -> int:
+        """Its exit status, once it has exited."""
+        while (code := self._process.poll()) is None:
+            await asyncio.sleep(POLL_SECONDS)
+        return code
+
+
+class PreloadedWorker:
+    """The demo's side: a process loading a worker's code, to be given its command."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+        self._given = False
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The process itself (its pid, its exit status)."""
+        return self._process
+
+    @classmethod
+    def start(cls, environment: dict[str, str]) -> PreloadedWorker:
+        """Start loading, in ``environment`` (the one its command is to run in)."""
+        command = [sys.executable, "-m", MODULE]
+        return cls(subprocess.Popen(command, stdin=subprocess.PIPE, env=environment))
+
+    def run(self, words: list[str]) -> StartedProcess:
+        """Have it run ``snet WORDS`` (once it has loaded); the process, to be watched."""
+        assert self._process.stdin is not None and not self._given
+        self._given = True
+        # It may have exited already (a terminal's Ctrl-C reached it while it loaded): its
+        # exit status says so to the demo, which watches it from now on.
+        with contextlib.suppress(BrokenPipeError):
+            self._process.stdin.write(json.dumps(words).encode() + b"\n")
+            self._process.stdin.close()
+        return StartedProcess(self._process)
+
+    def discard(self) -> None:
+        """Unless it was given a command: end it, which loses nothing, and reap it."""
+        if not self._given:
+            self._given = True
+            self._process.kill()
+            self._process.wait()
+            with contextlib.suppress(BrokenPipeError):
+                assert self._process.stdin is not None
+                self._process.stdin.close()
+
+
+def _preload() -> None:
+    """Load what ``snet worker`` will: its code, and the compiled step when its backend
+    is to be numpy (with torch installed, ``auto`` is torch, which loads its own)."""
+    early_blas_limit(["worker"])  # before numpy is imported: the demo gives no --threads
+    from snet.client.backend import torch_available
+    from snet.client.network import load_kernels
+
+    from . import commands  # noqa: F401  (the worker's command, and the worker itself)
+
+    if not torch_available():
+        load_kernels()  # "auto": none with SNET_KERNELS=numpy or without numba
+
+
+def _command() -> list[str] | None:
+    """The command line the demo sends, or None when it closed the pipe without one."""
+    line = sys.stdin.buffer.readline(MAX_COMMAND_BYTES)
+    if not line:
+        return None
+    words = json.loads(line)
+    if not (isinstance(words, list) and all(isinstance(word, str) for word in words)):
+        raise ValueError(f"a command line is a list of words, not {line[:100]!r}")
+    return words
+
+
+def entry() -> NoReturn:
+    """``python -m snet.cli.preloaded_worker``: load, read the command line, run it."""
+    from .lifeline import follow_supervisor
+    from .main import finish, main
+
+    try:
+        follow_supervisor()  # first, as every command the demo starts: not to outlive it
+        # What fails to load here fails again in the command, which says what it was.
+        with contextlib.suppress(Exception):
+            _preload()
+        words = _command()
+    except KeyboardInterrupt as exc:  # a terminal's Ctrl-C while loading, as a worker's
+        from .stop_signals import stopped_unhandled
+
+        os._exit(stopped_unhandled("worker", exc))
+    if words is None:
+        os._exit(0)
+    finish(words, main(words))
+
+
+if __name__ == "__main__":
+    entry()
