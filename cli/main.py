@@ -34,7 +34,11 @@ def _check_switches() -> None:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(known)}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, preload_workers: bool = False) -> int:
+    """Run the command ``argv`` (default: this process's arguments); its exit status.
+    ``preload_workers``: the ``snet`` executable's (``entry``), where the demo starts its
+    workers' process first thing (``_preloaded_worker``); a caller in its own process
+    (the tests' fast ring) starts it, as every worker process, only when it is needed."""
     words = sys.argv[1:] if argv is None else argv
     early_blas_limit(words)
     if words[:1] == ["bench"]:  # every argument, --help too, is the suite's own
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"snet: {exc}", file=sys.stderr)
             return 2
-    preloaded = _preloaded_worker(words)
+    preloaded = _preloaded_worker(words) if preload_workers else None
     try:
         return _dispatch(words, preloaded)
     finally:
@@ -143,7 +147,7 @@ def entry() -> NoReturn:
 
     follow_supervisor()  # first: started by ``snet demo``, it must not outlive the demo
     words = sys.argv[1:]
-    finish(words, main(words))
+    finish(words, main(words, preload_workers=True))
 
 
 def finish(words: list[str], status: int) -> NoReturn:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import gc
 import inspect
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,12 +78,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _processes_only_in_the_system_ring(request: pytest.FixtureRequest) -> Iterator[None]:
-    """``helpers`` refuses to start a process for a test outside the system ring."""
-    helpers.PROCESSES_ALLOWED = request.node.get_closest_marker("system") is not None
-    try:
-        yield
-    finally:
-        helpers.PROCESSES_ALLOWED = False
+    """``helpers`` refuses to start a process for a test outside the system ring, and so
+    does ``subprocess`` for a Python process (snet's own start through it, but on
+    uvloop's loop; a library's helper such as matplotlib's ``fc-list`` may run): a
+    fast-ring test that ran ``main(["demo", ...])`` had started the demo's preloaded
+    worker process, unseen."""
+    system = request.node.get_closest_marker("system") is not None
+    helpers.PROCESSES_ALLOWED = system
+    with pytest.MonkeyPatch.context() as patch:
+        if not system:
+            patch.setattr(subprocess.Popen, "_execute_child", _refused_child)
+        try:
+            yield
+        finally:
+            helpers.PROCESSES_ALLOWED = False
+
+
+_EXECUTE_CHILD = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+
+def _refused_child(process: subprocess.Popen[bytes], args: object, *rest: object) -> None:
+    program = args[0] if isinstance(args, list | tuple) and args else args
+    if Path(str(program)).name.startswith("python") or program == sys.executable:
+        started = f"{args!r:.100}"
+        raise AssertionError(f"a test outside the system ring started {started}: mark it system")
+    _EXECUTE_CHILD(process, args, *rest)
 
 
 @pytest.hookimpl(tryfirst=True)
