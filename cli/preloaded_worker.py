@@ -20,11 +20,13 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import NoReturn
 
 from .blas import early_blas_limit
+from .progress_bar import EXIT_INTERRUPTED
 
 MODULE = "snet.cli.preloaded_worker"
 POLL_SECONDS = 0.02  # how often a wait looks whether the process has exited
@@ -126,6 +128,10 @@ def _command() -> list[str] | None:
 
 def entry() -> NoReturn:
     """``python -m snet.cli.preloaded_worker``: load, read the command line, run it."""
+    # Until it has a command, a terminal's Ctrl-C (sent to the demo's whole process group)
+    # is the demo's to act on: it kills this process if it has not given it one yet, and
+    # once it has, the command takes the signal as a worker does.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from .lifeline import follow_supervisor
     from .main import finish, main
 
@@ -135,12 +141,11 @@ def entry() -> NoReturn:
         with contextlib.suppress(Exception):
             _preload()
         words = _command()
-    except KeyboardInterrupt as exc:  # a terminal's Ctrl-C while loading, as a worker's
-        from .stop_signals import stopped_unhandled
-
-        os._exit(stopped_unhandled("worker", exc))
+    except KeyboardInterrupt:  # one that came before it was ignored: the demo's, as above
+        os._exit(EXIT_INTERRUPTED)
     if words is None:
         os._exit(0)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     finish(words, main(words))
 
 
