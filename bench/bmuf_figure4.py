@@ -84,7 +84,9 @@ def point(
     mode, extra = MODES[name]
     server_mode = "bmuf" if mode.startswith("bmuf") else mode
     flags = job_flags(server_mode, network, bunch, *corpus)
-    flags += ["--block-bunches", str(tau), "--chunk-frames", str(2 * tau * bunch), *extra]
+    flags += ["--chunk-frames", str(2 * tau * bunch), *extra]  # the same leases in every mode
+    if server_mode == "bmuf":  # a job of another mode refuses bmuf's own settings
+        flags += ["--block-bunches", str(tau)]
     env = modelled_env(constants.cu_seconds, 1.0)
     run = train(
         workdir / f"{name}-{workers}",

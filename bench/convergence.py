@@ -18,7 +18,9 @@ Run it from the repository root (``make`` has set up .venv)::
     .venv/bin/python bench/convergence.py                # writes docs/convergence.md
     .venv/bin/python bench/convergence.py --epochs 3 --out /tmp/c.md
 
-Extra job flags after ``--`` go to every run (e.g. ``-- --max-in-flight 1``).
+Extra job flags after ``--`` go to every run (e.g. ``-- --momentum 0.5``); one that only
+async mode reads (``--max-in-flight 1``) is refused by the sync runs' servers, whose mode
+would ignore it (protocol/modes.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from snet.client.config import MAX_PROCESSES
 from snet.protocol.errors import ConfigError
-from snet.protocol.job import SHARED_BUNCH_MODES, JobSpec
+from snet.protocol.job import JobSpec
+from snet.protocol.modes import SHARED_BUNCH_MODES
 from snet.protocol.numbering import counted, shown_epoch
 from snet.server.config import ServerConfig
 

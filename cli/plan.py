@@ -37,7 +37,10 @@ from snet.perf.plan import (
     render_bsp,
     render_winners,
 )
+from snet.protocol.codecs import canonical
 from snet.protocol.errors import ConfigError
+from snet.protocol.job import JobSpec
+from snet.protocol.modes import MODE_SETTINGS, NAMES, describe
 from snet.protocol.network import NetworkSpec
 from snet.protocol.slices import np_problem
 
@@ -139,6 +142,28 @@ def _check_strategies(network: NetworkSpec, strategies: list[str], modes: list[s
         )
 
 
+def _check_read(args: argparse.Namespace, strategies: list[str], modes: list[str]) -> None:
+    """Refuse a setting no row of the plan reads, as a job refuses one its mode would
+    ignore (protocol/modes.py): ``--block-bunches`` without a bmuf row, ``--compress``
+    with the network strategy's rows alone (np mode sends no updates). Both had printed
+    a table they changed nothing in."""
+    rows = set(modes) if "pattern" in strategies else set()
+    rows |= {"np"} if "network" in strategies else set()  # np mode's sync and async rows
+    shown = tuple(kind for kind in NAMES if kind in rows)
+    default = JobSpec()
+    given = (
+        ("--block-bunches", "block_bunches", args.block_bunches, default.block_bunches),
+        ("--compress", "compress", canonical(args.compress), default.compress),
+    )
+    for flag, name, value, unused in given:
+        if value != unused and not rows & set(MODE_SETTINGS[name]):
+            raise ConfigError(
+                f"{flag} {value} applies to {describe(MODE_SETTINGS[name])} only, and this "
+                f"plan's rows are of {describe(shown)} (--strategies {args.strategies}, "
+                f"--modes {args.modes}): it would change none of them"
+            )
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """The ``snet plan`` command; returns the exit code."""
     if args.png:
@@ -157,6 +182,7 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"--exemplars must be >= 1, got {args.exemplars}")
     if args.block_bunches < 1:
         raise ConfigError(f"--block-bunches must be >= 1, got {args.block_bunches}")
+    _check_read(args, strategies, modes)
     if args.link_mbps is not None and not (math.isfinite(args.link_mbps) and args.link_mbps > 0):
         raise ConfigError(f"--link-mbps must be a speed > 0 Mbit/s, got {args.link_mbps:g}")
     update_bytes(network, args.compress)  # a clear error for a codec the plan cannot size

@@ -27,7 +27,6 @@ locally and sends the model delta at the block's end.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -181,10 +180,12 @@ def make_compute_policy(job: JobSpec) -> ComputePolicy:
 
 def follow_change(job: JobSpec, policy: ComputePolicy, change: PolicyChange) -> JobSpec:
     """The server changed its staleness policy: ``policy`` acts on it from the next bunch
-    (the message was checked when decoded: the text is a policy); the job as it is now."""
+    (the message was checked when decoded: the text is a policy); the job as it is now,
+    read as a welcome's job is (a policy where its mode has nothing stale, which no snet
+    server sends, at none: protocol/modes.py), not a ConfigError out of the inbox."""
     policy.follow(StalenessSetting.parse(change.staleness))
     logging.getLogger("snet.worker").info(
         "the server's staleness policy is now %s (after version %d): at most %d updates "
         "unsettled", change.staleness, change.version, policy.max_in_flight,
     )  # fmt: skip
-    return dataclasses.replace(job, staleness=change.staleness)
+    return JobSpec.from_dict({**job.to_dict(), "staleness": change.staleness})

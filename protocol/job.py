@@ -15,15 +15,11 @@ import numpy as np
 
 from .codecs import canonical, carries_momentum
 from .errors import ConfigError
+from .modes import MODES, ignored_problem, in_use
 from .network import NetworkSpec
 from .slices import np_problem
 from .staleness import canonical_staleness
 
-MODES = ("sync", "async", "bmuf", "np")
-# The modes whose workers each take a share of the job's bunch when several start together
-# (`snet demo`): SNet's data division, a step summing the shares of one global bunch. In bmuf
-# every worker trains its copy on whole bunches (local SGD, as Chen & Huo), in np sees each.
-SHARED_BUNCH_MODES = ("sync", "async")
 BLOCK_FILTERS = ("cbm", "nbm", "average", "nesterov")
 SCHEDULES = ("list", "newbob")
 FRAME_ORDERS = ("shuffled", "sequential")
@@ -219,8 +215,8 @@ class JobSpec:
     compress: str = field(
         default="none",
         metadata={
-            "help": "update codec of workers that choose none: none, fp16, int8, sign, topk:F, "
-            "powersgd:R",
+            "help": "sync, async, bmuf: update codec of workers that choose none: none, fp16, "
+            "int8, sign, topk:F, powersgd:R",
             "parallel": True,
         },
     )
@@ -270,8 +266,8 @@ class JobSpec:
     staleness: str = field(
         default="none",
         metadata={
-            "help": "async: what to do about stale updates: none, bounded:S, rate, dcasgd[:L], "
-            "gap (docs/staleness.md)",
+            "help": "async, and bmuf with --block-sync false: what to do about stale updates: "
+            "none, bounded:S, rate, dcasgd[:L], gap (docs/staleness.md)",
             "parallel": True,
         },
     )
@@ -326,14 +322,11 @@ class JobSpec:
                 "workers send model deltas: use none, fp16, int8, sign or powersgd:R"
             )
         object.__setattr__(self, "staleness", canonical_staleness(self.staleness))
-        if self.mode == "np":
-            problem = np_problem(self.network) or (
-                "np mode exchanges partial outputs: compress and staleness must be none"
-                if self.compress != "none" or self.staleness != "none"
-                else ""
-            )
-            if problem:
-                raise ConfigError(problem)
+        if self.mode == "np" and (problem := np_problem(self.network)):
+            raise ConfigError(problem)
+        # a mode's own setting in another mode would do nothing: said, not ignored
+        if problem := ignored_problem(vars(self), _defaults()):
+            raise ConfigError(problem)
         expected_input = 13 * self.data.window if self.data.source == "fsdd" else None
         if expected_input is not None and self.network.input_size != expected_input:
             raise ConfigError(
@@ -357,14 +350,21 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+        """The job of ``to_dict()``, a welcome's or an older server's (settings its mode
+        does not read, which an older snet let through, at their defaults: no change)."""
         try:
-            values = dict(data)
+            values = in_use(dict(data), _defaults())
             values["network"] = NetworkSpec.from_dict(values["network"])
             values["data"] = DataSpec(**values["data"])
             values["learning_rates"] = tuple(float(x) for x in values["learning_rates"])
             return cls(**values)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"bad job description: {exc}") from exc
+
+
+def _defaults() -> dict[str, Any]:
+    """The job's settings at their defaults, by name (those with a plain default)."""
+    return {item.name: item.default for item in fields(JobSpec)}
 
 
 def split_utterances(

@@ -19,9 +19,6 @@ from snet.protocol.job import JobSpec
 from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
 
-from .policies import make_step_policy
-from .staleness import StalenessControl
-
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -202,11 +199,6 @@ class ServerConfig:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {value}")
-        # whether anything in the mode is stale, before anything is locked, loaded, cleared
-        # or opened (the coordinator checks too, for servers built some other way)
-        StalenessControl(
-            self.job.staleness, self.job.mode, make_step_policy(self.job).stale_updates
-        )
         if self.trace_file and self.job.mode == "np":
             raise ConfigError(
                 "trace_file: np mode writes no trace yet (its steps are bunches all holders "

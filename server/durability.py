@@ -10,10 +10,10 @@ and, through ``final()``, at SIGTERM and when training completes. A periodic one
 skipped while the previous one is still being written; the others queue behind it.
 
 ``resume_point``: what ``snet server`` starts from: the newest whole checkpoint of the
-same job (network, settings, a setting added since the checkpoint was written taken at its
-default, and a fingerprint of the data), nothing with ``--fresh`` (which
-refuses to discard a finished run's results without ``--force``), and a one-line
-``ConfigError`` for a checkpoint of another job.
+same job (network, settings, a setting added since the checkpoint was written or one its
+mode does not read taken at its default, and a fingerprint of the data), nothing with
+``--fresh`` (which refuses to discard a finished run's results without ``--force``), and
+a one-line ``ConfigError`` for a checkpoint of another job.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
+from snet.protocol.modes import in_use
 from snet.protocol.numbering import shown_epoch
 
 from .checkpoint import CheckpointStore, LoadedCheckpoint
@@ -84,8 +85,11 @@ def _without_run_time_settings(job: dict[str, Any]) -> dict[str, Any]:
 def _as_of_now(job: dict[str, Any]) -> dict[str, Any]:
     """A saved job with the settings added since it was written at their defaults: a
     checkpoint from before a setting existed (``np_pipeline``, say) is of the same job as
-    one that leaves the setting at its default, and still resumes."""
-    return {**json.loads(json.dumps(JobSpec().to_dict())), **job}
+    one that leaves the setting at its default, and still resumes. So are the settings
+    its mode never read (``block_bunches`` of a sync job, which snet refuses since, and
+    which had changed nothing: protocol/modes.py), or its run could not be resumed."""
+    defaults = json.loads(json.dumps(JobSpec().to_dict()))
+    return in_use({**defaults, **job}, defaults)
 
 
 class OtherJob(ConfigError):

@@ -152,7 +152,8 @@ class StepPolicy:
     name = ""
     late_action: LateAction = "revoke"
     # whether an update may be applied on a newer version than its base (what a
-    # staleness policy acts on); sync rounds and np's slices never are
+    # staleness policy acts on); sync rounds and np's slices never are. The job's rule
+    # says the same of ``staleness`` (protocol/modes.py; tests/test_staleness.py)
     stale_updates = True
     # whether the workers hold whole weights to score CV with (np's hold slices: the
     # server scores)

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import FOLLOWS_POLICY, PolicyChange
 from snet.protocol.staleness import StalenessSetting
@@ -44,15 +43,9 @@ CHANGES_KEPT = 50  # the most recent policy changes /status lists
 class StalenessControl:
     """The staleness policy of one server."""
 
-    def __init__(self, text: str, mode: str, stale_updates: bool) -> None:
-        self.mode = mode  # named in refusals
-        self.stale_updates = stale_updates  # the step policy's: a policy has work to do
-        self.setting = StalenessSetting.parse(text)
-        if not stale_updates and self.setting.policy != "none":  # as change() refuses it
-            raise ConfigError(
-                f"staleness {text}: {mode} mode has no stale updates: only 'none' applies "
-                "(a policy is for async mode and bmuf with asynchronous blocks)"
-            )
+    def __init__(self, job: JobSpec) -> None:
+        self.job = job  # its mode says where a policy applies (protocol/modes.py)
+        self.setting = StalenessSetting.parse(job.staleness)
         self.changes: list[dict[str, Any]] = []
         self.refused_stale = 0  # updates refused for lagging more than the bound
 
@@ -70,12 +63,10 @@ class StalenessControl:
         """Put the policy ``text`` in force from the next step and tell the ``workers``
         that follow changes; returns the record of the change (with how many workers were
         told, and how many could not be). ConfigError for a bad policy, or for any but
-        ``none`` where the step policy never applies a stale update (sync rounds, sync
-        bmuf blocks, np: every update is on the current version, so there is no staleness
-        to act on)."""
+        ``none`` where the job's mode has no stale updates to act on (sync rounds, sync
+        bmuf blocks, np): the job's own rule, as the job given at start-up was checked."""
         setting = StalenessSetting.parse(text)
-        if not self.stale_updates and setting.policy != "none":
-            raise ConfigError(f"{self.mode} mode has no stale updates: only 'none' applies")
+        self.job.with_changes(staleness=setting.describe())  # ConfigError: not in this mode
         record = {
             "time": round(time.time(), 3),
             "version": version,

@@ -95,7 +95,7 @@ class Coordinator:
         self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames, *leases)
         self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
         self.runner = StepRunner(self.rule, executor, inline_step)  # inline: CPU seconds
-        self.staleness = StalenessControl(job.staleness, job.mode, self.policy.stale_updates)
+        self.staleness = StalenessControl(job)
         self.idle = IdleWatch()
         self.inline = InlineFrames(plan, job.data.context)
         self.desk = LeaseDesk(self.book, self.inline, min_workers)

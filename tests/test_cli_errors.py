@@ -315,6 +315,46 @@ def test_one_flag_per_field(command: str, classes: tuple[type, ...]) -> None:
                 assert field.name in dests, f"snet {command} has no flag for {field.name}"
 
 
+def test_a_modes_own_setting_in_another_mode_is_one_line_naming_it_as_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's command trained plain sync without a word about --block-bunches; now
+    each command that makes a job refuses it, naming the flag, the variable or the file's
+    key the value came from, before anything is started or written."""
+    out = tmp_path / "out"
+    issue = ["demo", "--mode", "sync", "--workers", "1", "--block-bunches", "8", "--np-pipeline",
+             "--epochs", "1", "--out-dir", str(out)]  # fmt: skip
+    assert _error(issue, capsys) == (
+        "snet: --block-bunches 8 applies to bmuf mode only, and this job is in sync mode, "
+        "which would ignore it (leave it at its default, 16; --np-pipeline true is ignored "
+        "there too)"
+    )
+    monkeypatch.setenv("SNET_JOB_MAX_IN_FLIGHT", "4")
+    assert _error(["server", "--mode", "sync", "--out-dir", str(out)], capsys) == (
+        "snet: SNET_JOB_MAX_IN_FLIGHT 4 applies to async mode only, and this job is in sync "
+        "mode, which would ignore it (leave it at its default, 2)"
+    )
+    monkeypatch.delenv("SNET_JOB_MAX_IN_FLIGHT")
+    path = _toml(tmp_path, '[job]\nmode = "np"\ncompress = "fp16"\n')
+    assert _error(["server", "--config", path, "--out-dir", str(out)], capsys) == (
+        f"snet: {path} [job] compress fp16 applies to sync mode, async mode and bmuf mode "
+        "only, and this job is in np mode, which would ignore it (leave it at its default, none)"
+    )
+    flags = ["--mode", "bmuf", "--block-sync", "true", "--staleness", "gap", "--out-dir", str(out)]
+    assert _error(["server", *flags], capsys) == (
+        "snet: --staleness gap applies to async mode and bmuf mode with asynchronous blocks "
+        "(--block-sync false) only, and this job is in bmuf mode with synchronous blocks, "
+        "which would ignore it (leave it at its default, none)"
+    )
+    # snet train reads the server's [job] table: the job a server would refuse, it refuses
+    path = _toml(tmp_path, '[job]\nmode = "async"\nblock_filter = "average"\n')
+    assert _error(["train", "--config", path, "--out-dir", str(out)], capsys) == (
+        f"snet: {path} [job] block_filter average applies to bmuf mode only, and this job is "
+        "in async mode, which would ignore it (leave it at its default, cbm)"
+    )
+    assert not out.exists()  # nothing was written
+
+
 def test_the_demo_splits_the_bunch_only_where_a_step_sums_shares_of_it() -> None:
     from snet.cli.demo import divided_bunch
     from snet.protocol.job import JobSpec

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import fields
 from typing import Any
 
 import msgpack
@@ -20,6 +22,7 @@ from snet.protocol.job import DataSpec, JobSpec, frames_of, split_utterances
 from snet.protocol.messages import (
     Welcome,
 )
+from snet.protocol.modes import MODE_SETTINGS
 from snet.protocol.network import NetworkSpec
 
 # ---------------------------------------------------------------- job
@@ -29,7 +32,7 @@ def test_jobspec_round_trip() -> None:
     job = JobSpec(
         network=NetworkSpec((117, 32, 16, 10), ("relu", "tanh")),
         data=DataSpec(context=4, cv_fraction=0.2, split_seed=5),
-        mode="sync",
+        mode="async",  # the mode whose own settings below differ from their defaults
         bunch_size=32,
         learning_rates=(0.5, 0.25),
         momentum=0.5,
@@ -200,3 +203,127 @@ def test_frames_of() -> None:
     assert empty.shape == (0,)
     assert empty.dtype == np.int64
     assert frames_of(np.array([1]), lengths).dtype == np.int64
+
+
+# ---------------------------------------------------------------- a mode's own settings
+
+# Which kinds of job read each setting that not every mode reads, as the code does (the
+# worker's and the server's policies, server/block_filter.py, server/slice_rounds.py),
+# written out here apart from protocol/modes.py's table, which it pins down; bmuf by its
+# blocks: "bmuf-async" is bmuf with block_sync false.
+READ_BY = {
+    "updates_per_step": {"async"},
+    "max_in_flight": {"async"},
+    "staleness": {"async", "bmuf-async"},
+    "compress": {"sync", "async", "bmuf", "bmuf-async"},
+    "block_bunches": {"bmuf", "bmuf-async"},
+    "block_seconds": {"bmuf", "bmuf-async"},
+    "block_filter": {"bmuf", "bmuf-async"},
+    "block_momentum": {"bmuf", "bmuf-async"},
+    "block_lr": {"bmuf", "bmuf-async"},
+    "block_sync": {"bmuf", "bmuf-async"},
+    "np_pipeline": {"np"},
+}
+# a value other than its default for each, as it is shown in a message
+OTHER_VALUE: dict[str, tuple[Any, str]] = {
+    "updates_per_step": (3, "3"),
+    "max_in_flight": (4, "4"),
+    "staleness": ("rate", "rate"),
+    "compress": ("fp16", "fp16"),
+    "block_bunches": (8, "8"),
+    "block_seconds": (2.5, "2.5"),
+    "block_filter": ("average", "average"),
+    "block_momentum": (0.5, "0.5"),
+    "block_lr": (0.5, "0.5"),
+    "block_sync": (False, "false"),
+    "np_pipeline": (True, "true"),
+}
+KINDS = {
+    "sync": {"mode": "sync"},
+    "async": {"mode": "async"},
+    "bmuf": {"mode": "bmuf"},
+    "bmuf-async": {"mode": "bmuf", "block_sync": False},
+    "np": {"mode": "np"},
+}
+
+
+def test_the_table_names_every_setting_only_some_modes_read() -> None:
+    assert {name: set(modes) for name, modes in MODE_SETTINGS.items()} == READ_BY
+    # their flags say which modes, and snet train (no mode of its own) offers none of them
+    for item in fields(JobSpec):
+        said = item.metadata.get("help", "").split(":")[0]
+        named = set(re.findall(r"(?<![-\w])(sync|async|bmuf|np)\b", said))
+        assert named == {kind.split("-")[0] for kind in READ_BY.get(item.name, ())}, item.name
+        assert item.name not in READ_BY or item.metadata["parallel"], item.name
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("name", list(READ_BY))
+def test_a_modes_own_setting_is_refused_where_its_mode_would_ignore_it(
+    kind: str, name: str
+) -> None:
+    """``--mode sync --block-bunches 8`` trained plain sync without a word: a setting a
+    mode does not read, away from its default, is refused where the job is made."""
+    value, shown = OTHER_VALUE[name]
+    changes = {**KINDS[kind], name: value}
+    read = kind in READ_BY[name] or (name == "block_sync" and kind == "bmuf")  # -> async blocks
+    if read:
+        assert getattr(JobSpec(**changes), name) == value
+    else:
+        with pytest.raises(ConfigError, match=rf"^{name} {re.escape(shown)} applies to .* only, "
+                           rf"and this job is in {KINDS[kind]['mode']} mode.*, which would "
+                           r"ignore it \(leave it at its default, "):  # fmt: skip
+            JobSpec(**changes)
+    assert JobSpec(**{**KINDS[kind], name: getattr(JobSpec(), name)})  # at its default: any
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        (
+            {"mode": "sync", "block_bunches": 8, "np_pipeline": True},
+            "block_bunches 8 applies to bmuf mode only, and this job is in sync mode, which "
+            "would ignore it (leave it at its default, 16; np_pipeline true is ignored there "
+            "too)",
+        ),
+        (
+            {"mode": "bmuf", "staleness": "bounded:2"},
+            "staleness bounded:2 applies to async mode and bmuf mode with asynchronous blocks "
+            "(block_sync false) only, and this job is in bmuf mode with synchronous blocks, "
+            "which would ignore it (leave it at its default, none)",
+        ),
+        (
+            {"mode": "np", "compress": "int8"},
+            "compress int8 applies to sync mode, async mode and bmuf mode only, and this job "
+            "is in np mode, which would ignore it (leave it at its default, none)",
+        ),
+    ],
+)
+def test_the_refusal_names_the_setting_the_modes_that_read_it_and_the_jobs(
+    changes: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        JobSpec(**changes)
+    assert str(refused.value) == said
+
+
+def test_the_mode_a_setting_is_for_takes_it() -> None:
+    assert JobSpec(mode="bmuf", block_bunches=8).block_bunches == 8
+    assert JobSpec(mode="bmuf", block_sync=False, staleness="bounded:2").staleness == "bounded:2"
+    assert JobSpec(mode="np", np_pipeline=True).np_pipeline
+
+
+def test_a_job_an_older_snet_ran_is_read_with_what_its_mode_ignored_at_the_defaults() -> None:
+    """An older server welcomed workers with such a job (it trained as if at the defaults):
+    a worker reads it so, rather than refusing a job it can run."""
+    older = {**JobSpec(mode="sync").to_dict(), "block_bunches": 8, "np_pipeline": True,
+             "max_in_flight": 5, "block_sync": False}  # fmt: skip
+    assert JobSpec.from_dict(older) == JobSpec(mode="sync")
+    welcome = FrameDecoder().feed(encode_bytes(Welcome(1, older)))[0]
+    assert isinstance(welcome, Welcome) and JobSpec.from_dict(welcome.job) == JobSpec(mode="sync")
+    # what its mode reads is kept as it was
+    blocks = {**JobSpec(mode="bmuf").to_dict(), "block_bunches": 8, "updates_per_step": 2}
+    assert JobSpec.from_dict(blocks) == JobSpec(mode="bmuf", block_bunches=8)
+    # a value its mode reads is still checked
+    with pytest.raises(ConfigError, match="block_bunches must be >= 1"):
+        JobSpec.from_dict({**JobSpec(mode="bmuf").to_dict(), "block_bunches": 0})

@@ -201,8 +201,16 @@ def test_np_jobs_refuse_what_np_mode_cannot_do() -> None:
     deep = NetworkSpec((117, 8, 8, 10), ("tanh", "tanh"))
     for changes, why in [
         ({"network": deep}, "one hidden layer"),
-        ({"compress": "fp16"}, "compress and staleness must be none"),
-        ({"staleness": "rate"}, "compress and staleness must be none"),
+        (
+            {"compress": "fp16"},
+            "^compress fp16 applies to sync mode, async mode and bmuf mode "
+            "only, and this job is in np mode, which would ignore it",
+        ),
+        (
+            {"staleness": "rate"},
+            r"^staleness rate applies to async mode and bmuf mode with asynchronous blocks "
+            r"\(block_sync false\) only, and this job is in np mode, which would ignore it",
+        ),
     ]:
         with pytest.raises(ConfigError, match=why):
             JobSpec(mode="np", **changes)  # type: ignore[arg-type]

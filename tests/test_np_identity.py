@@ -1,6 +1,7 @@
 """A checkpoint written before a job setting existed still resumes when the setting is
 left at its default (np mode's ``np_pipeline`` was added after checkpoints were), and
-is refused when it is not."""
+is refused when it is not; so does one whose job set what its mode never read (accepted
+before such a job was refused: protocol/modes.py)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,24 @@ def test_a_checkpoint_from_before_a_setting_is_not_of_a_job_that_changes_it() ->
     other_split = job.with_changes(data=dataclasses.replace(job.data, split_seed=3))
     with pytest.raises(ConfigError, match=r"another job \(data.split_seed 0 there, 3 here\)"):
         _resume(_written_before_np_pipeline(job), other_split)
+
+
+def test_a_run_that_set_what_its_mode_ignored_resumes_with_the_job_given_now() -> None:
+    """``--mode sync --block-bunches 8 --np-pipeline`` trained (as plain sync) and was
+    checkpointed before such a job was refused; the same command is refused now, and the
+    job without those flags, the one that run trained, resumes it: its state is kept."""
+    written = {**JobSpec(mode="sync", epochs=3).to_dict(), "block_bunches": 8,
+               "np_pipeline": True, "updates_per_step": 2}  # fmt: skip
+    saved = job_identity(written, "fsdd")["job"]
+    with pytest.raises(ConfigError, match=r"^block_bunches 8 applies to bmuf mode only"):
+        JobSpec(mode="sync", epochs=3, block_bunches=8)
+    assert _resume(saved, JobSpec(mode="sync", epochs=3)) is not None
+    # what the mode reads still tells jobs apart, and another mode is another job
+    with pytest.raises(ConfigError, match=r"another job \(epochs 3 there, 4 here\)"):
+        _resume(saved, JobSpec(mode="sync", epochs=4))
+    with pytest.raises(ConfigError, match=r"another job \(mode 'sync' there, 'bmuf' here\)"):
+        _resume(saved, JobSpec(mode="bmuf", epochs=3))  # its blocks of 8 never were
+    # a bmuf run's blocks are its own: a checkpoint of blocks of 8 is not one of 16
+    blocks = job_identity(JobSpec(mode="bmuf", block_bunches=8).to_dict(), "fsdd")["job"]
+    with pytest.raises(ConfigError, match=r"another job \(block_bunches 8 there, 16 here\)"):
+        _resume(blocks, JobSpec(mode="bmuf"))

@@ -191,6 +191,31 @@ def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "--strategies network has no bmuf, bmuf-async rows" in capsys.readouterr().err
 
 
+def test_plan_refuses_a_setting_no_row_of_it_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    """As a job refuses a setting its mode would ignore: --block-bunches without a bmuf
+    row, --compress with np mode's rows alone, had printed a table they changed nothing in."""
+    assert main(["plan", "--modes", "sync,async", "--block-bunches", "8"]) == 2
+    assert capsys.readouterr().err == (
+        "snet: --block-bunches 8 applies to bmuf mode only, and this plan's rows are of sync "
+        "mode and async mode (--strategies pattern, --modes sync,async): it would change none "
+        "of them\n"
+    )
+    assert main(["plan", "--strategies", "network", "--modes", "sync", "--compress", "int8"]) == 2
+    assert capsys.readouterr().err == (
+        "snet: --compress int8 applies to sync mode, async mode and bmuf mode only, and this "
+        "plan's rows are of np mode (--strategies network, --modes sync): it would change none "
+        "of them\n"
+    )
+    # a row that reads it is enough; at its default it is no choice at all
+    for argv in (
+        ["--modes", "sync,bmuf-async", "--block-bunches", "8"],
+        ["--strategies", "pattern,network", "--modes", "sync", "--compress", "int8"],
+        ["--modes", "sync", "--block-bunches", "16", "--compress", "none"],
+    ):
+        assert main(["plan", "--network", "117:64:10", "--workers", "2", *argv]) == 0, argv
+        assert "snet:" not in capsys.readouterr().err
+
+
 def test_plan_png_needs_matplotlib_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from snet.client.policies import AsyncCompute, ComputeState, SyncCompute, make_compute_policy
+from snet.client.policies import (
+    AsyncCompute,
+    BlockCompute,
+    ComputeState,
+    SyncCompute,
+    make_compute_policy,
+)
+from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 from snet.server.leases import LeaseBook
 from snet.server.policies import (
@@ -219,12 +226,17 @@ def test_sync_worker_waits_for_the_step_of_its_update_unless_refused() -> None:
 def test_async_block_starts_on_the_weights_that_hold_the_workers_last_delta() -> None:
     """bmuf with async blocks: a block is sent as the difference from the weights it began
     on, so the next begins only once its own last delta is settled, whatever the job's
-    in-flight bound; it never waits for the other workers' blocks."""
-    policy = make_compute_policy(JobSpec(mode="bmuf", block_sync=False, max_in_flight=4))
+    in-flight bound (which a bmuf job therefore refuses: protocol/modes.py); it never
+    waits for the other workers' blocks."""
+    assert isinstance(make_compute_policy(JobSpec(mode="bmuf", block_sync=False)), BlockCompute)
+    only_async = r"^max_in_flight 4 applies to async mode only, and this job is in bmuf mode,"
+    with pytest.raises(ConfigError, match=only_async):
+        JobSpec(mode="bmuf", block_sync=False, max_in_flight=4)
+    policy = BlockCompute(4, sync=False)  # what make_compute_policy made of that bound
     assert not policy.may_compute(ComputeState(version=9, last_base=3, in_flight=1))
     assert policy.may_compute(ComputeState(version=9, last_base=3, in_flight=0))
     assert policy.may_compute(ComputeState(version=0, last_base=-1, in_flight=0))  # first
-    rounds = make_compute_policy(JobSpec(mode="bmuf", block_sync=True, max_in_flight=4))
+    rounds = BlockCompute(4, sync=True)
     assert not rounds.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
     assert rounds.may_compute(ComputeState(version=4, last_base=3, in_flight=0))
 

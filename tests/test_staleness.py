@@ -13,11 +13,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from snet.client.policies import AsyncCompute, ComputeState, make_compute_policy
+from snet.client.policies import AsyncCompute, ComputeState, follow_change, make_compute_policy
 from snet.protocol.codecs.handshake import agree_codecs
 from snet.protocol.errors import ConfigError, MalformedFrame
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import FOLLOWS_POLICY, PolicyChange
+from snet.protocol.modes import MODE_SETTINGS, kind
 from snet.protocol.staleness import StalenessSetting
 from snet.server.compensation import (
     StepSizes,
@@ -29,11 +30,16 @@ from snet.server.compensation import (
 from snet.server.http import make_app
 from snet.server.idleness import IdleWatch
 from snet.server.leases import LEASES_PER_WORKER, TAIL_ROUNDS, LeaseBook, lease_size
-from snet.server.policies import AsyncSteps, SyncSteps, make_step_policy
+from snet.server.policies import make_step_policy
 from snet.server.staleness import StalenessControl
 from snet.server.staleness_report import staleness_metrics
 
 from wire_samples import decode_one, hand_frame
+
+# where a policy applies, as the job's rule says it (protocol/modes.py)
+NOTHING_STALE = (
+    r"applies to async mode and bmuf mode with asynchronous blocks \(block_sync false\) only,"
+)
 
 
 def test_policies_parse_to_canonical_text_and_bad_ones_are_refused() -> None:
@@ -53,23 +59,18 @@ def test_policies_parse_to_canonical_text_and_bad_ones_are_refused() -> None:
 
 
 def test_bounded_staleness_refuses_what_would_lag_more_than_the_bound() -> None:
-    control = StalenessControl("bounded:1", "async", AsyncSteps.stale_updates)
+    control = StalenessControl(JobSpec(mode="async", staleness="bounded:1"))
     bases = [5, 3, 4, 4, 2]
     # version 5: step 0 is taken on 5, step 1 on 6
     refused = control.over_bound([[0, 1], [2, 3, 4]], bases, version=5)
     assert refused == {1: 2, 3: 2, 2: 2, 4: 4}
     # a step whose every update is refused takes no version: the next is still on 5
     assert control.over_bound([[0], [1]], [2, 4], version=5) == {0: 3}
-    assert (
-        StalenessControl("none", "async", AsyncSteps.stale_updates).over_bound(
-            [[0]], [0], version=99
-        )
-        == {}
-    )
+    assert StalenessControl(JobSpec(mode="async")).over_bound([[0]], [0], version=99) == {}
 
 
 def test_a_policy_change_is_recorded_and_sync_accepts_only_none() -> None:
-    control = StalenessControl("none", "async", AsyncSteps.stale_updates)
+    control = StalenessControl(JobSpec(mode="async"))
     record = control.change("dcasgd:0.1", version=7, epoch=1, by="127.0.0.1", workers=())
     assert (record["from"], record["to"], record["version"], record["epoch"]) == (
         "none", "dcasgd:0.1", 7, 1,
@@ -79,8 +80,17 @@ def test_a_policy_change_is_recorded_and_sync_accepts_only_none() -> None:
     with pytest.raises(ConfigError):
         control.change("nonsense", 8, 1, "x", ())
     assert control.name == "dcasgd:0.1"  # a refused change changes nothing
-    with pytest.raises(ConfigError, match="sync mode"):
-        StalenessControl("none", "sync", SyncSteps.stale_updates).change("rate", 0, 0, "x", ())
+    # the job's own rule (protocol/modes.py), as at start-up: said, and nothing changed
+    sync = StalenessControl(JobSpec(mode="sync"))
+    with pytest.raises(
+        ConfigError, match=f"^staleness rate {NOTHING_STALE} and this job is in sync mode, "
+    ):
+        sync.change("rate", 0, 0, "x", ())
+    assert (sync.name, sync.changes) == ("none", [])
+    blocks = StalenessControl(JobSpec(mode="bmuf"))
+    with pytest.raises(ConfigError, match="this job is in bmuf mode with synchronous blocks"):
+        blocks.change("gap", 0, 0, "x", ())
+    StalenessControl(JobSpec(mode="bmuf", block_sync=False)).change("gap", 0, 0, "x", ())
 
 
 def test_only_modes_that_apply_stale_updates_take_a_staleness_policy() -> None:
@@ -92,10 +102,15 @@ def test_only_modes_that_apply_stale_updates_take_a_staleness_policy() -> None:
     assert stale(mode="async") and stale(mode="bmuf", block_sync=False)
     assert not stale(mode="sync") and not stale(mode="bmuf", block_sync=True)
     assert not stale(mode="np")
+    # the job's rule (protocol/modes.py), which refuses a policy elsewhere, says the same
+    jobs = [("async", True), ("bmuf", False), ("sync", True), ("bmuf", True), ("np", True)]
+    for mode, block_sync in jobs:
+        applies = kind(mode, block_sync) in MODE_SETTINGS["staleness"]
+        assert applies == stale(mode=mode, block_sync=block_sync), (mode, block_sync)
 
 
 def test_a_policy_change_is_sent_to_the_workers_that_follow_changes() -> None:
-    control = StalenessControl("none", "async", AsyncSteps.stale_updates)
+    control = StalenessControl(JobSpec(mode="async"))
     inboxes: dict[str, list[object]] = {"new": [], "old": [], "other": []}
     workers = [
         SimpleNamespace(capabilities=("codec:fp16", FOLLOWS_POLICY), send=inboxes["new"].append),
@@ -203,6 +218,16 @@ def test_the_worker_bound_follows_a_policy_change() -> None:
     assert sync.max_in_flight == 2
 
 
+def test_the_workers_job_follows_a_policy_change_where_its_mode_reads_one() -> None:
+    job = JobSpec(mode="bmuf", block_sync=False)
+    policy = make_compute_policy(job)
+    assert follow_change(job, policy, PolicyChange(3, "gap")) == job.with_changes(staleness="gap")
+    # a policy for a job whose mode reads none (no snet server sends one: /control refuses
+    # it) is read as a welcome's job is, at none: not a ConfigError out of the inbox
+    sync = JobSpec(mode="sync")
+    assert follow_change(sync, make_compute_policy(sync), PolicyChange(3, "rate")) == sync
+
+
 def test_lease_sizes_follow_the_data_and_the_workers() -> None:
     bunch = 32
     assert lease_size(100_000, 4, bunch, 2048) == 2048  # plenty: the configured chunk
@@ -304,15 +329,13 @@ def test_a_policy_where_nothing_is_stale_is_refused_at_start_up(flags: list[str]
     from snet.cli.commands import server_config
     from snet.cli.parser import command_parser
     from snet.protocol.errors import ConfigError
-    from snet.server.policies import make_step_policy
     from snet.server.staleness import StalenessControl
 
-    refused = "mode has no stale updates: only 'none' applies"
-    with pytest.raises(ConfigError, match=refused):  # the server's config: before anything
-        server_config(command_parser().parse_args(["server", *flags]))
     settings = dict(zip(flags[::2], flags[1::2], strict=True))
-    job = JobSpec(mode=settings["--mode"], staleness=settings["--staleness"])
-    with pytest.raises(ConfigError, match=refused):  # and the coordinator's part
-        StalenessControl(job.staleness, job.mode, make_step_policy(job).stale_updates)
-    async_blocks = job.with_changes(mode="bmuf", block_sync=False)
-    StalenessControl(job.staleness, "bmuf", make_step_policy(async_blocks).stale_updates)
+    policy = settings["--staleness"]
+    with pytest.raises(ConfigError, match=f"^--staleness {policy} {NOTHING_STALE} and this job"):
+        server_config(command_parser().parse_args(["server", *flags]))  # before anything
+    with pytest.raises(ConfigError, match=f"^staleness {policy} {NOTHING_STALE} and this job"):
+        JobSpec(mode=settings["--mode"], staleness=policy)  # any job, as it is made
+    async_blocks = JobSpec(mode="bmuf", block_sync=False, staleness=settings["--staleness"])
+    assert StalenessControl(async_blocks).name == settings["--staleness"]

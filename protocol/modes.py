@@ -1,0 +1,129 @@
+"""The training modes, which job settings each of them reads, and the rule built on that.
+
+A setting of one mode given in another was silently ignored: ``--block-bunches 8`` on a
+sync job trained plain sync, and the user who had forgotten ``--mode bmuf`` never learnt
+that the flag did nothing. ``MODE_SETTINGS`` names, for every job setting that only some
+modes read, the modes that read it, as the code that reads it decides (the comments say
+where). A job that sets one away from its default in a mode that does not read it is
+refused in one line (``JobSpec`` calls ``ignored_problem``), and so is a staleness policy
+that ``POST /control`` asks for at run time (server/staleness.py), by the same rule.
+
+A job accepted before this rule (a checkpoint an earlier snet wrote, the welcome of an
+older server) is read with such settings at their defaults (``in_use``): they changed
+nothing in its mode, so it is the same job, and a run that set one still resumes.
+
+bmuf's two kinds of blocks read different settings, so they are named apart, as
+``snet plan --modes`` names them: ``bmuf`` (synchronous blocks) and ``bmuf-async``
+(``block_sync`` false, each block filtered as it arrives).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MODES = ("sync", "async", "bmuf", "np")
+# The modes whose workers each take a share of the job's bunch when several start together
+# (`snet demo`): SNet's data division, a step summing the shares of one global bunch. In bmuf
+# every worker trains its copy on whole bunches (local SGD, as Chen & Huo), in np sees each.
+SHARED_BUNCH_MODES = ("sync", "async")
+BMUF = ("bmuf", "bmuf-async")  # a bmuf job's synchronous and asynchronous blocks
+
+# setting -> the modes (bmuf by its blocks) that read it; any setting not named here is
+# read by every mode. Each entry as the code decides it, not as the flag's help says it.
+MODE_SETTINGS: dict[str, tuple[str, ...]] = {
+    # updates per step: async's step policy alone (server/policies.py AsyncSteps); a sync
+    # round takes every worker's update, bmuf a block per worker or each block alone
+    "updates_per_step": ("async",),
+    # the worker's flow control (client/policies.py AsyncCompute): a sync worker waits for
+    # each step, one with async blocks for its last delta's, and np sends no updates
+    "max_in_flight": ("async",),
+    # only where an update may be applied on newer weights than its own
+    # (StepPolicy.stale_updates): sync rounds and sync blocks are always current
+    "staleness": ("async", "bmuf-async"),
+    # the update codec of workers that choose none: np sends partial outputs, not updates
+    "compress": ("sync", "async", *BMUF),
+    # the worker's blocks (client/blocks.py) and the server's filter (server/block_filter.py)
+    "block_bunches": BMUF,
+    "block_seconds": BMUF,
+    "block_filter": BMUF,
+    "block_momentum": BMUF,
+    "block_lr": BMUF,
+    "block_sync": BMUF,
+    # two bunches in flight among the slice holders (server/slice_rounds.py)
+    "np_pipeline": ("np",),
+}
+
+NAMES = {
+    "sync": "sync mode",
+    "async": "async mode",
+    "bmuf": "bmuf mode with synchronous blocks",
+    "bmuf-async": "bmuf mode with asynchronous blocks (block_sync false)",
+    "np": "np mode",
+}
+
+
+def kind(mode: object, block_sync: object) -> object:
+    """The name a job of ``mode`` goes by in ``MODE_SETTINGS`` (bmuf: by its blocks)."""
+    return "bmuf-async" if mode == "bmuf" and block_sync is False else mode
+
+
+def _kind_of(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> object:
+    return kind(settings.get("mode"), settings.get("block_sync", defaults["block_sync"]))
+
+
+def ignored(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """The settings of a job (``settings``: its values by name, a ``JobSpec``'s fields or
+    its dict) that its mode does not read and that differ from ``defaults``, in the
+    table's order; a setting the dict lacks is at its default."""
+    job = _kind_of(settings, defaults)
+    return [
+        name
+        for name, modes in MODE_SETTINGS.items()
+        if job not in modes and settings.get(name, defaults[name]) != defaults[name]
+    ]
+
+
+def in_use(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with those its mode does not read at their defaults: the job it trains."""
+    return {**settings, **{name: defaults[name] for name in ignored(settings, defaults)}}
+
+
+def describe(modes: tuple[str, ...]) -> str:
+    """The modes as a person reads them: "async mode and bmuf mode with ...", and both
+    kinds of bmuf blocks together as plain "bmuf mode"."""
+    both = set(BMUF) <= set(modes)
+    names = [
+        "bmuf mode" if both and mode == "bmuf" else NAMES[mode]
+        for mode in modes
+        if not (both and mode == "bmuf-async")
+    ]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def shown(value: object) -> str:
+    """A setting's value as one types it (``true``, ``16``, ``0.5``, ``bounded:2``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def ignored_problem(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    """Why a job cannot be run as given ("" if it can): a setting its mode would ignore,
+    named first (the command line says it as the user gave it: cli/settings.py), with
+    the modes that read it and the job's mode; any others its mode ignores after it."""
+    names = ignored(settings, defaults)
+    if not names:
+        return ""
+    first, *more = names
+    job = _kind_of(settings, defaults)
+    modes = MODE_SETTINGS[first]
+    # bmuf's kinds of blocks are named apart only where the setting tells them apart
+    split = len(set(BMUF) & set(modes)) == 1
+    mode = NAMES[str(job)] if split and job in BMUF else f"{settings.get('mode')} mode"
+    also = "".join(f"; {name} {shown(settings[name])} is ignored there too" for name in more)
+    return (
+        f"{first} {shown(settings[first])} applies to {describe(modes)} only, and this job "
+        f"is in {mode}, which would ignore it (leave it at its default, "
+        f"{shown(defaults[first])}{also})"
+    )
