@@ -28,10 +28,11 @@ from snet.protocol.numbering import shown_epoch
 from snet.protocol.process_settings import check_threads
 from snet.server.checkpoint import CHECKPOINTS_DIR
 from snet.server.dataplan import plan_data
-from snet.server.export import STATUS_FILE, read_weights, weights_npz, write_atomically
+from snet.server.export import STATUS_FILE, read_weights, weights_npz
 from snet.server.service import OutDirLock
 from snet.server.testset import describe_test_result, score_test_set
 from snet.server.update_rule import UpdateRule
+from snet.transport.files import write_atomically
 from snet.transport.host_memory import available_bytes
 
 from .flags import given_job
