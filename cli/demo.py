@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from snet.client.config import MAX_PROCESSES
-from snet.protocol.errors import ConfigError
+from snet.protocol.errors import ConfigError, OutputNotWritten
 from snet.protocol.job import JobSpec
 from snet.protocol.modes import SHARED_BUNCH_MODES
 from snet.protocol.numbering import counted, shown_epoch
@@ -71,7 +71,8 @@ async def _progress(
     server: SnetServer, started: float | None, bar: ProgressBar, printed: set[int]
 ) -> None:
     """Print each epoch once its cross-validation result is in; on a terminal, a bar.
-    If the output's reader goes (``snet demo | head``), the run stops as on SIGTERM."""
+    If the output's reader goes (``snet demo | head``), or it cannot be written (a full
+    disk), the run stops as on SIGTERM."""
     epochs = server.coordinator.job.epochs
     drawn = 0.0
     while True:
@@ -84,22 +85,55 @@ async def _progress(
                 epoch = shown_epoch(server.coordinator.epoch)
                 rate, eta = figures["frames_per_second"], figures["eta_seconds"]
                 bar.draw(bar_text(figures["fraction"], epoch, epochs, rate, eta), force=True)
-        except BrokenPipeError:
-            _reader_gone(server)
+        except (BrokenPipeError, OutputNotWritten) as exc:
+            _output_lost(server, exc)
             return
         await asyncio.sleep(0.05)  # an epoch line late by at most this: bench times them
 
 
-def _reader_gone(server: SnetServer) -> None:
-    """Nobody reads the demo's output any more: stop the run, which is kept (SIGTERM's
-    graceful stop: its checkpoint and results written), and print nothing more."""
+def _output_lost(server: SnetServer, exc: BrokenPipeError | OutputNotWritten) -> bool:
+    """Nobody reads the demo's output any more, or it cannot be written (a full disk):
+    stop the run, which is kept (SIGTERM's graceful stop: its checkpoint and results
+    written), and print nothing more. Whether it was a failure (the exit status is 1)."""
+    failed = isinstance(exc, OutputNotWritten)
+    why = f"its output cannot be written ({exc})" if failed else READER_GONE
     detach_stdout()
-    server.request_stop(READER_GONE)  # first: the line below may find stderr gone too
+    server.request_stop(why)  # first: the line below may find stderr gone too
     if not server.coordinator.finished.is_set():
         say(
-            f"snet demo: stopping: its output's reader has gone (the run is kept in "
-            f"{server.config.out_dir}: the same command goes on from it)"
+            f"snet demo: stopping: {why} (the run is kept in {server.config.out_dir}: the "
+            "same command goes on from it)"
         )
+    elif failed:  # trained: its last lines are what is lost
+        say(f"snet demo: {why}; the run is trained, its results in {server.config.out_dir}")
+    return failed
+
+
+def _print_start(
+    args: argparse.Namespace, job: JobSpec, out_dir: str, http_port: int, already_trained: bool
+) -> None:
+    """The demo's first lines: what it trains, and where its dashboard is."""
+    if already_trained:
+        print(
+            f"snet demo: {out_dir} holds this job's finished run, shown below and not "
+            "trained again (add --fresh --force, or give another --out-dir, to train anew)",
+            flush=True,
+        )
+    url = f"http://127.0.0.1:{http_port}"
+    boards = (
+        f" and {counted(args.spert, 'emulated Spert-II board')} (x{args.spert_time_scale:g})"
+        if args.spert
+        else ""
+    )
+    print(
+        f"snet demo: {job.mode} mode, {counted(args.workers, 'worker')}{boards}, "
+        f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
+        f"bunch {job.bunch_size} per worker, updates {job.compress}, "
+        f"{loop_name()} loop",
+        flush=True,
+    )
+    if not already_trained:  # a finished run's server stops at once: nothing to watch
+        print(f"dashboard: {url}/  status: {url}/status  (or: snet status --url {url})")
 
 
 def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
@@ -173,27 +207,11 @@ async def _demo(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> 
         raise
     finished = server.coordinator.finished
     already_trained = finished.is_set()  # resumed a run that had completed
-    if already_trained:
-        print(
-            f"snet demo: {config.out_dir} holds this job's finished run, shown below and not "
-            "trained again (add --fresh --force, or give another --out-dir, to train anew)",
-            flush=True,
-        )
-    url = f"http://127.0.0.1:{server.http_port}"
-    boards = (
-        f" and {counted(args.spert, 'emulated Spert-II board')} (x{args.spert_time_scale:g})"
-        if args.spert
-        else ""
-    )
-    print(
-        f"snet demo: {job.mode} mode, {counted(args.workers, 'worker')}{boards}, "
-        f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
-        f"bunch {job.bunch_size} per worker, updates {job.compress}, "
-        f"{loop_name()} loop",
-        flush=True,
-    )
-    if not already_trained:  # a finished run's server stops at once: nothing to watch
-        print(f"dashboard: {url}/  status: {url}/status  (or: snet status --url {url})")
+    unwritten = False  # its lines could not be written (a full disk): exit status 1
+    try:
+        _print_start(args, job, config.out_dir, server.http_port, already_trained)
+    except (BrokenPipeError, OutputNotWritten) as exc:  # stopped before it trains
+        unwritten = _output_lost(server, exc)
     # a finished run's epoch times were not kept: the seconds since this start would pass
     # for them (a 4.3 s run shown as 1.0 s)
     shown_from = None if already_trained else started
@@ -213,8 +231,8 @@ async def _demo(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> 
         try:
             _print_epochs(server, shown_from, bar, printed)  # the last epochs, at once
             bar.clear()
-        except BrokenPipeError:
-            _reader_gone(server)
+        except (BrokenPipeError, OutputNotWritten) as exc:
+            unwritten = _output_lost(server, exc)
         # results not written: the workers were told so and wait for a restarted server
         sent_home = finished.is_set() and not reason.startswith(NOT_WRITTEN)
         await workers.stop(*_leave_time(reason, sent_home and not already_trained))
@@ -241,7 +259,8 @@ async def _demo(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> 
         flush=True,
     )
     interrupted = reason == "signal SIGINT"
-    return _exit_status(reason, already_trained or workers.stopped_cleanly(interrupted))
+    status = _exit_status(reason, already_trained or workers.stopped_cleanly(interrupted))
+    return 1 if unwritten else status
 
 
 def _leave_time(reason: str, trained: bool) -> tuple[float, bool]:
@@ -260,7 +279,8 @@ def _leave_time(reason: str, trained: bool) -> tuple[float, bool]:
 def _exit_status(reason: str, workers_ok: bool) -> int:
     """The demo's exit status, as ``snet server``'s where they meet: 0 trained, or stopped
     by the user (SIGTERM, Ctrl-C) with every worker stopped cleanly; 141 its output's
-    reader gone; 1 otherwise (its workers gone before the end, or one that failed)."""
+    reader gone; 1 otherwise (its workers gone before the end, or one that failed, or
+    its output that could not be written)."""
     if reason == READER_GONE:
         return EXIT_READER_GONE
     by_user = reason.startswith("signal ")

@@ -16,6 +16,8 @@ from .blas import early_blas_limit
 from .parser import parse_command
 
 if TYPE_CHECKING:
+    import argparse
+
     from .preloaded_worker import PreloadedWorker
 
 SWITCHES = {"SNET_LOOP": ("asyncio", "uvloop"), "SNET_KERNELS": ("auto", "numba", "numpy")}
@@ -71,50 +73,18 @@ def _preloaded_worker(words: list[str]) -> PreloadedWorker | None:
 
 
 def _dispatch(words: list[str], preloaded: PreloadedWorker | None) -> int:
-    """Parse ``words`` and run the command they name; its exit status."""
+    """Parse ``words`` and run the command they name; its exit status. The errors every
+    command may end on are said here, in one line."""
     from snet.protocol import errors
     from snet.protocol.errors import ConfigError, DataError, ListenError, OutDirInUse
 
     args = parse_command(words)
     try:
         _check_switches()
-        if args.command == "server":
-            from .commands import run_server
-
-            return run_server(args)
-        if args.command == "worker":
-            from .commands import run_worker
-
-            return run_worker(args)
-        if args.command == "spert":
-            from .spert import run_spert
-
-            return run_spert(args)
-        if args.command == "status":
-            from .status import run_status
-
-            return run_status(args)
-        if args.command == "tls":
-            from .status import run_tls_init
-
-            return run_tls_init(args)
-        if args.command == "plan":
-            from .plan import run_plan
-
-            return run_plan(args)
-        if args.command == "train":
-            from .train import run_train
-
-            return run_train(args)
-        if args.command in ("eval", "data"):
-            from . import offline
-
-            if args.command == "eval":
-                return offline.run_eval(args)
-            return offline.run_convert(args)
-        from .demo import run_demo
-
-        return run_demo(args, preloaded)
+        status = _run(args, preloaded)
+        if sys.stdout is not None:  # what is buffered, written while a failure can be said
+            sys.stdout.flush()
+        return status
     except (ListenError, OutDirInUse, errors.ResultsNotWritten) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 1
@@ -124,6 +94,12 @@ def _dispatch(words: list[str], preloaded: PreloadedWorker | None) -> int:
         detach_stdout()
         say(f"snet {args.command}: stopped: its output's reader has gone")
         return EXIT_READER_GONE
+    except errors.OutputNotWritten as exc:  # > a full disk (cli/output.py): the results lost
+        from .progress_bar import detach_stdout, say
+
+        detach_stdout()  # what is still buffered goes nowhere: the exit's flush cannot fail
+        say(f"snet {args.command}: cannot write its output: {exc}")
+        return 1
     except (ConfigError, DataError) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 2
@@ -131,6 +107,47 @@ def _dispatch(words: list[str], preloaded: PreloadedWorker | None) -> int:
         from .stop_signals import stopped_unhandled
 
         return stopped_unhandled(args.command, exc)
+
+
+def _run(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> int:
+    """Run the command ``args`` name, from its module (imported only for it)."""
+    if args.command == "server":
+        from .commands import run_server
+
+        return run_server(args)
+    if args.command == "worker":
+        from .commands import run_worker
+
+        return run_worker(args)
+    if args.command == "spert":
+        from .spert import run_spert
+
+        return run_spert(args)
+    if args.command == "status":
+        from .status import run_status
+
+        return run_status(args)
+    if args.command == "tls":
+        from .status import run_tls_init
+
+        return run_tls_init(args)
+    if args.command == "plan":
+        from .plan import run_plan
+
+        return run_plan(args)
+    if args.command == "train":
+        from .train import run_train
+
+        return run_train(args)
+    if args.command in ("eval", "data"):
+        from . import offline
+
+        if args.command == "eval":
+            return offline.run_eval(args)
+        return offline.run_convert(args)
+    from .demo import run_demo
+
+    return run_demo(args, preloaded)
 
 
 # Commands that end a long run with every file closed and every thread joined (the server's
@@ -144,8 +161,10 @@ QUICK_EXIT = frozenset({"server", "worker", "spert", "demo"})
 def entry() -> NoReturn:
     """The ``snet`` command (its console script and ``python -m snet.cli``)."""
     from .lifeline import follow_supervisor
+    from .output import install as install_output
 
     follow_supervisor()  # first: started by ``snet demo``, it must not outlive the demo
+    install_output()  # a failed write to stdout is OutputNotWritten, not any OSError
     words = sys.argv[1:]
     finish(words, main(words, preload_workers=True))
 
@@ -153,10 +172,12 @@ def entry() -> NoReturn:
 def finish(words: list[str], status: int) -> NoReturn:
     """Exit with ``status`` the command ``words`` returned (``QUICK_EXIT``: at once)."""
     if words[:1] and words[0] in QUICK_EXIT:
+        from snet.protocol.errors import OutputNotWritten
+
         logging.shutdown()  # the last lines of the log, flushed
         for stream in (sys.stdout, sys.stderr):
-            # a reader gone, a stream closed: nothing is left to keep
-            with contextlib.suppress(OSError, ValueError):
+            # a reader gone, a stream closed, a full disk: nothing is left to keep
+            with contextlib.suppress(OSError, ValueError, OutputNotWritten):
                 stream.flush()
         os._exit(status)
     sys.exit(status)

@@ -20,7 +20,7 @@ import numpy as np
 from snet.client.footprint import activations
 from snet.data.corpus import corpus_from_source
 from snet.data.norms import Norms
-from snet.protocol.errors import ConfigError, ResultsNotWritten
+from snet.protocol.errors import ConfigError, OutputNotWritten, ResultsNotWritten
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.job import JobSpec
 from snet.protocol.memory import WORD32, MemoryNeed
@@ -28,10 +28,11 @@ from snet.protocol.numbering import shown_epoch
 from snet.protocol.process_settings import check_threads
 from snet.server.checkpoint import CHECKPOINTS_DIR
 from snet.server.dataplan import plan_data
-from snet.server.export import STATUS_FILE, read_weights, weights_npz, write_atomically
+from snet.server.export import STATUS_FILE, read_weights, weights_npz
 from snet.server.service import OutDirLock
 from snet.server.testset import describe_test_result, score_test_set
 from snet.server.update_rule import UpdateRule
+from snet.transport.files import write_atomically
 from snet.transport.host_memory import available_bytes
 
 from .flags import given_job
@@ -114,8 +115,9 @@ def run_train(args: argparse.Namespace) -> int:
 
     Ctrl-C stops as SIGINT stops a server: the weights trained so far are written (after
     the last whole step; ``--init-weights`` continues from them) unless nothing was
-    trained, in one line, with status 130; so does SIGTERM, with status 143, and a reader
-    of the output that goes (``| head``), with status 141."""
+    trained, in one line, with status 130; so does SIGTERM, with status 143, a reader of
+    the output that goes (``| head``), with status 141, and an output that cannot be
+    written (``> /dev/full``, a full disk: cli/output.py), with status 1."""
     with raised_on_stop():
         return _train(args)
 
@@ -167,10 +169,10 @@ def _train(args: argparse.Namespace) -> int:
             context = job.data.context
             scored = score_test_set(job.network, result.weights, plan.test, plan.norms, context)
             print(describe_test_result(scored))
-    except (KeyboardInterrupt, BrokenPipeError) as exc:
-        # Ctrl-C, or the reader of the output gone (``| head``): stopped either way, as a
-        # server stops on SIGINT, with what was trained kept
-        gone = isinstance(exc, BrokenPipeError)
+    except (KeyboardInterrupt, BrokenPipeError, OutputNotWritten) as exc:
+        # Ctrl-C, or the output gone (the reader left, ``| head``, or a full disk):
+        # stopped either way, as a server stops on SIGINT, with what was trained kept
+        gone = isinstance(exc, (BrokenPipeError, OutputNotWritten))
         terminated = isinstance(exc, Terminated)
         if gone:
             detach_stdout()
@@ -178,6 +180,8 @@ def _train(args: argparse.Namespace) -> int:
             bar.clear()
         cause = "(its output's reader has gone)" if gone else "by Ctrl-C"
         cause = "by SIGTERM" if terminated else cause
+        if isinstance(exc, OutputNotWritten):
+            cause = f"(its output cannot be written: {exc})"
         # An epoch's line is printed once the epoch is done: a failed print (or Ctrl-C
         # just then) comes after epoch ``epochs_done``, not in the next one.
         during = (
@@ -196,6 +200,8 @@ def _train(args: argparse.Namespace) -> int:
             say(f"{where}: the weights so far in {path}")
         if terminated:
             return EXIT_TERMINATED
+        if isinstance(exc, OutputNotWritten):
+            return 1  # a failure, where a reader that left is not
         return EXIT_READER_GONE if gone else EXIT_INTERRUPTED
     finally:
         lock.release()

@@ -7,6 +7,9 @@
     ├── ListenError                the server cannot listen on a configured address
     ├── OutDirInUse                another server holds the out-dir's lock
     ├── ResultsNotWritten          trained weights that could not be written (a full disk)
+    ├── OutputNotWritten           standard output that cannot take a command's output
+    │                              (a full disk, a terminal gone; not a reader gone: that
+    │                              stays BrokenPipeError, as Python raises it)
     ├── DataError                  a data set that cannot be used (missing, wrong shape)
     ├── ProtocolError              the peer broke the wire protocol; the connection is lost
     │   ├── FrameError             a frame that cannot be decoded
@@ -61,6 +64,12 @@ class OutDirInUse(SnetError):
 
 class ResultsNotWritten(SnetError):
     """Trained weights that could not be written (a full disk, the out-dir removed)."""
+
+
+class OutputNotWritten(SnetError):
+    """What a command printed could not be written to standard output (cli/output.py):
+    not an ``OSError``, so that a handler of a file's or a socket's errors never takes it
+    for one of those."""
 
 
 class ProtocolError(SnetError):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -38,7 +37,7 @@ from .config import ServerConfig
 from .connection import WorkerConnection, tend_connections
 from .dataplan import plan_data
 from .durability import Checkpointer, job_identity, resume_point
-from .export import read_weights, why_weights_kept, write_atomically, write_final_files
+from .export import read_weights, why_weights_kept, write_final_files
 from .footprint import check_fits_in_memory
 from .http import make_app
 from .http_guard import HttpListener
@@ -47,7 +46,7 @@ from .lateness import check_progress
 from .progress import ProgressWatch
 from .resume import TraceFile, resume_from
 from .security import over_tls, resolve_token, tls_contexts
-from .service import OutDirLock, PidFile, check_output_files, notify
+from .service import OutDirLock, PidFile, ReadyFile, check_output_files, notify
 from .status import status_document
 from .testset import describe_test_result, score_test_set
 from .training import Coordinator
@@ -86,7 +85,7 @@ class SnetServer:
         self._next_worker_id = 0
         self._trace: TraceFile | None = None
         self.pid_file = PidFile(config.pid_file) if config.pid_file else None
-        self._ready_written = False  # the ready file is ours to remove at exit
+        self.ready_file = ReadyFile(config.ready_file) if config.ready_file else None
         self.out_lock = OutDirLock(config.out_dir)
         self.checkpointer: Checkpointer | None = None
         self.resumed: dict[str, Any] | None = None  # the checkpoint this server resumed from
@@ -220,10 +219,8 @@ class SnetServer:
                  self.http_port)  # fmt: skip
         if self.coordinator.finished.is_set() and self._results_task is None:
             await self._save_results()  # resumed a run that had completed: "trained" once ready
-        if self.config.ready_file:
-            ready = {"pid": os.getpid(), "port": self.port, "http_port": self.http_port}
-            write_atomically(Path(self.config.ready_file), json.dumps(ready).encode())
-            self._ready_written = True
+        if self.ready_file is not None:
+            self.ready_file.write(self.port, self.http_port)
         notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
 
     def release(self) -> None:
@@ -234,9 +231,8 @@ class SnetServer:
             self._tcp.close()
         if self.pid_file is not None:
             self.pid_file.release()
-        if self._ready_written:  # "ready" no more: a stale file would name a dead pid
-            Path(self.config.ready_file).unlink(missing_ok=True)
-            self._ready_written = False
+        if self.ready_file is not None:
+            self.ready_file.remove()
         self.out_lock.release()
 
     async def serve(self) -> str:

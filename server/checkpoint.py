@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 
 from snet.protocol.errors import ConfigError
-
-from .export import write_atomically
+from snet.transport.files import write_atomically
 
 log = logging.getLogger("snet.server")
 

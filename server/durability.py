@@ -8,6 +8,9 @@ never wait for the disk. Taken every ``checkpoint_seconds`` (when anything chang
 every ``checkpoint_steps`` versions, at once after each epoch end and each CV decision,
 and, through ``final()``, at SIGTERM and when training completes. A periodic one is
 skipped while the previous one is still being written; the others queue behind it.
+``write_now()`` takes one at the next moment between steps and waits for it to be on
+disk: a change made while the run trains (``POST /control``, server/control.py) is
+answered only then.
 
 ``resume_point``: what ``snet server`` starts from: the newest whole checkpoint of the
 same job (network, settings, a setting added since the checkpoint was written or one its
@@ -184,12 +187,14 @@ class Checkpointer:
         self.seconds = seconds
         self.steps = steps
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snet-checkpoint")
-        self._writing: list[Future[None]] = []
+        self._writing: list[Future[str | None]] = []
         self._due = False  # a periodic checkpoint waits for the end of the running step
         self._taken_at = time.monotonic()
         self._taken_mark = self._mark()
         self._written_mark = self._taken_mark  # the state on disk (or, fresh, nothing lost)
         self._write_error: OSError | None = None
+        # write_now()'s callers while a step runs: the step's end takes their checkpoint
+        self._waiting: list[asyncio.Future[Future[str | None] | None]] = []
         # figures for /status and the benchmarks
         self.written = 0
         self.failed = 0
@@ -198,13 +203,20 @@ class Checkpointer:
         self.take_seconds = 0.0  # on the event loop, in total
         self.write_seconds = 0.0  # in the writer thread, in total
 
-    def _mark(self) -> tuple[int, int, bool]:
-        """Changes when anything a checkpoint holds does (steps, epochs, CV results)."""
+    def _mark(self) -> tuple[int, int, bool, int]:
+        """Changes when anything a checkpoint holds does (steps, epochs, CV results, a
+        staleness policy changed at run time: else a change whose own checkpoint failed
+        waited for a step to be written, and at SIGTERM before the first one was not)."""
         c = self.coordinator
-        return (c.version, len(c.stats.epochs) * 1000 + c.stats.epochs_done, c.finished.is_set())
+        epochs = len(c.stats.epochs) * 1000 + c.stats.epochs_done
+        return (c.version, epochs, c.finished.is_set(), c.staleness.revision)
 
     def between_steps(self, boundary: bool) -> None:
-        """The coordinator's offer: take one now if it is due (or forced by a boundary)."""
+        """The coordinator's offer: take one now if it is due (or forced by a boundary, or
+        awaited by ``write_now()``)."""
+        if self._waiting:
+            self._answer_waiting(self.take(forced=True))
+            return
         version_due = self.steps > 0 and self.coordinator.version - self._taken_mark[0] >= (
             self.steps
         )
@@ -216,9 +228,10 @@ class Checkpointer:
             self._taken_mark
         )
 
-    def take(self, forced: bool = False) -> Future[None] | None:
-        """Take a checkpoint now (between steps) and queue it for writing. A periodic one is
-        skipped while the previous write is still running (the next offer retries)."""
+    def take(self, forced: bool = False) -> Future[str | None] | None:
+        """Take a checkpoint now (between steps) and queue it for writing; the future
+        holds None once it is written, else why not. A periodic one is skipped while the
+        previous write is still running (the next offer retries)."""
         if self.coordinator.steps.broken:  # the last checkpoint stands: this state is not whole
             return None
         self._writing = [f for f in self._writing if not f.done()]
@@ -243,9 +256,33 @@ class Checkpointer:
         self._taken_at, self._taken_mark = time.monotonic(), self._mark()
         future = self._writer.submit(self._write, state, self._taken_mark)
         self._writing.append(future)
+        self._answer_waiting(future)  # it holds what they changed: it was taken after
         return future
 
-    def _write(self, state: dict[str, Any], mark: tuple[int, int, bool]) -> None:
+    async def write_now(self) -> None:
+        """A checkpoint taken at the next moment between steps (now, if no step runs) and
+        on disk when this returns; ``OSError`` saying why when it is not (a full disk, or
+        a state that cannot be checkpointed: a failed step, a stop)."""
+        if self.coordinator.steps.between_steps:
+            future = self.take(forced=True)
+        else:  # the running step's end offers the moment (between_steps)
+            waiter: asyncio.Future[Future[str | None] | None]
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            future = await waiter
+        if future is None:
+            raise OSError("the training state cannot be checkpointed now (the log says why)")
+        failure = await asyncio.wrap_future(future)
+        if failure is not None:
+            raise OSError(failure)
+
+    def _answer_waiting(self, future: Future[str | None] | None) -> None:
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            if not waiter.done():  # a caller gone (its request cancelled) is skipped
+                waiter.set_result(future)
+
+    def _write(self, state: dict[str, Any], mark: tuple[int, int, bool, int]) -> str | None:
         started = time.perf_counter()
         coordinator = state["coordinator"]
         try:
@@ -254,11 +291,11 @@ class Checkpointer:
             self.failed += 1
             self._write_error = exc
             log.error("cannot write a checkpoint: %s", exc)
-            return
-        except Exception:  # a bug: said loudly (a future's exception is otherwise unseen)
+            return f"cannot write a checkpoint: {exc}"
+        except Exception as exc:  # a bug: said loudly (a future's exception is otherwise unseen)
             self.failed += 1
             log.exception("cannot encode a checkpoint")
-            return
+            return f"cannot encode a checkpoint: {exc!r}"
         seconds = time.perf_counter() - started
         self.write_seconds += seconds
         self.written += 1
@@ -273,6 +310,7 @@ class Checkpointer:
             "at": state["taken"],
         }
         log.debug("checkpoint %s: version %d", path.name, coordinator["version"])
+        return None
 
     async def run_timer(self) -> None:
         """Time-based checkpoints while no step comes (e.g. waiting for workers)."""
@@ -307,6 +345,7 @@ class Checkpointer:
         self._writing = []
 
     def close(self) -> None:
+        self._answer_waiting(None)  # no step will end to take theirs (a failed step)
         self._writer.shutdown(wait=True)
 
     def figures(self) -> dict[str, Any]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +23,7 @@ from snet.data.norms import Norms, write_norm_file
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec
 from snet.protocol.network import ElementLayout, NetworkSpec
+from snet.transport.files import write_atomically
 
 if TYPE_CHECKING:
     from .training import Coordinator
@@ -130,29 +129,6 @@ def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> Saved
             f"the job trains {expected.describe()} ({', '.join(expected.activations)})"
         )
     return SavedWeights(spec, flat, version, norms, context, data_spec)
-
-
-def write_atomically(path: Path, payload: bytes) -> None:
-    """Write atomically: a reader never sees half a file, a crash never leaves one (a
-    temporary file of a unique name, fsync'd, renamed over ``path``, and the directory
-    fsync'd so that the rename survives a power cut)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.fchmod(handle, 0o644)  # mkstemp makes it 0600: results are for reading
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(payload)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def why_weights_kept(version: int, start: int | None, written: int | None) -> str | None:

@@ -25,7 +25,7 @@ The estimate counts whole float32 copies of the element, from what the code allo
   changes gradients makes a new one per update of a pass (at most the pool's).
 
 The data, the interpreter and short-lived temporaries come on top: the words say
-"about". A policy changed at run time (server/http.py) is not foreseen here. A need
+"about". A policy changed at run time (server/control.py) is not foreseen here. A need
 above all this process could ever have (the machine's memory, or its container's limit:
 transport/host_memory.py) is refused; one above what is available now is a warning.
 """

@@ -11,7 +11,9 @@ GET /healthz   200 "ok" while the server runs; its ``X-Snet-Worker-Port`` header
                worker port, for a worker given this port by mistake (client/port_probe.py)
 GET /control   JSON: the staleness policy in force and its changes
 POST /control  JSON ``{"staleness": "bounded:2"}``: another staleness policy from the
-               next step (docs/staleness.md); 400 for a bad one, with the reason
+               next step (docs/staleness.md), answered once a checkpoint holds it; 400 for
+               a bad one, with the reason; 503 when it could not be checkpointed (taken
+               back: server/control.py)
 
 With a token every path but /healthz needs it (server/security.py). Without a token the
 read-only paths are open to whoever reaches the port (on loopback, by an IP address,
@@ -32,8 +34,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from snet.protocol.errors import ConfigError
-
+from .control import Control
 from .export import current_weights_npz
 from .metrics import metrics_text
 from .security import bearer_middleware, browser_middleware, is_loopback
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
     from .app import SnetServer
 
 SERVER_KEY: web.AppKey[SnetServer] = web.AppKey("snet_server")
-TOKEN_KEY: web.AppKey[bool] = web.AppKey("snet_token_required")
-CONTROL_BODY_BYTES = 4096  # a control request is a few words of JSON
 # /events is never silent longer (a comment between documents pushed further apart), so
 # a reader tells a live server from a hung one in seconds, whatever --event-seconds says
 # (snet status --watch gives up after 5 s: cli/event_stream.py), and proxies keep it open
@@ -121,39 +120,6 @@ async def _weights(request: web.Request) -> web.Response:
     )
 
 
-async def _control_state(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVER_KEY].coordinator.staleness.figures())
-
-
-async def _control(request: web.Request) -> web.Response:
-    """Change the staleness policy (the token, or loopback without one, was checked)."""
-    if not request.app[TOKEN_KEY] and not is_loopback(request.remote or ""):
-        raise web.HTTPForbidden(text="control from loopback only (the server has no token)\n")
-    if request.content_length is None or request.content_length > CONTROL_BODY_BYTES:
-        raise web.HTTPBadRequest(text=f"a JSON body of at most {CONTROL_BODY_BYTES} bytes\n")
-    try:  # a body sent slowly is held to the same bound as the headers (http_guard.py)
-        async with asyncio.timeout(request.app[SERVER_KEY].config.http_header_seconds):
-            body = json.loads(await request.read())
-    except TimeoutError:
-        raise web.HTTPRequestTimeout(text="the request body took too long\n") from None
-    except ValueError as exc:
-        raise web.HTTPBadRequest(text=f"the body is not JSON: {exc}\n") from None
-    except RecursionError:  # json's decoder recurses per level of nesting
-        raise web.HTTPBadRequest(text="the body is JSON nested too deeply\n") from None
-    if (
-        not isinstance(body, dict)
-        or set(body) != {"staleness"}
-        or not isinstance(body["staleness"], str)
-    ):
-        raise web.HTTPBadRequest(text='expected {"staleness": "<policy>"}\n')
-    coordinator = request.app[SERVER_KEY].coordinator
-    try:
-        record = coordinator.set_staleness(body["staleness"], by=request.remote or "?")
-    except ConfigError as exc:
-        raise web.HTTPBadRequest(text=f"{exc}\n") from None
-    return web.json_response(record)
-
-
 async def _healthz(request: web.Request) -> web.Response:
     port = request.app[SERVER_KEY].port
     return web.Response(text="ok\n", headers={"X-Snet-Worker-Port": str(port)})
@@ -168,13 +134,13 @@ def make_app(server: SnetServer, token: str | None = None) -> web.Application:
         middlewares = [browser_middleware(check_host=is_loopback(server.config.http_bind_host))]
     app = web.Application(middlewares=middlewares)
     app[SERVER_KEY] = server
-    app[TOKEN_KEY] = bool(token)
+    control = Control(server, token_required=bool(token))
     app.router.add_get("/", _dashboard)
     app.router.add_get("/events", _events)
     app.router.add_get("/status", _status)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/weights", _weights)
     app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/control", _control_state)
-    app.router.add_post("/control", _control)
+    app.router.add_get("/control", control.state)
+    app.router.add_post("/control", control.change)
     return app

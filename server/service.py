@@ -4,6 +4,8 @@
 that names another process which is still running means a second server was started with
 the same ``--pid-file``: that is refused, so two daemons never fight over one file. A file
 left by a process that no longer exists (after a crash or SIGKILL) is simply replaced.
+``ReadyFile``: the pid and both ports (JSON), written once the server serves and removed
+at exit, as a stale one would name a dead process.
 
 ``OutDirLock``: an exclusive ``flock`` on ``OUT_DIR/.lock`` while the server (or ``snet
 train``) runs, so two of them never write one out-dir's checkpoints and results. The
@@ -17,6 +19,7 @@ stale lock behind.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import socket
@@ -24,8 +27,7 @@ import tempfile
 from pathlib import Path
 
 from snet.protocol.errors import ConfigError, OutDirInUse
-
-from .export import write_atomically
+from snet.transport.files import write_atomically
 
 
 def _running(pid: int) -> bool:
@@ -36,6 +38,24 @@ def _running(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+class ReadyFile:
+    """``--ready-file``: ``write()`` once serving, ``remove()`` at exit (if written)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.written = False
+
+    def write(self, port: int, http_port: int) -> None:
+        ready = {"pid": os.getpid(), "port": port, "http_port": http_port}
+        write_atomically(self.path, json.dumps(ready).encode())
+        self.written = True
+
+    def remove(self) -> None:
+        if self.written:  # "ready" no more: a stale file would name a dead pid
+            self.path.unlink(missing_ok=True)
+            self.written = False
 
 
 class PidFile:

@@ -1,7 +1,7 @@
 """``StalenessControl``: the staleness policy in force, how it changed, and the bound.
 
 The job names the policy (``protocol/staleness.py``); the HTTP control endpoint
-(server/http.py) may change it while training runs. A change takes effect at the next
+(server/control.py) may change it while training runs. A change takes effect at the next
 step and is recorded (when, at which version and epoch, from what to what, asked by whom)
 for /status and the trace. The policy's effect on gradients is the step runner's
 (server/stepping.py, server/compensation.py); the bound is checked here, on the event
@@ -48,6 +48,7 @@ class StalenessControl:
         self.setting = StalenessSetting.parse(job.staleness)
         self.changes: list[dict[str, Any]] = []
         self.refused_stale = 0  # updates refused for lagging more than the bound
+        self.revision = 0  # counts changes (the list is capped): a checkpoint is then due
 
     @property
     def name(self) -> str:
@@ -76,6 +77,7 @@ class StalenessControl:
             "by": by,
         }
         self.setting = setting
+        self.revision += 1
         workers = list(workers)
         told = [w for w in workers if FOLLOWS_POLICY in w.capabilities]
         for worker in told:

@@ -5,6 +5,8 @@ where it can be (run in this process: ``main([...])``). ``snet train``: test_tra
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ from snet.cli import offline
 from snet.cli.main import main
 from snet.protocol.network import NetworkSpec, initial_weights
 from snet.server.export import weights_npz
+from snet.transport import certificates
+from snet.transport.files import write_atomically
 
 from user_errors import TINY, error, refused, tiny_set
 
@@ -148,6 +152,53 @@ def test_tls_init_into_a_file_is_one_line(
     reason = "File exists" if kind == "file" else "Not a directory"
     err = error(["tls", "init", str(target)], capsys)
     assert err == f"snet: cannot use directory {target}: {reason}"
+
+
+def test_tls_init_that_cannot_write_a_file_writes_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third file on a full disk: the two written are removed, and the directories
+    made for them (a real full file system: test_tls.py); the same command then works."""
+    pytest.importorskip("cryptography")
+    write, calls = certificates.write_atomically, []
+
+    def full_disk(path: Path, data: bytes, mode: int = 0o644) -> None:
+        calls.append(path.name)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(path, data, mode)
+
+    monkeypatch.setattr(certificates, "write_atomically", full_disk)
+    pki = tmp_path / "pki" / "inner"
+    err = error(["tls", "init", str(pki)], capsys, status=1)
+    assert err == f"snet: cannot write {pki / calls[2]}: No space left on device (nothing written)"
+    assert not (tmp_path / "pki").exists()
+    monkeypatch.undo()
+    assert main(["tls", "init", str(pki)]) == 0
+    assert sorted(p.name for p in pki.iterdir()) == [
+        "ca.key", "ca.pem", "server.key", "server.pem", "worker.key", "worker.pem",
+    ]  # fmt: skip
+
+
+def test_a_file_written_atomically_is_whole_or_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails after its bytes went out (ENOSPC at fsync, as NFS and ext4's
+    delayed allocation answer) leaves the file as it was, and no temporary."""
+    target = tmp_path / "ca.pem"
+    target.write_bytes(b"the old one\n")
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomically(target, b"-----BEGIN CERTIFICATE-----\n", 0o600)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["ca.pem"]
+    assert target.read_bytes() == b"the old one\n"
+    write_atomically(target, b"new\n", 0o600)
+    assert target.read_bytes() == b"new\n" and target.stat().st_mode & 0o777 == 0o600
 
 
 # ---------------------------------------------------------------- data convert, plan

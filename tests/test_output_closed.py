@@ -1,12 +1,17 @@
 """A command whose output's reader goes (``snet train | head``) stops as SIGPIPE would
 stop a program that writes, with exit status 141 and one line on stderr, not a traceback;
-the demo stops its run gracefully, so that the same command goes on from it."""
+the demo stops its run gracefully, so that the same command goes on from it. An output
+that cannot be written (``> /dev/full``, a full disk; a terminal gone) is one line and
+exit 1, and ``snet train`` and the demo keep what they trained (cli/output.py)."""
 
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +19,7 @@ import pytest
 
 import helpers
 from helpers import QUICK_JOB, SMALL_JOB, check_output
+from user_errors import tiny_set
 
 EXIT_READER_GONE = 141
 
@@ -99,3 +105,107 @@ def test_demo_whose_reader_goes_stops_its_run_which_goes_on_again(tmp_path: Path
     for epoch in final["epochs"]:
         ledger = epoch["ledger"]
         assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0, ledger
+
+
+def _onto_a_full_disk(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``snet ARGS > /dev/full`` (every write answered ENOSPC, as by a full disk)."""
+    return helpers.run_process(
+        ["sh", "-c", '"$0" -m snet.cli "$@" > /dev/full', sys.executable, *args],
+        cwd=cwd, env=helpers.system_ring_environment(), timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.system  # starts real processes
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "--json"],
+        ["plan", "--network", "117:64:10", "--workers", "1,2"],
+        ["eval", "--weights", "w.npz", "--data", "d.npz", "--json"],
+        ["data", "convert", "d.npz", "copy.npz"],
+        ["tls", "init", "pki"],
+    ],
+    ids=lambda args: " ".join(args[:2]),
+)
+def test_results_onto_a_full_disk_are_one_line_and_exit_1(tmp_path: Path, args: list[str]) -> None:
+    """``snet plan --json > /dev/full`` ended in a traceback (as did every command that
+    prints its results), with exit status 1 all the same."""
+    if args[0] == "tls":
+        pytest.importorskip("cryptography")
+    if args[0] in ("eval", "data"):
+        tiny_set(tmp_path / "d.npz")
+    if args[0] == "eval":
+        train = ["train", "--network", "39:8:3", "--context", "1", "--epochs", "1",
+                 "--data", "d.npz", "--out-dir", "."]  # fmt: skip
+        assert _onto_a_full_disk(train, tmp_path).returncode == 1  # weights kept: below
+        args = [*args[:2], str(tmp_path / "weights.npz"), *args[3:]]
+    done = _onto_a_full_disk(args, tmp_path)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()  # plan's notes come first
+    assert lines[-1] == f"snet {args[0]}: cannot write its output: No space left on device"
+    assert [line for line in lines if "output" in line] == lines[-1:]  # said once
+
+
+@pytest.mark.system  # starts real processes
+def test_a_demo_onto_a_full_disk_stops_before_it_trains(tmp_path: Path) -> None:
+    """Its first line cannot be written: the run stops as when its reader goes (its
+    workers told and stopped, the run kept), where it had left them to their lifeline."""
+    done = _onto_a_full_disk(["demo", *QUICK_JOB, "--epochs", "1", "--out-dir", "out"], tmp_path)
+    assert done.returncode == 1
+    said = [line for line in done.stderr.splitlines() if line.startswith("snet ")]
+    assert said == [
+        "snet demo: stopping: its output cannot be written (No space left on device) (the "
+        "run is kept in out: the same command goes on from it)"
+    ]
+    assert json.loads((tmp_path / "out" / "status.json").read_text())["state"] == "stopping"
+
+
+@pytest.mark.system  # starts real processes
+def test_train_onto_a_full_disk_stops_and_keeps_what_it_trained(tmp_path: Path) -> None:
+    done = _onto_a_full_disk(["train", *SMALL_JOB, "--epochs", "4", "--out-dir", "out"], tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "snet train: stopped (its output cannot be written: No space left on device) after "
+        "epoch 1 of 4: the weights so far in out/weights.npz"
+    ]
+    with np.load(tmp_path / "out" / "weights.npz") as saved:
+        assert int(saved["epoch"]) == 1  # the first epoch's line was the first write
+
+
+@pytest.mark.system  # starts real processes
+def test_demo_whose_terminal_goes_stops_its_run_and_keeps_it(tmp_path: Path) -> None:
+    """A terminal that goes away (its pseudo-terminal's master closed: every write is
+    EIO) mid-run: the demo stops its run as when its reader goes, and says so."""
+    demo = ["demo", "--mode", "sync", *QUICK_JOB, "--epochs", "6", "--out-dir", "out"]
+    terminal, end = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "snet.cli", *demo], stdout=end, stderr=subprocess.PIPE,
+        text=True, cwd=tmp_path, env=helpers.system_ring_environment(),
+    )  # fmt: skip
+    os.close(end)
+    try:
+        shown, deadline = b"", time.monotonic() + 60
+        while b"epoch  1/6  lr" not in shown:  # the epoch's line, not the bar's
+            assert time.monotonic() < deadline, shown[-500:]
+            try:
+                shown += os.read(terminal, 4096)
+            except OSError:  # EIO: the demo has exited
+                raise AssertionError(process.communicate(timeout=30)[1]) from None
+        os.close(terminal)  # the terminal goes
+        terminal = -1
+        code = process.wait(timeout=60)
+        errors = process.stderr.read() if process.stderr else ""
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    check_output("snet demo", errors)
+    assert code == 1, errors
+    assert (
+        "snet demo: stopping: its output cannot be written (Input/output error) (the run "
+        "is kept in out: the same command goes on from it)" in errors.splitlines()
+    )
+    stopped = json.loads((tmp_path / "out" / "status.json").read_text())
+    assert stopped["state"] == "stopping" and 1 <= stopped["epochs_done"] <= 5

@@ -2,17 +2,25 @@
 worker that follows changes is sent ``policy`` and its in-flight bound follows it; a
 worker joining later is welcomed with the policy in force; an older peer, which did not
 ask, is sent nothing it could not read and keeps training; a server restarted from its
-checkpoint keeps the policy set at run time."""
+checkpoint keeps the policy set at run time; a change is answered once a checkpoint taken
+between two steps holds it, and one whose checkpoint cannot be written is taken back
+(a kill before the first step: tests/test_staleness_server.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from snet.client.policies import ComputePolicy, ComputeState
 from snet.protocol.messages import FOLLOWS_POLICY, PolicyChange, Resync, Weights
+from snet.server.checkpoint import CHECKPOINTS_DIR, CheckpointStore
+from snet.server.control import TAKEN_BACK_BY
+from snet.server.stepping import StepRunner
 
 from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
@@ -182,3 +190,86 @@ async def test_a_restart_with_another_staleness_policy_puts_it_in_force(lab: Lab
         assert (await client.handshake()).job["staleness"] == "rate"
     finally:
         await client.close()
+
+
+def _on_disk(server: LabServer) -> dict[str, Any]:
+    """The coordinator's part of the newest checkpoint in the server's out-dir."""
+    loaded = CheckpointStore(Path(server.out_dir) / CHECKPOINTS_DIR).newest()
+    assert loaded is not None
+    state: dict[str, Any] = loaded.state["coordinator"]
+    return state
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_change_is_answered_once_a_checkpoint_between_steps_holds_it(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change that comes while a step runs is checkpointed at that step's end (a
+    checkpoint is never taken during one), and answered only when that is on disk."""
+    release, held = asyncio.Event(), asyncio.Event()
+    run = StepRunner.run
+
+    async def held_step(self: StepRunner, *args: Any) -> Any:
+        if not release.is_set():
+            held.set()
+            await release.wait()
+        return await run(self, *args)
+
+    monkeypatch.setattr(StepRunner, "run", held_step)
+    server = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)
+    worker = lab.worker(server, "w0")
+    try:
+        await asyncio.wait_for(held.wait(), 60)  # the first step runs, and waits
+        answer = asyncio.ensure_future(_control(lab, server, "bounded:2"))
+        await wait_until(lambda: server.server.coordinator.staleness.name == "bounded:2", 10,
+                         "the change in force")  # fmt: skip
+        await asyncio.sleep(0.2)
+        assert not answer.done()  # no checkpoint yet: the step still runs
+    finally:
+        release.set()  # (a failed test's server can still stop)
+    record = await asyncio.wait_for(answer, 30)
+    on_disk = _on_disk(server)
+    assert on_disk["staleness"]["policy"] == "bounded:2"
+    assert on_disk["staleness"]["changes"] == [record]
+    assert on_disk["version"] >= 1  # taken after the step that was running
+    worker.stop("done")
+    assert await worker.wait(30) == 0
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_change_that_cannot_be_checkpointed_is_taken_back(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: a change a crash would undo is never answered 200. It is taken back
+    at once (a change of its own, told to the workers), and the answer says why."""
+    write = CheckpointStore.write
+
+    def full_disk(self: CheckpointStore, state: dict[str, Any]) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(CheckpointStore, "write", full_disk)
+    server = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)
+    worker = lab.worker(server, "w0")
+    await wait_until(lambda: worker.worker.updates_sent >= 3, 60, "the worker training")
+    session = await lab.http()
+    async with session.post(server.url + "/control", json={"staleness": "bounded:1"}) as response:
+        assert response.status == 503
+        assert await response.text() == (
+            "staleness policy not changed: cannot write a checkpoint: [Errno 28] No space "
+            "left on device; none stays in force\n"
+        )
+    status = await server.status()
+    assert status["staleness"]["policy"] == "none"
+    assert [(c["from"], c["to"], c["by"]) for c in status["staleness"]["changes"]] == [
+        ("none", "bounded:1", "127.0.0.1"),
+        ("bounded:1", "none", TAKEN_BACK_BY),
+    ]
+    await wait_until(lambda: "staleness policy is now none" in lab.log("w0"), 30,
+                     "the worker told it was taken back")  # fmt: skip
+    assert "staleness policy bounded:1 taken back" in lab.log("server")
+
+    monkeypatch.setattr(CheckpointStore, "write", write)  # space again
+    record = await _control(lab, server, "bounded:1")
+    assert _on_disk(server)["staleness"]["policy"] == record["to"] == "bounded:1"
+    worker.stop("done")
+    assert await worker.wait(30) == 0

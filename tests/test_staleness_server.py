@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -178,3 +179,22 @@ def test_without_a_token_control_works_from_loopback(cluster: Cluster) -> None:
     assert code == 200 and record["to"] == "dcasgd:0.04" and record["by"] == "127.0.0.1"
     assert json.loads(server.get("/control"))["policy"] == "dcasgd:0.04"
     assert _post(server, {"staleness": "nonsense"})[0] == 400
+
+
+def test_a_change_before_the_first_step_survives_a_kill(cluster: Cluster) -> None:
+    """``POST /control`` is answered once the change is on disk. A change made before the
+    run's first step was checkpointed by nothing (a checkpoint waits for a step, an epoch
+    or a CV result): a server SIGKILLed after the 200 restarted under the command's
+    policy, and said nothing."""
+    job = ("--mode", "async", "--epochs", "1", "--out-dir", str(cluster.tmp_path / "run"),
+           *SMALL_JOB)  # fmt: skip
+    server = cluster.server(*job)
+    code, record = _post(server, {"staleness": "bounded:2"})
+    assert code == 200 and record["to"] == "bounded:2" and record["version"] == 0
+    server.process.send_signal(signal.SIGKILL)
+    server.wait(30)
+    again = cluster.server(*job, name="again")
+    status = again.status()
+    assert status["resumed"] is not None and status["resumed"]["version"] == 0
+    assert status["staleness"]["policy"] == "bounded:2"
+    assert status["staleness"]["changes"] == [record]

@@ -12,6 +12,7 @@ from snet.protocol.errors import ConfigError
 from snet.transport.certificates import make_cluster_certificates
 from snet.transport.tls import client_context, server_context
 
+from full_disk import run_on_full_disk
 from helpers import QUICK_JOB, Cluster
 
 pytest.importorskip("cryptography")
@@ -72,3 +73,34 @@ def test_workers_train_over_mutual_tls_and_strangers_are_refused(
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert plain.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in plain.stderr
+
+
+# On a full disk; then, with the space back, the same command into the same directory.
+TLS_INIT_ON_A_FULL_DISK = """
+"$PYTHON" -m snet.cli tls init "$FULL/pki/inner"; echo "exit $?"
+ls -A "$FULL"
+rm "$FULL/.fill"
+"$PYTHON" -m snet.cli tls init "$FULL/pki/inner" >/dev/null; echo "exit $?"
+"$PYTHON" -c "import ssl, sys; ssl.create_default_context(cafile=sys.argv[1] + '/ca.pem')\
+.load_cert_chain(sys.argv[1] + '/server.pem', sys.argv[1] + '/server.key')" "$FULL/pki/inner"
+echo "loaded $?"
+"""
+
+
+@pytest.mark.system  # starts real processes
+@pytest.mark.parametrize(("free_pages", "first_unwritten"), [(0, "ca.pem"), (2, "server.key")])
+def test_tls_init_on_a_full_disk_writes_nothing(
+    tmp_path: Path, free_pages: int, first_unwritten: str
+) -> None:
+    """A full file system (no room at all, or for two files): the files were written in
+    place, and an empty ca.pem stayed (or a CA with an empty server.pem), which later
+    commands read as a broken CA, and which a second ``snet tls init`` refused to replace
+    ("already holds a CA"). Now it is one line, exit 1, and nothing is left, not even the
+    directories it made; with space again the same command makes a CA that loads."""
+    full = tmp_path / "full"
+    done = run_on_full_disk(full, TLS_INIT_ON_A_FULL_DISK, free_pages)
+    unwritten = full / "pki" / "inner" / first_unwritten
+    assert done.stderr == (
+        f"snet: cannot write {unwritten}: No space left on device (nothing written)\n"
+    )
+    assert done.stdout.splitlines() == ["exit 1", ".fill", "exit 0", "loaded 0"]

@@ -12,6 +12,13 @@ Worker names become file names and hosts go into the server's certificate, so bo
 checked first (``check_worker_names``, ``check_hosts``): a name that is a path, empty or
 repeated, or a host that is neither an IP address nor a DNS name, is one line.
 
+The files are made in memory, then written each atomically (transport/files.py), and all
+or none: when one cannot be written (a full disk) those written before it and the
+directories made for them are removed, and ``ResultsNotWritten`` says which and why.
+Written in place, a full disk left an empty or cut ``ca.pem`` (or key) that later
+commands read as a broken CA, and a half set (a CA without the server's certificate)
+that a second ``snet tls init`` refused to overwrite ("already holds a CA").
+
 Made with the ``cryptography`` package (the ``tls`` extra; the README says why a library
 rather than hand-written ASN.1): ``ssl`` in the standard library reads certificates but
 cannot make them.
@@ -19,14 +26,16 @@ cannot make them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
-import os
 import re
 from pathlib import Path
 from typing import Any
 
-from snet.protocol.errors import ConfigError
+from snet.protocol.errors import ConfigError, ResultsNotWritten
+
+from .files import write_atomically
 
 YEARS = 10
 
@@ -44,13 +53,32 @@ def _tools() -> Any:
     return x509, hashes, serialization, ec, ExtendedKeyUsageOID, NameOID
 
 
-def _write(path: Path, data: bytes, secret: bool) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+def _made_directories(directory: Path) -> list[Path]:
+    """Make ``directory`` (and its missing parents); the ones made, outermost first."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()][::-1]
     try:
-        with os.fdopen(os.open(path, flags, 0o600 if secret else 0o644), "wb") as handle:
-            handle.write(data)
-    except OSError as exc:  # a directory this user may not write, a full disk
-        raise ConfigError(f"cannot write {path}: {exc.strerror}") from exc
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot use directory {directory}: {exc.strerror}") from exc
+    return missing
+
+
+def _write_all(files: list[tuple[Path, bytes, int]], made: list[Path]) -> None:
+    """Write every (path, bytes, mode) atomically, or none (the module docstring)."""
+    written: list[Path] = []
+    for path, data, mode in files:
+        try:
+            write_atomically(path, data, mode)
+        except OSError as exc:  # a full disk, a directory this user may not write
+            for done in written:
+                done.unlink(missing_ok=True)
+            for directory in reversed(made):  # empty again, unless another wrote there
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            raise ResultsNotWritten(
+                f"cannot write {path}: {exc.strerror or exc} (nothing written)"
+            ) from exc
+        written.append(path)
 
 
 # A worker's name is a file name in the directory (NAME.pem, NAME.key) and a certificate's
@@ -115,19 +143,17 @@ def make_cluster_certificates(
     directory: Path, hosts: list[str], workers: list[str] | None = None
 ) -> list[Path]:
     """Write the CA, the server's and the workers' certificates; returns the files.
-    Raises ``ConfigError`` for a bad host or worker name or a directory it cannot use."""
+    Raises ``ConfigError`` for a bad host or worker name or a directory it cannot use,
+    ``ResultsNotWritten`` for a file it cannot write (then none is)."""
     check_hosts(hosts)
     check_worker_names(workers or [])
     x509, hashes, serialization, ec, usage, name_oid = _tools()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot use directory {directory}: {exc.strerror}") from exc
+    made = _made_directories(directory)
     if (directory / "ca.key").exists():
         raise ConfigError(f"{directory} already holds a CA (ca.key): not overwritten")
     now = datetime.datetime.now(datetime.UTC)
     until = now + datetime.timedelta(days=365 * YEARS)
-    written: list[Path] = []
+    files: list[tuple[Path, bytes, int]] = []  # written once all are made
 
     def key_pem(key: Any) -> bytes:
         return bytes(
@@ -139,9 +165,9 @@ def make_cluster_certificates(
         )
 
     def save(stem: str, cert: Any, key: Any) -> None:
-        _write(directory / f"{stem}.pem", cert.public_bytes(serialization.Encoding.PEM), False)
-        _write(directory / f"{stem}.key", key_pem(key), True)
-        written.extend([directory / f"{stem}.pem", directory / f"{stem}.key"])
+        files.append((directory / f"{stem}.pem", cert.public_bytes(serialization.Encoding.PEM),
+                      0o644))  # fmt: skip
+        files.append((directory / f"{stem}.key", key_pem(key), 0o600))
 
     def named(common_name: str) -> Any:
         return x509.Name([x509.NameAttribute(name_oid.COMMON_NAME, common_name)])
@@ -190,4 +216,7 @@ def make_cluster_certificates(
     issue("server", hosts[0] if hosts else "localhost", usage.SERVER_AUTH, alternatives)
     for name in workers or ["worker"]:
         issue(name, name, usage.CLIENT_AUTH, [])
-    return written
+    # ca.key last: its presence is what refuses a second run, so that even a run killed
+    # between two files leaves no set a second one would not replace
+    _write_all(sorted(files, key=lambda file: file[0].name == "ca.key"), made)
+    return [path for path, _, _ in files]

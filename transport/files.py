@@ -1,0 +1,40 @@
+"""Files written whole or not at all: ``write_atomically``, for every part that writes a
+file others read (the server's results, checkpoints, ready and pid files; ``snet
+train``'s weights; ``snet tls init``'s certificates). It lives in transport/, the I/O
+layer that server/, client/ and cli/ all may import (tests/test_import_rules.py).
+
+A file written in place is truncated first and filled after: on a full disk, or killed
+between the two, it stays empty or cut short under its own name, and the next reader
+takes it for a damaged one (a CA that does not load, a checkpoint that does not decode).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomically(path: Path, payload: bytes, mode: int = 0o644) -> None:
+    """Write atomically: a reader never sees half a file, a crash never leaves one (a
+    temporary file of a unique name in the same directory, fsync'd, renamed over ``path``,
+    and the directory fsync'd so that the rename survives a power cut). ``mode``: the
+    file's permissions (0o600 for a secret), whatever the umask. ``OSError`` (a full
+    disk) leaves ``path`` as it was and no temporary behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            os.fchmod(stream.fileno(), mode)  # mkstemp makes it 0600: results are for reading
+            stream.write(payload)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
