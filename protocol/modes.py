@@ -8,6 +8,9 @@ where). A job that sets one away from its default in a mode that does not read i
 refused in one line (``JobSpec`` calls ``ignored_problem``), and so is a staleness policy
 that ``POST /control`` asks for at run time (server/staleness.py), by the same rule.
 
+Within a mode, one setting can make it ignore another (``OVERRIDDEN_BY``: blocks of
+seconds take no count of bunches); giving both is refused the same way.
+
 A job accepted before this rule (a checkpoint an earlier snet wrote, the welcome of an
 older server) is read with such settings at their defaults (``in_use``): they changed
 nothing in its mode, so it is the same job, and a run that set one still resumes.
@@ -54,6 +57,11 @@ MODE_SETTINGS: dict[str, tuple[str, ...]] = {
     "np_pipeline": ("np",),
 }
 
+# setting -> the one that, once set (not 0), makes the mode ignore it: a block of seconds
+# ends by the clock or at its lease's end, whatever block_bunches says (client/blocks.py,
+# server/policies.py BlockSteps.update_frames)
+OVERRIDDEN_BY = {"block_bunches": "block_seconds"}
+
 NAMES = {
     "sync": "sync mode",
     "async": "async mode",
@@ -80,8 +88,14 @@ def ignored(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[st
     return [
         name
         for name, modes in MODE_SETTINGS.items()
-        if job not in modes and settings.get(name, defaults[name]) != defaults[name]
+        if (job not in modes or _overridden(name, settings, defaults))
+        and settings.get(name, defaults[name]) != defaults[name]
     ]
+
+
+def _overridden(name: str, settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
+    over = OVERRIDDEN_BY.get(name)
+    return over is not None and bool(settings.get(over, defaults[over]))
 
 
 def in_use(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,11 +131,18 @@ def ignored_problem(settings: Mapping[str, Any], defaults: Mapping[str, Any]) ->
         return ""
     first, *more = names
     job = _kind_of(settings, defaults)
+    also = "".join(f"; {name} {shown(settings[name])} is ignored there too" for name in more)
+    if job in MODE_SETTINGS[first]:  # read by its mode, but overridden by another setting
+        over = OVERRIDDEN_BY[first]
+        return (
+            f"{first} {shown(settings[first])} is ignored when {over} is set ({over} "
+            f"{shown(settings[over])}: a block ends by the clock, or at its lease's end); "
+            f"give one of them (leave it at its default, {shown(defaults[first])}{also})"
+        )
     modes = MODE_SETTINGS[first]
     # bmuf's kinds of blocks are named apart only where the setting tells them apart
     split = len(set(BMUF) & set(modes)) == 1
     mode = NAMES[str(job)] if split and job in BMUF else f"{settings.get('mode')} mode"
-    also = "".join(f"; {name} {shown(settings[name])} is ignored there too" for name in more)
     return (
         f"{first} {shown(settings[first])} applies to {describe(modes)} only, and this job "
         f"is in {mode}, which would ignore it (leave it at its default, "

@@ -327,3 +327,20 @@ def test_a_job_an_older_snet_ran_is_read_with_what_its_mode_ignored_at_the_defau
     # a value its mode reads is still checked
     with pytest.raises(ConfigError, match="block_bunches must be >= 1"):
         JobSpec.from_dict({**JobSpec(mode="bmuf").to_dict(), "block_bunches": 0})
+
+
+def test_blocks_of_seconds_refuse_a_count_of_bunches_they_would_ignore() -> None:
+    """A block of seconds ends by the clock or at its lease's end (client/blocks.py): its
+    block_bunches did nothing, without a word."""
+    with pytest.raises(ConfigError) as refused:
+        JobSpec(mode="bmuf", block_bunches=8, block_seconds=0.5)
+    assert str(refused.value) == (
+        "block_bunches 8 is ignored when block_seconds is set (block_seconds 0.5: a block "
+        "ends by the clock, or at its lease's end); give one of them (leave it at its "
+        "default, 16)"
+    )
+    assert JobSpec(mode="bmuf", block_seconds=0.5).block_seconds == 0.5
+    assert JobSpec(mode="bmuf", block_bunches=8).block_bunches == 8
+    # a job an older snet ran with both trained by the clock: it is read so, and resumes
+    both = {**JobSpec(mode="bmuf", block_seconds=0.5).to_dict(), "block_bunches": 8}
+    assert JobSpec.from_dict(both) == JobSpec(mode="bmuf", block_seconds=0.5)
