@@ -138,7 +138,7 @@ class DataSpec:
 class JobSpec:
     """A complete training job as the server runs it and the workers learn it.
 
-    Update rule (applied by the server, identical in both modes)::
+    Update rule (applied by the server, the same in sync and async mode)::
 
         g = (sum of the per-pattern gradients in the step) / (patterns in the step)
         v = momentum * v - learning_rate * g

@@ -149,7 +149,11 @@ class ServerConfig:
     )
     join_seconds: float = field(
         default=10.0,
-        metadata={"help": "sync mode: extra time for a worker's first update (loading data)"},
+        metadata={
+            "help": "extra time for a worker's first update (loading data) where a late "
+            "worker is dropped (sync rounds and blocks, np), and for scoring CV before "
+            "its rate is known"
+        },
     )
     linger_seconds: float = field(
         default=0.0,
