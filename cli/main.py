@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 # limit_blas_threads() in main(), and BLAS reads it once, when numpy is first imported
 # (with two BLAS threads per worker on two cores, the demo ran ten times slower).
 from .blas import early_blas_limit
-from .parser import parse_command
+from .parser import COMMANDS, parse_command
 
 if TYPE_CHECKING:
     import argparse
@@ -78,7 +78,9 @@ def _dispatch(words: list[str], preloaded: PreloadedWorker | None) -> int:
     from snet.protocol import errors
     from snet.protocol.errors import ConfigError, DataError, ListenError, OutDirInUse
 
-    args = parse_command(words)
+    args = _parse(words)
+    if isinstance(args, int):  # --help or --version, which could not be written
+        return args
     try:
         _check_switches()
         status = _run(args, preloaded)
@@ -107,6 +109,28 @@ def _dispatch(words: list[str], preloaded: PreloadedWorker | None) -> int:
         from .stop_signals import stopped_unhandled
 
         return stopped_unhandled(args.command, exc)
+
+
+def _parse(words: list[str]) -> argparse.Namespace | int:
+    """``words`` parsed; or the exit status when the help or version they ask for could
+    not be written (cli/parser.py's ``Parser``): one line and 1 as for any command's
+    output, or 141 and no line for a reader gone (nothing was started to stop)."""
+    from snet.protocol.errors import OutputNotWritten
+
+    try:
+        return parse_command(words)
+    except OutputNotWritten as exc:
+        from .progress_bar import detach_stdout, say
+
+        detach_stdout()  # what is still buffered goes nowhere: the exit's flush cannot fail
+        command = f" {words[0]}" if words[:1] and words[0] in COMMANDS else ""
+        say(f"snet{command}: cannot write its output: {exc}")
+        return 1
+    except BrokenPipeError:
+        from .progress_bar import EXIT_READER_GONE, detach_stdout
+
+        detach_stdout()
+        return EXIT_READER_GONE
 
 
 def _run(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> int:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 DESCRIPTION = (
     "snet: an asynchronous client/server parameter service for data-parallel training "
@@ -222,6 +226,28 @@ def _tls_flags(tls: argparse.ArgumentParser) -> None:
     )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but help and ``--version`` that cannot be written fail.
+
+    argparse prints them itself, through ``_print_message``, which swallows any
+    ``OSError`` of the write: onto a full disk the text was lost and the flush at exit
+    failed after it, a traceback and status 120 (unbuffered, cli/output.py's
+    ``OutputNotWritten``, no ``OSError``, was a traceback too). Here a message to standard
+    output is written and flushed before argparse exits, so that its failure
+    (``OutputNotWritten``, or ``BrokenPipeError`` for a reader gone) reaches
+    ``cli/main.py``, which says it as for every command's output. Messages to stderr
+    (usage on an error) stay argparse's: where stderr fails nothing can be said.
+    Subparsers are made of the same class (argparse's ``parser_class`` default)."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        to_stdout = file is not None and file is sys.stdout  # help and --version
+        if message and to_stdout:
+            sys.stdout.write(message)
+            sys.stdout.flush()  # buffered, it would fail only at exit, after argparse's exit
+            return
+        super()._print_message(message, file)
+
+
 # command -> (its help, what adds its flags, add_parser's other arguments)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], dict[str, Any]]] = {
     "server": ("run the server daemon", _server_flags, {}),
@@ -260,7 +286,7 @@ def command_parser(only: str | None = None) -> argparse.ArgumentParser:
     calls ``main`` and starts its servers and workers in one process, built 160)."""
     from snet import __version__
 
-    parser = argparse.ArgumentParser(prog="snet", description=DESCRIPTION)
+    parser = Parser(prog="snet", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"snet {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_flags, options) in COMMANDS.items():

@@ -180,6 +180,57 @@ def test_tls_init_that_cannot_write_a_file_writes_none(
     ]  # fmt: skip
 
 
+REFUSED_FILES = "(snet tls init replaces no file: move them away or choose another directory)"
+
+
+def test_tls_init_refuses_a_directory_holding_a_file_it_would_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``server.pem`` the user made with another tool, a ``worker.key``: tls init
+    overwrote them (only ``ca.key`` was refused), and on a full disk removed them with
+    the files it had written. Now it is one line naming them, exit 2, and nothing in the
+    directory changes; a dangling link of such a name counts too (a rename replaces it)."""
+    pytest.importorskip("cryptography")
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    theirs = {"server.pem": b"the user's own certificate\n", "worker.key": b"a key\n"}
+    for name, content in theirs.items():
+        (pki / name).write_bytes(content)
+    (pki / "notes.txt").write_text("not one of its files\n")
+    (pki / "w1.pem").symlink_to(tmp_path / "nowhere")
+    err = error(["tls", "init", str(pki), "--workers", "w1,worker"], capsys)
+    expected = (
+        f"snet: {pki} already holds server.pem, w1.pem, worker.key: not overwritten {REFUSED_FILES}"
+    )
+    assert err == expected
+    untouched = ["notes.txt", "server.pem", "w1.pem", "worker.key"]
+    assert sorted(p.name for p in pki.iterdir()) == untouched  # none written beside them
+    assert {name: (pki / name).read_bytes() for name in theirs} == theirs
+
+
+def test_tls_init_after_a_run_killed_between_two_files_names_what_it_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run SIGKILLed between two files leaves the first few of the set (``ca.key`` is
+    written last, so never a CA key; made here by removing the rest of a whole set): the
+    second run names them, and once they are moved away the same command makes them all."""
+    pytest.importorskip("cryptography")
+    pki = tmp_path / "pki"
+    assert main(["tls", "init", str(pki)]) == 0
+    capsys.readouterr()
+    for name in ("ca.key", "worker.pem", "worker.key"):  # what the kill left unwritten
+        (pki / name).unlink()
+    err = error(["tls", "init", str(pki)], capsys)
+    expected = (
+        f"snet: {pki} already holds ca.pem, server.key, server.pem: not overwritten {REFUSED_FILES}"
+    )
+    assert err == expected
+    for path in list(pki.iterdir()):
+        path.unlink()
+    assert main(["tls", "init", str(pki)]) == 0
+    assert len(list(pki.iterdir())) == 6
+
+
 def test_a_file_written_atomically_is_whole_or_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

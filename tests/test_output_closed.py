@@ -209,3 +209,52 @@ def test_demo_whose_terminal_goes_stops_its_run_and_keeps_it(tmp_path: Path) -> 
     )
     stopped = json.loads((tmp_path / "out" / "status.json").read_text())
     assert stopped["state"] == "stopping" and 1 <= stopped["epochs_done"] <= 5
+
+
+@pytest.mark.system  # starts real processes
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize(
+    ("args", "who"),
+    [(["--help"], "snet"), (["--version"], "snet"), (["status", "--help"], "snet status"),
+     (["tls", "init", "--help"], "snet tls")],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)  # fmt: skip
+def test_help_and_version_onto_a_full_disk_are_one_line_and_exit_1(
+    tmp_path: Path, args: list[str], who: str, buffered: bool
+) -> None:
+    """argparse prints help and the version itself and swallows a failed write: the text
+    was lost and, stdout being buffered, the flush at exit failed after it, "Exception
+    ignored" with a traceback and status 120 (unbuffered: the traceback of the write,
+    exit 1). Now they end as every command's output does."""
+    env = {**helpers.system_ring_environment(), "PYTHONUNBUFFERED": "" if buffered else "1"}
+    done = helpers.run_process(
+        ["sh", "-c", '"$0" -m snet.cli "$@" > /dev/full', sys.executable, *args],
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (
+        1,
+        f"{who}: cannot write its output: No space left on device\n",
+    )
+
+
+@pytest.mark.system  # starts real processes
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize("args", [["--help"], ["--version"]], ids=" ".join)
+def test_help_whose_reader_has_gone_ends_quietly_as_sigpipe_would(
+    tmp_path: Path, args: list[str], buffered: bool
+) -> None:
+    """A reader gone before the help is written (its pipe's read end closed): exit 141,
+    as for a command whose reader goes, with nothing to stop and so no line; it was exit 0
+    (unbuffered: argparse swallowed the error) or 120 and a traceback (the flush at exit)."""
+    env = {**helpers.system_ring_environment(), "PYTHONUNBUFFERED": "" if buffered else "1"}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "snet.cli", *args], stdout=write_end, stderr=subprocess.PIPE,
+            text=True, cwd=tmp_path, env=env, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    check_output("snet " + args[0], done.stderr)  # no traceback
+    assert (done.returncode, done.stderr) == (EXIT_READER_GONE, "")

@@ -34,8 +34,13 @@ def test_certificates_and_contexts(tmp_path: Path) -> None:
         client_context(str(pki / "missing.pem"))
     with pytest.raises(ConfigError, match="both tls_cert and tls_key"):
         client_context(str(pki / "ca.pem"), str(pki / "worker.pem"))
-    with pytest.raises(ConfigError, match="already holds a CA"):
+    with pytest.raises(ConfigError) as refused:  # a second run into the same directory
         make_cluster_certificates(pki, [])
+    assert str(refused.value) == (
+        f"{pki} already holds ca.key, ca.pem, server.key, server.pem, worker.key, worker.pem: "
+        "not overwritten (snet tls init replaces no file: move them away or choose another "
+        "directory)"
+    )
 
 
 def test_workers_train_over_mutual_tls_and_strangers_are_refused(
@@ -104,3 +109,26 @@ def test_tls_init_on_a_full_disk_writes_nothing(
         f"snet: cannot write {unwritten}: No space left on device (nothing written)\n"
     )
     assert done.stdout.splitlines() == ["exit 1", ".fill", "exit 0", "loaded 0"]
+
+
+# The user's own server.pem in the directory, then tls init on the disk it fills.
+TLS_INIT_BESIDE_A_USERS_FILE = """
+mkdir "$FULL/pki" && echo "made with openssl" > "$FULL/pki/server.pem"
+"$PYTHON" -m snet.cli tls init "$FULL/pki"; echo "exit $?"
+ls -A "$FULL/pki"; cat "$FULL/pki/server.pem"
+"""
+
+
+@pytest.mark.system  # starts real processes
+def test_tls_init_on_a_full_disk_keeps_a_file_it_would_have_replaced(tmp_path: Path) -> None:
+    """Room for three of its files: tls init replaced the user's server.pem, failed on
+    worker.pem, and removed what it had written, the user's file with them. Now a
+    directory holding a file it would write is refused before anything is written."""
+    full = tmp_path / "full"
+    done = run_on_full_disk(full, TLS_INIT_BESIDE_A_USERS_FILE, free_pages=3)
+    pki = full / "pki"
+    assert done.stderr == (
+        f"snet: {pki} already holds server.pem: not overwritten (snet tls init replaces no "
+        "file: move them away or choose another directory)\n"
+    )
+    assert done.stdout.splitlines() == ["exit 2", "server.pem", "made with openssl"]

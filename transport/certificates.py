@@ -12,12 +12,15 @@ Worker names become file names and hosts go into the server's certificate, so bo
 checked first (``check_worker_names``, ``check_hosts``): a name that is a path, empty or
 repeated, or a host that is neither an IP address nor a DNS name, is one line.
 
-The files are made in memory, then written each atomically (transport/files.py), and all
-or none: when one cannot be written (a full disk) those written before it and the
-directories made for them are removed, and ``ResultsNotWritten`` says which and why.
-Written in place, a full disk left an empty or cut ``ca.pem`` (or key) that later
-commands read as a broken CA, and a half set (a CA without the server's certificate)
-that a second ``snet tls init`` refused to overwrite ("already holds a CA").
+It replaces no file: a directory that holds any file of the set (``ca.pem``, a
+``server.pem`` made with another tool, a ``worker.key``) is refused before anything is
+written, naming them (``refuse_files_in_the_way``). The files are made in memory, then
+written each atomically (transport/files.py), and all or none: when one cannot be written
+(a full disk) those written before it and the directories made for them are removed, and
+``ResultsNotWritten`` says which and why. Written in place, a full disk left an empty or
+cut ``ca.pem`` (or key) that later commands read as a broken CA; and when only ``ca.key``
+was refused, a user's own ``server.pem`` was overwritten, and on a full disk removed with
+the files written before the failure.
 
 Made with the ``cryptography`` package (the ``tls`` extra; the README says why a library
 rather than hand-written ASN.1): ``ssl`` in the standard library reads certificates but
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -79,6 +83,24 @@ def _write_all(files: list[tuple[Path, bytes, int]], made: list[Path]) -> None:
                 f"cannot write {path}: {exc.strerror or exc} (nothing written)"
             ) from exc
         written.append(path)
+
+
+def refuse_files_in_the_way(directory: Path, names: list[str]) -> None:
+    """Refuse ``directory`` if it holds a file of ``names`` (a dangling link too: the
+    rename would replace it), naming every one.
+
+    Why refuse rather than replace (and put back on failure): a file of such a name may be
+    the user's own (a ``server.pem`` made with openssl, another cluster's ``worker.key``),
+    and replacing it loses it even when every write succeeds; one rule, "it writes only
+    names that are free", is the one a user can predict. Its cost: a run killed between
+    two files leaves the first few (``ca.key``, written last, never among them), which a
+    second run then refuses too; the message names them and says to move them away."""
+    present = sorted(name for name in names if os.path.lexists(directory / name))
+    if present:
+        raise ConfigError(
+            f"{directory} already holds {', '.join(present)}: not overwritten (snet tls init "
+            "replaces no file: move them away or choose another directory)"
+        )
 
 
 # A worker's name is a file name in the directory (NAME.pem, NAME.key) and a certificate's
@@ -148,9 +170,11 @@ def make_cluster_certificates(
     check_hosts(hosts)
     check_worker_names(workers or [])
     x509, hashes, serialization, ec, usage, name_oid = _tools()
+    stems = ["ca", "server", *(workers or ["worker"])]
     made = _made_directories(directory)
-    if (directory / "ca.key").exists():
-        raise ConfigError(f"{directory} already holds a CA (ca.key): not overwritten")
+    refuse_files_in_the_way(
+        directory, [stem + suffix for stem in stems for suffix in (".pem", ".key")]
+    )
     now = datetime.datetime.now(datetime.UTC)
     until = now + datetime.timedelta(days=365 * YEARS)
     files: list[tuple[Path, bytes, int]] = []  # written once all are made
@@ -216,7 +240,7 @@ def make_cluster_certificates(
     issue("server", hosts[0] if hosts else "localhost", usage.SERVER_AUTH, alternatives)
     for name in workers or ["worker"]:
         issue(name, name, usage.CLIENT_AUTH, [])
-    # ca.key last: its presence is what refuses a second run, so that even a run killed
-    # between two files leaves no set a second one would not replace
+    # ca.key last: a run killed between two files leaves no CA key, so nothing can be
+    # signed with a CA whose set is incomplete (a second run names what it left)
     _write_all(sorted(files, key=lambda file: file[0].name == "ca.key"), made)
     return [path for path, _, _ in files]
