@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.messages import ErrorMessage, Hello, ServerHello
 from snet.server.config import ServerConfig
 from snet.server.peers import peer_address
+from snet.transport.tls import client_context
 
 from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
@@ -33,9 +36,9 @@ HOG, OTHER = "127.0.0.1", "127.0.0.2"
 Peer = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-async def _connect(port: int, source: str) -> Peer:
+async def _connect(port: int, source: str, tls: ssl.SSLContext | None = None) -> Peer:
     return await asyncio.wait_for(
-        asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)), 10
+        asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0), ssl=tls), 10
     )
 
 
@@ -44,10 +47,10 @@ async def _raw(port: int, source: str, name: str) -> AsyncRawClient:
     return AsyncRawClient(reader, writer, name)
 
 
-async def _get(port: int, source: str, path: str) -> bytes:
+async def _get(port: int, source: str, path: str, tls: ssl.SSLContext | None = None) -> bytes:
     """The whole answer to GET ``path`` from ``source`` (the lab's client is the hog's
     address: it would be refused too)."""
-    reader, writer = await _connect(port, source)
+    reader, writer = await _connect(port, source, tls)
     writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
     answer = await asyncio.wait_for(reader.read(), 10)
     await _close([(reader, writer)])
@@ -115,6 +118,29 @@ async def test_the_http_bound_per_address_can_be_set_and_disabled(lab: Lab) -> N
     status = await server.status()
     assert status["http_connections_refused"] == 1
     assert status["http_connections_refused_per_address"] == 0
+
+
+async def test_the_http_bound_per_address_holds_behind_tls(lab: Lab, tmp_path: Path) -> None:
+    """Behind TLS the connection is counted once its TLS handshake is done, and the
+    admitted one handed over to aiohttp's handler on the TLS transport."""
+    certificates = pytest.importorskip("snet.transport.certificates")
+    pki = tmp_path / "pki"
+    certificates.make_cluster_certificates(pki, ["127.0.0.1"])
+    server = await lab.server(
+        "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+        "--http-connections-per-address", "1", "--min-workers", "9", *SMALL_JOB,
+    )  # fmt: skip
+    port, tls = server.server.http_port, client_context(str(pki / "ca.pem"))
+    listener = server.server.http_listener
+    assert listener is not None
+    held = await _connect(port, HOG, tls)
+    await wait_in_lab(lambda: listener.open_connections == 1, 10, "the first to be open")
+    refused = await _get(port, HOG, "/healthz", tls)
+    assert refused.startswith(b"HTTP/1.1 503") and b"from this address" in refused
+    served = await _get(port, OTHER, "/healthz", tls)
+    assert served.startswith(b"HTTP/1.1 200 OK\r\n"), served[:80]
+    assert listener.refused_per_address == 1
+    await _close([held])
 
 
 @ONE_LOOP
