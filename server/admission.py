@@ -8,6 +8,10 @@ Everything a peer can make the server allocate is bounded before the peer is tru
   yet); one more is told ``too_many_handshakes`` and closed, so that a flood of idle
   connections cannot keep honest workers out for long: each lasts at most
   ``handshake_seconds`` (the server closes it with ``timeout``), TLS handshake included;
+- at most ``handshakes_per_address`` of those from one address (server/peers.py), so that
+  one host cannot take every handshake slot and turn real workers away; welcomed
+  connections are not bounded per address (ServerConfig.handshakes_per_address says
+  why); one more is told ``too_many_handshakes``, its text naming the address's bound;
 - until welcomed, a connection's frames are small (protocol/channel.py), so a pending
   handshake holds at most a few kilobytes.
 
@@ -21,9 +25,13 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import TOO_MANY_CONNECTIONS, TOO_MANY_HANDSHAKES
+
+if TYPE_CHECKING:
+    from .config import ServerConfig
 
 log = logging.getLogger("snet.server")
 
@@ -45,24 +53,39 @@ class Admission:
     """The worker port's limits, and its server-wide counts of what it refused."""
 
     def __init__(
-        self, max_connections: int = 256, max_handshakes: int = 128, handshake_seconds: float = 10.0
+        self,
+        max_connections: int = 256,
+        max_handshakes: int = 128,
+        handshake_seconds: float = 10.0,
+        handshakes_per_address: int = 0,
     ) -> None:
         self.max_connections = max_connections
         self.max_handshakes = max_handshakes
+        self.handshakes_per_address = handshakes_per_address  # 0: no bound per address
         self.handshake_seconds = handshake_seconds
         self.frames_refused = 0
         self.handshakes_refused = 0
         self.connections = 0  # accepted in all
         self.connections_refused = 0  # over max_connections
         self.handshakes_turned_away = 0  # over max_handshakes
+        self.handshakes_turned_away_per_address = 0  # over handshakes_per_address
         self.handshakes_timed_out = 0  # no hello within handshake_seconds
         self._logged_at = 0.0
         self._unlogged = 0
 
-    def refusal(self, open_connections: int, pending: int) -> tuple[str, str] | None:
-        """(code, text) if a new connection must be turned away, with ``open_connections``
-        already open of which ``pending`` are not yet welcomed; None to admit it. Counts
-        and logs the refusal."""
+    @classmethod
+    def of(cls, config: ServerConfig) -> Admission:
+        """The limits ``config`` sets."""
+        return cls(config.max_connections, config.max_handshakes, config.handshake_seconds,
+                   config.handshakes_per_address)  # fmt: skip
+
+    def refusal(
+        self, open_connections: int, pending: int, address: str = "?", pending_here: int = 0
+    ) -> tuple[str, str] | None:
+        """(code, text) if a new connection from ``address`` must be turned away, with
+        ``open_connections`` already open of which ``pending`` are not yet welcomed,
+        ``pending_here`` of them from ``address``; None to admit it. Counts and logs the
+        refusal."""
         if open_connections >= self.max_connections:
             self.connections_refused += 1
             found = (
@@ -79,6 +102,15 @@ class Admission:
                 (
                     f"{pending} handshakes are in progress, the server's limit "
                     f"(max_handshakes); try again later"
+                ),
+            )
+        elif 0 < self.handshakes_per_address <= pending_here:
+            self.handshakes_turned_away_per_address += 1
+            found = (
+                TOO_MANY_HANDSHAKES,
+                (
+                    f"{pending_here} handshakes from {address} are in progress, the server's "
+                    f"limit per address (max_handshakes_per_address); try again later"
                 ),
             )
         else:
@@ -99,6 +131,7 @@ class Admission:
             "handshakes_refused": self.handshakes_refused,
             "connections_refused": self.connections_refused,
             "handshakes_turned_away": self.handshakes_turned_away,
+            "handshakes_turned_away_per_address": self.handshakes_turned_away_per_address,
             "handshakes_timed_out": self.handshakes_timed_out,
         }
 

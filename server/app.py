@@ -69,9 +69,7 @@ class SnetServer:
         self.state = "starting"
         self.test_result: dict[str, Any] | None = None  # the test file's score, at the end
         self._test_task: asyncio.Task[None] | None = None
-        self.counters = Admission(
-            config.max_connections, config.max_handshakes, config.handshake_seconds
-        )
+        self.counters = Admission.of(config)
         self.meter = ProgressMeter()  # the rate and ETA of /status (server/job_progress.py)
         self.connections: set[WorkerConnection] = set()
         self.executor = ThreadPoolExecutor(
@@ -203,9 +201,7 @@ class SnetServer:
                 keepalive_timeout=self.config.http_header_seconds,  # see http_guard.py
             )
             await self._http.setup()
-            self.http_listener = HttpListener(
-                self._http, self.config.http_connections, self.config.http_header_seconds, https
-            )
+            self.http_listener = HttpListener.of(self._http, self.config, https)
             self.http_port = await self.http_listener.start(
                 self.config.http_bind_host, self.config.http_port
             )

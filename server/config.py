@@ -108,6 +108,13 @@ class ServerConfig:
         metadata={"help": "most of those not yet welcomed (no hello with its token proof "
                   "yet); one more is turned away (too_many_handshakes)"},
     )  # fmt: skip
+    max_handshakes_per_address: int = field(
+        default=-1,
+        metadata={"help": "most handshakes in progress from one address; one more is turned "
+                  "away (too_many_handshakes). -1: half of max_handshakes; 0: no bound per "
+                  "address. Welcomed workers are not counted: a machine may run up to 256. "
+                  "Behind a proxy or NAT every worker has its address: raise it or give 0"},
+    )  # fmt: skip
     handshake_seconds: float = field(
         default=10.0,
         metadata={"help": "close a worker connection not welcomed this long after it "
@@ -117,6 +124,13 @@ class ServerConfig:
         default=64,
         metadata={"help": "most HTTP connections open at once; one more is answered 503"},
     )
+    http_connections_per_address: int = field(
+        default=-1,
+        metadata={"help": "most HTTP connections open at once from one address; one more is "
+                  "answered 503. -1: a quarter of http_connections; 0: no bound per address. "
+                  "Behind a reverse proxy every client has the proxy's address: raise it to "
+                  "http_connections or give 0 there"},
+    )  # fmt: skip
     http_header_seconds: float = field(
         default=10.0,
         metadata={"help": "close an HTTP connection whose request is not in (headers and "
@@ -242,6 +256,14 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be >= {least}, got {getattr(self, name):g}")
         if self.http_connections < 1:
             raise ConfigError("http_connections must be at least 1")
+        for name, total in (("max_handshakes_per_address", "max_handshakes"),
+                            ("http_connections_per_address", "http_connections")):  # fmt: skip
+            value, most = getattr(self, name), getattr(self, total)
+            if not -1 <= value <= most:
+                raise ConfigError(
+                    f"{name} must be -1 (the default share), 0 (no bound per address) or "
+                    f"at most {total} ({most}), got {value}"
+                )
         if not 0.05 <= self.event_seconds <= 60:  # a floor: each push builds the document
             raise ConfigError("event_seconds must be between 0.05 and 60")
         if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
@@ -251,3 +273,29 @@ class ServerConfig:
     @property
     def http_bind_host(self) -> str:
         return self.http_host or self.host
+
+    @property
+    def handshakes_per_address(self) -> int:
+        """The bound on one address's handshakes in progress (0: none). The default, half
+        of ``max_handshakes`` (64), is what a machine legitimately opens at once: each of
+        ``snet worker --processes N``'s processes connects as it starts, and is pending only
+        for one round trip (the server's hello, its hello with the token proof), so a
+        machine at one process per core up to 64 cores joins in one go; a larger one (up to
+        256 processes, client/config.py MAX_PROCESSES, already over ``max_handshakes``)
+        joins in a few waves, each turned-away process retrying as "busy" after 0.2, 0.4,
+        0.8 s. Welcomed connections are not bounded per address: they have proved the
+        token (or, without one, could train anyway), and one machine may hold 256 of them.
+        Half leaves the other half of the slots to every other address."""
+        return default_share(self.max_handshakes_per_address, self.max_handshakes, 2)
+
+    @property
+    def http_per_address(self) -> int:
+        """The bound on one address's HTTP connections (0: none). The default, a quarter
+        of ``http_connections`` (16), holds a browser's dashboard (6 connections per host),
+        ``snet status --watch`` and a Prometheus scraper with room to spare."""
+        return default_share(self.http_connections_per_address, self.http_connections, 4)
+
+
+def default_share(value: int, total: int, parts: int) -> int:
+    """``value`` as given, or for -1 the ``parts``-th share of ``total`` (at least 1)."""
+    return max(1, total // parts) if value == -1 else value

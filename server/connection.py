@@ -54,6 +54,7 @@ from snet.transport.stream import FrameStream
 
 from .admission import Admission
 from .ledger import CompressionLedger
+from .peers import peer_address
 from .plausible import checked_report
 from .pool import ElementLoan, Received
 from .session import WorkerSession, unique_name
@@ -96,6 +97,7 @@ class WorkerConnection:
         self.session: WorkerSession | None = None
         self.nonce = os.urandom(auth.NONCE_BYTES)
         self.connected_at = time.monotonic()
+        self.address = "?"  # the peer's host (server/peers.py), once connected
         self._warned = 0  # warnings logged about what this peer sent (PEER_WARNINGS)
         self._unlogged: tuple[str, int] = ("", 0)  # its name, and the warnings not logged
         self.stream = FrameStream(
@@ -119,8 +121,11 @@ class WorkerConnection:
     # ------------------------------------------------------------ stream events
 
     def stream_opened(self, stream: FrameStream) -> None:
-        pending = sum(1 for c in self.connections if c.session is None and not c.closing)
-        refusal = self.counters.refusal(len(self.connections), pending)
+        assert stream.transport is not None
+        self.address = peer_address(stream.transport.get_extra_info("peername"))
+        waiting = [c for c in self.connections if c.session is None and not c.closing]
+        here = sum(1 for c in waiting if c.address == self.address)
+        refusal = self.counters.refusal(len(self.connections), len(waiting), self.address, here)
         if refusal is not None:  # before anything is kept for this peer
             self.send(ErrorMessage(*refusal, True))
             self.stream.close()

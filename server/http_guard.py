@@ -9,9 +9,18 @@ line, and takes any number of connections. Here:
   and aiohttp closes a connection whose handler is still waiting for a whole request when
   it expires, partial request line or not (a slowloris); a request's body is read under
   the same bound (server/http.py). A TLS handshake gets the same time.
-- **At most ``http_connections`` connections at once**: one more is answered
-  ``503 Service Unavailable`` (with ``Retry-After``) and closed before anything of it is
-  read, and counted (``http_connections_refused`` in /status and /metrics).
+- **At most ``http_connections`` connections at once**, and at most
+  ``http_connections_per_address`` of them from one address (server/peers.py): one more is
+  answered ``503 Service Unavailable`` (with ``Retry-After``) and closed before anything of
+  it is read, and counted (``http_connections_refused`` and
+  ``http_connections_refused_per_address`` in /status and /metrics). Without the bound per
+  address one host could hold every connection (dribbling requests and reconnecting as
+  each is closed, or streaming ``/events``) and have the dashboard, ``snet status`` and
+  Prometheus answered 503 for as long as it liked.
+
+Both are checked as the connection is made (its peer's address is known only then; for
+TLS, once its handshake is done), on the connections aiohttp holds at that moment, so a
+burst of connections accepted together is counted one by one.
 
 A response being streamed (``/events``, ``/weights``) is not a request being sent: the
 bound does not cut it.
@@ -25,26 +34,56 @@ import ssl
 import typing
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from .peers import peer_address
+
+if typing.TYPE_CHECKING:
+    from .config import ServerConfig
 
 log = logging.getLogger("snet.server")
 
-BUSY_BODY = b"the server has too many HTTP connections open; try again shortly\n"
-BUSY_RESPONSE = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
-    + str(len(BUSY_BODY)).encode()
-    + b"\r\n\r\n"
-    + BUSY_BODY
+
+def _unavailable(body: bytes) -> bytes:
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+BUSY_RESPONSE = _unavailable(b"the server has too many HTTP connections open; try again shortly\n")
+BUSY_HERE_RESPONSE = _unavailable(
+    b"the server has too many HTTP connections open from this address (its limit per "
+    b"address); try again shortly\n"
 )
 
 
 class _Busy(asyncio.Protocol):
-    """A connection over the limit: one 503, then closed."""
+    """A connection over a limit: one 503, then closed."""
+
+    def __init__(self, response: bytes) -> None:
+        self.response = response
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         writer = typing.cast(asyncio.WriteTransport, transport)  # uvloop's do not subclass
-        writer.write(BUSY_RESPONSE)
+        writer.write(self.response)
         writer.close()
+
+
+class _Gate(asyncio.Protocol):
+    """A new connection until it is made: then admitted (handed over to aiohttp's
+    handler, which gets every event from then on) or refused."""
+
+    def __init__(self, admit: typing.Callable[[asyncio.BaseTransport], asyncio.Protocol]):
+        self.admit = admit
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        protocol = self.admit(transport)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
 
 
 class HttpListener:
@@ -56,13 +95,24 @@ class HttpListener:
         max_connections: int,
         header_seconds: float,
         tls: ssl.SSLContext | None = None,
+        per_address: int = 0,
     ) -> None:
         self.runner = runner
         self.max_connections = max_connections
         self.header_seconds = header_seconds
         self.tls = tls
-        self.refused = 0  # connections answered 503
+        self.per_address = per_address  # 0: no bound per address
+        self.refused = 0  # connections answered 503 at max_connections
+        self.refused_per_address = 0  # and at per_address
         self._server: asyncio.Server | None = None
+
+    @classmethod
+    def of(
+        cls, runner: web.AppRunner, config: ServerConfig, tls: ssl.SSLContext | None
+    ) -> HttpListener:
+        """The listener ``config`` sets for ``runner``."""
+        return cls(runner, config.http_connections, config.http_header_seconds, tls,
+                   config.http_per_address)  # fmt: skip
 
     @property
     def open_connections(self) -> int:
@@ -75,18 +125,29 @@ class HttpListener:
         handlers = self.runner.server
         assert handlers is not None, "the runner is set up first"
 
-        def accept() -> asyncio.BaseProtocol:
-            if len(handlers.connections) >= self.max_connections:
+        def admit(transport: asyncio.BaseTransport) -> asyncio.Protocol:
+            held = handlers.connections
+            if len(held) >= self.max_connections:
                 self.refused += 1
                 if self.refused == 1 or self.refused % 100 == 0:
                     log.warning("HTTP connection refused (%d open, the limit; %d refused "
                                 "so far)", self.max_connections, self.refused)  # fmt: skip
-                return _Busy()
-            return handlers()
+                return _Busy(BUSY_RESPONSE)
+            if self.per_address:
+                address = peer_address(transport.get_extra_info("peername"))
+                if _held_from(address, held) >= self.per_address:
+                    self.refused_per_address += 1
+                    count = self.refused_per_address
+                    if count == 1 or count % 100 == 0:
+                        log.warning("HTTP connection from %s refused (%d open from it, the "
+                                    "limit per address; %d refused so far)", address,
+                                    self.per_address, count)  # fmt: skip
+                    return _Busy(BUSY_HERE_RESPONSE)
+            return typing.cast(asyncio.Protocol, handlers())
 
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            accept,
+            lambda: _Gate(admit),
             host or None,
             port,
             ssl=self.tls,
@@ -98,3 +159,14 @@ class HttpListener:
         """Stop accepting (the runner's cleanup then closes the open connections)."""
         if self._server is not None:
             self._server.close()
+
+
+def _held_from(address: str, held: typing.Iterable[RequestHandler]) -> int:
+    """How many of aiohttp's connections ``held`` come from ``address`` (at most
+    ``http_connections`` of them: counted afresh for each new one, nothing to keep in step)."""
+    count = 0
+    for handler in held:
+        transport = handler.transport  # None once its connection is lost
+        if transport is not None and peer_address(transport.get_extra_info("peername")) == address:
+            count += 1
+    return count

@@ -83,6 +83,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "connections_open": len(server.connections),
         "http_connections_open": http.open_connections if http else 0,
         "http_connections_refused": http.refused if http else 0,
+        "http_connections_refused_per_address": http.refused_per_address if http else 0,
         "cv_checks": coordinator.evaluations.figures(),  # --verify-cv
         "leases_revoked": stats.leases_revoked,
         "workers_dropped_late": stats.workers_dropped_late,

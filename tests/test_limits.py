@@ -36,9 +36,9 @@ async def _refused_with(port: int, code: str) -> None:
 async def test_connections_and_handshakes_are_limited_and_each_refused_clearly(
     lab: Lab,
 ) -> None:
-    server = await lab.server(
+    server = await lab.server(  # the totals: every peer is 127.0.0.1 (test_per_address.py)
         "--max-connections", "3", "--max-handshakes", "2", "--handshake-seconds", "30",
-        "--min-workers", "9", *SMALL_JOB,
+        "--max-handshakes-per-address", "0", "--min-workers", "9", *SMALL_JOB,
     )  # fmt: skip
     pending = [await AsyncRawClient.connect(server.port, f"p{i}") for i in range(2)]
     for peer in pending:
@@ -161,7 +161,10 @@ async def test_slow_http_clients_are_closed_within_the_bound_while_training_goes
 
 
 async def test_http_connections_beyond_the_limit_are_answered_503(lab: Lab) -> None:
-    server = await lab.server("--http-connections", "2", "--min-workers", "9", *SMALL_JOB)
+    server = await lab.server(  # the total: every peer is 127.0.0.1 (test_per_address.py)
+        "--http-connections", "2", "--http-connections-per-address", "0", "--min-workers", "9",
+        *SMALL_JOB,
+    )  # fmt: skip
     port = server.server.http_port
     held = [await _http_peer(port) for _ in range(2)]
     listener = server.server.http_listener
