@@ -97,11 +97,7 @@ def _dispatch(words: list[str], preloaded: PreloadedWorker | None) -> int:
         say(f"snet {args.command}: stopped: its output's reader has gone")
         return EXIT_READER_GONE
     except errors.OutputNotWritten as exc:  # > a full disk (cli/output.py): the results lost
-        from .progress_bar import detach_stdout, say
-
-        detach_stdout()  # what is still buffered goes nowhere: the exit's flush cannot fail
-        say(f"snet {args.command}: cannot write its output: {exc}")
-        return 1
+        return _output_not_written(args.command, exc)
     except (ConfigError, DataError) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 2
@@ -120,17 +116,21 @@ def _parse(words: list[str]) -> argparse.Namespace | int:
     try:
         return parse_command(words)
     except OutputNotWritten as exc:
-        from .progress_bar import detach_stdout, say
-
-        detach_stdout()  # what is still buffered goes nowhere: the exit's flush cannot fail
-        command = f" {words[0]}" if words[:1] and words[0] in COMMANDS else ""
-        say(f"snet{command}: cannot write its output: {exc}")
-        return 1
+        return _output_not_written(words[0] if words[:1] and words[0] in COMMANDS else "", exc)
     except BrokenPipeError:
         from .progress_bar import EXIT_READER_GONE, detach_stdout
 
         detach_stdout()
         return EXIT_READER_GONE
+
+
+def _output_not_written(command: str, failure: Exception) -> int:
+    """Say that ``snet COMMAND``'s output could not be written, in one line; exit 1."""
+    from .progress_bar import detach_stdout, say
+
+    detach_stdout()  # what is still buffered goes nowhere: the exit's flush cannot fail
+    say(f"snet{f' {command}' if command else ''}: cannot write its output: {failure}")
+    return 1
 
 
 def _run(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> int:

@@ -93,13 +93,13 @@ class PreloadedWorker:
 
     def discard(self) -> None:
         """Unless it was given a command: end it, which loses nothing, and reap it."""
-        if not self._given:
-            self._given = True
-            self._process.kill()
-            self._process.wait()
-            with contextlib.suppress(BrokenPipeError):
-                assert self._process.stdin is not None
-                self._process.stdin.close()
+        if self._given:
+            return
+        self._given = True  # and discarded: never given one now
+        self._process.kill()
+        self._process.wait()
+        if self._process.stdin is not None:
+            self._process.stdin.close()  # nothing was written to it: nothing to flush
 
 
 def _preload() -> None:
