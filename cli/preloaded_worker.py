@@ -107,12 +107,15 @@ def _preload() -> None:
     is to be numpy (with torch installed, ``auto`` is torch, which loads its own)."""
     early_blas_limit(["worker"])  # before numpy is imported: the demo gives no --threads
     from snet.client.backend import torch_available
-    from snet.client.network import load_kernels
+    from snet.client.kernel_choice import load_kernels
 
     from . import commands  # noqa: F401  (the worker's command, and the worker itself)
 
     if not torch_available():
-        load_kernels()  # "auto": none with SNET_KERNELS=numpy or without numba
+        # "auto": none with SNET_KERNELS=numpy or without numba. Loaded before the job is
+        # known, beside the demo's own start; a job too small for it leaves it unused
+        # (client/kernel_choice.py), the demo's default job uses it.
+        load_kernels()
 
 
 def _command() -> list[str] | None:

@@ -69,12 +69,19 @@ def run_worker_group(config: WorkerConfig) -> int:
 
 
 def _loaded_backend(config: WorkerConfig) -> ComputeBackend | None:
-    """The numpy backend, made (its compiled step loaded) before the fork, or None: other
-    backends are made by each worker (torch's thread pools must not cross a fork)."""
+    """The numpy backend, made before the fork, or None: other backends are made by each
+    worker (torch's thread pools must not cross a fork).
+
+    The compiled step is loaded here too, once for the whole group, before the job is known
+    (each worker would otherwise load it for itself once the job says it pays, and it is a
+    group's job that is big enough to want several processes); a small job's workers then
+    leave it unused (client/kernel_choice.py)."""
     from snet.client.backend import make_backend, torch_available
+    from snet.client.kernel_choice import load_kernels
     from snet.client.worker import Worker  # noqa: F401  (imported once, for every worker)
 
     if config.backend == "numpy" or (config.backend == "auto" and not torch_available()):
+        load_kernels()
         return make_backend("numpy", config.threads)
     return None
 

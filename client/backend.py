@@ -16,7 +16,8 @@ import numpy as np
 from snet.protocol.job import JobSpec
 
 from .data import Corpus
-from .network import MIN_ROWS, BunchNetwork, Derivative, MatMul, load_kernels
+from .kernel_choice import check_kernels, job_kernels, load_kernels
+from .network import MIN_ROWS, BunchNetwork, Derivative, MatMul
 
 
 class ComputeBackend(Protocol):
@@ -53,15 +54,20 @@ class NumpyBackend:
     derivative: Derivative | None = None  # numpy's blocked passes; torch brings fused ones
 
     def __init__(self, kernels: str = "auto") -> None:
-        """``kernels``: see ``BunchNetwork`` (the compiled step when numba is installed),
-        loaded here, before the worker joins (``load_kernels``)."""
-        self.kernels = "numba" if load_kernels(kernels) else "numpy"
+        """``kernels``: see ``BunchNetwork``; for ``"auto"`` the job decides, when the
+        backend is prepared for it (client/kernel_choice.py), and the compiled step is
+        loaded then, in the compute thread, before the worker asks for work."""
+        check_kernels(kernels)
+        self.asked = kernels
+        self.kernels = "numpy"  # what the prepared job trains with
         self._corpus: Corpus | None = None
         self._network: BunchNetwork | None = None
         self._cv_x: np.ndarray | None = None
 
     def prepare(self, job: JobSpec, corpus: Corpus) -> None:
         self._corpus = corpus
+        kernels = job_kernels(self.asked, job, len(corpus.train_frames))
+        self.kernels = "numba" if load_kernels(kernels) else "numpy"
         self._network = BunchNetwork(
             job.network, max(job.bunch_size, MIN_ROWS), self.matmul, self.derivative, self.kernels
         )

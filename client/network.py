@@ -20,25 +20,22 @@ floor of 9e-14, so that tiny output deltas times saturated-unit derivatives stay
 With numba installed the same step runs as compiled kernels (client/fused.py): at bunch
 12-256 the forty-odd numpy calls of the passes below cost as much as the matrix products.
 ``BunchNetwork`` hands its work to them unless told otherwise (``kernels``,
-``SNET_KERNELS=numpy``) or given another backend's products.
+``SNET_KERNELS=numpy``) or given another backend's products; trainers ask for them only
+for a job large enough to pay for loading them (client/kernel_choice.py).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from snet.data.corpus import Corpus, DenseStore
 from snet.protocol.network import ELEMENT_DTYPE, ElementLayout, NetworkSpec
 
+from .kernel_choice import fused_steps
 from .layer_scales import layer_scales
-
-if TYPE_CHECKING:
-    from .fused import FusedSteps
 
 _SOFTMAX_FLOOR = -30.0
 # Rows per block of the derivative's passes: ~256 kB per array, so the three arrays a
@@ -61,49 +58,6 @@ MatMul = Callable[[np.ndarray, np.ndarray, np.ndarray], object]
 Derivative = Callable[[str, np.ndarray, np.ndarray], object]
 """``derivative(kind, delta, stored)`` multiplies ``delta`` in place by ``1 - stored^2``
 (``kind`` sigmoid or tanh, see ``BunchNetwork._back_into``) or by ``stored > 0`` (relu)."""
-
-
-def compiled_kernels(kernels: str, replaced: object = None) -> bool:
-    """Whether ``kernels`` ("numba", "numpy" or "auto", see BunchNetwork) means the
-    compiled step; ``replaced``: another backend's products or derivative, if any.
-    ValueError for another name, ImportError when "numba" is asked for and cannot be had."""
-    if kernels not in ("auto", "numba", "numpy"):
-        raise ValueError(f"unknown kernels {kernels!r}; known: auto, numba, numpy")
-    if kernels == "numpy":
-        return False
-    if kernels == "auto" and (
-        replaced is not None or os.environ.get("SNET_KERNELS", "auto") == "numpy"
-    ):
-        return False
-    try:
-        from . import fused  # noqa: F401  (numba and numpy's OpenBLAS, or ImportError)
-    except ImportError:
-        if kernels == "numba":
-            raise
-        return False  # numba not installed: numpy alone computes the same
-    return True
-
-
-def fused_steps(
-    spec: NetworkSpec, max_bunch: int, kernels: str, replaced: object = None
-) -> FusedSteps | None:
-    """The compiled step for ``kernels`` (``compiled_kernels``), or None for numpy's passes."""
-    if not compiled_kernels(kernels, replaced):
-        return None
-    from .fused import FusedSteps
-
-    return FusedSteps(spec, max_bunch)
-
-
-def load_kernels(kernels: str = "auto") -> bool:
-    """Load the compiled step now if ``kernels`` means it (``fused.warm_up`` says why);
-    True when it will be used."""
-    if not compiled_kernels(kernels):
-        return False
-    from .fused import warm_up
-
-    warm_up()
-    return True
 
 
 def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> object:
@@ -146,7 +100,8 @@ class BunchNetwork:
         derivative passes (the torch backend brings fused kernels). ``kernels``: "numba"
         runs the step as the compiled kernels of client/fused.py, "numpy" as numpy passes,
         "auto" (the default) the kernels when numba is installed and neither ``matmul``
-        nor ``derivative`` is given, unless ``SNET_KERNELS=numpy`` is set."""
+        nor ``derivative`` is given, unless ``SNET_KERNELS=numpy`` is set. A trainer
+        passes what ``kernel_choice.job_kernels`` says for its job."""
         self.spec = spec
         self._matmul = matmul or _numpy_matmul
         self._derivative = derivative

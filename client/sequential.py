@@ -23,6 +23,7 @@ from snet.protocol.job import JobSpec
 from snet.protocol.network import ElementLayout
 from snet.protocol.schedule import make_schedule
 
+from .kernel_choice import job_kernels
 from .network import MIN_ROWS, BunchNetwork
 
 
@@ -63,7 +64,8 @@ def train_sequential(
     starting from ``rule``'s weights and taking each epoch's frames from ``chunks``."""
     hooks = hooks or HookSet([])
     spec = job.network
-    network = BunchNetwork(spec, max(job.bunch_size, MIN_ROWS))
+    kernels = job_kernels("auto", job, len(corpus.train_frames))  # as a worker's backend
+    network = BunchNetwork(spec, max(job.bunch_size, MIN_ROWS), kernels=kernels)
     gradient = ElementLayout.for_network(spec).allocate()
     cv_x, cv_labels = corpus.windows(corpus.cv_frames), corpus.labels_of(corpus.cv_frames)
     newbob = make_schedule(job)

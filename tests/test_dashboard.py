@@ -41,10 +41,13 @@ async def test_page_is_self_contained_and_events_stream_status(lab: Lab) -> None
     lab.worker(server, "w0", "--backend", "numpy")
     lab.worker(server, TRICKY_NAME, "--backend", "numpy")
 
-    async def both_live() -> bool:
-        return bool((await server.status())["workers_live"] == 2)
+    async def both_training() -> bool:
+        # live from their welcome; training once they have opened the data and made their
+        # step (the compiled one is loaded then, for a job this long)
+        status = await server.status()
+        return bool(status["workers_live"] == 2 and status["updates_applied"] > 0)
 
-    await wait_in_lab(both_live, 60, "two workers")
+    await wait_in_lab(both_training, 60, "two workers training")
     session = await lab.http()
     async with session.get(server.url + "/") as response:
         assert response.headers["Content-Type"] == "text/html; charset=utf-8"

@@ -5,6 +5,9 @@ tests/test_network.py) on every arithmetic path."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,6 +15,8 @@ from snet.client.network import BunchNetwork
 from snet.data.corpus import Corpus, DenseStore, InlineStore
 from snet.data.windows import UtteranceBounds
 from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
+
+from helpers import run_process
 
 pytest.importorskip("numba", reason="the compiled step needs numba (the fast extra)")
 
@@ -188,13 +193,59 @@ def test_the_numpy_passes_are_kept_on_request(monkeypatch: pytest.MonkeyPatch) -
     assert replaced.kernels == "numpy"  # another backend's products: its own passes
 
 
-def test_the_numpy_backend_loads_the_kernels_when_it_is_made(
+def test_a_job_too_small_to_pay_for_the_compiled_step_trains_with_numpy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """ "auto" is decided by the job's connection updates (epochs x training frames x
+    connections) against the load the compiled step costs; an explicit choice stands."""
     from snet.client.backend import NumpyBackend
+    from snet.client.kernel_choice import COMPILED_STEP_PAYS_FROM, job_kernels
+    from snet.protocol.job import DataSpec, JobSpec
 
     monkeypatch.delenv("SNET_KERNELS", raising=False)
-    assert NumpyBackend().kernels == "numba"
-    assert NumpyBackend(kernels="numpy").kernels == "numpy"
+    spec = NetworkSpec((15, 2000, 4), ("sigmoid",))  # wide: a few thousand epochs pay
+    frames = 22
+    paying = int(np.ceil(COMPILED_STEP_PAYS_FROM / (frames * spec.connections)))
+    data = DataSpec(source="frames.npz", context=2)  # the corpus below: 3 features
+
+    def job(epochs: int) -> JobSpec:
+        return JobSpec(network=spec, epochs=epochs, data=data)
+
+    big, small = job(paying), job(paying - 1)
+    assert (job_kernels("auto", big, frames), job_kernels("auto", small, frames)) == (
+        "auto",
+        "numpy",
+    )
+    assert job_kernels("numba", small, frames) == "numba"  # asked for: taken as given
+    assert job_kernels("numpy", big, frames) == "numpy"
+    with pytest.raises(ValueError, match="unknown kernels 'fortran'"):
+        job_kernels("fortran", big, frames)
+    store = DenseStore(f32(frames, 3), np.zeros(frames, np.int64))
+    corpus = corpus_of(store, np.array([frames]), 2)
+
+    def prepared(backend: NumpyBackend, job: JobSpec) -> str:
+        backend.prepare(job, corpus)
+        return backend.kernels
+
+    assert NumpyBackend().kernels == "numpy"  # nothing loaded before the job is known
+    assert prepared(NumpyBackend(), big) == "numba"  # numba is installed here
+    assert prepared(NumpyBackend(), small) == "numpy"
+    assert prepared(NumpyBackend(kernels="numba"), small) == "numba"
+    assert prepared(NumpyBackend(kernels="numpy"), big) == "numpy"
     monkeypatch.setenv("SNET_KERNELS", "numpy")
-    assert NumpyBackend().kernels == "numpy"
+    assert prepared(NumpyBackend(), big) == "numpy"
+    monkeypatch.setenv("SNET_KERNELS", "numba")
+    assert prepared(NumpyBackend(), small) == "numba"
+
+
+@pytest.mark.system
+def test_snet_train_of_a_small_job_never_imports_numba(tmp_path: Path) -> None:
+    # One epoch of the default job is well short of paying for the compiled step's load.
+    probe = (
+        "import sys; from snet.cli.main import main;"
+        f"code = main(['train', '--epochs', '1', '--out-dir', {str(tmp_path)!r}]);"
+        "print('numba' in sys.modules, code)"
+    )
+    output = run_process([sys.executable, "-c", probe], check=True, timeout=120).stdout
+    assert output.splitlines()[-1] == "False 0"
+    assert (tmp_path / "weights.npz").is_file()
