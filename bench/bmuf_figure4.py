@@ -149,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure the server's and the messages' costs now (about 40 s)",
     )
+    parser.add_argument(
+        "--frames",
+        type=int,
+        default=2_000_000,
+        help="frames in the synthetic corpus (an epoch must span many blocks)",
+    )
     parser.add_argument("--json", help="write the result here too")
     parser.add_argument("--workdir", help="keep the runs' logs in this directory")
     args = parser.parse_args(argv)
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="snet-figure4-") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        corpus = synthetic_corpus(workdir / "corpus.npz", network, frames=200_000)
+        corpus = synthetic_corpus(workdir / "corpus.npz", network, frames=args.frames)
         for count in counts:
             with SlowNetwork(count, f"{args.link:g}mbit") as link:
                 for name in names:
