@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from snet.client.compression import UpdateCompressor
+from snet.client.kernel_choice import job_kernels
 from snet.client.network import BunchNetwork
 from snet.data.corpus import Corpus, load_corpus
 from snet.protocol.job import JobSpec
@@ -100,7 +101,9 @@ class Replay:
         self.layout = ElementLayout.for_network(spec)
         self.corpus = load_corpus(job.data, spec.output_size, spec.input_size)
         self.rule = UpdateRule(initial_weights(spec, job.seed), job.momentum, lanes=1)
-        self.network = BunchNetwork(spec, 1024, kernels=kernels)
+        # the step the run's workers took for this job (client/kernel_choice.py)
+        step = job_kernels(kernels, job, len(self.corpus.train_frames))
+        self.network = BunchNetwork(spec, 1024, kernels=step)
         self.codec = codec
         self.options = options
         self.history: dict[int, np.ndarray] = {0: self.rule.weights}

@@ -56,7 +56,7 @@ class NumpyBackend:
     def __init__(self, kernels: str = "auto") -> None:
         """``kernels``: see ``BunchNetwork``; for ``"auto"`` the job decides, when the
         backend is prepared for it (client/kernel_choice.py), and the compiled step is
-        loaded then, in the compute thread, before the worker asks for work."""
+        loaded then, in the compute thread, before the first bunch (``fused.warm_up``)."""
         check_kernels(kernels)
         self.asked = kernels
         self.kernels = "numpy"  # what the prepared job trains with

@@ -174,9 +174,11 @@ def warm_up() -> None:
     """Load every kernel's compiled code now, for the array types a step passes them.
 
     Loading (from numba's cache, or compiling on a machine's first run) holds the
-    interpreter for about half a second: a worker does it when its backend is made,
-    before it joins, rather than at its first bunch, while it holds a lease and shares
-    the process with its event loop."""
+    interpreter for about half a second: a worker does it once it has a job that takes
+    the compiled step (client/kernel_choice.py), while it opens the data and before its
+    first bunch, within the start-up allowance the server gives a joining worker's first
+    update (``join_seconds``); worker groups and the demo's workers do it before they
+    join. ``make`` runs it at set-up, so that no worker compiles inside that allowance."""
     spec = NetworkSpec((3, 2, 2, 2), ("sigmoid", "relu"))  # every kernel of a step
     steps = FusedSteps(spec, 4)
     weights = ElementLayout.for_network(spec).allocate()

@@ -110,6 +110,7 @@ class BunchNetwork:
         self._element_views = ElementViews(self.layout)
         self._fused = fused_steps(spec, max_bunch, kernels, matmul or derivative)
         self.kernels = "numpy" if self._fused is None else "numba"
+        self._scorer: BunchNetwork | None = None  # numpy's passes for ``evaluate``, if fused
         if self._fused is not None:
             return  # the kernels keep buffers of their own; the numpy passes' are not made
         self._scales = layer_scales(spec)
@@ -337,18 +338,23 @@ class BunchNetwork:
         return self.gradient(weights, corpus.windows(frames), labels, out)
 
     def evaluate(self, weights: np.ndarray, x: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
-        """(summed loss, correct) of the weights on all of ``x``, in bunches."""
-        views = None if self._fused is not None else self._views(weights)
+        """(summed loss, correct) of the weights on all of ``x``, in bunches.
+
+        Always with numpy's passes, whichever step trains: a CV figure is then the same
+        from every worker of a run, `snet train` and `snet eval`, whatever step each took
+        (client/kernel_choice.py) or could have (a worker without numba). Scoring is
+        forward only, a few per cent of an epoch's arithmetic, where the compiled step
+        gains least; its buffers are made at the first evaluation."""
+        if self._fused is not None:
+            if self._scorer is None:
+                self._scorer = BunchNetwork(self.spec, self.max_bunch, kernels="numpy")
+            return self._scorer.evaluate(weights, x, labels)
+        views = self._views(weights)
         loss_total, correct_total = 0.0, 0
         for start in range(0, len(x), self.max_bunch):
             stop = min(start + self.max_bunch, len(x))
-            if self._fused is not None:
-                n = self._fused.load(x[start:stop])
-                loss, correct = self._fused.forward(weights, n, labels[start:stop])
-            else:
-                assert views is not None
-                n = self._load(x[start:stop])
-                loss, correct = self._forward(views, n, labels[start:stop])
+            n = self._load(x[start:stop])
+            loss, correct = self._forward(views, n, labels[start:stop])
             loss_total += loss
             correct_total += correct
         return loss_total, correct_total

@@ -157,7 +157,9 @@ def system_ring_environment() -> dict[str, str]:
     ring, which trains with it in-process, and in real processes by the tests that run
     ``snet`` as a user does (``run_snet``: the demo, ``snet train``; test_user_data.py's
     pass this environment: their subject is the data) and by those that set
-    ``cluster.env["SNET_KERNELS"]``."""
+    ``cluster.env["SNET_KERNELS"]``. (The product itself now trains a job too small to
+    pay for the load with numpy's step, client/kernel_choice.py: this keeps the ring's
+    few longer jobs on numpy's step too.)"""
     return {"SNET_KERNELS": "numpy", **os.environ}
 
 

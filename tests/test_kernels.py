@@ -5,6 +5,7 @@ tests/test_network.py) on every arithmetic path."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -246,6 +247,7 @@ def test_snet_train_of_a_small_job_never_imports_numba(tmp_path: Path) -> None:
         f"code = main(['train', '--epochs', '1', '--out-dir', {str(tmp_path)!r}]);"
         "print('numba' in sys.modules, code)"
     )
-    output = run_process([sys.executable, "-c", probe], check=True, timeout=120).stdout
+    env = {k: v for k, v in os.environ.items() if k != "SNET_KERNELS"}  # the default: auto
+    output = run_process([sys.executable, "-c", probe], check=True, timeout=120, env=env).stdout
     assert output.splitlines()[-1] == "False 0"
     assert (tmp_path / "weights.npz").is_file()

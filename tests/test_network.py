@@ -205,9 +205,11 @@ def test_bunch_smaller_than_max(activations: tuple[str, str]) -> None:
 
 
 def test_evaluate_equals_gradient_scores() -> None:
+    # evaluate always scores with numpy's passes (client/network.py): the same forward
+    # as their gradient's, to the bit
     spec = tiny(("relu", "tanh"))
     weights, x, labels = problem(spec, n=21, seed=8)
-    net = BunchNetwork(spec, max_bunch=8)
+    net = BunchNetwork(spec, max_bunch=8, kernels="numpy")
     loss, correct = net.evaluate(weights, x, labels)
     out = np.empty(net.layout.size, dtype=np.float32)
     total_loss, total_correct = 0.0, 0
@@ -222,6 +224,18 @@ def test_evaluate_equals_gradient_scores() -> None:
     ref_loss, predicted = reference_scores(spec, weights, x, labels)
     assert loss == pytest.approx(ref_loss, rel=1e-5)
     assert correct == int((predicted == labels).sum())
+
+
+def test_evaluate_scores_alike_whichever_step_trains() -> None:
+    """A network on the compiled step scores with numpy's passes, bit for bit: CV figures
+    agree across workers, `snet train` and `snet eval` whatever step each took."""
+    pytest.importorskip("numba", reason="the compiled step needs numba (the fast extra)")
+    spec = tiny(("sigmoid", "relu"))
+    weights, x, labels = problem(spec, n=21, seed=9)
+    compiled = BunchNetwork(spec, max_bunch=8, kernels="numba")
+    assert compiled.kernels == "numba"
+    numpy_passes = BunchNetwork(spec, max_bunch=8, kernels="numpy")
+    assert compiled.evaluate(weights, x, labels) == numpy_passes.evaluate(weights, x, labels)
 
 
 def test_evaluate_empty_set() -> None:

@@ -88,9 +88,10 @@ async def test_async_three_workers_converge_with_staleness(lab: Lab) -> None:
 @pytest.mark.system
 def test_worker_killed_mid_run_sync_mode_carries_on(cluster: Cluster) -> None:
     cluster.env["SNET_LOOP"] = "asyncio"  # the other system tests run on uvloop
-    # and most on numpy's step (helpers.py): this one on the product's default, unless the
-    # run chose a step for all
-    cluster.env["SNET_KERNELS"] = os.environ.get("SNET_KERNELS", "auto")
+    # and most on numpy's step (helpers.py; a job this small would take it anyway:
+    # client/kernel_choice.py): this one on the compiled step, in real processes, unless
+    # the run chose a step for all
+    cluster.env["SNET_KERNELS"] = os.environ.get("SNET_KERNELS", "numba")
     server = cluster.server("--mode", "sync", "--epochs", "3", "--linger-seconds", "30", *SMALL_JOB)
     workers = [cluster.worker(server, f"w{i}") for i in range(3)]
     wait_until(
