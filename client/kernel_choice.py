@@ -24,12 +24,14 @@ if TYPE_CHECKING:
 KERNEL_CHOICES = ("auto", "numba", "numpy")
 
 # Connection updates (epochs x training frames x connections) from which the compiled step
-# pays for its load. Measured on the default job (117:512:10, bunch 128, 10 epochs of
-# 48,600 frames: 3.2e10): `snet train` took 7.20 s with it and 7.42 s without, so it saved
-# about 0.26 s per 1e10 beside a load of about 0.6 s; it breaks even near 2.3e10. Below
-# this a process trains with numpy's passes and never imports numba (a job of a few epochs
-# on the default data starts 0.6 s sooner; the test suite's ~140 worker and trainer
-# processes spent 85 s of CPU loading it).
+# pays for its load. The default job (117:512:10, bunch 128, 10 epochs of 48,600 frames:
+# 3.2e10) is about where it breaks even: `snet train` took 7.20 s with it and 7.42 s
+# without (2026-11-27), and 6.18-8.34 s against 5.48-7.62 s in three alternated pairs
+# (2026-11-28), within this machine's noise. Below this a process trains with numpy's
+# passes and never imports numba: a job of a few epochs on the default data starts 0.6 s
+# sooner. (The saving is in truth more per bunch than per connection: about 39 us a bunch
+# plus 0.8 ns a pattern and unit, fitted to docs/benchmarks.md, so a small network on
+# small bunches gains the step's worth sooner than this rule says.)
 COMPILED_STEP_PAYS_FROM = 2e10
 
 
