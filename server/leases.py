@@ -37,6 +37,8 @@ from snet.protocol.errors import RejectedUpdate
 from snet.protocol.job import JobSpec
 from snet.protocol.shuffle import cache_order
 
+from .epoch_chunks import EpochChunks
+
 LEASES_PER_WORKER = 2  # the next chunk is always at hand, so no worker idles between chunks
 TAIL_ROUNDS = 4  # rounds of the epoch's end leased a bunch at a time
 
@@ -112,6 +114,10 @@ class LeaseBook:
     _used_up: dict[int, int] = field(default_factory=dict)  # this epoch: lease id -> worker id
     _largest: dict[int, int] = field(default_factory=dict)  # worker id -> its largest update
     granted: dict[int, int] = field(default_factory=dict)  # frames leased per worker, epoch
+    _chunks: EpochChunks = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._chunks = EpochChunks(self.train_frames, self.seed, self.chunk_frames, self.sequential)
 
     @classmethod
     def for_job(
@@ -153,20 +159,8 @@ class LeaseBook:
         self._ledger.chunks = len(self._queue)
 
     def _epoch_chunks(self, epoch: int) -> list[np.ndarray]:
-        """The chunks of ``epoch`` in leasing order (a function of the seed and epoch)."""
-        rng = np.random.default_rng([self.seed, epoch])
-        if self.sequential:
-            frames = np.sort(self.train_frames)
-            chunks = [
-                frames[start : start + self.chunk_frames]
-                for start in range(0, len(frames), self.chunk_frames)
-            ]
-            return [chunks[i] for i in rng.permutation(len(chunks))]
-        order = rng.permutation(self.train_frames)
-        return [
-            order[start : start + self.chunk_frames]
-            for start in range(0, len(order), self.chunk_frames)
-        ]
+        """The chunks of ``epoch`` in leasing order (server/epoch_chunks.py)."""
+        return self._chunks.of_epoch(epoch)
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The current epoch's ledger (which frames the current weights include) and the

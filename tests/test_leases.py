@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -312,3 +314,37 @@ def test_epoch_complete_after_worker_gone_needs_the_requeued_frames() -> None:
     deliver(book, rest, bunch=16)
     assert book.epoch_complete
     assert_every_frame_once(book)
+
+
+def test_the_next_epochs_shuffle_computed_ahead_is_the_same_shuffle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Large data: the next epoch's permutation is computed in a thread while this one
+    trains; the chunks are those computed on the spot, epoch by epoch and on a restore."""
+    from snet.server import epoch_chunks
+    from snet.server.epoch_chunks import EpochChunks
+
+    frames = np.arange(3, 5003)
+    spot = [EpochChunks(frames, 7, 300).of_epoch(epoch) for epoch in range(4)]  # small: inline
+    monkeypatch.setattr(epoch_chunks, "SHUFFLE_AHEAD_FROM", 1000)
+    threads: list[str] = []
+    permutation = EpochChunks._permutation
+
+    def noted(self: EpochChunks, epoch: int) -> np.ndarray:
+        threads.append(threading.current_thread().name)
+        return permutation(self, epoch)
+
+    monkeypatch.setattr(EpochChunks, "_permutation", noted)
+    ahead = EpochChunks(frames, 7, 300)
+    for epoch in range(4):
+        got = ahead.of_epoch(epoch)
+        assert [c.tolist() for c in got] == [c.tolist() for c in spot[epoch]]
+    pending = ahead._ahead  # epoch 4's, started with epoch 3's chunks
+    assert pending is not None and pending[0] == 4
+    pending[1].result(timeout=30)
+    assert threads[0] == threading.current_thread().name  # the first: nothing was ahead
+    assert threads[1:] == ["snet-epoch-order"] * 4  # epochs 1-3 taken, 4 waiting
+    # a restored book rebuilds the epoch it is in: not the one computed ahead
+    assert [c.tolist() for c in ahead.of_epoch(2)] == [c.tolist() for c in spot[2]]
+    sequential = EpochChunks(frames[::-1].copy(), 7, 300, sequential=True).of_epoch(1)
+    assert sorted(int(c[0]) for c in sequential) == list(range(3, 5003, 300))
