@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from snet.cli.parser import Parser
 from snet.cli.runtime import blas_thread_env
 
 from . import CHECKOUT, child_env
@@ -110,7 +111,8 @@ def run_sections(
 
 def parser() -> argparse.ArgumentParser:
     """The suite's flags (``snet bench`` passes its arguments through unchanged)."""
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    # snet's parser: a help that cannot be written fails, where argparse's was lost
+    parser = Parser(prog="python -m bench", description=__doc__)
     parser.add_argument("--only", help="comma-separated sections: " + ",".join(SECTIONS))
     parser.add_argument("--quick", action="store_true", help="fewer configurations")
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")

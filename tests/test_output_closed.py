@@ -258,3 +258,21 @@ def test_help_whose_reader_has_gone_ends_quietly_as_sigpipe_would(
         os.close(write_end)
     check_output("snet " + args[0], done.stderr)  # no traceback
     assert (done.returncode, done.stderr) == (EXIT_READER_GONE, "")
+
+
+@pytest.mark.system  # starts real processes
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_the_benchmark_suites_help_onto_a_full_disk_is_one_line_and_exit_1(
+    buffered: bool,
+) -> None:
+    """`snet bench --help` passes through to `python -m bench` in the checkout, whose
+    plain argparse parser lost the help on a full disk and exited 0 without a word."""
+    env = {**helpers.system_ring_environment(), "PYTHONUNBUFFERED": "" if buffered else "1"}
+    done = helpers.run_process(
+        ["sh", "-c", '"$0" -m bench --help > /dev/full', sys.executable],
+        cwd=Path(__file__).resolve().parent.parent, env=env,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (
+        1,
+        "python -m bench: cannot write its output: No space left on device\n",
+    )
