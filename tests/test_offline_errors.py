@@ -162,11 +162,11 @@ def test_tls_init_that_cannot_write_a_file_writes_none(
     pytest.importorskip("cryptography")
     write, calls = certificates.write_atomically, []
 
-    def full_disk(path: Path, data: bytes, mode: int = 0o644) -> None:
+    def full_disk(path: Path, data: bytes, mode: int = 0o644, replace: bool = True) -> None:
         calls.append(path.name)
         if len(calls) == 3:
             raise OSError(errno.ENOSPC, "No space left on device")
-        write(path, data, mode)
+        write(path, data, mode, replace)
 
     monkeypatch.setattr(certificates, "write_atomically", full_disk)
     pki = tmp_path / "pki" / "inner"
@@ -178,6 +178,48 @@ def test_tls_init_that_cannot_write_a_file_writes_none(
     assert sorted(p.name for p in pki.iterdir()) == [
         "ca.key", "ca.pem", "server.key", "server.pem", "worker.key", "worker.pem",
     ]  # fmt: skip
+
+
+def test_tls_init_never_replaces_a_file_made_after_its_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process makes ``server.pem`` after tls init checked the directory and
+    before it writes that file: a rename would replace it. The file stays the other's,
+    the files written before it are removed, and it is one line, exit 2."""
+    pytest.importorskip("cryptography")
+    write, calls = certificates.write_atomically, []
+    pki = tmp_path / "pki"
+
+    def raced(path: Path, data: bytes, mode: int = 0o644, replace: bool = True) -> None:
+        calls.append(path.name)
+        if len(calls) == 3:
+            path.write_bytes(b"made by another process\n")
+        write(path, data, mode, replace)
+
+    monkeypatch.setattr(certificates, "write_atomically", raced)
+    err = error(["tls", "init", str(pki)], capsys)
+    assert err == (
+        f"snet: {pki / calls[2]} appeared while snet tls init was writing: not overwritten "
+        "(nothing written)"
+    )
+    assert [p.name for p in pki.iterdir()] == [calls[2]]  # no temporary, nothing of ours
+    assert (pki / calls[2]).read_bytes() == b"made by another process\n"
+
+
+def test_a_write_that_may_not_replace_fails_on_a_file_present_and_leaves_it(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "ca.key"
+    target.write_bytes(b"theirs\n")
+    with pytest.raises(FileExistsError):
+        write_atomically(target, b"ours\n", 0o600, replace=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["ca.key"]
+    assert target.read_bytes() == b"theirs\n"
+    fresh = tmp_path / "ca.pem"
+    write_atomically(fresh, b"new\n", 0o600, replace=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.key", "ca.pem"]
+    assert fresh.read_bytes() == b"new\n" and fresh.stat().st_mode & 0o777 == 0o600
+    assert fresh.stat().st_nlink == 1  # the temporary name is gone
 
 
 REFUSED_FILES = "(snet tls init replaces no file: move them away or choose another directory)"

@@ -17,10 +17,12 @@ It replaces no file: a directory that holds any file of the set (``ca.pem``, a
 written, naming them (``refuse_files_in_the_way``). The files are made in memory, then
 written each atomically (transport/files.py), and all or none: when one cannot be written
 (a full disk) those written before it and the directories made for them are removed, and
-``ResultsNotWritten`` says which and why. Written in place, a full disk left an empty or
-cut ``ca.pem`` (or key) that later commands read as a broken CA; and when only ``ca.key``
-was refused, a user's own ``server.pem`` was overwritten, and on a full disk removed with
-the files written before the failure.
+``ResultsNotWritten`` says which and why. A file of the set that another process makes
+after the check is not replaced either (``write_atomically(replace=False)``): all or
+none again, one line. Written in place, a full disk left an empty or cut ``ca.pem`` (or
+key) that later commands read as a broken CA; and when only ``ca.key`` was refused, a
+user's own ``server.pem`` was overwritten, and on a full disk removed with the files
+written before the failure.
 
 Made with the ``cryptography`` package (the ``tls`` extra; the README says why a library
 rather than hand-written ASN.1): ``ssl`` in the standard library reads certificates but
@@ -72,13 +74,18 @@ def _write_all(files: list[tuple[Path, bytes, int]], made: list[Path]) -> None:
     written: list[Path] = []
     for path, data, mode in files:
         try:
-            write_atomically(path, data, mode)
+            write_atomically(path, data, mode, replace=False)
         except OSError as exc:  # a full disk, a directory this user may not write
             for done in written:
                 done.unlink(missing_ok=True)
             for directory in reversed(made):  # empty again, unless another wrote there
                 with contextlib.suppress(OSError):
                     directory.rmdir()
+            if isinstance(exc, FileExistsError):  # made by another since the check
+                raise ConfigError(
+                    f"{path} appeared while snet tls init was writing: not overwritten "
+                    "(nothing written)"
+                ) from exc
             raise ResultsNotWritten(
                 f"cannot write {path}: {exc.strerror or exc} (nothing written)"
             ) from exc

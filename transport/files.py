@@ -10,17 +10,24 @@ takes it for a damaged one (a CA that does not load, a checkpoint that does not 
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 
 
-def write_atomically(path: Path, payload: bytes, mode: int = 0o644) -> None:
+def write_atomically(path: Path, payload: bytes, mode: int = 0o644, replace: bool = True) -> None:
     """Write atomically: a reader never sees half a file, a crash never leaves one (a
     temporary file of a unique name in the same directory, fsync'd, renamed over ``path``,
     and the directory fsync'd so that the rename survives a power cut). ``mode``: the
     file's permissions (0o600 for a secret), whatever the umask. ``OSError`` (a full
-    disk) leaves ``path`` as it was and no temporary behind."""
+    disk) leaves ``path`` as it was and no temporary behind.
+
+    ``replace=False``: never replace a file, not even one made while this one was being
+    written (``FileExistsError``): the temporary is published with a hard link, which
+    fails where ``path`` exists, where a rename replaces it (a check before the rename
+    leaves a moment in which another process's file is lost). On a file system without
+    hard links it checks, then renames."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -29,12 +36,30 @@ def write_atomically(path: Path, payload: bytes, mode: int = 0o644) -> None:
             stream.write(payload)
             stream.flush()
             os.fsync(stream.fileno())
-        os.replace(temporary, path)
+        if replace or not _linked(temporary, path):
+            os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    Path(temporary).unlink(missing_ok=True)  # linked: ``path`` is its other name
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def _linked(temporary: str, path: Path) -> bool:
+    """Give ``temporary`` the name ``path`` unless that name is taken (FileExistsError);
+    False where the file system has no hard links (the caller checks, then renames)."""
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
+        return False
+    return True
