@@ -341,8 +341,9 @@ class BunchNetwork:
         """(summed loss, correct) of the weights on all of ``x``, in bunches.
 
         Always with numpy's passes, whichever step trains: a CV figure is then the same
-        from every worker of a run, `snet train` and `snet eval`, whatever step each took
-        (client/kernel_choice.py) or could have (a worker without numba). Scoring is
+        from every numpy-backend worker of a run, `snet train` and `snet eval`, whatever
+        step each took (client/kernel_choice.py) or could have (a worker without numba);
+        a torch worker's products round otherwise. Scoring is
         forward only, a few per cent of an epoch's arithmetic, where the compiled step
         gains least; its buffers are made at the first evaluation."""
         if self._fused is not None:

@@ -12,7 +12,8 @@ frames and 1.3 s for 10 million on the development machine, which the server's e
 loop spent at each epoch's start, answering nobody. From ``SHUFFLE_AHEAD_FROM`` frames the
 next epoch's permutation is computed ahead, while this one trains, in a thread of its
 own (numpy's permutation lets go of the interpreter); it is the same permutation, so
-nothing but the moment it is computed changes.
+runs do not change. Its price is memory: a second permutation (8 bytes a frame, 80 MB for
+10 million) is held while an epoch trains, and the last epoch's look-ahead is never used.
 """
 
 from __future__ import annotations
@@ -61,13 +62,14 @@ class EpochChunks:
         else:
             shuffled = self._permutation(epoch)
         if len(self.frames) >= SHUFFLE_AHEAD_FROM:
-            self._ahead = (epoch + 1, self._in_thread(epoch + 1))
+            future = self._in_thread(epoch + 1)
+            self._ahead = None if future is None else (epoch + 1, future)
         return shuffled
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.frames)
 
-    def _in_thread(self, epoch: int) -> Future[np.ndarray]:
+    def _in_thread(self, epoch: int) -> Future[np.ndarray] | None:
         future: Future[np.ndarray] = Future()
 
         def compute() -> None:
@@ -77,5 +79,8 @@ class EpochChunks:
                 future.set_exception(exc)
 
         # a daemon: a server that stops meanwhile does not wait for an order it won't use
-        threading.Thread(target=compute, name="snet-epoch-order", daemon=True).start()
+        try:
+            threading.Thread(target=compute, name="snet-epoch-order", daemon=True).start()
+        except RuntimeError:  # no thread to be had (a limit, an interpreter shutting down):
+            return None  # the epoch's order is computed when it starts, as without one
         return future

@@ -114,7 +114,7 @@ class LeaseBook:
     _used_up: dict[int, int] = field(default_factory=dict)  # this epoch: lease id -> worker id
     _largest: dict[int, int] = field(default_factory=dict)  # worker id -> its largest update
     granted: dict[int, int] = field(default_factory=dict)  # frames leased per worker, epoch
-    _chunks: EpochChunks = field(init=False)
+    _chunks: EpochChunks = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._chunks = EpochChunks(self.train_frames, self.seed, self.chunk_frames, self.sequential)

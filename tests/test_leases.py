@@ -348,3 +348,13 @@ def test_the_next_epochs_shuffle_computed_ahead_is_the_same_shuffle(
     assert [c.tolist() for c in ahead.of_epoch(2)] == [c.tolist() for c in spot[2]]
     sequential = EpochChunks(frames[::-1].copy(), 7, 300, sequential=True).of_epoch(1)
     assert sorted(int(c[0]) for c in sequential) == list(range(3, 5003, 300))
+
+    # no thread to be had: the next epoch's order is computed when it starts, the same
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    alone = EpochChunks(frames, 7, 300)
+    assert [c.tolist() for c in alone.of_epoch(1)] == [c.tolist() for c in spot[1]]
+    assert alone._ahead is None
+    assert [c.tolist() for c in alone.of_epoch(2)] == [c.tolist() for c in spot[2]]

@@ -222,6 +222,24 @@ def test_a_write_that_may_not_replace_fails_on_a_file_present_and_leaves_it(
     assert fresh.stat().st_nlink == 1  # the temporary name is gone
 
 
+def test_a_link_nfs_made_before_answering_exists_is_taken_as_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFS may make the link, lose its reply and answer the retry with EEXIST: the name is
+    then this very file's, and the write succeeded."""
+    link = os.link
+
+    def lost_reply(source: str, target: Path) -> None:
+        link(source, target)
+        raise FileExistsError(errno.EEXIST, "File exists", source, None, str(target))
+
+    monkeypatch.setattr(os, "link", lost_reply)
+    target = tmp_path / "server.pem"
+    write_atomically(target, b"ours\n", 0o644, replace=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["server.pem"]
+    assert target.read_bytes() == b"ours\n" and target.stat().st_nlink == 1
+
+
 REFUSED_FILES = "(snet tls init replaces no file: move them away or choose another directory)"
 
 

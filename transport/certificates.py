@@ -81,7 +81,8 @@ def _write_all(files: list[tuple[Path, bytes, int]], made: list[Path]) -> None:
             for directory in reversed(made):  # empty again, unless another wrote there
                 with contextlib.suppress(OSError):
                     directory.rmdir()
-            if isinstance(exc, FileExistsError):  # made by another since the check
+            if isinstance(exc, FileExistsError) and str(path) in (exc.filename, exc.filename2):
+                # ``path`` itself, made by another since the check
                 raise ConfigError(
                     f"{path} appeared while snet tls init was writing: not overwritten "
                     "(nothing written)"

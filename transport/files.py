@@ -38,10 +38,11 @@ def write_atomically(path: Path, payload: bytes, mode: int = 0o644, replace: boo
             os.fsync(stream.fileno())
         if replace or not _linked(temporary, path):
             os.replace(temporary, path)
+        else:
+            os.unlink(temporary)  # ``path`` is its other name now
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    Path(temporary).unlink(missing_ok=True)  # linked: ``path`` is its other name
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
@@ -55,6 +56,10 @@ def _linked(temporary: str, path: Path) -> bool:
     try:
         os.link(temporary, path)
     except FileExistsError:
+        # NFS may answer EEXIST to a link it made whose first reply was lost: the name is
+        # then this file's (the open(2) manual's test)
+        if os.path.exists(path) and os.path.samefile(temporary, path):
+            return True
         raise
     except OSError as exc:
         if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
