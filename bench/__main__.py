@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from snet.cli.output import output_not_written
 from snet.cli.progress_bar import EXIT_READER_GONE, detach_stdout
 
 from .suite import parser, run_bench
@@ -15,7 +16,5 @@ if __name__ == "__main__":
         detach_stdout()
         sys.exit(EXIT_READER_GONE)
     except OSError as exc:  # the help onto a full disk (argparse would swallow it)
-        detach_stdout()
-        print(f"python -m bench: cannot write its output: {exc.strerror or exc}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(output_not_written("python -m bench", exc.strerror or exc))
     sys.exit(run_bench(arguments))

@@ -4,6 +4,7 @@ worker, spert, status, plan, eval, train, data, bench, demo, tls), each from its
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import sys
@@ -126,52 +127,33 @@ def _parse(words: list[str]) -> argparse.Namespace | int:
 
 def _output_not_written(command: str, failure: Exception) -> int:
     """Say that ``snet COMMAND``'s output could not be written, in one line; exit 1."""
-    from .progress_bar import detach_stdout, say
+    from .output import output_not_written
 
-    detach_stdout()  # what is still buffered goes nowhere: the exit's flush cannot fail
-    say(f"snet{f' {command}' if command else ''}: cannot write its output: {failure}")
-    return 1
+    return output_not_written(f"snet{f' {command}' if command else ''}", failure)
+
+
+# command -> (its module, the function that runs it), imported only for it; the demo's is
+# given the preloaded worker too
+RUNNERS = {
+    "server": ("commands", "run_server"),
+    "worker": ("commands", "run_worker"),
+    "spert": ("spert", "run_spert"),
+    "status": ("status", "run_status"),
+    "tls": ("status", "run_tls_init"),
+    "plan": ("plan", "run_plan"),
+    "train": ("train", "run_train"),
+    "eval": ("offline", "run_eval"),
+    "data": ("offline", "run_convert"),
+    "demo": ("demo", "run_demo"),
+}
 
 
 def _run(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> int:
     """Run the command ``args`` name, from its module (imported only for it)."""
-    if args.command == "server":
-        from .commands import run_server
-
-        return run_server(args)
-    if args.command == "worker":
-        from .commands import run_worker
-
-        return run_worker(args)
-    if args.command == "spert":
-        from .spert import run_spert
-
-        return run_spert(args)
-    if args.command == "status":
-        from .status import run_status
-
-        return run_status(args)
-    if args.command == "tls":
-        from .status import run_tls_init
-
-        return run_tls_init(args)
-    if args.command == "plan":
-        from .plan import run_plan
-
-        return run_plan(args)
-    if args.command == "train":
-        from .train import run_train
-
-        return run_train(args)
-    if args.command in ("eval", "data"):
-        from . import offline
-
-        if args.command == "eval":
-            return offline.run_eval(args)
-        return offline.run_convert(args)
-    from .demo import run_demo
-
-    return run_demo(args, preloaded)
+    module, name = RUNNERS[args.command]
+    run = getattr(importlib.import_module(f".{module}", __package__), name)
+    status: int = run(args, preloaded) if args.command == "demo" else run(args)
+    return status
 
 
 # Commands that end a long run with every file closed and every thread joined (the server's

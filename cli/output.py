@@ -65,3 +65,13 @@ def install() -> None:
         line_buffering=line_buffering,
         write_through=write_through,
     )
+
+
+def output_not_written(program: str, failure: object) -> int:
+    """Say in one line that ``program``'s output could not be written (``failure``: why),
+    with standard output detached so that the exit's flush cannot fail again; exit 1."""
+    from .progress_bar import detach_stdout, say
+
+    detach_stdout()  # what is still buffered goes nowhere
+    say(f"{program}: cannot write its output: {failure}")
+    return 1

@@ -13,7 +13,8 @@ loop spent at each epoch's start, answering nobody. From ``SHUFFLE_AHEAD_FROM`` 
 next epoch's permutation is computed ahead, while this one trains, in a thread of its
 own (numpy's permutation lets go of the interpreter); it is the same permutation, so
 runs do not change. Its price is memory: a second permutation (8 bytes a frame, 80 MB for
-10 million) is held while an epoch trains, and the last epoch's look-ahead is never used.
+10 million) is held while an epoch trains (not during the job's last epoch, which has no
+next).
 """
 
 from __future__ import annotations
@@ -31,12 +32,19 @@ class EpochChunks:
     """Each epoch's chunks, the next epoch's shuffle computed ahead for large data."""
 
     def __init__(
-        self, frames: np.ndarray, seed: int, chunk_frames: int, sequential: bool = False
+        self,
+        frames: np.ndarray,
+        seed: int,
+        chunk_frames: int,
+        sequential: bool = False,
+        epochs: int = 0,
     ) -> None:
+        """``epochs``: the job's, numbered from 0 (0: not known, every epoch has a next)."""
         self.frames = frames
         self.seed = seed
         self.chunk_frames = chunk_frames
         self.sequential = sequential
+        self.epochs = epochs
         self._ahead: tuple[int, Future[np.ndarray]] | None = None
         self._sorted: np.ndarray | None = None  # sequential order's frames, sorted once
 
@@ -61,7 +69,7 @@ class EpochChunks:
             shuffled = ahead[1].result()
         else:
             shuffled = self._permutation(epoch)
-        if len(self.frames) >= SHUFFLE_AHEAD_FROM:
+        if len(self.frames) >= SHUFFLE_AHEAD_FROM and not 0 < self.epochs <= epoch + 1:
             future = self._in_thread(epoch + 1)
             self._ahead = None if future is None else (epoch + 1, future)
         return shuffled

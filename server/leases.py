@@ -104,6 +104,7 @@ class LeaseBook:
     cache_frames: int = 1  # the workers' shuffle cache (bunches x bunch size)
     sequential: bool = False
     bunch_frames: int = 0  # a worker update's frames (0: fixed chunks of chunk_frames)
+    epochs: int = 0  # the job's (its last epoch's shuffle needs no next); 0: not known
     epoch: int = -1
     _queue: deque[np.ndarray] = field(default_factory=deque)
     _leases: dict[int, LeaseRecord] = field(default_factory=dict)
@@ -117,7 +118,9 @@ class LeaseBook:
     _chunks: EpochChunks = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._chunks = EpochChunks(self.train_frames, self.seed, self.chunk_frames, self.sequential)
+        self._chunks = EpochChunks(
+            self.train_frames, self.seed, self.chunk_frames, self.sequential, self.epochs
+        )
 
     @classmethod
     def for_job(
@@ -139,6 +142,7 @@ class LeaseBook:
             cache_frames=job.bunch_size * job.shuffle_cache_bunches,
             sequential=job.frame_order == "sequential",
             bunch_frames=job.bunch_size if update_frames is None else update_frames,
+            epochs=job.epochs,
         )
 
     def start_epoch(self, epoch: int) -> None:

@@ -391,3 +391,16 @@ def test_the_demos_board_time_scale_must_be_positive(
 
     with pytest.raises(ConfigError, match="time scale must be > 0"):
         ModelledBackend(time_scale=float(scale))
+
+
+def test_every_command_has_a_runner_that_exists() -> None:
+    """cli/main.py's table: each command the parser knows runs a function of its module
+    (bench is passed through before parsing)."""
+    import importlib
+
+    from snet.cli.main import RUNNERS
+    from snet.cli.parser import COMMANDS
+
+    assert set(RUNNERS) | {"bench"} == set(COMMANDS)
+    for module, name in RUNNERS.values():
+        assert callable(getattr(importlib.import_module(f"snet.cli.{module}"), name))

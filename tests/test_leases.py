@@ -346,6 +346,9 @@ def test_the_next_epochs_shuffle_computed_ahead_is_the_same_shuffle(
     assert threads[1:] == ["snet-epoch-order"] * 4  # epochs 1-3 taken, 4 waiting
     # a restored book rebuilds the epoch it is in: not the one computed ahead
     assert [c.tolist() for c in ahead.of_epoch(2)] == [c.tolist() for c in spot[2]]
+    last = EpochChunks(frames, 7, 300, epochs=2)  # epochs 0 and 1: 1 has no next
+    assert [c.tolist() for c in last.of_epoch(1)] == [c.tolist() for c in spot[1]]
+    assert last._ahead is None
     sequential = EpochChunks(frames[::-1].copy(), 7, 300, sequential=True).of_epoch(1)
     assert sorted(int(c[0]) for c in sequential) == list(range(3, 5003, 300))
 

@@ -94,8 +94,8 @@ def _write_all(files: list[tuple[Path, bytes, int]], made: list[Path]) -> None:
 
 
 def refuse_files_in_the_way(directory: Path, names: list[str]) -> None:
-    """Refuse ``directory`` if it holds a file of ``names`` (a dangling link too: the
-    rename would replace it), naming every one.
+    """Refuse ``directory`` if it holds a file of ``names`` (a dangling link too: it
+    holds the name), naming every one.
 
     Why refuse rather than replace (and put back on failure): a file of such a name may be
     the user's own (a ``server.pem`` made with openssl, another cluster's ``worker.key``),
