@@ -50,6 +50,7 @@ def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator
         job.seed,
         cache_frames=job.bunch_size * job.shuffle_cache_bunches,
         sequential=job.frame_order == "sequential",
+        epochs=job.epochs,
     )
 
     def epoch_chunks(epoch: int) -> Iterator[np.ndarray]:
