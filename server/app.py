@@ -119,7 +119,7 @@ class SnetServer:
         plan = await loop.run_in_executor(self.executor, plan_data, job, self.config.data_cache)
         checkpoints = Path(self.config.out_dir) / CHECKPOINTS_DIR
         store = CheckpointStore(checkpoints, self.config.checkpoint_keep)
-        identity = job_identity(job.to_dict(), plan.fingerprint())
+        identity = job_identity(job.to_dict(), plan.fingerprint(), plan.labels)
         loaded = resume_point(self.config, store, identity)
         weights = None
         if self.config.init_weights and loaded is None:

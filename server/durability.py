@@ -70,9 +70,13 @@ def _setting(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def job_identity(job_dict: dict[str, Any], data_fingerprint: str) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed: the job (as JSON) and the data."""
-    return {"job": json.loads(json.dumps(job_dict)), "data": data_fingerprint}
+def job_identity(
+    job_dict: dict[str, Any], data_fingerprint: str, labels: str = ""
+) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the job (as JSON) and the data (its
+    shape, split and normalisation; and ``labels``, the labels' digest, apart: checkpoints
+    written before it was kept hold none, and still resume)."""
+    return {"job": json.loads(json.dumps(job_dict)), "data": data_fingerprint, "labels": labels}
 
 
 # Settings a run changes while it trains (POST /control): not part of what a checkpoint
@@ -143,6 +147,12 @@ def resume_point(
         raise ConfigError(
             f"{loaded.path} is a checkpoint of the same job on other data (the data's "
             "fingerprint differs): use --fresh to start over, or another --out-dir"
+        )
+    if saved.get("labels") and identity.get("labels") and saved["labels"] != identity["labels"]:
+        raise ConfigError(
+            f"{loaded.path} is a checkpoint of the same job on other data (its frames have "
+            f"other labels: digest {saved['labels']} there, {identity['labels']} here): use "
+            "--fresh to start over, or another --out-dir"
         )
     if config.init_weights:  # documented, but a user who gave it should hear it too
         log.warning("--init-weights %s not used: resuming the run checkpointed in %s "
