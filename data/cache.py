@@ -166,7 +166,9 @@ def _prune(directory: Path) -> None:
             sources = json.loads(note.read_text())["sources"]
         except (OSError, ValueError, KeyError):
             continue
-        if all(Path(source).exists() for source in sources):
+        # A relative path (a note written before they were resolved) names a file in the
+        # directory its writer ran in, unknown here: kept, as a file that still exists.
+        if all(not Path(source).is_absolute() or Path(source).exists() for source in sources):
             continue
         for suffix in (".npy", ".lock", ".ok"):
             note.with_suffix(suffix).unlink(missing_ok=True)
@@ -199,8 +201,10 @@ def _abandoned(temporary: Path) -> bool:
 
 
 def _note(path: Path, source: JoinedSource) -> None:
-    """Beside ``path``: the data files it was made from (for ``_prune``)."""
-    sources = [part.description for part in source.parts]
+    """Beside ``path``: the data files it was made from (for ``_prune``), as absolute
+    paths: a relative one would be looked for from the directory of whichever process
+    prunes, and a job run from another directory removed copies still in use."""
+    sources = [str(Path(part.description).resolve()) for part in source.parts]
     path.with_suffix(".json").write_text(json.dumps({"sources": sources}))
 
 

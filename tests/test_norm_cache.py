@@ -4,6 +4,7 @@ over every training frame, and gets the very values it would have computed."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -212,3 +213,34 @@ def test_a_normalisation_of_another_width_or_not_real_is_refused() -> None:
         Norms.from_array(good.astype(np.complex128), 13)
     with pytest.raises(DataError, match="2 x features"):
         Norms.from_array(np.zeros((2, 0)), 0)
+
+
+def test_a_job_run_from_another_directory_prunes_nothing_still_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each note names its data files by absolute path: a job that prunes from another
+    working directory keeps the copies of files that exist (it removed them when the
+    note held the relative path it was given), and one old note of a relative path is
+    kept (where it was relative to is not known)."""
+    cache = tmp_path / "c"
+    for name, seed in (("one", 1), ("two", 2)):
+        (tmp_path / name).mkdir()
+        frames_set(tmp_path / name / "d.npz", 10, seed)
+        monkeypatch.chdir(tmp_path / name)
+        spec = DataSpec(source="d.npz")
+        cached_norms(open_job_source(spec), _train(spec), cache)  # the second one prunes
+    notes = sorted(cache.glob("norms-*.json"))
+    assert len(notes) == 2 and len(list(cache.glob("norms-*.npy"))) == 2
+    assert {json.loads(note.read_text())["sources"][0] for note in notes} == {
+        str(tmp_path / "one" / "d.npz"),
+        str(tmp_path / "two" / "d.npz"),
+    }
+    (old,) = [n for n in notes if "one" in json.loads(n.read_text())["sources"][0]]
+    old.write_text(json.dumps({"sources": ["d.npz"]}))  # as written before
+    monkeypatch.chdir(tmp_path)  # where no d.npz is
+    (tmp_path / "two" / "d.npz").unlink()  # the other one's data is gone
+    spec = DataSpec(source=str(frames_set(tmp_path / "three.npz", 10, 3)))
+    cached_norms(open_job_source(spec), _train(spec), cache)
+    left = {note.name for note in cache.glob("norms-*.json")}
+    assert old.name in left and old.with_suffix(".npy").exists()
+    assert len(left) == 2  # the old one and three's: two's went with its data
