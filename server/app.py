@@ -252,6 +252,11 @@ class SnetServer:
             await self.shutdown(self._stop_reason or "stopped")
         return self._stop_reason
 
+    @property
+    def stop_reason(self) -> str:
+        """Why the server stops or stopped ("" while it runs): shown in /status."""
+        return self._stop_reason
+
     def request_stop(self, reason: str) -> None:
         if not self._stop.is_set():
             self._stop_reason = reason

@@ -78,7 +78,10 @@ class WorkerSession:
         self.last_seen = time.monotonic()
         self.last_seen_wall = time.time()
 
-    def record_staleness(self, staleness: int) -> None:
+    def settle_applied(self, staleness: int, now: float) -> None:
+        """One of its updates was applied ``staleness`` versions after its base, at ``now``."""
+        self.updates_settled += 1
+        self.clock.settled(now)
         self.staleness_last = staleness
         self.staleness_sum += staleness
         self.staleness_count += 1

@@ -65,6 +65,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
     return {
         "server": server.config.name,
         "state": _state(server),  # "waiting_for_workers" until --min-workers have joined
+        "stop_reason": server.stop_reason or None,  # e.g. a signal, or training diverged
         "min_workers": coordinator.desk.min_workers,
         "progress": server.meter.figures(coordinator, time.monotonic()),
         "mode": coordinator.job.mode,

@@ -3,20 +3,20 @@
 Each part owns its state and nothing writes another's fields: ``ElementPool`` (pool.py,
 the elements updates are received into); ``UpdateIntake`` (intake.py, an update checked and
 queued); the mode's ``StepPolicy`` (policies.py: which queued updates make a step; its
-``Combination``: how they combine, the rule); ``StepQueue`` (stepqueue.py) and ``StepRunner``
-(stepping.py, the rule applied, off the loop or a short pass on it); ``LeaseBook``,
-``LeaseDesk``, ``InlineFrames`` (who trains on which frames); ``EpochControl`` (epochs.py,
-epochs, rates, roll-back); ``Evaluations`` and ``CvScoring`` (who scores each epoch's
-weights on the CV frames, cv_scoring.py); ``ProgressWatch`` (progress.py, delivery
-deadlines); ``StalenessControl`` (staleness.py); ``TrainingStats`` (stats.py) and the
-hooks. ``SliceRounds`` (slice_rounds.py) runs np's bunches through the slices.
+``Combination``: how they combine, the rule); ``StepQueue`` (stepqueue.py), ``StepRunner``
+(stepping.py, the rule applied); ``LeaseBook``, ``LeaseDesk``, ``InlineFrames`` (who trains
+on which frames); ``EpochControl`` (epochs.py: epochs, rates, roll-back); ``Evaluations``
+and ``CvScoring`` (who scores each epoch, cv_scoring.py); ``ProgressWatch`` (progress.py,
+delivery deadlines); ``StalenessControl`` (staleness.py); ``DivergenceWatch`` (divergence.py,
+a run whose every update is refused); ``TrainingStats`` (stats.py) and the hooks; np's
+``SliceRounds`` (slice_rounds.py).
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
-of ``version`` and exactly the ledger they include (server/resume.py, durability.py).
-The coordinator routes the events (a worker joins, sends an update or a CV result, is late
-(lateness.py), leaves) to them and carries out what they decide: it publishes each step's
-weights with a new version, sends them to every worker, starts epochs, on the event loop;
-only the ``StepRunner`` computes (in the step thread, or inline when short).
+of ``version`` and exactly the ledger they include (server/resume.py, durability.py). The
+coordinator routes the events (a worker joins, sends an update or a CV result, is late
+(lateness.py), leaves) to them and carries out what they decide, on the event loop: it
+publishes each step's weights, sends them to every worker, starts epochs; only the
+``StepRunner`` computes (in the step thread, or inline when short).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from .cv_referee import CvReferee
 from .cv_scoring import CvScoring
 from .dataplan import DataPlan
 from .departures import Departures
+from .divergence import DivergenceWatch
 from .epochs import EpochControl, EpochDecision
 from .evaluations import EvalJob, Evaluations
 from .idleness import IdleWatch
@@ -95,8 +96,7 @@ class Coordinator:
         self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames, *leases)
         self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
         self.runner = StepRunner(self.rule, executor, inline_step)  # inline: CPU seconds
-        self.staleness = StalenessControl(job)
-        self.idle = IdleWatch()
+        self.staleness, self.idle = StalenessControl(job), IdleWatch()
         self.inline = InlineFrames(plan, job.data.context)
         self.desk = LeaseDesk(self.book, self.inline, min_workers)
         self.epochs, self.trace = EpochControl(job), trace
@@ -110,7 +110,7 @@ class Coordinator:
                                  plan, self.sessions, self.book.remaining_frames,
                                  not self.policy.workers_score_cv, self._accept_cv,
                                  self._fail, lambda: self.closed)  # fmt: skip
-        self.departed, self.version = Departures(), 0
+        self.departed, self.version, self.divergence = Departures(), 0, DivergenceWatch()
         self.digest = weights_digest(self.rule.snapshot)  # of the weights of ``version``
         self.earlier: dict[str, Any] = {"workers": [], "compression": []}  # before restarts
         self.steps = StepQueue(self.runner)
@@ -232,8 +232,8 @@ class Coordinator:
         message = received.message
         try:
             pending = self.intake.admit(session, received, self.version)
-        except RejectedUpdate:
-            self._count_refused(session)
+        except RejectedUpdate as refusal:
+            self._count_refused(session, str(refusal))
             self.send_weights(session)  # tells the worker the update is settled
             self.fill_leases()  # the refused frames are queued again
             self.desk.note_if_dry(session)
@@ -283,6 +283,8 @@ class Coordinator:
     def _publish(self, outcome: StepOutcome, rate: float) -> None:
         """Steps are done: a version each (staleness, ledger, hooks), weights to workers."""
         now = time.monotonic()
+        if outcome.applied:  # first: it may have refused others (NaN) in the same pass
+            self.divergence.applied()
         for pending, reason in outcome.refused:
             self._refuse_queued(pending, reason)
         if outcome.snapshot is None:
@@ -291,20 +293,17 @@ class Coordinator:
         self.digest = outcome.digest
         self.stats.record_pass()
         last = outcome.applied[-1] if outcome.applied else None
+        seconds = outcome.seconds / max(len(outcome.applied), 1)  # of each step
         for batch in outcome.applied:
             base = self.version
             self.version += 1
             for pending in batch:
                 staleness = base - pending.message.base_version
-                pending.session.record_staleness(staleness)
-                pending.session.updates_settled += 1
-                pending.session.clock.settled(now)
+                pending.session.settle_applied(staleness, now)
                 self.stats.record_staleness(staleness)
                 self.book.record_applied(pending.frames)
             event = bunch_event(batch, self.version, self.epoch, rate)
-            self.stats.record_step(
-                len(batch), event.patterns, outcome.seconds / len(outcome.applied)
-            )
+            self.stats.record_step(len(batch), event.patterns, seconds)
             self.hooks.call("after_bunch", event)
             if self.trace is not None:
                 digest = self.digest if batch is last else None
@@ -315,10 +314,12 @@ class Coordinator:
             self._end_epoch()
             self.steps.mark_boundary()
 
-    def _count_refused(self, session: WorkerSession) -> None:
+    def _count_refused(self, session: WorkerSession, reason: str) -> None:
         session.updates_rejected += 1
         session.updates_settled += 1  # a refused update is settled: the worker may send more
         self.stats.updates_rejected += 1
+        if why := self.divergence.refuse(session.worker_id, reason, self.sessions, self.version):
+            self._fail(why)  # every update refused, none applied: it cannot train on
 
     def _refuse_queued(self, pending: PendingUpdate, reason: str) -> None:
         """Refuse a queued update at step time: its frames go back, the worker is told."""
@@ -326,12 +327,11 @@ class Coordinator:
         session.clock.settled(time.monotonic())
         self.book.unaccept(pending.frames)
         self.stats.record_train(-message.patterns, -message.correct, -message.loss_sum)
-        self._count_refused(session)
+        self._count_refused(session, reason)
         session.warn("refused update from %s: %s", session.name, reason)
+        refusal = ErrorMessage(RejectedUpdate.code, reason, False, message.lease_id, message.offset)
         if session.state != "gone":  # a departed worker is told nothing (and owes nothing)
-            session.send(
-                ErrorMessage(RejectedUpdate.code, reason, False, message.lease_id, message.offset)
-            )
+            session.send(refusal)
             self.send_weights(session)
         self.fill_leases()
 

@@ -1,0 +1,59 @@
+"""``DivergenceWatch``: tells a run that has stopped moving, its every update refused.
+
+A job whose learning rate is too high grows its weights until every gradient is huge, NaN
+or infinite. The server refuses each such update (server/plausible.py, the step's check
+for non-finite values), which changes nothing: the frames go back to the queue, the
+workers compute the same gradients on the same weights, and the run went on refusing for
+ever (12,646 refusals in a few minutes, an ETA still shown), saying nothing but the
+refusals themselves. So once no update has been applied while every live worker has had
+``PER_WORKER`` of its own refused, and ``MIN_REFUSED`` in all, the run is said to have
+diverged and is stopped (server/app.py: exit status 1, the checkpoints kept).
+
+Every live worker, not the refusals alone: a peer sending garbage is refused as fast as it
+sends, but an honest worker's next update is applied and starts the count over, so no one
+peer can stop a run that others are training. A run with one worker, all of whose updates
+are refused, trains nothing either way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+log = logging.getLogger("snet.server")
+
+MIN_REFUSED = 100  # refused updates in a row, none applied, before a run has diverged
+PER_WORKER = 3  # of them from each live worker at least
+
+
+class DivergenceWatch:
+    """Refused updates since the last applied one, by worker."""
+
+    def __init__(self, min_refused: int = MIN_REFUSED, per_worker: int = PER_WORKER) -> None:
+        self.min_refused = min_refused
+        self.per_worker = per_worker
+        self.refused: dict[int, int] = {}  # worker id -> its updates refused in a row
+        self.diverged = ""  # why, once said (it is said once)
+
+    def applied(self) -> None:
+        """An update was applied: the count starts over."""
+        self.refused.clear()
+
+    def refuse(self, worker_id: int, reason: str, live: Iterable[int], version: int) -> str | None:
+        """An update of ``worker_id`` was refused for ``reason``; ``live``: the ids of the
+        workers training now, on weights of ``version``. Why the run has diverged, the
+        first time it has (logged as an error), else None."""
+        self.refused[worker_id] = self.refused.get(worker_id, 0) + 1
+        total = sum(self.refused.values())
+        if self.diverged or total < self.min_refused:
+            return None
+        live = list(live)
+        if not live or any(self.refused.get(worker, 0) < self.per_worker for worker in live):
+            return None
+        self.diverged = (
+            f"training diverged: the last {total} updates, from every worker, were refused "
+            f"and none applied to version {version} (the last: {reason[:160]}); "
+            "a lower learning rate, started over with --fresh, may train"
+        )
+        log.error("%s", self.diverged)
+        return self.diverged
