@@ -20,7 +20,12 @@ import numpy as np
 from snet.client.footprint import activations
 from snet.data.corpus import corpus_from_source
 from snet.data.norms import Norms
-from snet.protocol.errors import ConfigError, OutputNotWritten, ResultsNotWritten
+from snet.protocol.errors import (
+    ConfigError,
+    OutputNotWritten,
+    ResultsNotWritten,
+    TrainingDiverged,
+)
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.job import JobSpec
 from snet.protocol.memory import WORD32, MemoryNeed
@@ -169,6 +174,10 @@ def _train(args: argparse.Namespace) -> int:
             context = job.data.context
             scored = score_test_set(job.network, result.weights, plan.test, plan.norms, context)
             print(describe_test_result(scored))
+    except TrainingDiverged as exc:  # a failure: exit 1, and nothing worth keeping
+        bar.clear()
+        say(f"snet train: {exc} (no weights written)")
+        return 1
     except (KeyboardInterrupt, BrokenPipeError, OutputNotWritten) as exc:
         # Ctrl-C, or the output gone (the reader left, ``| head``, or a full disk):
         # stopped either way, as a server stops on SIGINT, with what was trained kept

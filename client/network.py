@@ -26,8 +26,10 @@ for a job large enough to pay for loading them (client/kernel_choice.py).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 
@@ -58,6 +60,23 @@ MatMul = Callable[[np.ndarray, np.ndarray, np.ndarray], object]
 Derivative = Callable[[str, np.ndarray, np.ndarray], object]
 """``derivative(kind, delta, stored)`` multiplies ``delta`` in place by ``1 - stored^2``
 (``kind`` sigmoid or tanh, see ``BunchNetwork._back_into``) or by ``stored > 0`` (relu)."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _quiet_overflow(method: Callable[P, R]) -> Callable[P, R]:
+    """``method`` without numpy's RuntimeWarnings for overflow and NaN: a diverging job's
+    infinite activations are its caller's to judge from what it returns (the server
+    refuses such updates and stops a run that makes nothing else; ``snet train`` stops),
+    not a warning on stderr from whichever line of the arithmetic met them first."""
+
+    @functools.wraps(method)
+    def quiet(*args: P.args, **kwargs: P.kwargs) -> R:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return method(*args, **kwargs)
+
+    return quiet
 
 
 def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> object:
@@ -280,6 +299,7 @@ class BunchNetwork:
                 np.subtract(1.0, scratch, out=scratch)
             delta *= scratch
 
+    @_quiet_overflow
     def gradient(
         self, weights: np.ndarray, x: np.ndarray, labels: np.ndarray, out: np.ndarray
     ) -> tuple[float, int]:
@@ -337,6 +357,7 @@ class BunchNetwork:
             return self._fused.gradient(weights, n, labels, out)
         return self.gradient(weights, corpus.windows(frames), labels, out)
 
+    @_quiet_overflow
     def evaluate(self, weights: np.ndarray, x: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         """(summed loss, correct) of the weights on all of ``x``, in bunches.
 

@@ -18,9 +18,11 @@ from typing import Protocol
 import numpy as np
 
 from snet.data.corpus import Corpus
+from snet.protocol.errors import TrainingDiverged
 from snet.protocol.hooks import BunchEvent, EpochEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
 from snet.protocol.network import ElementLayout
+from snet.protocol.numbering import shown_epoch
 from snet.protocol.schedule import make_schedule
 
 from .kernel_choice import job_kernels
@@ -39,6 +41,11 @@ class StepRule(Protocol):
 
     def load(self, weights: np.ndarray) -> None: ...
 
+
+# Steps refused in a row (their gradient not finite: the rule changes nothing) after which
+# a run has diverged: the next bunches are computed on the same weights, and went on being
+# refused to the end, which then reported a NaN loss and exit status 0.
+DIVERGED_AFTER = 100
 
 ChunkOrder = Callable[[int], Iterable[np.ndarray]]
 """Epoch (0-based) -> the training frames of that epoch, chunk by chunk, in lease order."""
@@ -78,7 +85,7 @@ def train_sequential(
             spec.describe(), spec.connections, "sequential", job.epochs, len(corpus.train_frames)
         ),
     )
-    version = 0
+    version = refused = 0
     for epoch in range(job.epochs):
         hooks.call("before_epoch", epoch, rate)
         patterns = correct = 0
@@ -86,7 +93,13 @@ def train_sequential(
             for offset in range(0, len(chunk), job.bunch_size):
                 frames = chunk[offset : offset + job.bunch_size]
                 loss, right = network.gradient_of_frames(rule.weights, corpus, frames, gradient)
-                rule.step([gradient], len(frames), rate)
+                refused = refused + 1 if rule.step([gradient], len(frames), rate) is None else 0
+                if refused >= DIVERGED_AFTER:
+                    raise TrainingDiverged(
+                        f"training diverged in epoch {shown_epoch(epoch)}: the gradients of the "
+                        f"last {refused} bunches were not finite (loss {loss:g}), so no step "
+                        "could be taken; a lower learning rate may train"
+                    )
                 version += 1
                 patterns, correct = patterns + len(frames), correct + right
                 hooks.call(

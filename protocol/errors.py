@@ -54,6 +54,11 @@ class DataError(SnetError):
     """Training data that cannot be used: missing file, wrong dimension, bad labels."""
 
 
+class TrainingDiverged(SnetError):
+    """A job whose steps can no longer be taken: every gradient not finite (``snet train``;
+    the server says the same of updates it refuses, server/divergence.py)."""
+
+
 class ListenError(SnetError):
     """The server cannot open a port it was told to listen on (in use, no such address)."""
 

@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
-import numpy as np
+import warnings
+from pathlib import Path
 
+import numpy as np
+import pytest
+
+from snet.cli.main import main
 from snet.server.divergence import DivergenceWatch
 
 from helpers import SMALL_JOB
@@ -53,3 +58,19 @@ def test_refusals_of_one_peer_do_not_stop_a_run_others_train() -> None:
     assert not honest.diverged
     alone = DivergenceWatch(min_refused=10, per_worker=3)
     assert [alone.refuse(2, "x", [2], 0) is None for _ in range(10)] == [True] * 9 + [False]
+
+
+def test_snet_train_of_a_diverging_job_stops_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning from the arithmetic either
+        status = main(["train", "--epochs", "2", "--network", "117:64:10", *DIVERGING,
+                       "--data", short_data(), "--out-dir", str(out)])  # fmt: skip
+    said = capsys.readouterr()
+    assert status == 1
+    assert said.err.startswith("snet train: training diverged in epoch 1: the gradients of ")
+    assert "bunches were not finite (loss nan), so no step could be taken" in said.err
+    assert said.err.rstrip().endswith("a lower learning rate may train (no weights written)")
+    assert "Warning" not in said.err and not (out / "weights.npz").exists()
