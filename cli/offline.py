@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -192,12 +193,13 @@ def run_convert(args: argparse.Namespace) -> int:
     output's name and folder are checked before the input is read (it may be large)."""
     out = output_file(args.output, (".pfile", ".pf", ".npz", ".ark"), "output")
     suffix = out.suffix.lower()
+    alignments = out.with_name(out.stem + "-ali.ark")
+    outputs = [out, out.with_suffix(".scp"), alignments] if suffix == ".ark" else [out]
+    _check_outputs(outputs, [args.input, args.labels or ""], args.force)
     source = open_source(DataSpec(source=args.input, labels=args.labels or ""))
     if total_frames(source) == 0:  # a pfile of none was a traceback (reshaping nothing)
         raise DataError(f"{source.description} has no frames: nothing to convert")
     frames = source.read(np.arange(total_frames(source)))
-    alignments = out.with_name(out.stem + "-ali.ark")
-    outputs = [out, out.with_suffix(".scp"), alignments] if suffix == ".ark" else [out]
     before = {path: _stamp(path) for path in outputs}
     try:
         if suffix in (".pfile", ".pf"):
@@ -227,6 +229,24 @@ def run_convert(args: argparse.Namespace) -> int:
         f"{len(frames)} frames of {source.features} features"
     )
     return 0
+
+
+def _check_outputs(outputs: list[Path], inputs: list[str], force: bool) -> None:
+    """ConfigError for an output that is one of the ``inputs`` (converted onto itself, the
+    data was rewritten in place, and lost when the write failed) or, unless ``force``,
+    a file that exists (replaced without a word before)."""
+    for path in outputs:
+        if not path.exists():
+            continue
+        for named in filter(None, inputs):
+            with contextlib.suppress(OSError):
+                if path.samefile(named):
+                    raise ConfigError(
+                        f"the output {path} is the input {named} itself: give the output "
+                        "another name (nothing written)"
+                    )
+        if not force and not path.is_dir():  # a directory cannot be replaced: said on writing
+            raise ConfigError(f"{path} exists: --force replaces it (nothing written)")
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

@@ -168,6 +168,7 @@ def _data_flags(data: argparse.ArgumentParser) -> None:
     convert.add_argument("input", help="any data snet reads")
     convert.add_argument("output", help="OUT.pfile, OUT.npz or OUT.ark (+ .scp, -ali.ark)")
     convert.add_argument("--labels", help="Kaldi alignment archive of the input")
+    convert.add_argument("--force", action="store_true", help="replace outputs that exist")
 
 
 def _bench_flags(bench: argparse.ArgumentParser) -> None:

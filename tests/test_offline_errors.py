@@ -9,6 +9,7 @@ import errno
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from snet.cli import offline
@@ -417,5 +418,34 @@ def test_convert_onto_a_full_disk_leaves_no_truncated_file(
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(offline, "write_pfile", not_allowed)
-    assert error(["data", "convert", data, str(out)], capsys).endswith("Permission denied")
+    argv = ["data", "convert", data, str(out), "--force"]  # replace it, if it could
+    assert error(argv, capsys).endswith("Permission denied")
     assert out.read_text() == "someone else's\n"
+
+
+def test_convert_never_writes_onto_its_input_nor_replaces_a_file_unasked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Converted onto itself, an .npz was rewritten in place (4.7 MB of uint8 became
+    18.9 MB of float32; a failed write would have lost it), and an existing output was
+    replaced without a word. Now: onto itself, refused even with --force; another file
+    that exists, refused unless --force; nothing read or written either way."""
+    data = tiny_set(tmp_path / "d.npz")
+    original = data.read_bytes()
+    for argv in (["--force"], []):
+        err = error(["data", "convert", str(data), str(data), *argv], capsys)
+        assert err == (
+            f"snet: the output {data} is the input {data} itself: give the output another "
+            "name (nothing written)"
+        )
+    link = tmp_path / "link.npz"
+    link.symlink_to(data)  # the same file by another name
+    assert "is the input" in error(["data", "convert", str(data), str(link), "--force"], capsys)
+    other = tmp_path / "other.npz"
+    other.write_bytes(b"kept")
+    err = error(["data", "convert", str(data), str(other)], capsys)
+    assert err == f"snet: {other} exists: --force replaces it (nothing written)"
+    assert other.read_bytes() == b"kept" and data.read_bytes() == original
+    assert main(["data", "convert", str(data), str(other), "--force"]) == 0
+    with np.load(other) as converted, np.load(data) as source:
+        assert np.array_equal(converted["y"], source["y"])
