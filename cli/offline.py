@@ -156,9 +156,17 @@ def _score(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -> dic
             saved.flat, corpus.windows(part), corpus.labels_of(part)
         )
         loss, correct = loss + part_loss, correct + part_correct
-    data = spec.cv_source if args.subset == "cv" and spec.cv_source else source.description
+    # what the subset's frames are read from: the job's own CV file holds its CV frames,
+    # and "all" is the training data and that file (16,000 frames "on X" were X's 6,000
+    # and the CV file's 10,000)
+    read_from = {"cv": spec.cv_source, "all": " and ".join(p.description for p in source.parts)}
+    data = read_from.get(args.subset, "") if spec.cv_source else ""
+    if spec.cv_source and args.subset == "cv" and "source" in given(args, DataSpec):
+        print(f"snet eval: the CV frames of {args.weights}'s job are its CV file's, "
+              f"{spec.cv_source} (--cv-data names another): --subset train scores "
+              f"{source.description}", file=sys.stderr)  # fmt: skip
     return {
-        "data": data,
+        "data": data or source.description,
         "frames": len(chosen),
         "accuracy": round(correct / max(len(chosen), 1), 6),
         "loss": round(loss / max(len(chosen), 1), 6),

@@ -141,6 +141,33 @@ def test_eval_scores_trained_weights_on_data_with_fewer_classes(
     assert "frame accuracy" in capsys.readouterr().out
 
 
+def test_eval_names_every_file_it_scores_and_says_where_cv_frames_come_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a job whose CV frames are a file of their own, `--data X --subset all` scored
+    X and that CV file but named X alone, and `--data X` (subset cv) scored the CV file
+    without a word about X."""
+    train, cv = tiny_set(tmp_path / "t.npz"), tiny_set(tmp_path / "cv.npz", seed=1)
+    out = tmp_path / "o"
+    assert main(["train", *TINY, "--data", str(train), "--cv-data", str(cv),
+                 "--out-dir", str(out)]) == 0  # fmt: skip
+    mine = tiny_set(tmp_path / "mine.npz", utterances=5, seed=2)
+    weights = str(out / "weights.npz")
+    capsys.readouterr()
+    assert main(["eval", "--weights", weights, "--data", str(mine), "--subset", "all"]) == 0
+    said = capsys.readouterr()
+    assert said.out.startswith(f"{weights} on {mine} and {cv} (all, ")
+    assert main(["eval", "--weights", weights, "--data", str(mine)]) == 0
+    said = capsys.readouterr()
+    assert said.out.startswith(f"{weights} on {cv} (cv, ")
+    assert said.err == (
+        f"snet eval: the CV frames of {weights}'s job are its CV file's, {cv} (--cv-data "
+        f"names another): --subset train scores {mine}\n"
+    )
+    assert main(["eval", "--weights", weights, "--data", str(mine), "--subset", "train"]) == 0
+    assert capsys.readouterr().out.startswith(f"{weights} on {mine} (train, ")
+
+
 def test_eval_elsewhere_names_the_flag_for_data_saved_by_a_relative_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
