@@ -285,10 +285,10 @@ class JobSpec:
         if not self.learning_rates or any(
             not (math.isfinite(lr) and lr > 0) for lr in self.learning_rates
         ):
-            raise ConfigError(f"learning rates must be positive, got {self.learning_rates}")
+            raise ConfigError(f"learning_rates must be positive, got {self.learning_rates}")
         if max(self.learning_rates) > FLOAT32_MAX:  # the weights are float32: every step inf
             raise ConfigError(
-                f"learning rates must be at most {FLOAT32_MAX:.3g} (float32's largest), "
+                f"learning_rates must be at most {FLOAT32_MAX:.3g} (float32's largest), "
                 f"got {max(self.learning_rates):g}"
             )
         if not 0.0 <= self.momentum < 1.0:

@@ -92,6 +92,11 @@ def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> Saved
     """Read a weights .npz; with ``expected``, refuse a file of another network."""
     try:
         with open_npz(path) as data:
+            if not {"sizes", "activations"} <= set(data.files):  # e.g. a data set's .npz
+                raise ValueError(
+                    f"not a file of snet weights (it holds {', '.join(data.files[:6]) or 'nothing'}"
+                    ", not sizes, activations, W0, b0, ...)"
+                )
             spec = NetworkSpec(
                 tuple(int(s) for s in data["sizes"]),
                 tuple(str(a) for a in data["activations"]),

@@ -50,6 +50,18 @@ def test_weights_that_are_no_archive_are_one_line_naming_the_file(
     assert not (tmp_path / "o" / "weights.npz").exists()
 
 
+def test_a_data_set_given_as_weights_is_said_to_be_no_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "'sizes is not a file in the archive'", numpy's words for a missing key."""
+    data = tiny_set(tmp_path / "d.npz")
+    err = error(["eval", "--weights", str(data)], capsys)
+    assert err == (
+        f"snet: cannot read weights from {data}: not a file of snet weights (it holds X, y, "
+        "lengths, not sizes, activations, W0, b0, ...)"
+    )
+
+
 def test_a_damaged_member_is_one_line_too(
     tmp_path: Path, weights: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
