@@ -56,7 +56,7 @@ from .admission import Admission
 from .ledger import CompressionLedger
 from .peers import peer_address
 from .plausible import checked_report
-from .pool import ElementLoan, Received
+from .pool import TURNED_AWAY, ElementLoan, ElementShare, Received
 from .session import WorkerSession, unique_name
 from .training import Coordinator
 
@@ -104,7 +104,7 @@ class WorkerConnection:
             self,
             Conversation(Role.SERVER),
             limits,
-            sink=coordinator.pool,
+            sink=ElementShare(coordinator.pool, self._proven),
             water=(HIGH_WATER, LOW_WATER),
             faults=faults,
         )
@@ -112,6 +112,10 @@ class WorkerConnection:
     @property
     def closing(self) -> bool:
         return self.stream.closing
+
+    def _proven(self) -> bool:
+        """An update of this connection's worker has been applied (pool.py, shares)."""
+        return self.session is not None and self.session.updates_applied > 0
 
     @property
     def last_sent(self) -> float:
@@ -140,7 +144,9 @@ class WorkerConnection:
         received = None
         if isinstance(message, Update):  # the pooled element is owned from here on
             loan = decoded.slot if isinstance(decoded.slot, ElementLoan) else None
-            received = Received(message, loan)
+            if loan is not None:
+                loan.received()  # whole: no longer an unfinished payload (pool.py, shares)
+            received = Received(message, loan, decoded.slot is TURNED_AWAY)
         try:
             self.dispatch(message, received)
         except RejectedUpdate as exc:

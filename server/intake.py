@@ -73,7 +73,7 @@ class UpdateIntake:
         try:
             if message.encoded is not None:
                 received.adopt(self._decode(session, message))
-            frames = self._check(session, message, received.loan, version)
+            frames = self._check(session, message, received, version)
         except RejectedUpdate as exc:
             received.release()
             raise RejectedUpdate(str(exc), message.lease_id, message.offset) from exc
@@ -99,14 +99,19 @@ class UpdateIntake:
         self,
         session: WorkerSession,
         message: Update,
-        element: ElementLoan | None,
+        received: Received,
         version: int,
     ) -> np.ndarray:
         reason = ""
         agreed = session.ledger.update_codec if session.ledger is not None else "none"
         if message.encoded is None and agreed != "none":
             reason = f"update sent as float32, agreed codec is {agreed}"
-        elif element is None:  # the pool only takes payloads of exactly the element's layout
+        elif received.turned_away:  # pool.py: a newcomer's share of the elements is taken
+            reason = (
+                "the server's update elements for workers none of whose updates is applied "
+                "yet are all in use: its frames are leased again"
+            )
+        elif received.loan is None:  # the pool takes only payloads of the element's layout
             reason = (
                 f"update element has shape {tuple(message.element.shape)} "
                 f"{message.element.dtype}, the network needs ({self.layout.size},) float32"

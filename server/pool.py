@@ -29,6 +29,19 @@ What never reaches the connection goes back in the transport (transport/stream.p
 a frame cut short (``Channel.abandon()``), a frame refused as out of turn, a message
 arriving while the connection closes. An encoded update is decoded into a second loan,
 which replaces the first in its ``Received`` (``adopt``).
+
+Shares: each connection draws on the pool through its ``ElementShare``. A payload being
+received holds its element until the frame is whole, so peers that each sent all but the
+last bytes of an update and stopped held every element (36 such connections against a
+pool of 32): the server stopped reading from everyone until elements came back, and
+training froze until they were closed (60 s later, and they could come again). So the
+unfinished payloads of newcomers (connections none of whose updates has been applied yet)
+hold half the pool at most: beyond that a newcomer's update is received into a buffer of
+its own (one frame per connection, as any payload the pool does not take) and refused as
+``update_rejected``, its frames leased again. A whole update is the server's to apply,
+however it came, and its element comes back after its step: only an unfinished payload
+can be held for as long as its sender likes. Workers that have trained keep the other
+half whatever newcomers do.
 """
 
 from __future__ import annotations
@@ -56,11 +69,12 @@ class PooledElement:
 class ElementLoan:
     """One acquisition of a pooled element: the holder owns it until ``release()``."""
 
-    __slots__ = ("_element", "_pool")
+    __slots__ = ("_element", "_pool", "_receiving")
 
-    def __init__(self, pool: ElementPool, element: PooledElement) -> None:
+    def __init__(self, pool: ElementPool, element: PooledElement, receiving: bool = False) -> None:
         self._pool = pool
         self._element: PooledElement | None = element
+        self._receiving = receiving  # a newcomer's payload being received into it (counted)
 
     @property
     def element(self) -> PooledElement:
@@ -81,22 +95,40 @@ class ElementLoan:
     def released(self) -> bool:
         return self._element is None
 
+    def received(self) -> None:
+        """Its payload is whole (or never will be): no longer a newcomer's unfinished one."""
+        if self._receiving:
+            self._receiving = False
+            self._pool.newcomers_receiving -= 1
+
     def release(self) -> None:
         """Give the element back to the pool; later calls do nothing."""
+        self.received()
         element, self._element = self._element, None
         if element is not None:
             self._pool._give_back(element)
 
 
+class TurnedAway:
+    """The sink token of an update its connection's share could not take (``ElementShare``)."""
+
+
+TURNED_AWAY = TurnedAway()
+
+
 class Received:
     """A received update and the loan of the pooled element its gradient sits in (none
-    when the payload did not fit the pool: the coordinator refuses such an update)."""
+    when the payload did not fit the pool, or its share: ``turned_away``; the coordinator
+    refuses such an update)."""
 
-    __slots__ = ("loan", "message")
+    __slots__ = ("loan", "message", "turned_away")
 
-    def __init__(self, message: Update, loan: ElementLoan | None) -> None:
+    def __init__(
+        self, message: Update, loan: ElementLoan | None, turned_away: bool = False
+    ) -> None:
         self.message = message
         self.loan = loan
+        self.turned_away = turned_away
 
     def adopt(self, loan: ElementLoan) -> None:
         """Hold ``loan`` (an encoded update decoded into it) instead of the one held."""
@@ -120,6 +152,8 @@ class ElementPool:
         self._made = 0  # elements made so far (indices 0 .. _made-1); at most size
         self.overflows = 0
         self.in_use = 0
+        self.newcomer_limit = max(1, size // 2)  # unfinished newcomers' payloads, at most
+        self.newcomers_receiving = 0
         self.on_empty: Callable[[], None] | None = None
         self.on_available: Callable[[], None] | None = None
 
@@ -133,8 +167,9 @@ class ElementPool:
         """Elements made so far and kept (overflow elements are not counted)."""
         return self._made
 
-    def acquire(self) -> ElementLoan:
-        """A free element, or a fresh one (counted) when the pool is exhausted."""
+    def acquire(self, receiving: bool = False) -> ElementLoan:
+        """A free element, or a fresh one (counted) when the pool is exhausted;
+        ``receiving``: for a newcomer's payload, counted until whole (``received``)."""
         if self._free:
             element = self._free.pop()  # the most recently released: warm in the cache
         elif self._made < self.size:
@@ -146,7 +181,9 @@ class ElementPool:
         self.in_use += 1
         if self.free == 0 and self.on_empty is not None:
             self.on_empty()
-        return ElementLoan(self, element)
+        if receiving:
+            self.newcomers_receiving += 1
+        return ElementLoan(self, element, receiving)
 
     def _give_back(self, element: PooledElement) -> None:
         """``ElementLoan.release``: overflow elements are dropped for the collector."""
@@ -174,6 +211,32 @@ class ElementPool:
         if message_type != "update" or not self.matches(arrays):
             return None
         loan = self.acquire()
+        return loan.flat.data.cast("B"), loan
+
+
+class ElementShare:
+    """One connection's draw on the pool, and its ``PayloadSink``: its updates land in the
+    pool's elements, but while none of its updates has been applied (``proven()`` false)
+    only as long as newcomers' unfinished payloads hold less than half the pool."""
+
+    def __init__(self, pool: ElementPool, proven: Callable[[], bool]) -> None:
+        self.pool = pool
+        self.proven = proven
+        self.turned_away = 0  # updates refused for want of a share
+
+    def payload_target(
+        self, message_type: str, arrays: tuple[ArrayInfo, ...], payload_bytes: int
+    ) -> tuple[memoryview, object] | None:
+        """Updates of the pool's layout land in one of its elements, within the share; one
+        beyond it in a buffer of its own, with the ``TURNED_AWAY`` token."""
+        pool = self.pool
+        if message_type != "update" or not pool.matches(arrays):
+            return None
+        newcomer = not self.proven()
+        if newcomer and pool.newcomers_receiving >= pool.newcomer_limit:
+            self.turned_away += 1
+            return memoryview(bytearray(payload_bytes)), TURNED_AWAY
+        loan = pool.acquire(receiving=newcomer)
         return loan.flat.data.cast("B"), loan
 
 

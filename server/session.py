@@ -52,6 +52,7 @@ class WorkerSession:
     updates_sent: int = 0
     updates_settled: int = 0  # applied or refused: reported back to the worker in Weights
     updates_rejected: int = 0
+    updates_applied: int = 0  # in this connection: until one is, it is a newcomer (pool.py)
     patterns: int = 0
     compute_seconds: float = 0.0
     staleness_last: int = 0
@@ -81,6 +82,7 @@ class WorkerSession:
     def settle_applied(self, staleness: int, now: float) -> None:
         """One of its updates was applied ``staleness`` versions after its base, at ``now``."""
         self.updates_settled += 1
+        self.updates_applied += 1
         self.clock.settled(now)
         self.staleness_last = staleness
         self.staleness_sum += staleness

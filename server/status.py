@@ -24,6 +24,8 @@ def queues(coordinator: Coordinator) -> dict[str, int]:
         "pool_size": coordinator.pool.size,
         "pool_made": coordinator.pool.made,  # elements in memory (made as first needed)
         "pool_overflows": coordinator.pool.overflows,
+        # elements holding unfinished payloads of workers none of whose updates is applied
+        "pool_newcomers": coordinator.pool.newcomers_receiving,
         "chunks_waiting": coordinator.book.waiting_chunks,
         "leases_out": coordinator.book.leases_out,
     }

@@ -1,0 +1,74 @@
+"""Peers that hold update elements with payloads they never finish cannot freeze training
+(server/pool.py, shares): newcomers hold at most half the pool, so a worker that trains
+always finds elements for its updates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from snet.protocol.framing import encode
+from snet.protocol.messages import ErrorMessage, Lease, Update
+from snet.protocol.network import ElementLayout, NetworkSpec
+
+from async_raw import AsyncRawClient
+from inprocess import Lab, LabServer, wait_until
+from short_data import short_job
+
+LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
+POOL = 8
+
+
+def _update_frame(lease: Lease) -> bytes:
+    update = Update(0, lease.lease_id, 0, 128, 1.0, 0, 0.01, np.zeros(LAYOUT.size, np.float32))
+    return b"".join(bytes(piece) for piece in encode(update))
+
+
+async def _applied(server: LabServer) -> int:
+    return int((await server.status())["updates_applied"])
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the pool's rule, not the loop's
+async def test_peers_holding_unfinished_updates_cannot_freeze_training(lab: Lab) -> None:
+    server = await lab.server("--mode", "async", "--epochs", "30", "--pool-size", str(POOL),
+                              "--linger-seconds", "30", *short_job())  # fmt: skip
+    lab.worker(server, "good")
+    await wait_until(lambda: _applied(server), 30, "the good worker to train")
+    holders, frame = [], b""
+    for i in range(POOL + 4):  # more than the pool: each sends all but 1000 bytes of one
+        holder = await AsyncRawClient.connect(server.port, f"holder{i}")
+        await holder.handshake()
+        frame = _update_frame(await holder.receive(Lease))
+        await holder.send_bytes(frame[:-1000])
+        holders.append(holder)
+    queues = (await server.status())["queues"]
+    assert queues["pool_newcomers"] == POOL // 2  # the newcomers' half, and no more
+    last = holders[-1]  # one beyond the newcomers' half: it got a buffer of its own
+    await last.send_bytes(frame[-1000:])  # its update whole, before its lease is late
+    refusal = await last.receive(ErrorMessage)
+    assert refusal.code == "update_rejected" and not refusal.fatal
+    assert "update elements for workers none of whose updates is applied" in refusal.text
+    before = await _applied(server)
+    # it froze here: every element held, the server reading from nobody until they closed
+    await wait_until(lambda: _applied_since(server, before, 20), 30, "training to go on")
+    for holder in holders:
+        await holder.close()
+    await wait_until(lambda: _newcomers_gone(server), 30, "the holders' elements to come back")
+    await wait_until(lambda: _epochs_done(server, 1), 60, "an epoch to end")
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
+    status = server.final_status()
+    ledgers = [e["ledger"] for e in status["epochs"][: status["epochs_done"]]]
+    assert ledgers and all(ledger["used_once"] == ledger["frames"] for ledger in ledgers)
+
+
+async def _newcomers_gone(server: LabServer) -> bool:
+    return bool((await server.status())["queues"]["pool_newcomers"] == 0)
+
+
+async def _epochs_done(server: LabServer, epochs: int) -> bool:
+    return bool((await server.status())["epochs_done"] >= epochs)
+
+
+async def _applied_since(server: LabServer, before: int, more: int) -> bool:
+    return await _applied(server) >= before + more
