@@ -253,6 +253,7 @@ class WorkerConnection:
             close=self.close,
             warn=self._warn,
             ledger=ledger,
+            joined_version=self.coordinator.version,
         )
         self.coordinator.add_worker(self.session)
 

@@ -62,7 +62,9 @@ class UpdateIntake:
                          lost)  # fmt: skip
         return True
 
-    def admit(self, session: WorkerSession, received: Received, version: int) -> PendingUpdate:
+    def admit(
+        self, session: WorkerSession, received: Received, version: int, stepping: bool = False
+    ) -> PendingUpdate:
         """The update as a pending one (it then owns the loan ``received`` held), or
         ``RejectedUpdate`` naming the update (the worker's error feedback needs the name);
         on refusal the pooled element, if any, is back in the pool."""
@@ -73,7 +75,10 @@ class UpdateIntake:
         try:
             if message.encoded is not None:
                 received.adopt(self._decode(session, message))
-            frames = self._check(session, message, received, version)
+            # While a step runs, a mode that takes no stale update judges one by the version
+            # that step makes: on the current one, it would be applied a round late.
+            upcoming = version + int(stepping and not self.policy.stale_updates)
+            frames = self._check(session, message, received, upcoming)
         except RejectedUpdate as exc:
             received.release()
             raise RejectedUpdate(str(exc), message.lease_id, message.offset) from exc

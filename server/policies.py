@@ -7,9 +7,11 @@ tested by handing it a list of pending updates (tests/test_policies.py), and a n
 new class, not a branch in every module.
 
 - ``SyncSteps`` (SNet v1, v2's safe mode): one step over every update of the round, once
-  every worker that holds frames has delivered; an update must be on the current version;
-  a worker that misses the round deadline is dropped, since the round cannot go on
-  without it otherwise.
+  every worker that holds frames has delivered (one that joined after the first step,
+  once it has delivered its first: until then it may be loading its data, or never send
+  a thing); an update must be on the current version (the next round's, while a step
+  runs); a worker that misses the round deadline is dropped, since the round cannot go
+  on without it otherwise.
 - ``AsyncSteps`` (SNet v2): a step per ``updates_per_step`` updates (default: one per
   worker that is keeping up), whoever sent them; the queue is flushed when no worker that
   is keeping up could still add to it. A late worker is simply not counted; its frames go
@@ -67,6 +69,7 @@ class WorkerView:
     holds_frames: bool  # leased frames for which no update has arrived yet
     late: bool  # past its delivery deadline (server/progress.py)
     delivered: bool  # it has delivered at least one update on this connection
+    joined_late: bool = False  # it joined once training had made a step
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,14 @@ class SyncSteps(StepPolicy):
     stale_updates = False
 
     def take(self, view: QueueView) -> list[list[int]]:
-        if not view.pending or self._waiting_for(view, list(view.workers)) > 0:
+        # A round waits for the workers there from the start, and for one that joined
+        # later only once it has delivered: a peer that joined and said nothing held
+        # every round to its deadline (12 s), was dropped, and could join again at once
+        # (0.2 steps a second, against 381). A latecomer's first update joins the round it
+        # is on time for, or is refused as stale (intake.py) and its frames leased again;
+        # from then on the rounds wait for it.
+        waited = [w for w in view.workers if w.delivered or not w.joined_late]
+        if not view.pending or self._waiting_for(view, waited or list(view.workers)) > 0:
             return []
         return [list(range(len(view.pending)))]
 

@@ -53,6 +53,7 @@ class WorkerSession:
     updates_settled: int = 0  # applied or refused: reported back to the worker in Weights
     updates_rejected: int = 0
     updates_applied: int = 0  # in this connection: until one is, it is a newcomer (pool.py)
+    joined_version: int = 0  # the weights version when it joined (policies.py: sync rounds)
     patterns: int = 0
     compute_seconds: float = 0.0
     staleness_last: int = 0

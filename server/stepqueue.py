@@ -71,7 +71,13 @@ class StepQueue:
         pending = tuple(PendingView(p.session.worker_id, p.message.base_version)
                         for p in self._queued)  # fmt: skip
         workers = tuple(
-            WorkerView(s.worker_id, remaining_frames(s.worker_id) > 0, late(s), s.clock.delivered)
+            WorkerView(
+                s.worker_id,
+                remaining_frames(s.worker_id) > 0,
+                late(s),
+                s.clock.delivered,
+                joined_late=s.joined_version > 0,
+            )
             for s in sessions
         )
         return QueueView(pending, workers, version)
@@ -90,6 +96,11 @@ class StepQueue:
     def pending_workers(self) -> set[int]:
         """Workers with an update queued or in the running step (they wait on the server)."""
         return {p.session.worker_id for p in self._queued} | self._in_step
+
+    @property
+    def running(self) -> bool:
+        """A step is running (``not between_steps``)."""
+        return self._running
 
     @property
     def between_steps(self) -> bool:

@@ -231,7 +231,7 @@ class Coordinator:
             return
         message = received.message
         try:
-            pending = self.intake.admit(session, received, self.version)
+            pending = self.intake.admit(session, received, self.version, self.steps.running)
         except RejectedUpdate as refusal:
             self._count_refused(session, str(refusal))
             self.send_weights(session)  # tells the worker the update is settled

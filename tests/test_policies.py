@@ -96,6 +96,19 @@ def test_sync_takes_the_whole_round_once_nobody_is_expected(computing: int) -> N
     assert _shape(view, groups) == ([] if computing else [[0, 1]])
 
 
+def test_sync_waits_for_a_latecomer_only_once_it_has_delivered() -> None:
+    """A peer that joined mid-run and said nothing held every round to its deadline, was
+    dropped and could join again at once: 0.2 steps a second against 381."""
+    policy = SyncSteps()
+    workers = (WorkerView(0, False, False, True), WorkerView(1, True, False, False, True))
+    silent = QueueView((PendingView(0, 4),), workers, version=4)
+    assert _shape(silent, policy.take(silent)) == [[0]]  # worker 1 joined late, sent nothing
+    delivered = (workers[0], WorkerView(1, True, False, True, True))
+    assert policy.take(QueueView((PendingView(0, 4),), delivered, version=4)) == []
+    start = (workers[0], WorkerView(1, True, False, False, False))  # there from the start
+    assert policy.take(QueueView((PendingView(0, 4),), start, version=4)) == []
+
+
 def test_sync_waits_for_a_late_worker_until_it_is_dropped() -> None:
     policy = SyncSteps()
     view = _view([0, 1], workers=3, computing={2}, late=frozenset({2}))
