@@ -101,6 +101,9 @@ class PayloadSink(Protocol):
 # ---------------------------------------------------------------- encoding
 
 
+DESCRIPTOR_KEYS = frozenset(("dtype", "shape", "codec", "nbytes"))
+
+
 def _array_info(array: np.ndarray, codec: str = CODEC_NONE) -> dict[str, Any]:
     return {
         "dtype": array.dtype.str,
@@ -196,9 +199,13 @@ def _check_field(type_name: str, name: str, kind: str, expected: Any, value: Any
     raise MalformedFrame(f"{type_name}.{name}: unexpected value {value!r:.60}")
 
 
+# How deep a header may nest (the header map itself is level 1): msgpack's unpacker stack,
+# not a setting of ours; one level more is its StackError, a fatal malformed_frame. (A
+# worker report's depth of 8 is checked later, and refused without ending the connection.)
+HEADER_DEPTH = 1024
 # msgpack's errors that say nothing themselves (the refusal's text ended at its colon)
 WORDLESS: dict[type[Exception], str] = {
-    msgpack.StackError: "nested too deeply",
+    msgpack.StackError: f"nested deeper than {HEADER_DEPTH} levels",
     msgpack.FormatError: "a byte that starts no msgpack value",
 }
 
@@ -268,6 +275,9 @@ def _frame_codec(type_name: str, raw: list[Any]) -> str:
     for entry in raw:
         if not isinstance(entry, dict):
             raise MalformedFrame("array descriptor is not a map")
+        if not entry.keys() <= DESCRIPTOR_KEYS:  # the spec's strict check (section 3)
+            extra = sorted(str(key) for key in entry.keys() - DESCRIPTOR_KEYS)
+            raise MalformedFrame(f"array descriptor has unknown key(s) {extra!r:.60}")
         codec = entry.get("codec", CODEC_NONE)
         if not isinstance(codec, str):
             raise MalformedFrame(f"array codec {codec!r:.20} is not a string")

@@ -40,7 +40,7 @@ from .durability import Checkpointer, job_identity, resume_point
 from .export import read_weights, why_weights_kept, write_final_files
 from .footprint import check_fits_in_memory
 from .http import make_app
-from .http_guard import HttpListener
+from .http_guard import HttpListener, RequestErrors
 from .job_progress import ProgressMeter
 from .lateness import check_progress
 from .progress import ProgressWatch
@@ -199,6 +199,7 @@ class SnetServer:
                 access_log=None,
                 shutdown_timeout=5.0,
                 keepalive_timeout=self.config.http_header_seconds,  # see http_guard.py
+                logger=RequestErrors(),
             )
             await self._http.setup()
             self.http_listener = HttpListener.of(self._http, self.config, https)

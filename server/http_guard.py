@@ -24,6 +24,12 @@ burst of connections accepted together is counted one by one.
 
 A response being streamed (``/events``, ``/weights``) is not a request being sent: the
 bound does not cut it.
+
+A request aiohttp cannot parse (HTTP/1.1 without ``Host``, a malformed header line) is
+answered ``400 Bad Request`` by aiohttp, which also logged a ten-line ERROR traceback for
+each: anyone reaching the port, no token needed, could flood the log. ``RequestErrors``
+logs them sparingly instead, one line each for the first and every hundredth (the
+refusals above are logged alike); an error in snet's own handlers keeps its traceback.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ import asyncio
 import logging
 import ssl
 import typing
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from .peers import peer_address
@@ -84,6 +92,27 @@ class _Gate(asyncio.Protocol):
         protocol = self.admit(transport)
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
+
+
+class RequestErrors(logging.LoggerAdapter):
+    """The logger aiohttp's request handlers are given (``AppRunner(logger=...)``): a
+    request it could not parse is the client's mistake, already answered 400, so it is
+    logged in one line, sparingly (module docstring); anything else goes to aiohttp's
+    logger, traceback and all."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+        self.malformed = 0  # requests aiohttp could not parse
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        if not isinstance(exc_info, HttpProcessingError):
+            super().exception(msg, *args, exc_info=exc_info, **kwargs)
+            return
+        self.malformed += 1
+        if self.malformed == 1 or self.malformed % 100 == 0:
+            first = (exc_info.message or type(exc_info).__name__).strip().splitlines()[:1]
+            log.warning("malformed HTTP request answered %d: %.80r (%d so far)",
+                        exc_info.code, " ".join(first), self.malformed)  # fmt: skip
 
 
 class HttpListener:

@@ -4,8 +4,11 @@ A worker that is connected while an epoch's frames are handed out but is given n
 them (too few chunks for the workers, or always beaten to them) costs a machine and shows
 nothing in the accuracy; before, nothing said so. A worker counts for an epoch when it was
 connected at the epoch's start, or joined while frames were still waiting; at the epoch's
-end each such worker that was leased no frame is reported in the log and counted in its
-/status row (``idle_epochs``). State is plain attributes (checkpointable).
+end each such worker that was leased no frame is counted in its /status row
+(``idle_epochs``, every epoch) and reported in the log, sparingly: at its 1st, 2nd, 4th,
+8th, ... idle epoch (a worker that never trains had a warning every epoch, hundreds in one
+run, drowning what else was said; the doubling still says now and then that it idles).
+State is plain attributes (checkpointable).
 """
 
 from __future__ import annotations
@@ -44,9 +47,14 @@ class IdleWatch:
         for session in idle:
             session.idle_epochs += 1
             self.idle_worker_epochs += 1
-            log.warning(
-                "worker %s trained on no frames in epoch %d (too few chunks for the workers?)",
-                session.name,
-                shown_epoch(epoch),
-            )
+            count = session.idle_epochs
+            if count & (count - 1):  # logged at powers of two only (module docstring)
+                continue
+            if count == 1:
+                log.warning("worker %s trained on no frames in epoch %d (too few chunks for "
+                            "the workers?); said again at its 2nd, 4th, 8th, ... such epoch",
+                            session.name, shown_epoch(epoch))  # fmt: skip
+            else:
+                log.warning("worker %s trained on no frames in %d epochs so far, the latest "
+                            "epoch %d", session.name, count, shown_epoch(epoch))  # fmt: skip
         return idle

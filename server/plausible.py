@@ -21,8 +21,16 @@ second; accuracy counts of 7.8e15 and a NaN loss reached /status. So:
   runs of 16-pattern bunches on Fashion-MNIST sent some 1e4 times below the mean, which
   an earlier lower bound refused), and a small step cannot harm the weights. The mean is
   kept per kind of update (plain gradients, or those that carry their worker's momentum)
-  and per codec, whose norms differ. It runs in the step thread (server/stepping.py):
-  one BLAS dot per update.
+  and per codec, whose norms differ. A kind whose own mean has not settled yet is held
+  to the settled means of the others (the most lenient of them, with its spread-widened
+  factor), not only to the absolute bound: a new connection in another codec sent updates
+  of 1e4 per pattern, 100x and more the plain mean, and was taken 3 times of 3 (weights
+  from 0.099 to 114). Updates that carry their worker's momentum may be up to
+  1/(1 - momentum) larger than plain ones (the default job's topk: 7.5 to 9.3x the plain
+  mean at momentum 0.9), so against a plain mean they get that much more; plain ones
+  against a momentum-carrying mean get nothing more. Only while no kind has settled does
+  the absolute bound stand alone. It runs in the step thread (server/stepping.py): one
+  BLAS dot per update.
 - ``update_figures_problem`` and ``eval_figures_problem``: the counts an update or a CV
   result reports are bounded by its patterns, and its loss is finite.
 - ``checked_report``: a worker's report is small, shallow, plain JSON.
@@ -54,10 +62,15 @@ REPORT_DEPTH = 8  # nesting of a worker report
 
 
 class NormBounds:
-    """Running norms of accepted updates, by kind; says which new ones are implausible."""
+    """Running norms of accepted updates, by kind; says which new ones are implausible.
 
-    def __init__(self, factor: float = NORM_FACTOR) -> None:
+    A kind is a hashable; a tuple whose first item is true (``PendingUpdate.kind``:
+    ``(momentum_corrected, codec)``) carries its worker's momentum, ``momentum`` being the
+    job's (the widening it gets against plain kinds' means)."""
+
+    def __init__(self, factor: float = NORM_FACTOR, momentum: float = 0.0) -> None:
         self.factor = factor
+        self.momentum_factor = 1.0 / (1.0 - min(max(momentum, 0.0), 0.999999))
         self._log_mean: dict[Hashable, float] = {}
         self._log_square: dict[Hashable, float] = {}  # running mean of the log's square
         self._seen: dict[Hashable, int] = {}
@@ -67,6 +80,22 @@ class NormBounds:
         mean = self._log_mean[kind]
         spread = math.sqrt(max(self._log_square[kind] - mean * mean, 0.0))
         return min(max(math.log(self.factor), SPREAD_SIGMAS * spread), math.log(MAX_FACTOR))
+
+    def _borrowed(self, kind: Hashable) -> tuple[float, Hashable] | None:
+        """For a kind not yet settled: the log of the largest norm the settled other kinds
+        allow it (the most lenient), and that kind; None while no other kind has settled."""
+        limits = [
+            (self._log_mean[other] + self._allowed(other) + self._widening(kind, other), other)
+            for other, seen in self._seen.items()
+            if other != kind and seen >= SETTLE_UPDATES
+        ]
+        return max(limits, key=lambda limit: limit[0]) if limits else None
+
+    def _widening(self, kind: Hashable, other: Hashable) -> float:
+        """The log of how much larger than ``other``'s an honest norm of ``kind`` may be."""
+        if _carries_momentum(kind) and not _carries_momentum(other):
+            return math.log(self.momentum_factor)
+        return 0.0
 
     def problem(self, kind: Hashable, gradient: np.ndarray, patterns: int) -> str:
         """Why this update is implausible ("" if it is not). Accepted ones join the mean."""
@@ -85,6 +114,15 @@ class NormBounds:
         if seen < SETTLE_UPDATES:
             if per_pattern > ABSOLUTE_NORM:
                 return f"update norm {per_pattern:.3g} per pattern is beyond {ABSOLUTE_NORM:g}"
+            borrowed = self._borrowed(kind)
+            if borrowed is not None and log_norm > borrowed[0]:
+                limit, other = borrowed
+                mean = math.exp(self._log_mean[other])
+                return (
+                    f"update norm {per_pattern:.3g} per pattern is implausible: few updates of "
+                    f"its kind yet, and those of kind {other} have a running mean of "
+                    f"{mean:.3g} (at most {math.exp(limit) / mean:.3g}x that)"
+                )
         elif log_norm > self._log_mean[kind] + (allowed := self._allowed(kind)):
             return (
                 f"update norm {per_pattern:.3g} per pattern is implausible: the accepted "
@@ -191,6 +229,10 @@ def finite(document: Any) -> Any:
     if isinstance(document, list | tuple):
         return [finite(value) for value in document]
     return document
+
+
+def _carries_momentum(kind: Hashable) -> bool:
+    return isinstance(kind, tuple) and bool(kind) and kind[0] is True
 
 
 def _as_tuple(kind: Hashable) -> tuple[Any, ...]:

@@ -99,11 +99,15 @@ class StepRunner:
     """Runs the update rule over groups of pending updates in the step thread (a pass
     expected to take under ``inline_seconds`` of CPU on the event loop)."""
 
-    def __init__(self, rule: StepRule, executor: Executor, inline_seconds: float = 0.0) -> None:
+    def __init__(
+        self, rule: StepRule, executor: Executor, inline_seconds: float = 0.0, momentum: float = 0.0
+    ) -> None:
+        """``momentum``: the job's (how much larger a momentum-carrying update may be)."""
         self.rule = rule
         self.executor = executor
         self.inline = InlineChoice(inline_seconds)  # passes this short run on the loop
-        self.bounds = NormBounds()  # only ever used by the pass that runs (one at a time)
+        # only ever used by the pass that runs (one at a time)
+        self.bounds = NormBounds(momentum=momentum)
         # The staleness policy's state, used by the running pass only (plain attributes).
         self.setting = StalenessSetting()
         self.version = 0  # the version the next applied group is applied to

@@ -95,7 +95,7 @@ class Coordinator:
         leases = combination.chunk_frames(job), combination.update_frames(job)
         self.book = LeaseBook.for_job(job, plan.train_frames, plan.total_frames, *leases)
         self.intake = UpdateIntake(self.layout, self.pool, self.book, self.policy)
-        self.runner = StepRunner(self.rule, executor, inline_step)  # inline: CPU seconds
+        self.runner = StepRunner(self.rule, executor, inline_step, job.momentum)  # inline: CPU s
         self.staleness, self.idle = StalenessControl(job), IdleWatch()
         self.inline = InlineFrames(plan, job.data.context)
         self.desk = LeaseDesk(self.book, self.inline, min_workers)

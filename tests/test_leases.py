@@ -116,8 +116,10 @@ def test_worker_gone_requeues_exactly_the_undelivered_remainder() -> None:
     np.testing.assert_array_equal(
         np.sort(got), np.sort(np.concatenate([undelivered_a, undelivered_b]))
     )
-    # the gone worker's leases are no longer accepted
-    with pytest.raises(RejectedUpdate):
+    # the gone (or late: server/lateness.py) worker's leases are no longer accepted, and
+    # an update on one is refused in the words protocol/README.md section 8.3 gives
+    assert not book.is_repeat(1, lease_a.lease_id, 3)  # refused, not silently ignored
+    with pytest.raises(RejectedUpdate, match=f"^lease {lease_a.lease_id} is not held by this"):
         book.accept(1, lease_a.lease_id, 3, 1)
     # everyone else finishes the epoch: still every frame exactly once
     for lease in regranted:

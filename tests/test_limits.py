@@ -198,3 +198,30 @@ async def test_a_welcomed_worker_may_not_declare_a_payload_beyond_its_largest_up
     assert refusal.fatal and refusal.code == "frame_too_large", refusal
     assert await peer.closed_by_peer()
     await peer.close()
+
+
+async def _raw_http(port: int, request: bytes) -> bytes:
+    reader, writer = await _http_peer(port)
+    writer.write(request)
+    try:
+        return await asyncio.wait_for(reader.read(1 << 16), 10)
+    finally:
+        writer.close()
+
+
+async def test_a_request_without_host_is_answered_without_a_traceback(lab: Lab) -> None:
+    server = await lab.server("--mode", "async", *SMALL_JOB)
+    port = server.server.http_port
+    for _ in range(3):  # HTTP/1.1 requires Host: aiohttp refuses it before any handler
+        answer = await _raw_http(port, b"GET /status HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.0 400 Bad Request\r\n"), answer[:80]
+    # HTTP/1.0 has no Host: answered (no browser sends it; server/security.py)
+    answer = await _raw_http(port, b"GET /status HTTP/1.0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.0 200 OK\r\n"), answer[:80]
+    log = lab.log("server")
+    assert "Traceback" not in log and "ERROR" not in log
+    refusals = [line for line in log.splitlines() if "malformed HTTP request" in line]
+    assert refusals == [
+        "WARNING snet.server: malformed HTTP request answered 400: "
+        "\"Missing 'Host' header in request.\" (1 so far)"
+    ]

@@ -91,6 +91,51 @@ def test_single_pattern_updates_of_a_trained_network_are_taken() -> None:
     assert "implausible" in tight.problem(kind, (0.2 * 64 * 3 * NORM_FACTOR * direction), 64)
 
 
+def _norm(per_pattern: float, patterns: int = 64) -> np.ndarray:
+    """An update whose norm per pattern is exactly ``per_pattern`` (in float32)."""
+    direction = _gradient(1.0)
+    return (direction * (per_pattern * patterns / np.linalg.norm(direction))).astype(np.float32)
+
+
+def test_a_kind_not_yet_settled_is_held_to_the_settled_kinds() -> None:
+    """The audit: plain updates had settled the mean (weights of 0.099 at most); a new
+    connection in fp16 or powersgd sent 1e4 per pattern, within the absolute bound that
+    alone held a kind before its own mean settled, and was taken 3 times of 3."""
+    bounds = NormBounds(momentum=0.9)
+    plain = (False, "none")
+    for _ in range(SETTLE_UPDATES):
+        assert bounds.problem(plain, _norm(0.5), 64) == ""
+    for codec in ("fp16", "powersgd:2"):
+        for _ in range(3):
+            problem = bounds.problem((False, codec), _norm(1e4), 64)
+            assert "few updates of its kind yet" in problem and "0.5" in problem
+        assert bounds.problem((False, codec), _norm(0.5 * NORM_FACTOR * 3), 64)  # 300x
+        # honest ones are taken: a codec's norms are near the plain ones (the default
+        # job's fp16, int8, sign, powersgd:2 means: 0.95 to 1.05x the plain mean)
+        assert bounds.problem((False, codec), _norm(0.5 * 2), 64) == ""
+    # momentum-carrying updates are up to 1/(1 - momentum) larger (the default job's topk:
+    # 7.5 to 9.3x the plain mean at momentum 0.9): 300x is taken there, 3000x is not
+    topk = (True, "topk:0.01")
+    assert bounds.problem(topk, _norm(0.5 * 9.3), 64) == ""
+    assert bounds.problem(topk, _norm(0.5 * NORM_FACTOR * 3), 64) == ""
+    assert "implausible" in bounds.problem(topk, _norm(0.5 * NORM_FACTOR * 30), 64)
+    assert "implausible" in bounds.problem(topk, _norm(1e4), 64)
+    # plain updates are not widened against a momentum-carrying mean: within its factor
+    carried = NormBounds(momentum=0.9)
+    for _ in range(SETTLE_UPDATES):
+        assert carried.problem(topk, _norm(4.5), 64) == ""
+    assert carried.problem((False, "int8"), _norm(4.5 * NORM_FACTOR * 0.9), 64) == ""
+    assert "implausible" in carried.problem((False, "int8"), _norm(4.5 * NORM_FACTOR * 1.2), 64)
+
+
+def test_the_absolute_bound_alone_holds_while_no_kind_has_settled() -> None:
+    bounds = NormBounds(momentum=0.9)
+    for codec in ("none", "fp16"):
+        for _ in range(SETTLE_UPDATES - 1):  # neither kind settles
+            assert bounds.problem((False, codec), _norm(1.0 if codec == "none" else 1e4), 64) == ""
+    assert "beyond" in bounds.problem((False, "fp16"), _norm(ABSOLUTE_NORM * 2), 64)
+
+
 def test_a_refused_update_does_not_move_the_mean() -> None:
     bounds = NormBounds()
     kind = (False, "none")

@@ -281,6 +281,20 @@ def test_a_worker_without_frames_for_a_whole_epoch_is_reported(
     assert "worker w1 trained on no frames in epoch 5" in caplog.text  # index 4, read from 1
 
 
+def test_a_worker_that_never_trains_is_logged_sparingly(caplog: pytest.LogCaptureFixture) -> None:
+    worker = SimpleNamespace(worker_id=0, name="w0", idle_epochs=0)
+    watch = IdleWatch()
+    for epoch in range(225):  # the audit's run: a line every epoch
+        watch.start_epoch([worker])  # type: ignore[list-item]
+        assert watch.end_epoch(epoch, [worker], {}) == [worker]  # type: ignore[list-item]
+    lines = [r.getMessage() for r in caplog.records]
+    lines = [line for line in lines if "trained on no frames" in line]
+    assert len(lines) == 8  # its 1st, 2nd, 4th, ..., 128th idle epoch
+    assert lines[0].startswith("worker w0 trained on no frames in epoch 1 ")
+    assert lines[-1] == "worker w0 trained on no frames in 128 epochs so far, the latest epoch 128"
+    assert worker.idle_epochs == 225 and watch.idle_worker_epochs == 225  # /status: every one
+
+
 def test_staleness_metrics_are_prometheus_histograms() -> None:
     document = {
         "staleness_histogram": {"0": 5, "2": 3},
