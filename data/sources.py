@@ -226,6 +226,12 @@ def open_source(spec: DataSpec) -> FrameSource:
     )
 
 
+def _frames_in(source: FrameSource, description: str) -> int:
+    """Frames of the part of ``source`` named ``description`` (all of a plain source)."""
+    parts = getattr(source, "parts", [source])
+    return next(total_frames(p) for p in parts if p.description == description)
+
+
 def located(source: FrameSource, row: int) -> tuple[str, int]:
     """The file ``row`` of ``source`` is in and its frame number there (a joined source
     knows its parts: data/joined.py)."""
@@ -256,10 +262,12 @@ def check_against_network(
     if len(source.labels) and (source.labels.min() < 0 or source.labels.max() >= outputs):
         bad = int(np.flatnonzero((source.labels < 0) | (source.labels >= outputs))[0])
         where, frame = located(source, bad)
+        # the range of the file named, not of the training and CV files joined
+        labels = source.labels[bad - frame : bad - frame + _frames_in(source, where)]
         raise DataError(
-            f"{where}: labels run from {source.labels.min()} to "
-            f"{source.labels.max()} (frame {frame} has label {source.labels[bad]}), "
-            f"but the network has {outputs} outputs (labels 0..{outputs - 1})"
+            f"{where}: labels run from {labels.min()} to {labels.max()} (frame {frame} has "
+            f"label {source.labels[bad]}), but the network has {outputs} outputs (labels "
+            f"0..{outputs - 1})"
         )
     if every_class and len(source.labels) and outputs > source.labels.max() + 1:
         classes = int(source.labels.max()) + 1

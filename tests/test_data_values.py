@@ -74,6 +74,21 @@ def test_a_bad_cv_label_names_the_cv_file_and_its_frame(
     assert error(argv, capsys).startswith(f"snet: {cv}: labels run from 0 to 7 (frame 3 has ")
 
 
+def test_a_bad_label_range_is_the_named_files_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The range was the training and CV files' joined: "cv.npz: labels run from 0" for a
+    CV file whose labels start at 1."""
+    good = tiny_set(tmp_path / "good.npz")
+
+    def shifted(x: np.ndarray, y: np.ndarray) -> None:
+        y += 1  # 1..3 in a network of 3 outputs
+
+    cv = _altered(tmp_path / "cv.npz", good, shifted)
+    argv = ["train", *TINY, "--data", str(good), "--cv-data", cv, "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys).startswith(f"snet: {cv}: labels run from 1 to 3 (frame ")
+
+
 def test_features_that_are_not_real_numbers_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
