@@ -66,9 +66,11 @@ def _refuse_not_finite(source: FrameSource, rows: np.ndarray, chunk: np.ndarray)
         return
     at, feature = (int(i) for i in np.argwhere(~finite)[0])
     where, frame = located(source, int(rows[at]))
+    value = chunk[at, feature]
+    # an infinity read from a wider float was a finite number beyond float32's range
+    what = f"{value} (or a number beyond float32's range)" if np.isinf(value) else value
     raise DataError(
-        f"{where}: frame {frame} has {chunk[at, feature]} in feature {feature}: "
-        "features must be finite numbers"
+        f"{where}: frame {frame} has {what} in feature {feature}: features must be finite numbers"
     )
 
 

@@ -121,7 +121,10 @@ class ArraySource:
         self.labels, self.lengths = checked_labels(description, len(features), labels, lengths)
 
     def read(self, rows: np.ndarray) -> np.ndarray:
-        return np.asarray(self._features[rows], dtype=np.float32)
+        # a float64 beyond float32's range becomes an infinity, refused by name where the
+        # values are checked (data/norms.py), not a RuntimeWarning from numpy first
+        with np.errstate(over="ignore"):
+            return np.asarray(self._features[rows], dtype=np.float32)
 
 
 class PfileSource:

@@ -4,6 +4,7 @@ naming the file they are in, classes, data saved by a relative path."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,25 @@ def test_nan_or_infinite_features_are_refused_naming_the_file_and_frame(
     cv = _altered(tmp_path / "cv.npz", good, _poked(np.inf, 5))
     argv = ["train", *TINY, "--data", str(good), "--cv-data", cv, "--out-dir", str(tmp_path / "o")]
     assert error(argv, capsys) == (
-        f"snet: {cv}: frame 5 has inf in feature 3: features must be finite numbers"
+        f"snet: {cv}: frame 5 has inf (or a number beyond float32's range) in feature 3: "
+        "features must be finite numbers"
     )
     argv = ["train", *TINY, "--data", str(good), "--test-data", nan]
     assert error([*argv, "--out-dir", str(tmp_path / "o")], capsys).startswith(
         f"snet: {nan}: frame 17 has nan"
     )
+    wide = tmp_path / "wide.npz"  # float64, finite, beyond float32: no RuntimeWarning first
+    with np.load(good) as data:
+        features = data["X"].astype(np.float64)
+        features[2, 0] = 1e39
+        np.savez(wide, X=features, y=data["y"], lengths=data["lengths"])
+    argv = ["train", *TINY, "--data", str(wide), "--out-dir", str(tmp_path / "o")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert error(argv, capsys) == (
+            f"snet: {wide}: frame 2 has inf (or a number beyond float32's range) in feature "
+            "0: features must be finite numbers"
+        )
     assert not (tmp_path / "o" / "weights.npz").exists()
 
 
@@ -246,7 +260,7 @@ def test_with_a_norm_file_the_values_are_still_checked_once(
     assert "checked" in KINDS  # pruned with the others once its data file is gone
     poked = Path(_altered(tmp_path / "poked.npz", data, _poked(np.inf, 4)))
     poked.replace(data)  # the same name, another file: checked again, and refused
-    with pytest.raises(DataError, match="frame 4 has inf in feature 3"):
+    with pytest.raises(DataError, match=r"frame 4 has inf \(or a number beyond float32's "):
         plan(data)
     assert len(checks) == 2
 
