@@ -95,6 +95,10 @@ def checked_labels(
         raise DataError(f"{description}: {len(labels)} labels for {frames} frames")
     if not np.issubdtype(labels.dtype, np.integer):
         raise DataError(f"{description}: labels must be integers, not {labels.dtype}")
+    if labels.dtype == np.uint64 and len(labels) and int(labels.max()) > np.iinfo(np.int64).max:
+        at = int(np.argmax(labels))  # int64 would show it as a negative number
+        raise DataError(f"{description}: frame {at} has label {int(labels[at])}, beyond any "
+                        "network's outputs")  # fmt: skip
     return labels.astype(np.int64), lengths
 
 

@@ -103,6 +103,21 @@ def test_a_bad_label_range_is_the_named_files_own(
     assert error(argv, capsys).startswith(f"snet: {cv}: labels run from 1 to 3 (frame ")
 
 
+def test_a_label_beyond_int64_is_not_shown_negative(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tiny_set(tmp_path / "good.npz")
+    with np.load(good) as data:
+        labels = data["y"].astype(np.uint64)
+        labels[7] = 2**63 + 1
+        np.savez(tmp_path / "huge.npz", X=data["X"], y=labels, lengths=data["lengths"])
+    huge = tmp_path / "huge.npz"
+    argv = ["train", *TINY, "--data", str(huge), "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys) == (
+        f"snet: {huge}: frame 7 has label {2**63 + 1}, beyond any network's outputs"
+    )
+
+
 def test_features_that_are_not_real_numbers_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
