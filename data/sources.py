@@ -217,7 +217,9 @@ def open_source(spec: DataSpec) -> FrameSource:
     if Path(path).is_dir():
         return _npy_directory(Path(path))
     if not Path(path).exists():
-        raise DataError(f"data {path} does not exist")
+        # a relative path is read from the working directory (a config file's too: say so)
+        where = "" if Path(path).is_absolute() else f" in {Path.cwd()}"
+        raise DataError(f"data {path} does not exist{where}")
     suffix = Path(path).suffix.lower()
     if suffix == ".npz":
         return _npz(path)

@@ -103,6 +103,16 @@ def test_a_bad_label_range_is_the_named_files_own(
     assert error(argv, capsys).startswith(f"snet: {cv}: labels run from 1 to 3 (frame ")
 
 
+def test_a_missing_relative_path_names_the_directory_it_was_looked_for_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given in a config file elsewhere, "data mine.npz does not exist" did not say that
+    a relative path is read from the working directory."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", *TINY, "--data", "mine.npz", "--out-dir", str(tmp_path / "o")]
+    assert error(argv, capsys) == f"snet: data mine.npz does not exist in {tmp_path}"
+
+
 def test_a_label_beyond_int64_is_not_shown_negative(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
