@@ -7,7 +7,8 @@ own interval between updates). What being late costs depends on the mode's polic
 
 - ``revoke`` (async): it is not counted or waited for (``AsyncSteps``), and once the other
   workers have nothing left to do its undelivered leases are taken back, given to them,
-  and it gets no more until it delivers an update (any: a refused one shows it is alive);
+  and it gets no more until it delivers an update (any: a refused one shows it is alive,
+  and the time it took still counts as its pace, so its next leases are judged by that);
 - ``drop`` (sync): the round cannot go on without it, so it is dropped with the fatal
   ``round_deadline`` error and its frames go to the others; it may connect again at once.
 

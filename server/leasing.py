@@ -91,5 +91,5 @@ class LeaseDesk:
         frames = self.book.worker_gone(session.worker_id)
         session.leases_revoked += leases
         session.probation = True
-        session.clock.ran_dry()
+        session.clock.taken_back()
         return leases, frames

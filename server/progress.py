@@ -12,7 +12,10 @@ Its clock starts when it last delivered an update or, if later, when it was last
 frames while it held none, so waiting for a lease never counts against it.
 Where being late costs the worker its connection (sync mode), its first update on a
 connection gets ``join_seconds`` more (it may still be loading the data); a worker scoring
-a CV set gets the time that takes at its measured rate.
+a CV set gets the time that takes at its measured rate. Frames taken back from a late
+worker (async) leave their start behind: the update it still sends for them, refused,
+measures its pace as an applied one would (before, it measured nothing, so a worker
+slower than the others' pace had every lease taken back before its update came).
 
 What the coordinator does with a late worker depends on the mode: in async mode a late
 worker is not counted or waited for, and its undelivered frames are taken back once the
@@ -42,6 +45,9 @@ class DeliveryClock:
     # its first update's compute time, as it reported it but never more than the server saw
     # it take (start-up included): the typical time until an interval is measured
     first_compute: float | None = None
+    # when the work it owed was taken back (revoked): the update it still sends for that
+    # work, refused, shows its pace all the same
+    taken_back_since: float | None = None
 
     @property
     def delivered(self) -> bool:
@@ -57,10 +63,21 @@ class DeliveryClock:
         """It holds no undelivered frames any more."""
         self.work_since = None
 
+    def taken_back(self) -> None:
+        """Its undelivered frames were taken back: it owes nothing now, but the update it
+        was computing, when it comes, still measures its pace (``update_arrived``)."""
+        if self.work_since is not None:
+            self.taken_back_since = self.work_since
+        self.work_since = None
+
     def update_arrived(self, now: float, patterns: int, compute_seconds: float) -> None:
         """An update came in (accepted or refused: either way it is alive)."""
-        if self.work_since is not None:
-            sample = max(now - self.work_since, 0.0)
+        since = self.work_since if self.work_since is not None else self.taken_back_since
+        self.taken_back_since = None
+        if since is not None:
+            # Without the revoked work's start, a worker slower than the others' pace never
+            # got one of its own: each lease was taken back before its update came.
+            sample = max(now - since, 0.0)
             if self.last_update_at is None:  # the first includes start-up: not an interval
                 if compute_seconds > 0:  # unreported: the others' pace until it has one
                     self.first_compute = min(sample, compute_seconds)

@@ -210,6 +210,28 @@ def test_after_one_update_a_slow_worker_is_judged_by_its_own_compute_time() -> N
     assert watch.deadline(silent, fast) == 2.0
 
 
+def test_frames_taken_back_still_let_the_update_sent_for_them_measure_the_pace() -> None:
+    """A newcomer at 2.5 s a bunch beside fast workers is late at the 2 s floor and its
+    lease is taken back; the update it still sends for it (refused) shows its pace, so its
+    next lease is judged by that, not by the others' again (before: by theirs, forever)."""
+    watch = ProgressWatch(stall_seconds=2.0, join_seconds=0.0)
+    fast = [DeliveryClock(0.0, interval=0.015)]
+    slow = DeliveryClock(joined_at=0.0)
+    slow.got_work(0.0)
+    assert watch.deadline(slow, fast) == 2.0
+    slow.taken_back()  # at 2.2 s
+    assert slow.clock_start() is None  # it owes nothing: it holds nothing
+    slow.update_arrived(2.6, 512, 2.5)
+    assert slow.clock_start() is None and slow.first_compute == pytest.approx(2.5)
+    slow.got_work(2.7)  # delivered: it may hold leases again
+    assert watch.deadline(slow, fast) == pytest.approx(STALL_FACTOR * 2.5)
+    slow.taken_back()  # taken back again before it delivers: measured the same way
+    slow.update_arrived(7.7, 512, 2.5)
+    assert slow.interval == pytest.approx(5.0)
+    slow.update_arrived(10.0, 512, 2.5)  # held nothing since: no interval to measure
+    assert slow.interval == pytest.approx(5.0)
+
+
 def test_a_newcomer_is_judged_by_the_others_intervals_and_a_scorer_by_its_rate() -> None:
     watch = ProgressWatch(stall_seconds=0.1, join_seconds=0.0)
     others = []

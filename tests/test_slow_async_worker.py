@@ -1,0 +1,71 @@
+"""A slow but steady async worker gets its updates applied (server/lateness.py).
+
+An outside audit's worker at 2.5 s a bunch beside fast ones had every update refused
+("lease N is not held by this worker"): its first lease was taken back at the 2 s floor
+its newcomer's deadline got from the others' pace, and since the update it then sent was
+for frames it no longer held, the server learnt no pace of its own for it: every later
+lease went the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from snet.client.backend import NumpyBackend
+
+from inprocess import Lab
+from short_data import short_job
+
+
+class Slow(NumpyBackend):
+    """numpy's arithmetic, each bunch taking ``seconds`` of the clock (a slow machine, or
+    an emulated board with a large network: its time is slept, not computed)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__("numpy")
+        self.models_device_time = True  # slept time: never computed on the event loop
+        self.seconds = seconds
+
+    def gradient(
+        self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
+    ) -> tuple[float, int]:
+        time.sleep(self.seconds)
+        return super().gradient(weights, frames, out)
+
+
+async def _run(lab: Lab, *flags: str) -> dict[str, Any]:
+    """A 2-epoch async run of a fast worker (50 ms a bunch) and one at 2.5 s a bunch, in
+    leases of one bunch; the slow one's row in the final /status. The fast one runs dry at
+    each epoch's end while the slow one holds a lease: the moment a late worker's leases
+    are taken back."""
+    server = await lab.server(
+        "--mode", "async", "--epochs", "2", "--min-workers", "2", *short_job(),
+        "--chunk-frames", "512", *flags,
+    )  # fmt: skip
+    lab.worker(server, "fast", backend=Slow(0.05))
+    lab.worker(server, "slow", backend=Slow(2.5))
+    assert await server.wait(120) == "trained"
+    status = server.final_status()
+    for epoch in status["epochs"]:
+        ledger = epoch["ledger"]
+        assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0, ledger
+    row: dict[str, Any] = {row["name"]: row for row in status["workers"]}["slow"]
+    assert row["update_interval"] == pytest.approx(2.5, abs=1.0), row  # its own pace
+    return row
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the server's deadlines
+async def test_a_worker_slower_than_its_first_allowance_loses_one_lease_not_all(
+    lab: Lab,
+) -> None:
+    """A worker slower than its first update's allowance (none here: ``--join-seconds 0``)
+    has its first lease taken back, but the update it still sends for it, refused, gives
+    the server its pace: its later leases are its own (before: 0 of its updates applied,
+    1 refused, 3 leases taken back)."""
+    slow = await _run(lab, "--join-seconds", "0")
+    assert slow["leases_revoked"] == 1 and slow["updates_rejected"] <= 1, slow
+    assert slow["updates_sent"] >= 2, slow
