@@ -50,6 +50,16 @@ class WorkQueue:
             return False
         return True
 
+    def revoke(self, lease_id: int) -> None:
+        """The server took lease ``lease_id`` back: drop its remaining frames, if any
+        (another worker trains them; updates on them would be refused)."""
+        for index, held in enumerate(self.leases):
+            if held.lease.lease_id == lease_id:
+                del self.leases[index]
+                if index == 0:
+                    self.offset = 0  # the next lease starts at its beginning
+                return
+
     def evaluation(self, corpus: Corpus) -> Evaluate | None:
         """The next evaluation request, once the CV frames are at hand."""
         if self.evaluations and corpus.ready_for(corpus.cv_frames):

@@ -32,6 +32,7 @@ from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    LEASE_REVOKED,
     ROUND_DEADLINE,
     TRAINING_COMPLETE,
     ErrorMessage,
@@ -297,6 +298,9 @@ class Worker:
                     raise ConnectionLost(f"dropped from the sync rounds: {message.text}")
                 if message.fatal:
                     self._refused = RemoteError(message.code, message.text)
+                elif message.code == LEASE_REVOKED:  # its remaining frames are dropped
+                    self._work.revoke(message.lease_id)
+                    log.warning("server: %s", message.text)
                 else:
                     log.warning("server refused: %s: %s", message.code, message.text)
                     if self.compressor is not None:

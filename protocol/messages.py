@@ -271,6 +271,11 @@ TRAINING_COMPLETE = "training complete"
 # deadline: the worker is welcome back, so it reconnects rather than gives up.
 ROUND_DEADLINE = "round_deadline"
 
+# The code of the non-fatal error that tells an async worker one of its leases was taken
+# back (``lease_id`` names it) for being late: it drops the lease's remaining frames, which
+# another worker now trains, rather than compute updates that will be refused.
+LEASE_REVOKED = "lease_revoked"
+
 # The codes of the fatal errors a server at its connection limits turns a newcomer away
 # with, before its greeting: the server is busy, not refusing this worker, so a worker
 # tries again within its retry window rather than gives up.

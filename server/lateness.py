@@ -6,9 +6,10 @@ update of its is settled) (``ProgressWatch``: measured from its
 own interval between updates). What being late costs depends on the mode's policy:
 
 - ``revoke`` (async): it is not counted or waited for (``AsyncSteps``), and once the other
-  workers have nothing left to do its undelivered leases are taken back, given to them,
-  and it gets no more until it delivers an update (any: a refused one shows it is alive,
-  and the time it took still counts as its pace, so its next leases are judged by that);
+  workers have nothing left to do its undelivered leases are taken back (it is told:
+  ``lease_revoked``, so it stops computing on them), given to them, and it gets no more
+  until it delivers an update (any: a refused one shows it is alive, and the time it took
+  still counts as its pace, so its next leases are judged by that);
 - ``drop`` (sync): the round cannot go on without it, so it is dropped with the fatal
   ``round_deadline`` error and its frames go to the others; it may connect again at once.
 

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Iterable
 
-from snet.protocol.messages import FramesWanted, Lease
+from snet.protocol.messages import LEASE_REVOKED, ErrorMessage, FramesWanted, Lease
 from snet.protocol.numbering import shown_epoch
 
 from .inline import InlineFrames
@@ -85,9 +85,14 @@ class LeaseDesk:
         return self.book.worker_gone(session.worker_id)
 
     def revoke(self, session: WorkerSession) -> tuple[int, int]:
-        """Take back a late worker's undelivered leases; no more for it until it delivers.
+        """Take back a late worker's undelivered leases, telling it (``lease_revoked``:
+        it stops computing on them); no more for it until it delivers.
         Returns (leases, frames)."""
-        leases = len(self.book.held_by(session.worker_id))
+        held = self.book.held_by(session.worker_id)
+        for lease in held:
+            text = f"lease {lease.lease_id} taken back: no update in time; others train it"
+            session.send(ErrorMessage(LEASE_REVOKED, text, False, lease.lease_id))
+        leases = len(held)
         frames = self.book.worker_gone(session.worker_id)
         session.leases_revoked += leases
         session.probation = True

@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 
 from snet.client.backend import NumpyBackend
+from snet.client.data import HeldLease
+from snet.client.work import WorkQueue
+from snet.protocol.messages import Lease
 
 from inprocess import Lab
 from short_data import short_job
@@ -62,10 +65,27 @@ async def _run(lab: Lab, *flags: str) -> dict[str, Any]:
 async def test_a_worker_slower_than_its_first_allowance_loses_one_lease_not_all(
     lab: Lab,
 ) -> None:
-    """A worker slower than its first update's allowance (none here: ``--join-seconds 0``)
-    has its first lease taken back, but the update it still sends for it, refused, gives
-    the server its pace: its later leases are its own (before: 0 of its updates applied,
-    1 refused, 3 leases taken back)."""
+    """A worker slower than the others' floor (async gives a first update no allowance of
+    its own: ``--join-seconds`` is sync's) has its first lease taken back, but the update
+    it still sends for it, refused, gives the server its pace: its later leases are its
+    own (before: 0 of its updates applied, 1 refused, 3 leases taken back)."""
     slow = await _run(lab, "--join-seconds", "0")
     assert slow["leases_revoked"] == 1 and slow["updates_rejected"] <= 1, slow
     assert slow["updates_sent"] >= 2, slow
+    assert "taken back: no update in time" in lab.log("slow")  # it was told
+
+
+def test_a_worker_told_its_lease_was_taken_back_drops_what_is_left_of_it() -> None:
+    """``lease_revoked``: the frames left of that lease are not computed (another worker
+    trains them; their updates would be refused), the other leases stay in order."""
+    work = WorkQueue()
+    for lease_id in (4, 5, 6):
+        indices = np.arange(lease_id * 100, lease_id * 100 + 8)
+        work.leases.append(HeldLease(Lease(lease_id, 0, indices), indices))
+    work.advance(3)  # three frames of lease 4 sent
+    work.revoke(5)
+    assert [held.lease.lease_id for held in work.leases] == [4, 6] and work.offset == 3
+    work.revoke(4)  # the one being trained: the next starts at its beginning
+    assert [held.lease.lease_id for held in work.leases] == [6] and work.offset == 0
+    work.revoke(4)  # already done or dropped: nothing to do
+    assert work.next_bunch(8)[1:2] == (0,)
