@@ -12,6 +12,10 @@ own interval between updates). What being late costs depends on the mode's polic
   still counts as its pace, so its next leases are judged by that);
 - ``drop`` (sync): the round cannot go on without it, so it is dropped with the fatal
   ``round_deadline`` error and its frames go to the others; it may connect again at once.
+  A latecomer (joined once training had made a step, nothing delivered yet) is revoked
+  as in async mode instead, by the others' pace: the rounds do not wait for it
+  (``SyncSteps``), and a silent one held each epoch's end to the round deadline, then came
+  back.
 
 A CV evaluation not returned within its deadline is asked of another worker. These run
 from ``check_progress``, which the server calls a few times a second.
@@ -46,8 +50,16 @@ def deadline(coordinator: Coordinator, session: WorkerSession) -> float:
     others = [s.clock for s in coordinator.sessions.values() if s is not session]
     scoring = bool(coordinator.evaluations.held_by(session.worker_id))
     cv_frames = len(coordinator.plan.cv_frames) if scoring else 0
-    patient = coordinator.policy.late_action == "drop"  # it would lose its connection
+    # it would lose its connection (sync), unless it is a latecomer the rounds do not wait for
+    patient = coordinator.policy.late_action == "drop" and not _latecomer(session)
     return coordinator.progress.deadline(session.clock, others, cv_frames, patient)
+
+
+def _latecomer(session: WorkerSession) -> bool:
+    """Joined once training had made a step, and has delivered nothing since: sync's rounds
+    do not wait for it (server/policies.py), so its frames are taken back, not waited
+    for, once the others run dry."""
+    return session.joined_version > 0 and not session.clock.delivered
 
 
 def is_late(coordinator: Coordinator, session: WorkerSession, now: float) -> bool:
@@ -60,9 +72,10 @@ def check_progress(coordinator: Coordinator, now: float) -> None:
         return
     late = [s for s in coordinator.sessions.values() if is_late(coordinator, s, now)]
     if coordinator.policy.late_action == "drop":
-        for session in late:
+        for session in [s for s in late if not _latecomer(s)]:
             _drop(coordinator, session, now)
-    elif late and coordinator.book.waiting_chunks == 0 and _someone_idle(coordinator, late):
+        late = [s for s in late if _latecomer(s)]  # a silent one held each epoch's end 12 s
+    if late and coordinator.book.waiting_chunks == 0 and _someone_idle(coordinator, late):
         for session in late:
             _revoke(coordinator, session, now)
     _reassign_evaluations(coordinator, now)

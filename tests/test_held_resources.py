@@ -1,6 +1,8 @@
-"""Peers that hold update elements with payloads they never finish cannot freeze training
-(server/pool.py, shares): newcomers hold at most half the pool, so a worker that trains
-always finds elements for its updates."""
+"""Peers that hold what others need cannot freeze training: update elements, with payloads
+they never finish (server/pool.py, shares: newcomers hold half the pool at most, so a
+worker that trains always finds elements for its updates), and a sync run's frames, joining
+mid-run and saying nothing (server/policies.py, lateness.py: the rounds do not wait for a
+latecomer before its first update, and its frames go to the others when they run dry)."""
 
 from __future__ import annotations
 
@@ -72,3 +74,31 @@ async def _epochs_done(server: LabServer, epochs: int) -> bool:
 
 async def _applied_since(server: LabServer, before: int, more: int) -> bool:
     return await _applied(server) >= before + more
+
+
+async def _steps(server: LabServer) -> int:
+    return int((await server.status())["steps"])
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the rounds' rule, not the loop's
+async def test_a_silent_latecomer_does_not_hold_the_sync_rounds(lab: Lab) -> None:
+    """It held every round to the round deadline (12 s), was dropped and could join again
+    at once (server/policies.py, SyncSteps)."""
+    server = await lab.server("--mode", "sync", "--epochs", "30", "--linger-seconds", "30",
+                              *short_job())  # fmt: skip
+    lab.worker(server, "good")
+    await wait_until(lambda: _steps(server), 30, "the good worker to train")
+    silent = await AsyncRawClient.connect(server.port, "silent")
+    await silent.handshake()
+    await silent.receive(Lease)  # it holds frames, and never sends a thing
+    before = await _steps(server)
+    await wait_until(lambda: _steps_since(server, before, 30), 5, "rounds without it")
+    status = await server.status()
+    assert {w["name"]: w["state"] for w in status["workers"]}.get("silent") == "training"
+    await silent.close()
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
+
+
+async def _steps_since(server: LabServer, before: int, more: int) -> bool:
+    return await _steps(server) >= before + more
