@@ -113,6 +113,13 @@ class WorkerConnection:
     def closing(self) -> bool:
         return self.stream.closing
 
+    def _refresh_weights(self) -> None:
+        """Before a lease: the newest weights, if it was not sent them (an idle worker is
+        not sent every step's: server/session.py, ``wants_weights``)."""
+        session = self.session
+        if session is not None and session.weights_version_sent != self.coordinator.version:
+            self.coordinator.send_weights(session)
+
     def _proven(self) -> bool:
         """An update of this connection's worker has been applied (pool.py, shares)."""
         return self.session is not None and self.session.updates_applied > 0
@@ -254,6 +261,7 @@ class WorkerConnection:
             warn=self._warn,
             ledger=ledger,
             joined_version=self.coordinator.version,
+            refresh=self._refresh_weights,
         )
         self.coordinator.add_worker(self.session)
 

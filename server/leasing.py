@@ -59,6 +59,7 @@ class LeaseDesk:
                 if lease is None:
                     return
                 session.clock.got_work(time.monotonic())
+                session.refresh()  # the weights first: an idle worker was not sent each step's
                 self.inline.send(session, lease.chunk)
                 session.send(Lease(lease.lease_id, lease.epoch, lease.chunk.astype("<i8"), rate))
                 log.debug("lease %d: %d frames of epoch %d to worker %s", lease.lease_id,

@@ -62,6 +62,9 @@ class WorkerSession:
     staleness_histogram: dict[int, int] = field(default_factory=dict)  # versions -> updates
     idle_epochs: int = 0  # epochs it was connected for but leased no frame (idleness.py)
     weights_version_sent: int = -1
+    settled_sent: int = -1  # the updates_settled the last Weights sent to it carried
+    # sends it the newest weights if it was not sent them (before a lease: wants_weights)
+    refresh: Callable[[], None] = lambda: None
     evaluations: int = 0
     inline_frames: bool = False  # it cannot read the data; the server sends its frames
     report: dict[str, Any] = field(default_factory=dict)  # the worker's latest WorkerReport
@@ -79,6 +82,14 @@ class WorkerSession:
     def touch(self) -> None:
         self.last_seen = time.monotonic()
         self.last_seen_wall = time.time()
+
+    def wants_weights(self, holds_frames: bool) -> bool:
+        """After a step: whether it is sent the new weights. It computes (``holds_frames``),
+        or the step settled an update of its (the Weights carry that count, its flow
+        control). An idle one is sent the newest with its next lease instead (``refresh``):
+        30 idle connections, each sent every step's weights (262 kB), cut a run to 0.41 of
+        its steps a second."""
+        return holds_frames or self.updates_settled != self.settled_sent
 
     def settle_applied(self, staleness: int, now: float) -> None:
         """One of its updates was applied ``staleness`` versions after its base, at ``now``."""

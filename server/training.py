@@ -7,16 +7,15 @@ queued); the mode's ``StepPolicy`` (policies.py: which queued updates make a ste
 (stepping.py, the rule applied); ``LeaseBook``, ``LeaseDesk``, ``InlineFrames`` (who trains
 on which frames); ``EpochControl`` (epochs.py: epochs, rates, roll-back); ``Evaluations``
 and ``CvScoring`` (who scores each epoch, cv_scoring.py); ``ProgressWatch`` (progress.py,
-delivery deadlines); ``StalenessControl`` (staleness.py); ``DivergenceWatch`` (divergence.py,
-a run whose every update is refused); ``TrainingStats`` (stats.py) and the hooks; np's
-``SliceRounds`` (slice_rounds.py).
+delivery deadlines); ``StalenessControl``; ``DivergenceWatch`` (divergence.py, a run whose
+every update is refused); ``TrainingStats``, the hooks; np's ``SliceRounds``.
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
 of ``version`` and exactly the ledger they include (server/resume.py, durability.py). The
 coordinator routes the events (a worker joins, sends an update or a CV result, is late
 (lateness.py), leaves) to them and carries out what they decide, on the event loop: it
-publishes each step's weights, sends them to every worker, starts epochs; only the
-``StepRunner`` computes (in the step thread, or inline when short).
+publishes each step's weights, sends them to the workers that compute, starts epochs;
+only the ``StepRunner`` computes (in the step thread, or inline when short).
 """
 
 from __future__ import annotations
@@ -186,7 +185,7 @@ class Coordinator:
             self.slices.left(session, held)
 
     def send_weights(self, session: WorkerSession) -> None:
-        session.weights_version_sent = self.version
+        session.weights_version_sent, session.settled_sent = self.version, session.updates_settled
         if self.slices is not None:
             return  # np workers get slices, not copies of the whole network
         session.send(Weights(self.version, self.epoch, self.learning_rate, session.updates_settled,
@@ -308,8 +307,9 @@ class Coordinator:
             if self.trace is not None:
                 digest = self.digest if batch is last else None
                 self.trace(trace_record(batch, self.version, self.epoch, rate, digest))
-        for session in self.sessions.values():
-            self.send_weights(session)
+        for session in self.sessions.values():  # not to idle ones: session.py, wants_weights
+            if session.wants_weights(self.book.remaining_frames(session.worker_id) > 0):
+                self.send_weights(session)
         if self.book.epoch_complete:
             self._end_epoch()
             self.steps.mark_boundary()

@@ -6,11 +6,13 @@ latecomer before its first update, and its frames go to the others when they run
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from snet.protocol.framing import encode
-from snet.protocol.messages import ErrorMessage, Lease, Update
+from snet.protocol.messages import ErrorMessage, Lease, Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 
 from async_raw import AsyncRawClient
@@ -102,3 +104,33 @@ async def test_a_silent_latecomer_does_not_hold_the_sync_rounds(lab: Lab) -> Non
 
 async def _steps_since(server: LabServer, before: int, more: int) -> bool:
     return await _steps(server) >= before + more
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the fan-out's rule, not the loop's
+async def test_an_idle_peer_is_not_sent_every_steps_weights(lab: Lab) -> None:
+    """30 idle connections, each sent every step's weights (262 kB), cut a run to 0.41 of
+    its steps a second; an idle one now gets the newest weights with its next lease."""
+    server = await lab.server("--mode", "async", "--epochs", "30", "--linger-seconds", "30",
+                              *short_job())  # fmt: skip
+    lab.worker(server, "good")
+    await wait_until(lambda: _steps(server), 30, "the good worker to train")
+    idle = await AsyncRawClient.connect(server.port, "idle")
+    await idle.handshake()
+    await idle.receive(Lease)  # a newcomer's one chunk: it computes nothing, and loses it
+    await wait_until(lambda: _revoked(server, "idle"), 30, "its lease to be taken back")
+    await idle.receive(ErrorMessage)  # lease_revoked
+    idle.inbox.clear()
+    before = await _steps(server)
+    await wait_until(lambda: _steps_since(server, before, 30), 30, "30 steps")
+    await asyncio.sleep(0.2)
+    data = await asyncio.wait_for(idle.reader.read(1 << 24), 5)  # heartbeats at most
+    sent = [m for m in idle.decoder.feed(data) if isinstance(m, Weights)]
+    assert sent == [], f"{len(sent)} weights sent to an idle peer over 30 steps"
+    await idle.close()
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
+
+
+async def _revoked(server: LabServer, name: str) -> bool:
+    rows = {w["name"]: w for w in (await server.status())["workers"]}
+    return name in rows and rows[name].get("leases_revoked", 0) > 0
