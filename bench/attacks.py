@@ -33,6 +33,7 @@ from .hostile_peers import (
     fuzzed_connections,
     fuzzed_frames,
     idle_handshakes,
+    idle_readers,
     implausible_updates,
     oversized_prefixes,
     slow_http_clients,
@@ -44,6 +45,7 @@ COUNTS = {  # the issue's figures
     "fuzzed frames after a handshake": 10_000,
     "churned handshakes": 50_000,
     "idle handshakes": 100,
+    "idle readers": 30,
     "oversized prefixes": 4,
     "implausible updates": 6,
     "connection flood": 1_000,  # not in the issue: the limits it asked for (docs/security.md)
@@ -128,6 +130,7 @@ def run(scale: float, directory: Path, only: list[str] | None = None) -> list[Ro
             ("fuzzed frames after a handshake", lambda n: fuzzed_frames(server.port, n)),
             ("churned handshakes", lambda n: churned_handshakes(server.port, n)),
             ("idle handshakes", lambda n: idle_handshakes(server.port, n, 20.0)),
+            ("idle readers", lambda n: idle_readers(server.port, n, 20.0)),
             ("oversized prefixes", lambda n: oversized_prefixes(server.port, n, 10.0)),
             ("implausible updates", lambda n: implausible_updates(server.port, n)),
             ("connection flood", lambda n: connection_flood(server.port, n, 30.0)),

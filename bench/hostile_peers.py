@@ -164,6 +164,34 @@ async def idle_handshakes(port: int, count: int, hold: float) -> list[str]:
     return [f"held {hold:.0f} s, sending heartbeats"]
 
 
+async def idle_readers(port: int, count: int, hold: float) -> list[str]:
+    """Welcomed peers that read all they are sent and never train: each was sent every
+    step's weights (30 of them cut a run to 0.41 of its steps a second)."""
+    peers = []
+    for i in range(count):
+        peer = await Peer.connect(port)
+        await peer.join(f"reader-{i}")
+        peers.append(peer)
+    received = [0]
+
+    async def drain(peer: Peer) -> None:
+        while data := await peer.reader.read(1 << 20):
+            received[0] += len(data)
+
+    readers = [asyncio.create_task(drain(peer)) for peer in peers]
+    deadline = time.monotonic() + hold
+    while time.monotonic() < deadline:
+        for peer in peers:
+            await peer.send(encode_bytes(Heartbeat(time.time())))
+        await asyncio.sleep(1.0)
+    for peer in peers:
+        peer.close()
+    for reader in readers:
+        reader.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    return [f"held {hold:.0f} s reading: {received[0] / 1e6:.1f} MB sent to them"]
+
+
 async def oversized_prefixes(port: int, count: int, hold: float) -> list[str]:
     peers = []
     header = b"\x80" * 177  # a 177-byte frame head declaring a 512 MiB payload
