@@ -175,15 +175,19 @@ class RejectedUpdate(SnetError):
 
     The connection survives; the update is counted and never applied. ``lease_id`` and
     ``offset`` name the refused update (-1 when not yet known, or not an update); they
-    travel in the error frame.
+    travel in the error frame. ``numeric``: refused for its numbers (not finite, beyond
+    the plausible), what a diverging job sends, not for whom or when it was sent.
     """
 
     code = "update_rejected"
 
-    def __init__(self, text: str, lease_id: int = -1, offset: int = -1) -> None:
+    def __init__(
+        self, text: str, lease_id: int = -1, offset: int = -1, numeric: bool = False
+    ) -> None:
         super().__init__(text)
         self.lease_id = lease_id
         self.offset = offset
+        self.numeric = numeric
 
 
 class RemoteError(SnetError):

@@ -9,16 +9,25 @@ refusals themselves. So once no update has been applied while every live worker 
 ``PER_WORKER`` of its own refused, and ``MIN_REFUSED`` in all, the run is said to have
 diverged and is stopped (server/app.py: exit status 1, the checkpoints kept).
 
-Every live worker, not the refusals alone: a peer sending garbage is refused as fast as it
-sends, but an honest worker's next update is applied and starts the count over, so no one
-peer can stop a run that others are training. A run with one worker, all of whose updates
-are refused, trains nothing either way.
+Only refusals for an update's numbers count (not finite, or beyond the plausible: the
+step's checks and the intake's of its loss and counts), not those for whom or when it was
+sent (a lease it does not hold, a stale version, a pool share taken): a lone peer naming
+unknown leases stopped a fresh run as "diverged" in 0.4 s. And every live worker must
+have had its own refused, counted since the last applied update and among the workers
+there now (a departed one's count goes with it): a peer sending garbage is refused as
+fast as it sends, but an honest worker's next update is applied and starts the count
+over, so no one peer can stop a run that others are training. A run with one worker, all
+of whose updates are refused for their numbers, trains nothing either way.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .session import WorkerSession
 
 log = logging.getLogger("snet.server")
 
@@ -29,7 +38,10 @@ PER_WORKER = 3  # of them from each live worker at least
 class DivergenceWatch:
     """Refused updates since the last applied one, by worker."""
 
-    def __init__(self, min_refused: int = MIN_REFUSED, per_worker: int = PER_WORKER) -> None:
+    def __init__(
+        self, live: Iterable[int], min_refused: int = MIN_REFUSED, per_worker: int = PER_WORKER
+    ) -> None:
+        self.live = live  # the ids of the workers training now (a live view, read only)
         self.min_refused = min_refused
         self.per_worker = per_worker
         self.refused: dict[int, int] = {}  # worker id -> its updates refused in a row
@@ -39,16 +51,17 @@ class DivergenceWatch:
         """An update was applied: the count starts over."""
         self.refused.clear()
 
-    def refuse(self, worker_id: int, reason: str, live: Iterable[int], version: int) -> str | None:
-        """An update of ``worker_id`` was refused for ``reason``; ``live``: the ids of the
-        workers training now, on weights of ``version``. Why the run has diverged, the
-        first time it has (logged as an error), else None."""
-        self.refused[worker_id] = self.refused.get(worker_id, 0) + 1
+    def refuse(self, session: WorkerSession, reason: str, version: int) -> str | None:
+        """An update of ``session`` was refused for its numbers (``reason``), the weights
+        being of ``version``. Why the run has diverged, the first time it has (logged as
+        an error), else None."""
+        live = set(self.live)
+        self.refused = {w: n for w, n in self.refused.items() if w in live}  # gone: forgotten
+        self.refused[session.worker_id] = self.refused.get(session.worker_id, 0) + 1
         total = sum(self.refused.values())
         if self.diverged or total < self.min_refused:
             return None
-        live = list(live)
-        if not live or any(self.refused.get(worker, 0) < self.per_worker for worker in live):
+        if any(self.refused.get(worker, 0) < self.per_worker for worker in live):
             return None
         self.diverged = (
             f"training diverged: the last {total} updates, from every worker, were refused "

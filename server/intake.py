@@ -81,7 +81,7 @@ class UpdateIntake:
             frames = self._check(session, message, received, upcoming)
         except RejectedUpdate as exc:
             received.release()
-            raise RejectedUpdate(str(exc), message.lease_id, message.offset) from exc
+            raise RejectedUpdate(str(exc), message.lease_id, message.offset, exc.numeric) from exc
         return PendingUpdate(session, message, frames, received.loan)
 
     def _decode(self, session: WorkerSession, message: Update) -> ElementLoan:
@@ -94,11 +94,13 @@ class UpdateIntake:
                 session.ledger.undecodable += 1
             self._refuse(session, message, f"undecodable update: {exc}")
 
-    def _refuse(self, session: WorkerSession, message: Update, reason: str) -> NoReturn:
+    def _refuse(
+        self, session: WorkerSession, message: Update, reason: str, numeric: bool = False
+    ) -> NoReturn:
         # The lease moves past these frames and they are queued again: nothing is lost.
         # (skip() itself refuses a claim on frames the worker does not hold.)
         self.book.skip(session.worker_id, message.lease_id, message.offset, message.patterns)
-        raise RejectedUpdate(reason)
+        raise RejectedUpdate(reason, numeric=numeric)
 
     def _check(
         self,
@@ -122,13 +124,14 @@ class UpdateIntake:
                 f"{message.element.dtype}, the network needs ({self.layout.size},) float32"
             )
         else:
-            reason = self.policy.refusal(message.base_version, version) or (
-                update_figures_problem(
-                    message.patterns, message.correct, message.loss_sum, message.compute_seconds
-                )
-            )
+            reason = self.policy.refusal(message.base_version, version)
         if reason:
             self._refuse(session, message, reason)
+        figures = update_figures_problem(
+            message.patterns, message.correct, message.loss_sum, message.compute_seconds
+        )
+        if figures:  # e.g. a loss that is no longer finite: what a diverging job sends
+            self._refuse(session, message, figures, numeric=True)
         return self.book.accept(
             session.worker_id, message.lease_id, message.offset, message.patterns
         )

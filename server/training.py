@@ -109,8 +109,8 @@ class Coordinator:
                                  plan, self.sessions, self.book.remaining_frames,
                                  not self.policy.workers_score_cv, self._accept_cv,
                                  self._fail, lambda: self.closed)  # fmt: skip
-        self.departed, self.version, self.divergence = Departures(), 0, DivergenceWatch()
-        self.digest = weights_digest(self.rule.snapshot)  # of the weights of ``version``
+        self.departed, self.divergence = Departures(), DivergenceWatch(self.sessions.keys())
+        self.version, self.digest = 0, weights_digest(self.rule.snapshot)  # and its weights
         self.earlier: dict[str, Any] = {"workers": [], "compression": []}  # before restarts
         self.steps = StepQueue(self.runner)
         self.finished = asyncio.Event()
@@ -232,7 +232,7 @@ class Coordinator:
         try:
             pending = self.intake.admit(session, received, self.version, self.steps.running)
         except RejectedUpdate as refusal:
-            self._count_refused(session, str(refusal))
+            self._count_refused(session, str(refusal), refusal.numeric)
             self.send_weights(session)  # tells the worker the update is settled
             self.fill_leases()  # the refused frames are queued again
             self.desk.note_if_dry(session)
@@ -284,8 +284,8 @@ class Coordinator:
         now = time.monotonic()
         if outcome.applied:  # first: it may have refused others (NaN) in the same pass
             self.divergence.applied()
-        for pending, reason in outcome.refused:
-            self._refuse_queued(pending, reason)
+        for pending, reason in outcome.refused:  # not finite, or implausible norms
+            self._refuse_queued(pending, reason, numeric=True)
         if outcome.snapshot is None:
             return
         self.rule.publish(outcome.snapshot)  # with its version, on the event loop
@@ -314,20 +314,20 @@ class Coordinator:
             self._end_epoch()
             self.steps.mark_boundary()
 
-    def _count_refused(self, session: WorkerSession, reason: str) -> None:
+    def _count_refused(self, session: WorkerSession, reason: str, numeric: bool) -> None:
         session.updates_rejected += 1
         session.updates_settled += 1  # a refused update is settled: the worker may send more
         self.stats.updates_rejected += 1
-        if why := self.divergence.refuse(session.worker_id, reason, self.sessions, self.version):
+        if numeric and (why := self.divergence.refuse(session, reason, self.version)):
             self._fail(why)  # every update refused, none applied: it cannot train on
 
-    def _refuse_queued(self, pending: PendingUpdate, reason: str) -> None:
+    def _refuse_queued(self, pending: PendingUpdate, reason: str, numeric: bool = False) -> None:
         """Refuse a queued update at step time: its frames go back, the worker is told."""
         session, message = pending.session, pending.message
         session.clock.settled(time.monotonic())
         self.book.unaccept(pending.frames)
         self.stats.record_train(-message.patterns, -message.correct, -message.loss_sum)
-        self._count_refused(session, reason)
+        self._count_refused(session, reason, numeric)
         session.warn("refused update from %s: %s", session.name, reason)
         refusal = ErrorMessage(RejectedUpdate.code, reason, False, message.lease_id, message.offset)
         if session.state != "gone":  # a departed worker is told nothing (and owes nothing)

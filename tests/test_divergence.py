@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from snet.cli.main import main
+from snet.protocol.messages import Update
+from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.divergence import DivergenceWatch
 
+from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
-from inprocess import Lab
+from inprocess import Lab, LabServer, wait_until
 from short_data import short_data
 
 DIVERGING = ["--activation", "relu", "--learning-rates", "20", "--momentum", "0.9"]
@@ -40,24 +45,56 @@ async def test_a_diverging_job_stops_with_why_and_keeps_its_run(lab: Lab) -> Non
 
 
 def test_refusals_of_one_peer_do_not_stop_a_run_others_train() -> None:
-    watch = DivergenceWatch(min_refused=10, per_worker=3)
-    live = [1, 2]
-    for _ in range(50):  # worker 2 sends garbage as fast as it can; worker 1 waits
-        assert watch.refuse(2, "implausible", live, 7) is None
+    live = {1: "honest", 2: "garbage"}
+    watch = DivergenceWatch(live.keys(), min_refused=10, per_worker=3)
+    for _ in range(50):  # worker 2 sends NaN as fast as it can; worker 1 is computing
+        assert watch.refuse(_session(2), "not finite", 7) is None
     for _ in range(2):
-        assert watch.refuse(1, "not finite", live, 7) is None
-    why = watch.refuse(1, "update norm 1e12 per pattern is implausible", live, 7)
+        assert watch.refuse(_session(1), "not finite", 7) is None
+    why = watch.refuse(_session(1), "update norm 1e12 per pattern is implausible", 7)
     assert why is not None and "the last 53 updates, from every worker" in why
     assert "to version 7 (the last: update norm 1e12" in why
-    assert watch.refuse(1, "again", live, 7) is None  # said once
-    honest = DivergenceWatch(min_refused=10, per_worker=3)
+    assert watch.refuse(_session(1), "again", 7) is None  # said once
+    honest = DivergenceWatch(live.keys(), min_refused=10, per_worker=3)
     for round_ in range(40):
-        honest.refuse(2, "implausible", live, round_)
+        honest.refuse(_session(2), "implausible", round_)
         if round_ % 10 == 9:
             honest.applied()  # worker 1's update: the run moves
     assert not honest.diverged
-    alone = DivergenceWatch(min_refused=10, per_worker=3)
-    assert [alone.refuse(2, "x", [2], 0) is None for _ in range(10)] == [True] * 9 + [False]
+    banked = DivergenceWatch(live.keys(), min_refused=10, per_worker=3)
+    for _ in range(9):
+        banked.refuse(_session(2), "implausible", 0)
+    del live[2]  # it leaves, its count with it: 3 of worker 1's do not make 10
+    assert [banked.refuse(_session(1), "x", 0) for _ in range(3)] == [None] * 3
+    alone = DivergenceWatch([2], min_refused=10, per_worker=3)
+    assert [alone.refuse(_session(2), "x", 0) is None for _ in range(10)] == [True] * 9 + [False]
+
+
+def _session(worker_id: int) -> Any:
+    return SimpleNamespace(worker_id=worker_id)
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the coordinator's rule
+async def test_a_peer_naming_leases_it_does_not_hold_stops_nothing(lab: Lab) -> None:
+    """Refusals for whom or when an update was sent are not a diverging job's: a lone peer
+    sending updates for unknown leases stopped a fresh run as "diverged" in 0.4 s."""
+    server = await lab.server("--mode", "async", "--epochs", "30", "--min-workers", "2",
+                              *SMALL_JOB, "--data", short_data())  # fmt: skip
+    peer = await AsyncRawClient.connect(server.port, "garbage")
+    await peer.handshake()
+    element = np.zeros(ElementLayout.for_network(NetworkSpec.parse("117:64:10")).size, "<f4")
+    for lease_id in range(150):
+        await peer.send(Update(0, 500_000 + lease_id, 0, 1, 1.0, 0, 0.1, element))
+    status = await wait_until(lambda: _refused(server, 150), 30, "150 refusals")
+    assert status["stop_reason"] is None and status["state"] != "stopping"
+    await peer.close()
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
+
+
+async def _refused(server: LabServer, count: int) -> dict[str, Any] | None:
+    status = await server.status()
+    return status if status["updates_rejected"] >= count else None
 
 
 def test_snet_train_of_a_diverging_job_stops_and_says_so(
