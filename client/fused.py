@@ -176,10 +176,11 @@ def warm_up() -> None:
     Loading (from numba's cache, or compiling on a machine's first run) holds the
     interpreter for about half a second: a worker does it once it has a job that takes
     the compiled step (client/kernel_choice.py), while it opens the data and before its
-    first bunch, within the time the server gives a joining worker's first update (sync:
-    ``join_seconds``; async: the others' pace, at least ``stall_seconds``, after which its
-    first lease may go to them); worker groups and the demo's workers do it before they
-    join. ``make`` runs it at set-up, so that no worker compiles inside that time."""
+    first bunch, within the time the server gives a joining worker's first update (sync,
+    one there from the start: ``join_seconds``; async, or a sync latecomer: the others'
+    pace, at least ``stall_seconds``, after which its first lease may go to them); worker
+    groups and the demo's workers do it before they join. ``make`` runs it at set-up, so
+    that no worker compiles inside that time."""
     spec = NetworkSpec((3, 2, 2, 2), ("sigmoid", "relu"))  # every kernel of a step
     steps = FusedSteps(spec, 4)
     weights = ElementLayout.for_network(spec).allocate()

@@ -52,7 +52,12 @@ class WorkQueue:
 
     def revoke(self, lease_id: int) -> None:
         """The server took lease ``lease_id`` back: drop its remaining frames, if any
-        (another worker trains them; updates on them would be refused)."""
+        (another worker trains them; updates on them would be refused), unless it is all
+        the work left: the server leases nothing more to a worker whose leases it took
+        back until an update of its arrives (refused or not, it shows the worker alive), so
+        one that dropped its only lease before starting it never trained again."""
+        if all(held.lease.lease_id == lease_id for held in self.leases):
+            return
         for index, held in enumerate(self.leases):
             if held.lease.lease_id == lease_id:
                 del self.leases[index]

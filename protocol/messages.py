@@ -271,9 +271,10 @@ TRAINING_COMPLETE = "training complete"
 # deadline: the worker is welcome back, so it reconnects rather than gives up.
 ROUND_DEADLINE = "round_deadline"
 
-# The code of the non-fatal error that tells an async worker one of its leases was taken
-# back (``lease_id`` names it) for being late: it drops the lease's remaining frames, which
-# another worker now trains, rather than compute updates that will be refused.
+# The code of the non-fatal error that tells a worker one of its leases was taken back
+# (``lease_id`` names it) for being late: it drops the lease's remaining frames, which
+# another worker now trains, rather than compute updates that will be refused; but not its
+# last work: it is leased nothing more until an update of its arrives, refused or not.
 LEASE_REVOKED = "lease_revoked"
 
 # The codes of the fatal errors a server at its connection limits turns a newcomer away

@@ -260,7 +260,7 @@ class WorkerConnection:
             close=self.close,
             warn=self._warn,
             ledger=ledger,
-            joined_version=self.coordinator.version,
+            joined_late=self.coordinator.steps.started > 0,
             refresh=self._refresh_weights,
         )
         self.coordinator.add_worker(self.session)

@@ -50,11 +50,16 @@ class IdleWatch:
             count = session.idle_epochs
             if count & (count - 1):  # logged at powers of two only (module docstring)
                 continue
+            # one whose leases were taken back is leased nothing until it delivers
+            why = ("its leases were taken back and it has delivered nothing since"
+                   if session.probation else "too few chunks for the workers?")  # fmt: skip
             if count == 1:
-                log.warning("worker %s trained on no frames in epoch %d (too few chunks for "
-                            "the workers?); said again at its 2nd, 4th, 8th, ... such epoch",
-                            session.name, shown_epoch(epoch))  # fmt: skip
+                log.warning("worker %s trained on no frames in epoch %d (%s); said again at "
+                            "its 2nd, 4th, 8th, ... such epoch", session.name,
+                            shown_epoch(epoch), why)  # fmt: skip
             else:
+                held = f" ({why})" if session.probation else ""
                 log.warning("worker %s trained on no frames in %d epochs so far, the latest "
-                            "epoch %d", session.name, count, shown_epoch(epoch))  # fmt: skip
+                            "epoch %d%s", session.name, count, shown_epoch(epoch),
+                            held)  # fmt: skip
         return idle

@@ -7,11 +7,12 @@ tested by handing it a list of pending updates (tests/test_policies.py), and a n
 new class, not a branch in every module.
 
 - ``SyncSteps`` (SNet v1, v2's safe mode): one step over every update of the round, once
-  every worker that holds frames has delivered (one that joined after the first step,
-  once it has delivered its first: until then it may be loading its data, or never send
-  a thing); an update must be on the current version (the next round's, while a step
-  runs); a worker that misses the round deadline is dropped, since the round cannot go
-  on without it otherwise.
+  every worker that holds frames has delivered (one that joined after this server's first
+  step, once it has delivered its first: until then it may be loading its data, or never
+  send a thing); an update must be on the current version (the next round's, while a
+  step runs); a worker that misses the round deadline is dropped, since the round cannot
+  go on without it otherwise (a latecomer that never delivered has its leases taken back
+  instead, as in async mode: server/lateness.py).
 - ``AsyncSteps`` (SNet v2): a step per ``updates_per_step`` updates (default: one per
   worker that is keeping up), whoever sent them; the queue is flushed when no worker that
   is keeping up could still add to it. A late worker is simply not counted; its frames go
@@ -69,7 +70,7 @@ class WorkerView:
     holds_frames: bool  # leased frames for which no update has arrived yet
     late: bool  # past its delivery deadline (server/progress.py)
     delivered: bool  # it has delivered at least one update on this connection
-    joined_late: bool = False  # it joined once training had made a step
+    joined_late: bool = False  # it joined once this server had started a step
 
 
 @dataclass(frozen=True)

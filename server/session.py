@@ -53,7 +53,9 @@ class WorkerSession:
     updates_settled: int = 0  # applied or refused: reported back to the worker in Weights
     updates_rejected: int = 0
     updates_applied: int = 0  # in this connection: until one is, it is a newcomer (pool.py)
-    joined_version: int = 0  # the weights version when it joined (policies.py: sync rounds)
+    # it joined once this server had started a step (policies.py: sync rounds); a worker
+    # joining a restarted server before its first step is on time, as at a run's start
+    joined_late: bool = False
     patterns: int = 0
     compute_seconds: float = 0.0
     staleness_last: int = 0

@@ -41,6 +41,7 @@ class StepQueue:
         self.runner = runner
         self._queued: deque[PendingUpdate] = deque()
         self._running = False
+        self.started = 0  # steps started by this server (not restored: a restart's are new)
         self._in_step: set[int] = set()  # workers with an update in the running step
         self._task: asyncio.Task[None] | None = None
         self._boundary = False  # an epoch ended or a CV decision came during a step
@@ -76,7 +77,7 @@ class StepQueue:
                 remaining_frames(s.worker_id) > 0,
                 late(s),
                 s.clock.delivered,
-                joined_late=s.joined_version > 0,
+                joined_late=s.joined_late,
             )
             for s in sessions
         )
@@ -117,6 +118,7 @@ class StepQueue:
         groups = [[queued[index] for index in group] for group in chosen]
         self._queued = deque(p for index, p in enumerate(queued) if index not in taken)
         self._running = True
+        self.started += 1
         self._in_step = {p.session.worker_id for group in groups for p in group}
         self._task = asyncio.get_running_loop().create_task(step(groups))
 

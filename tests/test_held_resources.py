@@ -95,11 +95,19 @@ async def test_a_silent_latecomer_does_not_hold_the_sync_rounds(lab: Lab) -> Non
     await silent.receive(Lease)  # it holds frames, and never sends a thing
     before = await _steps(server)
     await wait_until(lambda: _steps_since(server, before, 30), 5, "rounds without it")
+    # and at the epoch's end its frames go to the good worker (it held them 12 s a time)
+    await wait_until(lambda: _revoked(server, "silent"), 10, "its lease to be taken back")
+    assert (await silent.receive(ErrorMessage)).code == "lease_revoked"
+    done = (await server.status())["epochs_done"]
+    await wait_until(lambda: _epochs_done(server, done + 1), 10, "the epoch to end")
     status = await server.status()
     assert {w["name"]: w["state"] for w in status["workers"]}.get("silent") == "training"
     await silent.close()
     server.stop("test over")
     assert await server.wait(30) == "test over"
+    final = server.final_status()
+    ledgers = [e["ledger"] for e in final["epochs"][: final["epochs_done"]]]
+    assert ledgers and all(ledger["used_once"] == ledger["frames"] for ledger in ledgers)
 
 
 async def _steps_since(server: LabServer, before: int, more: int) -> bool:

@@ -28,10 +28,15 @@ class Slow(NumpyBackend):
     """numpy's arithmetic, each bunch taking ``seconds`` of the clock (a slow machine, or
     an emulated board with a large network: its time is slept, not computed)."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, start_seconds: float = 0.0) -> None:
         super().__init__("numpy")
         self.models_device_time = True  # slept time: never computed on the event loop
         self.seconds = seconds
+        self.start_seconds = start_seconds  # a slow data load, or the compiled step's
+
+    def prepare(self, job: Any, corpus: Any) -> None:
+        time.sleep(self.start_seconds)
+        super().prepare(job, corpus)
 
     def gradient(
         self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
@@ -77,7 +82,8 @@ async def test_a_worker_slower_than_its_first_allowance_loses_one_lease_not_all(
 
 def test_a_worker_told_its_lease_was_taken_back_drops_what_is_left_of_it() -> None:
     """``lease_revoked``: the frames left of that lease are not computed (another worker
-    trains them; their updates would be refused), the other leases stay in order."""
+    trains them; their updates would be refused), the other leases stay in order; the
+    last one stays (a worker left with nothing was leased nothing again)."""
     work = WorkQueue()
     for lease_id in (4, 5, 6):
         indices = np.arange(lease_id * 100, lease_id * 100 + 8)
@@ -89,3 +95,23 @@ def test_a_worker_told_its_lease_was_taken_back_drops_what_is_left_of_it() -> No
     assert [held.lease.lease_id for held in work.leases] == [6] and work.offset == 0
     work.revoke(4)  # already done or dropped: nothing to do
     assert work.next_bunch(8)[1:2] == (0,)
+    work.revoke(6)  # its last work: kept, so that an update shows the server it is alive
+    assert [held.lease.lease_id for held in work.leases] == [6]
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the server's deadlines
+async def test_a_worker_whose_lease_is_taken_back_before_it_starts_trains_after(
+    lab: Lab,
+) -> None:
+    """5 s to start: its only lease was taken back before it computed a thing, it dropped
+    it when told, sent no update, and the server leased nothing to it again (found by a
+    review: 0 updates in 4 epochs). It keeps its last work: the refused update for it
+    shows it alive."""
+    server = await lab.server("--mode", "async", "--epochs", "3", "--min-workers", "2",
+                              *short_job(), "--chunk-frames", "512")  # fmt: skip
+    lab.worker(server, "fast", backend=Slow(0.05))
+    lab.worker(server, "starter", backend=Slow(0.05, start_seconds=5.0))
+    assert await server.wait(120) == "trained"
+    row = {r["name"]: r for r in server.final_status()["workers"]}["starter"]
+    assert row["leases_revoked"] >= 1, row  # the case: taken back before it started
+    assert row["updates_sent"] > row["updates_rejected"] >= 1 and not row["probation"], row

@@ -271,7 +271,9 @@ def test_four_workers_on_eight_chunks_all_get_frames_and_the_tail_is_bunches() -
 def test_a_worker_without_frames_for_a_whole_epoch_is_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    workers = [SimpleNamespace(worker_id=i, name=f"w{i}", idle_epochs=0) for i in range(3)]
+    workers = [
+        SimpleNamespace(worker_id=i, name=f"w{i}", idle_epochs=0, probation=False) for i in range(3)
+    ]
     watch = IdleWatch()
     watch.start_epoch(workers[:2])  # type: ignore[arg-type]
     watch.joined(workers[2], frames_waiting=False)  # type: ignore[arg-type]
@@ -279,10 +281,16 @@ def test_a_worker_without_frames_for_a_whole_epoch_is_reported(
     assert idle == [workers[1]]  # w2 joined when nothing was left to hand out
     assert workers[1].idle_epochs == 1 and watch.idle_worker_epochs == 1
     assert "worker w1 trained on no frames in epoch 5" in caplog.text  # index 4, read from 1
+    assert "too few chunks for the workers?" in caplog.text
+    workers[1].probation = True  # its leases were taken back: that is why, not the chunks
+    watch.start_epoch(workers)  # type: ignore[arg-type]
+    caplog.clear()
+    watch.end_epoch(5, workers, {0: 100, 2: 100})  # type: ignore[arg-type]
+    assert "its leases were taken back and it has delivered nothing since" in caplog.text
 
 
 def test_a_worker_that_never_trains_is_logged_sparingly(caplog: pytest.LogCaptureFixture) -> None:
-    worker = SimpleNamespace(worker_id=0, name="w0", idle_epochs=0)
+    worker = SimpleNamespace(worker_id=0, name="w0", idle_epochs=0, probation=False)
     watch = IdleWatch()
     for epoch in range(225):  # the audit's run: a line every epoch
         watch.start_epoch([worker])  # type: ignore[list-item]
