@@ -88,6 +88,7 @@ class HeldLease:
     lease: Lease
     order: np.ndarray
     ready: bool = False  # every frame its windows read is at hand
+    revoked: bool = False  # taken back, kept as the last work: one bunch of it, no more
 
     @classmethod
     def of(cls, lease: Lease, job: JobSpec) -> HeldLease:

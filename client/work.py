@@ -55,11 +55,13 @@ class WorkQueue:
         (another worker trains them; updates on them would be refused), unless it is all
         the work left: the server leases nothing more to a worker whose leases it took
         back until an update of its arrives (refused or not, it shows the worker alive), so
-        one that dropped its only lease before starting it never trained again."""
-        if all(held.lease.lease_id == lease_id for held in self.leases):
-            return
+        one that dropped its only lease before starting it never trained again. That one
+        is kept for one more bunch (its refused update is the sign of life), not to its
+        end: each bunch of it is refused, and the rounds of sync mode waited for them."""
         for index, held in enumerate(self.leases):
-            if held.lease.lease_id == lease_id:
+            if held.lease.lease_id == lease_id and len(self.leases) == 1:
+                held.revoked = True
+            elif held.lease.lease_id == lease_id:
                 del self.leases[index]
                 if index == 0:
                     self.offset = 0  # the next lease starts at its beginning
@@ -87,6 +89,6 @@ class WorkQueue:
 
     def advance(self, count: int) -> None:
         self.offset += count
-        if self.offset >= len(self.leases[0].order):
+        if self.offset >= len(self.leases[0].order) or self.leases[0].revoked:
             self.leases.popleft()
             self.offset = 0

@@ -83,7 +83,8 @@ async def test_a_worker_slower_than_its_first_allowance_loses_one_lease_not_all(
 def test_a_worker_told_its_lease_was_taken_back_drops_what_is_left_of_it() -> None:
     """``lease_revoked``: the frames left of that lease are not computed (another worker
     trains them; their updates would be refused), the other leases stay in order; the
-    last one stays (a worker left with nothing was leased nothing again)."""
+    last one stays for one bunch (a worker left with nothing was leased nothing again;
+    one that computed all of it had every bunch refused, and sync rounds waited)."""
     work = WorkQueue()
     for lease_id in (4, 5, 6):
         indices = np.arange(lease_id * 100, lease_id * 100 + 8)
@@ -97,6 +98,12 @@ def test_a_worker_told_its_lease_was_taken_back_drops_what_is_left_of_it() -> No
     assert work.next_bunch(8)[1:2] == (0,)
     work.revoke(6)  # its last work: kept, so that an update shows the server it is alive
     assert [held.lease.lease_id for held in work.leases] == [6]
+    indices = np.arange(700, 708)
+    work.leases.append(HeldLease(Lease(7, 0, indices), indices))  # leased once it delivers
+    lease, offset, frames = work.next_bunch(2)
+    assert (lease.lease_id, offset, len(frames)) == (6, 0, 2)
+    work.advance(2)  # one bunch of the kept one, not the rest of it (each would be refused)
+    assert [held.lease.lease_id for held in work.leases] == [7] and work.offset == 0
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the server's deadlines
