@@ -52,7 +52,7 @@ class UpdateIntake:
                          message.lease_id, message.offset)  # fmt: skip
             return False
         session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
-        session.probation = False  # alive after all: it may hold leases again
+        session.probation = session.scoring_held = False  # alive: it may hold leases again
         lost, updates = self.book.lost_before(
             session.worker_id, message.lease_id, message.offset, message.patterns
         )

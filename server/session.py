@@ -74,6 +74,9 @@ class WorkerSession:
     clock: DeliveryClock = field(default_factory=lambda: DeliveryClock(time.monotonic()))
     leases_revoked: int = 0  # leases taken back because it delivered nothing in time
     probation: bool = False  # its leases were taken back: none again until it delivers
+    # it scored late or wrongly: not asked to score again before it delivers an update (it
+    # may hold leases: probation here left an idle scorer unleased, and so for ever)
+    scoring_held: bool = False
 
     @property
     def momentum_corrected(self) -> bool:
@@ -134,6 +137,7 @@ class WorkerSession:
             "inline_frames": self.inline_frames,
             "leases_revoked": self.leases_revoked,
             "probation": self.probation,
+            "scoring_held": self.scoring_held,
             "update_interval": (
                 round(self.clock.interval, 6) if self.clock.interval is not None else None
             ),

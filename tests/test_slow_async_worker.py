@@ -10,6 +10,7 @@ lease went the same way.
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,11 @@ import pytest
 from snet.client.backend import NumpyBackend
 from snet.client.data import HeldLease
 from snet.client.work import WorkQueue
+from snet.protocol.job import JobSpec
 from snet.protocol.messages import Lease
+from snet.server.leases import LeaseBook
+from snet.server.leasing import LeaseDesk
+from snet.server.session import WorkerSession
 
 from inprocess import Lab
 from short_data import short_job
@@ -122,3 +127,23 @@ async def test_a_worker_whose_lease_is_taken_back_before_it_starts_trains_after(
     row = {r["name"]: r for r in server.final_status()["workers"]}["starter"]
     assert row["leases_revoked"] >= 1, row  # the case: taken back before it started
     assert row["updates_sent"] > row["updates_rejected"] >= 1 and not row["probation"], row
+
+
+def test_a_late_scorer_is_not_asked_to_score_but_is_still_leased() -> None:
+    """A worker late with a CV score was put on the leases' probation: idle (scorers are
+    chosen among the idle), it held no lease, so it never delivered an update to lift it,
+    and was leased nothing for the rest of the run (a review). Now it is only not asked
+    to score again before it delivers (``scoring_held``); probation stays for leases taken
+    back."""
+    job = JobSpec(bunch_size=4, chunk_frames=8)
+    book = LeaseBook.for_job(job, np.arange(64), 64, 8)
+    book.start_epoch(0)
+    desk = LeaseDesk(book, SimpleNamespace(send=lambda *_: None), 1)  # type: ignore[arg-type]
+    sent: list[object] = []
+    session = WorkerSession(1, "scorer", "", "numpy", (), sent.append, lambda _: None)
+    session.scoring_held = True
+    desk.fill([session], 0.1)
+    assert [m.lease_id for m in sent if isinstance(m, Lease)] == [1]  # a newcomer's one
+    session.probation, sent[:] = True, []
+    desk.fill([session], 0.1)
+    assert sent == []  # taken back: none until it delivers
