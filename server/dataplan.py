@@ -14,6 +14,7 @@ workers that cannot read the data and are sent their frames inline (``server/inl
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,8 @@ from snet.protocol.digest import labels_digest
 from snet.protocol.errors import DataError
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import DataInfo
+
+log = logging.getLogger("snet.server")
 
 
 @dataclass
@@ -84,6 +87,11 @@ def plan_data(job: JobSpec, data_cache: str = "none") -> DataPlan:
             test, job.data.window, network.input_size, network.output_size, every_class=False
         )
     train, cv = split_frames(job.data, source.lengths, source.cv_utterances)
+    if len(train) < job.bunch_size:  # --cv-fraction 0.9999 trained on 0.00 %, unsaid
+        log.warning("the split leaves %d training frames of %s, fewer than one bunch (%d): "
+                    "a lower --cv-fraction (now %g) or more data trains on more",
+                    len(train), source.description, job.bunch_size,
+                    job.data.cv_fraction)  # fmt: skip
     # The values are checked for NaN and infinity where they are read: the training
     # frames (and CV frames of the same file) as the norms are computed, or were when the
     # kept ones were (their key is the files' identity); a CV file of its own and the test

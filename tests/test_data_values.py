@@ -113,6 +113,20 @@ def test_a_missing_relative_path_names_the_directory_it_was_looked_for_in(
     assert error(argv, capsys) == f"snet: data mine.npz does not exist in {tmp_path}"
 
 
+def test_a_split_that_leaves_less_than_a_bunch_to_train_on_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--cv-fraction 0.9999 trained on one utterance: "train 0.00 %", exit 0, unsaid."""
+    data = tiny_set(tmp_path / "d.npz", utterances=40)
+    argv = ["train", *TINY, "--data", str(data), "--out-dir", str(tmp_path / "o")]
+    assert main([*argv, "--cv-fraction", "0.9999"]) == 0  # a smoke test may want it
+    assert "the split leaves " in caplog.text and "fewer than one bunch (16)" in caplog.text
+    assert "a lower --cv-fraction (now 0.9999) or more data trains on more" in caplog.text
+    caplog.clear()
+    assert main([*argv, "--cv-fraction", "0.5"]) == 0
+    assert "the split leaves" not in caplog.text
+
+
 def test_a_label_beyond_int64_is_not_shown_negative(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
