@@ -10,6 +10,11 @@ the worker was given an HTTP port, which no retry can cure; an snet server's /he
 names its worker port in the ``X-Snet-Worker-Port`` header, so the error can say which
 port to use. Anything else (no answer, a frame of the snet protocol, TLS that does not
 complete) is not HTTP and the worker goes on as before.
+
+A worker without ``--tls-ca`` at a server that serves TLS heard nothing either (the server
+waits for a TLS handshake), and retried for its whole window before exit 3, "no server
+reachable": so such a worker also asks whether the port completes a TLS handshake (not
+verified: nothing is sent over it), and if it does, says to give ``--tls-ca`` (exit 2).
 """
 
 from __future__ import annotations
@@ -75,9 +80,37 @@ def worker_port_of(head: bytes) -> int | None:
     return None
 
 
+async def speaks_tls(host: str, port: int) -> ssl.SSLContext | None:
+    """An unverifying context with which ``host:port`` completes a TLS handshake, or None
+    (only to tell the worker what it is missing: nothing is sent over it)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    writer: asyncio.StreamWriter | None = None
+    try:
+        async with asyncio.timeout(PROBE_SECONDS):
+            _, writer = await asyncio.open_connection(host, port, ssl=context)
+    except (OSError, TimeoutError, ssl.SSLError):
+        return None
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError, ssl.SSLError):
+                await writer.wait_closed()
+    return context
+
+
 async def refuse_if_http(host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
-    """Raise ``WrongPort`` with the worker port to use when ``host:port`` speaks HTTP."""
-    head = await http_answer(host, port, tls)
+    """Raise ``WrongPort`` with the worker port to use when ``host:port`` speaks HTTP, or
+    saying to give ``--tls-ca`` when it serves TLS and the worker has none."""
+    unverified = await speaks_tls(host, port) if tls is None else None
+    head = await http_answer(host, port, tls or unverified)
+    if unverified is not None:
+        worker_port = worker_port_of(head) if head is not None else None
+        https = f"; that port speaks HTTPS: the worker port is {worker_port}" if worker_port else ""
+        raise WrongPort(
+            f"{host}:{port}: the server serves TLS: give --tls-ca (the CA of its certificate, "
+            f"e.g. ca.pem of snet tls init){https}"
+        )
     if head is None:
         return
     worker_port = worker_port_of(head)

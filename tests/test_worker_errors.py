@@ -83,7 +83,10 @@ async def test_a_plain_worker_at_a_tls_server_is_told_to_give_tls_ca(
     lab: Lab, tmp_path: Path
 ) -> None:
     """A TLS server closes a plain connection without a word; the worker said only
-    "connection closed during the handshake", with no hint of TLS."""
+    "connection closed during the handshake", with no hint of TLS; then it retried for its
+    whole window (300 s by default) and exited 3, "no server reachable", which a service
+    manager restarts for ever. It now asks whether the port serves TLS: exit 2, saying
+    so."""
     pytest.importorskip("cryptography")
     from snet.transport.certificates import make_cluster_certificates
 
@@ -91,9 +94,20 @@ async def test_a_plain_worker_at_a_tls_server_is_told_to_give_tls_ca(
     make_cluster_certificates(pki, ["127.0.0.1"])
     tls = ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")]
     server = await lab.server("--epochs", "1", "--handshake-seconds", "0.25", *tls, *QUICK_JOB)
-    plain = lab.worker(server, "plain", "--retry-seconds", "0", "--hello-seconds", "0.2")
-    assert await plain.wait(30) == 3  # unreachable for its retry window
-    assert "(a server that serves TLS wants --tls-ca)" in lab.log("plain")
+    plain = lab.worker(server, "plain", "--retry-seconds", "300", "--hello-seconds", "0.2")
+    with pytest.raises(WrongPort) as raised:  # a ConfigError: `snet worker` exits 2
+        await plain.wait(30)
+    assert str(raised.value) == (
+        f"127.0.0.1:{server.port}: the server serves TLS: give --tls-ca (the CA of its "
+        "certificate, e.g. ca.pem of snet tls init)"
+    )
+    assert "reconnecting" not in lab.log("plain")
+    https = lab.worker(server, "https", "--server", f"127.0.0.1:{server.server.http_port}",
+                       "--retry-seconds", "300", "--hello-seconds", "0.2")  # fmt: skip
+    with pytest.raises(
+        WrongPort, match=f"that port speaks HTTPS: the worker port is {server.port}"
+    ):
+        await https.wait(30)
     server.stop("test over")
     assert await server.wait(30) == "test over"
 
