@@ -297,11 +297,13 @@ def _poll(url: str, token: str, tls_ca: str, as_json: bool, interval: float) -> 
         time.sleep(interval)
 
 
-def server_url(given: str) -> str:
-    """The server's URL from what a user gives: a bare HOST:PORT is http://; a URL of one
-    of the server's pages that snet prints (the dashboard's ``/``, ``/status``) or of
-    its ``/events`` names the server too, with or without a trailing slash."""
-    url = (given if "://" in given else f"http://{given}").rstrip("/")
+def server_url(given: str, tls: bool = False) -> str:
+    """The server's URL from what a user gives: a bare HOST:PORT is http://, or https://
+    with ``tls`` (``--tls-ca`` given: it was read as http:// and failed); a URL of one of
+    the server's pages that snet prints (the dashboard's ``/``, ``/status``) or of its
+    ``/events`` names the server too, with or without a trailing slash."""
+    scheme = "https" if tls else "http"
+    url = (given if "://" in given else f"{scheme}://{given}").rstrip("/")
     for page in ("/status", "/events"):
         if url.endswith(page):
             return url.removesuffix(page).rstrip("/")
@@ -309,7 +311,8 @@ def server_url(given: str) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    url = server_url(args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080"))
+    url = server_url(args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080"),
+                     bool(args.tls_ca))  # fmt: skip
     token = os.environ.get("SNET_TOKEN", "").strip()  # as the server reads it
     if args.token_file:  # as the server and the workers read theirs (ConfigError: exit 2)
         from snet.transport.tls import read_token_file

@@ -73,6 +73,12 @@ def test_workers_train_over_mutual_tls_and_strangers_are_refused(
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert shown.returncode == 0 and "(trained)" in shown.stdout, shown.stderr
+    bare = subprocess.run(  # a bare HOST:PORT with --tls-ca is https:// (it was http://)
+        [sys.executable, "-m", "snet.cli", "status", "--url", https.removeprefix("https://"),
+         "--tls-ca", str(pki / "ca.pem")],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert bare.returncode == 0 and "(trained)" in bare.stdout, bare.stderr
     plain = subprocess.run(
         [sys.executable, "-m", "snet.cli", "status", "--url", https],
         capture_output=True, text=True, timeout=30,
