@@ -162,9 +162,7 @@ class Handshake:
                     hello.server_name,
                 )
             proof = b""
-            if hello.auth_required:
-                if not self.config.token:
-                    raise RemoteError("auth_failed", "the server requires a token (--token)")
+            if hello.auth_required and self.config.token:
                 proof = auth.proof(self.config.token, hello.nonce)
             capabilities = (
                 *worker_capabilities(self.config.compress, self.config.weights_codec),
@@ -174,6 +172,10 @@ class Handshake:
             connection.send(
                 Hello(PROTOCOL_VERSION, self.name, self.backend.name, capabilities, proof)
             )
+            if hello.auth_required and not self.config.token:
+                # sent all the same, so that the server logs the refusal (it said nothing,
+                # and its operator could not tell why a worker never joined)
+                raise RemoteError("auth_failed", "the server requires a token (--token)")
             welcome = await self._next_message(Welcome)
             info = await self._next_message(DataInfo) if welcome is not None else None
             if welcome is None or info is None:

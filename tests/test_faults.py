@@ -134,8 +134,13 @@ async def test_token_is_required_and_never_sent(lab: Lab) -> None:
     intruder = lab.worker(server, "intruder", "--token", "wrong")
     assert await intruder.wait(30) == 4  # refused: EXIT_REFUSED
     assert "auth_failed" in lab.log("intruder")
+    refusals = lab.log("server").count("auth_failed: wrong or missing token proof")
     anonymous = lab.worker(server, "anonymous")
     assert await anonymous.wait(30) == 4
+    assert "the server requires a token (--token)" in lab.log("anonymous")
+    # the server says so too (it said nothing for a worker without a token)
+    await wait_until(lambda: lab.log("server").count("wrong or missing token") > refusals,
+                     10, "the server to log the refusal")  # fmt: skip
     honest = lab.worker(server, "honest", "--token", "s3cret-token")
     assert await server.wait(90) == "trained" and await honest.wait(30) == 0
     assert server.final_status()["handshakes_refused"] >= 1
