@@ -10,7 +10,7 @@ import pytest
 
 from snet.protocol.errors import ConfigError
 from snet.transport.certificates import make_cluster_certificates
-from snet.transport.tls import client_context, server_context
+from snet.transport.tls import client_context, read_token_file, server_context
 
 from full_disk import run_on_full_disk
 from helpers import QUICK_JOB, Cluster
@@ -40,6 +40,31 @@ def test_certificates_and_contexts(tmp_path: Path) -> None:
         f"{pki} already holds ca.key, ca.pem, server.key, server.pem, worker.key, worker.pem: "
         "not overwritten (snet tls init replaces no file: move them away or choose another "
         "directory)"
+    )
+
+
+def test_secrets_other_users_can_read_are_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token file or a TLS key of mode 644 was taken without a word (the docs ask 600)."""
+    pki, _ = _pki(tmp_path)
+    server_context(str(pki / "server.pem"), str(pki / "server.key"))
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(0o600)
+    assert read_token_file(str(token)) == "s3cret"
+    assert "other users" not in caplog.text  # 600, as snet tls init makes its keys
+    token.chmod(0o644)
+    (pki / "server.key").chmod(0o640)
+    read_token_file(str(token))
+    server_context(str(pki / "server.pem"), str(pki / "server.key"))
+    assert (
+        f"token_file {token} can be read by other users of this machine (mode 644): "
+        "chmod 600 it" in caplog.text
+    )
+    assert (
+        f"the server's TLS key {pki / 'server.key'} can be read by other users of this "
+        "machine (mode 640)" in caplog.text
     )
 
 

@@ -14,10 +14,25 @@ server refuses, is refused for good (exit 4): retrying cannot cure either.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from pathlib import Path
 
 from snet.protocol.errors import ConfigError
+
+log = logging.getLogger("snet")
+
+
+def warn_if_shared(path: str, what: str) -> None:
+    """A warning when the secret in ``path`` (a token file, a TLS key) can be read by other
+    users of the machine: accepted silently before, where the docs ask for mode 600."""
+    try:
+        mode = Path(path).stat().st_mode & 0o777
+    except OSError:
+        return  # said where it is read
+    if mode & 0o077:
+        log.warning("%s %s can be read by other users of this machine (mode %03o): "
+                    "chmod 600 it", what, path, mode)  # fmt: skip
 
 
 def read_token_file(path: str) -> str:
@@ -29,6 +44,7 @@ def read_token_file(path: str) -> str:
         raise ConfigError(f"cannot read token_file {path}: {exc}") from None
     if not token:
         raise ConfigError(f"token_file {path} is empty")
+    warn_if_shared(path, "token_file")
     return token
 
 
@@ -40,6 +56,7 @@ def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str) -> None
         context.load_cert_chain(cert, key)
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"cannot use {cert} with {key} as a TLS certificate: {exc}") from None
+    warn_if_shared(key, f"{role} TLS key")
 
 
 def _load_ca(context: ssl.SSLContext, ca: str, what: str) -> None:
