@@ -170,6 +170,12 @@ def _cannot_read(url: str, path: str, exc: Exception, token: str = "") -> str:
             why = exc.read(512).decode(errors="replace").strip().splitlines()
             if why:
                 return f"cannot read {url}{path}: refused: {why[0]}"
+    if isinstance(exc, http.client.HTTPException) and "server_hello" in repr(exc):
+        # its first bytes were an snet frame: the frames themselves made an unreadable line
+        return (
+            f"cannot read {url}{path}: that is an snet server's worker port, not its HTTP "
+            "port (--http-port, default 7080)"
+        )
     if isinstance(exc, http.client.HTTPException):  # not HTTP at all, or TLS asked in plain
         hint = (
             " (a server that serves TLS wants https:// and --tls-ca)"

@@ -4,6 +4,7 @@ asked in plain HTTP), and a watch interval that is not a positive number of seco
 
 from __future__ import annotations
 
+import contextlib
 import email.message
 import http.server
 import io
@@ -19,6 +20,9 @@ import pytest
 
 from snet.cli.main import main
 from snet.cli.status import _cannot_read
+from snet.protocol import PROTOCOL_VERSION
+from snet.protocol.framing import encode_bytes
+from snet.protocol.messages import ServerHello
 
 
 @contextmanager
@@ -69,6 +73,9 @@ def _raw_answering(first_bytes: bytes) -> Iterator[str]:
                 continue
             with connection:
                 connection.sendall(first_bytes)
+                connection.settimeout(1.0)  # then reads what comes, as a server would,
+                with contextlib.suppress(OSError):  # before it closes (not a reset)
+                    connection.recv(4096)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -111,6 +118,20 @@ def test_a_port_that_does_not_speak_http_is_said_so(capsys: pytest.CaptureFixtur
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"snet: cannot read http://{address}/status: no HTTP answer")
     assert "https:// and --tls-ca" in line  # a TLS port asked in plain HTTP looks so too
+
+
+def test_the_worker_port_asked_for_status_is_named_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It printed the server_hello frame's bytes inside the message."""
+    hello = encode_bytes(ServerHello(PROTOCOL_VERSION, "snet", bytes(32), False))
+    with _raw_answering(hello) as address:
+        assert main(["status", "--url", address]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"snet: cannot read http://{address}/status: that is an snet server's worker port, "
+        "not its HTTP port (--http-port, default 7080)"
+    )
 
 
 @pytest.mark.parametrize("interval", ["nan", "inf", "0", "-1"])
