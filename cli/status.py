@@ -327,6 +327,9 @@ def run_status(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.interval) and args.interval > 0):
         print(f"snet: --interval must be > 0, got {args.interval:g}", file=sys.stderr)
         return 2
+    if args.tls_ca and not os.path.isfile(args.tls_ca):  # said with its name, before a try
+        print(f"snet: --tls-ca {args.tls_ca} is not a file", file=sys.stderr)
+        return 2
     try:
         if args.watch:
             return _watch(url, token, args.tls_ca or "", args.json, args.interval)

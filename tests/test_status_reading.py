@@ -120,6 +120,12 @@ def test_a_port_that_does_not_speak_http_is_said_so(capsys: pytest.CaptureFixtur
     assert "https:// and --tls-ca" in line  # a TLS port asked in plain HTTP looks so too
 
 
+def test_a_tls_ca_that_is_no_file_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "[Errno 2] No such file or directory", naming no file."""
+    assert main(["status", "--url", "127.0.0.1:1", "--tls-ca", "/no/such/ca.pem"]) == 2
+    assert capsys.readouterr().err == "snet: --tls-ca /no/such/ca.pem is not a file\n"
+
+
 def test_the_worker_port_asked_for_status_is_named_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

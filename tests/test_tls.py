@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from snet.protocol.errors import ConfigError
 from snet.transport.certificates import make_cluster_certificates
-from snet.transport.tls import client_context, read_token_file, server_context
+from snet.transport.tls import client_context, read_token_file, refusal, server_context
 
 from full_disk import run_on_full_disk
 from helpers import QUICK_JOB, Cluster
@@ -34,6 +35,11 @@ def test_certificates_and_contexts(tmp_path: Path) -> None:
         client_context(str(pki / "missing.pem"))
     with pytest.raises(ConfigError, match="both tls_cert and tls_key"):
         client_context(str(pki / "ca.pem"), str(pki / "worker.pem"))
+    with pytest.raises(ConfigError, match=f"{pki} is a directory: give the CA's file"):
+        client_context(str(pki))  # it said "does not exist"
+    plain = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)")
+    assert refusal(plain).startswith("the server does not serve TLS (")
+    assert refusal(plain).endswith("): drop --tls-ca")
     with pytest.raises(ConfigError) as refused:  # a second run into the same directory
         make_cluster_certificates(pki, [])
     assert str(refused.value) == (

@@ -60,6 +60,8 @@ def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str) -> None
 
 
 def _load_ca(context: ssl.SSLContext, ca: str, what: str) -> None:
+    if Path(ca).is_dir():  # "does not exist" sent a user looking for a missing path
+        raise ConfigError(f"{what} {ca} is a directory: give the CA's file (e.g. {ca}/ca.pem)")
     if not Path(ca).is_file():
         raise ConfigError(f"{what} {ca} does not exist")
     try:
@@ -109,9 +111,11 @@ def refusal(exc: BaseException | None) -> str:
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"the server's certificate is not trusted: {exc.verify_message}"
     if isinstance(exc, ssl.SSLError):
-        reason = exc.reason or str(exc)
+        reason = getattr(exc, "reason", None) or str(exc)  # set by the ssl module, not all
         if "CERTIFICATE" in reason.upper() or "UNKNOWN_CA" in reason.upper():
             return f"the server refused this worker's certificate ({reason})"
+        if "WRONG_VERSION_NUMBER" in reason.upper():  # plain bytes where TLS was expected
+            return f"the server does not serve TLS ({reason}): drop --tls-ca"
         return f"TLS failed ({reason})"
     return ""
 
