@@ -210,10 +210,11 @@ class SnetServer:
             raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
         if self.state == "starting":  # workers may join while HTTP starts: a resumed run's
             self.state = "training"  # last frames can even complete its training by now
-        log.info("serving %s (%s mode, network %s, %d training frames) on %s:%d, HTTP on %s:%d",
-                 self.config.name, job.mode, job.network.describe(), len(plan.train_frames),
-                 self.config.host, self.port, self.config.http_bind_host,
-                 self.http_port)  # fmt: skip
+        guard = f"{'TLS' if tls else 'no TLS'}, {'token required' if token else 'no token'}"
+        log.info("serving %s (%s mode, network %s, %d training frames) on %s:%d, HTTP on %s:%d"
+                 " (%s)", self.config.name, job.mode, job.network.describe(),
+                 len(plan.train_frames), self.config.host, self.port,
+                 self.config.http_bind_host, self.http_port, guard)  # fmt: skip
         if self.coordinator.finished.is_set() and self._results_task is None:
             await self._save_results()  # resumed a run that had completed: "trained" once ready
         if self.ready_file is not None:

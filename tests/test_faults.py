@@ -134,6 +134,9 @@ async def test_token_is_required_and_never_sent(lab: Lab) -> None:
     intruder = lab.worker(server, "intruder", "--token", "wrong")
     assert await intruder.wait(30) == 4  # refused: EXIT_REFUSED
     assert "auth_failed" in lab.log("intruder")
+    assert "HTTP on 127.0.0.1:" in lab.log("server") and "(no TLS, token required)" in lab.log(
+        "server"
+    )  # the start line says how the ports are guarded
     refusals = lab.log("server").count("auth_failed: wrong or missing token proof")
     anonymous = lab.worker(server, "anonymous")
     assert await anonymous.wait(30) == 4
