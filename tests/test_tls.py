@@ -74,6 +74,44 @@ def test_secrets_other_users_can_read_are_said(
     )
 
 
+def test_an_expired_certificate_is_said_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server with an expired certificate started without a word, and every worker was
+    then refused ("certificate has expired")."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=30))
+        .not_valid_after(now - datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    (tmp_path / "old.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "old.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))  # fmt: skip
+    (tmp_path / "old.key").chmod(0o600)
+    server_context(str(tmp_path / "old.pem"), str(tmp_path / "old.key"))
+    assert (
+        f"the server's TLS certificate {tmp_path / 'old.pem'} expired on "
+        f"{(now - datetime.timedelta(days=1)).date()}: peers will refuse it"
+    ) in caplog.text
+    pki, _ = _pki(tmp_path / "fresh")
+    caplog.clear()
+    server_context(str(pki / "server.pem"), str(pki / "server.key"))
+    assert "expire" not in caplog.text
+
+
 def test_workers_train_over_mutual_tls_and_strangers_are_refused(
     cluster: Cluster, tmp_path: Path
 ) -> None:

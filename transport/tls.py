@@ -14,6 +14,7 @@ server refuses, is refused for good (exit 4): retrying cannot cure either.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import ssl
 from pathlib import Path
@@ -33,6 +34,30 @@ def warn_if_shared(path: str, what: str) -> None:
     if mode & 0o077:
         log.warning("%s %s can be read by other users of this machine (mode %03o): "
                     "chmod 600 it", what, path, mode)  # fmt: skip
+
+
+EXPIRY_WARNING_DAYS = 7  # a certificate this close to its end is said at start too
+
+
+def warn_if_expiring(cert: str, what: str) -> None:
+    """A warning when the certificate in ``cert`` has expired or soon will: a server with
+    an expired one started without a word, and every worker was then refused. Read with
+    ``cryptography`` where it is installed (the standard library reads no dates)."""
+    try:
+        from cryptography import x509
+    except ImportError:
+        return
+    try:
+        loaded = x509.load_pem_x509_certificate(Path(cert).read_bytes())
+    except (OSError, ValueError):
+        return  # ssl accepted it: not ours to judge
+    end = loaded.not_valid_after_utc
+    left = end - datetime.datetime.now(datetime.UTC)
+    if left.total_seconds() <= 0:
+        log.warning("%s %s expired on %s: peers will refuse it (snet tls init makes new "
+                    "ones)", what, cert, end.date())  # fmt: skip
+    elif left.days < EXPIRY_WARNING_DAYS:
+        log.warning("%s %s expires on %s", what, cert, end.date())
 
 
 def read_token_file(path: str) -> str:
@@ -57,6 +82,7 @@ def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str) -> None
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"cannot use {cert} with {key} as a TLS certificate: {exc}") from None
     warn_if_shared(key, f"{role} TLS key")
+    warn_if_expiring(cert, f"{role} TLS certificate")
 
 
 def _load_ca(context: ssl.SSLContext, ca: str, what: str) -> None:
