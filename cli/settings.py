@@ -267,10 +267,21 @@ def _network(values: dict[str, Any], flags: dict[str, Any], where: str) -> Netwo
     return NetworkSpec.parse(sizes, activation or "sigmoid")
 
 
+def _refuse_unknown_job_variables() -> None:
+    """ConfigError for a ``SNET_JOB_*`` variable that names no job setting, as for a TOML
+    key: ``SNET_JOB_EPOCHZ=2`` was ignored without a word, and the job ran 10 epochs."""
+    known = {env_name("SNET_JOB_", f) for f in fields(JobSpec)} | {"SNET_JOB_ACTIVATION"}
+    known |= {env_name("SNET_JOB_DATA_", f) for f in fields(DataSpec)}
+    for name in sorted(os.environ):
+        if name.startswith("SNET_JOB_") and name not in known:
+            raise ConfigError(f"{name}: no such job setting{_suggest(name, known)}")
+
+
 def build_job(values: dict[str, Any], flags: dict[str, Any], where: str = "[job]") -> JobSpec:
     """The job from the ``[job]`` table (named ``where``), ``SNET_JOB_*`` variables and job
     flags (text as typed, or values already of the field's type)."""
     values, flags = dict(values), dict(flags)
+    _refuse_unknown_job_variables()
     data_values = values.pop("data", {})
     if not isinstance(data_values, dict):
         raise ConfigError(f"{where} data: expected a table ([job.data]), got {data_values!r}")

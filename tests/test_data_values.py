@@ -127,6 +127,22 @@ def test_a_split_that_leaves_less_than_a_bunch_to_train_on_is_said(
     assert "the split leaves" not in caplog.text
 
 
+def test_a_misspelt_job_variable_is_refused_as_a_toml_key_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SNET_JOB_EPOCHZ=2 was ignored without a word (a misspelt [job] key is refused)."""
+    data = str(tiny_set(tmp_path / "d.npz"))
+    argv = ["train", *TINY, "--data", data, "--out-dir", str(tmp_path / "o")]
+    monkeypatch.setenv("SNET_JOB_EPOCHZ", "2")
+    assert error(argv, capsys) == (
+        "snet: SNET_JOB_EPOCHZ: no such job setting (did you mean 'SNET_JOB_EPOCHS'?)"
+    )
+    monkeypatch.delenv("SNET_JOB_EPOCHZ")
+    monkeypatch.setenv("SNET_JOB_DATA_SPLIT_SEED", "3")  # a real one, of the job's data
+    monkeypatch.setenv("SNET_JOB_ACTIVATION", "tanh")  # and the network's, not a field
+    assert main(argv) == 0
+
+
 def test_a_label_beyond_int64_is_not_shown_negative(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
