@@ -148,12 +148,19 @@ async def churned_handshakes(port: int, count: int) -> list[str]:
     return [f"{failures} failed"] if failures else []
 
 
-async def idle_handshakes(port: int, count: int, hold: float) -> list[str]:
+async def _joined(port: int, count: int, prefix: str) -> list[Peer]:
+    """``count`` peers past the handshake, named ``prefix-i``."""
     peers = []
     for i in range(count):
         peer = await Peer.connect(port)
-        await peer.join(f"idle-{i}")
+        await peer.join(f"{prefix}-{i}")
         peers.append(peer)
+    return peers
+
+
+async def _hold(peers: list[Peer], hold: float) -> None:
+    """Keep ``peers`` connected for ``hold`` seconds, each sending a heartbeat a second,
+    then close them."""
     deadline = time.monotonic() + hold
     while time.monotonic() < deadline:
         for peer in peers:
@@ -161,17 +168,17 @@ async def idle_handshakes(port: int, count: int, hold: float) -> list[str]:
         await asyncio.sleep(1.0)
     for peer in peers:
         peer.close()
+
+
+async def idle_handshakes(port: int, count: int, hold: float) -> list[str]:
+    await _hold(await _joined(port, count, "idle"), hold)
     return [f"held {hold:.0f} s, sending heartbeats"]
 
 
 async def idle_readers(port: int, count: int, hold: float) -> list[str]:
     """Welcomed peers that read all they are sent and never train: each was sent every
-    step's weights (30 of them cut a run to 0.41 of its steps a second)."""
-    peers = []
-    for i in range(count):
-        peer = await Peer.connect(port)
-        await peer.join(f"reader-{i}")
-        peers.append(peer)
+    step's weights (30 of them cut a run to 0.38 of its steps a second)."""
+    peers = await _joined(port, count, "reader")
     received = [0]
 
     async def drain(peer: Peer) -> None:
@@ -179,13 +186,7 @@ async def idle_readers(port: int, count: int, hold: float) -> list[str]:
             received[0] += len(data)
 
     readers = [asyncio.create_task(drain(peer)) for peer in peers]
-    deadline = time.monotonic() + hold
-    while time.monotonic() < deadline:
-        for peer in peers:
-            await peer.send(encode_bytes(Heartbeat(time.time())))
-        await asyncio.sleep(1.0)
-    for peer in peers:
-        peer.close()
+    await _hold(peers, hold)
     for reader in readers:
         reader.cancel()
     await asyncio.gather(*readers, return_exceptions=True)

@@ -64,11 +64,16 @@ async def http_answer(
     except (OSError, TimeoutError, ssl.SSLError):
         return None
     finally:
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(OSError, ssl.SSLError):
-                await writer.wait_closed()
+        await _close(writer)
     return head if head.startswith(b"HTTP/1.") else None
+
+
+async def _close(writer: asyncio.StreamWriter | None) -> None:
+    """Close a probe's connection (if it was opened), whatever state it is in."""
+    if writer is not None:
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
 
 
 def worker_port_of(head: bytes) -> int | None:
@@ -92,10 +97,7 @@ async def speaks_tls(host: str, port: int) -> ssl.SSLContext | None:
     except (OSError, TimeoutError, ssl.SSLError):
         return None
     finally:
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(OSError, ssl.SSLError):
-                await writer.wait_closed()
+        await _close(writer)
     return context
 
 

@@ -21,20 +21,8 @@ from snet.server.checkpoint import LoadedCheckpoint
 from snet.server.dataplan import plan_data
 from snet.server.durability import job_identity, resume_point
 
+from one_checkpoint import OneCheckpoint
 from user_errors import tiny_set
-
-
-class OneCheckpoint:
-    """A checkpoint store holding one checkpoint, of ``state``."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.loaded = LoadedCheckpoint(Path("ckpt-000001.snet"), state)
-
-    def remove_leftovers(self) -> None:
-        pass
-
-    def newest(self) -> LoadedCheckpoint:
-        return self.loaded
 
 
 def _identity(path: Path, tmp_path: Path) -> dict[str, Any]:

@@ -6,7 +6,6 @@ before such a job was refused: protocol/modes.py)."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,18 +16,7 @@ from snet.protocol.job import JobSpec
 from snet.server.checkpoint import LoadedCheckpoint
 from snet.server.durability import job_identity, resume_point
 
-
-class OneCheckpoint:
-    """A checkpoint store holding one checkpoint, of ``state``."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.loaded = LoadedCheckpoint(Path("ckpt-000001.snet"), state)
-
-    def remove_leftovers(self) -> None:
-        pass
-
-    def newest(self) -> LoadedCheckpoint:
-        return self.loaded
+from one_checkpoint import OneCheckpoint
 
 
 def _resume(saved_job: dict[str, Any], job: JobSpec) -> LoadedCheckpoint | None:
