@@ -19,7 +19,8 @@ Ownership: an element out of the pool always has exactly one owner, and one way 
 nothing; the element is unreachable through the loan after the first). The loan moves,
 it is never shared:
 
-    decoder (payload_target) -> the frame's ``Decoded`` (message, loan)
+    decoder (the connection's ``ElementShare.payload_target``) -> the frame's ``Decoded``
+      (message, loan)
       -> connection: a ``Received`` (the update and its loan), to the coordinator
       -> ``UpdateIntake.admit``: refuses it (releases it) or makes a ``PendingUpdate``
          (which holds the loan) for the queue; an update that came twice is released
@@ -203,15 +204,6 @@ class ElementPool:
             and arrays[0].shape == (self.layout.size,)
             and arrays[0].codec == "none"
         )
-
-    def payload_target(
-        self, message_type: str, arrays: tuple[ArrayInfo, ...], payload_bytes: int
-    ) -> tuple[memoryview, object] | None:
-        """The ``PayloadSink`` hook: updates of the right layout land in a free element."""
-        if message_type != "update" or not self.matches(arrays):
-            return None
-        loan = self.acquire()
-        return loan.flat.data.cast("B"), loan
 
 
 class ElementShare:

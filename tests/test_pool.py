@@ -9,7 +9,7 @@ from snet.protocol.decoder import FrameDecoder
 from snet.protocol.framing import ArrayInfo, encode_bytes
 from snet.protocol.messages import Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
-from snet.server.pool import ElementLoan, ElementPool, Received, is_finite
+from snet.server.pool import ElementLoan, ElementPool, ElementShare, Received, is_finite
 
 LAYOUT = ElementLayout.for_network(NetworkSpec((3, 2), ()))  # 8 floats
 
@@ -73,7 +73,8 @@ def test_pool_needs_an_element() -> None:
 
 def test_pool_payload_target_only_for_matching_updates() -> None:
     pool = ElementPool(LAYOUT, size=2)
-    target = pool.payload_target("update", update_array(), LAYOUT.nbytes)
+    share = ElementShare(pool, lambda: True)  # a connection's sink (a worker that trains)
+    target = share.payload_target("update", update_array(), LAYOUT.nbytes)
     assert target is not None
     buffer, token = target
     assert isinstance(token, ElementLoan)
@@ -92,14 +93,14 @@ def test_pool_payload_target_only_for_matching_updates() -> None:
     ]
     for message_type, arrays in refused:
         nbytes = sum(info.nbytes for info in arrays)
-        assert pool.payload_target(message_type, arrays, nbytes) is None, (message_type, arrays)
+        assert share.payload_target(message_type, arrays, nbytes) is None, (message_type, arrays)
     assert pool.in_use == 1
     assert pool.free == 1
 
 
 def test_pool_receives_updates_in_place_through_the_decoder() -> None:
     pool = ElementPool(LAYOUT, size=1)
-    decoder = FrameDecoder(sink=pool)
+    decoder = FrameDecoder(sink=ElementShare(pool, lambda: True))
     element = np.arange(LAYOUT.size, dtype=np.float32)
     update = Update(1, 2, 0, 4, 3.5, 2, 0.01, element=element)
     ((message, slot),) = decoder.feed_decoded(encode_bytes(update))
@@ -152,7 +153,7 @@ def test_received_owns_the_loan_it_holds() -> None:
 
 def test_pool_element_of_abandoned_frame_comes_back() -> None:
     pool = ElementPool(LAYOUT, size=1)
-    decoder = FrameDecoder(sink=pool)
+    decoder = FrameDecoder(sink=ElementShare(pool, lambda: True))
     frame = encode_bytes(Update(1, 2, 0, 4, 3.5, 2, 0.01, element=np.ones(8, np.float32)))
     assert decoder.feed(frame[:-3]) == []
     assert pool.free == 0
