@@ -243,6 +243,11 @@ class LeaseBook:
     def held_by(self, worker_id: int) -> list[LeaseRecord]:
         return [lease for lease in self._leases.values() if lease.worker_id == worker_id]
 
+    def holders(self) -> set[int]:
+        """The workers that hold frames no update has arrived for yet, in one pass (asked
+        after every step: per worker, ``remaining_frames`` scans every lease out)."""
+        return {lease.worker_id for lease in self._leases.values() if lease.remaining > 0}
+
     def remaining_frames(self, worker_id: int) -> int:
         """Frames leased to the worker for which no update has arrived yet."""
         return sum(lease.remaining for lease in self.held_by(worker_id))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,14 +88,15 @@ class WorkerSession:
         self.last_seen = time.monotonic()
         self.last_seen_wall = time.time()
 
-    def wants_weights(self, holds_frames: bool) -> bool:
-        """After a step: whether it is sent the new weights. It computes (``holds_frames``:
-        a newcomer too, which may still be loading and would otherwise start on the weights
-        it joined with, hundreds of versions old in async mode), or the step settled an
-        update of its (the Weights carry that count, its flow control). An idle one is sent
+    def wants_weights(self, holders: Container[int]) -> bool:
+        """After a step: whether it is sent the new weights. It computes (it is among the
+        ``holders`` of frames: a newcomer too, which may still be loading and would
+        otherwise start on the weights it joined with, hundreds of versions old in async
+        mode), or the step settled an update of its (the Weights carry that count, its flow
+        control). An idle one is sent
         the newest with its next lease instead (``refresh``): 30 idle connections, each
         sent every step's weights (262 kB), cut a run to 0.38 of its steps a second."""
-        return holds_frames or self.updates_settled != self.settled_sent
+        return self.worker_id in holders or self.updates_settled != self.settled_sent
 
     def settle_applied(self, staleness: int, now: float) -> None:
         """One of its updates was applied ``staleness`` versions after its base, at ``now``."""

@@ -307,9 +307,9 @@ class Coordinator:
             if self.trace is not None:
                 digest = self.digest if batch is last else None
                 self.trace(trace_record(batch, self.version, self.epoch, rate, digest))
-        for session in self.sessions.values():  # not to idle ones: session.py, wants_weights
-            if session.wants_weights(self.book.remaining_frames(session.worker_id) > 0):
-                self.send_weights(session)
+        holders = self.book.holders()  # idle ones get theirs with a lease: wants_weights
+        for session in filter(lambda s: s.wants_weights(holders), self.sessions.values()):
+            self.send_weights(session)
         if self.book.epoch_complete:
             self._end_epoch()
             self.steps.mark_boundary()
