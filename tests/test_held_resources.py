@@ -38,8 +38,11 @@ async def _applied(server: LabServer) -> int:
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the pool's rule, not the loop's
 async def test_peers_holding_unfinished_updates_cannot_freeze_training(lab: Lab) -> None:
+    """The holders' leases are taken back after 0.5 s (--stall-seconds), not 2 s: the
+    epoch they held ends sooner, as it did before."""
     server = await lab.server("--mode", "async", "--epochs", "30", "--pool-size", str(POOL),
-                              "--linger-seconds", "30", *short_job())  # fmt: skip
+                              "--linger-seconds", "30", "--stall-seconds", "0.5",
+                              *short_job())  # fmt: skip
     lab.worker(server, "good")
     await wait_until(lambda: _applied(server), 30, "the good worker to train")
     holders, frame = [], b""
@@ -121,9 +124,11 @@ async def _steps_since(server: LabServer, before: int, more: int) -> bool:
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the fan-out's rule, not the loop's
 async def test_an_idle_peer_is_not_sent_every_steps_weights(lab: Lab) -> None:
     """30 idle connections, each sent every step's weights (262 kB), cut a run to 0.41 of
-    its steps a second; an idle one now gets the newest weights with its next lease."""
+    its steps a second; an idle one now gets the newest weights with its next lease. The
+    least deadline is 0.5 s (not 2 s): its lease is taken back sooner, nothing else
+    changes."""
     server = await lab.server("--mode", "async", "--epochs", "30", "--linger-seconds", "30",
-                              *short_job())  # fmt: skip
+                              "--stall-seconds", "0.5", *short_job())  # fmt: skip
     lab.worker(server, "good")
     await wait_until(lambda: _steps(server), 30, "the good worker to train")
     idle = await AsyncRawClient.connect(server.port, "idle")
