@@ -37,6 +37,7 @@ from snet.transport.host_memory import host_memory
 
 from .compression import CLIPPED_FAMILIES, KEEP_SENT
 from .network import MIN_ROWS
+from .policies import make_compute_policy
 
 log = logging.getLogger("snet.worker")
 
@@ -56,14 +57,15 @@ def activations(job: JobSpec) -> tuple[int, str]:
 
 def worker_need(job: JobSpec, update_codec: str = "none") -> MemoryNeed:
     """About what a worker holds for ``job`` sending updates in ``update_codec``."""
-    if job.mode == "np":
+    policy = make_compute_policy(job)
+    if not policy.holds_whole_network:
         # Its whole-network buffers are zeros it never writes (no weights come, no update
         # goes); its slice is sized later, when the server cuts the hidden layer.
         return MemoryNeed(WORD32 * job.network.connections, ())
     copies = [(BOX_SLOTS, "weights slots"), (SEND_BUFFERS, "send buffers"), (1, "scratch")]
     other = [activations(job)]
-    if job.mode == "bmuf":
-        copies.append((3, "of bmuf's local trainer"))
+    if policy.local_copies:
+        copies.append((policy.local_copies, f"of {policy.name}'s local trainer"))
     if update_codec != "none":
         codec = parse_codec(update_codec)
         held = 3 + codec.momentum_corrected + (codec.family in CLIPPED_FAMILIES) + KEEP_SENT

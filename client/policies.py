@@ -61,6 +61,8 @@ class ComputePolicy:
     """The worker side of a mode."""
 
     name = ""
+    holds_whole_network = True  # its weights and updates are the whole element's
+    local_copies = 0  # whole copies of the element it trains on beside its weights
 
     def __init__(self, max_in_flight: int) -> None:
         self.max_in_flight = max_in_flight
@@ -130,6 +132,7 @@ class BlockCompute(ComputePolicy):
     at 35 % CV, where one sync worker, snet train's equal, is at 84 %)."""
 
     name = "bmuf"
+    local_copies = 3  # the local trainer's weights, velocity and gradient (client/blocks.py)
 
     def __init__(self, max_in_flight: int, sync: bool) -> None:
         super().__init__(max_in_flight)
@@ -155,6 +158,7 @@ class SliceCompute(ComputePolicy):
     (client/slice_work.py); it never computes an update of the whole network."""
 
     name = "np"
+    holds_whole_network = False
 
     def may_compute(self, state: ComputeState) -> bool:
         return False

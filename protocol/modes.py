@@ -57,6 +57,10 @@ MODE_SETTINGS: dict[str, tuple[str, ...]] = {
     "np_pipeline": ("np",),
 }
 
+# The modes whose steps a server's trace (``trace_file``) can record: np's are bunches all
+# slice holders take part in, not updates (``trace_problem``).
+TRACED_MODES = ("sync", "async", "bmuf")
+
 # setting -> the one that, once set (not 0), makes the mode ignore it: a block of seconds
 # ends by the clock or at its lease's end, whatever block_bunches says (client/blocks.py,
 # server/policies.py BlockSteps.update_frames)
@@ -147,4 +151,14 @@ def ignored_problem(settings: Mapping[str, Any], defaults: Mapping[str, Any]) ->
         f"{first} {shown(settings[first])} applies to {describe(modes)} only, and this job "
         f"is in {mode}, which would ignore it (leave it at its default, "
         f"{shown(defaults[first])}{also})"
+    )
+
+
+def trace_problem(mode: str) -> str:
+    """Why a server training in ``mode`` cannot write a trace ("" if it can)."""
+    if mode in TRACED_MODES:
+        return ""
+    return (
+        f"trace_file: {mode} mode writes no trace yet (its steps are bunches all holders "
+        "take part in, not updates): leave it out, or train in another mode"
     )

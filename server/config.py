@@ -16,6 +16,7 @@ from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
 from snet.protocol.framing import MIB, mib_at_least, whole_element_bytes
 from snet.protocol.job import JobSpec
+from snet.protocol.modes import trace_problem
 from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
 
@@ -217,11 +218,8 @@ class ServerConfig:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {value}")
-        if self.trace_file and self.job.mode == "np":
-            raise ConfigError(
-                "trace_file: np mode writes no trace yet (its steps are bunches all holders "
-                "take part in, not updates): leave it out, or train in another mode"
-            )
+        if self.trace_file and (problem := trace_problem(self.job.mode)):
+            raise ConfigError(problem)
         if self.min_workers < 1:
             raise ConfigError(f"min_workers must be at least 1, got {self.min_workers}")
         wildcard = {"", "0.0.0.0", "::"}

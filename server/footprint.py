@@ -41,17 +41,14 @@ from snet.protocol.staleness import StalenessSetting
 from snet.transport.host_memory import host_memory
 
 from .compensation import HISTORY_VERSIONS
+from .policies import make_step_policy
 
 log = logging.getLogger("snet.server")
-
-RULE_COPIES = 4  # weights, the next step's weights, velocity, spare velocity
-NP_RULE_COPIES = 6  # the above, and the slice master's element and momentum
-LOOKAHEAD_COPIES = 2  # bmuf's published look-ahead point and the next step's
 
 
 def pool_in_use(job: JobSpec, pool_size: int, min_workers: int = 1) -> int:
     """The pool's elements a run writes (see the module's notes)."""
-    if job.mode == "np":
+    if not make_step_policy(job).pools_updates:
         return 0
     return min(pool_size, 2 + 2 * job.max_in_flight * max(min_workers, 1))
 
@@ -61,15 +58,14 @@ def server_need(job: JobSpec, pool_size: int, min_workers: int = 1) -> MemoryNee
     ``min_workers`` workers."""
     in_use = pool_in_use(job, pool_size, min_workers)
     newbob = job.schedule == "newbob"
-    lookahead = job.mode == "bmuf" and job.block_filter in ("nbm", "nesterov")
+    combination = make_step_policy(job).combination  # the mode's rule: what it holds
     staleness = StalenessSetting.parse(job.staleness)
-    # the arrays a checkpoint's state holds: weights, velocity, newbob's best, bmuf's
-    # snapshot and model
-    state = 2 + newbob + 2 * (job.mode == "bmuf")
+    # the arrays a checkpoint's state holds: the rule's, and newbob's best
+    state = combination.state_arrays + newbob
     copies = [
         (in_use, f"pooled update elements in use (of --pool-size {pool_size:,})"),
-        (NP_RULE_COPIES if job.mode == "np" else RULE_COPIES, "of the update rule"),
-        (LOOKAHEAD_COPIES * lookahead, f"of bmuf's {job.block_filter} look-ahead"),
+        (combination.rule_copies, "of the update rule"),
+        (combination.lookahead_copies(job), f"of bmuf's {job.block_filter} look-ahead"),
         (int(newbob), "of newbob's best weights"),
         (1 + state, "while a checkpoint is written"),
     ]

@@ -85,6 +85,11 @@ class QueueView:
 class Combination:
     """How a step's updates combine: gradient sums under the momentum update rule."""
 
+    # whole copies of the element its rule holds (server/footprint.py): the weights, the
+    # next step's fresh weights while the published ones are still sent, two velocities
+    rule_copies = 4
+    state_arrays = 2  # of a checkpoint's state: the weights and the velocity
+
     def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
         return UpdateRule(weights, job.momentum)
 
@@ -100,6 +105,10 @@ class Combination:
         """Frames per lease."""
         return job.chunk_frames
 
+    def lookahead_copies(self, job: JobSpec) -> int:
+        """Copies of the element a look-ahead point holds beside the rule's (none)."""
+        return 0
+
     def update_frames(self, job: JobSpec) -> int:
         """The frames of one update: leases are cut in whole ones (server/leases.py)."""
         return job.bunch_size
@@ -107,6 +116,8 @@ class Combination:
 
 class BlockDeltas(Combination):
     """bmuf: model deltas of blocks of local steps, filtered with block momentum."""
+
+    state_arrays = 4  # and the filter's snapshot and model
 
     def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
         return BlockFilter(weights, job)
@@ -147,6 +158,10 @@ class BlockDeltas(Combination):
         bunch, an exchange per bunch (0 for blocks of seconds: fixed chunks)."""
         return 0 if job.block_seconds else job.block_bunches * job.bunch_size
 
+    def lookahead_copies(self, job: JobSpec) -> int:
+        """nbm and nesterov publish a look-ahead point: it and the next step's."""
+        return 2 if job.block_filter in ("nbm", "nesterov") else 0
+
 
 class StepPolicy:
     """The server side of a mode: which queued updates make a step (``take``), which
@@ -162,6 +177,7 @@ class StepPolicy:
     # whether the workers hold whole weights to score CV with (np's hold slices: the
     # server scores)
     workers_score_cv = True
+    pools_updates = True  # whether updates arrive in the element pool (np's send none)
 
     def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
         self.updates_per_step = updates_per_step
@@ -245,6 +261,8 @@ class AsyncSteps(StepPolicy):
 class SliceAssembly(Combination):
     """np mode: the rule holds the element assembled from the workers' slices."""
 
+    rule_copies = 6  # and the slice master's element and momentum
+
     def make_rule(self, weights: np.ndarray, job: JobSpec) -> StepRule:
         return AssembledElement(weights, job)
 
@@ -257,6 +275,7 @@ class SliceSteps(StepPolicy):
     late_action: LateAction = "drop"  # every bunch waits for every holder
     stale_updates = False
     workers_score_cv = False
+    pools_updates = False
 
     def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
         super().__init__(updates_per_step, combination or SliceAssembly())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -281,3 +284,35 @@ def test_async_worker_never_waits_for_weights_only_for_its_in_flight_bound() -> 
     assert isinstance(policy, AsyncCompute)
     assert policy.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
     assert not policy.may_compute(ComputeState(version=9, last_base=3, in_flight=2))
+
+
+def _mode_comparisons(path: Path) -> list[int]:
+    """Lines of ``path`` comparing a ``mode`` (a name or an attribute) with anything."""
+
+    def is_mode(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "mode") or (
+            isinstance(node, ast.Name) and node.id == "mode"
+        )
+
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare) and any(map(is_mode, [node.left, *node.comparators]))
+    ]
+
+
+def test_the_server_and_worker_branch_on_the_mode_only_in_their_policies() -> None:
+    """A mode is a policy object (issue 13): outside server/policies.py and
+    client/policies.py, which build the policy of a job's mode, nothing in server/ or
+    client/ asks which mode runs; it asks the policy (memory needs included)."""
+    root = Path(__file__).resolve().parent.parent
+    found = {
+        f"{path.relative_to(root)}:{line}"
+        for part in ("server", "client")
+        for path in sorted((root / part).rglob("*.py"))
+        if path.name != "policies.py"
+        for line in _mode_comparisons(path)
+    }
+    assert found == set(), found
+    assert _mode_comparisons(root / "client" / "policies.py")  # the check finds them
