@@ -1,10 +1,12 @@
 """Helpers that start real snet processes on 127.0.0.1 and always clean them up.
 
 Every process a test starts goes through here (``Cluster`` for servers and workers,
-``run_process`` and ``Cluster.run`` for commands that run to their end), and each one's
-output is scanned for tracebacks when it has stopped: a "Traceback (most recent call
-last)" or "Task exception was never retrieved" fails the test with the log's excerpt,
-unless the test said it expects one (``Cluster.expect_traceback``).
+``run_process`` and ``Cluster.run`` for commands that run to their end, ``DrivenProcess``
+and ``Cluster.drive`` for one the test drives itself: signals, pipes, a terminal), and
+each one's output is scanned for tracebacks when it has stopped: a "Traceback (most
+recent call last)" or "Task exception was never retrieved" fails the test with the log's
+excerpt, unless the test said it expects one (``expect_traceback``). test_rings.py keeps
+it so: no other test module starts a process itself.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import IO, Any
 
 import numpy as np
 
@@ -72,12 +75,127 @@ def run_process(
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(argv)`` with its output captured as text and scanned for
     tracebacks once it has ended; ``options`` as for ``subprocess.run`` (a timeout of 60 s
-    unless given)."""
+    unless given; ``stdout`` or ``stderr`` sent elsewhere, e.g. into a pipe whose reader
+    has gone, and the other is still captured; ``check`` only after the scan, so that a
+    traceback is shown rather than the exit status alone)."""
     _allowed(argv)
     options.setdefault("timeout", 60)
-    done = subprocess.run(list(argv), capture_output=True, text=True, **options)
-    check_output(" ".join(argv)[:200], done.stdout + done.stderr, expect_traceback)
+    check = options.pop("check", False)
+    if "stdout" in options or "stderr" in options:
+        options.setdefault("stdout", subprocess.PIPE)
+        options.setdefault("stderr", subprocess.PIPE)
+    else:
+        options["capture_output"] = True
+    done = subprocess.run(list(argv), text=True, **options)
+    output = (done.stdout or "") + (done.stderr or "")
+    check_output(" ".join(argv)[:200], output, expect_traceback)
+    if check:
+        done.check_returncode()
     return done
+
+
+class _Recorded:
+    """A driven process's pipe, keeping what the test reads from it for the scan."""
+
+    def __init__(self, stream: IO[Any], seen: list[str | bytes]) -> None:
+        self._stream = stream
+        self._seen = seen
+
+    def _keep(self, data: Any) -> Any:
+        self._seen.append(data)
+        return data
+
+    def read(self, *size: int) -> Any:
+        return self._keep(self._stream.read(*size))
+
+    def readline(self, *size: int) -> Any:
+        return self._keep(self._stream.readline(*size))
+
+    def readlines(self, *hint: int) -> list[Any]:
+        lines: list[Any] = self._stream.readlines(*hint)
+        self._seen.extend(lines)
+        return lines
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+    def __getattr__(self, name: str) -> Any:  # fileno, close, closed, encoding, ...
+        return getattr(self._stream, name)
+
+
+class DrivenProcess(subprocess.Popen):  # type: ignore[type-arg]
+    """``subprocess.Popen(argv, **options)`` for a test that drives the process itself
+    (signals it, reads its pipes, gives it a terminal), used as ``with DrivenProcess(...)
+    as process:``. When the block ends (or ``stop()`` is called) it is killed if still
+    running and waited for, and then its output is scanned for tracebacks as
+    ``run_process`` scans a finished command's: what the test read from its pipes (by
+    ``readline``, iteration, ``read`` or ``communicate``), what it left unread in them,
+    and the files in ``logs`` (where the test sent its output: a file is not a pipe)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        logs: Sequence[Path] = (),
+        expect_traceback: str | None = None,
+        **options: Any,
+    ) -> None:
+        _allowed(argv)
+        self.name = " ".join(argv)[:200]
+        self.logs = list(logs)
+        self.expect_traceback = expect_traceback
+        self.seen: list[str | bytes] = []
+        self.scanned = False
+        super().__init__(list(argv), **options)
+        if self.stdout is not None:
+            self.stdout = _Recorded(self.stdout, self.seen)  # type: ignore[assignment]
+        if self.stderr is not None:
+            self.stderr = _Recorded(self.stderr, self.seen)  # type: ignore[assignment]
+
+    def communicate(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        out, err = super().communicate(*args, **kwargs)
+        self.seen.extend(part for part in (out, err) if part)
+        return out, err
+
+    def output(self) -> str:
+        """Everything of its output seen so far: read from its pipes, then its logs."""
+        parts = [p.decode(errors="replace") if isinstance(p, bytes) else p for p in self.seen]
+        parts += [log.read_text(errors="replace") for log in self.logs if log.exists()]
+        return "".join(parts)
+
+    def stop(self) -> None:
+        """Kill it if it still runs, wait for it, read what is left in its pipes, and
+        fail if its output holds a traceback (once: later calls do nothing)."""
+        if self.scanned:
+            return
+        self.scanned = True
+        if self.poll() is None:
+            self.kill()
+        self.wait(10)
+        if self.stdin is not None:
+            self.stdin.close()
+        for stream in (self.stdout, self.stderr):
+            if stream is not None and not stream.closed:
+                stream.read()  # to its end: the process has exited
+                stream.close()
+        check_output(self.name, self.output(), self.expect_traceback)
+
+    def __enter__(self) -> DrivenProcess:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 def check_log_files(directory: Path, pattern: str = "*.log") -> None:
@@ -172,6 +290,7 @@ class Cluster:
     logs: list[Path] = field(default_factory=list)  # the log of each of ``processes``
     env: dict[str, str] = field(default_factory=lambda: system_ring_environment())
     expected_tracebacks: dict[Path, str] = field(default_factory=dict)
+    driven: list[DrivenProcess] = field(default_factory=list)  # stopped and scanned at close
 
     def _spawn(
         self, args: list[str], log: Path, prefix: Sequence[str] = ()
@@ -199,6 +318,16 @@ class Cluster:
             env=self.env,
             cwd=self.tmp_path,
         )
+
+    def drive(self, *args: str, **options: Any) -> DrivenProcess:
+        """``snet ARGS`` as a ``DrivenProcess`` (``options`` as for ``subprocess.Popen``:
+        its pipes, ...) in this cluster's directory and environment, stopped and its output
+        scanned at teardown unless the test stops it first."""
+        options.setdefault("env", self.env)
+        options.setdefault("cwd", self.tmp_path)
+        process = DrivenProcess([sys.executable, "-m", "snet.cli", *args], **options)
+        self.driven.append(process)
+        return process
 
     def expect_traceback(self, name: str, because: str) -> None:
         """Allow a traceback in the log of process ``name`` (``because`` says why)."""
@@ -268,6 +397,11 @@ class Cluster:
                 process.send_signal(signal.SIGKILL)
             process.wait(10)
         problems = []
+        for driven in self.driven:
+            try:
+                driven.stop()
+            except AssertionError as exc:
+                problems.append(str(exc))
         for log in self.logs:
             text = log.read_text(errors="replace") if log.exists() else ""
             try:
@@ -347,16 +481,7 @@ def run_snet(
 ) -> subprocess.CompletedProcess[str]:
     """The real ``snet`` command, as a user runs it, to its end (at most 120 s); ``env``:
     its environment if not the test run's."""
-    argv = [sys.executable, "-m", "snet.cli", *args]
-    _allowed(argv)
-    return subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=env,
-    )
+    return run_process([sys.executable, "-m", "snet.cli", *args], timeout=120, cwd=cwd, env=env)
 
 
 def status_table(url: str) -> str:

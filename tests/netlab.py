@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass, field
+
+from helpers import run_process
 
 
 class NetLabError(Exception):
@@ -22,7 +23,7 @@ class NetLabError(Exception):
 
 
 def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+    done = run_process(["ip", *args], timeout=20)
     if done.returncode != 0:
         raise NetLabError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
@@ -94,7 +95,7 @@ class NetLab:
     def close(self) -> None:
         """Delete every namespace made (their interfaces and the bridge go with them)."""
         for namespace in reversed(self._namespaces):
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=20)
+            run_process(["ip", "netns", "del", namespace], timeout=20)
         self._namespaces.clear()
 
     def _add_namespace(self, name: str) -> None:

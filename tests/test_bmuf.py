@@ -8,7 +8,6 @@ worker with η = 0 trains exactly as ``snet train`` does.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -19,7 +18,7 @@ from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.block_filter import BlockFilter
 
-from helpers import SMALL_JOB, Cluster, load_weights, replay_sequentially
+from helpers import SMALL_JOB, Cluster, load_weights, replay_sequentially, run_process
 
 RNG = np.random.default_rng(11)
 SIZE = 300
@@ -154,9 +153,9 @@ def test_one_worker_with_no_block_momentum_trains_as_snet_train(
     worker = cluster.worker(server, "alone")
     assert server.wait(120) == 0 and worker.wait(30) == 0
     sequential = cluster.tmp_path / "sequential"
-    subprocess.run(
+    run_process(
         [sys.executable, "-m", "snet.cli", "train", "--out-dir", str(sequential), *job],
-        check=True, capture_output=True, timeout=120,
+        check=True, timeout=120,
     )  # fmt: skip
     got = np.concatenate([a.ravel() for a in load_weights(server.out_dir / "weights.npz")])
     expected = np.concatenate([a.ravel() for a in load_weights(sequential / "weights.npz")])

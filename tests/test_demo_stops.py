@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -28,16 +27,17 @@ EXIT_SECONDS = 60  # for a demo to end once it should (the bugs: it waited forev
 
 class Demo:
     """``snet demo ARGS`` in a session of its own (its workers too: a terminal's Ctrl-C
-    is sent to the process group), its output in files; what is left is killed."""
+    is sent to the process group), its output in files; what is left is killed, and its
+    output scanned for tracebacks."""
 
     def __init__(self, cwd: Path, args: list[str], env: dict[str, str] | None = None) -> None:
         self.cwd = cwd
         self.out, self.err = cwd / "demo.out", cwd / "demo.err"
         with self.out.open("wb") as out, self.err.open("wb") as err:
-            self.process = subprocess.Popen(
+            self.process = helpers.DrivenProcess(
                 [sys.executable, "-m", "snet.cli", *args], stdout=out, stderr=err, cwd=cwd,
                 env={**helpers.system_ring_environment(), **(env or {})},
-                start_new_session=True,
+                start_new_session=True, logs=(self.out, self.err),
             )  # fmt: skip
 
     def stdout(self) -> str:
@@ -83,7 +83,7 @@ class Demo:
     def close(self) -> None:
         with contextlib.suppress(ProcessLookupError):  # its group: the demo and its workers
             os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        self.process.stop()  # waits for it, then scans its output
 
 
 def running(pid: int) -> bool:
@@ -261,12 +261,12 @@ def test_a_worker_whose_supervisor_is_gone_before_it_starts_ends_at_once(
 ) -> None:
     """The demo killed before the worker it started asked to end with it (the kernel's
     request made in the worker, first thing): the worker sees it has another parent."""
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that is nobody's parent
-    gone.wait()
+    gone = helpers.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
+    pid = int(gone.stdout)  # a process that has ended: its pid is nobody's parent
     done = helpers.run_process(
         [sys.executable, "-m", "snet.cli", "worker", "--server", "127.0.0.1:9"],
         cwd=tmp_path, timeout=EXIT_SECONDS,
-        env={**helpers.system_ring_environment(), "SNET_SUPERVISOR_PID": str(gone.pid)},
+        env={**helpers.system_ring_environment(), "SNET_SUPERVISOR_PID": str(pid)},
     )  # fmt: skip
     assert done.returncode == 128 + signal.SIGTERM  # as the demo's death would have ended it
     assert done.stdout == done.stderr == ""  # it tried no server

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from test_deploy import DEPLOY, MANIFESTS, _configuration, _toml, _yaml_document
 from snet.cli.main import main
 from snet.client.worker import EXIT_REFUSED
 
-from helpers import Cluster, wait_until
+from helpers import Cluster, run_process, wait_until
 
 SERVICE_LINK = "tcp://10.96.0.12:7000"
 
@@ -107,10 +106,8 @@ def test_plan_says_what_snet_trains_and_asks_for_the_link(
 
 @pytest.mark.system  # starts real processes
 def test_plan_json_names_the_link_and_notes_its_absence(tmp_path: Path) -> None:
-    result = subprocess.run(
+    result = run_process(
         [sys.executable, "-m", "snet.cli", "plan", "--workers", "2", "--json"],
-        capture_output=True,
-        text=True,
         timeout=60,
         cwd=tmp_path,
     )

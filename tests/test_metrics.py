@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import Cluster, ServerProcess, wait_until
+from helpers import Cluster, ServerProcess, run_process, wait_until
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "snet-dashboard.json"
 SERIES = re.compile(r"^(snet_[a-z_]+)(\{[^}]*\})? ")
@@ -27,9 +27,7 @@ def small_data(path: Path, count: int, seed: int) -> str:
 
 
 def promtool(text: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
-    )
+    return run_process(["promtool", "check", "metrics"], input=text, timeout=30)
 
 
 def worker_series(text: str, names: tuple[str, ...]) -> set[str]:

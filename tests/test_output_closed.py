@@ -29,12 +29,11 @@ def _closed_after_first_epoch(args: list[str], cwd: Path, merged: bool = False) 
     ``| head`` does: the exit status and what it wrote to stderr (``merged``: stderr into
     the same pipe, as ``2>&1 | head``, so nothing of it can be read)."""
     argv = [sys.executable, "-m", "snet.cli", *args]
-    process = subprocess.Popen(
+    with helpers.DrivenProcess(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
         text=True, cwd=cwd, env=helpers.system_ring_environment(),
-    )  # fmt: skip
-    assert process.stdout is not None
-    try:
+    ) as process:  # fmt: skip
+        assert process.stdout is not None
         for line in process.stdout:
             if line.startswith("epoch"):
                 break
@@ -43,10 +42,6 @@ def _closed_after_first_epoch(args: list[str], cwd: Path, merged: bool = False) 
         process.stdout.close()
         code = process.wait(timeout=60)
         errors = "" if process.stderr is None else process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     check_output("snet " + args[0], errors)  # no traceback
     return code, errors
 
@@ -178,13 +173,14 @@ def test_demo_whose_terminal_goes_stops_its_run_and_keeps_it(tmp_path: Path) -> 
     EIO) mid-run: the demo stops its run as when its reader goes, and says so."""
     demo = ["demo", "--mode", "sync", *QUICK_JOB, "--epochs", "6", "--out-dir", "out"]
     terminal, end = pty.openpty()
-    process = subprocess.Popen(
+    process = helpers.DrivenProcess(
         [sys.executable, "-m", "snet.cli", *demo], stdout=end, stderr=subprocess.PIPE,
         text=True, cwd=tmp_path, env=helpers.system_ring_environment(),
     )  # fmt: skip
     os.close(end)
+    shown = b""
     try:
-        shown, deadline = b"", time.monotonic() + 60
+        deadline = time.monotonic() + 60
         while b"epoch  1/6  lr" not in shown:  # the epoch's line, not the bar's
             assert time.monotonic() < deadline, shown[-500:]
             try:
@@ -198,9 +194,8 @@ def test_demo_whose_terminal_goes_stops_its_run_and_keeps_it(tmp_path: Path) -> 
     finally:
         if terminal >= 0:
             os.close(terminal)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        process.stop()  # killed if still there; what it wrote to stderr scanned
+    check_output("snet demo (its terminal)", shown.decode(errors="replace"))
     check_output("snet demo", errors)
     assert code == 1, errors
     assert (
@@ -250,9 +245,8 @@ def test_help_whose_reader_has_gone_ends_quietly_as_sigpipe_would(
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "snet.cli", *args], stdout=write_end, stderr=subprocess.PIPE,
-            text=True, cwd=tmp_path, env=env, timeout=60,
+        done = helpers.run_process(
+            [sys.executable, "-m", "snet.cli", *args], stdout=write_end, cwd=tmp_path, env=env,
         )  # fmt: skip
     finally:
         os.close(write_end)

@@ -4,7 +4,6 @@ data, perf, cli) and no benchmarks; ``snet bench`` runs a checkout's, or says ho
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -13,6 +12,8 @@ import pytest
 
 from snet.cli import checkout
 from snet.cli.main import main
+
+from helpers import run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"cli", "client", "data", "perf", "protocol", "server"}
@@ -34,10 +35,10 @@ def test_the_wheel_holds_snet_alone_without_the_benchmarks(tmp_path: Path) -> No
     source, out = tmp_path / "checkout", tmp_path / "dist"
     source.mkdir()
     _copy_checkout(source)
-    build = subprocess.run(
+    build = run_process(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
          "--no-index", "-q", "-w", str(out), str(source)],
-        capture_output=True, text=True, timeout=300,
+        timeout=300,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = out.glob("snet_train-*.whl")  # the distribution snet-train
@@ -72,9 +73,8 @@ def test_bench_without_a_checkout_says_how_in_one_line(
 
 @pytest.mark.system  # starts real processes
 def test_bench_in_a_checkout_passes_its_arguments_through(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "snet.cli", "bench", "--help"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
-    )  # fmt: skip
+    done = run_process(
+        [sys.executable, "-m", "snet.cli", "bench", "--help"], timeout=60, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: python -m bench [-h] [--only ONLY] [--quick]")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -18,7 +17,7 @@ from snet.protocol.errors import ConfigError
 from snet.server.config import ServerConfig
 from snet.server.security import is_loopback, resolve_token
 
-from helpers import SMALL_JOB, Cluster
+from helpers import SMALL_JOB, Cluster, run_process
 from inprocess import Lab, wait_until
 
 NOT_HERE = "10.255.255.1"  # an address this machine does not have: never actually bound
@@ -75,10 +74,10 @@ def test_a_worker_reads_its_token_from_a_file(
 
 @pytest.mark.system  # starts a real process
 def test_the_server_refuses_to_start_exposed_without_a_token(tmp_path: Path) -> None:
-    result = subprocess.run(
+    result = run_process(
         [sys.executable, "-m", "snet.cli", "server", "--host", NOT_HERE, "--port", "0",
          "--http-port", "0", "--out-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        timeout=60, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]  # one line, after the log's start line
@@ -111,17 +110,13 @@ def test_with_a_token_every_endpoint_but_healthz_needs_it(cluster: Cluster, tmp_
     assert _get(server.url + "/status", "s3cret-token", "Basic") == 401
     assert _get(server.url + "/healthz") == 200
     status = [sys.executable, "-m", "snet.cli", "status", "--url", server.url]
-    refused = subprocess.run(status, capture_output=True, text=True, timeout=30,
-                             env={**os.environ, "SNET_TOKEN": ""})  # fmt: skip
+    refused = run_process(status, timeout=30, env={**os.environ, "SNET_TOKEN": ""})
     assert refused.returncode == 1 and "needs the server's token" in refused.stderr
-    wrong = subprocess.run(status, capture_output=True, text=True, timeout=30,
-                           env={**os.environ, "SNET_TOKEN": "wrong"})  # fmt: skip
+    wrong = run_process(status, timeout=30, env={**os.environ, "SNET_TOKEN": "wrong"})
     assert wrong.returncode == 1 and "refused the token given" in wrong.stderr  # not "needs"
-    unreadable = subprocess.run([*status, "--token-file", str(tmp_path / "missing")],
-                                capture_output=True, text=True, timeout=30)  # fmt: skip
+    unreadable = run_process([*status, "--token-file", str(tmp_path / "missing")], timeout=30)
     assert unreadable.returncode == 2 and "cannot read token_file" in unreadable.stderr
-    shown = subprocess.run([*status, "--token-file", str(secret)], capture_output=True,
-                           text=True, timeout=30)  # fmt: skip
+    shown = run_process([*status, "--token-file", str(secret)], timeout=30)
     assert shown.returncode == 0 and "server snet" in shown.stdout
     # a worker given the same file trains the job (the README's way on real machines)
     worker = cluster.worker(server, "w", "--token-file", str(secret))

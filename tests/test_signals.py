@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from helpers import DrivenProcess
+
 CHILD = """
 import asyncio, logging
 from snet.cli.runtime import install_stop_signals
@@ -34,17 +36,13 @@ def _wait_for_line(process: subprocess.Popen[str]) -> str:
 
 @contextmanager
 def _child() -> Iterator[subprocess.Popen[str]]:
-    """CHILD running, ready for signals; killed at the end if it is still there."""
-    process = subprocess.Popen(
+    """CHILD running, ready for signals; killed at the end if it is still there, and its
+    output scanned for tracebacks (``DrivenProcess``)."""
+    with DrivenProcess(
         [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
+    ) as process:
         assert _wait_for_line(process) == "ready"
         yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 @pytest.mark.system  # starts real processes

@@ -8,7 +8,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -25,27 +24,14 @@ def _ctrl_c_as_at_a_terminal() -> None:
 
 
 def _watch(cluster: Cluster, url: str) -> subprocess.Popen[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "snet.cli",
-        "status",
-        "--watch",
-        "--url",
-        url,
-        "--interval",
-        "0.2",
-    ]
-    process = subprocess.Popen(
-        argv,
+    """``snet status --watch``: killed at teardown if left, its output scanned."""
+    return cluster.drive(
+        *("status", "--watch", "--url", url, "--interval", "0.2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=cluster.env,
         preexec_fn=_ctrl_c_as_at_a_terminal,
     )
-    cluster.processes.append(process)  # type: ignore[arg-type]  # killed at teardown if left
-    return process
 
 
 @pytest.mark.system

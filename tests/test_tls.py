@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ssl
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from snet.transport.certificates import make_cluster_certificates
 from snet.transport.tls import client_context, read_token_file, refusal, server_context
 
 from full_disk import run_on_full_disk
-from helpers import QUICK_JOB, Cluster
+from helpers import QUICK_JOB, Cluster, run_process
 
 pytest.importorskip("cryptography")
 
@@ -136,22 +135,19 @@ def test_workers_train_over_mutual_tls_and_strangers_are_refused(
     )  # fmt: skip
     assert honest.wait(120) == 0
     https = server.url.replace("http://", "https://")
-    shown = subprocess.run(
+    shown = run_process(
         [sys.executable, "-m", "snet.cli", "status", "--url", https, "--tls-ca",
          str(pki / "ca.pem")],
-        capture_output=True, text=True, timeout=30,
+        timeout=30,
     )  # fmt: skip
     assert shown.returncode == 0 and "(trained)" in shown.stdout, shown.stderr
-    bare = subprocess.run(  # a bare HOST:PORT with --tls-ca is https:// (it was http://)
+    bare = run_process(  # a bare HOST:PORT with --tls-ca is https:// (it was http://)
         [sys.executable, "-m", "snet.cli", "status", "--url", https.removeprefix("https://"),
          "--tls-ca", str(pki / "ca.pem")],
-        capture_output=True, text=True, timeout=30,
+        timeout=30,
     )  # fmt: skip
     assert bare.returncode == 0 and "(trained)" in bare.stdout, bare.stderr
-    plain = subprocess.run(
-        [sys.executable, "-m", "snet.cli", "status", "--url", https],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    plain = run_process([sys.executable, "-m", "snet.cli", "status", "--url", https], timeout=30)
     assert plain.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in plain.stderr
 
 
