@@ -1,4 +1,4 @@
-"""``AsyncRawClient``: ``helpers.RawClient`` for the fast ring, on the test's own loop.
+"""``AsyncRawClient``: ``raw_client.RawClient`` for the fast ring, on the test's own loop.
 
 A hand-driven worker for feeding an in-process server bad input: a blocking socket would
 stall the loop that runs the server, so this one reads and writes with asyncio streams.
@@ -16,7 +16,7 @@ from snet.protocol.decoder import FrameDecoder
 from snet.protocol.framing import encode_bytes
 from snet.protocol.messages import Hello, Message, ServerHello, Welcome
 
-from helpers import take_from
+from raw_client import take_from
 
 
 class AsyncRawClient:

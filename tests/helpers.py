@@ -25,18 +25,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-import numpy as np
-
-from snet.client.data import load_corpus
-from snet.client.network import BunchNetwork
-from snet.protocol import PROTOCOL_VERSION
-from snet.protocol.decoder import FrameDecoder
-from snet.protocol.framing import encode_bytes
-from snet.protocol.job import DataSpec
-from snet.protocol.messages import Hello, Message, ServerHello
-from snet.protocol.network import ElementLayout, NetworkSpec, initial_weights
-from snet.server.update_rule import UpdateRule
-
 START_SECONDS = 30.0
 SMALL_JOB = ["--network", "117:64:10", "--chunk-frames", "4096"]
 # SMALL_JOB in bunches of 512: an epoch in 95 updates rather than 379, for tests whose
@@ -412,70 +400,6 @@ class Cluster:
             raise AssertionError("\n".join(problems))
 
 
-def take_from(inbox: list[Message], kind: type[Any]) -> Any:
-    """The first message of ``kind`` in ``inbox``, taken out (None if there is none)."""
-    for index, message in enumerate(inbox):
-        if isinstance(message, kind):
-            return inbox.pop(index)
-    return None
-
-
-class RawClient:
-    """A hand-driven worker on a blocking socket, for feeding the server bad input."""
-
-    def __init__(self, port: int, name: str = "raw") -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.decoder = FrameDecoder()
-        self.inbox: list[Message] = []
-        self.name = name
-
-    def send_bytes(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def send(self, message: Message) -> None:
-        self.sock.sendall(encode_bytes(message))
-
-    def receive(self, kind: type[Any], timeout: float = 10.0) -> Any:
-        """The next message of ``kind`` (others are kept in ``inbox``); fails on EOF."""
-        deadline = time.monotonic() + timeout
-        while (found := take_from(self.inbox, kind)) is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"no {kind.__name__} within {timeout} s")
-            self.sock.settimeout(remaining)
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError(f"closed by the server while waiting for {kind.__name__}")
-            self.inbox.extend(self.decoder.feed(data))
-        return found
-
-    def closed_by_peer(self, timeout: float = 10.0) -> bool:
-        """True once the server closes the connection (reading what is left)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.sock.settimeout(max(deadline - time.monotonic(), 0.01))
-            try:
-                data = self.sock.recv(1 << 20)
-            except TimeoutError:
-                continue
-            except ConnectionResetError:
-                return True
-            if not data:
-                return True
-            self.inbox.extend(self.decoder.feed(data))
-        return False
-
-    def handshake(self, capabilities: tuple[str, ...] = ()) -> Any:
-        self.receive(ServerHello)
-        self.send(Hello(PROTOCOL_VERSION, self.name, "raw", capabilities, b""))
-        from snet.protocol.messages import Welcome
-
-        return self.receive(Welcome)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def run_snet(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -489,26 +413,3 @@ def status_table(url: str) -> str:
     return run_process(
         [sys.executable, "-m", "snet.cli", "status", "--url", url], timeout=30, check=True
     ).stdout
-
-
-def load_weights(path: Path) -> list[np.ndarray]:
-    with np.load(path) as data:
-        layers = len([k for k in data.files if k.startswith("W")])
-        return [data[f"{kind}{i}"] for i in range(layers) for kind in ("W", "b")]
-
-
-def replay_sequentially(
-    trace: list[dict], spec: NetworkSpec, momentum: float, data: str = ""
-) -> np.ndarray:
-    """Sequential bunch training on the union of each step's frames, in the same order
-    (of the default data, or of ``data``)."""
-    corpus = load_corpus(DataSpec(source=data) if data else DataSpec(), spec.output_size)
-    rule = UpdateRule(initial_weights(spec, seed=1), momentum)
-    biggest = max(sum(len(u["frames"]) for u in step["updates"]) for step in trace)
-    network = BunchNetwork(spec, biggest)
-    gradient = ElementLayout.for_network(spec).allocate()
-    for step in trace:
-        frames = np.concatenate([np.array(u["frames"], dtype=np.int64) for u in step["updates"]])
-        network.gradient(rule.weights, corpus.windows(frames), corpus.labels[frames], gradient)
-        rule.step([gradient], len(frames), step["learning_rate"])
-    return rule.weights

@@ -18,7 +18,8 @@ from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.block_filter import BlockFilter
 
-from helpers import SMALL_JOB, Cluster, load_weights, replay_sequentially, run_process
+from helpers import SMALL_JOB, Cluster, run_process
+from sequential_replay import load_weights, replay_sequentially
 
 RNG = np.random.default_rng(11)
 SIZE = 300

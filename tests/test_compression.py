@@ -29,9 +29,10 @@ from snet.protocol.messages import (
 from snet.protocol.network import ElementLayout, NetworkSpec
 
 from async_raw import AsyncRawClient
-from helpers import SMALL_JOB, Cluster, load_weights, wait_until
+from helpers import SMALL_JOB, Cluster, wait_until
 from inprocess import Lab, LabServer
 from inprocess import wait_until as wait_in_lab
+from sequential_replay import load_weights
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 TOPK = "topk:0.01"

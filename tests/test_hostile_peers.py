@@ -17,7 +17,8 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout, NetworkSpec
 
-from helpers import SMALL_JOB, Cluster, RawClient, wait_until
+from helpers import SMALL_JOB, Cluster, wait_until
+from raw_client import RawClient
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 

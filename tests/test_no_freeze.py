@@ -15,7 +15,8 @@ import pytest
 from snet.protocol.messages import ErrorMessage, Heartbeat, Lease, Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 
-from helpers import QUICK_JOB, Cluster, RawClient, ServerProcess, wait_until
+from helpers import QUICK_JOB, Cluster, ServerProcess, wait_until
+from raw_client import RawClient
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 FINISH_SECONDS = 45  # well below worker_timeout_seconds (60): no waiting out a silent peer

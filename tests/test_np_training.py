@@ -16,9 +16,10 @@ from snet.cli.offline import train_job
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import NetworkSpec
 
-from helpers import Cluster, load_weights
+from helpers import Cluster
 from helpers import wait_until as system_wait
 from inprocess import Lab, wait_until
+from sequential_replay import load_weights
 from short_data import short_data
 
 

@@ -21,7 +21,8 @@ from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.compensation import HISTORY_VERSIONS, delay_compensated
 from snet.server.update_rule import UpdateRule
 
-from helpers import QUICK_JOB, SMALL_JOB, Cluster, RawClient, ServerProcess, wait_until
+from helpers import QUICK_JOB, SMALL_JOB, Cluster, ServerProcess, wait_until
+from raw_client import RawClient
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 

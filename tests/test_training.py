@@ -14,8 +14,9 @@ import pytest
 
 from snet.protocol.network import NetworkSpec, initial_weights
 
-from helpers import SMALL_JOB, Cluster, load_weights, replay_sequentially, wait_until
+from helpers import SMALL_JOB, Cluster, wait_until
 from inprocess import Lab
+from sequential_replay import load_weights, replay_sequentially
 from short_data import short_data
 
 
