@@ -37,7 +37,6 @@ from snet.transport.host_memory import host_memory
 
 from .compression import CLIPPED_FAMILIES, KEEP_SENT
 from .network import MIN_ROWS
-from .policies import make_compute_policy
 
 log = logging.getLogger("snet.worker")
 
@@ -57,6 +56,10 @@ def activations(job: JobSpec) -> tuple[int, str]:
 
 def worker_need(job: JobSpec, update_codec: str = "none") -> MemoryNeed:
     """About what a worker holds for ``job`` sending updates in ``update_codec``."""
+    # here, not at the top: snet train reads activations() and must not load the worker's
+    # policies (np's slice work imports asyncio; tests/test_startup_imports.py)
+    from .policies import make_compute_policy
+
     policy = make_compute_policy(job)
     if not policy.holds_whole_network:
         # Its whole-network buffers are zeros it never writes (no weights come, no update
