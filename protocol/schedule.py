@@ -19,7 +19,9 @@ trainer call ``after_epoch`` with each CV error and apply the ``Decision``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .job import JobSpec
 
@@ -51,6 +53,18 @@ class NewbobSchedule:
         self.lowest_error = 100.0  # qnstrn's "initial error": nothing is worse
         self.kept_error = 100.0  # CV error of the weights kept last
         self.epoch = 0
+
+    def state(self) -> dict[str, Any]:
+        """What it has learnt so far, as plain data (a checkpoint's)."""
+        names = ("rate", "ramping", "epoch", "lowest_error", "kept_error")
+        return {name: getattr(self, name) for name in names}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Go on from ``state()``."""
+        self.rate, self.ramping = float(state["rate"]), bool(state["ramping"])
+        self.epoch = int(state["epoch"])
+        self.lowest_error = float(state["lowest_error"])
+        self.kept_error = float(state["kept_error"])
 
     def after_epoch(self, cv_error: float) -> Decision:
         """``cv_error`` in percent (100 - CV frame accuracy in percent)."""

@@ -269,7 +269,7 @@ class SnetServer:
         self.state = "stopping"
         self.stopping.set()
         notify("STOPPING=1")
-        self.coordinator.closed = True
+        self.coordinator.close()
         if self._tcp is not None:
             self._tcp.close()
         if self._results_task is not None:  # the results first: it starts the test scoring

@@ -93,7 +93,8 @@ class BlockFilter:
         ]  # a worker's own momentum means nothing here: every delta is a delta
         workers = len(merged[0]) if self.sync else self.workers
         eta = self.momentum(workers)
-        self.inner.momentum = self.last_momentum = eta
+        self.inner.use_momentum(eta)
+        self.last_momentum = eta
         scale = self.rate if self.sync else self.rate / self.workers
         weights = self.inner.steps(merged, patterns, -scale)  # v = η v + ζ G; w += v
         if weights is None:

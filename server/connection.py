@@ -216,7 +216,7 @@ class WorkerConnection:
             figures = report.pop("compression", None)  # goes to the compression ledger
             if session.ledger is not None:
                 session.ledger.absorb_report(figures)
-            session.report = report
+            session.reported(report)
         elif isinstance(message, Resync):
             self.coordinator.on_resync(session, message.reason)
         elif isinstance(message, PartialOutputs | SliceState):  # np mode (slice_rounds.py)

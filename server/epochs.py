@@ -54,10 +54,7 @@ class EpochControl:
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The epoch, the rate in force and the schedule's state (plain data)."""
-        newbob = None
-        if self.newbob is not None:
-            names = ("rate", "ramping", "epoch", "lowest_error", "kept_error")
-            newbob = {name: getattr(self.newbob, name) for name in names}
+        newbob = self.newbob.state() if self.newbob is not None else None
         return {
             "epoch": self.epoch,
             "rate": self.rate,
@@ -77,10 +74,7 @@ class EpochControl:
         if (saved is None) != (self.newbob is None):
             raise ValueError("the checkpoint's schedule is not the job's")
         if self.newbob is not None and saved is not None:
-            self.newbob.rate, self.newbob.ramping = float(saved["rate"]), bool(saved["ramping"])
-            self.newbob.epoch = int(saved["epoch"])
-            self.newbob.lowest_error = float(saved["lowest_error"])
-            self.newbob.kept_error = float(saved["kept_error"])
+            self.newbob.restore(saved)
 
     def start(self, epoch: int) -> None:
         """``epoch`` begins (the coordinator shuffles and leases its frames)."""

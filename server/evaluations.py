@@ -139,7 +139,7 @@ class Evaluations:
                 key=lambda s: (not s.clock.delivered or s.scoring_held, frames_left(s.worker_id)),
             )
             job.worker_id, job.assigned_at = session.worker_id, now
-            session.evaluations += 1
+            session.asked_to_score()
             sent.append((session, job))
         return sent
 
@@ -155,7 +155,7 @@ class Evaluations:
         if problem:
             job.worker_id = None
             job.refused_by.add(session.worker_id)
-            session.scoring_held = True  # not asked again before it delivers something
+            session.hold_scoring()  # not asked again before it delivers something
             raise RejectedUpdate(problem)
         del self._jobs[job.epoch, job.copy]
         answers = self._answers.setdefault(job.epoch, {})
@@ -217,8 +217,7 @@ class Evaluations:
                         session.name if session else worker_id, result.correct, result.loss_sum,
                         own.correct, own.loss_sum)  # fmt: skip
             if session is not None:
-                session.scoring_held = True
-                session.updates_rejected += 1
+                session.cv_refused()
 
     def _scorers(self, epoch: int) -> set[int]:
         held = {j.worker_id for j in self._jobs.values() if j.epoch == epoch}

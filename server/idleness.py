@@ -45,7 +45,7 @@ class IdleWatch:
             s for s in sessions if s.worker_id in self.eligible and not granted.get(s.worker_id)
         ]
         for session in idle:
-            session.idle_epochs += 1
+            session.idle_for_an_epoch()
             self.idle_worker_epochs += 1
             count = session.idle_epochs
             if count & (count - 1):  # logged at powers of two only (module docstring)

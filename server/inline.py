@@ -65,7 +65,7 @@ class InlineFrames:
                          reason[:100])  # fmt: skip
             return
         log.info("worker %s cannot read the data (%s): frames go inline", session.name, reason)
-        session.inline_frames = True
+        session.fed_inline()
         self.start(session.worker_id)
         for chunk in chunks:
             self.send(session, chunk)

@@ -52,12 +52,12 @@ class UpdateIntake:
                          message.lease_id, message.offset)  # fmt: skip
             return False
         session.clock.update_arrived(time.monotonic(), message.patterns, message.compute_seconds)
-        session.probation = session.scoring_held = False  # alive: it may hold leases again
+        session.alive()  # it may hold leases again
         lost, updates = self.book.lost_before(
             session.worker_id, message.lease_id, message.offset, message.patterns
         )
         if lost:
-            session.updates_settled += updates
+            session.settled_lost(updates)
             session.warn("updates of %s were lost: %d frames back in the queue", session.name,
                          lost)  # fmt: skip
         return True
@@ -91,7 +91,7 @@ class UpdateIntake:
             return self.decoder.decode(agreed, message.encoded)
         except CodecError as exc:
             if session.ledger is not None:
-                session.ledger.undecodable += 1
+                session.ledger.count_undecodable()
             self._refuse(session, message, f"undecodable update: {exc}")
 
     def _refuse(

@@ -121,5 +121,5 @@ def _reassign_evaluations(coordinator: Coordinator, now: float) -> None:
     for session, job in coordinator.evaluations.overdue(now, allowed, coordinator.sessions):
         log.warning("worker %s did not score epoch %d in %.1f s; asking another",
                     session.name, shown_epoch(job.epoch), now - job.assigned_at)  # fmt: skip
-        session.scoring_held = True  # not asked again before it delivers something
+        session.hold_scoring()  # not asked again before it delivers something
     coordinator.assign_evaluations()

@@ -95,7 +95,6 @@ class LeaseDesk:
             session.send(ErrorMessage(LEASE_REVOKED, text, False, lease.lease_id))
         leases = len(held)
         frames = self.book.worker_gone(session.worker_id)
-        session.leases_revoked += leases
-        session.probation = True
+        session.taken_back(leases)
         session.clock.taken_back()
         return leases, frames

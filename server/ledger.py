@@ -54,6 +54,10 @@ class CompressionLedger:
         self.update_payload_bytes += payload_bytes
         self.update_raw_bytes += raw_bytes
 
+    def count_undecodable(self) -> None:
+        """An update came in a form its codec could not decode."""
+        self.undecodable += 1
+
     def absorb_report(self, figures: Any) -> None:
         """Take the worker's own figures from its report (anything odd is ignored)."""
         if not isinstance(figures, dict):

@@ -33,7 +33,12 @@ def unique_name(name: str, taken: Iterable[str]) -> str:
 
 @dataclass
 class WorkerSession:
-    """One worker as the coordinator sees it; the connection supplies send and close."""
+    """One worker as the coordinator sees it; the connection supplies send and close.
+
+    The server's parts read its fields and change them only through its methods, each a
+    thing that happened to the worker (an update delivered, refused or applied, a lease
+    taken back, a CV result refused): tests/test_policies.py checks that no other module
+    assigns them."""
 
     worker_id: int
     name: str
@@ -97,6 +102,62 @@ class WorkerSession:
         the newest with its next lease instead (``refresh``): 30 idle connections, each
         sent every step's weights (262 kB), cut a run to 0.38 of its steps a second."""
         return self.worker_id in holders or self.updates_settled != self.settled_sent
+
+    def delivered(self, patterns: int, compute_seconds: float) -> None:
+        """It delivered an update (or np's partial outputs) of ``patterns`` patterns."""
+        self.updates_sent += 1
+        self.patterns += patterns
+        self.compute_seconds += compute_seconds
+
+    def refused(self) -> None:
+        """An update of its was refused: settled all the same (it may send more)."""
+        self.updates_rejected += 1
+        self.updates_settled += 1
+
+    def settled_lost(self, updates: int) -> None:
+        """``updates`` of its updates were lost on their way (its next one names a later
+        offset): settled, so that its flow control counts them."""
+        self.updates_settled += updates
+
+    def alive(self) -> None:
+        """It delivered something: it may hold leases and score CV again."""
+        self.probation = self.scoring_held = False
+
+    def hold_scoring(self) -> None:
+        """It scored late or wrongly: not asked to score again before it delivers."""
+        self.scoring_held = True
+
+    def cv_refused(self) -> None:
+        """A CV result of its differed from the server's: refused, counted with its
+        refused updates, and it is not asked to score again before it delivers."""
+        self.hold_scoring()
+        self.updates_rejected += 1
+
+    def asked_to_score(self) -> None:
+        self.evaluations += 1
+
+    def idle_for_an_epoch(self) -> None:
+        self.idle_epochs += 1
+
+    def fed_inline(self) -> None:
+        """It cannot read the data: the server sends its frames from now on."""
+        self.inline_frames = True
+
+    def taken_back(self, leases: int) -> None:
+        """``leases`` of its leases were taken back (late): none again until it delivers."""
+        self.leases_revoked += leases
+        self.probation = True
+
+    def weights_sent(self, version: int) -> None:
+        """It was sent the weights of ``version``, with its settled count as it is now."""
+        self.weights_version_sent, self.settled_sent = version, self.updates_settled
+
+    def reported(self, report: dict[str, Any]) -> None:
+        """Its newest ``WorkerReport`` (its backend's figures, shown in /status)."""
+        self.report = report
+
+    def left(self, reason: str) -> None:
+        self.state, self.left_reason = "gone", reason
 
     def settle_applied(self, staleness: int, now: float) -> None:
         """One of its updates was applied ``staleness`` versions after its base, at ``now``."""

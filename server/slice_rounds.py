@@ -218,9 +218,7 @@ class SliceRounds:
         round_.slowest = max(round_.slowest, message.compute_seconds)
         self._delivered(session, len(round_.frames), message.compute_seconds)
         units = self.master.holders[session.worker_id].units
-        session.patterns += len(round_.frames)
-        session.compute_seconds += message.compute_seconds
-        session.updates_sent += 1
+        session.delivered(len(round_.frames), message.compute_seconds)
         if message.compute_seconds > 0:
             speed = units * len(round_.frames) / message.compute_seconds
             earlier = self.speeds.get(session.worker_id, speed)

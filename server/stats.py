@@ -127,6 +127,10 @@ class TrainingStats:
     def record_pass(self) -> None:
         self.step_passes += 1
 
+    def record_refused(self) -> None:
+        """An update was refused (at intake or at its step)."""
+        self.updates_rejected += 1
+
     def end_epoch(self, epoch: int, version: int, ledger: dict[str, Any]) -> None:
         record = self.record_of(epoch)
         record.ended, record.end_version, record.ledger = time.time(), version, ledger

@@ -131,6 +131,9 @@ class Coordinator:
                                  self._end_epoch)  # fmt: skip
         return SliceRounds(self.job, self.rule, plan.source.labels, min_workers, parts)
 
+    def close(self) -> None:
+        self.closed = True  # the server is stopping: no step starts from now on
+
     def _next_version(self) -> int:
         self.version += 1
         return self.version
@@ -173,7 +176,7 @@ class Coordinator:
         if self.sessions.pop(session.worker_id, None) is None:
             return
         self.rule.set_workers(len(self.sessions))
-        session.state, session.left_reason = "gone", reason
+        session.left(reason)
         self.departed.add(session)
         returned = self.desk.worker_gone(session)
         log.info("worker %s left (%s); %d frames back in the queue", session.name, reason, returned)
@@ -185,7 +188,7 @@ class Coordinator:
             self.slices.left(session, held)
 
     def send_weights(self, session: WorkerSession) -> None:
-        session.weights_version_sent, session.settled_sent = self.version, session.updates_settled
+        session.weights_sent(self.version)
         if self.slices is not None:
             return  # np workers get slices, not copies of the whole network
         session.send(Weights(self.version, self.epoch, self.learning_rate, session.updates_settled,
@@ -238,9 +241,7 @@ class Coordinator:
             self.desk.note_if_dry(session)
             self.maybe_step()
             raise
-        session.updates_sent += 1
-        session.patterns += message.patterns
-        session.compute_seconds += message.compute_seconds
+        session.delivered(message.patterns, message.compute_seconds)
         self.stats.record_train(message.patterns, message.correct, message.loss_sum)
         self.steps.append(pending)
         if self.desk.wants_more(session):
@@ -315,9 +316,8 @@ class Coordinator:
             self.steps.mark_boundary()
 
     def _count_refused(self, session: WorkerSession, reason: str, numeric: bool) -> None:
-        session.updates_rejected += 1
-        session.updates_settled += 1  # a refused update is settled: the worker may send more
-        self.stats.updates_rejected += 1
+        session.refused()  # settled: the worker may send more
+        self.stats.record_refused()
         if numeric and (why := self.divergence.refuse(session, reason, self.version)):
             self._fail(why)  # every update refused, none applied: it cannot train on
 

@@ -100,6 +100,11 @@ class UpdateRule:
         self.momentum = momentum
         self.snapshot: np.ndarray = self.weights
 
+    def use_momentum(self, momentum: float) -> None:
+        """The momentum of the steps from now on (bmuf's block momentum varies with the
+        workers a block averages: server/block_filter.py)."""
+        self.momentum = momentum
+
     @property
     def model(self) -> np.ndarray:
         """The weights that are evaluated and saved: the published snapshot."""

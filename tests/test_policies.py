@@ -316,3 +316,47 @@ def test_the_server_and_worker_branch_on_the_mode_only_in_their_policies() -> No
     }
     assert found == set(), found
     assert _mode_comparisons(root / "client" / "policies.py")  # the check finds them
+
+
+SESSION_NAMES = {"session", "s", "worker", "holder"}  # what the server's modules call one
+
+
+def _session_writes(path: Path) -> list[str]:
+    """``line: target`` of each assignment to a field of a worker session in ``path``
+    (``session.x = ...``, ``pending.session.x += ...``, ``session.ledger.x = ...``)."""
+
+    def names_a_session(node: ast.expr) -> bool:
+        while isinstance(node, ast.Attribute):
+            if node.attr == "session":
+                return True
+            node = node.value
+        return isinstance(node, ast.Name) and node.id in SESSION_NAMES
+
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            for each in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(each, ast.Attribute) and names_a_session(each.value):
+                    found.append(f"{node.lineno}: {ast.unparse(each)}")
+    return found
+
+
+def test_only_the_session_changes_its_own_fields(tmp_path: Path) -> None:
+    """Parts with one owner (issue 13): the server's parts tell a ``WorkerSession`` what
+    happened (``session.refused()``, ``session.taken_back(n)``) and never assign its fields
+    (nine modules did)."""
+    root = Path(__file__).resolve().parent.parent
+    found = {
+        f"{path.relative_to(root)}:{write}"
+        for path in sorted((root / "server").rglob("*.py"))
+        if path.name != "session.py"
+        for write in _session_writes(path)
+    }
+    assert found == set(), found
+    sample = tmp_path / "sample.py"  # the check finds what it is for
+    sample.write_text("session.probation = True\npending.session.patterns += 3\n")
+    assert _session_writes(sample) == ["1: session.probation", "2: pending.session.patterns"]

@@ -31,6 +31,7 @@ from snet.server.http import make_app
 from snet.server.idleness import IdleWatch
 from snet.server.leases import LEASES_PER_WORKER, TAIL_ROUNDS, LeaseBook, lease_size
 from snet.server.policies import make_step_policy
+from snet.server.session import WorkerSession
 from snet.server.staleness import StalenessControl
 from snet.server.staleness_report import staleness_metrics
 
@@ -268,33 +269,35 @@ def test_four_workers_on_eight_chunks_all_get_frames_and_the_tail_is_bunches() -
     assert all(len(lease.indices) == chunk for lease in iter(lambda: alone.grant(0, 1), None))
 
 
+def _session(worker_id: int) -> WorkerSession:
+    return WorkerSession(worker_id, f"w{worker_id}", "", "numpy", (), lambda _: None, print)
+
+
 def test_a_worker_without_frames_for_a_whole_epoch_is_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    workers = [
-        SimpleNamespace(worker_id=i, name=f"w{i}", idle_epochs=0, probation=False) for i in range(3)
-    ]
+    workers = [_session(i) for i in range(3)]
     watch = IdleWatch()
-    watch.start_epoch(workers[:2])  # type: ignore[arg-type]
-    watch.joined(workers[2], frames_waiting=False)  # type: ignore[arg-type]
-    idle = watch.end_epoch(4, workers, {0: 100})  # type: ignore[arg-type]
+    watch.start_epoch(workers[:2])
+    watch.joined(workers[2], frames_waiting=False)
+    idle = watch.end_epoch(4, workers, {0: 100})
     assert idle == [workers[1]]  # w2 joined when nothing was left to hand out
     assert workers[1].idle_epochs == 1 and watch.idle_worker_epochs == 1
     assert "worker w1 trained on no frames in epoch 5" in caplog.text  # index 4, read from 1
     assert "too few chunks for the workers?" in caplog.text
-    workers[1].probation = True  # its leases were taken back: that is why, not the chunks
-    watch.start_epoch(workers)  # type: ignore[arg-type]
+    workers[1].taken_back(1)  # its leases were taken back: that is why, not the chunks
+    watch.start_epoch(workers)
     caplog.clear()
-    watch.end_epoch(5, workers, {0: 100, 2: 100})  # type: ignore[arg-type]
+    watch.end_epoch(5, workers, {0: 100, 2: 100})
     assert "its leases were taken back and it has delivered nothing since" in caplog.text
 
 
 def test_a_worker_that_never_trains_is_logged_sparingly(caplog: pytest.LogCaptureFixture) -> None:
-    worker = SimpleNamespace(worker_id=0, name="w0", idle_epochs=0, probation=False)
+    worker = _session(0)
     watch = IdleWatch()
     for epoch in range(225):  # the audit's run: a line every epoch
-        watch.start_epoch([worker])  # type: ignore[list-item]
-        assert watch.end_epoch(epoch, [worker], {}) == [worker]  # type: ignore[list-item]
+        watch.start_epoch([worker])
+        assert watch.end_epoch(epoch, [worker], {}) == [worker]
     lines = [r.getMessage() for r in caplog.records]
     lines = [line for line in lines if "trained on no frames" in line]
     assert len(lines) == 8  # its 1st, 2nd, 4th, ..., 128th idle epoch
