@@ -35,6 +35,7 @@ of updates: its bunches are run by the coordinator's np part (slice_rounds.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,6 +46,7 @@ from snet.protocol.job import JobSpec
 
 from .block_filter import BlockFilter
 from .slice_master import AssembledElement
+from .traffic import WorkerTraffic
 from .update_rule import StepRule, UpdateRule
 
 SLIVER_CODECS = ("topk", "powersgd")  # send part of a change: the rest waits for later copies
@@ -188,6 +190,13 @@ class StepPolicy:
         the order the steps are to be applied (an empty list: wait)."""
         raise NotImplementedError
 
+    def make_traffic(
+        self, updates: WorkerTraffic, rounds: Callable[[], WorkerTraffic]
+    ) -> WorkerTraffic:
+        """Its workers' traffic (server/traffic.py): leases and ``updates``, or np's
+        ``rounds`` of bunches (made only when chosen)."""
+        return updates
+
     def refusal(self, base_version: int, version: int) -> str:
         """Why an update computed on ``base_version`` cannot be queued ("" if it can)."""
         if not 0 <= base_version <= version:
@@ -282,6 +291,11 @@ class SliceSteps(StepPolicy):
 
     def take(self, view: QueueView) -> list[list[int]]:
         return []
+
+    def make_traffic(
+        self, updates: WorkerTraffic, rounds: Callable[[], WorkerTraffic]
+    ) -> WorkerTraffic:
+        return rounds()  # bunches through the slice holders, no leases, no updates
 
     def refusal(self, base_version: int, version: int) -> str:
         return "np mode: workers send partial outputs, not updates"

@@ -103,7 +103,10 @@ class CoordinatorParts:
 
 
 class SliceRounds:
-    """Runs bunches through the slice holders instead of leasing frames to workers."""
+    """Runs bunches through the slice holders instead of leasing frames to workers: np
+    mode's traffic (server/traffic.py)."""
+
+    whole_weights = False  # each worker holds a slice, sent it by ``_reslice``
 
     def __init__(
         self, job: JobSpec, rule: AssembledElement, labels: np.ndarray, min_workers: int,
@@ -188,7 +191,7 @@ class SliceRounds:
         session.send(ErrorMessage("bad_job", text, True))
         session.close(text)
 
-    def refuse_update(self, received: Received) -> None:
+    def on_update(self, session: WorkerSession, received: Received) -> None:
         """Workers send partial outputs, not updates: RejectedUpdate (its element freed)."""
         if received.loan is not None:
             received.loan.release()

@@ -41,12 +41,7 @@ def _shown_record(row: dict[str, Any], epoch: int) -> dict[str, Any]:
 
 def _state(server: SnetServer) -> str:
     coordinator = server.coordinator
-    slices = coordinator.slices  # np mode waits for its workers in its own way
-    waiting = (
-        slices.holding_back()
-        if slices is not None
-        else coordinator.desk.holding_back(len(coordinator.sessions))
-    )
+    waiting = coordinator.traffic.holding_back()  # each mode waits for workers its way
     return "waiting_for_workers" if server.state == "training" and waiting else server.state
 
 

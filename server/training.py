@@ -8,7 +8,9 @@ queued); the mode's ``StepPolicy`` (policies.py: which queued updates make a ste
 on which frames); ``EpochControl`` (epochs.py: epochs, rates, roll-back); ``Evaluations``
 and ``CvScoring`` (who scores each epoch, cv_scoring.py); ``ProgressWatch`` (progress.py,
 delivery deadlines); ``StalenessControl``; ``DivergenceWatch`` (divergence.py, a run whose
-every update is refused); ``TrainingStats``, the hooks; np's ``SliceRounds``.
+every update is refused); ``TrainingStats``, the hooks; and the mode's traffic (traffic.py:
+``UpdateTraffic``, leases and updates, or np's ``SliceRounds``), chosen by its policy: the
+coordinator routes a worker's mode-dependent events there and never asks which mode runs.
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
 of ``version`` and exactly the ledger they include (server/resume.py, durability.py). The
@@ -21,6 +23,7 @@ only the ``StepRunner`` computes (in the step thread, or inline when short).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -70,6 +73,7 @@ from .staleness import StalenessControl
 from .stats import TrainingStats
 from .stepping import PendingUpdate, StepOutcome, StepRunner, bunch_event, trace_record
 from .stepqueue import Groups, StepQueue
+from .traffic import UpdateTraffic
 
 log = logging.getLogger("snet.server")
 
@@ -117,14 +121,16 @@ class Coordinator:
         self.closed = False  # set at shutdown: no new steps
         self.on_finished: Callable[[], None] | None = None
         self.on_failure: Callable[[str], None] | None = None  # the step machinery broke
-        self.slices = self._slice_rounds(plan, min_workers)  # np mode's part, else None
+        updates = UpdateTraffic(job.mode, self.desk, self.epochs, self.stats, self.evaluations,
+                                self.sessions, self._take_update)  # fmt: skip
+        rounds = functools.partial(self._slice_rounds, plan, min_workers)  # np's
+        self.traffic = self.policy.make_traffic(updates, rounds)  # the mode's: traffic.py
         self.hooks.call("before_training", RunInfo(job.network.describe(), self.connections,
                         job.mode, job.epochs, len(plan.train_frames)))  # fmt: skip
         self._start_epoch(0)
 
-    def _slice_rounds(self, plan: DataPlan, min_workers: int) -> SliceRounds | None:
-        if not isinstance(self.rule, AssembledElement):  # np mode's rule (policies.py)
-            return None
+    def _slice_rounds(self, plan: DataPlan, min_workers: int) -> SliceRounds:
+        assert isinstance(self.rule, AssembledElement)  # np's rule (policies.py)
         parts = CoordinatorParts(self.book, self.epochs, self.stats, self.hooks, self.idle,
                                  self.steps, self.sessions, lambda: self.closed,
                                  self.finished.is_set, self._next_version, self._assembled,
@@ -167,12 +173,11 @@ class Coordinator:
             return
         self.fill_leases()
         self.assign_evaluations()
-        if self.slices is not None:
-            self.slices.joined(session)
+        self.traffic.joined(session)
 
     def remove_worker(self, session: WorkerSession, reason: str) -> None:
         """A worker left (goodbye, lost connection, timeout): requeue its frames."""
-        held = self.slices is not None and self.slices.leaving(session)
+        held = self.traffic.leaving(session)
         if self.sessions.pop(session.worker_id, None) is None:
             return
         self.rule.set_workers(len(self.sessions))
@@ -184,12 +189,11 @@ class Coordinator:
         self.fill_leases()
         self.assign_evaluations()
         self.maybe_step()
-        if self.slices is not None:
-            self.slices.left(session, held)
+        self.traffic.left(session, held)
 
     def send_weights(self, session: WorkerSession) -> None:
         session.weights_sent(self.version)
-        if self.slices is not None:
+        if not self.traffic.whole_weights:
             return  # np workers get slices, not copies of the whole network
         session.send(Weights(self.version, self.epoch, self.learning_rate, session.updates_settled,
                              self.rule.snapshot, digest=self.digest))  # fmt: skip
@@ -202,33 +206,26 @@ class Coordinator:
         self.send_weights(session)
 
     def fill_leases(self) -> None:
-        if self.slices is not None:
-            self.slices.fill()
-        elif not self.epochs.waiting_for_cv:  # newbob decides the next epoch's rate first
-            self.desk.fill(self.sessions.values(), self.learning_rate)
-            self.stats.leasing(bool(self.book.granted))
+        self.traffic.fill()
 
     def on_slice_message(self, session: WorkerSession, message: SliceReply) -> None:
-        if self.slices is not None:
-            return self.slices.on_message(session, message)
-        raise RejectedUpdate(f"{message.TYPE} is np mode's; this job's mode is {self.job.mode}")
+        self.traffic.on_message(session, message)
 
     def on_frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
-        """The worker cannot read the data: send its frames inline from now on."""
-        if self.slices is not None:
-            return self.slices.frames_wanted(session, message)
-        evaluating = bool(self.evaluations.held_by(session.worker_id))
-        self.desk.frames_wanted(session, message, evaluating)
+        """The worker cannot read the data (its mode's traffic says what follows)."""
+        self.traffic.frames_wanted(session, message)
 
     # ------------------------------------------------------------ updates and steps
 
     def on_update(self, session: WorkerSession, received: Received) -> None:
+        """An update: the mode's traffic takes it (raises RejectedUpdate if refused)."""
+        self.traffic.on_update(session, received)
+
+    def _take_update(self, session: WorkerSession, received: Received) -> None:
         """Check an update; queue it for the next step or refuse it (raises RejectedUpdate).
 
         The coordinator owns ``received`` (and its pooled element) from here: a refused
         update is released by the intake, a queued one after the step that applies it."""
-        if self.slices is not None:
-            return self.slices.refuse_update(received)
         if not self.intake.arrived(session, received):
             return
         message = received.message
@@ -372,8 +369,8 @@ class Coordinator:
         self._apply_decision(message, self.epochs.cv_result(message.epoch, job.weights, message))
 
     def _apply_decision(self, result: EvalResult, decision: EpochDecision) -> None:
-        if decision.restore is not None and self.slices is not None:
-            self.slices.hold()  # the slices are cut anew once the roll-back is done
+        if decision.restore is not None:
+            self.traffic.hold()  # np: the slices are cut anew once the roll-back is done
         if decision.restore is not None:  # roll back: a new version, sent to every worker
             self.rule.load(decision.restore)
             self.runner.forget_weights()
@@ -390,8 +387,8 @@ class Coordinator:
         self.steps.offer(True)  # before the results are written: on_finished may stop
         if decision.finish and self.on_finished is not None:
             self.on_finished()
-        if decision.restore is not None and self.slices is not None:
-            self.slices.restart()
+        if decision.restore is not None:
+            self.traffic.restart()
 
     def resume_at(self, version: int, digest: str, earlier: dict[str, Any], finished: bool) -> None:
         """Go on from ``version`` (weights of ``digest``) after server/resume.py ran."""

@@ -360,3 +360,20 @@ def test_only_the_session_changes_its_own_fields(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"  # the check finds what it is for
     sample.write_text("session.probation = True\npending.session.patterns += 3\n")
     assert _session_writes(sample) == ["1: session.probation", "2: pending.session.patterns"]
+
+
+def test_each_mode_s_policy_chooses_its_workers_traffic() -> None:
+    """The coordinator's mode-dependent events go to the traffic the policy makes
+    (server/traffic.py): leases and updates, or np's rounds, made only when chosen."""
+    updates, rounds, made = object(), object(), []
+
+    def make_rounds() -> object:
+        made.append(True)
+        return rounds
+
+    for mode, expected in (("sync", updates), ("async", updates), ("bmuf", updates)):
+        policy = make_step_policy(JobSpec(mode=mode))
+        assert policy.make_traffic(updates, make_rounds) is expected  # type: ignore[arg-type]
+    assert not made
+    policy = make_step_policy(JobSpec(mode="np"))
+    assert policy.make_traffic(updates, make_rounds) is rounds  # type: ignore[arg-type]
