@@ -206,7 +206,10 @@ class WorkerConnection:
         self, session: WorkerSession, message: Message, received: Received | None
     ) -> None:
         if received is not None:
-            self.coordinator.on_update(session, received)
+            try:
+                self.coordinator.on_update(session, received)
+            finally:  # what the coordinator did not keep (queued) goes back to the pool
+                received.release()
         elif isinstance(message, EvalResult):
             self.coordinator.on_eval_result(session, message)
         elif isinstance(message, FramesWanted):

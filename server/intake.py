@@ -43,11 +43,10 @@ class UpdateIntake:
 
     def arrived(self, session: WorkerSession, received: Received) -> bool:
         """Note an update's arrival; False if it came before (one delivery taken once,
-        settled once; its element is released). Updates it shows were lost on the way
+        settled once; nothing of it kept). Updates it shows were lost on the way
         are settled, so the worker's flow control recovers, and their frames queued."""
         message = received.message
         if self.book.is_repeat(session.worker_id, message.lease_id, message.offset):
-            received.release()
             session.warn("update of %s on lease %d offset %d came again; ignored", session.name,
                          message.lease_id, message.offset)  # fmt: skip
             return False
@@ -67,7 +66,7 @@ class UpdateIntake:
     ) -> PendingUpdate:
         """The update as a pending one (it then owns the loan ``received`` held), or
         ``RejectedUpdate`` naming the update (the worker's error feedback needs the name);
-        on refusal the pooled element, if any, is back in the pool."""
+        on refusal nothing of it is kept (the connection gives its element back)."""
         message = received.message
         if session.ledger is not None:
             payload = message.encoded.nbytes if message.encoded else message.element.nbytes
@@ -79,10 +78,9 @@ class UpdateIntake:
             # that step makes: on the current one, it would be applied a round late.
             upcoming = version + int(stepping and not self.policy.stale_updates)
             frames = self._check(session, message, received, upcoming)
-        except RejectedUpdate as exc:
-            received.release()
+        except RejectedUpdate as exc:  # the connection releases what was not kept
             raise RejectedUpdate(str(exc), message.lease_id, message.offset, exc.numeric) from exc
-        return PendingUpdate(session, message, frames, received.loan)
+        return PendingUpdate(session, message, frames, received.keep())
 
     def _decode(self, session: WorkerSession, message: Update) -> ElementLoan:
         assert message.encoded is not None

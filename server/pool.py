@@ -21,10 +21,13 @@ it is never shared:
 
     decoder (the connection's ``ElementShare.payload_target``) -> the frame's ``Decoded``
       (message, loan)
-      -> connection: a ``Received`` (the update and its loan), to the coordinator
-      -> ``UpdateIntake.admit``: refuses it (releases it) or makes a ``PendingUpdate``
-         (which holds the loan) for the queue; an update that came twice is released
-      -> step: applies it, then releases it in its ``finally`` (whatever happened).
+      -> connection: a ``Received`` (the update and its loan), to the coordinator, and
+         once the coordinator is done with it, whatever it did, ``release()``: the one
+         release point of an update that was not queued (refused, repeated, np's)
+      -> ``UpdateIntake.admit``: refuses it (keeping nothing) or makes a
+         ``PendingUpdate`` for the queue, which takes the loan (``Received.keep()``)
+      -> step queue: applies it, then releases it in its ``finally`` (whatever
+         happened), or releases it when a refusal takes it out of the queue (``_free``).
 
 What never reaches the connection goes back in the transport (transport/stream.py):
 a frame cut short (``Channel.abandon()``), a frame refused as out of turn, a message
@@ -136,9 +139,18 @@ class Received:
         self.release()
         self.loan = loan
 
+    def keep(self) -> ElementLoan | None:
+        """The loan, handed on to whoever keeps the update (a queued ``PendingUpdate``):
+        this ``Received`` holds nothing from now on, so its ``release()`` does nothing."""
+        loan, self.loan = self.loan, None
+        return loan
+
     def release(self) -> None:
+        """Give back what was not kept: the connection calls it once the coordinator is
+        done with the update, taken or refused (server/connection.py)."""
         if self.loan is not None:
             self.loan.release()
+            self.loan = None
 
 
 class ElementPool:

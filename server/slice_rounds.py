@@ -192,9 +192,7 @@ class SliceRounds:
         session.close(text)
 
     def on_update(self, session: WorkerSession, received: Received) -> None:
-        """Workers send partial outputs, not updates: RejectedUpdate (its element freed)."""
-        if received.loan is not None:
-            received.loan.release()
+        """Workers send partial outputs, not updates: RejectedUpdate (nothing kept)."""
         raise RejectedUpdate("np mode: workers send partial outputs, not updates")
 
     # ------------------------------------------------------------ slices

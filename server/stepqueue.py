@@ -89,9 +89,7 @@ class StepQueue:
         queued = list(self._queued)
         self._queued = deque(p for index, p in enumerate(queued) if index not in indices)
         removed = [(index, queued[index]) for index in sorted(indices)]
-        for _, pending in removed:
-            if pending.element is not None:
-                pending.element.release()
+        _free(pending for _, pending in removed)
         return removed
 
     def pending_workers(self) -> set[int]:
@@ -144,10 +142,7 @@ class StepQueue:
             self.broken, self.failure = True, f"step failed: {exc!r}"
             return False
         finally:
-            for group in groups:  # the one release point of a queued update's element
-                for pending in group:
-                    if pending.element is not None:
-                        pending.element.release()
+            _free(pending for group in groups for pending in group)
             self._running = False
             self._in_step = set()
         self.offer(False)
@@ -171,3 +166,11 @@ class StepQueue:
         task = self._task
         if task is not None and not task.done():
             await asyncio.shield(task)
+
+
+def _free(updates: Iterable[PendingUpdate]) -> None:
+    """The one release point of a queued update's element: after its step, whatever
+    happened in it, or when a refusal takes it out of the queue before its step."""
+    for pending in updates:
+        if pending.element is not None:
+            pending.element.release()

@@ -224,8 +224,8 @@ class Coordinator:
     def _take_update(self, session: WorkerSession, received: Received) -> None:
         """Check an update; queue it for the next step or refuse it (raises RejectedUpdate).
 
-        The coordinator owns ``received`` (and its pooled element) from here: a refused
-        update is released by the intake, a queued one after the step that applies it."""
+        A queued update's element is the step queue's from here (``Received.keep``); the
+        connection gives back what was not kept (server/pool.py)."""
         if not self.intake.arrived(session, received):
             return
         message = received.message
