@@ -1,8 +1,8 @@
 """Modes as policies, the worker's side: whether it may compute the next bunch now.
 
-The compute loop (client/worker.py) asks its policy at every bunch boundary, with what it
-knows then (``ComputeState``); it does not know which mode runs. The server's side of each
-mode is server/policies.py.
+The compute loop (client/worker.py, a turn at a time: client/update_steps.py) asks its
+policy at every bunch boundary, with what it knows then (``ComputeState``); it does not
+know which mode runs. The server's side of each mode is server/policies.py.
 
 - ``SyncCompute``: after sending an update the worker waits for the weights of the step
   that update is part of (a newer version than the one it computed on), unless the server

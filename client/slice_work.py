@@ -180,3 +180,27 @@ class SliceWork:
 def memory_capabilities(backend: object) -> tuple[str, ...]:
     """The ``Hello`` capability stating a slice host's memory (none for other backends)."""
     return (backend.stated_memory().capability(),) if isinstance(backend, SliceHost) else ()
+
+
+class SliceSteps:
+    """np's turn of the compute loop (as ``UpdateSteps`` is the other modes'): the next
+    slice or bunch of ``work``, its replies sent on the connection."""
+
+    def __init__(
+        self, work: SliceWork, executor: Executor, send: Callable[[Message], None],
+        inline: InlineChoice, first_bunch_done: Callable[[], object],
+    ) -> None:  # fmt: skip
+        self.work, self.executor, self.send, self.inline = work, executor, send, inline
+        self.first_bunch_done = first_bunch_done  # as after a first update: a job can end
+        # before the first periodic report
+
+    def file(self, message: Message) -> bool:
+        return self.work.file(message)
+
+    async def step(self, wake: asyncio.Event) -> RemoteError | None:
+        """``SliceWork.step``: a refusal of a slice this worker cannot hold, or None."""
+        before = self.work.bunches
+        refused = await self.work.step(self.executor, self.send, wake, self.inline)
+        if before == 0 < self.work.bunches:
+            self.first_bunch_done()
+        return refused

@@ -12,6 +12,7 @@ and trains on frames the server sends (``client/data.py``, ``work.py``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 import time
@@ -41,13 +42,12 @@ from snet.protocol.messages import (
     Goodbye,
     Message,
     PolicyChange,
-    Update,
     Weights,
 )
 from snet.protocol.network import ElementLayout
 from snet.transport.dial import connect_with_backoff
 from snet.transport.faults import FaultSwitch
-from snet.transport.inline import InlineChoice, timed
+from snet.transport.inline import InlineChoice
 from snet.transport.tls import refusal as tls_refusal
 
 from .backend import ComputeBackend, make_backend
@@ -58,11 +58,12 @@ from .connection import ServerConnection
 from .data import Corpus
 from .frame_limit import refused_frame
 from .joining import Handshake, NotJoined, tls_context
-from .policies import ComputePolicy, ComputeState, follow_change, make_compute_policy
+from .policies import ComputePolicy, follow_change, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
 from .retry_window import RetryWindow
-from .slice_work import SliceWork
+from .slice_work import SliceSteps
+from .update_steps import SentCounts, UpdateSteps
 from .update_timing import UpdateTiming
 from .work import WorkQueue
 
@@ -97,9 +98,8 @@ class Worker:
         self.job: JobSpec | None = None  # as welcomed, with any policy change since
         self.policy: ComputePolicy | None = None  # when it may compute: the mode's policy
         self.corpus: Corpus | None = None
-        self.updates_sent = 0
+        self.sent = SentCounts()  # updates sent, in all and on this connection
         self.progress = ProgressLog(config.progress_seconds, time.monotonic())
-        self._sent_this_session = 0  # the server's "settled" count starts anew per connection
         self.codecs: dict[str, str] = {"update": "none", "weights": "none"}
         # Kept across reconnections: the residual is owed to the weights whoever holds them.
         self.compressor: UpdateCompressor | None = None
@@ -107,7 +107,13 @@ class Worker:
         self.reports = Reports(
             config, self.backend, self.progress, self.timing, lambda: self.compressor
         )
-        self._slices: SliceWork | None = None  # np mode's slices and bunches (slice_work.py)
+        # the mode's turn of the compute loop (update_steps.py, slice_work.py)
+        self._steps: UpdateSteps | SliceSteps | None = None
+
+    @property
+    def updates_sent(self) -> int:
+        """Updates this worker has sent, over all its connections."""
+        return self.sent.total
 
     async def run(self) -> int:
         """Train until the server says the job is done; reconnect whenever it is lost.
@@ -200,7 +206,7 @@ class Worker:
         self._lost = False
         self._goodbye = None
         self._joined = False
-        self._sent_this_session = 0
+        self.sent.this_connection = 0  # the server's settled count starts anew
         if self.timing is not None:
             self.timing.new_connection()
 
@@ -284,7 +290,7 @@ class Worker:
             message = self._inbox.popleft()
             if self._work.file(message, self.job, self.corpus):
                 continue
-            if self._slices is not None and self._slices.file(message):
+            if self._steps is not None and self._steps.file(message):
                 continue
             if isinstance(message, Weights):  # arrived before the box was attached
                 connection.file_weights(box, message)
@@ -310,16 +316,21 @@ class Worker:
 
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
         assert self.job is not None and self.corpus is not None
-        assert connection.send_buffers is not None
         loop = asyncio.get_running_loop()
         policy = self.policy = make_compute_policy(self.job)
-        compute = policy.make_compute(self.backend, box.layout, self.job)
-        per_update = policy.frames_per_update(self.job)
-        last_base = -1
-        scratch = box.layout.allocate()
         limit = 0.0 if self.backend.models_device_time else self.config.inline_seconds
         inline = InlineChoice(limit)  # never inline for a backend that sleeps a device's time
-        self._slices = policy.slice_work(self.job, self.corpus, self.backend)
+        # the mode's turn of the loop, as its policy has it: np's slices and bunches, or
+        # a bunch computed and sent as an update (the loop never asks which mode runs)
+        slices = policy.slice_work(self.job, self.corpus, self.backend)
+        if slices is not None:
+            report = functools.partial(self.reports.send, connection)
+            self._steps = SliceSteps(slices, self.executor, connection.send, inline, report)
+        else:
+            self._steps = UpdateSteps(policy, self.job, self.backend, connection, box,
+                                      self._work, self.corpus, self.executor, inline,
+                                      self.compressor, self.sent, self.progress,
+                                      self.reports, self.timing)  # fmt: skip
         while True:
             self._wake.clear()
             self._file_inbox(connection, box)
@@ -334,63 +345,7 @@ class Worker:
                 result = await loop.run_in_executor(self.executor, self._evaluate, request)
                 connection.send(result)
                 continue
-            if self._slices is not None:  # np mode: the server's bunches, in order
-                before = self._slices.bunches
-                self._refused = await self._slices.step(self.executor, connection.send,
-                                                        self._wake, inline)  # fmt: skip
-                if before == 0 < self._slices.bunches:  # as with a first update: a job can
-                    self.reports.send(connection)  # end before the first periodic report
-                continue
-            weights = box.take_newest()
-            ready = weights is not None and self._work.lease_ready(self.corpus)
-            if ready:
-                assert weights is not None
-                in_flight = self._sent_this_session - box.settled
-                ready = policy.may_compute(ComputeState(weights.version, last_base, in_flight))
-            if not ready:
-                await self._wake.wait()
-                continue
-            assert weights is not None
-            if self.timing is not None:
-                self.timing.bunch_started(weights.settled)
-            lease, offset, frames = self._work.next_bunch(per_update)
-            rate = lease.learning_rate or weights.learning_rate  # bmuf: the lease's epoch
-            started = time.perf_counter()
-            on_loop = self.compressor is None and inline.chosen  # see InlineChoice
-            if self.compressor is None:
-                gradient = await connection.send_buffers.acquire()
-                call = (compute, weights.flat, frames, gradient, rate)
-                if on_loop:
-                    computed, cpu = timed(*call)
-                else:
-                    computed, cpu = await loop.run_in_executor(self.executor, timed, *call)
-                loss, correct, count = computed
-                connection.send_buffers.mark_in_flight(gradient)
-                encoded = None
-            else:  # the encoded parts are new arrays: one scratch gradient buffer will do
-                key = (lease.lease_id, offset)
-                encoded_update, cpu = await loop.run_in_executor(
-                    self.executor, timed, self.compressor.computed, compute, weights.flat,
-                    frames, scratch, rate, key,
-                )  # fmt: skip
-                loss, correct, count, encoded = encoded_update
-                gradient = np.zeros(0, dtype=np.float32)
-            inline.measured(cpu)  # the bunch's CPU: a busy machine's waits left out
-            seconds = time.perf_counter() - started
-            connection.send(Update(weights.version, lease.lease_id, offset, count, loss, correct,
-                                   seconds, gradient, encoded=encoded))  # fmt: skip
-            self.updates_sent += 1
-            self._sent_this_session += 1
-            self.progress.update_sent(lease.lease_id, offset, count, weights.version,
-                                      box.newest_version, seconds)  # fmt: skip
-            if self.timing is not None:
-                self.timing.computed(cpu, on_loop)
-                self.timing.sent(self._sent_this_session)
-            self.reports.update_sent(connection, self._sent_this_session, self.updates_sent)
-            last_base = weights.version
-            self._work.advance(count)
-            if on_loop:  # let the loop read what came meanwhile: the next bunch takes the newest
-                await asyncio.sleep(0)
+            self._refused = await self._steps.step(self._wake)
 
     def _evaluate(self, request: Evaluate) -> EvalResult:
         weights = np.ascontiguousarray(request.element, dtype=np.float32)
