@@ -91,6 +91,12 @@ class WeightsBox:
         flat = self._free.popleft() if self._free else self.layout.allocate()
         return flat.data.cast("B"), BoxSlot(flat, self._free)
 
+    def ask_for_full_copy(self) -> bool:
+        """A copy could not be used: True if a full one is to be asked for now (False:
+        asked already, and deltas are useless until it comes)."""
+        asking, self.awaiting_full = not self.awaiting_full, True
+        return asking
+
     def receive(self, message: Weights, slot: object = None) -> None:
         """File a received ``Weights``: in place, copied, or decoded into a free element.
 

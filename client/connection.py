@@ -69,7 +69,7 @@ class ServerConnection:
         """Once the job is known: receive weights into ``box``, track ``send_buffers``."""
         self.box, self.send_buffers = box, send_buffers
         assert self.stream is not None and self.stream.channel is not None
-        self.stream.channel.decoder.sink = box
+        self.stream.channel.decoder.receive_into(box)
 
     # ------------------------------------------------------------ stream events
 
@@ -114,11 +114,10 @@ class ServerConnection:
         try:
             box.receive(message, slot)
         except CodecError as exc:
-            if not box.awaiting_full:
+            if box.ask_for_full_copy():
                 log.warning(
                     "cannot use weights %d (%s); asking for a full copy", message.version, exc
                 )
-                box.awaiting_full = True
                 self.send(Resync(str(exc)[:200]))
 
     def send(self, message: Message) -> None:

@@ -11,8 +11,9 @@ np), or else when a frame is refused by this limit (np mode's slices, inline fra
 from __future__ import annotations
 
 from snet.protocol.errors import ConfigError
-from snet.protocol.framing import MIB, mib_at_least, whole_element_bytes
+from snet.protocol.framing import MIB, mib_at_least
 from snet.protocol.job import JobSpec
+from snet.protocol.modes import whole_element_bytes
 
 FLAG = "--max-frame-mb (SNET_WORKER_MAX_FRAME_MB, or max_frame_mb in [worker])"
 

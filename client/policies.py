@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -44,6 +45,7 @@ from .blocks import LocalTrainer
 from .data import Corpus
 from .slice_work import SliceWork
 
+T = TypeVar("T")  # what a turn of the compute loop is (client/worker.py)
 # (weights, frames, out, rate) -> (loss sum, correct, patterns used); in the compute thread
 Compute = Callable[[np.ndarray, np.ndarray, np.ndarray, float], tuple[float, int, int]]
 
@@ -77,9 +79,14 @@ class ComputePolicy:
         """How many of a lease's frames one update covers at most: one bunch."""
         return job.bunch_size
 
-    def slice_work(self, job: JobSpec, corpus: Corpus, backend: object) -> SliceWork | None:
-        """np mode's queue of slices and bunches (None: this mode sends updates)."""
-        return None
+    def make_turn(
+        self, job: JobSpec, corpus: Corpus, backend: object,
+        updates: Callable[[], T], slices: Callable[[SliceWork], T],
+    ) -> T:  # fmt: skip
+        """What a turn of the compute loop does in this mode: compute and send an update
+        (``updates``: client/update_steps.py), or np's next slice or bunch (``slices``,
+        given the queue this makes); each made only when chosen."""
+        return updates()
 
     def prepare_backend(self, backend: ComputeBackend, job: JobSpec, corpus: Corpus) -> None:
         """Set the backend up for the job (compute thread), as it computes here."""
@@ -163,8 +170,11 @@ class SliceCompute(ComputePolicy):
     def may_compute(self, state: ComputeState) -> bool:
         return False
 
-    def slice_work(self, job: JobSpec, corpus: Corpus, backend: object) -> SliceWork | None:
-        return SliceWork(job, corpus, backend)
+    def make_turn(
+        self, job: JobSpec, corpus: Corpus, backend: object,
+        updates: Callable[[], T], slices: Callable[[SliceWork], T],
+    ) -> T:  # fmt: skip
+        return slices(SliceWork(job, corpus, backend))
 
     def prepare_backend(self, backend: ComputeBackend, job: JobSpec, corpus: Corpus) -> None:
         """For its data and its device only: the network it holds is a slice, told

@@ -4,7 +4,7 @@ weights it holds and sent as an update, when its mode's policy allows (``may_com
 
 np's workers answer the server's slices and bunches instead (``SliceWork``,
 client/slice_work.py). The compute loop (client/worker.py) runs whichever of the two its
-mode's policy gives it (``ComputePolicy.slice_work``) and never asks which mode runs.
+mode's policy makes (``ComputePolicy.make_turn``) and never asks which mode runs.
 """
 
 from __future__ import annotations
@@ -40,6 +40,14 @@ class SentCounts:
 
     total: int = 0
     this_connection: int = 0
+
+    def one_more(self) -> None:
+        self.total += 1
+        self.this_connection += 1
+
+    def new_connection(self) -> None:
+        """The server's settled count starts anew."""
+        self.this_connection = 0
 
 
 class UpdateSteps:
@@ -108,8 +116,7 @@ class UpdateSteps:
         seconds = time.perf_counter() - started
         connection.send(Update(weights.version, lease.lease_id, offset, count, loss, correct,
                                seconds, gradient, encoded=encoded))  # fmt: skip
-        self.sent.total += 1
-        self.sent.this_connection += 1
+        self.sent.one_more()
         self.progress.update_sent(lease.lease_id, offset, count, weights.version,
                                   box.newest_version, seconds)  # fmt: skip
         if self.timing is not None:

@@ -62,7 +62,7 @@ from .policies import ComputePolicy, follow_change, make_compute_policy
 from .progress_log import ProgressLog
 from .reports import Reports
 from .retry_window import RetryWindow
-from .slice_work import SliceSteps
+from .slice_work import SliceSteps, SliceWork
 from .update_steps import SentCounts, UpdateSteps
 from .update_timing import UpdateTiming
 from .work import WorkQueue
@@ -206,7 +206,7 @@ class Worker:
         self._lost = False
         self._goodbye = None
         self._joined = False
-        self.sent.this_connection = 0  # the server's settled count starts anew
+        self.sent.new_connection()
         if self.timing is not None:
             self.timing.new_connection()
 
@@ -320,17 +320,20 @@ class Worker:
         policy = self.policy = make_compute_policy(self.job)
         limit = 0.0 if self.backend.models_device_time else self.config.inline_seconds
         inline = InlineChoice(limit)  # never inline for a backend that sleeps a device's time
-        # the mode's turn of the loop, as its policy has it: np's slices and bunches, or
-        # a bunch computed and sent as an update (the loop never asks which mode runs)
-        slices = policy.slice_work(self.job, self.corpus, self.backend)
-        if slices is not None:
+        # the mode's turn of the loop, as its policy makes it: a bunch computed and sent
+        # as an update, or np's slices and bunches (the loop never asks which mode runs)
+        job, corpus = self.job, self.corpus
+
+        def updates() -> UpdateSteps | SliceSteps:
+            return UpdateSteps(policy, job, self.backend, connection, box, self._work, corpus,
+                               self.executor, inline, self.compressor, self.sent,
+                               self.progress, self.reports, self.timing)  # fmt: skip
+
+        def slices(work: SliceWork) -> UpdateSteps | SliceSteps:
             report = functools.partial(self.reports.send, connection)
-            self._steps = SliceSteps(slices, self.executor, connection.send, inline, report)
-        else:
-            self._steps = UpdateSteps(policy, self.job, self.backend, connection, box,
-                                      self._work, self.corpus, self.executor, inline,
-                                      self.compressor, self.sent, self.progress,
-                                      self.reports, self.timing)  # fmt: skip
+            return SliceSteps(work, self.executor, connection.send, inline, report)
+
+        self._steps = policy.make_turn(job, corpus, self.backend, updates, slices)
         while True:
             self._wake.clear()
             self._file_inbox(connection, box)

@@ -96,6 +96,11 @@ class Channel:
         self.sent = TrafficCounters()
         self.before_send: Transform | None = None
 
+    def encode_with(self, transform: Transform) -> None:
+        """Pass each message through ``transform`` as it is written (a worker's weights
+        codec: the newest weights encoded at the moment they leave)."""
+        self.before_send = transform
+
     @property
     def received(self) -> TrafficCounters:
         return self.decoder.received

@@ -81,6 +81,11 @@ class FrameDecoder:
         self.bytes_received = 0
         self.received = TrafficCounters()
 
+    def receive_into(self, sink: PayloadSink) -> None:
+        """Receive payloads into ``sink`` from the next frame on (a worker's weights box,
+        once the job says how large an element is)."""
+        self.sink = sink
+
     # -- the BufferedProtocol side
 
     def get_buffer(self) -> memoryview:

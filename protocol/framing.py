@@ -39,7 +39,6 @@ from . import PROTOCOL_VERSION
 from .codecs import canonical
 from .errors import ConfigError, MalformedFrame, UnknownMessage
 from .messages import MESSAGE_TYPES, Encoded, Message
-from .network import ElementLayout, NetworkSpec
 
 MAGIC = b"SN"
 PREFIX = struct.Struct(">2sBBIQ")
@@ -60,13 +59,6 @@ class FrameLimits:
 
 
 MIB = 1024 * 1024
-
-
-def whole_element_bytes(network: NetworkSpec, mode: str) -> int:
-    """The payload of a whole float32 element of ``network``, which ``mode``'s exchange
-    is sure to carry (weights after a resync, an evaluation, an uncompressed update or
-    bmuf delta), so which a frame limit must hold; 0 in np mode, where none crosses."""
-    return 0 if mode == "np" else ElementLayout.for_network(network).nbytes
 
 
 def mib_at_least(payload_bytes: int) -> int:

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .network import ElementLayout, NetworkSpec
+
 MODES = ("sync", "async", "bmuf", "np")
 # The modes whose workers each take a share of the job's bunch when several start together
 # (`snet demo`): SNet's data division, a step summing the shares of one global bunch. In bmuf
@@ -56,6 +58,10 @@ MODE_SETTINGS: dict[str, tuple[str, ...]] = {
     # two bunches in flight among the slice holders (server/slice_rounds.py)
     "np_pipeline": ("np",),
 }
+
+# The modes whose exchange is sure to carry a whole float32 element (weights after a
+# resync, an evaluation, an uncompressed update or bmuf delta): np's carries slices only.
+WHOLE_ELEMENT_MODES = ("sync", "async", "bmuf")
 
 # The modes whose steps a server's trace (``trace_file``) can record: np's are bunches all
 # slice holders take part in, not updates (``trace_problem``).
@@ -162,3 +168,9 @@ def trace_problem(mode: str) -> str:
         f"trace_file: {mode} mode writes no trace yet (its steps are bunches all holders "
         "take part in, not updates): leave it out, or train in another mode"
     )
+
+
+def whole_element_bytes(network: NetworkSpec, mode: str) -> int:
+    """The payload of a whole float32 element of ``network`` if ``mode``'s exchange
+    carries one (``WHOLE_ELEMENT_MODES``), which a frame limit must then hold; else 0."""
+    return ElementLayout.for_network(network).nbytes if mode in WHOLE_ELEMENT_MODES else 0

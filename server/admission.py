@@ -63,8 +63,8 @@ class Admission:
         self.max_handshakes = max_handshakes
         self.handshakes_per_address = handshakes_per_address  # 0: no bound per address
         self.handshake_seconds = handshake_seconds
-        self.frames_refused = 0
-        self.handshakes_refused = 0
+        self.frames_refused = 0  # connections closed for a frame that could not be read
+        self.handshakes_refused = 0  # peers refused at the handshake
         self.connections = 0  # accepted in all
         self.connections_refused = 0  # over max_connections
         self.handshakes_turned_away = 0  # over max_handshakes
@@ -78,6 +78,14 @@ class Admission:
         """The limits ``config`` sets."""
         return cls(config.max_connections, config.max_handshakes, config.handshake_seconds,
                    config.handshakes_per_address)  # fmt: skip
+
+    def refused_frame(self) -> None:
+        """A connection was closed for a frame that could not be read."""
+        self.frames_refused += 1
+
+    def refused_handshake(self) -> None:
+        """A peer was refused at the handshake (token, version, name, job)."""
+        self.handshakes_refused += 1
 
     def refusal(
         self, open_connections: int, pending: int, address: str = "?", pending_here: int = 0

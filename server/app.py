@@ -157,11 +157,10 @@ class SnetServer:
             self.config.checkpoint_seconds,
             self.config.checkpoint_steps,
         )
-        self.coordinator.steps.on_between_steps = self.checkpointer.between_steps
-        self.coordinator.pool.on_empty = lambda: self._set_reading(False)
-        self.coordinator.pool.on_available = lambda: self._set_reading(True)
-        self.coordinator.on_finished = self._on_trained
-        self.coordinator.on_failure = self.request_stop
+        self.coordinator.steps.call_between_steps(self.checkpointer.between_steps)
+        self.coordinator.pool.watch(lambda: self._set_reading(False),
+                                    lambda: self._set_reading(True))  # fmt: skip
+        self.coordinator.report_to(self._on_trained, self.request_stop)
         limits = worker_frame_limits(self.config.max_frame_mb, self.coordinator.layout.nbytes)
         faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)
         where = f"{self.config.host}:{self.config.port}"

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
-from snet.protocol.framing import MIB, mib_at_least, whole_element_bytes
+from snet.protocol.framing import MIB, mib_at_least
 from snet.protocol.job import JobSpec
-from snet.protocol.modes import trace_problem
+from snet.protocol.modes import trace_problem, whole_element_bytes
 from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
 

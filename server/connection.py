@@ -166,9 +166,12 @@ class WorkerConnection:
             self.send(ErrorMessage(exc.code, str(exc), False, exc.lease_id, exc.offset))
         except (ProtocolError, AuthError) as exc:
             self.fail(exc.code, str(exc))
+        finally:  # the one release point of an update the coordinator did not queue
+            if received is not None:  # (refused, repeated, np's; or a bug raised): pool.py
+                received.release()
 
     def stream_refused(self, error: ProtocolError) -> None:
-        self.counters.frames_refused += 1
+        self.counters.refused_frame()
         log.warning("closing connection from %s: %s: %s", self.describe(), error.code, error)
         self._leave(f"{error.code}: {error}")
 
@@ -205,11 +208,8 @@ class WorkerConnection:
     def _training(
         self, session: WorkerSession, message: Message, received: Received | None
     ) -> None:
-        if received is not None:
-            try:
-                self.coordinator.on_update(session, received)
-            finally:  # what the coordinator did not keep (queued) goes back to the pool
-                received.release()
+        if received is not None:  # what it does not keep, stream_received gives back
+            self.coordinator.on_update(session, received)
         elif isinstance(message, EvalResult):
             self.coordinator.on_eval_result(session, message)
         elif isinstance(message, FramesWanted):
@@ -229,15 +229,15 @@ class WorkerConnection:
     def _handshake(self, hello: Hello) -> None:
         problem = name_problem(hello.worker_name)
         if problem:
-            self.counters.handshakes_refused += 1
+            self.counters.refused_handshake()
             raise ProtocolError(problem)
         if hello.protocol_version != PROTOCOL_VERSION:
-            self.counters.handshakes_refused += 1
+            self.counters.refused_handshake()
             raise VersionMismatch(
                 f"worker speaks protocol {hello.protocol_version}, server {PROTOCOL_VERSION}"
             )
         if self.token is not None and not auth.verify(self.token, self.nonce, hello.proof):
-            self.counters.handshakes_refused += 1
+            self.counters.refused_handshake()
             raise AuthError("wrong or missing token proof")
         try:
             codecs = agree_codecs(hello.capabilities, self.coordinator.job.compress)
@@ -248,12 +248,12 @@ class WorkerConnection:
             if problem:
                 raise UnknownCodec(problem)
         except UnknownCodec:
-            self.counters.handshakes_refused += 1
+            self.counters.refused_handshake()
             raise
         channel = self.stream.channel
         assert channel is not None
         encoder = WeightsEncoder(codecs["weights"], self.coordinator.layout)
-        channel.before_send = encoder.prepare  # weights are encoded as they are written
+        channel.encode_with(encoder.prepare)  # weights are encoded as they are written
         ledger = CompressionLedger(codecs["update"], encoder, channel.received, channel.sent)
         self.session = WorkerSession(
             worker_id=self.next_id(),

@@ -35,7 +35,7 @@ class UpdateDecoder:
         loan = self.pool.acquire()
         try:
             codec.decode(self.layout, encoded, loan.flat)
-        except CodecError:
+        except BaseException:  # CodecError, or a codec's bug: the element is not kept
             loan.release()
             raise
         return loan

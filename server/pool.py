@@ -170,6 +170,11 @@ class ElementPool:
         self.on_empty: Callable[[], None] | None = None
         self.on_available: Callable[[], None] | None = None
 
+    def watch(self, on_empty: Callable[[], None], on_available: Callable[[], None]) -> None:
+        """Have ``on_empty`` called when the last free element goes, ``on_available``
+        when one is free again (the server stops and resumes reading from workers)."""
+        self.on_empty, self.on_available = on_empty, on_available
+
     @property
     def free(self) -> int:
         """Elements that can be handed out without an overflow: released or not yet made."""

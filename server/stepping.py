@@ -61,7 +61,8 @@ NOT_FINITE = "update contains NaN or infinite values"
 @dataclass
 class PendingUpdate:
     """A received update waiting for its step. It owns its pooled element (if any) from
-    the moment it is queued until the coordinator releases it after the step."""
+    the moment it is queued until the step queue releases it, after its step or when a
+    refusal takes it out of the queue (server/stepqueue.py ``_free``)."""
 
     session: WorkerSession
     message: Update

@@ -51,6 +51,10 @@ class StepQueue:
         self.broken = False  # a step failed half-way: the state must not be checkpointed
         self.failure = ""  # why, once broken
 
+    def call_between_steps(self, callback: Callable[[bool], None]) -> None:
+        """Have ``callback`` called between steps (``offer``)."""
+        self.on_between_steps = callback
+
     def __len__(self) -> int:
         return len(self._queued)
 

@@ -54,7 +54,8 @@ class WorkerTraffic(Protocol):
         takes none)."""
 
     def on_update(self, session: WorkerSession, received: Received) -> None:
-        """An update (``RejectedUpdate`` if refused; the traffic owns ``received``)."""
+        """An update (``RejectedUpdate`` if refused). What it does not keep (a queued
+        update's loan: ``Received.keep``) the connection gives back to the pool."""
 
     def holding_back(self) -> bool:
         """Whether it still waits for more workers before any work starts."""

@@ -137,6 +137,10 @@ class Coordinator:
                                  self._end_epoch)  # fmt: skip
         return SliceRounds(self.job, self.rule, plan.source.labels, min_workers, parts)
 
+    def report_to(self, on_finished: Callable[[], None], on_failure: Callable[[str], None]) -> None:
+        """Whom to tell that training is done, or cannot go on (with why)."""
+        self.on_finished, self.on_failure = on_finished, on_failure
+
     def close(self) -> None:
         self.closed = True  # the server is stopping: no step starts from now on
 
@@ -369,9 +373,8 @@ class Coordinator:
         self._apply_decision(message, self.epochs.cv_result(message.epoch, job.weights, message))
 
     def _apply_decision(self, result: EvalResult, decision: EpochDecision) -> None:
-        if decision.restore is not None:
-            self.traffic.hold()  # np: the slices are cut anew once the roll-back is done
         if decision.restore is not None:  # roll back: a new version, sent to every worker
+            self.traffic.hold()  # np: the slices are cut anew once the roll-back is done
             self.rule.load(decision.restore)
             self.runner.forget_weights()
             self.version += 1

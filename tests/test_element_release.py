@@ -47,7 +47,7 @@ async def test_each_update_not_queued_gives_its_element_back(lab: Lab) -> None:
     poisoned = np.zeros(LAYOUT.size, dtype=np.float32)
     poisoned[7] = np.nan
     for update in (_update(lease.lease_id, 0, poisoned), _update(999, 0, poisoned * 0)):
-        await peer.send(update)  # refused at the intake: not finite, an unknown lease
+        await peer.send(update)  # refused: not finite (at its step), an unknown lease
         assert (await peer.receive(ErrorMessage)).code == "update_rejected"
         await _all_free(server)
     good = _update(lease.lease_id, 128, np.full(LAYOUT.size, 1e-4, np.float32))

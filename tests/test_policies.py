@@ -377,3 +377,23 @@ def test_each_mode_s_policy_chooses_its_workers_traffic() -> None:
     assert not made
     policy = make_step_policy(JobSpec(mode="np"))
     assert policy.make_traffic(updates, make_rounds) is rounds  # type: ignore[arg-type]
+
+
+def test_each_mode_s_worker_policy_chooses_its_turn() -> None:
+    """The worker's compute loop runs the turn its policy makes (client/worker.py):
+    updates in the data-parallel modes, np's slice work in np, made only when chosen."""
+    from snet.client.slice_work import SliceWork
+
+    def updates() -> object:
+        return "updates"
+
+    def slices(work: SliceWork) -> object:
+        return work
+
+    for mode in ("sync", "async", "bmuf"):
+        job = JobSpec(mode=mode)
+        turn = make_compute_policy(job).make_turn(job, None, None, updates, slices)  # type: ignore[arg-type]
+        assert turn == "updates"
+    job = JobSpec(mode="np")
+    turn = make_compute_policy(job).make_turn(job, None, None, updates, slices)  # type: ignore[arg-type]
+    assert isinstance(turn, SliceWork) and turn.job == job

@@ -21,8 +21,7 @@ def update_array() -> tuple[ArrayInfo, ...]:
 def test_pool_acquire_release_and_overflow() -> None:
     pool = ElementPool(LAYOUT, size=2)
     events: list[str] = []
-    pool.on_empty = lambda: events.append("empty")
-    pool.on_available = lambda: events.append("available")
+    pool.watch(lambda: events.append("empty"), lambda: events.append("available"))
     assert pool.free == 2
     a = pool.acquire()
     assert events == []
