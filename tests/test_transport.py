@@ -384,3 +384,25 @@ def test_a_cancel_that_races_a_failed_connect_is_not_lost(monkeypatch: Any) -> N
             await asyncio.wait_for(asyncio.shield(dialing[0]), 5)
 
     asyncio.run(main())
+
+
+def test_a_handler_that_raises_does_not_keep_the_rest_of_its_batch() -> None:
+    """A bug in a handler raises out of the transport; the frames decoded after the one it
+    was given never reach anyone, so their pooled elements go back (server/pool.py)."""
+
+    class Token:
+        released = 0
+
+        def release(self) -> None:
+            self.released += 1
+
+    class Failing:
+        def stream_received(self, decoded: Decoded) -> None:
+            raise RuntimeError("a bug")
+
+    tokens = [Token(), Token(), Token()]
+    stream = FrameStream(Failing(), Conversation(Role.SERVER), FrameLimits())  # type: ignore[arg-type]
+    batch = [Decoded(Heartbeat(0.0), token) for token in tokens]
+    with pytest.raises(RuntimeError, match="a bug"):
+        stream._deliver_all(batch)
+    assert [token.released for token in tokens] == [0, 1, 1]  # the first is the handler's

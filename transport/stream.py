@@ -183,15 +183,19 @@ class FrameStream(asyncio.BufferedProtocol):
 
     def _deliver_all(self, received: list[Decoded]) -> None:
         for position, item in enumerate(received):
-            if self.faults is not None:
+            try:
+                if self.faults is None:
+                    self._deliver(item)
+                    continue
                 try:
                     self._receive_faulty(item)
                 except ProtocolError as exc:
                     release_tokens([later.slot for later in received[position + 1 :]])
                     self.refuse(exc)
                     return
-            else:
-                self._deliver(item)
+            except BaseException:  # a bug in a handler: what it never saw goes back
+                release_tokens([later.slot for later in received[position + 1 :]])
+                raise
 
     def _deliver(self, item: Decoded) -> None:
         if self._delayed is not None:
