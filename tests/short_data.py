@@ -28,6 +28,7 @@ from helpers import QUICK_JOB
 
 EVERY = 3  # utterances: keep the first of every EVERY
 FRAMES = 18_115  # in the utterances kept
+TINY_EVERY = 15
 
 
 def _remove_if_mine(directory: Path, owner: int) -> None:
@@ -39,15 +40,28 @@ def _remove_if_mine(directory: Path, owner: int) -> None:
 @functools.cache
 def short_data() -> str:
     """The path of the third of the default data (an ``.npz`` with X, y and lengths)."""
+    path = _every_nth(EVERY)
+    with np.load(path) as data:
+        assert int(np.sum(data["lengths"])) == FRAMES
+    return path
+
+
+def tiny_data() -> str:
+    """A fifteenth of the default data (200 utterances, 3,700 frames: an epoch in 8 bunches
+    of 512), for a test that waits for epochs to end and whose subject is not learning."""
+    return _every_nth(TINY_EVERY)
+
+
+@functools.cache
+def _every_nth(every: int) -> str:
     directory = Path(tempfile.mkdtemp(prefix="snet-short-data-"))
     atexit.register(_remove_if_mine, directory, os.getpid())
     with np.load(resolve_source(DataSpec().source)) as data:
         features, labels, lengths = data["X"], data["y"], data["lengths"]
     starts = np.concatenate([[0], np.cumsum(lengths)])
-    kept = np.arange(0, len(lengths), EVERY)
+    kept = np.arange(0, len(lengths), every)
     rows = np.concatenate([np.arange(starts[u], starts[u + 1]) for u in kept])
-    assert len(rows) == FRAMES, len(rows)
-    path = directory / "digits-every-third-utterance.npz"
+    path = directory / f"digits-every-{every}-utterances.npz"
     np.savez(path, X=features[rows], y=labels[kept], lengths=lengths[kept])
     return str(path)
 

@@ -20,8 +20,9 @@ from snet.server.connection import WorkerConnection
 from snet.server.pool import ElementPool
 
 from async_raw import AsyncRawClient
+from helpers import QUICK_JOB
 from inprocess import Lab, LabServer, wait_until
-from short_data import short_job
+from short_data import short_job, tiny_data
 
 LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
 POOL = 8
@@ -125,10 +126,11 @@ async def _steps_since(server: LabServer, before: int, more: int) -> bool:
 async def test_an_idle_peer_is_not_sent_every_steps_weights(lab: Lab) -> None:
     """30 idle connections, each sent every step's weights (262 kB), cut a run to 0.41 of
     its steps a second; an idle one now gets the newest weights with its next lease. The
-    least deadline is 0.5 s (not 2 s): its lease is taken back sooner, nothing else
-    changes."""
+    least deadline is 0.5 s (not 2 s) and an epoch 8 bunches (a fifteenth of the data):
+    its lease is taken back sooner, at the first epoch's end, nothing else changes."""
     server = await lab.server("--mode", "async", "--epochs", "30", "--linger-seconds", "30",
-                              "--stall-seconds", "0.5", *short_job())  # fmt: skip
+                              "--stall-seconds", "0.5", *QUICK_JOB,
+                              "--data", tiny_data())  # fmt: skip
     lab.worker(server, "good")
     await wait_until(lambda: _steps(server), 30, "the good worker to train")
     idle = await AsyncRawClient.connect(server.port, "idle")
