@@ -13,6 +13,7 @@ import pytest
 from helpers import SMALL_JOB, Cluster, status_table, wait_until
 from inprocess import Lab
 from inprocess import wait_until as wait_in_lab
+from short_data import short_data
 
 STATUS_KEYS = {
     "mode",
@@ -41,9 +42,10 @@ METRIC_LINE = re.compile(r'^snet_[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+-]+
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: see tests/README.md
 async def test_status_metrics_weights_and_healthz(lab: Lab) -> None:
-    server = await lab.server(
-        "--mode", "async", "--epochs", "2", "--linger-seconds", "60", *SMALL_JOB
-    )
+    server = await lab.server(  # a third of the data: its figures, not learning, are the test
+        "--mode", "async", "--epochs", "2", "--linger-seconds", "60", *SMALL_JOB,
+        "--data", short_data(),
+    )  # fmt: skip
     for i in range(2):
         lab.worker(server, f"w{i}")
 
