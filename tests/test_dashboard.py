@@ -15,6 +15,7 @@ from bench.browser import Browser, find_chromium
 from helpers import SMALL_JOB, Cluster, ServerProcess, wait_until
 from inprocess import Lab
 from inprocess import wait_until as wait_in_lab
+from slow_backend import Slow
 
 TRICKY_NAME = "<i>w1</i>"  # a worker name is the worker's to choose: shown as text, never HTML
 
@@ -38,8 +39,9 @@ async def test_page_is_self_contained_and_events_stream_status(lab: Lab) -> None
         "--mode", "async", "--epochs", "200", "--linger-seconds", "30", "--event-seconds",
         "0.1", *SMALL_JOB,
     )  # fmt: skip
-    lab.worker(server, "w0", "--backend", "numpy")
-    lab.worker(server, TRICKY_NAME, "--backend", "numpy")
+    # the page and its events are the test, not the bunches: 5 ms each, slept
+    lab.worker(server, "w0", backend=Slow(0.005))
+    lab.worker(server, TRICKY_NAME, backend=Slow(0.005))
 
     async def both_training() -> bool:
         # live from their welcome; training once they have opened the data and made their

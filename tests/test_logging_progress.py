@@ -18,6 +18,7 @@ import helpers
 from helpers import SMALL_JOB, Cluster
 from inprocess import Lab, wait_until
 from short_data import short_job
+from slow_backend import Slow
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
@@ -25,7 +26,15 @@ async def test_debug_shows_steps_leases_and_updates_and_info_does_not(lab: Lab) 
     server = await lab.server("--mode", "async", "--epochs", "200", *SMALL_JOB)
     # The line is due after 0.5 s and written at the worker's next look (every second, or
     # every heartbeat if sooner): look every 0.25 s, so that it comes at 0.5 s, not 1 s.
-    lab.worker(server, "quiet", "--progress-seconds", "0.5", "--heartbeat-seconds", "0.25")
+    lab.worker(
+        server,
+        "quiet",
+        "--progress-seconds",
+        "0.5",
+        "--heartbeat-seconds",
+        "0.25",
+        backend=Slow(0.005),
+    )  # the line is the test, not the bunches: 5 ms each
     line = re.compile(
         r"INFO +snet.worker: progress: \d+ updates in the last \d+ s \(\d+ in all\), \d+ "
         r"patterns, \d+ patterns/s, weights \d+\.\d\d versions behind on average \(max \d+\)"

@@ -10,14 +10,12 @@ lease went the same way.
 from __future__ import annotations
 
 import threading
-import time
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from snet.client.backend import NumpyBackend
 from snet.client.data import HeldLease
 from snet.client.work import WorkQueue
 from snet.protocol.job import JobSpec
@@ -28,28 +26,7 @@ from snet.server.session import WorkerSession
 
 from inprocess import Lab, LabServer, wait_until
 from short_data import short_job
-
-
-class Slow(NumpyBackend):
-    """numpy's arithmetic, each bunch taking ``seconds`` of the clock (a slow machine, or
-    an emulated board with a large network: its time is slept, not computed)."""
-
-    def __init__(self, seconds: float, started: threading.Event | None = None) -> None:
-        super().__init__("numpy")
-        self.models_device_time = True  # slept time: never computed on the event loop
-        self.seconds = seconds
-        self.started = started  # set: its start-up is over (a slow data load, a compile)
-
-    def prepare(self, job: Any, corpus: Any) -> None:
-        if self.started is not None:
-            assert self.started.wait(60), "the test never let it start"
-        super().prepare(job, corpus)
-
-    def gradient(
-        self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray
-    ) -> tuple[float, int]:
-        time.sleep(self.seconds)
-        return super().gradient(weights, frames, out)
+from slow_backend import Slow
 
 
 async def _run(lab: Lab, *flags: str) -> dict[str, Any]:
