@@ -267,14 +267,18 @@ def _network(values: dict[str, Any], flags: dict[str, Any], where: str) -> Netwo
     return NetworkSpec.parse(sizes, activation or "sigmoid")
 
 
+def refuse_unknown_variables(prefix: str, known: set[str], what: str) -> None:
+    """ConfigError for a variable of ``prefix`` that is not ``known``, as for a TOML key:
+    ``SNET_JOB_EPOCHZ=2`` was ignored without a word, and the job ran 10 epochs."""
+    for name in sorted(os.environ):
+        if name.startswith(prefix) and name not in known:
+            raise ConfigError(f"{name}: no such {what} setting{_suggest(name, known)}")
+
+
 def _refuse_unknown_job_variables() -> None:
-    """ConfigError for a ``SNET_JOB_*`` variable that names no job setting, as for a TOML
-    key: ``SNET_JOB_EPOCHZ=2`` was ignored without a word, and the job ran 10 epochs."""
     known = {env_name("SNET_JOB_", f) for f in fields(JobSpec)} | {"SNET_JOB_ACTIVATION"}
     known |= {env_name("SNET_JOB_DATA_", f) for f in fields(DataSpec)}
-    for name in sorted(os.environ):
-        if name.startswith("SNET_JOB_") and name not in known:
-            raise ConfigError(f"{name}: no such job setting{_suggest(name, known)}")
+    refuse_unknown_variables("SNET_JOB_", known, "job")
 
 
 def build_job(values: dict[str, Any], flags: dict[str, Any], where: str = "[job]") -> JobSpec:

@@ -336,3 +336,23 @@ def test_eval_on_data_of_another_width_names_both_widths(
         f"snet: {weights} was trained on 13 features per frame, but {wide} has 784: give "
         "--data the job's kind of data"
     )
+
+
+def test_a_misspelt_worker_variable_is_refused_and_a_real_one_taken(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SNET_WORKER_PROGRES_SECONDS=3 was ignored without a word, as SNET_JOB_* were: every
+    SNET_WORKER_* variable names a worker setting."""
+    from snet.cli.commands import worker_config
+    from snet.cli.parser import command_parser
+    from snet.cli.settings import ConfigFile
+
+    monkeypatch.setenv("SNET_WORKER_PROGRES_SECONDS", "3")
+    assert error(["worker", "--server", "127.0.0.1:1"], capsys) == (
+        "snet: SNET_WORKER_PROGRES_SECONDS: no such worker setting "
+        "(did you mean 'SNET_WORKER_PROGRESS_SECONDS'?)"
+    )
+    monkeypatch.delenv("SNET_WORKER_PROGRES_SECONDS")
+    monkeypatch.setenv("SNET_WORKER_PROGRESS_SECONDS", "3")
+    args = command_parser().parse_args(["worker", "--server", "127.0.0.1:1"])
+    assert worker_config(args, ConfigFile()).progress_seconds == 3
