@@ -59,13 +59,12 @@ MODE_SETTINGS: dict[str, tuple[str, ...]] = {
     "np_pipeline": ("np",),
 }
 
-# The modes whose exchange is sure to carry a whole float32 element (weights after a
-# resync, an evaluation, an uncompressed update or bmuf delta): np's carries slices only.
-WHOLE_ELEMENT_MODES = ("sync", "async", "bmuf")
-
-# The modes whose steps a server's trace (``trace_file``) can record: np's are bunches all
-# slice holders take part in, not updates (``trace_problem``).
-TRACED_MODES = ("sync", "async", "bmuf")
+# The modes whose workers hold the whole network and send updates: their exchange is sure
+# to carry a whole float32 element (weights after a resync, an evaluation, an uncompressed
+# update or bmuf delta: ``whole_element_bytes``) and a server's trace records their steps
+# (``trace_problem``). np's workers hold slices, and its steps are bunches all of them
+# take part in.
+UPDATE_MODES = ("sync", "async", "bmuf")
 
 # setting -> the one that, once set (not 0), makes the mode ignore it: a block of seconds
 # ends by the clock or at its lease's end, whatever block_bunches says (client/blocks.py,
@@ -162,7 +161,7 @@ def ignored_problem(settings: Mapping[str, Any], defaults: Mapping[str, Any]) ->
 
 def trace_problem(mode: str) -> str:
     """Why a server training in ``mode`` cannot write a trace ("" if it can)."""
-    if mode in TRACED_MODES:
+    if mode in UPDATE_MODES:
         return ""
     return (
         f"trace_file: {mode} mode writes no trace yet (its steps are bunches all holders "
@@ -172,5 +171,5 @@ def trace_problem(mode: str) -> str:
 
 def whole_element_bytes(network: NetworkSpec, mode: str) -> int:
     """The payload of a whole float32 element of ``network`` if ``mode``'s exchange
-    carries one (``WHOLE_ELEMENT_MODES``), which a frame limit must then hold; else 0."""
-    return ElementLayout.for_network(network).nbytes if mode in WHOLE_ELEMENT_MODES else 0
+    carries one (``UPDATE_MODES``), which a frame limit must then hold; else 0."""
+    return ElementLayout.for_network(network).nbytes if mode in UPDATE_MODES else 0
