@@ -83,11 +83,8 @@ def check_progress(coordinator: Coordinator, now: float) -> None:
 
 
 def _someone_idle(coordinator: Coordinator, late: list[WorkerSession]) -> bool:
-    book = coordinator.book
-    return any(
-        s not in late and book.remaining_frames(s.worker_id) == 0
-        for s in coordinator.sessions.values()
-    )
+    holders = coordinator.book.holders()  # one pass: per worker would scan every lease
+    return any(s not in late and s.worker_id not in holders for s in coordinator.sessions.values())
 
 
 def _drop(coordinator: Coordinator, session: WorkerSession, now: float) -> None:

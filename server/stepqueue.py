@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Container, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from snet.protocol.staleness import StalenessSetting
@@ -68,17 +68,18 @@ class StepQueue:
     def view(
         self,
         sessions: Iterable[WorkerSession],
-        remaining_frames: Callable[[int], int],
+        holders: Container[int],
         late: Callable[[WorkerSession], bool],
         version: int,
     ) -> QueueView:
-        """The queue and the workers as the mode's policy sees them."""
+        """The queue and the workers as the mode's policy sees them (``holders``: the
+        workers holding frames no update has come for, ``LeaseBook.holders``)."""
         pending = tuple(PendingView(p.session.worker_id, p.message.base_version)
                         for p in self._queued)  # fmt: skip
         workers = tuple(
             WorkerView(
                 s.worker_id,
-                remaining_frames(s.worker_id) > 0,
+                s.worker_id in holders,
                 late(s),
                 s.clock.delivered,
                 joined_late=s.joined_late,

@@ -254,7 +254,7 @@ class Coordinator:
         if not self.steps.between_steps or not self.steps or self.closed:
             return
         now = time.monotonic()
-        view = self.steps.view(self.sessions.values(), self.book.remaining_frames,
+        view = self.steps.view(self.sessions.values(), self.book.holders(),
                                lambda s: is_late(self, s, now), self.version)  # fmt: skip
         chosen = self.policy.take(view)
         if self.staleness.setting.needs_base_weights:
