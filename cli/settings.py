@@ -136,6 +136,10 @@ def _decode(value: Any, kind: Any) -> Any:
 
 
 SERVICE_LINK = re.compile(r"^(tcp|udp|sctp)://[^/:]+:\d+$")
+# The other variables Kubernetes gives a pod for each Service (``snet-worker``:
+# SNET_WORKER_SERVICE_HOST, SNET_WORKER_SERVICE_PORT[_NAME], SNET_WORKER_PORT_7000_TCP,
+# ..._PROTO, ..._PORT, ..._ADDR): none can be a setting's name
+SERVICE_VARIABLE = re.compile(r"_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)\w*)$")
 
 
 def _service_link(name: str, value: str) -> bool:
@@ -271,8 +275,11 @@ def refuse_unknown_variables(prefix: str, known: set[str], what: str) -> None:
     """ConfigError for a variable of ``prefix`` that is not ``known``, as for a TOML key:
     ``SNET_JOB_EPOCHZ=2`` was ignored without a word, and the job ran 10 epochs."""
     for name in sorted(os.environ):
-        if name.startswith(prefix) and name not in known:
-            raise ConfigError(f"{name}: no such {what} setting{_suggest(name, known)}")
+        if not name.startswith(prefix) or name in known or SERVICE_VARIABLE.search(name):
+            continue
+        if name.endswith("_PORT") and SERVICE_LINK.match(os.environ[name]):
+            continue  # a Service's link (merge() says so for a name it reads)
+        raise ConfigError(f"{name}: no such {what} setting{_suggest(name, known)}")
 
 
 def _refuse_unknown_job_variables() -> None:

@@ -140,6 +140,7 @@ def test_a_misspelt_job_variable_is_refused_as_a_toml_key_is(
     monkeypatch.delenv("SNET_JOB_EPOCHZ")
     monkeypatch.setenv("SNET_JOB_DATA_SPLIT_SEED", "3")  # a real one, of the job's data
     monkeypatch.setenv("SNET_JOB_ACTIVATION", "tanh")  # and the network's, not a field
+    monkeypatch.setenv("SNET_JOB_SERVICE_HOST", "10.96.0.5")  # a Service named snet-job's
     assert main(argv) == 0
 
 
@@ -354,5 +355,18 @@ def test_a_misspelt_worker_variable_is_refused_and_a_real_one_taken(
     )
     monkeypatch.delenv("SNET_WORKER_PROGRES_SECONDS")
     monkeypatch.setenv("SNET_WORKER_PROGRESS_SECONDS", "3")
+    # what Kubernetes gives every pod for Services named snet-worker and snet-job: not
+    # settings, never refused (a review found them refused: every worker stopped)
+    for service in ("SNET_WORKER", "SNET_JOB"):
+        monkeypatch.setenv(f"{service}_PORT", "tcp://10.96.0.5:7000")
+        monkeypatch.setenv(f"{service}_SERVICE_HOST", "10.96.0.5")
+        monkeypatch.setenv(f"{service}_SERVICE_PORT", "7000")
+        monkeypatch.setenv(f"{service}_SERVICE_PORT_HTTP", "7000")
+        monkeypatch.setenv(f"{service}_PORT_7000_TCP", "tcp://10.96.0.5:7000")
+        monkeypatch.setenv(f"{service}_PORT_7000_TCP_ADDR", "10.96.0.5")
     args = command_parser().parse_args(["worker", "--server", "127.0.0.1:1"])
     assert worker_config(args, ConfigFile()).progress_seconds == 3
+    monkeypatch.setenv("SNET_WORKER_PORT", "7000")  # not a link: a setting that is not one
+    assert error(["worker", "--server", "127.0.0.1:1"], capsys).startswith(
+        "snet: SNET_WORKER_PORT: no such worker setting"
+    )
