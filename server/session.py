@@ -148,8 +148,14 @@ class WorkerSession:
         self.leases_revoked += leases
         self.probation = True
 
-    def weights_sent(self, version: int) -> None:
-        """It was sent the weights of ``version``, with its settled count as it is now."""
+    def weights_sent(self, version: int, published_from: int = 0) -> None:
+        """It is sent the weights of ``version``, with its settled count as it is now. If
+        it missed a publish (it holds a version older than ``published_from``, the one
+        the workers held before the newest: an idle worker is not sent every step's), a
+        lossy delta over all it missed would leave its copy far off (topk: an error of 17
+        against weights of norm 20 after 200 steps): the copy goes whole."""
+        if self.ledger is not None and self.weights_version_sent < published_from:
+            self.ledger.weights.request_full()
         self.weights_version_sent, self.settled_sent = version, self.updates_settled
 
     def reported(self, report: dict[str, Any]) -> None:

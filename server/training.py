@@ -115,10 +115,10 @@ class Coordinator:
                                  self._fail, lambda: self.closed)  # fmt: skip
         self.departed, self.divergence = Departures(), DivergenceWatch(self.sessions.keys())
         self.version, self.digest = 0, weights_digest(self.rule.snapshot)  # and its weights
+        self.published_from = 0  # the version the workers held before the newest publish
         self.earlier: dict[str, Any] = {"workers": [], "compression": []}  # before restarts
         self.steps = StepQueue(self.runner)
-        self.finished = asyncio.Event()
-        self.closed = False  # set at shutdown: no new steps
+        self.finished, self.closed = asyncio.Event(), False  # closed at shutdown: no new steps
         self.on_finished: Callable[[], None] | None = None
         self.on_failure: Callable[[str], None] | None = None  # the step machinery broke
         updates = UpdateTraffic(job.mode, self.desk, self.epochs, self.stats, self.evaluations,
@@ -196,7 +196,7 @@ class Coordinator:
         self.traffic.left(session, held)
 
     def send_weights(self, session: WorkerSession) -> None:
-        session.weights_sent(self.version)
+        session.weights_sent(self.version, self.published_from)
         if not self.traffic.whole_weights:
             return  # np workers get slices, not copies of the whole network
         session.send(Weights(self.version, self.epoch, self.learning_rate, session.updates_settled,
@@ -291,7 +291,7 @@ class Coordinator:
         if outcome.snapshot is None:
             return
         self.rule.publish(outcome.snapshot)  # with its version, on the event loop
-        self.digest = outcome.digest
+        self.digest, self.published_from = outcome.digest, self.version  # before this pass's
         self.stats.record_pass()
         last = outcome.applied[-1] if outcome.applied else None
         seconds = outcome.seconds / max(len(outcome.applied), 1)  # of each step
@@ -377,7 +377,7 @@ class Coordinator:
             self.traffic.hold()  # np: the slices are cut anew once the roll-back is done
             self.rule.load(decision.restore)
             self.runner.forget_weights()
-            self.version += 1
+            self.published_from, self.version = self.version, self.version + 1
             self.digest = weights_digest(self.rule.snapshot)
             for session in self.sessions.values():
                 self.send_weights(session)

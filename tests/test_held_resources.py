@@ -17,7 +17,9 @@ from snet.protocol.framing import FrameLimits, encode
 from snet.protocol.messages import ErrorMessage, Lease, Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.connection import WorkerConnection
+from snet.server.ledger import CompressionLedger
 from snet.server.pool import ElementPool
+from snet.server.session import WorkerSession
 
 from async_raw import AsyncRawClient
 from helpers import QUICK_JOB
@@ -155,24 +157,29 @@ async def _revoked(server: LabServer, name: str) -> bool:
     return name in rows and rows[name].get("leases_revoked", 0) > 0
 
 
-def test_an_idle_worker_on_a_lossy_delta_is_refreshed_with_a_full_copy() -> None:
-    """Sent no weights while idle, a worker on ``delta:topk`` would get one lossy delta
-    over every step it missed before its next lease (a review: an error of 17 against
-    weights of norm 20 after 200 steps): the refresh sends a full copy instead."""
+def test_a_worker_that_missed_a_publish_on_a_lossy_delta_gets_a_full_copy() -> None:
+    """Sent no weights while idle (or while its last update waited for a step), a worker
+    on ``delta:topk`` would get one lossy delta over every step it missed (a review: an
+    error of 17 against weights of norm 20 after 200 steps): whichever path sends them
+    (its next lease, the step that settles its update), the copy goes whole."""
     layout = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
-    sent: list[object] = []
-    coordinator = SimpleNamespace(version=200, pool=ElementPool(layout, 4),
+    encoder = WeightsEncoder("delta:topk:0.01", layout)
+    session = WorkerSession(1, "w", "", "numpy", (), lambda _: None, lambda _: None,
+                            ledger=CompressionLedger("none", encoder))  # fmt: skip
+    session.weights_sent(0)
+    encoder.prepare(Weights(0, 0, 0.1, 0, np.zeros(layout.size, np.float32)))  # its first
+    session.weights_sent(200, published_from=199)  # the others were sent 1-199 meanwhile
+    full = encoder.prepare(Weights(200, 0, 0.1, 0, np.ones(layout.size, np.float32)))
+    assert full.encoded is None and full.element.size == layout.size  # float32, whole
+    session.weights_sent(203, published_from=200)  # it had the last publish: a delta
+    assert encoder.prepare(Weights(203, 0, 0.1, 0, np.ones(layout.size, np.float32))).encoded
+    sent: list[object] = []  # and its next lease sends the newest only if it lacks them
+    coordinator = SimpleNamespace(version=203, pool=ElementPool(layout, 4),
                                   send_weights=sent.append)  # fmt: skip
     connection = WorkerConnection(coordinator, FrameLimits(), None, "s", lambda: 1,
                                   None, set())  # type: ignore[arg-type]  # fmt: skip
-    encoder = WeightsEncoder("delta:topk:0.01", layout)
-    encoder.prepare(Weights(0, 0, 0.1, 0, np.zeros(layout.size, np.float32)))  # its first
-    session = SimpleNamespace(weights_version_sent=0, ledger=SimpleNamespace(weights=encoder))
-    connection.session = session  # type: ignore[assignment]
+    connection.session = session
+    connection._refresh_weights()
+    coordinator.version = 204
     connection._refresh_weights()
     assert sent == [session]
-    full = encoder.prepare(Weights(200, 0, 0.1, 0, np.ones(layout.size, np.float32)))
-    assert full.encoded is None and full.element.size == layout.size  # float32, whole
-    session.weights_version_sent, coordinator.version = 200, 201
-    connection._refresh_weights()  # one step behind: the delta, as every step's
-    assert encoder.prepare(Weights(201, 0, 0.1, 0, np.ones(layout.size, np.float32))).encoded
