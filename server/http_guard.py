@@ -69,6 +69,12 @@ BUSY_HERE_RESPONSE = _unavailable(
 )
 
 
+def _worth_a_line(count: int) -> bool:
+    """Whether the ``count``-th of a kind of refusal is logged: the first and every 100th
+    (a flood is one line a hundred, its count in it)."""
+    return count == 1 or count % 100 == 0
+
+
 class _Busy(asyncio.Protocol):
     """A connection over a limit: one 503, then closed."""
 
@@ -109,7 +115,7 @@ class RequestErrors(logging.LoggerAdapter):
             super().exception(msg, *args, exc_info=exc_info, **kwargs)
             return
         self.malformed += 1
-        if self.malformed == 1 or self.malformed % 100 == 0:
+        if _worth_a_line(self.malformed):
             first = (exc_info.message or type(exc_info).__name__).strip().splitlines()[:1]
             log.warning("malformed HTTP request answered %d: %.80r (%d so far)",
                         exc_info.code, " ".join(first), self.malformed)  # fmt: skip
@@ -158,7 +164,7 @@ class HttpListener:
             held = handlers.connections
             if len(held) >= self.max_connections:
                 self.refused += 1
-                if self.refused == 1 or self.refused % 100 == 0:
+                if _worth_a_line(self.refused):
                     log.warning("HTTP connection refused (%d open, the limit; %d refused "
                                 "so far)", self.max_connections, self.refused)  # fmt: skip
                 return _Busy(BUSY_RESPONSE)
@@ -167,7 +173,7 @@ class HttpListener:
                 if _held_from(address, held) >= self.per_address:
                     self.refused_per_address += 1
                     count = self.refused_per_address
-                    if count == 1 or count % 100 == 0:
+                    if _worth_a_line(count):
                         log.warning("HTTP connection from %s refused (%d open from it, the "
                                     "limit per address; %d refused so far)", address,
                                     self.per_address, count)  # fmt: skip

@@ -231,7 +231,6 @@ class ElementShare:
     def __init__(self, pool: ElementPool, proven: Callable[[], bool]) -> None:
         self.pool = pool
         self.proven = proven
-        self.turned_away = 0  # updates refused for want of a share
 
     def payload_target(
         self, message_type: str, arrays: tuple[ArrayInfo, ...], payload_bytes: int
@@ -243,7 +242,6 @@ class ElementShare:
             return None
         newcomer = not self.proven()
         if newcomer and pool.newcomers_receiving >= pool.newcomer_limit:
-            self.turned_away += 1
             return memoryview(bytearray(payload_bytes)), TURNED_AWAY
         loan = pool.acquire(receiving=newcomer)
         return loan.flat.data.cast("B"), loan

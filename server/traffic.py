@@ -29,8 +29,8 @@ from .stats import TrainingStats
 class WorkerTraffic(Protocol):
     """The events of a worker's traffic that depend on the mode."""
 
-    # whether the workers hold the whole network (sent each step's weights, and scoring
-    # CV with them) or a part of it (np: slices, told by the traffic itself)
+    # whether the workers hold the whole network (sent whole copies of the weights, and
+    # scoring CV with them) or a part of it (np: slices, told by the traffic itself)
     whole_weights: bool
 
     def joined(self, session: WorkerSession) -> None:
