@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from snet.data.corpus import Corpus
-from snet.protocol.errors import TrainingDiverged
+from snet.protocol.errors import DIVERGED_AFTER, TrainingDiverged
 from snet.protocol.hooks import BunchEvent, EpochEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
 from snet.protocol.network import ElementLayout
@@ -41,11 +41,6 @@ class StepRule(Protocol):
 
     def load(self, weights: np.ndarray) -> None: ...
 
-
-# Steps refused in a row (their gradient not finite: the rule changes nothing) after which
-# a run has diverged: the next bunches are computed on the same weights, and went on being
-# refused to the end, which then reported a NaN loss and exit status 0.
-DIVERGED_AFTER = 100
 
 ChunkOrder = Callable[[int], Iterable[np.ndarray]]
 """Epoch (0-based) -> the training frames of that epoch, chunk by chunk, in lease order."""

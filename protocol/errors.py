@@ -59,6 +59,11 @@ class TrainingDiverged(SnetError):
     the server says the same of updates it refuses, server/divergence.py)."""
 
 
+# Steps (snet train) or updates (the server) refused in a row, none taken, after which a
+# run has diverged: the next ones are computed on the same weights and are refused too.
+DIVERGED_AFTER = 100
+
+
 class ListenError(SnetError):
     """The server cannot open a port it was told to listen on (in use, no such address)."""
 

@@ -26,12 +26,14 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from snet.protocol.errors import DIVERGED_AFTER
+
 if TYPE_CHECKING:
     from .session import WorkerSession
 
 log = logging.getLogger("snet.server")
 
-MIN_REFUSED = 100  # refused updates in a row, none applied, before a run has diverged
+MIN_REFUSED = DIVERGED_AFTER  # refused updates in a row, none applied (protocol/errors.py)
 PER_WORKER = 3  # of them from each live worker at least
 
 
