@@ -29,6 +29,7 @@ from helpers import QUICK_JOB
 EVERY = 3  # utterances: keep the first of every EVERY
 FRAMES = 18_115  # in the utterances kept
 TINY_EVERY = 15
+TINY_FRAMES = 3_551
 
 
 def _remove_if_mine(directory: Path, owner: int) -> None:
@@ -47,9 +48,13 @@ def short_data() -> str:
 
 
 def tiny_data() -> str:
-    """A fifteenth of the default data (200 utterances, 3,700 frames: an epoch in 8 bunches
-    of 512), for a test that waits for epochs to end and whose subject is not learning."""
-    return _every_nth(TINY_EVERY)
+    """A fifteenth of the default data (200 utterances, 3,551 frames: an epoch of its
+    training frames in about 6 bunches of 512), for a test that waits for epochs to end and
+    whose subject is not learning."""
+    path = _every_nth(TINY_EVERY)
+    with np.load(path) as data:
+        assert int(np.sum(data["lengths"])) == TINY_FRAMES
+    return path
 
 
 @functools.cache

@@ -128,7 +128,7 @@ async def _steps_since(server: LabServer, before: int, more: int) -> bool:
 async def test_an_idle_peer_is_not_sent_every_steps_weights(lab: Lab) -> None:
     """30 idle connections, each sent every step's weights (262 kB), cut a run to 0.41 of
     its steps a second; an idle one now gets the newest weights with its next lease. The
-    least deadline is 0.5 s (not 2 s) and an epoch 8 bunches (a fifteenth of the data):
+    least deadline is 0.5 s (not 2 s) and an epoch 6 bunches (a fifteenth of the data):
     its lease is taken back sooner, at the first epoch's end, nothing else changes."""
     server = await lab.server("--mode", "async", "--epochs", "30", "--linger-seconds", "30",
                               "--stall-seconds", "0.5", *QUICK_JOB,
