@@ -14,6 +14,7 @@ a ``status`` event whose data is not JSON raises ``ValueError``; cli/status.py s
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import ssl
@@ -21,6 +22,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+from snet.transport.tls import client_context
 
 EVENT_STREAM = "text/event-stream"
 # A read that waits longer fails (a hung server, a host gone from the network): the
@@ -36,8 +39,16 @@ def open_page(
     if token:
         headers = {**headers, "Authorization": f"Bearer {token}"}
     request = urllib.request.Request(url.rstrip("/") + path, headers=headers)
-    context = ssl.create_default_context(cafile=tls_ca) if tls_ca else None
+    context = https_context(tls_ca) if tls_ca else None
     return urllib.request.urlopen(request, timeout=timeout, context=context)
+
+
+@functools.cache
+def https_context(tls_ca: str) -> ssl.SSLContext:
+    """The context of an https server signed by ``tls_ca``, made once (a watch polls for
+    hours: it read the CA file at every poll); ConfigError naming a missing file or a
+    directory, as a worker's ``--tls-ca`` is checked (transport/tls.py)."""
+    return client_context(tls_ca, what="--tls-ca")
 
 
 def open_events(url: str, token: str, tls_ca: str) -> http.client.HTTPResponse | None:

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .event_stream import open_events, open_page, status_events
+from .event_stream import https_context, open_events, open_page, status_events
 from .progress_bar import clock, detach_stdout, on_terminal
 
 
@@ -327,9 +327,8 @@ def run_status(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.interval) and args.interval > 0):
         print(f"snet: --interval must be > 0, got {args.interval:g}", file=sys.stderr)
         return 2
-    if args.tls_ca and not os.path.isfile(args.tls_ca):  # said with its name, before a try
-        print(f"snet: --tls-ca {args.tls_ca} is not a file", file=sys.stderr)
-        return 2
+    if args.tls_ca:  # a missing file or a directory said with its name, before a request
+        https_context(args.tls_ca)  # (ConfigError: exit 2)
     try:
         if args.watch:
             return _watch(url, token, args.tls_ca or "", args.json, args.interval)

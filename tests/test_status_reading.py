@@ -15,6 +15,7 @@ import time
 import urllib.error
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -120,10 +121,17 @@ def test_a_port_that_does_not_speak_http_is_said_so(capsys: pytest.CaptureFixtur
     assert "https:// and --tls-ca" in line  # a TLS port asked in plain HTTP looks so too
 
 
-def test_a_tls_ca_that_is_no_file_is_named(capsys: pytest.CaptureFixture[str]) -> None:
-    """It said "[Errno 2] No such file or directory", naming no file."""
+def test_a_tls_ca_that_is_no_file_is_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """It said "[Errno 2] No such file or directory", naming no file; a directory is
+    said to be one, as a worker's --tls-ca is (transport/tls.py)."""
     assert main(["status", "--url", "127.0.0.1:1", "--tls-ca", "/no/such/ca.pem"]) == 2
-    assert capsys.readouterr().err == "snet: --tls-ca /no/such/ca.pem is not a file\n"
+    assert capsys.readouterr().err == "snet: --tls-ca /no/such/ca.pem does not exist\n"
+    assert main(["status", "--url", "127.0.0.1:1", "--tls-ca", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"snet: --tls-ca {tmp_path} is a directory: give the CA's file (e.g. {tmp_path}/ca.pem)\n"
+    )
 
 
 def test_the_worker_port_asked_for_status_is_named_so(

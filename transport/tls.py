@@ -117,12 +117,13 @@ def http_context(cert: str, key: str) -> ssl.SSLContext:
     return server_context(cert, key)
 
 
-def client_context(ca: str, cert: str = "", key: str = "") -> ssl.SSLContext:
-    """A worker's context: the server must be signed by ``ca``; ``cert`` and ``key`` are
-    this worker's own certificate, for a server that asks for one."""
+def client_context(ca: str, cert: str = "", key: str = "", what: str = "tls_ca") -> ssl.SSLContext:
+    """A worker's context: the server must be signed by ``ca`` (named ``what`` in an
+    error); ``cert`` and ``key`` are this worker's own certificate, for a server that
+    asks for one."""
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load_ca(context, ca, "tls_ca")
+    _load_ca(context, ca, what)
     if cert or key:
         if not (cert and key):
             raise ConfigError("a worker's TLS certificate needs both tls_cert and tls_key")
