@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from snet.cli.main import main
 from snet.protocol.messages import Update
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.divergence import DivergenceWatch
@@ -20,6 +19,7 @@ from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
 from inprocess import Lab, LabServer, wait_until
 from short_data import short_data
+from user_errors import error
 
 DIVERGING = ["--activation", "relu", "--learning-rates", "20", "--momentum", "0.9"]
 
@@ -103,11 +103,9 @@ def test_snet_train_of_a_diverging_job_stops_and_says_so(
     out = tmp_path / "out"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no RuntimeWarning from the arithmetic either
-        status = main(["train", "--epochs", "2", "--network", "117:64:10", *DIVERGING,
-                       "--data", short_data(), "--out-dir", str(out)])  # fmt: skip
-    said = capsys.readouterr()
-    assert status == 1
-    assert said.err.startswith("snet train: training diverged in epoch 1: the gradients of ")
-    assert "bunches were not finite (loss nan), so no step could be taken" in said.err
-    assert said.err.rstrip().endswith("a lower learning rate may train (no weights written)")
-    assert "Warning" not in said.err and not (out / "weights.npz").exists()
+        said = error(["train", "--epochs", "2", "--network", "117:64:10", *DIVERGING,
+                      "--data", short_data(), "--out-dir", str(out)], capsys, 1)  # fmt: skip
+    assert said.startswith("snet train: training diverged in epoch 1: the gradients of ")
+    assert "bunches were not finite (loss nan), so no step could be taken" in said
+    assert said.endswith("a lower learning rate may train (no weights written)")
+    assert "Warning" not in said and not (out / "weights.npz").exists()
