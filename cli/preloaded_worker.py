@@ -77,8 +77,12 @@ class PreloadedWorker:
     @classmethod
     def start(cls, environment: dict[str, str]) -> PreloadedWorker:
         """Start loading, in ``environment`` (the one its command is to run in)."""
+        from .demo_workers import lower_priority
+
         command = [sys.executable, "-m", MODULE]
-        return cls(subprocess.Popen(command, stdin=subprocess.PIPE, env=environment))
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, env=environment)
+        lower_priority(process.pid)  # the demo's workers' priority, from their start
+        return cls(process)
 
     def run(self, words: list[str]) -> StartedProcess:
         """Have it run ``snet WORDS`` (once it has loaded); the process, to be watched."""

@@ -241,14 +241,21 @@ def test_stopped_by_the_user_before_the_first_cv_result(tmp_path: Path, ctrl_c: 
     assert run.status()["epochs_done"] == 0
 
 
-def test_the_demo_killed_takes_its_workers_and_boards_with_it(tmp_path: Path) -> None:
+def test_its_workers_and_boards_run_below_its_priority_and_end_when_it_is_killed(
+    tmp_path: Path,
+) -> None:
     """kill -9 of the demo (or the OOM killer): its workers retried its server, which died
-    with it, for 5 minutes, logging to the terminal; now they end with it."""
+    with it, for 5 minutes, logging to the terminal; now they end with it. While it runs
+    they run at a lower priority than its server, which they all wait for."""
+    from snet.cli.demo_workers import WORKER_NICENESS
+
     args = ("--epochs", "50", "--spert", "1", "--spert-time-scale", "50")
     with demo(tmp_path, *args) as run:
         wait_until(lambda: "\nepoch  1/50 " in run.stdout(), EXIT_SECONDS, "the first epoch")
         workers = run.descendants()  # the group, its two forked workers and the board
         assert len(workers) == 4, workers
+        niceness = min(os.getpriority(os.PRIO_PROCESS, run.process.pid) + WORKER_NICENESS, 19)
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in workers] == [niceness] * 4
         run.process.kill()
         assert run.process.wait(EXIT_SECONDS) == -signal.SIGKILL
         # Well within their 300 s of retrying. (One may still say it lost the server:
