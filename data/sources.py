@@ -214,13 +214,20 @@ def _npy_directory(path: Path) -> ArraySource:
 def open_source(spec: DataSpec) -> FrameSource:
     """Open the job's data (raises DataError when it cannot be read)."""
     path = resolve_source(spec.source)
+    suffix = Path(path).suffix.lower()
+    if spec.labels and suffix not in (".scp", ".ark"):
+        # Only Kaldi features come without labels: any other format's own would be used
+        # and the alignments given read by nobody, without a word.
+        raise DataError(
+            f"alignments {spec.labels} given for {path}, which is not Kaldi features "
+            "(.scp/.ark) and holds its own labels: leave them out"
+        )
     if Path(path).is_dir():
         return _npy_directory(Path(path))
     if not Path(path).exists():
         # a relative path is read from the working directory (a config file's too: say so)
         where = "" if Path(path).is_absolute() else f" in {Path.cwd()}"
         raise DataError(f"data {path} does not exist{where}")
-    suffix = Path(path).suffix.lower()
     if suffix == ".npz":
         return _npz(path)
     if suffix in (".pfile", ".pf"):

@@ -157,6 +157,30 @@ def test_kaldi_needs_matching_alignments(tmp_path: Path) -> None:
         open_source(DataSpec(source=scp, labels=str(wrong)))
 
 
+def test_alignments_given_for_data_that_holds_its_own_labels_are_refused(tmp_path: Path) -> None:
+    """--labels beside a pfile, an .npz or a directory of .npy files was read by nobody:
+    the file's own labels trained, without a word."""
+    frames, labels, lengths = small_corpus()
+    ark, scp, ali = (str(tmp_path / n) for n in ("feats.ark", "feats.scp", "ali.ark"))
+    write_kaldi(ark, scp, ali, frames, labels, lengths)
+    pfile, npz, folder = tmp_path / "small.pfile", tmp_path / "small.npz", tmp_path / "npy"
+    write_pfile(pfile, frames, labels, lengths)
+    np.savez(npz, X=frames, y=labels, lengths=lengths)
+    folder.mkdir()
+    for name, array in (("features", frames), ("labels", labels), ("lengths", lengths)):
+        np.save(folder / f"{name}.npy", array)
+    for data in (pfile, npz, folder):
+        with pytest.raises(DataError) as refused:
+            open_source(DataSpec(source=str(data), labels=ali))
+        assert str(refused.value) == (
+            f"alignments {ali} given for {data}, which is not Kaldi features (.scp/.ark) "
+            "and holds its own labels: leave them out"
+        )
+    # the CV and test files' own alignments are checked alike
+    with pytest.raises(DataError, match="holds its own labels"):
+        open_source(DataSpec(source=scp, labels=ali, cv_source=str(npz), cv_labels=ali).part("cv"))
+
+
 # ---------------------------------------------------------------- .npy directories, norms
 
 
