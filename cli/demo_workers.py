@@ -64,9 +64,9 @@ class WorkerProcess(Protocol):
 
 def lower_priority(pid: int) -> None:
     """Give the demo's worker process ``pid`` the priority ``WORKER_NICENESS`` below the
-    demo's (raising a process's niceness needs no privilege; a process that has already
-    exited is left as it is)."""
-    with contextlib.suppress(ProcessLookupError):
+    demo's (raising a process's niceness needs no privilege). Only a speed-up: a process
+    that has already exited, or a system that refuses, leaves it as it is."""
+    with contextlib.suppress(OSError):
         niceness = os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS
         os.setpriority(os.PRIO_PROCESS, pid, min(niceness, 19))
 
