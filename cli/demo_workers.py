@@ -39,7 +39,7 @@ WATCH_SECONDS = 0.1  # how often the demo looks at its worker processes
 # ``nice -n 5``). They share the machine's cores with the server, and every worker waits
 # for the server's steps (its weights, the settling of its updates), while the server
 # waits for no one worker: a core the server has to wait for stalls them all. On 2 cores
-# with 2 async workers the cores stood idle 45-50 % of the time at the default priority,
+# with 2 async workers the cores stood idle 41-50 % of the time at the default priority,
 # 28-37 % with this one (docs/time-to-accuracy.md, session 19).
 WORKER_NICENESS = 5
 WORKERS_GONE = "its workers have gone"  # why the demo stopped its server
