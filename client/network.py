@@ -65,7 +65,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _quiet_overflow(method: Callable[P, R]) -> Callable[P, R]:
+def quiet_overflow(method: Callable[P, R]) -> Callable[P, R]:
     """``method`` without numpy's RuntimeWarnings for overflow and NaN: a diverging job's
     infinite activations are its caller's to judge from what it returns (the server
     refuses such updates and stops a run that makes nothing else; ``snet train`` stops),
@@ -299,7 +299,7 @@ class BunchNetwork:
                 np.subtract(1.0, scratch, out=scratch)
             delta *= scratch
 
-    @_quiet_overflow
+    @quiet_overflow
     def gradient(
         self, weights: np.ndarray, x: np.ndarray, labels: np.ndarray, out: np.ndarray
     ) -> tuple[float, int]:
@@ -357,7 +357,7 @@ class BunchNetwork:
             return self._fused.gradient(weights, n, labels, out)
         return self.gradient(weights, corpus.windows(frames), labels, out)
 
-    @_quiet_overflow
+    @quiet_overflow
     def evaluate(self, weights: np.ndarray, x: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         """(summed loss, correct) of the weights on all of ``x``, in bunches.
 

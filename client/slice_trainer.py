@@ -32,6 +32,8 @@ from snet.protocol.errors import ProtocolError
 from snet.protocol.network import ELEMENT_DTYPE, NetworkSpec
 from snet.protocol.slices import HiddenSlice, slice_size, slice_views
 
+from .network import quiet_overflow
+
 MAX_PENDING = 4  # forwards whose error is not back yet (pipelining keeps one or two)
 
 
@@ -87,6 +89,7 @@ class SliceTrainer:
         self.last_bunch = bunch
         self._pending.clear()
 
+    @quiet_overflow  # a diverged slice's NaN goes to the server, which stops the run
     def forward(self, bunch: int, x: np.ndarray) -> np.ndarray:
         """This slice's share of the output pre-activations of ``x``: (patterns, outputs)."""
         if len(self._pending) >= MAX_PENDING:
@@ -100,6 +103,7 @@ class SliceTrainer:
         partial: np.ndarray = h @ w2
         return partial
 
+    @quiet_overflow
     def backward(self, bunch: int, delta: np.ndarray, patterns: int, rate: float) -> None:
         """Apply the output error of ``bunch`` (forwarded before) to this slice."""
         entry = self._pending.pop(bunch, None)

@@ -18,6 +18,13 @@ there now (a departed one's count goes with it): a peer sending garbage is refus
 fast as it sends, but an honest worker's next update is applied and starts the count
 over, so no one peer can stop a run that others are training. A run with one worker, all
 of whose updates are refused for their numbers, trains nothing either way.
+
+np mode is the exception (server/slice_rounds.py): every bunch needs the partial outputs
+of every slice holder, so one holder's non-finite answer (its slice has overflowed) stops
+every bunch; refused, it left the bunch waiting until the holder was dropped as late, its
+units were cut anew, it joined again, and so on for ever, the run still ``training``. So
+there the first non-finite answer says the run has diverged (np trusts its holders with
+part of the network in any case: docs/security.md).
 """
 
 from __future__ import annotations
@@ -65,10 +72,17 @@ class DivergenceWatch:
             return None
         if any(self.refused.get(worker, 0) < self.per_worker for worker in live):
             return None
-        self.diverged = (
-            f"training diverged: the last {total} updates, from every worker, were refused "
-            f"and none applied to version {version} (the last: {reason[:160]}); "
-            "a lower learning rate, started over with --fresh, may train"
+        return self.say(
+            f"the last {total} updates, from every worker, were refused and none applied to "
+            f"version {version} (the last: {reason[:160]})"
         )
-        log.error("%s", self.diverged)
+
+    def say(self, what: str) -> str:
+        """The run has diverged (``what`` shows it): why, as said once (logged as an error)."""
+        if not self.diverged:
+            self.diverged = (
+                f"training diverged: {what}; a lower learning rate, started over with "
+                "--fresh, may train"
+            )
+            log.error("%s", self.diverged)
         return self.diverged

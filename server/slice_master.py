@@ -120,7 +120,7 @@ class SliceMaster:
         if weights.shape != (size,) or velocity.shape != (size,):
             raise RejectedUpdate(f"slice {part.start}:{part.stop} needs {size} values")
         if not (np.isfinite(weights).all() and np.isfinite(velocity).all()):
-            raise RejectedUpdate("slice report with NaN or Inf")
+            raise RejectedUpdate("slice report with NaN or Inf", numeric=True)
         put_slice(self.spec, self.element, part, weights)
         put_slice(self.spec, self.velocity, part, velocity)
         self.reported.add(worker_id)
@@ -140,14 +140,18 @@ class SliceMaster:
         if partial.shape != expected or partial.dtype != ELEMENT_DTYPE:
             raise RejectedUpdate(f"partial outputs of shape {partial.shape}, expected {expected}")
         if not np.isfinite(partial).all():
-            raise RejectedUpdate("partial outputs with NaN or Inf")
+            raise RejectedUpdate("partial outputs with NaN or Inf", numeric=True)
 
     def combine(
         self, partials: list[np.ndarray], labels: np.ndarray
     ) -> tuple[np.ndarray, float, int]:
-        """(error ``softmax - one-hot`` per pattern, summed loss, correct) of one bunch."""
-        z = np.add.reduce(partials) if len(partials) > 1 else partials[0].copy()
-        z += self._bias
+        """(error ``softmax - one-hot`` per pattern, summed loss, correct) of one bunch;
+        RejectedUpdate (numeric) when the holders' finite outputs sum beyond float32."""
+        with np.errstate(over="ignore", invalid="ignore"):  # checked: said below, not warned
+            z = np.add.reduce(partials) if len(partials) > 1 else partials[0].copy()
+            z += self._bias
+        if not np.isfinite(z).all():  # else NaN in every output bias, and every checkpoint
+            raise RejectedUpdate("partial outputs that sum to NaN or Inf", numeric=True)
         rows = np.arange(len(labels))
         z -= z.max(axis=1, keepdims=True)
         correct = int(np.count_nonzero(z[rows, labels] == 0.0))  # ties count, as the workers

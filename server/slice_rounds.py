@@ -52,6 +52,7 @@ from snet.protocol.messages import (
 )
 from snet.protocol.slices import HiddenSlice
 
+from .divergence import DivergenceWatch
 from .epochs import EpochControl
 from .idleness import IdleWatch
 from .leases import LeaseBook
@@ -100,6 +101,8 @@ class CoordinatorParts:
     bunch_applied: Callable[[], int]  # a bunch completed: its version (a new one)
     assembled: Callable[[], None]  # the rule's element changed: publish its digest
     end_epoch: Callable[[], None]  # every bunch of the epoch is done and reported
+    divergence: DivergenceWatch  # says why a run has diverged
+    fail: Callable[[str], None]  # training cannot go on (why): the server stops
 
 
 class SliceRounds:
@@ -198,7 +201,20 @@ class SliceRounds:
     # ------------------------------------------------------------ slices
 
     def on_message(self, session: WorkerSession, message: PartialOutputs | SliceState) -> None:
-        """A slice report or a bunch's partial outputs (RejectedUpdate if wrong)."""
+        """A slice report or a bunch's partial outputs (RejectedUpdate if wrong; one not
+        finite also says the run has diverged: server/divergence.py)."""
+        try:
+            self._take(session, message)
+        except RejectedUpdate as refusal:
+            session.refused()  # counted, as a refused update is
+            self.stats.record_refused()
+            if refusal.numeric:  # the slices' numbers: no bunch completes without them
+                self.parts.fail(self.parts.divergence.say(
+                    f"bunch {message.bunch}: {refusal} (from worker {session.name}), and in np "
+                    "mode no bunch completes without every slice"))  # fmt: skip
+            raise
+
+    def _take(self, session: WorkerSession, message: PartialOutputs | SliceState) -> None:
         if isinstance(message, SliceState):
             if not self.collecting or message.bunch != self.collect_bunch:
                 self.reports_ignored += 1  # asked for earlier, overtaken by a newer request

@@ -134,7 +134,7 @@ class Coordinator:
         parts = CoordinatorParts(self.book, self.epochs, self.stats, self.hooks, self.idle,
                                  self.steps, self.sessions, lambda: self.closed,
                                  self.finished.is_set, self._next_version, self._assembled,
-                                 self._end_epoch)  # fmt: skip
+                                 self._end_epoch, self.divergence, self._fail)  # fmt: skip
         return SliceRounds(self.job, self.rule, plan.source.labels, min_workers, parts)
 
     def report_to(self, on_finished: Callable[[], None], on_failure: Callable[[str], None]) -> None:

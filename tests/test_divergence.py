@@ -44,6 +44,27 @@ async def test_a_diverging_job_stops_with_why_and_keeps_its_run(lab: Lab) -> Non
         assert await worker.wait(30) == 0
 
 
+async def test_a_diverging_np_job_stops_with_why_at_its_first_non_finite_answer(lab: Lab) -> None:
+    """np: a slice holder's NaN partial outputs were refused and the bunch left waiting
+    until the holder was dropped as late, re-sliced, joined again, for ever: the run said
+    ``training``, ``updates_rejected`` 0. Every bunch needs every slice: it stops at once."""
+    server = await lab.server("--mode", "np", "--epochs", "3", *SMALL_JOB, *DIVERGING,
+                              "--learning-rates", "10", "--data", short_data())  # fmt: skip
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        workers = [lab.worker(server, f"w{i}") for i in range(2)]
+        reason = await server.wait(60)
+    assert not [w for w in warned if issubclass(w.category, RuntimeWarning)]  # said once, below
+    assert reason.startswith("training diverged: bunch "), reason
+    assert ": partial outputs with NaN or Inf (from worker w" in reason
+    assert "in np mode no bunch completes without every slice; a lower learning rate" in reason
+    status = server.final_status()
+    assert status["stop_reason"] == reason and status["updates_rejected"] >= 1
+    for worker in workers:
+        worker.stop("test over")
+        assert await worker.wait(30) == 0
+
+
 def test_refusals_of_one_peer_do_not_stop_a_run_others_train() -> None:
     live = {1: "honest", 2: "garbage"}
     watch = DivergenceWatch(live.keys(), min_refused=10, per_worker=3)

@@ -154,8 +154,14 @@ def test_master_checks_partials_and_reports_before_trusting_them() -> None:
         (1, good.astype(np.float64), "shape"),
         (1, np.full((BUNCH, 4), np.nan, dtype=np.float32), "NaN"),
     ]:
-        with pytest.raises(RejectedUpdate, match=why):
+        with pytest.raises(RejectedUpdate, match=why) as refused:
             master.check_partial(worker, partial, BUNCH)
+        assert refused.value.numeric == (why == "NaN")  # the numbers: a diverged slice
+    # finite outputs whose sum overflows put NaN in every output bias: refused, numeric
+    huge = np.full((BUNCH, 4), 3e38, dtype=np.float32)
+    with pytest.raises(RejectedUpdate, match="sum to NaN or Inf") as refused:
+        master.combine([huge, huge], np.zeros(BUNCH, dtype=np.int64))
+    assert refused.value.numeric and np.isfinite(master.element).all()
     grant = grants[1]
     with pytest.raises(RejectedUpdate, match="not the one"):
         master.take_report(2, grant.part, grant.weights, grant.velocity)
