@@ -1,4 +1,5 @@
-"""``--log-format json``: one JSON object per log record, one record per line.
+"""``--log-format json``: one JSON object per log record, one record per line; the text
+format, one line per record too.
 
 Every object has ``time`` (ISO 8601, UTC, milliseconds), ``level``, ``logger`` and
 ``message`` (the formatted text, as the text format shows it); the fields a log call
@@ -14,12 +15,27 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from snet.protocol.worker_name import printable
+
 # The attributes every LogRecord has: anything else on a record came from ``extra=``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message",
     "asctime",
     "taskName",
 }
+
+
+class TextFormatter(logging.Formatter):
+    """Time, level, source and message, the message's control characters as escapes: words
+    a peer sent (a goodbye's reason, an error's text) can neither forge a line nor drive the
+    terminal (protocol/worker_name.py). A traceback keeps its lines."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):

@@ -62,13 +62,10 @@ def setup_logging(level: str, form: str = "text") -> None:
         raise ConfigError(f"unknown log level {level!r}")
     if form not in ("text", "json"):
         raise ConfigError(f"log_format must be text or json, got {form!r}")
-    handler = logging.StreamHandler(sys.stderr)
-    if form == "json":
-        from .logformat import JsonFormatter
+    from .logformat import JsonFormatter, TextFormatter
 
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if form == "json" else TextFormatter())
     logging.basicConfig(level=numeric, handlers=[handler])
 
 

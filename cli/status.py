@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from snet.protocol.worker_name import printable
+
 from .event_stream import https_context, open_events, open_page, status_events
 from .progress_bar import clock, detach_stdout, on_terminal
 
@@ -97,7 +99,8 @@ def render(document: dict[str, Any]) -> str:
             f"{now - row['last_seen']:>6.1f}s"
         )
     lines += _board_lines(document["workers"])
-    return "\n".join(lines)
+    # what workers named themselves (their backend, say) as escapes, not terminal controls
+    return "\n".join(map(printable, lines))
 
 
 def _progress_line(document: dict[str, Any]) -> list[str]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from snet.cli.status import render
 from snet.protocol import PROTOCOL_VERSION
 from snet.protocol.messages import (
     ErrorMessage,
+    Goodbye,
     Heartbeat,
     Hello,
     Lease,
@@ -74,3 +76,29 @@ def test_implausible_updates_and_reports_are_refused_and_change_nothing(
     bad.close()
     twin.close()
     wait_until(lambda: server.status()["workers_live"] == 0, 10, "both to be gone")
+
+
+def test_a_peers_words_cannot_forge_log_lines_or_drive_the_terminal(cluster: Cluster) -> None:
+    """An error's code and text, a goodbye's reason and a backend's name went into the
+    server's log as sent: a newline wrote a whole forged line ("... ERROR snet.server:
+    FORGED"), an ESC reached the terminal. They are logged with escapes now."""
+    server = cluster.server("--mode", "async", "--epochs", "50", *SMALL_JOB)
+    forged = "2026-11-28 12:00:00,000 ERROR   snet.server: FORGED"
+    for index, last_words in enumerate(
+        [ErrorMessage("bad\ncode", f"text\n{forged}1\x1b[2J", True), Goodbye(f"bye\n{forged}2")]
+    ):
+        peer = RawClient(server.port, f"forger{index}")
+        peer.receive(ServerHello)
+        peer.send(Hello(PROTOCOL_VERSION, f"forger{index}", "\x1b[31mred", (), b""))
+        peer.receive(Weights)
+        peer.send(last_words)
+        assert peer.closed_by_peer()
+    log = wait_until(lambda: (text := cluster.log("server")) and "FORGED2" in text and text,
+                     30, "the goodbye in the log")  # fmt: skip
+    assert not [line for line in log.splitlines() if line.startswith("2026-11-28 12:00:00")]
+    assert "\x1b" not in log
+    assert f"text\\x0a{forged}1\\x1b[2J" in log and f"bye\\x0a{forged}2" in log
+    row = {"name": "forger", "backend": "\x1b[31mred", "state": "gone", "address": "-",
+           "updates_sent": 0, "staleness_mean": 0.0, "mcups": 0.0, "last_seen": 0.0}  # fmt: skip
+    shown = render({**server.status(), "workers": [row]})
+    assert "\x1b" not in shown and "\\x1b[31mred" in shown
