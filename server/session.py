@@ -69,6 +69,7 @@ class WorkerSession:
     staleness_histogram: dict[int, int] = field(default_factory=dict)  # versions -> updates
     idle_epochs: int = 0  # epochs it was connected for but leased no frame (idleness.py)
     weights_version_sent: int = -1
+    full_copy_version: int = -1  # the version of the last full copy it asked for (resync)
     settled_sent: int = -1  # the updates_settled the last Weights sent to it carried
     # sends it the newest weights if it was not sent them (before a lease: wants_weights)
     refresh: Callable[[], None] = lambda: None
@@ -157,6 +158,20 @@ class WorkerSession:
         if self.ledger is not None and self.weights_version_sent < published_from:
             self.ledger.weights.request_full()
         self.weights_version_sent, self.settled_sent = version, self.updates_settled
+
+    def full_copy_asked(self, version: int, reason: str) -> bool:
+        """It asks for a full float32 copy of the weights (a resync, ``reason``): whether to
+        send one of ``version`` (its codec told to make the next copy whole). One a
+        version: a peer asking for ever (30 bytes each) had the server send a 262 kB copy
+        for each, 9 GB in 8 s, and log a line for each; a worker computing is sent one a
+        step."""
+        if self.full_copy_version == version:
+            return False
+        self.full_copy_version = version
+        self.warn("worker %s asks for a full copy of the weights: %s", self.name, reason[:100])
+        if self.ledger is not None:
+            self.ledger.weights.request_full()
+        return True
 
     def reported(self, report: dict[str, Any]) -> None:
         """Its newest ``WorkerReport`` (its backend's figures, shown in /status)."""

@@ -203,11 +203,9 @@ class Coordinator:
                              self.rule.snapshot, digest=self.digest))  # fmt: skip
 
     def on_resync(self, session: WorkerSession, reason: str) -> None:
-        """The worker asks for a full float32 copy of the weights: send one now."""
-        log.info("worker %s asks for a full copy of the weights: %s", session.name, reason[:100])
-        if session.ledger is not None:
-            session.ledger.weights.request_full()
-        self.send_weights(session)
+        """The worker asks for a full float32 copy of the weights (once a version)."""
+        if session.full_copy_asked(self.version, reason):
+            self.send_weights(session)
 
     def fill_leases(self) -> None:
         self.traffic.fill()

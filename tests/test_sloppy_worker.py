@@ -27,6 +27,7 @@ from snet.protocol.messages import (
     Resync,
     Update,
     Weights,
+    WorkerReport,
 )
 from snet.protocol.network import ElementLayout
 from snet.server.connection import PEER_WARNINGS
@@ -108,11 +109,20 @@ async def test_frames_wanted_again_sends_nothing_more(lab: Lab) -> None:
     client.inbox.clear()
     for _ in range(20):
         await client.send(FramesWanted("again"))
-    await client.send(Resync("marker"))
-    await client.receive(Weights)
+    # a marker answered after what came before it (a second resync of a version is not):
+    # a report nested too deep, refused and nothing else
+    await client.send(WorkerReport(0.0, {"x": _nested(20)}))
+    await client.receive(ErrorMessage)
     assert not any(isinstance(m, Frames) for m in client.inbox)
     assert (await server.status())["inline_frames"]["frames_sent"] == sent
     await client.close()
+
+
+def _nested(depth: int) -> object:
+    nested: object = 1
+    for _ in range(depth):
+        nested = [nested]
+    return nested
 
 
 async def next_message(client: AsyncRawClient) -> Message:
@@ -212,6 +222,22 @@ async def test_a_peer_repeating_a_refused_message_does_not_flood_the_log(lab: La
     assert lab.log("server").count("refused update from repeater") == PEER_WARNINGS
 
 
+async def test_a_flood_of_resyncs_is_sent_one_copy_a_version_and_logged_once(lab: Lab) -> None:
+    """Each 30-byte ``resync`` was answered with a whole copy of the weights and an INFO
+    line: one peer had the server send 9 GB and log 49,030 lines in 8 s."""
+    server, client, update = await _negative_update(lab, "flooder")
+    for _ in range(50):
+        await client.send(Resync("again"))
+    await client.send(update)  # refused, and settled by weights: after the resyncs (TCP)
+    await client.receive(ErrorMessage, timeout=10)
+    await client.receive(Weights)  # the settling copy, at least
+    copies = 1 + sum(isinstance(message, Weights) for message in client.inbox)
+    assert copies == 2, copies  # one for the resyncs (the version did not change), one settling
+    assert lab.log("server").count("flooder asks for a full copy of the weights") == 1
+    assert (await server.status())["weight_version"] == update.base_version
+    await client.close()
+
+
 async def test_refusals_at_step_time_and_repeats_share_the_log_budget(lab: Lab) -> None:
     """An update refused when its step is applied (NaN, an implausible norm, over the
     staleness bound) and an update delivered again were warnings outside the budget: a
@@ -232,11 +258,12 @@ async def test_refusals_at_step_time_and_repeats_share_the_log_budget(lab: Lab) 
     repeated = 25  # offset 0 again: a second delivery, ignored
     for _ in range(repeated):
         await client.send(Update(update.base_version, update.lease_id, 0, 1, 0.5, 0, 0.001, nan))
-    await client.send(Resync("marker"))  # read after the repeats (TCP keeps order)
-    marker = "asks for a full copy of the weights: marker"
-    await wait_until(lambda: marker in lab.log("server"), 10, "the repeats to be read")
+    await client.send(Resync("marker"))  # a warning too (one a version: below)
+    await client.send(WorkerReport(0.0, {"x": _nested(20)}))  # refused, once all else is read
+    while "nested" not in (await client.receive(ErrorMessage)).text:
+        pass  # the NaN updates' refusals
     await client.close()
-    unlogged = refused + repeated - PEER_WARNINGS
+    unlogged = refused + repeated + 2 - PEER_WARNINGS
     summary = f"diverged: {unlogged} more warnings about what it sent were not logged"
     await wait_until(lambda: summary in lab.log("server"), 10, "the summary line")
     log = lab.log("server")
