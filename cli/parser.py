@@ -113,7 +113,11 @@ def _status_flags(status: argparse.ArgumentParser) -> None:
         "--interval", type=float, default=2.0, help="least seconds between readings of --watch"
     )
     status.add_argument(
-        "--token-file", help="the server's token, read from this file (default SNET_TOKEN)"
+        "--token", help="the server's token (as a worker's --token; default SNET_TOKEN)"
+    )
+    status.add_argument(
+        "--token-file",
+        help="the server's token, read from this file (keeps it out of ps; wins over --token)",
     )
     status.add_argument(
         "--tls-ca", help="an https server's certificate must be signed by this CA file"
@@ -238,7 +242,15 @@ class Parser(argparse.ArgumentParser):
     (``OutputNotWritten``, or ``BrokenPipeError`` for a reader gone) reaches
     ``cli/main.py``, which says it as for every command's output. Messages to stderr
     (usage on an error) stay argparse's: where stderr fails nothing can be said.
-    Subparsers are made of the same class (argparse's ``parser_class`` default)."""
+    Subparsers are made of the same class (argparse's ``parser_class`` default).
+
+    And no abbreviated flags: ``snet status --token SECRET`` was taken for
+    ``--token-file``, whose error then printed the secret as a file it could not read;
+    and a flag added later would change what an abbreviation meant."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         to_stdout = file is not None and file is sys.stdout  # help and --version

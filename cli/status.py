@@ -165,8 +165,9 @@ def _cannot_read(url: str, path: str, exc: Exception, token: str = "") -> str:
     """Why ``url`` + ``path`` could not be read, in one line (``token``: the one sent)."""
     if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
         if token:  # said as "needs the token", a wrong one sent the user looking for how
-            return f"{url} refused the token given (SNET_TOKEN or --token-file): not the server's"
-        return f"{url} needs the server's token (SNET_TOKEN or --token-file)"
+            given = "--token, --token-file or SNET_TOKEN"
+            return f"{url} refused the token given ({given}): not the server's"
+        return f"{url} needs the server's token (--token, --token-file or SNET_TOKEN)"
     if isinstance(exc, urllib.error.HTTPError) and exc.code == 403:
         # the server says why (one without a token, asked by a name it does not answer)
         with contextlib.suppress(*READ_ERRORS):
@@ -322,7 +323,7 @@ def server_url(given: str, tls: bool = False) -> str:
 def run_status(args: argparse.Namespace) -> int:
     url = server_url(args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080"),
                      bool(args.tls_ca))  # fmt: skip
-    token = os.environ.get("SNET_TOKEN", "").strip()  # as the server reads it
+    token = (args.token or os.environ.get("SNET_TOKEN", "")).strip()  # as the server reads it
     if args.token_file:  # as the server and the workers read theirs (ConfigError: exit 2)
         from snet.transport.tls import read_token_file
 

@@ -118,6 +118,14 @@ def test_with_a_token_every_endpoint_but_healthz_needs_it(cluster: Cluster, tmp_
     assert unreadable.returncode == 2 and "cannot read token_file" in unreadable.stderr
     shown = run_process([*status, "--token-file", str(secret)], timeout=30)
     assert shown.returncode == 0 and "server snet" in shown.stdout
+    # --token as a worker's (it was taken for --token-file: "cannot read token_file SECRET")
+    given = run_process([*status, "--token", "s3cret-token"], timeout=30)
+    assert given.returncode == 0 and "server snet" in given.stdout
+    wrong = run_process([*status, "--token", "wrong"], timeout=30)
+    assert wrong.returncode == 1 and "refused the token given" in wrong.stderr
+    assert "wrong" not in wrong.stderr.replace("refused the token", "")
+    abbreviated = run_process([*status, "--token-f", str(secret)], timeout=30)  # no prefixes
+    assert abbreviated.returncode == 2 and "unrecognized arguments: --token-f" in abbreviated.stderr
     # a worker given the same file trains the job (the README's way on real machines)
     worker = cluster.worker(server, "w", "--token-file", str(secret))
     assert worker.wait(60) == 0
