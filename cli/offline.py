@@ -204,7 +204,8 @@ def run_convert(args: argparse.Namespace) -> int:
     alignments = out.with_name(out.stem + "-ali.ark")
     outputs = [out, out.with_suffix(".scp"), alignments] if suffix == ".ark" else [out]
     _check_outputs(outputs, [args.input, args.labels or ""], args.force)
-    source = open_source(DataSpec(source=args.input, labels=args.labels or ""))
+    # frames as they are: no windows are cut (with or without lengths)
+    source = open_source(DataSpec(source=args.input, context=0, labels=args.labels or ""))
     if total_frames(source) == 0:  # a pfile of none was a traceback (reshaping nothing)
         raise DataError(f"{source.description} has no frames: nothing to convert")
     frames = source.read(np.arange(total_frames(source)))

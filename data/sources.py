@@ -145,8 +145,17 @@ class PfileSource:
         return self._pfile.feature_rows(np.asarray(rows, dtype=np.int64))
 
 
-def no_sequences(frames: int) -> np.ndarray:
-    """The lengths of data without sequences (images, say): every frame stands alone."""
+def no_sequences(frames: int, path: object, context: int) -> np.ndarray:
+    """The lengths of data without sequences (images, say): every frame stands alone. With
+    ``context`` frames either side that would be a window of one frame repeated (13
+    features x 9 frames made the default network's 117 inputs: an .npz without lengths
+    trained so, without a word): a DataError then."""
+    if context:
+        raise DataError(
+            f"{path} has no lengths (no sequences), so a window of {context} frames either "
+            "side has no neighbours to take: give its utterances' lengths, or --context 0 "
+            "(context = 0 in [job.data]) for data without sequences"
+        )
     return np.ones(frames, dtype=np.int64)
 
 
@@ -182,12 +191,15 @@ class NpzFeatures:
         return selected
 
 
-def _npz(path: str) -> ArraySource:
+def _npz(path: str, context: int) -> ArraySource:
     try:
         with open_npz(path) as data:
             labels = data["y"]
             features = NpzFeatures(path)
-            lengths = data["lengths"] if "lengths" in data.files else no_sequences(len(features))
+            if "lengths" in data.files:
+                lengths = data["lengths"]
+            else:
+                lengths = no_sequences(len(features), path, context)
     except KeyError as exc:
         raise DataError(
             f"cannot read {path}: needs arrays X and y (and lengths for sequences) ({exc})"
@@ -197,12 +209,15 @@ def _npz(path: str) -> ArraySource:
     return ArraySource(path, features, labels, lengths)
 
 
-def _npy_directory(path: Path) -> ArraySource:
+def _npy_directory(path: Path, context: int) -> ArraySource:
     try:
         frames = np.load(path / "features.npy", mmap_mode="r")
         labels = np.load(path / "labels.npy")
         lengths_file = path / "lengths.npy"
-        lengths = np.load(lengths_file) if lengths_file.exists() else no_sequences(len(frames))
+        if lengths_file.exists():
+            lengths = np.load(lengths_file)
+        else:
+            lengths = no_sequences(len(frames), path, context)
     except (OSError, ValueError) as exc:
         raise DataError(
             f"cannot read {path}: a data directory needs features.npy and labels.npy "
@@ -223,13 +238,13 @@ def open_source(spec: DataSpec) -> FrameSource:
             "(.scp/.ark) and holds its own labels: leave them out"
         )
     if Path(path).is_dir():
-        return _npy_directory(Path(path))
+        return _npy_directory(Path(path), spec.context)
     if not Path(path).exists():
         # a relative path is read from the working directory (a config file's too: say so)
         where = "" if Path(path).is_absolute() else f" in {Path.cwd()}"
         raise DataError(f"data {path} does not exist{where}")
     if suffix == ".npz":
-        return _npz(path)
+        return _npz(path, spec.context)
     if suffix in (".pfile", ".pf"):
         return PfileSource(path)
     if suffix in (".scp", ".ark"):

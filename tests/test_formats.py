@@ -181,6 +181,28 @@ def test_alignments_given_for_data_that_holds_its_own_labels_are_refused(tmp_pat
         open_source(DataSpec(source=scp, labels=ali, cv_source=str(npz), cv_labels=ali).part("cv"))
 
 
+def test_data_without_lengths_wants_context_0(tmp_path: Path) -> None:
+    """Without lengths every frame is its own utterance: a window of 4 frames either side
+    was the one frame nine times (13 x 9 = the default network's 117 inputs), trained
+    without a word. Refused, saying what to do; with --context 0 it is what it says."""
+    frames, labels, _ = small_corpus()
+    npz, folder = tmp_path / "nolen.npz", tmp_path / "nolen"
+    np.savez(npz, X=frames, y=labels)
+    folder.mkdir()
+    np.save(folder / "features.npy", frames)
+    np.save(folder / "labels.npy", labels)
+    for data in (npz, folder):
+        with pytest.raises(DataError) as refused:
+            open_source(DataSpec(source=str(data)))
+        assert str(refused.value) == (
+            f"{data} has no lengths (no sequences), so a window of 4 frames either side has "
+            "no neighbours to take: give its utterances' lengths, or --context 0 "
+            "(context = 0 in [job.data]) for data without sequences"
+        )
+        source = open_source(DataSpec(source=str(data), context=0))
+        np.testing.assert_array_equal(source.lengths, np.ones(15))
+
+
 # ---------------------------------------------------------------- .npy directories, norms
 
 
