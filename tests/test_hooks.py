@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -214,6 +215,33 @@ def _failing_finished_checkpoints(monkeypatch: pytest.MonkeyPatch, failures: int
 
     monkeypatch.setattr(CheckpointStore, "write", full_disk)
     return failed
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_run_of_failed_checkpoints_is_logged_once_and_its_end_said(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk under --checkpoint-steps 50 logged "cannot write a checkpoint" 270
+    times in 9 s. A run of failed writes is logged at its first (then once a minute), and
+    the write that ends it says how many failed."""
+    write, failed = CheckpointStore.write, []
+
+    def full_for_a_while(self: CheckpointStore, state: dict[str, Any]) -> Path:
+        if len(failed) < 20:
+            failed.append(1)
+            raise OSError(28, "No space left on device")
+        return write(self, state)
+
+    monkeypatch.setattr(CheckpointStore, "write", full_for_a_while)
+    server = await lab.server("--epochs", "1", "--checkpoint-steps", "1", *short_job())
+    worker = lab.worker(server, "w1")
+    assert await server.wait(60) == "trained" and len(failed) == 20
+    assert await worker.wait(30) == 0
+    log = lab.capture.text()  # the writer thread's lines are no process's: the lab's all
+    assert log.count("cannot write a checkpoint") == 1, log
+    assert "cannot write a checkpoint (1 in a row): [Errno 28] No space left on device" in log
+    assert re.search(r"checkpoint ckpt-\d+\.snet written, after 20 that could not be", log), log
+    assert server.final_status()["checkpoints"]["failed"] == 20
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
