@@ -71,7 +71,9 @@ class WorkerView:
     worker_id: int
     holds_frames: bool  # leased frames for which no update has arrived yet
     late: bool  # past its delivery deadline (server/progress.py)
-    delivered: bool  # it has delivered at least one update on this connection
+    # an update of it was applied on this connection: one only ever refused (a peer sending
+    # NaN at a steady trickle, each refusal a sign of life) set a sync or async run's pace
+    delivered: bool
     joined_late: bool = False  # it joined once this server had started a step
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from snet.protocol.messages import Update
+from snet.protocol.messages import Lease, Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server.divergence import DivergenceWatch
 
@@ -22,6 +23,7 @@ from short_data import short_data
 from user_errors import error
 
 DIVERGING = ["--activation", "relu", "--learning-rates", "20", "--momentum", "0.9"]
+LAYOUT_64 = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))  # SMALL_JOB's
 
 
 async def test_a_diverging_job_stops_with_why_and_keeps_its_run(lab: Lab) -> None:
@@ -63,6 +65,49 @@ async def test_a_diverging_np_job_stops_with_why_at_its_first_non_finite_answer(
     for worker in workers:
         worker.stop("test over")
         assert await worker.wait(30) == 0
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the policies' rule
+@pytest.mark.parametrize("mode", ["async", "sync"])
+async def test_a_peer_whose_every_update_is_refused_sets_nobodys_pace(lab: Lab, mode: str) -> None:
+    """A peer that joined and sent a NaN update every half second had each refusal taken
+    for a sign of life: sync rounds and async steps waited for it at every step, the run
+    at its pace (166k -> 2.9k patterns a second, an outside audit's client). A step waits
+    only for workers an update of which was applied; the honest worker trains the epoch."""
+    server = await lab.server("--mode", mode, "--epochs", "1", *SMALL_JOB,
+                              "--data", short_data())  # fmt: skip
+    honest = lab.worker(server, "honest")
+    await wait_until(lambda: _applied(server, 1), 30, "the honest worker's first step")
+    peer = await AsyncRawClient.connect(server.port, "nan")
+    await peer.handshake()
+    base: Weights = await peer.receive(Weights)
+    nan = np.full(LAYOUT_64.size, np.nan, "<f4")
+    sent = 0
+
+    async def trickle() -> None:  # every lease it is given, an update each half second
+        nonlocal sent
+        while True:
+            lease: Lease = await peer.receive(Lease, timeout=60)
+            for offset in range(0, len(lease.indices) - 127, 128):
+                await peer.send(Update(base.version, lease.lease_id, offset, 128, 1.0, 0, 0.01,
+                                       nan))  # fmt: skip
+                sent += 1
+                await asyncio.sleep(0.5)  # about 130 steps in the epoch: a minute at this pace
+
+    attack = asyncio.create_task(trickle())
+    try:
+        assert await server.wait(30) == "trained"
+    finally:
+        attack.cancel()
+    assert sent >= 2
+    status = server.final_status()
+    assert status["updates_rejected"] >= 1 and status["epochs_done"] == 1
+    await peer.close()
+    assert await honest.wait(30) == 0
+
+
+async def _applied(server: LabServer, count: int) -> bool:
+    return bool((await server.status())["updates_applied"] >= count)
 
 
 def test_refusals_of_one_peer_do_not_stop_a_run_others_train() -> None:
