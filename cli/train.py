@@ -33,7 +33,7 @@ from snet.protocol.numbering import shown_epoch
 from snet.protocol.process_settings import check_threads
 from snet.server.checkpoint import CHECKPOINTS_DIR
 from snet.server.dataplan import plan_data
-from snet.server.export import STATUS_FILE, read_weights, weights_npz
+from snet.server.export import STATUS_FILE, WEIGHTS_FILE, read_weights, weights_npz
 from snet.server.service import OutDirLock
 from snet.server.testset import describe_test_result, score_test_set
 from snet.server.update_rule import UpdateRule
@@ -104,7 +104,7 @@ def train_threads(args: argparse.Namespace) -> int:
 
 def _save(job: JobSpec, weights: np.ndarray, epochs: int, norms: Norms, out_dir: str) -> Path:
     spec = job.data
-    path = Path(out_dir) / "weights.npz"
+    path = Path(out_dir) / WEIGHTS_FILE
     payload = weights_npz(job.network, weights, 0, epochs, norms, spec.context, spec)
     try:
         write_atomically(path, payload)

@@ -36,7 +36,7 @@ from snet.protocol.modes import in_use
 from snet.protocol.numbering import shown_epoch
 
 from .checkpoint import CheckpointStore, LoadedCheckpoint
-from .export import STATUS_FILE
+from .export import STATUS_FILE, WEIGHTS_FILE
 from .resume import coordinator_state
 
 if TYPE_CHECKING:
@@ -125,6 +125,12 @@ def resume_point(
         return None
     loaded = store.newest()
     if loaded is None:
+        if kept := _finished_run(config, store):  # results with no checkpoint to go on from
+            raise ConfigError(
+                f"{config.out_dir} holds the results of a finished run ({kept}) and no "
+                "checkpoint to resume: a fresh run would overwrite them: --fresh --force to "
+                "do so, or choose another --out-dir"
+            )
         return None
     saved = loaded.state
     job = saved.get("job")
@@ -176,6 +182,9 @@ def _finished_run(config: ServerConfig, store: CheckpointStore) -> str:
             return f"{status} says trained"
     except (OSError, ValueError, AttributeError):
         pass
+    weights = Path(config.out_dir) / WEIGHTS_FILE
+    if loaded is None and weights.exists() and not status.exists():  # a server writes both
+        return f"{weights}: snet train's, say"
     return ""
 
 

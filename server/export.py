@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("snet.server")
 STATUS_FILE = "status.json"  # the results document beside weights.npz in the out-dir
+WEIGHTS_FILE = "weights.npz"  # a run's results: the final weights (snet train's too)
 
 
 def weights_npz(
@@ -154,7 +155,7 @@ def write_final_files(
     leaves the weights that run wrote (a ``--fresh`` run writes its own, or the directory
     would hold one run's weights beside another's status), and one that wrote them at
     completion does not write them again at its stop."""
-    path = out_dir / "weights.npz"
+    path = out_dir / WEIGHTS_FILE
     if keep is not None and path.exists():
         if keep:
             log.info("%s: %s left as it is", keep, path)

@@ -10,6 +10,7 @@ import pytest
 
 from helpers import Cluster, wait_until
 from resume_runs import SMALLER, SMALLER_NET, Run, assert_exactly_once, progress
+from short_data import short_job
 
 
 @pytest.mark.timeout(240)
@@ -92,3 +93,22 @@ def test_sigterm_checkpoints_where_it_stopped(cluster: Cluster) -> None:
     assert f"version {version} (weights digest {digest})" in server.log.read_text()
     run.finish(server, workers)
     assert_exactly_once(run, 3)
+
+
+def test_snet_trains_results_are_not_replaced_by_a_server_or_the_demo(cluster: Cluster) -> None:
+    """``snet train`` keeps no checkpoints: a server or the demo on its out-dir started a
+    fresh run and replaced its finished weights.npz without a word (the other way round
+    was refused already: cli/train.py)."""
+    out = cluster.tmp_path / "trained"
+    trained = cluster.run("train", *short_job(), "--epochs", "1", "--out-dir", str(out))
+    assert trained.returncode == 0, trained.stderr
+    weights = (out / "weights.npz").read_bytes()
+    for command in (("server", "--port", "0", "--http-port", "0"), ("demo",)):
+        for fresh in ((), ("--fresh",)):
+            refused = cluster.run(*command, *short_job(), "--out-dir", str(out), *fresh)
+            assert refused.returncode == 2, refused.stderr
+            (line,) = [line for line in refused.stderr.splitlines() if line.startswith("snet: ")]
+            assert "Traceback" not in refused.stderr
+            assert line.startswith(f"snet: {out} holds the results of a finished run ({out}/")
+            assert "weights.npz: snet train's, say)" in line and "--force" in line
+    assert (out / "weights.npz").read_bytes() == weights
