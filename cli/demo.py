@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from snet.client.config import MAX_PROCESSES
 from snet.protocol.errors import ConfigError, OutputNotWritten
@@ -147,9 +147,17 @@ def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
     return job.with_changes(bunch_size=max(job.bunch_size // max(workers, 1), 8))
 
 
-async def _demo(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> int:
+def _read_job(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any]]:
+    """The job its flags, environment and [job] table make (before the bunch is divided),
+    and that table."""
     values, where = read_toml(args.config).table("job")
-    job = build_job(values, given_job(args), where)
+    return build_job(values, given_job(args), where), values
+
+
+async def _demo(
+    args: argparse.Namespace, preloaded: PreloadedWorker | None, job: JobSpec,
+    values: dict[str, Any],
+) -> int:  # fmt: skip
     chosen = args.bunch_size is not None or "bunch_size" in values
     divided = not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ)
     if divided:
@@ -308,6 +316,7 @@ def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None)
     if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too
         print("snet: --spert-time-scale must be > 0", file=sys.stderr)
         return 2
-    check_worker_settings(args)  # as they will read them, environment and all
+    job, values = _read_job(args)
+    check_worker_settings(args, job)  # as they will read them, environment and all
     setup_logging("warning")
-    return run(_demo(args, preloaded))
+    return run(_demo(args, preloaded, job, values))

@@ -23,6 +23,8 @@ from .lifeline import supervised_environment
 from .progress_bar import EXIT_INTERRUPTED, say
 
 if TYPE_CHECKING:
+    from snet.client.config import WorkerConfig
+    from snet.protocol.job import JobSpec
     from snet.server.app import SnetServer
 
     from .preloaded_worker import PreloadedWorker
@@ -100,13 +102,14 @@ def worker_commands(args: argparse.Namespace, address: str) -> list[list[str]]:
     return [[*command, *common] for command in commands]
 
 
-def check_worker_settings(args: argparse.Namespace) -> None:
+def check_worker_settings(args: argparse.Namespace, job: JobSpec) -> None:
     """Build the settings of each of the demo's worker processes as that process will
     (its flags, and the environment it inherits: ``SNET_WORKER_*``, ``SNET_SPERT_*``),
-    and check its backend can be made here; ``ConfigError`` for the first that fails.
-    Run before the demo starts anything: a bad one made every worker exit 2 once the
-    server had started and made the out-dir, and the demo then said that running the
-    same command again would go on from it."""
+    and check its backend can be made here and that it can take ``job`` (its codecs, its
+    frame limit); ``ConfigError`` for the first that fails. Run before the demo starts
+    anything: a bad one made every worker exit 2 (or be refused, 4) once the server had
+    started and made the out-dir, and the demo then said that running the same command
+    again would go on from it."""
     from snet.client.backend import check_backend
 
     from .commands import worker_config
@@ -121,7 +124,25 @@ def check_worker_settings(args: argparse.Namespace) -> None:
         if parsed.command == "spert":
             spert_configs(parsed)
         else:  # the demo gives its workers no --config: the file's [worker] is not read
-            check_backend(worker_config(parsed, ConfigFile()).backend)
+            config = worker_config(parsed, ConfigFile())
+            check_backend(config.backend)
+            _check_takes_job(config, job)
+
+
+def _check_takes_job(config: WorkerConfig, job: JobSpec) -> None:
+    """What the server's handshake and the worker's welcome would refuse, said now."""
+    from snet.client.frame_limit import check_job
+    from snet.protocol.errors import ConfigError
+    from snet.protocol.framing import MIB
+    from snet.server.policies import make_step_policy
+
+    check_job(job, config.max_frame_mb * MIB)
+    combination = make_step_policy(job).combination
+    update = config.compress or job.compress
+    if problem := combination.codec_problem(update) or combination.weights_problem(
+        config.weights_codec
+    ):
+        raise ConfigError(f"the demo's workers cannot take the job: {problem}")
 
 
 @dataclass

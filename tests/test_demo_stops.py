@@ -158,6 +158,37 @@ def test_a_bad_worker_setting_in_the_environment_is_one_line_and_exit_2_before_a
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("given", "variables", "said"),
+    [
+        (["--mode", "bmuf", "--weights-codec", "delta:powersgd:2"], {},
+         "the demo's workers cannot take the job: weights codec delta:powersgd:2 sends a "
+         "sliver of each change; bmuf workers start every block from the weights they hold"),
+        (["--mode", "bmuf"], {"SNET_WORKER_COMPRESS": "topk:0.1"},
+         "the demo's workers cannot take the job: update codec topk:0.1 carries a worker's "
+         "momentum for gradients; bmuf workers send model deltas"),
+        (["--network", "117:2048:10"], {"SNET_WORKER_MAX_FRAME_MB": "1"},
+         "this worker's frame limit is 1 MiB (1048576 bytes), but the weights of network "
+         "117:2048:10 take 1048616 bytes: give --max-frame-mb"),
+    ],
+)  # fmt: skip
+def test_workers_that_could_not_take_the_job_are_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path, given: list[str], variables: dict[str, str], said: str
+) -> None:
+    """The server would refuse their codecs at the handshake (exit 4), or they would
+    refuse a frame too large for their limit (exit 2): the demo had started the run,
+    written its results and exited 1."""
+    done = helpers.run_process(
+        [sys.executable, "-m", "snet.cli", "demo", "--out-dir", "out", *given],
+        cwd=tmp_path, env={**helpers.system_ring_environment(), **variables},
+        timeout=EXIT_SECONDS,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"snet: {said}"), line
+    assert not (tmp_path / "out").exists()
+
+
 def test_workers_that_fail_at_start_stop_the_run_which_is_kept(tmp_path: Path) -> None:
     # A setting the workers find wrong only as they start (a file they cannot read; a
     # setting of their own is refused before anything starts: the test above) fails
