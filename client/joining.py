@@ -110,9 +110,13 @@ class Handshake:
         inbox: deque[Message],
         wake: asyncio.Event,
         lost: Callable[[], bool],
+        give_up_at: float | None = None,
     ) -> None:
+        """``give_up_at``: the monotonic time the worker's retry window ends (None: not
+        open), which a wait for a silent port's hello does not outlast."""
         self.config, self.name, self.backend, self.executor = config, name, backend, executor
         self._inbox, self._wake, self._lost = inbox, wake, lost
+        self._give_up_at = give_up_at
         self._goodbye: str | None = None
 
     async def _next_message(self, kind: type[M], seconds: float = HANDSHAKE_SECONDS) -> M | None:
@@ -127,7 +131,7 @@ class Handshake:
             self._wake.clear()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ConnectionLost(f"no answer from the server in {HANDSHAKE_SECONDS:.0f} s")
+                raise ConnectionLost(f"no answer from the server in {seconds:.0f} s")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), remaining)
         message = self._inbox.popleft()
@@ -222,6 +226,10 @@ class Handshake:
             config = self.config
             await refuse_if_http(*config.address(), tls_context(config))
             rest = HANDSHAKE_SECONDS - config.hello_seconds
+            if self._give_up_at is not None:  # each such try took 30 s: 72 s for a 5 s window
+                rest = min(rest, self._give_up_at - time.monotonic())
+                if rest <= 0:
+                    raise
             log.warning(
                 "no hello from %s after %g s and it does not speak HTTP: waiting up to %g s "
                 "more (is it an snet server's worker port?)", config.server,

@@ -1,14 +1,16 @@
 """``RetryWindow``: how long a worker keeps trying to get back to its server, and how fast.
 
-One deadline, ``retry_seconds`` from the moment the server was lost, across all the
-reconnections that follow. Joining again does not renew it: a connection that is
-accepted, welcomed and dropped at once (a broken or crash-looping server, a frame this
-worker refuses) joins every time, and renewing on a join kept such a worker looping for
-ever, ten joins a second. A session renews it only once it has stayed joined for
-``STEADY_SECONDS``: then the server was back, and a later loss is a new outage with a
-window of its own. The pause between sessions follows the same rule: 0.1 s after a
-steady session (a restarted server is found at once), doubling after each one that was
-not, up to ``MAX_BACKOFF_SECONDS``, so that such a server is not hammered either.
+One deadline, ``retry_seconds`` from the moment the worker started (to reach the server
+at all) or the server was lost, across all the reconnections that follow; a handshake
+waiting for a silent port's hello does not outlast it (client/joining.py). Joining again
+does not renew it: a connection that is accepted, welcomed and dropped at once (a broken
+or crash-looping server, a frame this worker refuses) joins every time, and renewing on
+a join kept such a worker looping for ever, ten joins a second. A session renews it only
+once it has stayed joined for ``STEADY_SECONDS``: then the server was back, and a later
+loss is a new outage with a window of its own. The pause between sessions follows the
+same rule: 0.1 s after a steady session (a restarted server is found at once), doubling
+after each one that was not, up to ``MAX_BACKOFF_SECONDS``, so that such a server is not
+hammered either.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ class RetryWindow:
         self.deadline: float | None = None  # None: the server has not been lost yet
         self.pause = FIRST_PAUSE_SECONDS
         self._joined_at: float | None = None  # when the current session joined
+
+    def start(self) -> None:
+        """The worker starts: it has ``retry_seconds`` to reach the server at all (a port
+        that accepts and stays silent held each try 30 s: 72 s for a window of 5 s)."""
+        if self.deadline is None:
+            self.deadline = self.clock() + self.retry_seconds
 
     def joined(self) -> None:
         """The current session got past the handshake."""

@@ -128,6 +128,7 @@ class Worker:
         """
         self._task = asyncio.current_task()
         self._tls = tls_context(self.config)
+        self._retry.start()
         server_stopped = False  # the last server said goodbye without finishing the job
         try:
             while True:
@@ -238,7 +239,8 @@ class Worker:
         gone = False
         try:
             handshake = Handshake(self.config, self.name, self.backend, self.executor,
-                                  self._inbox, self._wake, lambda: self._lost)  # fmt: skip
+                                  self._inbox, self._wake, lambda: self._lost,
+                                  self._retry.deadline)  # fmt: skip
             joined = await handshake.run(connection, self.compressor, self.job)
             if isinstance(joined, NotJoined):
                 self._refused, self._goodbye = joined.refused, joined.goodbye

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,35 @@ async def test_a_worker_at_a_silent_port_says_what_it_waits_for(lab: Lab) -> Non
     assert "is it an snet server's worker port?" in lab.log("waiting")
     waiting.stop("test over")
     assert await waiting.wait(20) == 0
+    for writer in held:
+        writer.close()
+    silent.close()
+    await silent.wait_closed()
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
+async def test_a_worker_at_a_silent_port_gives_up_within_its_retry_window(lab: Lab) -> None:
+    """Each try at a port that accepts and stays silent waited 30 s for a hello: a worker
+    with --retry-seconds 5 gave up after 72 s, saying "gave up after 5 s". Its window
+    opens when it starts, and no wait for a hello outlasts it."""
+    server = await lab.server("--epochs", "1", *QUICK_JOB)  # for the lab's bookkeeping
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # silent; hangs up on whoever sends it anything (the probe)
+        if await reader.read(1):
+            writer.close()
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    started = time.monotonic()
+    waiting = lab.worker(server, "waiting", "--server", address, "--hello-seconds", "0.2",
+                         "--retry-seconds", "1")  # fmt: skip
+    assert await waiting.wait(15) == 3  # the server unreachable (before: 30 s a try)
+    assert time.monotonic() - started < 15
+    assert "gave up after 1 s" in lab.log("waiting")
     for writer in held:
         writer.close()
     silent.close()
