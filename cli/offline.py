@@ -38,7 +38,7 @@ from snet.server.testset import score_test_set
 from snet.server.update_rule import UpdateRule
 
 from .flags import given
-from .settings import env_name, merge, output_file
+from .settings import env_name, merge, output_file, refuse_unknown_variables
 
 
 def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
@@ -95,6 +95,9 @@ def eval_spec(args: argparse.Namespace, saved: SavedWeights) -> DataSpec:
     file is not taken from the job: the normalisation saved with the weights is used."""
     flags = given(args, DataSpec)
     where = f"{args.weights} (the job's data)"
+    # as train, server and demo read them: SNET_JOB_DATA_SOURCEE=x was ignored here
+    known = {env_name("SNET_JOB_DATA_", setting) for setting in fields(DataSpec)}
+    refuse_unknown_variables("SNET_JOB_DATA_", known, "job data")
     if saved.data is not None:
         base = {f.name: getattr(saved.data, f.name) for f in fields(DataSpec)}
         base["norm_file"] = ""

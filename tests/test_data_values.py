@@ -144,6 +144,28 @@ def test_a_misspelt_job_variable_is_refused_as_a_toml_key_is(
     assert main(argv) == 0
 
 
+def test_misspelt_data_and_board_variables_are_refused_by_eval_and_the_boards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """snet eval read SNET_JOB_DATA_* without refusing a misspelt one, as train, server and
+    demo do; snet spert (and the demo's boards) ignored a misspelt SNET_SPERT_*."""
+    data = str(tiny_set(tmp_path / "d.npz"))
+    out = tmp_path / "o"
+    assert main(["train", *TINY, "--data", data, "--out-dir", str(out)]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("SNET_JOB_DATA_SOURCEE", "x")
+    assert error(["eval", "--weights", str(out / "weights.npz")], capsys) == (
+        "snet: SNET_JOB_DATA_SOURCEE: no such job data setting (did you mean "
+        "'SNET_JOB_DATA_SOURCE'?)"
+    )
+    monkeypatch.delenv("SNET_JOB_DATA_SOURCEE")
+    monkeypatch.setenv("SNET_SPERT_TRAIN_MCUP", "5")
+    assert error(["spert", "--server", "127.0.0.1:9"], capsys) == (
+        "snet: SNET_SPERT_TRAIN_MCUP: no such board setting (did you mean "
+        "'SNET_SPERT_TRAIN_MCUPS'?)"
+    )
+
+
 def test_a_label_beyond_int64_is_not_shown_negative(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
