@@ -183,7 +183,7 @@ def _finished_run(config: ServerConfig, store: CheckpointStore) -> str:
     except (OSError, ValueError, AttributeError):
         pass
     weights = Path(config.out_dir) / WEIGHTS_FILE
-    if loaded is None and weights.exists() and not status.exists():  # a server writes both
+    if loaded is None and weights.is_file() and not status.exists():  # a server writes both
         return f"{weights}: snet train's, say"
     return ""
 
