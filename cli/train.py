@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -127,10 +128,26 @@ def run_train(args: argparse.Namespace) -> int:
         return _train(args)
 
 
+def parallel_settings(job: JobSpec) -> list[str]:
+    """The settings of parallel training ``job`` sets away from their defaults (``mode=bmuf``,
+    ``compress=int8``): a config shared with a server is welcome, but what of it sequential
+    training leaves out is said, not silently dropped."""
+    default = JobSpec()
+    return [
+        f"{setting.name}={getattr(job, setting.name)}"
+        for setting in fields(JobSpec)
+        if setting.metadata.get("parallel")
+        and getattr(job, setting.name) != getattr(default, setting.name)
+    ]
+
+
 def _train(args: argparse.Namespace) -> int:
     train_threads(args)
     values, where = read_toml(args.config).table("job")
     job = build_job(values, given_job(args), where)
+    if unused := parallel_settings(job):  # from [job] or SNET_JOB_*: it has no such flags
+        print(f"snet train: trains in one process: {', '.join(unused)} (a server's) not used",
+              file=sys.stderr)  # fmt: skip
     check_fits_in_memory(job)
     lock = OutDirLock(args.out_dir, holder="snet train")
     lock.acquire()  # first: a server still running there is named as the holder

@@ -144,6 +144,24 @@ def test_a_misspelt_job_variable_is_refused_as_a_toml_key_is(
     assert main(argv) == 0
 
 
+def test_snet_train_says_which_settings_of_a_servers_job_it_does_not_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A [job] table or SNET_JOB_* shared with a server may set its mode, codecs or
+    staleness: snet train (which has no such flags) trained without them and said nothing."""
+    data = str(tiny_set(tmp_path / "d.npz"))
+    monkeypatch.setenv("SNET_JOB_MODE", "bmuf")
+    monkeypatch.setenv("SNET_JOB_COMPRESS", "sign")
+    assert main(["train", *TINY, "--data", data, "--out-dir", str(tmp_path / "o")]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "snet train: trains in one process: mode=bmuf, compress=sign (a server's) not used"
+    ]
+    monkeypatch.delenv("SNET_JOB_MODE")
+    monkeypatch.delenv("SNET_JOB_COMPRESS")
+    assert main(["train", *TINY, "--data", data, "--out-dir", str(tmp_path / "p")]) == 0
+    assert capsys.readouterr().err == ""  # nothing to say
+
+
 def test_misspelt_data_and_board_variables_are_refused_by_eval_and_the_boards(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
