@@ -150,7 +150,12 @@ def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
 def _read_job(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any]]:
     """The job its flags, environment and [job] table make (before the bunch is divided),
     and that table."""
-    values, where = read_toml(args.config).table("job")
+    document = read_toml(args.config)
+    if others := sorted(set(document.tables) - {"job"}):  # its http_port, min_workers...
+        tables = ", ".join(f"[{name}]" for name in others)
+        print(f"snet demo: reads the [job] table of {args.config} only: {tables} not used",
+              file=sys.stderr)  # fmt: skip
+    values, where = document.table("job")
     return build_job(values, given_job(args), where), values
 
 

@@ -232,7 +232,8 @@ def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
 
 @pytest.mark.system  # starts real processes
 def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
-    path = _toml(tmp_path, '[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n')
+    path = _toml(tmp_path, '[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n'
+                           "[server]\nmin_workers = 5\n[worker]\nthreads = 2\n")  # fmt: skip
     cache = tmp_path / "cache"  # the demo's server and workers follow SNET_DATA_CACHE
     done = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"),
                     env={**os.environ, "SNET_DATA_CACHE": str(cache)})  # fmt: skip
@@ -241,6 +242,9 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     assert list(cache.glob("frames-*.npy")), "the workers shared their frames elsewhere"
     assert done.stdout.startswith("snet demo: sync mode, 1 worker, network 117:16:10, 1 epoch,")
     assert "Traceback" not in done.stderr
+    # the other tables were read by nobody, without a word (its 5 workers, say)
+    said = f"snet demo: reads the [job] table of {path} only: [server], [worker] not used"
+    assert said in done.stderr.splitlines()
     assert "\x1b" not in done.stdout and "\r" not in done.stdout  # a pipe: no progress bar
     assert "\nepoch  1/1  lr " in done.stdout  # counted from 1
     # again on the same out-dir: the finished run is shown, not trained again, and the
