@@ -60,10 +60,11 @@ def _print_epochs(
             continue
         printed.add(record.epoch)
         when = "" if started is None else f"  ({time.monotonic() - started:5.1f} s)"
+        kept = "" if row["kept"] is not False else "  (rolled back)"  # as snet train says it
         bar.print(
             f"epoch {shown_epoch(record.epoch):>2}/{epochs}  "
             f"lr {row['learning_rate']:<7g} train {100 * (row['train_accuracy'] or 0):6.2f}%  "
-            f"CV {100 * row['cv_accuracy']:6.2f}%{when}"
+            f"CV {100 * row['cv_accuracy']:6.2f}%{kept}{when}"
         )
 
 
