@@ -311,9 +311,26 @@ def server_url(given: str, tls: bool = False) -> str:
     """The server's URL from what a user gives: a bare HOST:PORT is http://, or https://
     with ``tls`` (``--tls-ca`` given: it was read as http:// and failed); a URL of one of
     the server's pages that snet prints (the dashboard's ``/``, ``/status``) or of its
-    ``/events`` names the server too, with or without a trailing slash."""
+    ``/events`` names the server too, with or without a trailing slash. An IPv6 address
+    is taken as the server logs it and a worker's ``--server`` takes it (``::1:7080``).
+    ``ConfigError`` for a scheme or a port no server has (``ftp://`` had waited 5 s for
+    a reply, port 99999 was "connection refused")."""
+    from urllib.parse import urlsplit
+
+    from snet.protocol.errors import ConfigError
+
     scheme = "https" if tls else "http"
+    if "://" not in given and given.count(":") > 1 and not given.startswith("["):
+        host, _, port = given.rpartition(":")  # a bare IPv6 address and its port
+        given = f"[{host}]:{port}"
     url = (given if "://" in given else f"{scheme}://{given}").rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"--url {given}: a server's address is http:// or https://")
+    try:
+        parts.port  # noqa: B018 (checked: it raises for one out of range)
+    except ValueError as exc:
+        raise ConfigError(f"--url {given}: {exc}") from exc
     for page in ("/status", "/events"):
         if url.endswith(page):
             return url.removesuffix(page).rstrip("/")

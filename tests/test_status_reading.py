@@ -214,6 +214,23 @@ def test_a_url_of_the_servers_pages_names_the_server(
     assert asked == ["/status"] * 2
 
 
+def test_an_address_no_server_has_is_one_line_exit_2_and_ipv6_as_logged_is_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ftp:// waited 5 s for a reply, port 99999 was "connection refused", and ::1:PORT
+    (as the server logs its address, and a worker's --server takes it) was refused."""
+    for given, said in (
+        ("ftp://127.0.0.1:80", "a server's address is http:// or https://"),
+        ("127.0.0.1:99999", "Port out of range 0-65535"),
+    ):
+        assert main(["status", "--url", given]) == 2
+        assert capsys.readouterr().err == f"snet: --url {given}: {said}\n"
+    from snet.cli.status import server_url
+
+    assert server_url("::1:7080") == "http://[::1]:7080"
+    assert server_url("[::1]:7080/status", tls=True) == "https://[::1]:7080"
+
+
 def test_a_watch_ends_with_0_on_the_streams_last_state(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
