@@ -136,7 +136,7 @@ class Evaluations:
                 continue
             session = min(
                 eligible,
-                key=lambda s: (not s.clock.delivered or s.scoring_held, frames_left(s.worker_id)),
+                key=lambda s: (not s.proven or s.scoring_held, frames_left(s.worker_id)),
             )
             job.worker_id, job.assigned_at = session.worker_id, now
             session.asked_to_score()

@@ -59,7 +59,7 @@ def _latecomer(session: WorkerSession) -> bool:
     """Joined once training had made a step, and has delivered nothing since: sync's rounds
     do not wait for it (server/policies.py), so its frames are taken back, not waited
     for, once the others run dry."""
-    return session.joined_late and not session.clock.delivered
+    return session.joined_late and not session.proven
 
 
 def is_late(coordinator: Coordinator, session: WorkerSession, now: float) -> bool:

@@ -50,10 +50,10 @@ class LeaseDesk:
                     self._joined_told = len(workers)
                 return
             self._quorum = True
-        for session in sorted(workers, key=lambda s: not s.clock.delivered):
+        for session in sorted(workers, key=lambda s: not s.proven):
             if session.probation:
                 continue
-            wanted = LEASES_PER_WORKER if session.clock.delivered else 1
+            wanted = LEASES_PER_WORKER if session.proven else 1
             while len(self.book.held_by(session.worker_id)) < wanted:
                 lease = self.book.grant(session.worker_id, len(workers))
                 if lease is None:

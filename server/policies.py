@@ -71,9 +71,7 @@ class WorkerView:
     worker_id: int
     holds_frames: bool  # leased frames for which no update has arrived yet
     late: bool  # past its delivery deadline (server/progress.py)
-    # an update of it was applied on this connection: one only ever refused (a peer sending
-    # NaN at a steady trickle, each refusal a sign of life) set a sync or async run's pace
-    delivered: bool
+    delivered: bool  # it has proved itself with an update (server/session.py: ``proven``)
     joined_late: bool = False  # it joined once this server had started a step
 
 

@@ -58,6 +58,7 @@ class WorkerSession:
     updates_settled: int = 0  # applied or refused: reported back to the worker in Weights
     updates_rejected: int = 0
     updates_applied: int = 0  # in this connection: until one is, it is a newcomer (pool.py)
+    numbers_refused: bool = False  # an update refused for its numbers since one applied
     # it joined once this server had started a step (policies.py: sync rounds); a worker
     # joining a restarted server before its first step is on time, as at a run's start
     joined_late: bool = False
@@ -110,10 +111,22 @@ class WorkerSession:
         self.patterns += patterns
         self.compute_seconds += compute_seconds
 
-    def refused(self) -> None:
-        """An update of its was refused: settled all the same (it may send more)."""
+    def refused(self, numeric: bool = False) -> None:
+        """An update of its was refused (``numeric``: for its numbers, NaN or beyond the
+        plausible): settled all the same (it may send more)."""
         self.updates_rejected += 1
         self.updates_settled += 1
+        self.numbers_refused = self.numbers_refused or numeric
+
+    @property
+    def proven(self) -> bool:
+        """It has delivered an update, and none refused for its numbers since its last one
+        applied: one the steps wait for, the leases and the CV go to. A peer sending a NaN
+        update every half second, each refused, had each refusal taken for a delivery, and
+        held every sync round and async step to its pace (166k -> 2.9k patterns a second);
+        a latecomer's update refused only as stale (for when it was sent) still proves
+        it, and the rounds then wait for it (server/policies.py)."""
+        return self.clock.delivered and not self.numbers_refused
 
     def settled_lost(self, updates: int) -> None:
         """``updates`` of its updates were lost on their way (its next one names a later
@@ -184,6 +197,7 @@ class WorkerSession:
         """One of its updates was applied ``staleness`` versions after its base, at ``now``."""
         self.updates_settled += 1
         self.updates_applied += 1
+        self.numbers_refused = False
         self.clock.settled(now)
         self.staleness_last = staleness
         self.staleness_sum += staleness

@@ -206,7 +206,7 @@ class SliceRounds:
         try:
             self._take(session, message)
         except RejectedUpdate as refusal:
-            session.refused()  # counted, as a refused update is
+            session.refused(refusal.numeric)  # counted, as a refused update is
             self.stats.record_refused()
             if refusal.numeric:  # the slices' numbers: no bunch completes without them
                 self.parts.fail(self.parts.divergence.say(

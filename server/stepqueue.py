@@ -81,7 +81,7 @@ class StepQueue:
                 s.worker_id,
                 s.worker_id in holders,
                 late(s),
-                s.updates_applied > 0,
+                s.proven,
                 joined_late=s.joined_late,
             )
             for s in sessions

@@ -315,7 +315,7 @@ class Coordinator:
             self.steps.mark_boundary()
 
     def _count_refused(self, session: WorkerSession, reason: str, numeric: bool) -> None:
-        session.refused()  # settled: the worker may send more
+        session.refused(numeric)  # settled: the worker may send more
         self.stats.record_refused()
         if numeric and (why := self.divergence.refuse(session, reason, self.version)):
             self._fail(why)  # every update refused, none applied: it cannot train on

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,15 +85,27 @@ async def test_a_peer_whose_every_update_is_refused_sets_nobodys_pace(lab: Lab, 
     nan = np.full(LAYOUT_64.size, np.nan, "<f4")
     sent = 0
 
+    async def newest(version: int, seconds: float) -> int:
+        """The newest weights' version sent to the peer within ``seconds`` (reading)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                while data := await peer.reader.read(1 << 20):  # b"": the server closed
+                    peer.inbox.extend(peer.decoder.feed(data))
+        versions = [m.version for m in peer.inbox if isinstance(m, Weights)]
+        peer.inbox[:] = [m for m in peer.inbox if not isinstance(m, Weights)]
+        return max([version, *versions])
+
     async def trickle() -> None:  # every lease it is given, an update each half second
         nonlocal sent
+        version = base.version
         while True:
             lease: Lease = await peer.receive(Lease, timeout=60)
             for offset in range(0, len(lease.indices) - 127, 128):
-                await peer.send(Update(base.version, lease.lease_id, offset, 128, 1.0, 0, 0.01,
-                                       nan))  # fmt: skip
+                # on the newest weights: refused for its numbers, not as stale (sync), which a
+                # slow latecomer's update is, and after which the rounds do wait for it
+                await peer.send(Update(version, lease.lease_id, offset, 128, 1.0, 0, 0.01, nan))
                 sent += 1
-                await asyncio.sleep(0.5)  # about 130 steps in the epoch: a minute at this pace
+                version = await newest(version, 0.5)  # about 130 steps in the epoch: a minute
 
     attack = asyncio.create_task(trickle())
     try:
