@@ -83,8 +83,9 @@ class WorkerConfig:
     retry_seconds: float = field(
         default=300.0,
         metadata={
-            "help": "keep trying to get back to the server this long after losing it: one "
-            "deadline across reconnects (a server's restart takes a while)"
+            "help": "keep trying to reach the server this long from the start, and to get "
+            "back to it this long after losing it: one deadline across reconnects (a "
+            "server's restart takes a while)"
         },
     )
     server_timeout_seconds: float = field(

@@ -111,12 +111,14 @@ class Handshake:
         wake: asyncio.Event,
         lost: Callable[[], bool],
         give_up_at: float | None = None,
+        answered: Callable[[], None] = lambda: None,
     ) -> None:
         """``give_up_at``: the monotonic time the worker's retry window ends (None: not
-        open), which a wait for a silent port's hello does not outlast."""
+        open), which a wait for a silent port's hello does not outlast; ``answered`` is
+        called once the server's hello has come."""
         self.config, self.name, self.backend, self.executor = config, name, backend, executor
         self._inbox, self._wake, self._lost = inbox, wake, lost
-        self._give_up_at = give_up_at
+        self._give_up_at, self._answered = give_up_at, answered
         self._goodbye: str | None = None
 
     async def _next_message(self, kind: type[M], seconds: float = HANDSHAKE_SECONDS) -> M | None:
@@ -131,7 +133,7 @@ class Handshake:
             self._wake.clear()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ConnectionLost(f"no answer from the server in {seconds:.0f} s")
+                raise ConnectionLost(f"no answer from the server in {seconds:g} s")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), remaining)
         message = self._inbox.popleft()
@@ -159,6 +161,7 @@ class Handshake:
             hello = await self._server_hello()
             if hello is None:
                 return NotJoined(goodbye=self._goodbye)
+            self._answered()
             if self.config.token and not hello.auth_required:
                 log.warning(
                     "%s checks no token: the --token given is not used (anyone who reaches "

@@ -34,12 +34,21 @@ class RetryWindow:
         self.deadline: float | None = None  # None: the server has not been lost yet
         self.pause = FIRST_PAUSE_SECONDS
         self._joined_at: float | None = None  # when the current session joined
+        self._from_start = False  # the deadline is the start's, to reach the server at all
 
     def start(self) -> None:
         """The worker starts: it has ``retry_seconds`` to reach the server at all (a port
         that accepts and stays silent held each try 30 s: 72 s for a window of 5 s)."""
         if self.deadline is None:
             self.deadline = self.clock() + self.retry_seconds
+            self._from_start = True
+
+    def answered(self) -> None:
+        """The server said hello: the window opened at the start is done with, and the
+        next loss opens one of its own (a worker loading a large corpus longer than the
+        window, then lost, would otherwise give up at once)."""
+        if self._from_start:
+            self.deadline, self._from_start = None, False
 
     def joined(self) -> None:
         """The current session got past the handshake."""

@@ -240,7 +240,7 @@ class Worker:
         try:
             handshake = Handshake(self.config, self.name, self.backend, self.executor,
                                   self._inbox, self._wake, lambda: self._lost,
-                                  self._retry.deadline)  # fmt: skip
+                                  self._retry.deadline, self._retry.answered)  # fmt: skip
             joined = await handshake.run(connection, self.compressor, self.job)
             if isinstance(joined, NotJoined):
                 self._refused, self._goodbye = joined.refused, joined.goodbye

@@ -54,6 +54,27 @@ def test_the_window_is_renewed_only_by_a_steady_session() -> None:
     assert not window.expired()
 
 
+def test_the_window_from_the_start_ends_when_the_server_answers() -> None:
+    """A worker has its window to reach the server at all from its start; once the server
+    has said hello, a loss opens a window of its own (one that took longer than the
+    window to load its data, then was lost, gave up at once)."""
+    now = [100.0]
+    window = RetryWindow(10.0, clock=lambda: now[0])
+    window.start()
+    assert window.deadline == 110.0
+    now[0] += 4.0
+    window.start()  # once only
+    assert window.deadline == 110.0
+    window.answered()
+    now[0] += 20.0  # loading its data, past the start's window
+    window.joined()
+    now[0] += 0.5
+    window.session_ended()  # lost before it was steady: a window from the loss
+    assert window.deadline == now[0] + 10.0 and not window.expired()
+    window.answered()  # a later hello changes nothing
+    assert window.deadline == now[0] + 10.0
+
+
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: its subject is not it
 async def test_a_worker_whose_frame_limit_is_too_small_stops_at_once(lab: Lab) -> None:
     server = await lab.server("--mode", "async", "--epochs", "1", *QUICK_JOB, *BIG_NETWORK)
