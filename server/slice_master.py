@@ -143,15 +143,17 @@ class SliceMaster:
             raise RejectedUpdate("partial outputs with NaN or Inf", numeric=True)
 
     def combine(
-        self, partials: list[np.ndarray], labels: np.ndarray
+        self, partials: list[np.ndarray], labels: np.ndarray, bunch: int = -1
     ) -> tuple[np.ndarray, float, int]:
-        """(error ``softmax - one-hot`` per pattern, summed loss, correct) of one bunch;
-        RejectedUpdate (numeric) when the holders' finite outputs sum beyond float32."""
+        """(error ``softmax - one-hot`` per pattern, summed loss, correct) of one bunch
+        (number ``bunch``); RejectedUpdate (numeric) when the holders' finite outputs sum
+        beyond float32."""
         with np.errstate(over="ignore", invalid="ignore"):  # checked: said below, not warned
             z = np.add.reduce(partials) if len(partials) > 1 else partials[0].copy()
             z += self._bias
         if not np.isfinite(z).all():  # else NaN in every output bias, and every checkpoint
-            raise RejectedUpdate("partial outputs that sum to NaN or Inf", numeric=True)
+            raise RejectedUpdate(f"every holder's partial outputs for bunch {bunch} sum to NaN or "
+                                 "Inf", numeric=True)  # fmt: skip
         rows = np.arange(len(labels))
         z -= z.max(axis=1, keepdims=True)
         correct = int(np.count_nonzero(z[rows, labels] == 0.0))  # ties count, as the workers

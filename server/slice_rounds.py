@@ -210,8 +210,8 @@ class SliceRounds:
             self.stats.record_refused()
             if refusal.numeric:  # the slices' numbers: no bunch completes without them
                 self.parts.fail(self.parts.divergence.say(
-                    f"bunch {message.bunch}: {refusal} (from worker {session.name}), and in np "
-                    "mode no bunch completes without every slice"))  # fmt: skip
+                    f"{refusal} (at worker {session.name}'s answer for bunch {message.bunch}), "
+                    "and in np mode no bunch completes without every slice"))  # fmt: skip
             raise
 
     def _take(self, session: WorkerSession, message: PartialOutputs | SliceState) -> None:
@@ -251,7 +251,7 @@ class SliceRounds:
             del self.in_flight[bunch]
             labels = self.labels[round_.frames]
             partials = [round_.partials[w] for w in sorted(round_.partials)]
-            delta, loss, correct = self.master.combine(partials, labels)
+            delta, loss, correct = self.master.combine(partials, labels, bunch)
             patterns, rate = len(round_.frames), self.epochs.rate
             self.master.step_output(delta, patterns, rate)
             self.master.bunch_done(round_.slowest)

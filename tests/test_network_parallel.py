@@ -159,8 +159,8 @@ def test_master_checks_partials_and_reports_before_trusting_them() -> None:
         assert refused.value.numeric == (why == "NaN")  # the numbers: a diverged slice
     # finite outputs whose sum overflows put NaN in every output bias: refused, numeric
     huge = np.full((BUNCH, 4), 3e38, dtype=np.float32)
-    with pytest.raises(RejectedUpdate, match="sum to NaN or Inf") as refused:
-        master.combine([huge, huge], np.zeros(BUNCH, dtype=np.int64))
+    with pytest.raises(RejectedUpdate, match="outputs for bunch 7 sum to NaN or Inf") as refused:
+        master.combine([huge, huge], np.zeros(BUNCH, dtype=np.int64), 7)
     assert refused.value.numeric and np.isfinite(master.element).all()
     grant = grants[1]
     with pytest.raises(RejectedUpdate, match="not the one"):
