@@ -145,18 +145,24 @@ class PfileSource:
         return self._pfile.feature_rows(np.asarray(rows, dtype=np.int64))
 
 
-def no_sequences(frames: int, path: object, context: int) -> np.ndarray:
-    """The lengths of data without sequences (images, say): every frame stands alone. With
-    ``context`` frames either side that would be a window of one frame repeated (13
-    features x 9 frames made the default network's 117 inputs: an .npz without lengths
-    trained so, without a word): a DataError then."""
-    if context:
-        raise DataError(
-            f"{path} has no lengths (no sequences), so a window of {context} frames either "
-            "side has no neighbours to take: give its utterances' lengths, or --context 0 "
-            "(context = 0 in [job.data]) for data without sequences"
-        )
+def no_sequences(frames: int) -> np.ndarray:
+    """The lengths of data without sequences (images, say): every frame stands alone."""
     return np.ones(frames, dtype=np.int64)
+
+
+def _check_sequences(source: FrameSource, context: int) -> FrameSource:
+    """``source``, or a DataError when it has no sequences (no lengths, or every utterance
+    one frame long: a pfile converted from such data) and ``context`` asks for windows:
+    each would be one frame repeated, and where the repeats made the network's inputs (13
+    features x 9 frames = the default 117) it trained so without a word."""
+    if context and len(source.lengths) and int(source.lengths.max()) == 1:
+        raise DataError(
+            f"{source.description} has no sequences (no lengths, or every utterance one "
+            f"frame long), so a window of {context} frames either side has no neighbours "
+            "to take: give its utterances' lengths, or --context 0 (context = 0 in "
+            "[job.data]) for data without sequences"
+        )
+    return source
 
 
 class NpzFeatures:
@@ -191,15 +197,12 @@ class NpzFeatures:
         return selected
 
 
-def _npz(path: str, context: int) -> ArraySource:
+def _npz(path: str) -> ArraySource:
     try:
         with open_npz(path) as data:
             labels = data["y"]
             features = NpzFeatures(path)
-            if "lengths" in data.files:
-                lengths = data["lengths"]
-            else:
-                lengths = no_sequences(len(features), path, context)
+            lengths = data["lengths"] if "lengths" in data.files else no_sequences(len(features))
     except KeyError as exc:
         raise DataError(
             f"cannot read {path}: needs arrays X and y (and lengths for sequences) ({exc})"
@@ -209,15 +212,12 @@ def _npz(path: str, context: int) -> ArraySource:
     return ArraySource(path, features, labels, lengths)
 
 
-def _npy_directory(path: Path, context: int) -> ArraySource:
+def _npy_directory(path: Path) -> ArraySource:
     try:
         frames = np.load(path / "features.npy", mmap_mode="r")
         labels = np.load(path / "labels.npy")
         lengths_file = path / "lengths.npy"
-        if lengths_file.exists():
-            lengths = np.load(lengths_file)
-        else:
-            lengths = no_sequences(len(frames), path, context)
+        lengths = np.load(lengths_file) if lengths_file.exists() else no_sequences(len(frames))
     except (OSError, ValueError) as exc:
         raise DataError(
             f"cannot read {path}: a data directory needs features.npy and labels.npy "
@@ -227,7 +227,12 @@ def _npy_directory(path: Path, context: int) -> ArraySource:
 
 
 def open_source(spec: DataSpec) -> FrameSource:
-    """Open the job's data (raises DataError when it cannot be read)."""
+    """Open the job's data (raises DataError when it cannot be read, or cannot give the
+    windows its context asks for)."""
+    return _check_sequences(_opened(spec), spec.context)
+
+
+def _opened(spec: DataSpec) -> FrameSource:
     path = resolve_source(spec.source)
     suffix = Path(path).suffix.lower()
     if spec.labels and suffix not in (".scp", ".ark"):
@@ -238,13 +243,13 @@ def open_source(spec: DataSpec) -> FrameSource:
             "(.scp/.ark) and holds its own labels: leave them out"
         )
     if Path(path).is_dir():
-        return _npy_directory(Path(path), spec.context)
+        return _npy_directory(Path(path))
     if not Path(path).exists():
         # a relative path is read from the working directory (a config file's too: say so)
         where = "" if Path(path).is_absolute() else f" in {Path.cwd()}"
         raise DataError(f"data {path} does not exist{where}")
     if suffix == ".npz":
-        return _npz(path, spec.context)
+        return _npz(path)
     if suffix in (".pfile", ".pf"):
         return PfileSource(path)
     if suffix in (".scp", ".ark"):

@@ -186,18 +186,19 @@ def test_data_without_lengths_wants_context_0(tmp_path: Path) -> None:
     was the one frame nine times (13 x 9 = the default network's 117 inputs), trained
     without a word. Refused, saying what to do; with --context 0 it is what it says."""
     frames, labels, _ = small_corpus()
-    npz, folder = tmp_path / "nolen.npz", tmp_path / "nolen"
+    npz, folder, pfile = tmp_path / "nolen.npz", tmp_path / "nolen", tmp_path / "ones.pfile"
     np.savez(npz, X=frames, y=labels)
     folder.mkdir()
     np.save(folder / "features.npy", frames)
     np.save(folder / "labels.npy", labels)
-    for data in (npz, folder):
+    write_pfile(pfile, frames, labels, np.ones(15, dtype=np.int64))  # as convert writes it
+    for data in (npz, folder, pfile):
         with pytest.raises(DataError) as refused:
             open_source(DataSpec(source=str(data)))
         assert str(refused.value) == (
-            f"{data} has no lengths (no sequences), so a window of 4 frames either side has "
-            "no neighbours to take: give its utterances' lengths, or --context 0 "
-            "(context = 0 in [job.data]) for data without sequences"
+            f"{data} has no sequences (no lengths, or every utterance one frame long), so a "
+            "window of 4 frames either side has no neighbours to take: give its utterances' "
+            "lengths, or --context 0 (context = 0 in [job.data]) for data without sequences"
         )
         source = open_source(DataSpec(source=str(data), context=0))
         np.testing.assert_array_equal(source.lengths, np.ones(15))
