@@ -225,3 +225,25 @@ async def test_init_weights_beside_a_checkpoint_is_said_to_be_unused(lab: Lab) -
     assert f"--init-weights {weights} not used: resuming the run checkpointed in" in lab.log(
         "server"
     )
+
+
+def test_the_demo_marks_an_epoch_newbob_rolled_back_as_snet_train_does() -> None:
+    """An epoch whose weights newbob rolled back was printed as any other by the demo;
+    ``snet train`` says "(rolled back)"."""
+    from snet.cli.demo import _print_epochs
+    from snet.cli.progress_bar import ProgressBar
+
+    def record(epoch: int, kept: bool | None) -> SimpleNamespace:
+        row = {"cv_accuracy": 0.9, "learning_rate": 0.1, "train_accuracy": 0.95, "kept": kept}
+        return SimpleNamespace(epoch=epoch, as_dict=lambda: row)
+
+    stats = SimpleNamespace(epochs=[record(0, True), record(1, False), record(2, None)])
+    coordinator = SimpleNamespace(job=SimpleNamespace(epochs=3), stats=stats)
+    server = SimpleNamespace(coordinator=coordinator)
+    out = io.StringIO()
+    _print_epochs(server, None, ProgressBar(out), set())  # type: ignore[arg-type]
+    assert out.getvalue().splitlines() == [
+        "epoch  1/3  lr 0.1     train  95.00%  CV  90.00%",
+        "epoch  2/3  lr 0.1     train  95.00%  CV  90.00%  (rolled back)",
+        "epoch  3/3  lr 0.1     train  95.00%  CV  90.00%",  # not decided (a list schedule)
+    ]

@@ -330,3 +330,43 @@ def test_an_out_dir_on_a_full_disk_is_one_line_not_a_traceback(
     again = OutDirLock(str(tmp_path / "o"))
     again.acquire()  # nothing was left holding it
     again.release()
+
+
+def test_snet_train_says_which_settings_of_a_servers_job_it_does_not_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A [job] table or SNET_JOB_* shared with a server may set its mode, codecs or
+    staleness: snet train (which has no such flags) trained without them and said nothing."""
+    data = str(tiny_set(tmp_path / "d.npz"))
+    monkeypatch.setenv("SNET_JOB_MODE", "bmuf")
+    monkeypatch.setenv("SNET_JOB_COMPRESS", "sign")
+    assert main(["train", *TINY, "--data", data, "--out-dir", str(tmp_path / "o")]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "snet train: trains in one process: mode=bmuf, compress=sign (a server's) not used"
+    ]
+    monkeypatch.delenv("SNET_JOB_MODE")
+    monkeypatch.delenv("SNET_JOB_COMPRESS")
+    assert main(["train", *TINY, "--data", data, "--out-dir", str(tmp_path / "p")]) == 0
+    assert capsys.readouterr().err == ""  # nothing to say
+
+
+def test_misspelt_data_and_board_variables_are_refused_by_eval_and_the_boards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """snet eval read SNET_JOB_DATA_* without refusing a misspelt one, as train, server and
+    demo do; snet spert (and the demo's boards) ignored a misspelt SNET_SPERT_*."""
+    data = str(tiny_set(tmp_path / "d.npz"))
+    out = tmp_path / "o"
+    assert main(["train", *TINY, "--data", data, "--out-dir", str(out)]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("SNET_JOB_DATA_SOURCEE", "x")
+    assert error(["eval", "--weights", str(out / "weights.npz")], capsys) == (
+        "snet: SNET_JOB_DATA_SOURCEE: no such job data setting (did you mean "
+        "'SNET_JOB_DATA_SOURCE'?)"
+    )
+    monkeypatch.delenv("SNET_JOB_DATA_SOURCEE")
+    monkeypatch.setenv("SNET_SPERT_TRAIN_MCUP", "5")
+    assert error(["spert", "--server", "127.0.0.1:9"], capsys) == (
+        "snet: SNET_SPERT_TRAIN_MCUP: no such board setting (did you mean "
+        "'SNET_SPERT_TRAIN_MCUPS'?)"
+    )
