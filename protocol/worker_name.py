@@ -17,8 +17,11 @@ name, why it asks for a copy of the weights) are kept as sent, but shown through
 from __future__ import annotations
 
 NAME_CHARS = 64  # a worker name's length
-# The C0 controls (newline, carriage return, ESC...), DEL and the C1 controls, as escapes
-_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+# The C0 controls (newline, carriage return, ESC...), DEL and the C1 controls, the line and
+# paragraph separators, and the bidirectional controls (which reorder what a reader sees)
+_CONTROLS = (*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029, *range(0x202A, 0x202F),
+             *range(0x2066, 0x206A))  # fmt: skip
+_ESCAPES = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _CONTROLS}
 
 
 def printable(text: str) -> str:

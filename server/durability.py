@@ -214,7 +214,7 @@ class Checkpointer:
         self._written_mark = self._taken_mark  # the state on disk (or, fresh, nothing lost)
         self._write_error: OSError | None = None
         self._failing_since = 0  # failed writes since the last one written
-        self._failure_said = 0.0  # when one was last logged (monotonic)
+        self._failure_said, self._failure_text = 0.0, ""  # when one was last logged, and what
         # write_now()'s callers while a step runs: the step's end takes their checkpoint
         self._waiting: list[asyncio.Future[Future[str | None] | None]] = []
         # figures for /status and the benchmarks
@@ -342,9 +342,10 @@ class Checkpointer:
         """Log a failed write: the first of a run of them, then one a minute with how many
         (a full disk with --checkpoint-steps 50 wrote this line 270 times in 9 s)."""
         self._failing_since += 1
-        now = time.monotonic()
-        if self._failing_since == 1 or now - self._failure_said >= FAILURE_LOG_SECONDS:
-            self._failure_said = now
+        now, said = time.monotonic(), str(exc)  # another cause (no permission) is said at once
+        due = self._failing_since == 1 or now - self._failure_said >= FAILURE_LOG_SECONDS
+        if due or said != self._failure_text:
+            self._failure_said, self._failure_text = now, said
             log.error("cannot write a checkpoint (%d in a row): %s", self._failing_since, exc)
 
     async def run_timer(self) -> None:

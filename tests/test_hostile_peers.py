@@ -18,6 +18,7 @@ from snet.protocol.messages import (
     WorkerReport,
 )
 from snet.protocol.network import ElementLayout, NetworkSpec
+from snet.protocol.worker_name import printable
 
 from helpers import SMALL_JOB, Cluster, wait_until
 from raw_client import RawClient
@@ -102,3 +103,5 @@ def test_a_peers_words_cannot_forge_log_lines_or_drive_the_terminal(cluster: Clu
            "updates_sent": 0, "staleness_mean": 0.0, "mcups": 0.0, "last_seen": 0.0}  # fmt: skip
     shown = render({**server.status(), "workers": [row]})
     assert "\x1b" not in shown and "\\x1b[31mred" in shown
+    # a line separator splits a line for some readers; bidi controls reorder what one sees
+    assert printable("a\u2028b\u202ec\u2066") == "a\\u2028b\\u202ec\\u2066"
