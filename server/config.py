@@ -222,6 +222,9 @@ class ServerConfig:
             raise ConfigError(problem)
         if self.min_workers < 1:
             raise ConfigError(f"min_workers must be at least 1, got {self.min_workers}")
+        if self.force and not self.fresh:  # it overwrites nothing alone: said, not ignored
+            raise ConfigError("force goes with --fresh: it overwrites a finished run's "
+                              "results only when starting over")  # fmt: skip
         wildcard = {"", "0.0.0.0", "::"}
         overlap = self.http_bind_host == self.host or {self.host, self.http_bind_host} & wildcard
         if self.port == self.http_port != 0 and overlap:

@@ -97,6 +97,12 @@ def test_bad_settings_fail_clearly(
         _config(["--mode", "np", "--network", "117:32:10", "--trace-file", "t.jsonl"])
     with pytest.raises(ConfigError, match=r"^--min-workers must be at least 1, got 0"):
         _config(["--min-workers", "0"])
+    with pytest.raises(ConfigError) as alone:  # it overwrote nothing, without a word
+        _config(["--force"])
+    assert str(alone.value) == (
+        "--force goes with --fresh: it overwrites a finished run's results only when starting "
+        "over"
+    )
     with pytest.raises(ConfigError, match=r"^--port and --http-port are both 7300"):
         _config(["--port", "7300", "--http-port", "7300"])
     other_host = ["--port", "7300", "--http-port", "7300", "--http-host", "127.0.0.2"]
