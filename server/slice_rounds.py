@@ -294,6 +294,7 @@ class SliceRounds:
             lease = self.book.grant(LONE, 1)
             if lease is None:
                 return None
+            self.stats.leasing(True)  # the epoch's time runs from its first bunch
             self.cursor, self.cursor_offset = (lease.lease_id, lease.indices), 0
         lease_id, indices = self.cursor
         offset = self.cursor_offset

@@ -37,10 +37,14 @@ class EpochRecord:
     kept: bool | None = None  # newbob: False when the epoch's weights were rolled back
 
     def as_dict(self) -> dict[str, Any]:
+        # nothing leased yet: no training time (the wait for workers had shown as 10, 17 s)
+        waiting = self.leased is None and self.ended is None
         return {
             "epoch": self.epoch,
             "learning_rate": self.learning_rate,
-            "seconds": round((self.ended or time.time()) - (self.leased or self.started), 3),
+            "seconds": 0.0
+            if waiting
+            else round((self.ended or time.time()) - (self.leased or self.started), 3),
             "end_version": self.end_version,
             "train_patterns": self.train_patterns,
             "train_accuracy": _ratio(self.train_correct, self.train_patterns),

@@ -211,6 +211,7 @@ def test_an_epochs_seconds_count_from_its_first_lease_not_the_wait_for_workers()
     stats.epochs[0].started -= 30.0  # the server waited 30 s for its workers
     stats.leasing(False)  # nobody to lease to yet
     assert stats.epochs[0].leased is None
+    assert stats.epochs[0].as_dict()["seconds"] == 0.0  # the wait showed, growing, till now
     stats.leasing(True)
     first = stats.epochs[0].leased
     stats.leasing(True)  # later leases of the same epoch change nothing

@@ -39,6 +39,7 @@ async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
     await wait_until(lambda: server.server.coordinator.sessions, 30, "the first worker")
     status = await server.status()
     assert status["state"] == "waiting_for_workers" and status["min_workers"] == 2
+    assert status["epochs"][0]["seconds"] == 0.0  # no training time yet (the wait showed)
     assert status["workers_live"] == 1 and status["progress"]["fraction"] == 0.0
     assert "waiting for workers: 1 of 2 joined" in render(status)
     metrics = (await server.get("/metrics")).decode()
