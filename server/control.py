@@ -56,6 +56,8 @@ class Control:
         text = await self._policy_asked(request)
         async with self._changing:
             coordinator = self.server.coordinator
+            if coordinator.finished.is_set():  # it was accepted, logged and checkpointed
+                raise web.HTTPConflict(text="the run has ended (trained): nothing to change\n")
             try:
                 record = coordinator.set_staleness(text, by=request.remote or "?")
             except ConfigError as exc:

@@ -25,6 +25,7 @@ from snet.server.stepping import StepRunner
 from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
 from inprocess import Lab, LabServer, LabWorker, wait_until
+from short_data import short_job
 
 MAX_IN_FLIGHT = 3  # the job's own bound, above the one bounded:1 sets
 
@@ -152,6 +153,21 @@ async def test_a_restarted_server_keeps_the_policy_set_at_run_time(lab: Lab) -> 
         assert (await client.handshake()).job["staleness"] == "bounded:2"
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_change_once_the_run_has_ended_is_refused(lab: Lab) -> None:
+    """It was accepted (200), logged and checkpointed, and changed nothing."""
+    server = await lab.server("--mode", "async", "--epochs", "1", "--linger-seconds", "30",
+                              *short_job())  # fmt: skip
+    lab.worker(server, "w0")
+    await wait_until(lambda: server.server.coordinator.finished.is_set(), 60, "the run's end")
+    session = await lab.http()
+    async with session.post(server.url + "/control", json={"staleness": "bounded:2"}) as answer:
+        assert answer.status == 409 and "the run has ended" in await answer.text()
+    assert (await server.status())["staleness"]["changes"] == []
+    server.stop("test over")
+    await server.wait(30)
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
