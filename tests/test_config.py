@@ -100,8 +100,7 @@ def test_bad_settings_fail_clearly(
     with pytest.raises(ConfigError) as alone:  # it overwrote nothing, without a word
         _config(["--force"])
     assert str(alone.value) == (
-        "--force goes with --fresh: it overwrites a finished run's results only when starting "
-        "over"
+        "--force goes with --fresh: it overwrites a finished run's results only when starting over"
     )
     with pytest.raises(ConfigError, match=r"^--port and --http-port are both 7300"):
         _config(["--port", "7300", "--http-port", "7300"])
