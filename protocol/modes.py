@@ -131,10 +131,32 @@ def shown(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+# setting -> the learning-rate schedule that reads it (protocol/schedule.py)
+SCHEDULE_SETTINGS = {"newbob_scale": "newbob", "newbob_ramp": "newbob", "newbob_stop": "newbob"}
+
+
+def _schedule_problem(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    """A setting of another schedule than the job's, away from its default ("" if none):
+    ``--newbob-stop 3`` under the list schedule was accepted and changed nothing."""
+    schedule = settings.get("schedule", defaults["schedule"])
+    for name, reader in SCHEDULE_SETTINGS.items():
+        value = settings.get(name, defaults[name])
+        if schedule != reader and value != defaults[name]:
+            return (
+                f"{name} {shown(value)} applies to the {reader} schedule only, and this job's "
+                f"schedule is {schedule}, which would ignore it (leave it at its default, "
+                f"{shown(defaults[name])}, or give --schedule {reader})"
+            )
+    return ""
+
+
 def ignored_problem(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
     """Why a job cannot be run as given ("" if it can): a setting its mode would ignore,
     named first (the command line says it as the user gave it: cli/settings.py), with
-    the modes that read it and the job's mode; any others its mode ignores after it."""
+    the modes that read it and the job's mode; any others its mode ignores after it; or
+    a setting of another learning-rate schedule than its own."""
+    if problem := _schedule_problem(settings, defaults):
+        return problem
     names = ignored(settings, defaults)
     if not names:
         return ""

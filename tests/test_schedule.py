@@ -61,6 +61,15 @@ def test_newbob_max_epochs_and_job_settings() -> None:
         JobSpec(schedule="newbob", newbob_scale=1.5)
     with pytest.raises(ConfigError, match="schedule must be one of"):
         JobSpec(schedule="exponential")
+    # newbob's own settings under the list schedule were accepted and changed nothing
+    for name, value in (("newbob_stop", 3.0), ("newbob_ramp", 0.3), ("newbob_scale", 0.25)):
+        with pytest.raises(ConfigError) as ignored:
+            JobSpec(**{name: value})
+        assert str(ignored.value).startswith(
+            f"{name} {value:g} applies to the newbob schedule only, and this job's schedule "
+            "is list, which would ignore it"
+        )
+        assert getattr(JobSpec(schedule="newbob", **{name: value}), name) == value
 
 
 # ---------------------------------------------------------------- the cache shuffle
