@@ -65,12 +65,14 @@ def weights_npz(
 
 
 def current_weights_npz(coordinator: Coordinator) -> bytes:
-    """The coordinator's current weights, normalisation and context as an .npz."""
+    """The coordinator's current weights, normalisation and context as an .npz; its
+    ``epoch`` counts the whole epochs trained, as ``snet train``'s does (it had been the
+    0-based index of the epoch in progress: 0 after a run of one epoch)."""
     return weights_npz(
         coordinator.job.network,
         coordinator.rule.model,
         coordinator.version,
-        coordinator.epoch,
+        coordinator.stats.epochs_done,
         coordinator.plan.norms,
         coordinator.job.data.context,
         coordinator.job.data,

@@ -51,6 +51,8 @@ async def test_the_server_waits_for_min_workers_and_says_so(lab: Lab) -> None:
     final = server.final_status()
     assert final["state"] == "trained"
     assert final["epoch"] == 2 and [e["epoch"] for e in final["epochs"]] == [1, 2]
+    with np.load(server.out_dir / "weights.npz") as weights:  # whole epochs, as snet train's
+        assert int(weights["epoch"]) == 2  # (it was the last one's index, 1)
     assert [e["ledger"]["epoch"] for e in final["epochs"]] == [1, 2]  # its ledger's too
     assert final["checkpoints"]["last"]["epoch"] == 2  # the last checkpoint's, from 1
     progress = final["progress"]
