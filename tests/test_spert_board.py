@@ -218,3 +218,19 @@ async def test_snet_spert_refuses_a_network_that_does_not_fit(lab: Lab) -> None:
     log = lab.log("big")
     assert "does not fit the Spert board" in log and "Traceback" not in log
     assert "does not fit the Spert board" in lab.log("server")
+
+
+def test_a_boards_settings_are_bounded_both_ways() -> None:
+    """Only "> 0" was checked: a time scale or a rate of 1e-300 (a call of 1e300 us) made
+    a modelled sleep no clock holds, and the board's traceback came mid-run, after it had
+    joined (the demo's, amid its output)."""
+    for name, value, said in (
+        ("time_scale", 1e-300, "time_scale must be 1e-06 to 1e+12, got 1e-300"),
+        ("train_mcups", 1e-300, "train_mcups must be 1e-06 to 1e+12, got 1e-300"),
+        ("call_us", 1e300, "call_us must be 0 to 1e+09, got 1e+300"),
+        ("memory_mb", float("nan"), "memory_mb must be 1e-06 to 1e+12, got nan"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            BoardConfig(**{name: value})
+        assert str(refused.value) == f"spert {said}"
+    assert BoardConfig(time_scale=1000.0, call_us=0.0).time_scale == 1000.0

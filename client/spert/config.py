@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, fields
 
 from snet.protocol.errors import ConfigError
 
+MIN_RATE, MAX_RATE = 1e-6, 1e12  # rates, sizes and the time scale (a board's are ~1-1000)
+MAX_TIME = 1e9  # ns or us of a modelled cost
+
 
 @dataclass(frozen=True)
 class BoardConfig:
@@ -48,13 +51,17 @@ class BoardConfig:
     )
 
     def __post_init__(self) -> None:
+        # Bounded both ways, not only > 0: a time scale of 1e-300 (or a rate of 1e-300, a
+        # call of 1e300 us) made a modelled sleep no clock can hold, a traceback mid-run.
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("unit_ns", "pattern_us", "call_us"):
-                if value < 0:
-                    raise ConfigError(f"spert {f.name} must be >= 0, got {value}")
-            elif not value > 0:
-                raise ConfigError(f"spert {f.name} must be > 0, got {value}")
+                if not 0 <= value <= MAX_TIME:
+                    raise ConfigError(f"spert {f.name} must be 0 to {MAX_TIME:g}, got {value:g}")
+            elif not MIN_RATE <= value <= MAX_RATE:
+                raise ConfigError(
+                    f"spert {f.name} must be {MIN_RATE:g} to {MAX_RATE:g}, got {value:g}"
+                )
 
     @property
     def memory_bytes(self) -> int:
