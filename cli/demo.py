@@ -37,7 +37,7 @@ from .demo_workers import (
 from .flags import given_job
 from .progress_bar import EXIT_READER_GONE, ProgressBar, bar_text, detach_stdout, say
 from .runtime import install_stop_signals, loop_name, run, setup_logging
-from .settings import build_job, read_toml
+from .settings import build_job, read_toml, say_unread_tables
 
 if TYPE_CHECKING:
     from snet.server.app import SnetServer
@@ -152,10 +152,7 @@ def _read_job(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any]]:
     """The job its flags, environment and [job] table make (before the bunch is divided),
     and that table."""
     document = read_toml(args.config)
-    if others := sorted(set(document.tables) - {"job"}):  # its http_port, min_workers...
-        tables = ", ".join(f"[{name}]" for name in others)
-        print(f"snet demo: reads the [job] table of {args.config} only: {tables} not used",
-              file=sys.stderr)  # fmt: skip
+    say_unread_tables(document, "demo")  # its http_port, min_workers...
     values, where = document.table("job")
     return build_job(values, given_job(args), where), values
 

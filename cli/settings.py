@@ -50,6 +50,16 @@ class ConfigFile:
         return dict(self.tables.get(name, {})), where
 
 
+def say_unread_tables(document: ConfigFile, command: str) -> None:
+    """Name on stderr the tables of ``document`` other than [job], which ``command``
+    (``snet train``, ``snet demo``) reads alone: a [server] out_dir or min_workers was
+    read by nobody without a word."""
+    if others := sorted(set(document.tables) - {"job"}):
+        tables = ", ".join(f"[{name}]" for name in others)
+        print(f"snet {command}: reads the [job] table of {document.path} only: {tables} not used",
+              file=sys.stderr)  # fmt: skip
+
+
 def read_toml(path: str | None) -> ConfigFile:
     """The file's tables (none without a path); refuses tables no command knows."""
     if not path:

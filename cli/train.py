@@ -51,7 +51,7 @@ from .progress_bar import (
     detach_stdout,
     say,
 )
-from .settings import build_job, decode, read_toml
+from .settings import build_job, decode, read_toml, say_unread_tables
 from .stop_signals import EXIT_TERMINATED, Terminated, raised_on_stop
 
 # What sequential training holds of a network's element (float32 weights and biases): the
@@ -143,7 +143,9 @@ def parallel_settings(job: JobSpec) -> list[str]:
 
 def _train(args: argparse.Namespace) -> int:
     train_threads(args)
-    values, where = read_toml(args.config).table("job")
+    document = read_toml(args.config)
+    say_unread_tables(document, "train")  # its out_dir, say: the weights went elsewhere
+    values, where = document.table("job")
     job = build_job(values, given_job(args), where)
     if unused := parallel_settings(job):  # from [job] or SNET_JOB_*: it has no such flags
         print(f"snet train: trains in one process: {', '.join(unused)} (a server's) not used",

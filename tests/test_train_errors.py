@@ -370,3 +370,19 @@ def test_misspelt_data_and_board_variables_are_refused_by_eval_and_the_boards(
         "snet: SNET_SPERT_TRAIN_MCUP: no such board setting (did you mean "
         "'SNET_SPERT_TRAIN_MCUPS'?)"
     )
+
+
+def test_snet_train_names_the_tables_of_its_config_it_does_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A [server] out_dir (the weights went to snet-out) and a [worker] table were read by
+    nobody without a word; the demo named them already."""
+    data = str(tiny_set(tmp_path / "d.npz"))
+    config = tmp_path / "all.toml"
+    config.write_text(f'[server]\nout_dir = "o7"\n[job]\ndata = {{ source = "{data}" }}\n'
+                      '[worker]\nname = "x"\n')  # fmt: skip
+    argv = ["train", *TINY, "--config", str(config), "--out-dir", str(tmp_path / "o")]
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"snet train: reads the [job] table of {config} only: [server], [worker] not used"
+    ]
