@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,10 @@ from .checkout import bench_process
 from .settings import output_file
 
 BENCHMARKS_FILE = Path("docs/benchmarks.json")
+# What a plan can size: a link of 1 kbit/s to 1 Pbit/s, a bunch of at most a billion
+# patterns (1e-300 Mbit/s printed round times hundreds of digits long; 1e20 patterns, 0 MCUPS)
+MIN_LINK_MBPS, MAX_LINK_MBPS = 1e-3, 1e9
+MAX_BUNCH = 10**9
 TRAINED_TODAY = "pattern"  # the strategy snet trains (in sync and async mode); the rest is model
 TRAINS_NOTE = (
     "snet trains pattern-parallel (data-parallel: every worker holds the whole network), "
@@ -172,8 +175,8 @@ def run_plan(args: argparse.Namespace) -> int:
         require_matplotlib()  # before any work, so that nothing is printed in vain
         output_file(args.png, (".png",), "--png")  # matplotlib draws the format it names
     network = NetworkSpec.parse(args.network)
-    if args.bunch < 1:
-        raise ConfigError(f"--bunch must be >= 1, got {args.bunch}")
+    if not 1 <= args.bunch <= MAX_BUNCH:
+        raise ConfigError(f"--bunch must be 1 to {MAX_BUNCH:,}, got {args.bunch}")
     workers = _counts(args.workers, "--workers")
     strategies = _choices(args.strategies, STRATEGIES, "--strategies")
     modes = _choices(args.modes, MODES, "--modes")
@@ -183,8 +186,9 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.block_bunches < 1:
         raise ConfigError(f"--block-bunches must be >= 1, got {args.block_bunches}")
     _check_read(args, strategies, modes)
-    if args.link_mbps is not None and not (math.isfinite(args.link_mbps) and args.link_mbps > 0):
-        raise ConfigError(f"--link-mbps must be a speed > 0 Mbit/s, got {args.link_mbps:g}")
+    if args.link_mbps is not None and not MIN_LINK_MBPS <= args.link_mbps <= MAX_LINK_MBPS:
+        raise ConfigError(f"--link-mbps must be a speed of {MIN_LINK_MBPS:g} to "
+                          f"{MAX_LINK_MBPS:g} Mbit/s, got {args.link_mbps:g}")  # fmt: skip
     update_bytes(network, args.compress)  # a clear error for a codec the plan cannot size
     measured = None
     if args.measured:

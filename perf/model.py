@@ -95,10 +95,10 @@ class Constants:
         for item in fields(self):
             value = getattr(self, item.name)
             number = isinstance(value, int | float) and not isinstance(value, bool)
-            if item.name != "source" and not (number and value >= 0.0):
+            if item.name != "source" and not (number and 0.0 <= value < math.inf):  # no inf
                 raise ConfigError(f"constant {item.name} must be a number >= 0, got {value!r}")
-        if self.cu_seconds <= 0.0:
-            raise ConfigError("constant cu_seconds must be > 0")
+        if self.cu_seconds < 1e-15:  # a petaflop core: 1e-320 gave MCUPS Infinity, JSON NaN
+            raise ConfigError("constant cu_seconds must be at least 1e-15")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -173,9 +173,18 @@ def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "--modes must be some of sync, async, bmuf, bmuf-async" in capsys.readouterr().err
     assert main(["plan", "--block-bunches", "0"]) == 2
     assert "--block-bunches must be >= 1" in capsys.readouterr().err
-    for speed in ("0", "-5", "nan", "inf"):  # 0 was taken as "no --link-mbps given"
+    # 0 was taken as "no --link-mbps given"; 1e-300 printed round times hundreds of digits long
+    for speed in ("0", "-5", "nan", "inf", "1e-300", "1e10"):
         assert main(["plan", "--link-mbps", speed]) == 2, speed
-        assert "--link-mbps must be a speed > 0 Mbit/s" in capsys.readouterr().err
+        assert "--link-mbps must be a speed of 0.001 to 1e+09 Mbit/s" in capsys.readouterr().err
+    assert main(["plan", "--bunch", str(10**20)]) == 2  # it planned 0 MCUPS
+    assert "--bunch must be 1 to 1,000,000,000, got 1" in capsys.readouterr().err
+    tiny = tmp_path / "tiny.json"  # a denormal compute time: MCUPS Infinity, JSON NaN
+    from snet.perf.model import DEFAULT_CONSTANTS
+
+    tiny.write_text(json.dumps({**DEFAULT_CONSTANTS.to_dict(), "cu_seconds": 1e-320}))
+    assert main(["plan", "--constants", str(tiny), "--json"]) == 2
+    assert "constant cu_seconds must be at least 1e-15" in capsys.readouterr().err
     assert main(["plan", "--compress", "topk:0.1"]) == 2
     assert "fixed size" in capsys.readouterr().err
     for strategies in ("network", "pattern,network"):  # np mode refuses it: no np rows
