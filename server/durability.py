@@ -62,9 +62,9 @@ def _settings(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _setting(value: object) -> str:
-    """A job setting as a person reads it in a message (a network as its sizes)."""
-    if isinstance(value, dict) and "sizes" in value:
-        return ":".join(map(str, value["sizes"]))
+    """A job setting as a person reads it (a network: sizes, activations; not sizes alone)."""
+    if isinstance(value, dict) and "sizes" in value:  # "117:1024:10 there, here" hid a tanh
+        return " ".join([":".join(map(str, value["sizes"])), *value.get("activations", [])])
     if value is None:
         return "(none)"
     text = repr(value) if isinstance(value, str) else str(value)

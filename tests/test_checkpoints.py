@@ -272,3 +272,15 @@ def test_one_retry_deadline_across_connections_that_drop(cluster: Cluster, slamm
     assert worker.wait(60) == 3, cluster.log("w")[-2000:]
     log = cluster.log("w")
     assert "connection closed during the handshake" in log and "gave up after" in log
+
+
+def test_a_network_that_differs_only_in_its_activations_is_named_so() -> None:
+    """A restart with --activation tanh was refused as "network 117:1024:10 there,
+    117:1024:10 here": the sizes alone, the difference hidden."""
+    from snet.protocol.job import JobSpec
+    from snet.protocol.network import NetworkSpec
+    from snet.server.durability import _setting
+
+    tanh = JobSpec(network=NetworkSpec.parse("117:1024:10", "tanh")).to_dict()["network"]
+    assert _setting(JobSpec().to_dict()["network"]) == "117:512:10 sigmoid"
+    assert _setting(tanh) == "117:1024:10 tanh"

@@ -44,7 +44,10 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     assert other.returncode == 2, other.stderr
     errors = [line for line in other.stderr.splitlines() if line.startswith("snet: ")]
     assert len(errors) == 1, other.stderr
-    assert "is a checkpoint of another job (network 117:64:10 there, 117:32:10 here)" in errors[0]
+    assert (
+        "is a checkpoint of another job (network 117:64:10 sigmoid there, 117:32:10 sigmoid here)"
+        in errors[0]
+    )
     assert "Traceback" not in other.stderr
 
     server = run.start()
