@@ -180,9 +180,8 @@ class SliceRounds:
             self._quiesce("reslice")
 
     def fill(self) -> None:
-        """Start bunches (the pattern-parallel modes lease frames here)."""
-        if not self.epochs.waiting_for_cv:
-            self._pump()
+        """Start bunches (the pattern-parallel modes lease frames here; none while CV waits)."""
+        self._pump()
 
     def frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """np mode sends no frames: every bunch goes to every worker, which reads it."""
@@ -375,9 +374,11 @@ class SliceRounds:
         if max(speeds.values()) < SPEED_SPREAD * min(speeds.values()):
             speeds = dict.fromkeys(speeds, 1.0)  # alike: equal slices, not measuring noise
         grants = self.master.reslice(speeds, {w: self.capacity.get(w) for w in speeds})
-        if self.master.memory_short:  # the workers will refuse what they cannot hold
-            log.error("np: network %s: %s; more workers (or more memory) are needed",
+        if self.master.memory_short:  # a slice a worker cannot hold: it refused it and left
+            self.master.holders.clear()  # for good (exit 4): now it stays, and all wait
+            log.error("np: network %s: %s; training waits for more workers (or more memory)",
                       self.job.network.describe(), self.master.memory_short)  # fmt: skip
+            return
         for worker_id, grant in grants.items():
             state = SliceState(grant.part.start, grant.part.stop, self.last_completed,
                                grant.weights, grant.velocity)  # fmt: skip
