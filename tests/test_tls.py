@@ -101,10 +101,26 @@ def test_an_expired_certificate_is_said_at_start(
         serialization.NoEncryption()))  # fmt: skip
     (tmp_path / "old.key").chmod(0o600)
     server_context(str(tmp_path / "old.pem"), str(tmp_path / "old.key"))
-    assert (
+    said = (
         f"the server's TLS certificate {tmp_path / 'old.pem'} expired on "
         f"{(now - datetime.timedelta(days=1)).date()}: peers will refuse it"
-    ) in caplog.text
+    )
+    assert said in caplog.text
+    server_context(str(tmp_path / "old.pem"), str(tmp_path / "old.key"))  # HTTP's, say
+    assert caplog.text.count(said) == 1  # once (the worker port and HTTP both load it)
+    # not valid yet: every worker was refused ("certificate is not yet valid"), unwarned
+    young = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(2)
+        .not_valid_before(now + datetime.timedelta(days=10))
+        .not_valid_after(now + datetime.timedelta(days=100))
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    (tmp_path / "young.pem").write_bytes(young.public_bytes(serialization.Encoding.PEM))
+    server_context(str(tmp_path / "young.pem"), str(tmp_path / "old.key"))
+    assert f"the server's TLS certificate {tmp_path / 'young.pem'} is not valid before " in (
+        caplog.text
+    )
     pki, _ = _pki(tmp_path / "fresh")
     caplog.clear()
     server_context(str(pki / "server.pem"), str(pki / "server.key"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import ssl
 from pathlib import Path
@@ -51,13 +52,22 @@ def warn_if_expiring(cert: str, what: str) -> None:
         loaded = x509.load_pem_x509_certificate(Path(cert).read_bytes())
     except (OSError, ValueError):
         return  # ssl accepted it: not ours to judge
-    end = loaded.not_valid_after_utc
-    left = end - datetime.datetime.now(datetime.UTC)
-    if left.total_seconds() <= 0:
-        log.warning("%s %s expired on %s: peers will refuse it (snet tls init makes new "
-                    "ones)", what, cert, end.date())  # fmt: skip
+    start, end = loaded.not_valid_before_utc, loaded.not_valid_after_utc
+    now = datetime.datetime.now(datetime.UTC)
+    left = end - now
+    if now < start:  # every worker was refused, "certificate is not yet valid", unwarned
+        _said_once(f"{what} {cert} is not valid before {start}: peers will refuse it until then")
+    elif left.total_seconds() <= 0:
+        _said_once(f"{what} {cert} expired on {end.date()}: peers will refuse it (snet tls "
+                   "init makes new ones)")  # fmt: skip
     elif left.days < EXPIRY_WARNING_DAYS:
-        log.warning("%s %s expires on %s", what, cert, end.date())
+        _said_once(f"{what} {cert} expires on {end.date()}")
+
+
+@functools.cache
+def _said_once(warning: str) -> None:
+    """Log ``warning`` once in a process (the worker port and HTTP load one certificate)."""
+    log.warning("%s", warning)
 
 
 def read_token_file(path: str) -> str:
