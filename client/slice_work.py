@@ -34,6 +34,7 @@ from snet.protocol.slices import HiddenSlice, slice_network
 from snet.transport.inline import InlineChoice
 
 from .data import Corpus
+from .progress_log import ProgressLog
 from .slice_trainer import SliceTrainer
 
 log = logging.getLogger("snet.worker")
@@ -69,6 +70,7 @@ class SliceWork:
         self.trainer = SliceTrainer(job.network, job.momentum)
         self.queue: deque[SliceMessage] = deque()
         self.bunches = 0  # forward passes computed (each after the previous one's update)
+        self.patterns = 0  # the patterns of those bunches
         self.compute_seconds = 0.0
         self.last_seconds = 0.0  # the last bunch's update and forward pass
         self.last_cpu_seconds = 0.0  # the same, in the CPU time of the thread that ran it
@@ -162,6 +164,7 @@ class SliceWork:
             seconds = self.last_seconds = time.perf_counter() - started
             self.last_cpu_seconds = time.thread_time() - cpu_started
             self.bunches += 1
+            self.patterns += len(message.indices)
             self.compute_seconds += seconds
             replies.append(PartialOutputs(message.bunch, seconds, partial))
         return replies
@@ -189,18 +192,23 @@ class SliceSteps:
     def __init__(
         self, work: SliceWork, executor: Executor, send: Callable[[Message], None],
         inline: InlineChoice, first_bunch_done: Callable[[], object],
+        progress: ProgressLog | None = None,
     ) -> None:  # fmt: skip
         self.work, self.executor, self.send, self.inline = work, executor, send, inline
         self.first_bunch_done = first_bunch_done  # as after a first update: a job can end
         # before the first periodic report
+        # its answers are its progress (the lines had said "no update ... waiting" all run)
+        self.progress = progress
 
     def file(self, message: Message) -> bool:
         return self.work.file(message)
 
     async def step(self, wake: asyncio.Event) -> RemoteError | None:
         """``SliceWork.step``: a refusal of a slice this worker cannot hold, or None."""
-        before = self.work.bunches
+        before, patterns = self.work.bunches, self.work.patterns
         refused = await self.work.step(self.executor, self.send, wake, self.inline)
         if before == 0 < self.work.bunches:
             self.first_bunch_done()
+        if self.progress is not None and self.work.bunches > before:
+            self.progress.update_sent(-1, 0, self.work.patterns - patterns, 0, 0, 0.0)
         return refused

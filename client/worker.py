@@ -112,8 +112,9 @@ class Worker:
 
     @property
     def updates_sent(self) -> int:
-        """Updates this worker has sent, over all its connections."""
-        return self.sent.total
+        """Updates this worker has sent (np: bunches it has answered, where it had said
+        "after 0 updates" of a whole run), over all its connections."""
+        return self.progress.updates
 
     async def run(self) -> int:
         """Train until the server says the job is done; reconnect whenever it is lost.
@@ -333,7 +334,7 @@ class Worker:
 
         def slices(work: SliceWork) -> UpdateSteps | SliceSteps:
             report = functools.partial(self.reports.send, connection)
-            return SliceSteps(work, self.executor, connection.send, inline, report)
+            return SliceSteps(work, self.executor, connection.send, inline, report, self.progress)
 
         self._steps = policy.make_turn(job, corpus, self.backend, updates, slices)
         while True:

@@ -95,6 +95,9 @@ async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
     assert len(status["rule"]["slices"].split()) == workers
     rows = {row["name"]: row for row in status["workers"]}
     assert all(row["updates_sent"] > 10 for row in rows.values())  # partials, each bunch
+    # and the workers count them as theirs: they said "no update" all run, "after 0 updates"
+    assert all(w.worker.updates_sent == rows[w.name]["updates_sent"] for w in started)
+    assert all(w.worker.progress.patterns == rows[w.name]["patterns"] for w in started)
     # every bunch completed, with the compute its slowest holder reported (what the round
     # waited for): summed, at least any one worker's compute (rows: rounded MCUPS)
     bunches, slowest = status["rule"]["bunches"], status["rule"]["slowest_compute_seconds"]
