@@ -236,11 +236,7 @@ class WorkerConnection:
             raise AuthError("wrong or missing token proof")
         try:
             codecs = agree_codecs(hello.capabilities, self.coordinator.job.compress)
-            combination = self.coordinator.policy.combination
-            problem = combination.codec_problem(codecs["update"]) or (
-                combination.weights_problem(codecs["weights"])
-            )
-            if problem:
+            if problem := self.coordinator.policy.combination.codecs_problem(codecs):
                 raise UnknownCodec(problem)
         except UnknownCodec:
             self.counters.refused_handshake()

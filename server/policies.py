@@ -103,6 +103,11 @@ class Combination:
         """Why a worker may not take its weights as ``weights_form`` ("" if it may)."""
         return ""
 
+    def codecs_problem(self, codecs: dict[str, str]) -> str:
+        """Why a worker may not use the ``codecs`` agreed with it (``agree_codecs``): the
+        handshake's refusal, and the demo's before it starts its workers ("" if it may)."""
+        return self.codec_problem(codecs["update"]) or self.weights_problem(codecs["weights"])
+
     def chunk_frames(self, job: JobSpec) -> int:
         """Frames per lease."""
         return job.chunk_frames
