@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .flags import given, given_job
 from .runtime import install_stop_signals, loop_name, run, setup_logging
-from .settings import ConfigFile, build_job, env_name, merge, read_toml, refuse_unknown_variables
+from .settings import ConfigFile, build_job, merge, read_toml, refuse_unknown_fields
 
 if TYPE_CHECKING:
     from snet.client.backend import ComputeBackend
@@ -67,8 +67,7 @@ def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfi
         flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
     values, where = document.table("worker")
     # every SNET_WORKER_* variable is a field's: a misspelt one was ignored without a word
-    known = {env_name("SNET_WORKER_", setting) for setting in dataclasses.fields(WorkerConfig)}
-    refuse_unknown_variables("SNET_WORKER_", known, "worker")
+    refuse_unknown_fields("SNET_WORKER_", WorkerConfig, "worker")
     config = merge(WorkerConfig, values, "SNET_WORKER_", flags, where)
     if config.token_file:  # read here, once, as the server reads its own at start
         from snet.transport.tls import read_token_file

@@ -38,7 +38,7 @@ from snet.server.testset import score_test_set
 from snet.server.update_rule import UpdateRule
 
 from .flags import given
-from .settings import env_name, merge, output_file, refuse_unknown_variables
+from .settings import env_name, merge, output_file, refuse_unknown_fields
 
 
 def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
@@ -96,8 +96,7 @@ def eval_spec(args: argparse.Namespace, saved: SavedWeights) -> DataSpec:
     flags = given(args, DataSpec)
     where = f"{args.weights} (the job's data)"
     # as train, server and demo read them: SNET_JOB_DATA_SOURCEE=x was ignored here
-    known = {env_name("SNET_JOB_DATA_", setting) for setting in fields(DataSpec)}
-    refuse_unknown_variables("SNET_JOB_DATA_", known, "job data")
+    refuse_unknown_fields("SNET_JOB_DATA_", DataSpec, "job data")
     if saved.data is not None:
         base = {f.name: getattr(saved.data, f.name) for f in fields(DataSpec)}
         base["norm_file"] = ""

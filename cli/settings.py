@@ -292,6 +292,12 @@ def refuse_unknown_variables(prefix: str, known: set[str], what: str) -> None:
         raise ConfigError(f"{name}: no such {what} setting{_suggest(name, known)}")
 
 
+def refuse_unknown_fields(prefix: str, cls: type, what: str) -> None:
+    """``refuse_unknown_variables`` for the settings of the dataclass ``cls``, each read as
+    ``prefix`` and its name (the worker's, a board's, the job's data for snet eval)."""
+    refuse_unknown_variables(prefix, {env_name(prefix, f) for f in fields(cls)}, what)
+
+
 def _refuse_unknown_job_variables() -> None:
     known = {env_name("SNET_JOB_", f) for f in fields(JobSpec)} | {"SNET_JOB_ACTIVATION"}
     known |= {env_name("SNET_JOB_DATA_", f) for f in fields(DataSpec)}

@@ -8,13 +8,12 @@ It is ``snet worker --backend spert`` with the board's settings as flags: each f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import TYPE_CHECKING
 
 from snet.client.spert.config import BoardConfig
 
 from .flags import given
-from .settings import ConfigFile, env_name, merge, read_toml, refuse_unknown_variables
+from .settings import ConfigFile, merge, read_toml, refuse_unknown_fields
 
 if TYPE_CHECKING:
     from snet.client.config import WorkerConfig
@@ -24,8 +23,7 @@ def board_config(args: argparse.Namespace, document: ConfigFile) -> BoardConfig:
     """Flags > SNET_SPERT_* environment > TOML [spert] > defaults."""
     values, where = document.table("spert")
     # a misspelt one (SNET_SPERT_TRAIN_MCUP=5) was ignored without a word, as a worker's was
-    known = {env_name("SNET_SPERT_", setting) for setting in dataclasses.fields(BoardConfig)}
-    refuse_unknown_variables("SNET_SPERT_", known, "board")
+    refuse_unknown_fields("SNET_SPERT_", BoardConfig, "board")
     return merge(BoardConfig, values, "SNET_SPERT_", given(args, BoardConfig), where)
 
 
