@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -56,25 +57,13 @@ async def test_a_worker_at_a_silent_port_says_what_it_waits_for(lab: Lab) -> Non
     worker waited 30 s for a hello with nothing in its log, even at debug. It says so once
     the HTTP probe has found no HTTP."""
     server = await lab.server("--epochs", "1", *QUICK_JOB)  # for the lab's bookkeeping
-    held: list[asyncio.StreamWriter] = []
-
-    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)  # silent; hangs up on whoever sends it anything (the probe)
-        if await reader.read(1):
-            writer.close()
-
-    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
-    address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
-    waiting = lab.worker(server, "waiting", "--server", address, "--hello-seconds", "0.2")
-    said = f"no hello from {address} after 0.2 s and it does not speak HTTP"
-    await wait_until(lambda: said in lab.log("waiting"), 20, "the worker to say so")
-    assert "is it an snet server's worker port?" in lab.log("waiting")
-    waiting.stop("test over")
-    assert await waiting.wait(20) == 0
-    for writer in held:
-        writer.close()
-    silent.close()
-    await silent.wait_closed()
+    async with silent_port() as address:
+        waiting = lab.worker(server, "waiting", "--server", address, "--hello-seconds", "0.2")
+        said = f"no hello from {address} after 0.2 s and it does not speak HTTP"
+        await wait_until(lambda: said in lab.log("waiting"), 20, "the worker to say so")
+        assert "is it an snet server's worker port?" in lab.log("waiting")
+        waiting.stop("test over")
+        assert await waiting.wait(20) == 0
     server.stop("test over")
     assert await server.wait(30) == "test over"
 
@@ -85,25 +74,13 @@ async def test_a_worker_at_a_silent_port_gives_up_within_its_retry_window(lab: L
     with --retry-seconds 5 gave up after 72 s, saying "gave up after 5 s". Its window
     opens when it starts, and no wait for a hello outlasts it."""
     server = await lab.server("--epochs", "1", *QUICK_JOB)  # for the lab's bookkeeping
-    held: list[asyncio.StreamWriter] = []
-
-    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)  # silent; hangs up on whoever sends it anything (the probe)
-        if await reader.read(1):
-            writer.close()
-
-    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
-    address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
-    started = time.monotonic()
-    waiting = lab.worker(server, "waiting", "--server", address, "--hello-seconds", "0.2",
-                         "--retry-seconds", "1")  # fmt: skip
-    assert await waiting.wait(15) == 3  # the server unreachable (before: 30 s a try)
-    assert time.monotonic() - started < 15
-    assert "gave up after 1 s" in lab.log("waiting")
-    for writer in held:
-        writer.close()
-    silent.close()
-    await silent.wait_closed()
+    async with silent_port() as address:
+        started = time.monotonic()
+        waiting = lab.worker(server, "waiting", "--server", address, "--hello-seconds", "0.2",
+                             "--retry-seconds", "1")  # fmt: skip
+        assert await waiting.wait(15) == 3  # the server unreachable (before: 30 s a try)
+        assert time.monotonic() - started < 15
+        assert "gave up after 1 s" in lab.log("waiting")
     server.stop("test over")
     assert await server.wait(30) == "test over"
 
@@ -192,3 +169,24 @@ def test_the_probe_leaves_a_server_that_speaks_first_alone() -> None:
     assert head is None and heard.startswith(b"GET /healthz HTTP/1.1\r\n")
     head, _ = asyncio.run(probe(b"", b"HTTP/1.1 404 Not Found\r\nServer: x\r\n\r\n"))
     assert head is not None and worker_port_of(head) is None
+
+
+@contextlib.asynccontextmanager
+async def silent_port() -> AsyncIterator[str]:
+    """The HOST:PORT of a port that accepts and says nothing, hanging up on whoever sends
+    it anything (the worker's HTTP probe); closed, with what it accepted, at the end."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        if await reader.read(1):
+            writer.close()
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    finally:
+        for writer in held:
+            writer.close()
+        silent.close()
+        await silent.wait_closed()
