@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from snet.protocol.errors import DataError
-from snet.protocol.job import DataSpec, frames_of, split_utterances
+from snet.protocol.job import DataSpec
+from snet.protocol.splits import frames_of, split_utterances
 
 from .sources import FrameSource, open_source, total_frames
 

@@ -11,7 +11,8 @@ import pytest
 from snet.data.corpus import Corpus, load_corpus
 from snet.data.sources import open_source
 from snet.protocol.errors import DataError
-from snet.protocol.job import DataSpec, frames_of, split_utterances
+from snet.protocol.job import DataSpec
+from snet.protocol.splits import frames_of, split_utterances
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,13 @@ from snet.protocol.errors import (
 from snet.protocol.framing import (
     encode_bytes,
 )
-from snet.protocol.job import DataSpec, JobSpec, frames_of, split_utterances
+from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.messages import (
     Welcome,
 )
 from snet.protocol.modes import MODE_SETTINGS
 from snet.protocol.network import NetworkSpec
+from snet.protocol.splits import frames_of, split_utterances
 
 # ---------------------------------------------------------------- job
 
