@@ -8,10 +8,21 @@ from block to block, as torchft's LocalSGD and DiLoCo keep theirs), and sends
 weighs each block by the patterns it covered. A block ends after ``block_bunches``
 bunches, after ``block_seconds`` of compute if that is set, or at the end of its lease
 (the lease book makes a lease hold whole blocks). Runs in the compute thread.
+
+With ``block_overlap`` the worker does not wait for the filtered weights between blocks
+(the exchange is hidden behind compute, as Overlap Local-SGD and streaming DiLoCo hide
+theirs): each block after the first starts from its own copy, and its delta is its own
+progress over the block. The weights that hold its previous delta move that progress
+onto them as soon as they come: ``offer``ed by the event loop while the block trains,
+taken at the next bunch's boundary; or ``rebase`` before the delta is sent, if they come
+after the block's end. The copy is then the global weights plus what this worker has not
+sent yet, as at a block's start without overlap: a block computes on weights one
+exchange old only until that exchange is over.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -35,13 +46,25 @@ class LocalTrainer:
         self.velocity[...] = 0.0
         self.gradient = layout.allocate()
         self.blocks = 0
+        self.overlap = job.block_overlap
+        # where the block started, moved with the copy: its progress is local - start
+        self.start = layout.allocate() if self.overlap else self.local
+        # newer weights offered by the event loop for the compute thread to move onto
+        self.incoming = layout.allocate() if self.overlap else self.local
+        self._has_incoming = False
+        self._lock = threading.Lock()
 
     def block(
         self, weights: np.ndarray, frames: np.ndarray, out: np.ndarray, rate: float
     ) -> tuple[float, int, int]:
         """Train on ``frames`` bunch by bunch from ``weights``; ``out`` = patterns x delta.
-        Returns (loss sum, correct, patterns used)."""
-        np.copyto(self.local, weights)
+        Returns (loss sum, correct, patterns used). With overlap every block but a
+        connection's first starts from the copy (``weights`` unread) and is ``rebase``d
+        before it is sent."""
+        if not (self.overlap and self.blocks):
+            np.copyto(self.local, weights)
+        if self.overlap:
+            np.copyto(self.start, self.local)
         started = time.perf_counter()
         loss, correct, used = 0.0, 0, 0
         for start in range(0, len(frames), self.bunch):
@@ -53,9 +76,33 @@ class LocalTrainer:
             self.velocity += self.gradient
             self.local += self.velocity
             loss, correct, used = loss + part_loss, correct + part_correct, used + len(part)
+            if self._has_incoming:  # set by the event loop; taken under the lock
+                with self._lock:
+                    self._move_onto(self.incoming)
             if self.seconds and time.perf_counter() - started >= self.seconds:
                 break
-        np.subtract(self.local, weights, out=out)
+        np.subtract(self.local, self.start if self.overlap else weights, out=out)
         out *= np.float32(used)
         self.blocks += 1
         return loss, correct, used
+
+    def offer(self, weights: np.ndarray) -> None:
+        """Overlap, event loop, while a block trains: ``weights`` hold this worker's last
+        sent delta; copied (the box reuses its slots), moved onto at the next bunch."""
+        with self._lock:
+            np.copyto(self.incoming, weights)
+            self._has_incoming = True
+
+    def rebase(self, weights: np.ndarray) -> None:
+        """Overlap, between blocks (the compute thread idle): the copy becomes ``weights``
+        plus the progress not in them, as its delta is about to be sent on them. An offer
+        not yet taken is older than ``weights``: dropped."""
+        with self._lock:
+            self._move_onto(weights)
+
+    def _move_onto(self, weights: np.ndarray) -> None:
+        """local += weights - start; start = weights (under the lock)."""
+        np.subtract(weights, self.start, out=self.gradient)
+        self.local += self.gradient
+        np.copyto(self.start, weights)
+        self._has_incoming = False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +70,7 @@ class WeightsBox:
         self.skipped = 0  # copies replaced by a newer one before they were used
         self.awaiting_full = False  # a Resync was sent: deltas are useless until a full copy
         self.undecodable = 0  # compressed copies that could not be applied
+        self.arrived: Callable[[WeightsCopy], None] | None = None  # told of each new copy
 
     @property
     def newest_version(self) -> int:
@@ -147,6 +149,8 @@ class WeightsBox:
             self.skipped += 1
             self._free.append(self._pending.flat)
         self._pending = copy
+        if self.arrived is not None:
+            self.arrived(copy)
         self.wake.set()
 
     def take_newest(self) -> WeightsCopy | None:

@@ -41,7 +41,6 @@ from .network import MIN_ROWS
 log = logging.getLogger("snet.worker")
 
 BOX_SLOTS = 3  # WeightsBox's default
-SEND_BUFFERS = 2  # SendBuffers' default
 ROW_COPIES = 3  # float32 values per unit and row: activations, deltas and their scratch
 
 
@@ -65,7 +64,7 @@ def worker_need(job: JobSpec, update_codec: str = "none") -> MemoryNeed:
         # Its whole-network buffers are zeros it never writes (no weights come, no update
         # goes); its slice is sized later, when the server cuts the hidden layer.
         return MemoryNeed(WORD32 * job.network.connections, ())
-    copies = [(BOX_SLOTS, "weights slots"), (SEND_BUFFERS, "send buffers"), (1, "scratch")]
+    copies = [(BOX_SLOTS, "weights slots"), (policy.send_buffers, "send buffers"), (1, "scratch")]
     other = [activations(job)]
     if policy.local_copies:
         copies.append((policy.local_copies, f"of {policy.name}'s local trainer"))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,17 @@ T = TypeVar("T")  # what a turn of the compute loop is (client/worker.py)
 Compute = Callable[[np.ndarray, np.ndarray, np.ndarray, float], tuple[float, int, int]]
 
 
+class Overlap(Protocol):
+    """How updates computed ahead of the weights they are sent on move onto those weights
+    (bmuf with overlap: client/blocks.py LocalTrainer); both called on the event loop."""
+
+    def offer(self, weights: np.ndarray) -> None:
+        """Newer weights the update being computed may move onto at its next bunch."""
+
+    def rebase(self, weights: np.ndarray) -> None:
+        """Move the computed update onto ``weights`` (the compute thread idle)."""
+
+
 @dataclass(frozen=True)
 class ComputeState:
     """What the compute loop knows at a bunch boundary."""
@@ -65,12 +76,20 @@ class ComputePolicy:
     name = ""
     holds_whole_network = True  # its weights and updates are the whole element's
     local_copies = 0  # whole copies of the element it trains on beside its weights
+    # update elements being written or sent (client/buffers.py SendBuffers): one on its way
+    # while the next is computed
+    send_buffers = 2
 
     def __init__(self, max_in_flight: int) -> None:
         self.max_in_flight = max_in_flight
 
     def may_compute(self, state: ComputeState) -> bool:
         raise NotImplementedError
+
+    def may_send(self, state: ComputeState) -> bool:
+        """Whether an update computed now may be sent now (bmuf with overlap holds a
+        block's delta until the weights hold its previous one); every other mode: yes."""
+        return True
 
     def follow(self, setting: StalenessSetting) -> None:
         """The server put another staleness policy in force; only async acts on one."""
@@ -92,8 +111,11 @@ class ComputePolicy:
         """Set the backend up for the job (compute thread), as it computes here."""
         backend.prepare(job, corpus)
 
-    def make_compute(self, backend: ComputeBackend, layout: ElementLayout, job: JobSpec) -> Compute:
-        """What one update is: the gradient sum of a bunch on the weights given."""
+    def make_compute(
+        self, backend: ComputeBackend, layout: ElementLayout, job: JobSpec
+    ) -> tuple[Compute, Overlap | None]:
+        """What one update is: the gradient sum of a bunch on the weights given; and how
+        updates held for ``may_send`` move onto newer weights (None: they are never held)."""
 
         def gradient(
             weights: np.ndarray, frames: np.ndarray, out: np.ndarray, rate: float
@@ -101,7 +123,7 @@ class ComputePolicy:
             loss, correct = backend.gradient(weights, frames, out)
             return loss, correct, len(frames)
 
-        return gradient
+        return gradient, None
 
 
 class SyncCompute(ComputePolicy):
@@ -136,28 +158,46 @@ class BlockCompute(ComputePolicy):
     must start on weights that hold this worker's previous delta: begun on older ones
     (as a per-bunch async update may be), it would train its own last block's progress
     again, and the server would apply that twice (one async worker ended its first epoch
-    at 35 % CV, where one sync worker, snet train's equal, is at 84 %)."""
+    at 35 % CV, where one sync worker, snet train's equal, is at 84 %).
+
+    With ``overlap`` the rule moves from a block's start to its delta's sending: the
+    worker trains the next block while its last delta is unsettled (one at most), and
+    holds that block's delta until the weights hold the last one; it is then moved onto
+    them (``LocalTrainer.rebase``) and sent as computed on them."""
 
     name = "bmuf"
-    local_copies = 3  # the local trainer's weights, velocity and gradient (client/blocks.py)
 
-    def __init__(self, max_in_flight: int, sync: bool) -> None:
+    def __init__(self, max_in_flight: int, sync: bool, overlap: bool = False) -> None:
         super().__init__(max_in_flight)
-        self.sync = sync
+        self.sync, self.overlap = sync, overlap
+        # the local trainer's weights, velocity and gradient, and with overlap the block's
+        # start and the weights offered meanwhile (client/blocks.py)
+        self.local_copies = 5 if overlap else 3
+        # overlap: one more, held for the weights while the next block is computed (with
+        # two, the next block waited for the last delta to leave: 2 ms a block at 1 Gbit/s)
+        self.send_buffers = 3 if overlap else 2
         # async blocks: one delta in flight at most, so the next block starts once the
         # weights held say the last one was settled (applied, hence in them, or refused)
         self._waits: ComputePolicy = SyncCompute(max_in_flight) if sync else AsyncCompute(1)
 
     def may_compute(self, state: ComputeState) -> bool:
+        if self.overlap:  # the block before is sent (update_steps holds one at most)
+            return state.in_flight <= 1
         return self._waits.may_compute(state)
+
+    def may_send(self, state: ComputeState) -> bool:
+        return not self.overlap or self._waits.may_compute(state)
 
     def frames_per_update(self, job: JobSpec) -> int:
         if job.block_seconds:  # the block ends by the clock, or at the lease's end
             return 1 << 62
         return job.block_bunches * job.bunch_size
 
-    def make_compute(self, backend: ComputeBackend, layout: ElementLayout, job: JobSpec) -> Compute:
-        return LocalTrainer(backend, layout, job).block
+    def make_compute(
+        self, backend: ComputeBackend, layout: ElementLayout, job: JobSpec
+    ) -> tuple[Compute, Overlap | None]:
+        trainer = LocalTrainer(backend, layout, job)
+        return trainer.block, trainer if self.overlap else None
 
 
 class SliceCompute(ComputePolicy):
@@ -185,7 +225,7 @@ class SliceCompute(ComputePolicy):
 def make_compute_policy(job: JobSpec) -> ComputePolicy:
     """The policy of a job's ``mode`` (and, in async mode, its staleness policy)."""
     if job.mode == "bmuf":
-        return BlockCompute(job.max_in_flight, job.block_sync)
+        return BlockCompute(job.max_in_flight, job.block_sync, job.block_overlap)
     if job.mode == "async":
         return AsyncCompute(job.max_in_flight, StalenessSetting.parse(job.staleness))
     policies: dict[str, type[ComputePolicy]] = {"sync": SyncCompute, "np": SliceCompute}

@@ -18,11 +18,11 @@ import numpy as np
 
 from snet.protocol.errors import RemoteError
 from snet.protocol.job import JobSpec
-from snet.protocol.messages import Message, Update
+from snet.protocol.messages import Encoded, Message, Update
 from snet.transport.inline import InlineChoice, timed
 
 from .backend import ComputeBackend
-from .buffers import WeightsBox
+from .buffers import WeightsBox, WeightsCopy
 from .compression import UpdateCompressor
 from .connection import ServerConnection
 from .data import Corpus
@@ -50,6 +50,23 @@ class SentCounts:
         self.this_connection = 0
 
 
+@dataclass
+class ComputedUpdate:
+    """An update computed and not yet sent: all its message says but the version it is
+    computed on, which is the weights' it is sent with."""
+
+    lease_id: int
+    offset: int
+    count: int
+    loss: float
+    correct: int
+    seconds: float
+    gradient: np.ndarray  # the element; empty when ``encoded`` carries it
+    encoded: Encoded | None
+    cpu: float
+    on_loop: bool
+
+
 class UpdateSteps:
     """A bunch at a time, computed and sent as an update (one connection's)."""
 
@@ -63,28 +80,61 @@ class UpdateSteps:
         self.corpus, self.executor, self.inline = corpus, executor, inline
         self.compressor, self.sent = compressor, sent
         self.progress, self.reports, self.timing = progress, reports, timing
-        self.compute = policy.make_compute(backend, box.layout, job)
+        self.compute, self.overlap = policy.make_compute(backend, box.layout, job)
+        if self.overlap is not None:
+            box.arrived = self._arrived
         self.per_update = policy.frames_per_update(job)
         self.last_base = -1  # the version its last update was computed on
         self.scratch = box.layout.allocate()
+        self.held: ComputedUpdate | None = None  # computed, waiting for ``may_send``
+        self.computing = False
 
     def file(self, message: Message) -> bool:
         """Nothing of the server's is this part's own (leases go to the work queue)."""
         return False
 
+    def _state(self, weights: WeightsCopy) -> ComputeState:
+        in_flight = self.sent.this_connection - weights.settled
+        return ComputeState(weights.version, self.last_base, in_flight)
+
+    def _arrived(self, weights: WeightsCopy) -> None:
+        """Overlap: weights that came while an update is computed, holding the one sent
+        before it, are what it will be sent on: offered to move onto now."""
+        if self.computing and self.policy.may_send(self._state(weights)):
+            assert self.overlap is not None
+            self.overlap.offer(weights.flat)
+
     async def step(self, wake: asyncio.Event) -> RemoteError | None:
         """Compute and send the next update, or wait for ``wake`` when the policy says not
-        yet (or no weights or frames are at hand). Never a refusal of its own (None)."""
+        yet (or no weights or frames are at hand). Never a refusal of its own (None).
+
+        A held update (overlap) goes first, once the policy allows: moved onto the newest
+        weights, and sent once the next one has begun computing, so that the compute
+        thread does not wait for the sending (1.5 ms of a 164 kB element's system call
+        on a shaped bridge)."""
         box, connection = self.box, self.connection
         weights = box.take_newest()
+        outgoing = None
+        if self.held is not None:
+            assert weights is not None and self.overlap is not None
+            if not self.policy.may_send(self._state(weights)):
+                await wake.wait()
+                return None
+            self.overlap.rebase(weights.flat)
+            outgoing, self.held = self.held, None
         ready = weights is not None and self.work.lease_ready(self.corpus)
         if ready:
             assert weights is not None
-            in_flight = self.sent.this_connection - box.settled
-            ready = self.policy.may_compute(ComputeState(weights.version, self.last_base,
-                                                         in_flight))  # fmt: skip
+            state = self._state(weights)
+            if outgoing is not None:  # as it will be, once sent
+                state = ComputeState(state.version, state.version, state.in_flight + 1)
+            ready = self.policy.may_compute(state)
         if not ready:
-            await wake.wait()
+            if outgoing is not None:
+                assert weights is not None
+                self._send(weights, outgoing)
+            else:
+                await wake.wait()
             return None
         assert weights is not None and connection.send_buffers is not None
         if self.timing is not None:
@@ -94,37 +144,63 @@ class UpdateSteps:
         started = time.perf_counter()
         on_loop = self.compressor is None and self.inline.chosen  # see InlineChoice
         loop = asyncio.get_running_loop()
-        if self.compressor is None:
-            gradient = await connection.send_buffers.acquire()
-            call = (self.compute, weights.flat, frames, gradient, rate)
-            if on_loop:
-                computed, cpu = timed(*call)
-            else:
-                computed, cpu = await loop.run_in_executor(self.executor, timed, *call)
-            loss, correct, count = computed
-            connection.send_buffers.mark_in_flight(gradient)
-            encoded = None
-        else:  # the encoded parts are new arrays: one scratch gradient buffer will do
-            key = (lease.lease_id, offset)
-            encoded_update, cpu = await loop.run_in_executor(
-                self.executor, timed, self.compressor.computed, self.compute, weights.flat,
-                frames, self.scratch, rate, key,
-            )  # fmt: skip
-            loss, correct, count, encoded = encoded_update
-            gradient = np.zeros(0, dtype=np.float32)
+        if outgoing is not None and on_loop:  # nothing to overlap the sending with
+            self._send(weights, outgoing)
+            outgoing = None
+        self.computing = True
+        try:
+            if self.compressor is None:
+                gradient = await connection.send_buffers.acquire()
+                call = (self.compute, weights.flat, frames, gradient, rate)
+                if on_loop:
+                    computed, cpu = timed(*call)
+                else:
+                    future = loop.run_in_executor(self.executor, timed, *call)
+                    if outgoing is not None:
+                        self._send(weights, outgoing)
+                    computed, cpu = await future
+                loss, correct, count = computed
+                encoded = None
+            else:  # the encoded parts are new arrays: one scratch gradient buffer will do
+                key = (lease.lease_id, offset)
+                encoding = loop.run_in_executor(
+                    self.executor, timed, self.compressor.computed, self.compute, weights.flat,
+                    frames, self.scratch, rate, key,
+                )  # fmt: skip
+                if outgoing is not None:
+                    self._send(weights, outgoing)
+                encoded_update, cpu = await encoding
+                loss, correct, count, encoded = encoded_update
+                gradient = np.zeros(0, dtype=np.float32)
+        finally:
+            self.computing = False
         self.inline.measured(cpu)  # the bunch's CPU: a busy machine's waits left out
         seconds = time.perf_counter() - started
-        connection.send(Update(weights.version, lease.lease_id, offset, count, loss, correct,
-                               seconds, gradient, encoded=encoded))  # fmt: skip
-        self.sent.one_more()
-        self.progress.update_sent(lease.lease_id, offset, count, weights.version,
-                                  box.newest_version, seconds)  # fmt: skip
-        if self.timing is not None:
-            self.timing.computed(cpu, on_loop)
-            self.timing.sent(self.sent.this_connection)
-        self.reports.update_sent(connection, self.sent.this_connection, self.sent.total)
-        self.last_base = weights.version
+        update = ComputedUpdate(lease.lease_id, offset, count, loss, correct, seconds,
+                                gradient, encoded, cpu, on_loop)  # fmt: skip
         self.work.advance(count)
+        if self.overlap is None:
+            self._send(weights, update)
+        else:
+            self.held = update  # the next turn sends it, when the policy allows
         if on_loop:  # let the loop read what came meanwhile: the next bunch takes the newest
             await asyncio.sleep(0)
         return None
+
+    def _send(self, weights: WeightsCopy, update: ComputedUpdate) -> None:
+        """Send ``update`` as computed on ``weights``, and count it."""
+        box, connection = self.box, self.connection
+        if update.encoded is None:
+            assert connection.send_buffers is not None
+            connection.send_buffers.mark_in_flight(update.gradient)
+        connection.send(Update(weights.version, update.lease_id, update.offset, update.count,
+                               update.loss, update.correct, update.seconds, update.gradient,
+                               encoded=update.encoded))  # fmt: skip
+        self.sent.one_more()
+        self.progress.update_sent(update.lease_id, update.offset, update.count, weights.version,
+                                  box.newest_version, update.seconds)  # fmt: skip
+        if self.timing is not None:
+            self.timing.computed(update.cpu, update.on_loop)
+            self.timing.sent(self.sent.this_connection)
+        self.reports.update_sent(connection, self.sent.this_connection, self.sent.total)
+        self.last_base = weights.version

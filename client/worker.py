@@ -251,7 +251,8 @@ class Worker:
             self._joined = True
             self._retry.joined()
             box = WeightsBox(ElementLayout.for_network(self.job.network), wake=self._wake)
-            connection.attach(box, SendBuffers(box.layout))
+            buffers = make_compute_policy(self.job).send_buffers
+            connection.attach(box, SendBuffers(box.layout, buffers))
             heartbeat = asyncio.get_running_loop().create_task(self.reports.heartbeat(connection))
             try:
                 await self._compute_loop(connection, box)

@@ -256,6 +256,13 @@ class JobSpec:
         metadata={"help": "bmuf: the server waits for every worker's block (false: filters "
                   "each block as it arrives, scaled by 1/N)", "parallel": True},
     )  # fmt: skip
+    block_overlap: bool = field(
+        default=False,
+        metadata={"help": "bmuf: a worker trains its next block while its last delta is on "
+                  "the wire and moves its progress onto the filtered weights when they come "
+                  "(the exchange hidden behind compute; each block starts one exchange "
+                  "behind)", "parallel": True},
+    )  # fmt: skip
 
     np_pipeline: bool = field(
         default=False,

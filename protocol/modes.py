@@ -55,6 +55,7 @@ MODE_SETTINGS: dict[str, tuple[str, ...]] = {
     "block_momentum": BMUF,
     "block_lr": BMUF,
     "block_sync": BMUF,
+    "block_overlap": BMUF,
     # two bunches in flight among the slice holders (server/slice_rounds.py)
     "np_pipeline": ("np",),
 }

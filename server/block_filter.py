@@ -45,6 +45,9 @@ class BlockFilter:
     def __init__(self, weights: np.ndarray, job: JobSpec, lanes: int = 2) -> None:
         self.kind = job.block_filter
         self.sync = job.block_sync
+        # the workers' affairs, shown in /status: a block's length and their overlap
+        self.block_bunches, self.block_seconds = job.block_bunches, job.block_seconds
+        self.overlap = job.block_overlap
         self._momentum = job.block_momentum  # negative: the filter's default
         self.rate = job.block_lr if job.block_lr > 0 else DEFAULT_RATE.get(self.kind, 1.0)
         self.lookahead = self.kind in ("nbm", "nesterov")
@@ -150,6 +153,9 @@ class BlockFilter:
         return {
             "filter": self.kind,
             "sync": int(self.sync),
+            "overlap": int(self.overlap),
+            "block_bunches": self.block_bunches,  # tau (a block of seconds: block_seconds)
+            "block_seconds": self.block_seconds,
             "blocks": self.blocks,
             "block_momentum": round(self.last_momentum, 6),  # as last applied
             "block_lr": self.rate,

@@ -118,6 +118,31 @@ def test_a_local_block_is_momentum_sgd_and_sends_its_weighted_delta() -> None:
     np.testing.assert_allclose(out, 10 * (w - start), rtol=1e-5, atol=1e-5)
 
 
+def test_an_overlapping_block_sends_its_own_progress_moved_onto_the_newest_weights() -> None:
+    """With overlap, the second block starts from the copy the first one left (not from
+    the weights passed), sends its own progress, and ``rebase`` puts that progress on the
+    weights that came meanwhile: the copy is then those weights plus what is unsent."""
+    spec = NetworkSpec.parse("3:4:2")
+    layout = ElementLayout.for_network(spec)
+    job = JobSpec(network=spec, mode="bmuf", bunch_size=4, momentum=0.0, block_overlap=True,
+                  data=DataSpec(source="x.npz"))  # fmt: skip
+    target = RNG.standard_normal(layout.size).astype(np.float32)
+    trainer = LocalTrainer(_Quadratic(target), layout, job)  # type: ignore[arg-type]
+    start = np.zeros(layout.size, np.float32)
+    first, second = np.empty_like(start), np.empty_like(start)
+    trainer.block(start, np.arange(4), first, rate=0.5)  # w = 0.5 target
+    np.testing.assert_allclose(first, 4 * 0.5 * target, rtol=1e-6)
+    ignored = np.full_like(start, 100.0)
+    trainer.block(ignored, np.arange(4), second, rate=0.5)  # from 0.5 target: 0.75 target
+    np.testing.assert_allclose(second, 4 * 0.25 * target, rtol=1e-6, atol=1e-6)
+    newest = RNG.standard_normal(layout.size).astype(np.float32)  # held the first delta
+    trainer.rebase(newest)
+    np.testing.assert_allclose(trainer.local, newest + 0.25 * target, rtol=1e-6, atol=1e-6)
+    third, moved = np.empty_like(start), trainer.local.copy()
+    trainer.block(ignored, np.arange(4), third, rate=0.5)  # from there, half way to target
+    np.testing.assert_allclose(third, 4 * 0.5 * (target - moved), rtol=1e-5, atol=1e-5)
+
+
 def test_sync_blocks_of_one_bunch_without_momentum_are_sync_steps(cluster: Cluster) -> None:
     """Each synchronous block of one bunch, filtered with eta = 0 and zeta = 1, is the sync
     step on the same round: the plain SGD step over the union of the round's frames
@@ -140,17 +165,22 @@ def test_sync_blocks_of_one_bunch_without_momentum_are_sync_steps(cluster: Clust
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("block_sync", ["true", "false"])
+@pytest.mark.parametrize(
+    ("block_sync", "overlap"), [("true", "false"), ("false", "false"), ("true", "true"),
+                                ("false", "true")],
+)  # fmt: skip
 def test_one_worker_with_no_block_momentum_trains_as_snet_train(
-    cluster: Cluster, block_sync: str
+    cluster: Cluster, block_sync: str, overlap: str
 ) -> None:
     """Alone, with eta = 0, a worker's blocks are snet train's bunches, in sync and in async
-    blocks (where each block must start on the weights that hold the one before)."""
+    blocks (where each block must start on the weights that hold the one before), with
+    and without overlap (where each block's progress is moved onto those weights)."""
     block_filter = "average"
     job = ("--epochs", "2", "--learning-rates", "0.2,0.1", *SMALL_JOB)
     server = cluster.server(
-        "--mode", "bmuf", "--block-filter", block_filter, "--block-sync", block_sync, *job
-    )
+        "--mode", "bmuf", "--block-filter", block_filter, "--block-sync", block_sync,
+        "--block-overlap", overlap, *job,
+    )  # fmt: skip
     worker = cluster.worker(server, "alone")
     assert server.wait(120) == 0 and worker.wait(30) == 0
     sequential = cluster.tmp_path / "sequential"
@@ -163,3 +193,26 @@ def test_one_worker_with_no_block_momentum_trains_as_snet_train(
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
     status = server.final_status()
     assert status["rule"]["filter"] == block_filter and status["rule"]["blocks"] > 0
+    assert status["rule"]["overlap"] == (overlap == "true")
+
+
+def test_two_overlapping_workers_train_every_frame_once_in_rounds_of_both(
+    cluster: Cluster,
+) -> None:
+    """Two workers overlapping their blocks with the exchange: the server's rounds still
+    take a delta of each, every frame is trained once an epoch, and the net learns."""
+    trace_file = cluster.tmp_path / "trace.jsonl"
+    server = cluster.server(
+        "--mode", "bmuf", "--block-overlap", "true", "--block-bunches", "4", "--epochs", "2",
+        "--min-workers", "2", "--trace-file", str(trace_file), *SMALL_JOB,
+    )  # fmt: skip
+    workers = [cluster.worker(server, f"w{i}") for i in range(2)]
+    assert server.wait(120) == 0 and [w.wait(30) for w in workers] == [0, 0]
+    status = server.final_status()
+    for epoch in status["epochs"]:
+        assert epoch["ledger"]["used_once"] == epoch["ledger"]["frames"]
+    trace = [json.loads(line) for line in trace_file.open()]
+    rounds = [step for step in trace if "updates" in step]
+    assert sum(len(step["updates"]) == 2 for step in rounds) >= 10
+    assert status["rule"]["overlap"] == 1
+    print(status["epochs"][-1])

@@ -98,6 +98,8 @@ def test_dashboard_in_headless_chromium_shows_workers_and_moving_numbers(
     assert re.fullmatch(eta, result["eta"]), result["eta"]
     assert re.fullmatch(r"[1-9]\d* / 200", result["epoch"]), result["epoch"]  # from 1
     assert all(url.startswith(server.url) for url in result["requested"]), result["requested"]
+    shown = "nbm async blocks 12 \u00b7 \u03c4 16 \u00b7 \u03b7 0.5 \u00b7 \u03b6 1 \u00b7 "
+    assert result["blocks"] == [shown + "|\u0394| 0.0123 \u00b7 overlap \u00b7 ", "", ""]
 
 
 async def _look_at_dashboard(url: str) -> dict[str, Any]:
@@ -108,7 +110,12 @@ async def _look_at_dashboard(url: str) -> dict[str, Any]:
         first = await _read(page)
         await asyncio.sleep(2.0)
         later = await _read(page)
+        # how a bmuf run's block filter is shown beside its mode (its /status "rule")
+        rule = ("{filter: 'nbm', sync: 0, blocks: 12, block_bunches: 16, block_seconds: 0, "
+                "block_momentum: 0.5, block_lr: 1, delta_norm: 0.012345, overlap: 1}")  # fmt: skip
+        blocks = await page.evaluate(f"[blocks({rule}), blocks(null), blocks('np slices')]")
         return {
+            "blocks": blocks,
             "state": later["state"],
             "workers": later["workers"],
             "html_in_names": later["html_in_names"],

@@ -223,6 +223,7 @@ READ_BY = {
     "block_momentum": {"bmuf", "bmuf-async"},
     "block_lr": {"bmuf", "bmuf-async"},
     "block_sync": {"bmuf", "bmuf-async"},
+    "block_overlap": {"bmuf", "bmuf-async"},
     "np_pipeline": {"np"},
 }
 # a value other than its default for each, as it is shown in a message
@@ -237,6 +238,7 @@ OTHER_VALUE: dict[str, tuple[Any, str]] = {
     "block_momentum": (0.5, "0.5"),
     "block_lr": (0.5, "0.5"),
     "block_sync": (False, "false"),
+    "block_overlap": (True, "true"),
     "np_pipeline": (True, "true"),
 }
 KINDS = {

@@ -277,6 +277,25 @@ def test_async_block_starts_on_the_weights_that_hold_the_workers_last_delta() ->
     rounds = BlockCompute(4, sync=True)
     assert not rounds.may_compute(ComputeState(version=3, last_base=3, in_flight=1))
     assert rounds.may_compute(ComputeState(version=4, last_base=3, in_flight=0))
+    assert rounds.may_send(ComputeState(version=3, last_base=3, in_flight=1))  # never held
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_overlapping_blocks_compute_while_a_delta_is_out_and_send_once_it_is_in(
+    sync: bool,
+) -> None:
+    """With overlap the wait moves from a block's start to its delta's sending: the next
+    block is computed while one delta is unsettled, and held until the weights hold it."""
+    policy = make_compute_policy(JobSpec(mode="bmuf", block_sync=sync, block_overlap=True))
+    assert isinstance(policy, BlockCompute)
+    assert policy.local_copies == 5 and policy.send_buffers == 3
+    sent_one = ComputeState(version=3, last_base=3, in_flight=1)
+    assert policy.may_compute(sent_one) and not policy.may_send(sent_one)
+    assert not policy.may_compute(ComputeState(version=3, last_base=3, in_flight=2))
+    # the step that applied it came (sync blocks: a newer version; async: it is settled)
+    assert policy.may_send(ComputeState(version=4, last_base=3, in_flight=0))
+    assert policy.may_send(ComputeState(version=0, last_base=-1, in_flight=0))  # the first
+    assert BlockCompute(1, sync).local_copies == 3
 
 
 def test_async_worker_never_waits_for_weights_only_for_its_in_flight_bound() -> None:
