@@ -18,7 +18,8 @@ Two models, both written down in docs/performance-model.md:
   supersteps of cost ``w + h * g + l``, in flops, for an epoch of E exemplars.
 
 bmuf (docs/bmuf.md) is the pattern-parallel round with τ bunches of compute per exchange
-(``τ T_c + L + P T_d + T_h`` sync, ``max(τ T_c + L / 2, P T_d + T_h)`` async); a
+(``τ T_c + L + P T_d + T_h`` sync, ``max(τ T_c + L / 2, P T_d + T_h)`` async blocks and
+sync blocks whose workers train the next block during the exchange (overlap)); a
 compressed update shrinks the way to the server only (``update_bytes``).
 
 Every time is in seconds unless a name says otherwise; MCUPS counts connection updates
@@ -38,11 +39,14 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.network import ELEMENT_DTYPE, ElementLayout, NetworkSpec
 
 STRATEGIES = ("pattern", "network")
-MODES = ("sync", "async", "bmuf", "bmuf-async")
+MODES = ("sync", "async", "bmuf", "bmuf-overlap", "bmuf-async")
 # bmuf: a worker trains a block of ``block_bunches`` bunches on its own copy, then sends
 # its model delta once (server/block_filter.py); "bmuf" waits for every worker's block,
+# "bmuf-overlap" too, but its workers train the next block meanwhile (block_overlap),
 # "bmuf-async" filters each block as it arrives. Pattern-parallel only.
-BLOCK_MODES = ("bmuf", "bmuf-async")
+BLOCK_MODES = ("bmuf", "bmuf-overlap", "bmuf-async")
+# the modes whose workers compute while the exchange runs: ``overlapped_round_seconds``
+OVERLAPPED_MODES = ("async", "bmuf-overlap", "bmuf-async")
 WORD_BYTES = ELEMENT_DTYPE.itemsize  # float32 on the wire
 INDEX_BYTES = 8  # np mode: a pattern's frame index (int64) on the wire
 FIXED_SIZE_CODECS = ("none", "fp16", "int8", "sign")
@@ -344,7 +348,7 @@ def predict(
         phases = pattern_parallel_phases(network, bunch, workers, constants, time_scale, tau, up)
     else:
         phases = network_parallel_phases(network, bunch, workers, constants, time_scale)
-    if mode in ("async", "bmuf-async"):
+    if mode in OVERLAPPED_MODES:
         seconds = overlapped_round_seconds(phases, workers)
         compute_bound = (
             phases.compute + phases.latency / 2 >= workers * phases.transfer + phases.host
@@ -366,35 +370,3 @@ def predict(
         "compute" if compute_bound else "link",
         phases,
     )
-
-
-def smallest_block(
-    network: NetworkSpec,
-    bunch: int,
-    workers: int,
-    constants: Constants,
-    mode: str = "bmuf",
-    efficiency: float = 0.9,
-    codec: str = "none",
-    limit: int = 4096,
-) -> int | None:
-    """The fewest bunches per block (τ) at which ``mode`` reaches ``efficiency`` x P of
-    one worker's rate, or None if even ``limit`` does not. The speed-up grows with τ
-    (the exchange is paid once per block), so the first τ that reaches it is the answer."""
-    if mode not in BLOCK_MODES:
-        raise ConfigError(f"smallest_block is for the block modes {BLOCK_MODES}, not {mode!r}")
-    if not 0.0 < efficiency < 1.0:
-        raise ConfigError(f"efficiency must be between 0 and 1, got {efficiency}")
-    low, high = 1, limit
-    if predict(network, bunch, workers, constants, "pattern", mode, 1.0, high, codec).speedup < (
-        efficiency * workers
-    ):
-        return None
-    while low < high:  # bisection on the monotone speed-up
-        middle = (low + high) // 2
-        reached = predict(network, bunch, workers, constants, "pattern", mode, 1.0, middle, codec)
-        if reached.speedup >= efficiency * workers:
-            high = middle
-        else:
-            low = middle + 1
-    return low

@@ -13,13 +13,7 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
 
 from .bsp import bsp_epoch_seconds, bsp_machine_from_constants
-from .model import (
-    BLOCK_MODES,
-    Constants,
-    Prediction,
-    pattern_seconds,
-    smallest_block,
-)
+from .model import BLOCK_MODES, Constants, Prediction, pattern_seconds, predict
 
 
 def find_constants(document: dict[str, Any], source: str) -> Constants:
@@ -182,3 +176,35 @@ def plan_document(
             for p in predictions
         ],
     }
+
+
+def smallest_block(
+    network: NetworkSpec,
+    bunch: int,
+    workers: int,
+    constants: Constants,
+    mode: str = "bmuf",
+    efficiency: float = 0.9,
+    codec: str = "none",
+    limit: int = 4096,
+) -> int | None:
+    """The fewest bunches per block (τ) at which ``mode`` reaches ``efficiency`` x P of
+    one worker's rate, or None if even ``limit`` does not. The speed-up grows with τ
+    (the exchange is paid once per block), so the first τ that reaches it is the answer."""
+    if mode not in BLOCK_MODES:
+        raise ConfigError(f"smallest_block is for the block modes {BLOCK_MODES}, not {mode!r}")
+    if not 0.0 < efficiency < 1.0:
+        raise ConfigError(f"efficiency must be between 0 and 1, got {efficiency}")
+    low, high = 1, limit
+    if predict(network, bunch, workers, constants, "pattern", mode, 1.0, high, codec).speedup < (
+        efficiency * workers
+    ):
+        return None
+    while low < high:  # bisection on the monotone speed-up
+        middle = (low + high) // 2
+        reached = predict(network, bunch, workers, constants, "pattern", mode, 1.0, middle, codec)
+        if reached.speedup >= efficiency * workers:
+            high = middle
+        else:
+            low = middle + 1
+    return low

@@ -31,9 +31,9 @@ from snet.perf.model import (
     per_pattern_coefficients,
     predict,
     serial_round_seconds,
-    smallest_block,
     update_bytes,
 )
+from snet.perf.plan import smallest_block
 from snet.protocol.errors import ConfigError
 from snet.protocol.network import NetworkSpec
 
@@ -199,6 +199,9 @@ def test_a_bmuf_round_is_a_block_of_compute_and_one_exchange() -> None:
     # async blocks overlap the exchange: max(520 us + L/2, 2 T_d + T_h), compute-bound
     loose = predict(TINY, 10, 2, HAND, "pattern", "bmuf-async", block_bunches=4)
     assert loose.round_seconds == pytest.approx(5.2e-4 + 1.00208e-4 / 2)
+    # so do sync blocks whose workers train the next block meanwhile (block_overlap)
+    ahead = predict(TINY, 10, 2, HAND, "pattern", "bmuf-overlap", block_bunches=4)
+    assert ahead.round_seconds == loose.round_seconds < block.round_seconds
 
 
 def test_compressed_updates_shrink_only_the_way_to_the_server() -> None:
