@@ -6,7 +6,9 @@ on 127.0.0.1 and records the CV frame accuracy after every epoch:
 - ``sequential``: ``snet train`` (one process, a global bunch of ``--bunch`` patterns);
 - ``sync N`` and ``async N``: a server and N workers exchanging every bunch;
 - ``<filter> N tau``: bmuf with N workers, blocks of tau bunches, a block filter of
-  cbm, nbm, average or nesterov (their default constants, server/block_filter.py).
+  cbm, nbm, average or nesterov (their default constants, server/block_filter.py);
+  ``<filter>+overlap N tau`` the same with the workers training the next block during
+  the exchange (``--block-overlap``; ``--overlap`` adds these to the grid).
 
 Parallel runs divide the global bunch among the workers (``--bunch`` / N each, as ``snet
 demo`` and docs/convergence.md do), so a bmuf worker takes as many local steps per epoch
@@ -82,7 +84,10 @@ def run_one(
             flags = [*per_worker, *job_args]
         else:
             mode = "bmuf"
-            flags = [*per_worker, "--block-filter", kind, "--block-bunches", rest[1], *job_args]
+            block_filter, _, overlap = kind.partition("+")
+            ahead = ["--block-overlap", "true"] if overlap == "overlap" else []
+            flags = [*per_worker, "--block-filter", block_filter, "--block-bunches", rest[1],
+                     *ahead, *job_args]  # fmt: skip
         status = run_parallel(mode, workers, [*flags, *(server_args or [])], timeout)
         result = {
             "cv": [e["cv_accuracy"] for e in status["epochs"]],
@@ -96,10 +101,13 @@ def run_one(
     return result
 
 
-def grid(workers: list[int], taus: list[int], filters: list[str]) -> list[tuple[str, int]]:
+def grid(
+    workers: list[int], taus: list[int], filters: list[str], overlap: bool = False
+) -> list[tuple[str, int]]:
     names: list[tuple[str, int]] = [("sequential", 1)]
     names += [(f"{mode} {n}", n) for mode in ("sync", "async") for n in workers]
-    names += [(f"{f} {n} {tau}", n) for f in filters for n in workers for tau in taus]
+    kinds = [*filters, *(f"{f}+overlap" for f in filters if overlap)]
+    names += [(f"{f} {n} {tau}", n) for f in kinds for n in workers for tau in taus]
     return names
 
 
@@ -137,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help='flags for the servers alone, e.g. "--join-seconds 120"',
     )
+    parser.add_argument("--overlap", action="store_true", help="add <filter>+overlap runs")
     parser.add_argument("--again", action="store_true", help="rerun runs already done")
     parser.add_argument("--table", action="store_true", help="print the table and stop")
     parser.add_argument("job_args", nargs="*", help="extra job flags for every run")
@@ -153,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, Any] = results.setdefault("runs", {})
     workers = [int(n) for n in args.workers.split(",")]
     taus = [int(t) for t in args.taus.split(",")]
-    todo = grid(workers, taus, args.filters.split(","))
+    todo = grid(workers, taus, args.filters.split(","), args.overlap)
     if args.only:
         wanted = [name.strip() for name in args.only.split(",")]
         todo = [(name, int(name.split()[1]) if " " in name else 1) for name in wanted]

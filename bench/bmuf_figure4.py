@@ -8,7 +8,9 @@ the numpy step needs for a bunch on this machine (as recorded in docs/benchmarks
 or measured now with ``--measure-compute``), and send a tiny constant,
 so the links, the server's steps and the flow control are real and five workers fit on
 two cores. Modes: per-bunch ``sync`` and ``async``, and ``bmuf`` (synchronous blocks of
-``--block-bunches`` bunches) with float32 deltas and with ``--compress int8`` deltas.
+``--block-bunches`` bunches) with float32 deltas and with ``--compress int8`` deltas,
+both also with the workers training the next block during the exchange
+(``--block-overlap``), and asynchronous blocks.
 
 Each point trains for ``--seconds`` after start-up; its rate is the best window of at
 least half of them between /status readings (bench/processes.best_rate), as MCUPS, and
@@ -45,6 +47,8 @@ MODES: dict[str, tuple[str, list[str]]] = {
     "async": ("async", []),
     "bmuf": ("bmuf", []),
     "bmuf-int8": ("bmuf", ["--compress", "int8"]),
+    "bmuf-overlap": ("bmuf-overlap", ["--block-overlap", "true"]),
+    "bmuf-overlap-int8": ("bmuf-overlap", ["--block-overlap", "true", "--compress", "int8"]),
     "bmuf-async": ("bmuf-async", ["--block-sync", "false"]),
 }
 
@@ -132,7 +136,7 @@ def point(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bmuf_figure4", description=__doc__)
     parser.add_argument("--workers", default="1,2,3,4,5")
-    parser.add_argument("--modes", default="sync,async,bmuf,bmuf-int8,bmuf-async")
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument(
         "--measure-compute",
         dest="measure_compute",
