@@ -50,6 +50,8 @@ def test_the_grid_and_its_table() -> None:
     names = [name for name, _ in grid([2, 4], [4, 16], ["cbm", "average"])]
     assert names[:5] == ["sequential", "sync 2", "sync 4", "async 2", "async 4"]
     assert len(names) == 5 + 2 * 2 * 2 and "average 4 16" in names
+    ahead = [name for name, _ in grid([2], [16], ["cbm"], overlap=True)]
+    assert ahead[-2:] == ["cbm 2 16", "cbm+overlap 2 16"]
     results = {
         "runs": {
             "sequential": {"cv": [0.5, 0.9], "seconds": 10.0},
