@@ -45,8 +45,9 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--modes",
-        default="sync,async,bmuf,bmuf-async",
-        help="comma-separated: sync, async, bmuf (sync blocks), bmuf-async",
+        default="sync,async,bmuf,bmuf-overlap,bmuf-async",
+        help="comma-separated: sync, async, bmuf (sync blocks), bmuf-overlap (sync blocks "
+        "overlapping the exchange: --block-overlap), bmuf-async",
     )
     parser.add_argument(
         "--block-bunches", dest="block_bunches", type=int, default=16, help="bmuf: tau"

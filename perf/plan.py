@@ -52,12 +52,12 @@ def describe_constants(constants: Constants, network: NetworkSpec) -> str:
 
 def render(predictions: list[Prediction]) -> list[str]:
     lines = [
-        f"{'P':>3} {'strategy':8} {'mode':10} {'round ms':>9} {'T_c ms':>8} {'T_d ms':>8} "
+        f"{'P':>3} {'strategy':8} {'mode':12} {'round ms':>9} {'T_c ms':>8} {'T_d ms':>8} "
         f"{'T_h ms':>8} {'L ms':>7} {'MCUPS':>9} {'speed-up':>8}  bound"
     ]
     for p in predictions:
         lines.append(
-            f"{p.workers:>3} {p.strategy:8} {p.mode:10} {p.round_seconds * 1e3:9.2f} "
+            f"{p.workers:>3} {p.strategy:8} {p.mode:12} {p.round_seconds * 1e3:9.2f} "
             f"{p.phases.compute * 1e3:8.2f} {p.phases.transfer * 1e3:8.3f} "
             f"{p.phases.host * 1e3:8.3f} {p.phases.latency * 1e3:7.3f} {p.mcups:9,.0f} "
             f"{p.speedup:8.2f}  {p.bound}"
@@ -83,7 +83,7 @@ def render_blocks(
     lines = [
         f"bmuf, blocks of {block_bunches} bunches, deltas in {codec}: against the better of "
         "per-bunch sync and async",
-        f"{'P':>3} {'mode':10} {'speed-up':>8} {'per-bunch':>9} {'gain':>6} {'tau for 90%':>11}",
+        f"{'P':>3} {'mode':12} {'speed-up':>8} {'per-bunch':>9} {'gain':>6} {'tau for 90%':>11}",
     ]
     for block in blocks:
         per_bunch = [
@@ -92,7 +92,7 @@ def render_blocks(
         best = max(per_bunch) if per_bunch else None
         tau = smallest_block(network, bunch, block.workers, constants, block.mode, 0.9, codec)
         lines.append(
-            f"{block.workers:>3} {block.mode:10} {block.speedup:8.2f} "
+            f"{block.workers:>3} {block.mode:12} {block.speedup:8.2f} "
             + (f"{best:9.2f} {block.speedup / best:5.2f}x" if best else f"{'-':>9} {'-':>6}")
             + f" {tau if tau is not None else '> 4096':>11}"
         )

@@ -137,8 +137,8 @@ def test_plan_prints_every_strategy_mode_and_worker_count(
     assert code == 0
     rows = [line.split() for line in out.splitlines() if line[:3].strip() in ("1", "2", "8")]
     table = {(r[0], r[1], r[2]) for r in rows if r[1] in ("pattern", "network")}
-    # sync and async for both strategies, bmuf's two modes pattern-parallel only
-    assert len(table) == 3 * (2 * 2 + 2)
+    # sync and async for both strategies, bmuf's three modes pattern-parallel only
+    assert len(table) == 3 * (2 * 2 + 3)
     assert {r[2] for r in rows if r[1] == "network"} == {"sync", "async"}
     assert "bmuf, blocks of 16 bunches, deltas in none" in out
     assert "link 125 MB/s" in out and "BSP exemplar parallelism" in out
@@ -186,7 +186,8 @@ def test_plan_json_reads_constants_from_a_benchmark_file(
     sync = next(p for p in document["predictions"] if p["mode"] == "sync")
     assert sync["strategy"] == "pattern"
     assert (document["block_bunches"], document["codec"]) == (16, "none")
-    assert {p["mode"] for p in document["predictions"]} == {"sync", "async", "bmuf", "bmuf-async"}
+    modes = {"sync", "async", "bmuf", "bmuf-overlap", "bmuf-async"}
+    assert {p["mode"] for p in document["predictions"]} == modes
     assert sync["round_seconds"] == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 3.0208e-6)
 
 
