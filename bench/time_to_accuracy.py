@@ -5,7 +5,8 @@ the machine's other users falls on each alike), with one BLAS thread per process
 
 - ``snet train`` (the default job, sequential, in one process);
 - ``snet demo --workers 2 --mode M`` for M in sync, async and bmuf (the default job, its
-  global bunch of 128 divided among the workers; bmuf with its defaults),
+  global bunch of 128 divided among the workers; bmuf with its defaults), and with
+  ``--modes`` also ``bmuf-overlap`` (bmuf with ``--block-overlap true``),
 
 and times, from launching the command, the first epoch line (the first epoch's end, CV
 included) and the first line whose CV accuracy is at least ``--target`` (start-up
@@ -49,9 +50,11 @@ def _run(
         env = {"PYTHONPATH": os.pathsep.join(filter(None, (str(baseline / "src"), rest)))}
     if which == "train":
         args = ["train", "--out-dir", out]
-    else:
-        mode = which.split(":")[-1]
+    else:  # bmuf-overlap: bmuf with --block-overlap true
+        mode = which.split(":")[-1].removesuffix("-overlap")
         args = ["demo", "--workers", "2", "--mode", mode, "--out-dir", out]
+        if which.endswith("-overlap"):
+            args += ["--block-overlap", "true"]
     cpu: list[float] = []
     epochs, _ = timed_epochs(args, env, cpu)
     return epochs, cpu
