@@ -13,8 +13,8 @@ With ``block_overlap`` the worker does not wait for the filtered weights between
 (the exchange is hidden behind compute, as Overlap Local-SGD and streaming DiLoCo hide
 theirs): each block after the first starts from its own copy, and its delta is its own
 progress over the block. The weights that hold its previous delta move that progress
-onto them as soon as they come: ``offer``ed by the event loop while the block trains,
-taken at the next bunch's boundary; or ``rebase`` before the delta is sent, if they come
+onto them as soon as they come: ``offer``ed by the event loop, taken at the next bunch's
+boundary or the next block's start; or ``rebase`` before the delta is sent, if they come
 after the block's end. The copy is then the global weights plus what this worker has not
 sent yet, as at a block's start without overlap: a block computes on weights one
 exchange old only until that exchange is over.
@@ -59,12 +59,20 @@ class LocalTrainer:
     ) -> tuple[float, int, int]:
         """Train on ``frames`` bunch by bunch from ``weights``; ``out`` = patterns x delta.
         Returns (loss sum, correct, patterns used). With overlap every block but a
-        connection's first starts from the copy (``weights`` unread) and is ``rebase``d
-        before it is sent."""
-        if not (self.overlap and self.blocks):
-            np.copyto(self.local, weights)
+        connection's first starts from the copy (``weights`` unread), moved first onto
+        weights offered since the last block's delta was sent (they hold that delta:
+        the copy's start stands for the weights it was sent on plus it), and is
+        ``rebase``d before it is sent."""
         if self.overlap:
-            np.copyto(self.start, self.local)
+            with self._lock:
+                if self.blocks == 0:  # an offer is no newer than these: dropped
+                    np.copyto(self.local, weights)
+                    self._has_incoming = False
+                np.copyto(self.start, self.local)
+                if self._has_incoming:
+                    self._move_onto(self.incoming)
+        else:
+            np.copyto(self.local, weights)
         started = time.perf_counter()
         loss, correct, used = 0.0, 0, 0
         for start in range(0, len(frames), self.bunch):
@@ -87,8 +95,8 @@ class LocalTrainer:
         return loss, correct, used
 
     def offer(self, weights: np.ndarray) -> None:
-        """Overlap, event loop, while a block trains: ``weights`` hold this worker's last
-        sent delta; copied (the box reuses its slots), moved onto at the next bunch."""
+        """Overlap, event loop: ``weights`` hold this worker's last sent delta; copied
+        (the box reuses its slots), moved onto at the next bunch or block's start."""
         with self._lock:
             np.copyto(self.incoming, weights)
             self._has_incoming = True

@@ -87,7 +87,6 @@ class UpdateSteps:
         self.last_base = -1  # the version its last update was computed on
         self.scratch = box.layout.allocate()
         self.held: ComputedUpdate | None = None  # computed, waiting for ``may_send``
-        self.computing = False
 
     def file(self, message: Message) -> bool:
         """Nothing of the server's is this part's own (leases go to the work queue)."""
@@ -98,9 +97,10 @@ class UpdateSteps:
         return ComputeState(weights.version, self.last_base, in_flight)
 
     def _arrived(self, weights: WeightsCopy) -> None:
-        """Overlap: weights that came while an update is computed, holding the one sent
-        before it, are what it will be sent on: offered to move onto now."""
-        if self.computing and self.policy.may_send(self._state(weights)):
+        """Overlap: weights holding the update sent last are what the next one will be
+        sent on: offered to move onto at once (at the next bunch, or the next block's
+        start if none is computing; a held update moves onto the newest when sent)."""
+        if self.policy.may_send(self._state(weights)):
             assert self.overlap is not None
             self.overlap.offer(weights.flat)
 
@@ -142,38 +142,33 @@ class UpdateSteps:
         lease, offset, frames = self.work.next_bunch(self.per_update)
         rate = lease.learning_rate or weights.learning_rate  # bmuf: the lease's epoch
         started = time.perf_counter()
-        on_loop = self.compressor is None and self.inline.chosen  # see InlineChoice
+        # see InlineChoice; an overlapping block never: it moves onto weights that come
+        # while it computes, and the loop must read them
+        on_loop = self.overlap is None and self.compressor is None and self.inline.chosen
         loop = asyncio.get_running_loop()
-        if outgoing is not None and on_loop:  # nothing to overlap the sending with
-            self._send(weights, outgoing)
-            outgoing = None
-        self.computing = True
-        try:
-            if self.compressor is None:
-                gradient = await connection.send_buffers.acquire()
-                call = (self.compute, weights.flat, frames, gradient, rate)
-                if on_loop:
-                    computed, cpu = timed(*call)
-                else:
-                    future = loop.run_in_executor(self.executor, timed, *call)
-                    if outgoing is not None:
-                        self._send(weights, outgoing)
-                    computed, cpu = await future
-                loss, correct, count = computed
-                encoded = None
-            else:  # the encoded parts are new arrays: one scratch gradient buffer will do
-                key = (lease.lease_id, offset)
-                encoding = loop.run_in_executor(
-                    self.executor, timed, self.compressor.computed, self.compute, weights.flat,
-                    frames, self.scratch, rate, key,
-                )  # fmt: skip
+        if self.compressor is None:
+            gradient = await connection.send_buffers.acquire()
+            call = (self.compute, weights.flat, frames, gradient, rate)
+            if on_loop:  # never with an update held back (overlap)
+                computed, cpu = timed(*call)
+            else:
+                future = loop.run_in_executor(self.executor, timed, *call)
                 if outgoing is not None:
                     self._send(weights, outgoing)
-                encoded_update, cpu = await encoding
-                loss, correct, count, encoded = encoded_update
-                gradient = np.zeros(0, dtype=np.float32)
-        finally:
-            self.computing = False
+                computed, cpu = await future
+            loss, correct, count = computed
+            encoded = None
+        else:  # the encoded parts are new arrays: one scratch gradient buffer will do
+            key = (lease.lease_id, offset)
+            encoding = loop.run_in_executor(
+                self.executor, timed, self.compressor.computed, self.compute, weights.flat,
+                frames, self.scratch, rate, key,
+            )  # fmt: skip
+            if outgoing is not None:
+                self._send(weights, outgoing)
+            encoded_update, cpu = await encoding
+            loss, correct, count, encoded = encoded_update
+            gradient = np.zeros(0, dtype=np.float32)
         self.inline.measured(cpu)  # the bunch's CPU: a busy machine's waits left out
         seconds = time.perf_counter() - started
         update = ComputedUpdate(lease.lease_id, offset, count, loss, correct, seconds,

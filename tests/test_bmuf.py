@@ -143,6 +143,27 @@ def test_an_overlapping_block_sends_its_own_progress_moved_onto_the_newest_weigh
     np.testing.assert_allclose(third, 4 * 0.5 * (target - moved), rtol=1e-5, atol=1e-5)
 
 
+def test_weights_offered_between_blocks_are_where_the_next_block_starts() -> None:
+    """Weights holding the last delta that come while no block computes (at an epoch's
+    end, or a newbob roll-back) are where the next block starts; before the first block
+    an offer is dropped (the weights the block is given are no older)."""
+    spec = NetworkSpec.parse("3:4:2")
+    layout = ElementLayout.for_network(spec)
+    job = JobSpec(network=spec, mode="bmuf", bunch_size=4, momentum=0.0, block_overlap=True,
+                  data=DataSpec(source="x.npz"))  # fmt: skip
+    target = RNG.standard_normal(layout.size).astype(np.float32)
+    trainer = LocalTrainer(_Quadratic(target), layout, job)  # type: ignore[arg-type]
+    start, out = np.zeros(layout.size, np.float32), np.empty(layout.size, np.float32)
+    trainer.offer(np.full_like(start, 7.0))  # older than what the first block is given
+    trainer.block(start, np.arange(4), out, rate=0.5)
+    np.testing.assert_allclose(out, 4 * 0.5 * target, rtol=1e-6)  # from 0, not from 7
+    newest = RNG.standard_normal(layout.size).astype(np.float32)
+    trainer.offer(newest)  # the filtered weights, holding that delta, while idle
+    trainer.block(np.full_like(start, 100.0), np.arange(4), out, rate=0.5)
+    np.testing.assert_allclose(out, 4 * 0.5 * (target - newest), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(trainer.local, newest + out / 4, rtol=1e-5, atol=1e-5)
+
+
 def test_sync_blocks_of_one_bunch_without_momentum_are_sync_steps(cluster: Cluster) -> None:
     """Each synchronous block of one bunch, filtered with eta = 0 and zeta = 1, is the sync
     step on the same round: the plain SGD step over the union of the round's frames
