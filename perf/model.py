@@ -18,8 +18,9 @@ Two models, both written down in docs/performance-model.md:
   supersteps of cost ``w + h * g + l``, in flops, for an epoch of E exemplars.
 
 bmuf (docs/bmuf.md) is the pattern-parallel round with τ bunches of compute per exchange
-(``τ T_c + L + P T_d + T_h`` sync, ``max(τ T_c + L / 2, P T_d + T_h)`` async blocks and
-sync blocks whose workers train the next block during the exchange (overlap)); a
+(``τ T_c + L + P T_d + T_h`` sync, ``max(τ T_c + L / 2, P T_d + T_h)`` async blocks, and
+``max(τ T_c + L / 2, L + P T_d + T_h)`` sync blocks whose workers train the next block
+during the exchange, overlap); a
 compressed update shrinks the way to the server only (``update_bytes``).
 
 Every time is in seconds unless a name says otherwise; MCUPS counts connection updates
@@ -45,8 +46,9 @@ MODES = ("sync", "async", "bmuf", "bmuf-overlap", "bmuf-async")
 # "bmuf-overlap" too, but its workers train the next block meanwhile (block_overlap),
 # "bmuf-async" filters each block as it arrives. Pattern-parallel only.
 BLOCK_MODES = ("bmuf", "bmuf-overlap", "bmuf-async")
-# the modes whose workers compute while the exchange runs: ``overlapped_round_seconds``
-OVERLAPPED_MODES = ("async", "bmuf-overlap", "bmuf-async")
+# the modes whose workers never wait for the server between updates:
+# ``overlapped_round_seconds`` (bmuf-overlap waits when the exchange outlasts a block)
+OVERLAPPED_MODES = ("async", "bmuf-async")
 WORD_BYTES = ELEMENT_DTYPE.itemsize  # float32 on the wire
 INDEX_BYTES = 8  # np mode: a pattern's frame index (int64) on the wire
 FIXED_SIZE_CODECS = ("none", "fp16", "int8", "sign")
@@ -304,6 +306,21 @@ def overlapped_round_seconds(phases: Phases, workers: int) -> float:
     return max(phases.compute + phases.latency / 2, workers * phases.transfer + phases.host)
 
 
+def overlapped_blocks_round_seconds(phases: Phases, workers: int) -> float:
+    """Sync blocks whose workers train the next block during the exchange (bmuf with
+    ``block_overlap``): ``max(T_c + L / 2, L + P T_d + T_h)``.
+
+    As in async mode only a worker's own end of its message lies between two blocks; but
+    each block's delta is sent once the weights holding the last one are in, so the whole
+    exchange of a round (every worker's delta in, the step, the weights out, both ends'
+    latency) must fit in one block, or the worker waits for it.
+    """
+    return max(
+        phases.compute + phases.latency / 2,
+        phases.latency + workers * phases.transfer + phases.host,
+    )
+
+
 def serial_round_seconds(phases: Phases, workers: int) -> float:
     """A round with a barrier (snet's sync mode): ``T_c + L + P T_d + T_h``.
 
@@ -353,6 +370,9 @@ def predict(
         compute_bound = (
             phases.compute + phases.latency / 2 >= workers * phases.transfer + phases.host
         )
+    elif mode == "bmuf-overlap":
+        seconds = overlapped_blocks_round_seconds(phases, workers)
+        compute_bound = seconds == phases.compute + phases.latency / 2
     else:
         seconds = serial_round_seconds(phases, workers)
         # Every part of a sync round but T_c is communication or the step, none of it

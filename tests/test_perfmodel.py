@@ -199,9 +199,18 @@ def test_a_bmuf_round_is_a_block_of_compute_and_one_exchange() -> None:
     # async blocks overlap the exchange: max(520 us + L/2, 2 T_d + T_h), compute-bound
     loose = predict(TINY, 10, 2, HAND, "pattern", "bmuf-async", block_bunches=4)
     assert loose.round_seconds == pytest.approx(5.2e-4 + 1.00208e-4 / 2)
-    # so do sync blocks whose workers train the next block meanwhile (block_overlap)
+    # so do sync blocks whose workers train the next block meanwhile (block_overlap)...
     ahead = predict(TINY, 10, 2, HAND, "pattern", "bmuf-overlap", block_bunches=4)
     assert ahead.round_seconds == loose.round_seconds < block.round_seconds
+    assert ahead.bound == "compute"
+    # ...while the whole exchange, L + 2 T_d + T_h = 503.6 us, fits in a block; with
+    # blocks of one bunch (130 us) it does not, and they wait for it (async blocks do not)
+    short = predict(TINY, 10, 2, HAND, "pattern", "bmuf-overlap", block_bunches=1)
+    assert short.round_seconds == pytest.approx(1.00208e-4 + 2 * 2.00104e-4 + 3.0208e-6)
+    assert short.bound == "link"
+    assert predict(TINY, 10, 2, HAND, "pattern", "bmuf-async", block_bunches=1).round_seconds == (
+        pytest.approx(2 * 2.00104e-4 + 3.0208e-6)
+    )
 
 
 def test_compressed_updates_shrink_only_the_way_to_the_server() -> None:
