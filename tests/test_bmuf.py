@@ -118,24 +118,30 @@ def test_a_local_block_is_momentum_sgd_and_sends_its_weighted_delta() -> None:
     np.testing.assert_allclose(out, 10 * (w - start), rtol=1e-5, atol=1e-5)
 
 
-def test_an_overlapping_block_sends_its_own_progress_moved_onto_the_newest_weights() -> None:
-    """With overlap, the second block starts from the copy the first one left (not from
-    the weights passed), sends its own progress, and ``rebase`` puts that progress on the
-    weights that came meanwhile: the copy is then those weights plus what is unsent."""
+def _overlapping_trainer() -> tuple[LocalTrainer, np.ndarray]:
+    """A bmuf worker's trainer with overlap on a tiny network, plain SGD (no momentum) on
+    ``_Quadratic``'s bowl around the target it returns; bunches of 4."""
     spec = NetworkSpec.parse("3:4:2")
     layout = ElementLayout.for_network(spec)
     job = JobSpec(network=spec, mode="bmuf", bunch_size=4, momentum=0.0, block_overlap=True,
                   data=DataSpec(source="x.npz"))  # fmt: skip
     target = RNG.standard_normal(layout.size).astype(np.float32)
-    trainer = LocalTrainer(_Quadratic(target), layout, job)  # type: ignore[arg-type]
-    start = np.zeros(layout.size, np.float32)
+    return LocalTrainer(_Quadratic(target), layout, job), target  # type: ignore[arg-type]
+
+
+def test_an_overlapping_block_sends_its_own_progress_moved_onto_the_newest_weights() -> None:
+    """With overlap, the second block starts from the copy the first one left (not from
+    the weights passed), sends its own progress, and ``rebase`` puts that progress on the
+    weights that came meanwhile: the copy is then those weights plus what is unsent."""
+    trainer, target = _overlapping_trainer()
+    start = np.zeros_like(target)
     first, second = np.empty_like(start), np.empty_like(start)
     trainer.block(start, np.arange(4), first, rate=0.5)  # w = 0.5 target
     np.testing.assert_allclose(first, 4 * 0.5 * target, rtol=1e-6)
     ignored = np.full_like(start, 100.0)
     trainer.block(ignored, np.arange(4), second, rate=0.5)  # from 0.5 target: 0.75 target
     np.testing.assert_allclose(second, 4 * 0.25 * target, rtol=1e-6, atol=1e-6)
-    newest = RNG.standard_normal(layout.size).astype(np.float32)  # held the first delta
+    newest = RNG.standard_normal(target.size).astype(np.float32)  # held the first delta
     trainer.rebase(newest)
     np.testing.assert_allclose(trainer.local, newest + 0.25 * target, rtol=1e-6, atol=1e-6)
     third, moved = np.empty_like(start), trainer.local.copy()
@@ -147,17 +153,12 @@ def test_weights_offered_between_blocks_are_where_the_next_block_starts() -> Non
     """Weights holding the last delta that come while no block computes (at an epoch's
     end, or a newbob roll-back) are where the next block starts; before the first block
     an offer is dropped (the weights the block is given are no older)."""
-    spec = NetworkSpec.parse("3:4:2")
-    layout = ElementLayout.for_network(spec)
-    job = JobSpec(network=spec, mode="bmuf", bunch_size=4, momentum=0.0, block_overlap=True,
-                  data=DataSpec(source="x.npz"))  # fmt: skip
-    target = RNG.standard_normal(layout.size).astype(np.float32)
-    trainer = LocalTrainer(_Quadratic(target), layout, job)  # type: ignore[arg-type]
-    start, out = np.zeros(layout.size, np.float32), np.empty(layout.size, np.float32)
+    trainer, target = _overlapping_trainer()
+    start, out = np.zeros_like(target), np.empty_like(target)
     trainer.offer(np.full_like(start, 7.0))  # older than what the first block is given
     trainer.block(start, np.arange(4), out, rate=0.5)
     np.testing.assert_allclose(out, 4 * 0.5 * target, rtol=1e-6)  # from 0, not from 7
-    newest = RNG.standard_normal(layout.size).astype(np.float32)
+    newest = RNG.standard_normal(target.size).astype(np.float32)
     trainer.offer(newest)  # the filtered weights, holding that delta, while idle
     trainer.block(np.full_like(start, 100.0), np.arange(4), out, rate=0.5)
     np.testing.assert_allclose(out, 4 * 0.5 * (target - newest), rtol=1e-5, atol=1e-5)
