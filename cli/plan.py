@@ -150,7 +150,9 @@ def _check_read(args: argparse.Namespace, strategies: list[str], modes: list[str
     ignore (protocol/modes.py): ``--block-bunches`` without a bmuf row, ``--compress``
     with the network strategy's rows alone (np mode sends no updates). Both had printed
     a table they changed nothing in."""
-    rows = set(modes) if "pattern" in strategies else set()
+    # the plan's bmuf-overlap rows are a job of bmuf mode with sync blocks (block_overlap)
+    kinds = {"bmuf" if mode == "bmuf-overlap" else mode for mode in modes}
+    rows = kinds if "pattern" in strategies else set()
     rows |= {"np"} if "network" in strategies else set()  # np mode's sync and async rows
     shown = tuple(kind for kind in NAMES if kind in rows)
     default = JobSpec()

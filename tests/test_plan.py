@@ -247,6 +247,9 @@ def test_plan_refuses_a_setting_no_row_of_it_reads(capsys: pytest.CaptureFixture
         ["--modes", "sync,bmuf-async", "--block-bunches", "8"],
         ["--strategies", "pattern,network", "--modes", "sync", "--compress", "int8"],
         ["--modes", "sync", "--block-bunches", "16", "--compress", "none"],
+        # bmuf-overlap's rows are bmuf's (a traceback, and a false refusal beside np's rows)
+        ["--modes", "bmuf-overlap", "--compress", "int8", "--block-bunches", "64"],
+        ["--strategies", "pattern,network", "--modes", "bmuf-overlap", "--compress", "int8"],
     ):
         assert main(["plan", "--network", "117:64:10", "--workers", "2", *argv]) == 0, argv
         assert "snet:" not in capsys.readouterr().err
