@@ -57,7 +57,9 @@ class BlockFilter:
         self.model: np.ndarray = self.inner.weights  # what is evaluated and saved
         self._pending_model = self.model
         self.blocks = 0
-        self.last_momentum = 0.0  # η of the last step, for /status
+        # η of the last step, for /status (before the first: what the filter's settings
+        # give one worker; a checkpoint keeps it)
+        self.last_momentum = self.momentum(self.workers)
         # |Δ| of the published step (a 2 MB dot product per /status read on the event
         # loop otherwise, twice a second for every open dashboard)
         self.delta_norm = self._pending_norm = 0.0
@@ -130,7 +132,8 @@ class BlockFilter:
         model saved (both derived from them with a momentum that depends on the workers,
         so saved as they are), and the blocks counted; only between steps."""
         return {**self.inner.checkpoint_state(), "snapshot": self.snapshot,
-                "model": self.model, "blocks": self.blocks}  # fmt: skip
+                "model": self.model, "blocks": self.blocks,
+                "block_momentum": self.last_momentum}  # fmt: skip
 
     def restore_checkpoint(self, state: dict[str, Any]) -> None:
         """Continue from ``checkpoint_state()``: the same Δ, snapshot and model."""
@@ -145,6 +148,8 @@ class BlockFilter:
         self.snapshot, self.model = arrays
         self._pending_model = self.model
         self.blocks = int(state["blocks"])
+        # checkpoints before session 20 lack it: the settings' value until the next step
+        self.last_momentum = float(state.get("block_momentum", self.last_momentum))
         velocity = self.inner.velocity
         self.delta_norm = self._pending_norm = float(np.sqrt(np.dot(velocity, velocity)))
 

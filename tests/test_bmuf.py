@@ -8,11 +8,13 @@ worker with η = 0 trains exactly as ``snet train`` does.
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
 import pytest
 
+from snet.cli.status import render
 from snet.client.blocks import LocalTrainer
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import ElementLayout, NetworkSpec
@@ -34,6 +36,12 @@ def test_cbm_is_block_momentum_over_the_pattern_weighted_mean() -> None:
     job = JobSpec(mode="bmuf", block_filter="cbm", block_lr=0.8)
     rule = BlockFilter(start, job)
     w, delta = start.astype(np.float64), np.zeros(SIZE)
+    assert (
+        BlockFilter(start, JobSpec(mode="bmuf", block_filter="nesterov")).figures()[
+            "block_momentum"
+        ]
+        == 0.9
+    )  # before any block: the settings' η, not 0
     for _ in range(3):
         deltas, patterns = _deltas(2), [128, 64]  # a short block at an epoch's tail
         sent = [d * p for d, p in zip(deltas, patterns, strict=True)]
@@ -45,6 +53,9 @@ def test_cbm_is_block_momentum_over_the_pattern_weighted_mean() -> None:
         w = w + delta
         np.testing.assert_allclose(rule.model, w, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(rule.snapshot, w, rtol=1e-5, atol=1e-5)  # CBM: no look-ahead
+    again = BlockFilter(start, job)  # a restart: η as last applied, not 0 until a block
+    again.restore_checkpoint(rule.checkpoint_state())
+    assert again.figures()["block_momentum"] == rule.figures()["block_momentum"] == 0.5
 
 
 def test_nbm_sends_the_look_ahead_and_nesterov_is_pytorchs_outer_sgd() -> None:
@@ -237,4 +248,7 @@ def test_two_overlapping_workers_train_every_frame_once_in_rounds_of_both(
     rounds = [step for step in trace if "updates" in step]
     assert sum(len(step["updates"]) == 2 for step in rounds) >= 10
     assert status["rule"]["overlap"] == 1
-    print(status["epochs"][-1])
+    shown = next(line for line in render(status).splitlines() if line.startswith("blocks:"))
+    # eta as last applied: 1 - 1/N, N the blocks in that round (the last may hold one)
+    assert re.search(r"^blocks: cbm, sync, \d+ filtered, tau 4, eta (0\.5|0), zeta 1, ", shown)
+    assert shown.endswith(", overlapping the exchange")  # snet status
