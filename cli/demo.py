@@ -126,8 +126,14 @@ def _print_start(
         if args.spert
         else ""
     )
+    blocks = ""
+    if job.mode == "bmuf":  # its blocks, as a user would check them
+        bunches = counted(job.block_bunches, "bunch", "bunches")
+        tau = f"{job.block_seconds:g} s" if job.block_seconds else bunches
+        blocks = (f" ({job.block_filter}, {'sync' if job.block_sync else 'async'} blocks of "
+                  f"{tau}{', overlapping the exchange' if job.block_overlap else ''})")  # fmt: skip
     print(
-        f"snet demo: {job.mode} mode, {counted(args.workers, 'worker')}{boards}, "
+        f"snet demo: {job.mode} mode{blocks}, {counted(args.workers, 'worker')}{boards}, "
         f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
         f"bunch {job.bunch_size} per worker, updates {job.compress}, "
         f"{loop_name()} loop",

@@ -76,6 +76,7 @@ def render(document: dict[str, Any]) -> str:
         f"staleness mean {document['staleness_mean']} max {document['staleness_max']}, "
         f"{document['mcups']} MCUPS",
         "queues: " + ", ".join(f"{k} {v}" for k, v in document["queues"].items()),
+        *_block_line(document.get("rule")),
         *_compression_line(document.get("compression")),
         "",
         f"{'epoch':>5} {'lr':>8} {'train':>8} {'cv':>8} {'seconds':>8}",
@@ -101,6 +102,20 @@ def render(document: dict[str, Any]) -> str:
     lines += _board_lines(document["workers"])
     # what workers named themselves (their backend, say) as escapes, not terminal controls
     return "\n".join(map(printable, lines))
+
+
+def _block_line(rule: object) -> list[str]:
+    """bmuf: the block filter's figures (server/block_filter.py), as the dashboard shows
+    them; np's rule is a plain name, other modes have none."""
+    if not isinstance(rule, dict) or "filter" not in rule:
+        return []
+    tau = f"{rule['block_seconds']:g} s" if rule["block_seconds"] else rule["block_bunches"]
+    return [
+        f"blocks: {rule['filter']}, {'sync' if rule['sync'] else 'async'}, "
+        f"{rule['blocks']} filtered, tau {tau}, eta {rule['block_momentum']:g}, "
+        f"zeta {rule['block_lr']:g}, |delta| {rule['delta_norm']:.4g}"
+        + (", overlapping the exchange" if rule["overlap"] else "")
+    ]
 
 
 def _progress_line(document: dict[str, Any]) -> list[str]:
