@@ -65,8 +65,8 @@ def _setting(value: object) -> str:
     """A job setting as a person reads it (a network: sizes, activations; not sizes alone)."""
     if isinstance(value, dict) and "sizes" in value:  # "117:1024:10 there, here" hid a tanh
         return " ".join([":".join(map(str, value["sizes"])), *value.get("activations", [])])
-    if value is None:
-        return "(none)"
+    if value is None or isinstance(value, bool):  # as one types it: true, not True
+        return "(none)" if value is None else str(value).lower()
     text = repr(value) if isinstance(value, str) else str(value)
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -41,7 +41,7 @@ def test_a_checkpoint_from_before_a_setting_existed_resumes_at_its_default() -> 
 def test_a_checkpoint_from_before_a_setting_is_not_of_a_job_that_changes_it() -> None:
     job = JobSpec(mode="np", epochs=3)
     with pytest.raises(
-        ConfigError, match=r"checkpoint of another job \(np_pipeline False there, True here\)"
+        ConfigError, match=r"checkpoint of another job \(np_pipeline false there, true here\)"
     ):
         _resume(_written_before_np_pipeline(job), job.with_changes(np_pipeline=True))
     with pytest.raises(ConfigError, match=r"another job \(epochs 3 there, 4 here\)"):
