@@ -120,8 +120,7 @@ class UpdateSteps:
             if not self.policy.may_send(self._state(weights)):
                 await wake.wait()
                 return None
-            self.overlap.rebase(weights.flat)
-            outgoing, self.held = self.held, None
+            outgoing, self.held = self.held, None  # moved onto the newest when sent
         ready = weights is not None and self.work.lease_ready(self.corpus)
         if ready:
             assert weights is not None
@@ -131,7 +130,8 @@ class UpdateSteps:
             ready = self.policy.may_compute(state)
         if not ready:
             if outgoing is not None:
-                assert weights is not None
+                assert weights is not None and self.overlap is not None
+                self.overlap.rebase(weights.flat)
                 self._send(weights, outgoing)
             else:
                 await wake.wait()
@@ -148,6 +148,8 @@ class UpdateSteps:
         loop = asyncio.get_running_loop()
         if self.compressor is None:
             gradient = await connection.send_buffers.acquire()
+            if outgoing is not None:  # newer weights may have come while it waited
+                weights = self._move_held_onto_newest()
             call = (self.compute, weights.flat, frames, gradient, rate)
             if on_loop:  # never with an update held back (overlap)
                 computed, cpu = timed(*call)
@@ -160,6 +162,8 @@ class UpdateSteps:
             encoded = None
         else:  # the encoded parts are new arrays: one scratch gradient buffer will do
             key = (lease.lease_id, offset)
+            if outgoing is not None:
+                weights = self._move_held_onto_newest()
             encoding = loop.run_in_executor(
                 self.executor, timed, self.compressor.computed, self.compute, weights.flat,
                 frames, self.scratch, rate, key,
@@ -181,6 +185,15 @@ class UpdateSteps:
         if on_loop:  # let the loop read what came meanwhile: the next bunch takes the newest
             await asyncio.sleep(0)
         return None
+
+    def _move_held_onto_newest(self) -> WeightsCopy:
+        """Overlap: the held update's progress onto the newest weights, which it is sent
+        on; here, with no await until it is sent, so that no weights offered meanwhile
+        (they would hold only the update before it) move the next block."""
+        weights = self.box.take_newest()
+        assert weights is not None and self.overlap is not None
+        self.overlap.rebase(weights.flat)
+        return weights
 
     def _send(self, weights: WeightsCopy, update: ComputedUpdate) -> None:
         """Send ``update`` as computed on ``weights``, and count it."""
