@@ -243,8 +243,8 @@ class JobSpec:
     block_momentum: float = field(
         default=-1.0,
         metadata={"help": "bmuf: block momentum eta (negative: the filter's default: 1 - 1/N "
-                  "for cbm and nbm in sync blocks and 0 in async ones, 0 for average, 0.9 "
-                  "for nesterov)", "parallel": True},
+                  "for cbm and nbm in sync blocks and 0 in async or overlapping ones, 0 for "
+                  "average, 0.9 for nesterov)", "parallel": True},
     )  # fmt: skip
     block_lr: float = field(
         default=-1.0,

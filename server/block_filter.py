@@ -45,7 +45,8 @@ class BlockFilter:
     def __init__(self, weights: np.ndarray, job: JobSpec, lanes: int = 2) -> None:
         self.kind = job.block_filter
         self.sync = job.block_sync
-        # the workers' affairs, shown in /status: a block's length and their overlap
+        # the workers' affairs, shown in /status: a block's length, and whether they
+        # overlap it with the exchange (which sets cbm's and nbm's default η too)
         self.block_bunches, self.block_seconds = job.block_bunches, job.block_seconds
         self.overlap = job.block_overlap
         self._momentum = job.block_momentum  # negative: the filter's default
@@ -73,10 +74,12 @@ class BlockFilter:
         synchronous blocks; asynchronous ones default to 0 for cbm and nbm: N workers'
         deltas applied one by one on weights they did not start from already carry about
         that much momentum of their own (Mitliagkas et al., "Asynchrony begets momentum",
-        2016), and 1 - 1/N on top ended 2 workers' 10 epochs at 88.8 % CV, 0 at 91.9 %."""
+        2016), and 1 - 1/N on top ended 2 workers' 10 epochs at 88.8 % CV, 0 at 91.9 %.
+        So do overlapping blocks, partly computed on the weights before the last step: with
+        1 - 1/N, 2 workers on Fashion-MNIST ended anywhere from 73.8 to 88.6 % CV."""
         if self._momentum >= 0:
             return self._momentum
-        if not self.sync and self.kind in ("cbm", "nbm"):
+        if (not self.sync or self.overlap) and self.kind in ("cbm", "nbm"):
             return 0.0
         return DEFAULT_MOMENTUM.get(self.kind, 1.0 - 1.0 / max(workers, 1))
 
