@@ -36,12 +36,11 @@ def test_cbm_is_block_momentum_over_the_pattern_weighted_mean() -> None:
     job = JobSpec(mode="bmuf", block_filter="cbm", block_lr=0.8)
     rule = BlockFilter(start, job)
     w, delta = start.astype(np.float64), np.zeros(SIZE)
-    assert (
-        BlockFilter(start, JobSpec(mode="bmuf", block_filter="nesterov")).figures()[
-            "block_momentum"
-        ]
-        == 0.9
-    )  # before any block: the settings' η, not 0
+    nesterov = BlockFilter(start, JobSpec(mode="bmuf", block_filter="nesterov"))
+    assert nesterov.figures()["block_momentum"] == 0.9  # before any block: not 0
+    for overlapping in (True, False):  # cbm's default η with overlapping blocks: 0
+        ahead = BlockFilter(start, JobSpec(mode="bmuf", block_overlap=overlapping))
+        assert ahead.momentum(2) == (0.0 if overlapping else 0.5)
     for _ in range(3):
         deltas, patterns = _deltas(2), [128, 64]  # a short block at an epoch's tail
         sent = [d * p for d, p in zip(deltas, patterns, strict=True)]
