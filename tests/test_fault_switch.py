@@ -47,6 +47,18 @@ def test_a_lost_update_in_sync_mode_costs_no_frame(cluster: Cluster) -> None:
     assert server.log.read_text().count("worker w1 (numpy") == 2  # it joined again
 
 
+def test_a_lost_delta_of_overlapping_blocks_costs_no_frame(cluster: Cluster) -> None:
+    """bmuf whose workers train the next block while the last delta is out: worker 1's
+    lost delta holds its next one back (the weights holding it never come), the round
+    deadline drops it, and it joins again; worker 2's damaged weights close it while it
+    computes ahead. Every frame is still trained once an epoch."""
+    server = cluster.server("--mode", "bmuf", "--block-overlap", "true", "--block-bunches",
+                            "1", *JOB)  # fmt: skip
+    _train_with_faults(cluster, server)
+    assert "dropped from the sync rounds: missed the round deadline" in cluster.log("w1")
+    assert server.final_status()["rule"]["overlap"] == 1
+
+
 def _train_with_faults(
     cluster: Cluster, server: ServerProcess, first_faults: str = "drop:update:5"
 ) -> dict[str, Any]:
