@@ -251,8 +251,8 @@ class Worker:
             self._joined = True
             self._retry.joined()
             box = WeightsBox(ElementLayout.for_network(self.job.network), wake=self._wake)
-            buffers = make_compute_policy(self.job).send_buffers
-            connection.attach(box, SendBuffers(box.layout, buffers))
+            self.policy = make_compute_policy(self.job)  # this session's: it sizes the buffers
+            connection.attach(box, SendBuffers(box.layout, self.policy.send_buffers))
             heartbeat = asyncio.get_running_loop().create_task(self.reports.heartbeat(connection))
             try:
                 await self._compute_loop(connection, box)
@@ -319,9 +319,9 @@ class Worker:
             # server send nothing else, and the channel has refused anything out of turn
 
     async def _compute_loop(self, connection: ServerConnection, box: WeightsBox) -> None:
-        assert self.job is not None and self.corpus is not None
+        assert self.job is not None and self.corpus is not None and self.policy is not None
         loop = asyncio.get_running_loop()
-        policy = self.policy = make_compute_policy(self.job)
+        policy = self.policy
         limit = 0.0 if self.backend.models_device_time else self.config.inline_seconds
         inline = InlineChoice(limit)  # never inline for a backend that sleeps a device's time
         # the mode's turn of the loop, as its policy makes it: a bunch computed and sent
