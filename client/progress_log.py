@@ -30,16 +30,24 @@ class ProgressLog:
     _lag_sum: int = 0
     _lag_max: int = 0
 
+    def bunches_answered(self, bunches: int, patterns: int) -> None:
+        """np: ``bunches`` of ``patterns`` in all answered (partial outputs): a slice
+        holder's updates."""
+        self._count(bunches, patterns, 0)
+
+    def _count(self, updates: int, patterns: int, lag: int) -> None:
+        self.updates += updates
+        self.patterns += patterns
+        self._lag_sum += lag
+        self._lag_max = max(self._lag_max, lag)
+
     def update_sent(
         self, lease_id: int, offset: int, patterns: int, base: int, newest: int, seconds: float
     ) -> None:
         """An update went out: ``patterns`` computed on weights ``base`` in ``seconds``,
         when the newest weights received were ``newest``."""
         lag = max(newest - base, 0)
-        self.updates += 1
-        self.patterns += patterns
-        self._lag_sum += lag
-        self._lag_max = max(self._lag_max, lag)
+        self._count(1, patterns, lag)
         log.debug(
             "update %d: lease %d at frame %d, %d patterns on weights %d (%d behind), %.1f ms",
             self.updates, lease_id, offset, patterns, base, lag, 1000 * seconds,

@@ -191,8 +191,7 @@ class SliceSteps:
 
     def __init__(
         self, work: SliceWork, executor: Executor, send: Callable[[Message], None],
-        inline: InlineChoice, first_bunch_done: Callable[[], object],
-        progress: ProgressLog | None = None,
+        inline: InlineChoice, first_bunch_done: Callable[[], object], progress: ProgressLog,
     ) -> None:  # fmt: skip
         self.work, self.executor, self.send, self.inline = work, executor, send, inline
         self.first_bunch_done = first_bunch_done  # as after a first update: a job can end
@@ -209,6 +208,8 @@ class SliceSteps:
         refused = await self.work.step(self.executor, self.send, wake, self.inline)
         if before == 0 < self.work.bunches:
             self.first_bunch_done()
-        if self.progress is not None and self.work.bunches > before:
-            self.progress.update_sent(-1, 0, self.work.patterns - patterns, 0, 0, 0.0)
+        if self.work.bunches > before:
+            self.progress.bunches_answered(
+                self.work.bunches - before, self.work.patterns - patterns
+            )
         return refused
