@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -31,6 +33,8 @@ from .progress_log import ProgressLog
 from .reports import Reports
 from .update_timing import UpdateTiming
 from .work import WorkQueue
+
+T = TypeVar("T")  # what a computation in the compute thread returns
 
 
 @dataclass
@@ -130,9 +134,7 @@ class UpdateSteps:
             ready = self.policy.may_compute(state)
         if not ready:
             if outgoing is not None:
-                assert weights is not None and self.overlap is not None
-                self.overlap.rebase(weights.flat)
-                self._send(weights, outgoing)
+                self._send(self._move_held_onto_newest(), outgoing)
             else:
                 await wake.wait()
             return None
@@ -145,34 +147,27 @@ class UpdateSteps:
         # see InlineChoice; an overlapping block never: it moves onto weights that come
         # while it computes, and the loop must read them
         on_loop = self.overlap is None and self.compressor is None and self.inline.chosen
-        loop = asyncio.get_running_loop()
         if self.compressor is None:
             gradient = await connection.send_buffers.acquire()
-            if outgoing is not None:  # newer weights may have come while it waited
-                weights = self._move_held_onto_newest()
+        else:  # the encoded parts are new arrays: one scratch gradient buffer will do
+            gradient = np.zeros(0, dtype=np.float32)
+        if outgoing is not None:  # newer weights may have come while it waited for a buffer
+            weights = self._move_held_onto_newest()
+        if self.compressor is None:
             call = (self.compute, weights.flat, frames, gradient, rate)
             if on_loop:  # never with an update held back (overlap)
                 computed, cpu = timed(*call)
             else:
-                future = loop.run_in_executor(self.executor, timed, *call)
-                if outgoing is not None:
-                    self._send(weights, outgoing)
-                computed, cpu = await future
+                computed, cpu = await self._computed(weights, outgoing, *call)
             loss, correct, count = computed
             encoded = None
-        else:  # the encoded parts are new arrays: one scratch gradient buffer will do
+        else:
             key = (lease.lease_id, offset)
-            if outgoing is not None:
-                weights = self._move_held_onto_newest()
-            encoding = loop.run_in_executor(
-                self.executor, timed, self.compressor.computed, self.compute, weights.flat,
-                frames, self.scratch, rate, key,
+            encoded_update, cpu = await self._computed(
+                weights, outgoing, self.compressor.computed, self.compute, weights.flat, frames,
+                self.scratch, rate, key,
             )  # fmt: skip
-            if outgoing is not None:
-                self._send(weights, outgoing)
-            encoded_update, cpu = await encoding
             loss, correct, count, encoded = encoded_update
-            gradient = np.zeros(0, dtype=np.float32)
         self.inline.measured(cpu)  # the bunch's CPU: a busy machine's waits left out
         seconds = time.perf_counter() - started
         update = ComputedUpdate(lease.lease_id, offset, count, loss, correct, seconds,
@@ -185,6 +180,18 @@ class UpdateSteps:
         if on_loop:  # let the loop read what came meanwhile: the next bunch takes the newest
             await asyncio.sleep(0)
         return None
+
+    async def _computed(
+        self, weights: WeightsCopy, outgoing: ComputedUpdate | None,
+        function: Callable[..., T], *args: object,
+    ) -> tuple[T, float]:  # fmt: skip
+        """``function(*args)`` and its CPU seconds, in the compute thread; ``outgoing``, a
+        held update, is sent on ``weights`` once it has begun, so that the compute thread
+        does not wait for the sending."""
+        future = asyncio.get_running_loop().run_in_executor(self.executor, timed, function, *args)
+        if outgoing is not None:
+            self._send(weights, outgoing)
+        return await future
 
     def _move_held_onto_newest(self) -> WeightsCopy:
         """Overlap: the held update's progress onto the newest weights, which it is sent
