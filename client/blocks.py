@@ -47,10 +47,11 @@ class LocalTrainer:
         self.gradient = layout.allocate()
         self.blocks = 0
         self.overlap = job.block_overlap
+        unused = np.empty(0, dtype=self.local.dtype)  # without overlap: never read
         # where the block started, moved with the copy: its progress is local - start
-        self.start = layout.allocate() if self.overlap else self.local
+        self.start = layout.allocate() if self.overlap else unused
         # newer weights offered by the event loop for the compute thread to move onto
-        self.incoming = layout.allocate() if self.overlap else self.local
+        self.incoming = layout.allocate() if self.overlap else unused
         self._has_incoming = False
         self._lock = threading.Lock()
 
@@ -71,8 +72,10 @@ class LocalTrainer:
                 np.copyto(self.start, self.local)
                 if self._has_incoming:
                     self._move_onto(self.incoming)
+            started_from = self.start
         else:
             np.copyto(self.local, weights)
+            started_from = weights
         started = time.perf_counter()
         loss, correct, used = 0.0, 0, 0
         for start in range(0, len(frames), self.bunch):
@@ -89,7 +92,7 @@ class LocalTrainer:
                     self._move_onto(self.incoming)
             if self.seconds and time.perf_counter() - started >= self.seconds:
                 break
-        np.subtract(self.local, self.start if self.overlap else weights, out=out)
+        np.subtract(self.local, started_from, out=out)
         out *= np.float32(used)
         self.blocks += 1
         return loss, correct, used
