@@ -109,8 +109,11 @@ def _overridden(name: str, settings: Mapping[str, Any], defaults: Mapping[str, A
 
 
 def in_use(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` with those its mode does not read at their defaults: the job it trains."""
-    return {**settings, **{name: defaults[name] for name in ignored(settings, defaults)}}
+    """``settings`` with those its mode or its schedule does not read at their defaults:
+    the job it trains (how a job an older snet let through is read: a welcome, a
+    checkpoint)."""
+    unread = [*ignored(settings, defaults), *_schedule_ignored(settings, defaults)]
+    return {**settings, **{name: defaults[name] for name in unread}}
 
 
 def describe(modes: tuple[str, ...]) -> str:
@@ -132,23 +135,29 @@ def shown(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-# setting -> the learning-rate schedule that reads it (protocol/schedule.py)
-SCHEDULE_SETTINGS = {"newbob_scale": "newbob", "newbob_ramp": "newbob", "newbob_stop": "newbob"}
+# the settings of the newbob learning-rate schedule alone (protocol/schedule.py)
+NEWBOB_SETTINGS = ("newbob_scale", "newbob_ramp", "newbob_stop")
+
+
+def _schedule_ignored(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """Newbob's settings away from their defaults in a job of another schedule."""
+    if settings.get("schedule", defaults["schedule"]) == "newbob":
+        return []
+    return [n for n in NEWBOB_SETTINGS if settings.get(n, defaults[n]) != defaults[n]]
 
 
 def _schedule_problem(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
     """A setting of another schedule than the job's, away from its default ("" if none):
     ``--newbob-stop 3`` under the list schedule was accepted and changed nothing."""
-    schedule = settings.get("schedule", defaults["schedule"])
-    for name, reader in SCHEDULE_SETTINGS.items():
-        value = settings.get(name, defaults[name])
-        if schedule != reader and value != defaults[name]:
-            return (
-                f"{name} {shown(value)} applies to the {reader} schedule only, and this job's "
-                f"schedule is {schedule}, which would ignore it (leave it at its default, "
-                f"{shown(defaults[name])}, or give --schedule {reader})"
-            )
-    return ""
+    unread = _schedule_ignored(settings, defaults)
+    if not unread:
+        return ""
+    name, schedule = unread[0], settings.get("schedule", defaults["schedule"])
+    return (
+        f"{name} {shown(settings[name])} applies to the newbob schedule only, and this job's "
+        f"schedule is {schedule}, which would ignore it (leave it at its default, "
+        f"{shown(defaults[name])}, or give --schedule newbob)"
+    )
 
 
 def ignored_problem(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
