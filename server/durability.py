@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
-from snet.protocol.modes import in_use
+from snet.protocol.modes import in_use, shown
 from snet.protocol.numbering import shown_epoch
 
 from .checkpoint import CheckpointStore, LoadedCheckpoint
@@ -65,9 +65,10 @@ def _setting(value: object) -> str:
     """A job setting as a person reads it (a network: sizes, activations; not sizes alone)."""
     if isinstance(value, dict) and "sizes" in value:  # "117:1024:10 there, here" hid a tanh
         return " ".join([":".join(map(str, value["sizes"])), *value.get("activations", [])])
-    if value is None or isinstance(value, bool):  # as one types it: true, not True
-        return "(none)" if value is None else str(value).lower()
-    text = repr(value) if isinstance(value, str) else str(value)
+    if value is None:
+        return "(none)"
+    # as typed (true, not True), but every digit of a float: two that differ must read so
+    text = repr(value) if isinstance(value, str | float) else shown(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -114,23 +115,24 @@ def resume_point(
 ) -> LoadedCheckpoint | None:
     """The checkpoint to resume from, or None to start a fresh run (raises ConfigError)."""
     store.remove_leftovers()
-    if config.fresh:
-        finished = _finished_run(config, store)
-        if finished and not config.force:
-            raise ConfigError(
-                f"{config.out_dir} holds the results of a finished run ({finished}); "
-                "--fresh would overwrite them: add --force, or choose another --out-dir"
-            )
-        store.clear()
-        return None
-    loaded = store.newest()
-    if loaded is None:
-        if kept := _finished_run(config, store):  # results with no checkpoint to go on from
-            raise ConfigError(
-                f"{config.out_dir} holds the results of a finished run ({kept}) and no "
-                "checkpoint to resume: a fresh run would overwrite them: --fresh --force to "
-                "do so, or choose another --out-dir"
-            )
+    try:
+        loaded = store.newest()
+    except ConfigError:  # a checkpoint it cannot read: --fresh starts over all the same
+        if not config.fresh:
+            raise
+        loaded = None
+    if config.fresh or loaded is None:
+        finished = _finished_run(config, loaded)
+        if finished and not (config.fresh and config.force):
+            advice = (
+                "--fresh would overwrite them: add --force" if config.fresh
+                else "and no checkpoint to resume: a fresh run would overwrite them: "
+                "--fresh --force to do so"
+            )  # fmt: skip
+            raise ConfigError(f"{config.out_dir} holds the results of a finished run "
+                              f"({finished}); {advice}, or choose another --out-dir")  # fmt: skip
+        if config.fresh:
+            store.clear()
         return None
     saved = loaded.state
     job = saved.get("job")
@@ -168,12 +170,9 @@ def resume_point(
     return loaded
 
 
-def _finished_run(config: ServerConfig, store: CheckpointStore) -> str:
-    """Why the out-dir looks like a finished run's ("" if it does not)."""
-    try:
-        loaded = store.newest()
-    except ConfigError:
-        loaded = None
+def _finished_run(config: ServerConfig, loaded: LoadedCheckpoint | None) -> str:
+    """Why the out-dir, whose newest checkpoint is ``loaded``, looks like a finished run's
+    ("" if it does not)."""
     if loaded is not None and loaded.state["coordinator"]["finished"]:
         return f"checkpoint {loaded.path.name} of a completed training"
     status = Path(config.out_dir) / STATUS_FILE
