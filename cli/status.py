@@ -332,24 +332,44 @@ def server_url(given: str, tls: bool = False) -> str:
     a reply, port 99999 was "connection refused")."""
     from urllib.parse import urlsplit
 
+    from snet.protocol.address import split_host_port
     from snet.protocol.errors import ConfigError
 
-    scheme = "https" if tls else "http"
-    if "://" not in given and given.count(":") > 1 and not given.startswith("["):
-        host, _, port = given.rpartition(":")  # a bare IPv6 address and its port
-        given = f"[{host}]:{port}"
-    url = (given if "://" in given else f"{scheme}://{given}").rstrip("/")
-    parts = urlsplit(url)
+    url = given.rstrip("/")
+    if "://" not in given:  # HOST:PORT[/page], as a worker's --server takes it
+        where, slash, page = url.partition("/")
+        try:
+            host, port = split_host_port(where)
+        except ValueError as exc:
+            raise ConfigError(f"--url {given}: {exc}") from None
+        if ":" in host:  # IPv6, bare as the server logs it (::1:7080) or bracketed
+            if not _is_ipv6(host):
+                raise ConfigError(f"--url {given}: give HOST:PORT (IPv6: ::1:7080 or "
+                                  "[::1]:7080) or a URL")  # fmt: skip
+            host = f"[{host}]"
+        url = f"{'https' if tls else 'http'}://{host}:{port}{slash}{page}"
+    try:
+        parts = urlsplit(url)
+        checked = parts.port  # raises for one out of range
+    except ValueError as exc:
+        raise ConfigError(f"--url {given}: {exc}") from None
     if parts.scheme not in ("http", "https"):
         raise ConfigError(f"--url {given}: a server's address is http:// or https://")
-    try:
-        parts.port  # noqa: B018 (checked: it raises for one out of range)
-    except ValueError as exc:
-        raise ConfigError(f"--url {given}: {exc}") from exc
+    if checked == 0 or not parts.hostname:
+        raise ConfigError(f"--url {given}: no server listens without a host or on port 0")
     for page in ("/status", "/events"):
         if url.endswith(page):
             return url.removesuffix(page).rstrip("/")
     return url
+
+
+def _is_ipv6(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from snet.protocol.address import split_host_port
 from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
 from snet.protocol.conversation import Role
@@ -202,10 +203,10 @@ class WorkerConfig:
                 f"server must be HOST:PORT of the server's worker port, not a URL: got "
                 f"{self.server!r} (did you mean --server {where}?)"
             )
-        host, sep, port = self.server.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"server must be HOST:PORT, got {self.server!r}")
-        return host.strip("[]"), int(port)
+        try:
+            return split_host_port(self.server)
+        except ValueError:
+            raise ConfigError(f"server must be HOST:PORT, got {self.server!r}") from None
 
     def worker_name(self) -> str:
         import os

@@ -218,10 +218,19 @@ def test_an_address_no_server_has_is_one_line_exit_2_and_ipv6_as_logged_is_read(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """ftp:// waited 5 s for a reply, port 99999 was "connection refused", and ::1:PORT
-    (as the server logs its address, and a worker's --server takes it) was refused."""
+    (as the server logs its address, and a worker's --server takes it) was refused; a
+    bare IPv6 address without a port ended in a traceback, port 0 was tried."""
+    ipv6 = "give HOST:PORT (IPv6: ::1:7080 or [::1]:7080) or a URL"
     for given, said in (
         ("ftp://127.0.0.1:80", "a server's address is http:// or https://"),
-        ("127.0.0.1:99999", "Port out of range 0-65535"),
+        ("127.0.0.1:99999", "'127.0.0.1:99999' is not HOST:PORT with a port from 1 to 65535"),
+        ("http://127.0.0.1:99999", "Port out of range 0-65535"),
+        ("127.0.0.1:0", "'127.0.0.1:0' is not HOST:PORT with a port from 1 to 65535"),
+        ("http://127.0.0.1:0", "no server listens without a host or on port 0"),
+        ("::1", ipv6),
+        ("fe80::1", ipv6),
+        ("[::1", ipv6),
+        ("http://[::1", "Invalid IPv6 URL"),
     ):
         assert main(["status", "--url", given]) == 2
         assert capsys.readouterr().err == f"snet: --url {given}: {said}\n"
@@ -229,6 +238,7 @@ def test_an_address_no_server_has_is_one_line_exit_2_and_ipv6_as_logged_is_read(
 
     assert server_url("::1:7080") == "http://[::1]:7080"
     assert server_url("[::1]:7080/status", tls=True) == "https://[::1]:7080"
+    assert server_url("127.0.0.1:7080/status/") == "http://127.0.0.1:7080"
 
 
 def test_a_watch_ends_with_0_on_the_streams_last_state(
