@@ -106,15 +106,22 @@ def render(document: dict[str, Any]) -> str:
 
 def _block_line(rule: object) -> list[str]:
     """bmuf: the block filter's figures (server/block_filter.py), as the dashboard shows
-    them; np's rule is a plain name, other modes have none."""
+    them; np's rule is a plain name, other modes have none. A server before 2026-11-28
+    says nothing of the blocks' length nor of overlap."""
     if not isinstance(rule, dict) or "filter" not in rule:
         return []
-    tau = f"{rule['block_seconds']:g} s" if rule["block_seconds"] else rule["block_bunches"]
+    from snet.protocol.modes import block_length  # bmuf's only: status starts light
+
+    length = (
+        f", blocks of {block_length(rule['block_bunches'], rule.get('block_seconds', 0.0))}"
+        if "block_bunches" in rule
+        else ""
+    )
     return [
         f"blocks: {rule['filter']}, {'sync' if rule['sync'] else 'async'}, "
-        f"{rule['blocks']} filtered, tau {tau}, eta {rule['block_momentum']:g}, "
+        f"{rule['blocks']} filtered{length}, eta {rule['block_momentum']:g}, "
         f"zeta {rule['block_lr']:g}, |delta| {rule['delta_norm']:.4g}"
-        + (", overlapping the exchange" if rule["overlap"] else "")
+        + (", overlapping the exchange" if rule.get("overlap") else "")
     ]
 
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .network import ElementLayout, NetworkSpec
+from .numbering import counted
 
 MODES = ("sync", "async", "bmuf", "np")
 # The modes whose workers each take a share of the job's bunch when several start together
@@ -126,6 +127,12 @@ def describe(modes: tuple[str, ...]) -> str:
         if not (both and mode == "bmuf-async")
     ]
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def block_length(bunches: int, seconds: float) -> str:
+    """A bmuf block's length as a person reads it: "16 bunches", or "0.05 s" when it ends
+    by the clock (block_seconds)."""
+    return f"{seconds:g} s" if seconds else counted(bunches, "bunch", "bunches")
 
 
 def shown(value: object) -> str:
