@@ -85,7 +85,7 @@ def run_one(
         else:
             mode = "bmuf"
             block_filter, _, overlap = kind.partition("+")
-            ahead = ["--block-overlap", "true"] if overlap == "overlap" else []
+            ahead = ["--block-overlap", "true"] if overlap else []
             flags = [*per_worker, "--block-filter", block_filter, "--block-bunches", rest[1],
                      *ahead, *job_args]  # fmt: skip
         status = run_parallel(mode, workers, [*flags, *(server_args or [])], timeout)
@@ -165,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     todo = grid(workers, taus, args.filters.split(","), args.overlap)
     if args.only:
         wanted = [name.strip() for name in args.only.split(",")]
+        for name in wanted:  # a misspelt one ran plain blocks, recorded under its name
+            kind = name.split()[0]
+            if "+" in kind and kind.partition("+")[2] != "overlap":
+                parser.error(f"run {name!r}: after '+' only 'overlap' is known")
         todo = [(name, int(name.split()[1]) if " " in name else 1) for name in wanted]
     for name, count in todo:
         if name in runs and not args.again:
