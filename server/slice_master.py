@@ -79,19 +79,19 @@ class SliceMaster:
         """Cut the hidden units among the workers of ``speeds`` (id -> patterns/s), in
         worker-id order, no slice larger than its worker's ``caps`` (the units its memory
         holds, None: any), from the copies held here; returns each worker's grant.
-        When the caps together hold too few units the cut is by speed alone (a worker
-        that cannot hold its slice refuses it) and ``memory_short`` says why."""
+        When the caps together hold too few units nobody is cut a slice (no grants, no
+        holders) and ``memory_short`` says why: training waits for more workers."""
         ids = sorted(speeds)
         hidden, shares = self.spec.sizes[1], [speeds[i] for i in ids]
+        self.reported.clear()
         try:
             parts = split_hidden(
                 hidden, shares, None if caps is None else [caps.get(i) for i in ids]
             )
-            self.memory_short = ""
         except ConfigError as exc:
-            parts, self.memory_short = split_hidden(hidden, shares), str(exc)
-        self.holders = dict(zip(ids, parts, strict=True))
-        self.reported.clear()
+            self.holders, self.memory_short = {}, str(exc)
+            return {}
+        self.holders, self.memory_short = dict(zip(ids, parts, strict=True)), ""
         return {
             worker: SliceGrant(
                 part,

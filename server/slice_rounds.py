@@ -374,8 +374,8 @@ class SliceRounds:
         if max(speeds.values()) < SPEED_SPREAD * min(speeds.values()):
             speeds = dict.fromkeys(speeds, 1.0)  # alike: equal slices, not measuring noise
         grants = self.master.reslice(speeds, {w: self.capacity.get(w) for w in speeds})
-        if self.master.memory_short:  # a slice a worker cannot hold: it refused it and left
-            self.master.holders.clear()  # for good (exit 4): now it stays, and all wait
+        if self.master.memory_short:  # nobody is cut a slice: cut one a worker cannot
+            # hold, it refused it and left for good (exit 4); now it stays, and all wait
             log.error("np: network %s: %s; training waits for more workers (or more memory)",
                       self.job.network.describe(), self.master.memory_short)  # fmt: skip
             return
