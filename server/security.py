@@ -37,7 +37,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from snet.protocol.errors import ConfigError
-from snet.transport.tls import CopyingProtocol, http_context, read_token_file, server_context
+from snet.transport.tls import CopyingProtocol, read_token_file, server_contexts
 
 from .config import ServerConfig
 
@@ -85,8 +85,7 @@ def tls_contexts(config: ServerConfig) -> tuple[ssl.SSLContext | None, ssl.SSLCo
         return None, None
     if not (config.tls_cert and config.tls_key):
         raise ConfigError("TLS needs both tls_cert and tls_key")
-    workers = server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
-    return workers, http_context(config.tls_cert, config.tls_key)
+    return server_contexts(config.tls_cert, config.tls_key, config.tls_client_ca)
 
 
 def over_tls(stream: asyncio.BufferedProtocol, tls: ssl.SSLContext | None) -> asyncio.BaseProtocol:

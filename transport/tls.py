@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import functools
 import logging
 import ssl
 from pathlib import Path
@@ -56,18 +55,13 @@ def warn_if_expiring(cert: str, what: str) -> None:
     now = datetime.datetime.now(datetime.UTC)
     left = end - now
     if now < start:  # every worker was refused, "certificate is not yet valid", unwarned
-        _said_once(f"{what} {cert} is not valid before {start}: peers will refuse it until then")
+        log.warning("%s %s is not valid before %s: peers will refuse it until then", what,
+                    cert, start)  # fmt: skip
     elif left.total_seconds() <= 0:
-        _said_once(f"{what} {cert} expired on {end.date()}: peers will refuse it (snet tls "
-                   "init makes new ones)")  # fmt: skip
+        log.warning("%s %s expired on %s: peers will refuse it (snet tls init makes new "
+                    "ones)", what, cert, end.date())  # fmt: skip
     elif left.days < EXPIRY_WARNING_DAYS:
-        _said_once(f"{what} {cert} expires on {end.date()}")
-
-
-@functools.cache
-def _said_once(warning: str) -> None:
-    """Log ``warning`` once in a process (the worker port and HTTP load one certificate)."""
-    log.warning("%s", warning)
+        log.warning("%s %s expires on %s", what, cert, end.date())
 
 
 def read_token_file(path: str) -> str:
@@ -83,7 +77,9 @@ def read_token_file(path: str) -> str:
     return token
 
 
-def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str) -> None:
+def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str, warn: bool = True) -> None:
+    """``cert`` and ``key`` into ``context``; ``warn``: say what is wrong with them (a key
+    others can read, a certificate out of date), once for a pair loaded twice."""
     for path in (cert, key):
         if not Path(path).is_file():
             raise ConfigError(f"{role} TLS file {path} does not exist")
@@ -91,8 +87,9 @@ def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str) -> None
         context.load_cert_chain(cert, key)
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"cannot use {cert} with {key} as a TLS certificate: {exc}") from None
-    warn_if_shared(key, f"{role} TLS key")
-    warn_if_expiring(cert, f"{role} TLS certificate")
+    if warn:
+        warn_if_shared(key, f"{role} TLS key")
+        warn_if_expiring(cert, f"{role} TLS certificate")
 
 
 def _load_ca(context: ssl.SSLContext, ca: str, what: str) -> None:
@@ -106,11 +103,12 @@ def _load_ca(context: ssl.SSLContext, ca: str, what: str) -> None:
         raise ConfigError(f"cannot read {what} {ca}: {exc}") from None
 
 
-def server_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
-    """The worker port's context (``client_ca``: workers must show a certificate it signed)."""
+def server_context(cert: str, key: str, client_ca: str = "", warn: bool = True) -> ssl.SSLContext:
+    """The worker port's context (``client_ca``: workers must show a certificate it signed;
+    ``warn``: as ``_load_chain``)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load_chain(context, cert, key, "the server's")
+    _load_chain(context, cert, key, "the server's", warn)
     if client_ca:
         _load_ca(context, client_ca, "tls_client_ca")
         context.verify_mode = ssl.CERT_REQUIRED
@@ -122,9 +120,12 @@ def server_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
     return context
 
 
-def http_context(cert: str, key: str) -> ssl.SSLContext:
-    """The HTTP port's context: the server's certificate, no client certificates."""
-    return server_context(cert, key)
+def server_contexts(
+    cert: str, key: str, client_ca: str = ""
+) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The server's two contexts, of one certificate (its warnings said once): the worker
+    port's (``server_context``) and the HTTP port's, which asks for no client's."""
+    return server_context(cert, key, client_ca), server_context(cert, key, warn=False)
 
 
 def client_context(ca: str, cert: str = "", key: str = "", what: str = "tls_ca") -> ssl.SSLContext:
