@@ -132,17 +132,18 @@ def check_worker_settings(args: argparse.Namespace, job: JobSpec) -> None:
 def _check_takes_job(config: WorkerConfig, job: JobSpec) -> None:
     """What the server's handshake and the worker's welcome would refuse, said now."""
     from snet.client.frame_limit import check_job
-    from snet.protocol.codecs.handshake import agree_codecs, worker_capabilities
-    from snet.protocol.errors import ConfigError
+    from snet.protocol.codecs.handshake import worker_capabilities
+    from snet.protocol.errors import ConfigError, UnknownCodec
     from snet.protocol.framing import MIB
     from snet.server.policies import make_step_policy
 
     check_job(job, config.max_frame_mb * MIB)  # as the worker will at its welcome
     # the codecs as the handshake agrees them, from what the worker will say in its hello
-    codecs = agree_codecs(worker_capabilities(config.compress, config.weights_codec),
-                          job.compress)  # fmt: skip
-    if problem := make_step_policy(job).combination.codecs_problem(codecs):
-        raise ConfigError(f"the demo's workers cannot take the job: {problem}")
+    capabilities = worker_capabilities(config.compress, config.weights_codec)
+    try:
+        make_step_policy(job).combination.agreed_codecs(capabilities, job.compress)
+    except UnknownCodec as exc:
+        raise ConfigError(f"the demo's workers cannot take the job: {exc}") from None
 
 
 @dataclass

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from snet.protocol import PROTOCOL_VERSION, auth
-from snet.protocol.codecs.handshake import agree_codecs
 from snet.protocol.codecs.weights import WeightsEncoder
 from snet.protocol.conversation import Conversation, Role
 from snet.protocol.decoder import Decoded
@@ -235,9 +234,8 @@ class WorkerConnection:
             self.counters.refused_handshake()
             raise AuthError("wrong or missing token proof")
         try:
-            codecs = agree_codecs(hello.capabilities, self.coordinator.job.compress)
-            if problem := self.coordinator.policy.combination.codecs_problem(codecs):
-                raise UnknownCodec(problem)
+            combination = self.coordinator.policy.combination
+            codecs = combination.agreed_codecs(hello.capabilities, self.coordinator.job.compress)
         except UnknownCodec:
             self.counters.refused_handshake()
             raise

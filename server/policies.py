@@ -42,6 +42,8 @@ from typing import Literal
 import numpy as np
 
 from snet.protocol.codecs import carries_momentum
+from snet.protocol.codecs.handshake import agree_codecs
+from snet.protocol.errors import UnknownCodec
 from snet.protocol.job import JobSpec
 
 from .block_filter import BlockFilter
@@ -103,10 +105,17 @@ class Combination:
         """Why a worker may not take its weights as ``weights_form`` ("" if it may)."""
         return ""
 
-    def codecs_problem(self, codecs: dict[str, str]) -> str:
-        """Why a worker may not use the ``codecs`` agreed with it (``agree_codecs``): the
-        handshake's refusal, and the demo's before it starts its workers ("" if it may)."""
-        return self.codec_problem(codecs["update"]) or self.weights_problem(codecs["weights"])
+    def agreed_codecs(self, capabilities: tuple[str, ...], job_compress: str) -> dict[str, str]:
+        """The codecs of a worker with these ``capabilities`` (its hello's), as the
+        handshake agrees them (``agree_codecs``); ``UnknownCodec`` for one this server
+        does not know or this mode refuses: the handshake's refusal, and the demo's
+        before it starts its workers."""
+        codecs = agree_codecs(capabilities, job_compress)
+        if problem := self.codec_problem(codecs["update"]) or self.weights_problem(
+            codecs["weights"]
+        ):
+            raise UnknownCodec(problem)
+        return codecs
 
     def chunk_frames(self, job: JobSpec) -> int:
         """Frames per lease."""
