@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from snet.client.config import MAX_PROCESSES
 from snet.protocol.errors import ConfigError, OutputNotWritten
@@ -154,23 +154,21 @@ def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
     return job.with_changes(bunch_size=max(job.bunch_size // max(workers, 1), 8))
 
 
-def _read_job(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any]]:
-    """The job its flags, environment and [job] table make (before the bunch is divided),
-    and that table."""
+def _read_job(args: argparse.Namespace) -> tuple[JobSpec, bool]:
+    """The job its flags, environment and [job] table make, its bunch divided among the
+    workers unless one of them chose it; and whether it was divided."""
     document = read_toml(args.config)
     say_unread_tables(document, "demo")  # its http_port, min_workers...
     values, where = document.table("job")
-    return build_job(values, given_job(args), where), values
+    job = build_job(values, given_job(args), where)
+    chosen = args.bunch_size is not None or "bunch_size" in values
+    divided = not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ)
+    return (divided_bunch(job, args.workers + args.spert) if divided else job), divided
 
 
 async def _demo(
-    args: argparse.Namespace, preloaded: PreloadedWorker | None, job: JobSpec,
-    values: dict[str, Any],
-) -> int:  # fmt: skip
-    chosen = args.bunch_size is not None or "bunch_size" in values
-    divided = not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ)
-    if divided:
-        job = divided_bunch(job, args.workers + args.spert)
+    args: argparse.Namespace, preloaded: PreloadedWorker | None, job: JobSpec, divided: bool
+) -> int:
     config = ServerConfig(
         port=0,
         http_port=args.http_port,
@@ -325,7 +323,7 @@ def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None)
     if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too
         print("snet: --spert-time-scale must be > 0", file=sys.stderr)
         return 2
-    job, values = _read_job(args)
+    job, divided = _read_job(args)
     check_worker_settings(args, job)  # as they will read them, environment and all
     setup_logging("warning")
-    return run(_demo(args, preloaded, job, values))
+    return run(_demo(args, preloaded, job, divided))
