@@ -120,8 +120,12 @@ class WorkerConnection:
             self.coordinator.send_weights(session)
 
     def _proven(self) -> bool:
-        """An update of this connection's worker has been applied (pool.py, shares)."""
-        return self.session is not None and self.session.updates_applied > 0
+        """An update of this connection's worker has been applied and none refused for its
+        numbers since (else it is held to a newcomer's share of the pool: pool.py). Not
+        session.py's ``proven``, which a stale update, whose base version a peer chooses,
+        satisfies too: the pool's bound is against strangers."""
+        session = self.session
+        return session is not None and session.updates_applied > 0 and not session.numbers_refused
 
     @property
     def last_sent(self) -> float:

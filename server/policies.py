@@ -73,7 +73,7 @@ class WorkerView:
     worker_id: int
     holds_frames: bool  # leased frames for which no update has arrived yet
     late: bool  # past its delivery deadline (server/progress.py)
-    delivered: bool  # it has proved itself with an update (server/session.py: ``proven``)
+    proven: bool  # it has proved itself with an update (server/session.py)
     joined_late: bool = False  # it joined once this server had started a step
 
 
@@ -238,7 +238,7 @@ class SyncSteps(StepPolicy):
         # (0.2 steps a second, against 381). A latecomer's first update joins the round it
         # is on time for, or is refused as stale (intake.py) and its frames leased again;
         # from then on the rounds wait for it.
-        waited = [w for w in view.workers if w.delivered or not w.joined_late]
+        waited = [w for w in view.workers if w.proven or not w.joined_late]
         if not view.pending or self._waiting_for(view, waited or list(view.workers)) > 0:
             return []
         return [list(range(len(view.pending)))]
@@ -261,7 +261,7 @@ class AsyncSteps(StepPolicy):
         delivered, only those that have (a newcomer may still be loading its data: its
         updates are welcome, but nobody waits for its first)."""
         timely = [w for w in view.workers if not w.late]
-        proven = [w for w in timely if w.delivered]
+        proven = [w for w in timely if w.proven]
         return proven or timely
 
     def take(self, view: QueueView) -> list[list[int]]:

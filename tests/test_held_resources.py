@@ -183,3 +183,22 @@ def test_a_worker_that_missed_a_publish_on_a_lossy_delta_gets_a_full_copy() -> N
     coordinator.version = 204
     connection._refresh_weights()
     assert sent == [session]
+
+
+def test_a_peer_refused_for_its_numbers_is_held_to_a_newcomers_share_of_the_pool() -> None:
+    """The pool's half-share bound for newcomers: one applied update used to lift it for
+    good, so a peer sending NaN ever after (each refused) kept a full share; a stale
+    update, whose base version a peer chooses, does not lift it either."""
+    layout = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
+    coordinator = SimpleNamespace(version=0, pool=ElementPool(layout, 4), send_weights=print)
+    connection = WorkerConnection(coordinator, FrameLimits(), None, "s", lambda: 1,
+                                  None, set())  # type: ignore[arg-type]  # fmt: skip
+    session = WorkerSession(1, "w", "", "numpy", (), lambda _: None, lambda _: None)
+    connection.session = session
+    session.clock.update_arrived(1.0, 64, 0.01)  # a stale update delivered, refused as such
+    assert session.proven  # what the steps go by; not the pool
+    assert not connection._proven()
+    session.updates_applied = 1
+    assert connection._proven()
+    session.refused(numeric=True)  # NaN since
+    assert not connection._proven()
