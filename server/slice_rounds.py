@@ -52,7 +52,6 @@ from snet.protocol.messages import (
 )
 from snet.protocol.slices import HiddenSlice
 
-from .divergence import DivergenceWatch
 from .epochs import EpochControl
 from .idleness import IdleWatch
 from .leases import LeaseBook
@@ -101,8 +100,8 @@ class CoordinatorParts:
     bunch_applied: Callable[[], int]  # a bunch completed: its version (a new one)
     assembled: Callable[[], None]  # the rule's element changed: publish its digest
     end_epoch: Callable[[], None]  # every bunch of the epoch is done and reported
-    divergence: DivergenceWatch  # says why a run has diverged
-    fail: Callable[[str], None]  # training cannot go on (why): the server stops
+    # an answer refused (session, why, for its numbers, the run's end at once if so)
+    refused: Callable[[WorkerSession, str, bool, bool], None]
 
 
 class SliceRounds:
@@ -204,13 +203,11 @@ class SliceRounds:
         finite also says the run has diverged: server/divergence.py)."""
         try:
             self._take(session, message)
-        except RejectedUpdate as refusal:
-            session.refused(refusal.numeric)  # counted, as a refused update is
-            self.stats.record_refused()
-            if refusal.numeric:  # the slices' numbers: no bunch completes without them
-                self.parts.fail(self.parts.divergence.say(
-                    f"{refusal} (at worker {session.name}'s answer for bunch {message.bunch}), "
-                    "and in np mode no bunch completes without every slice"))  # fmt: skip
+        except RejectedUpdate as refusal:  # counted, as a refused update is; its numbers:
+            self.parts.refused(session, (  # no bunch completes without every slice
+                f"{refusal} (at worker {session.name}'s answer for bunch {message.bunch}), "
+                "and in np mode no bunch completes without every slice"
+            ), refusal.numeric, True)  # fmt: skip
             raise
 
     def _take(self, session: WorkerSession, message: PartialOutputs | SliceState) -> None:

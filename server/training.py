@@ -134,7 +134,7 @@ class Coordinator:
         parts = CoordinatorParts(self.book, self.epochs, self.stats, self.hooks, self.idle,
                                  self.steps, self.sessions, lambda: self.closed,
                                  self.finished.is_set, self._next_version, self._assembled,
-                                 self._end_epoch, self.divergence, self._fail)  # fmt: skip
+                                 self._end_epoch, self._count_refused)  # fmt: skip
         return SliceRounds(self.job, self.rule, plan.source.labels, min_workers, parts)
 
     def report_to(self, on_finished: Callable[[], None], on_failure: Callable[[str], None]) -> None:
@@ -314,10 +314,11 @@ class Coordinator:
             self._end_epoch()
             self.steps.mark_boundary()
 
-    def _count_refused(self, session: WorkerSession, reason: str, numeric: bool) -> None:
+    def _count_refused(self, session: WorkerSession, reason: str, numeric: bool,
+                       at_once: bool = False) -> None:  # fmt: skip
         session.refused(numeric)  # settled: the worker may send more
         self.stats.record_refused()
-        if numeric and (why := self.divergence.refuse(session, reason, self.version)):
+        if numeric and (why := self.divergence.refuse(session, reason, self.version, at_once)):
             self._fail(why)  # every update refused, none applied: it cannot train on
 
     def _refuse_queued(self, pending: PendingUpdate, reason: str, numeric: bool = False) -> None:
