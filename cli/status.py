@@ -349,11 +349,7 @@ def server_url(given: str, tls: bool = False) -> str:
             host, port = split_host_port(where)
         except ValueError as exc:
             raise ConfigError(f"--url {given}: {exc}") from None
-        if ":" in host:  # IPv6, bare as the server logs it (::1:7080) or bracketed
-            if not _is_ipv6(host):
-                raise ConfigError(f"--url {given}: give HOST:PORT (IPv6: ::1:7080 or "
-                                  "[::1]:7080) or a URL")  # fmt: skip
-            host = f"[{host}]"
+        host = f"[{host}]" if ":" in host else host  # IPv6, bare as the server logs it
         url = f"{'https' if tls else 'http'}://{host}:{port}{slash}{page}"
     try:
         parts = urlsplit(url)
@@ -368,15 +364,6 @@ def server_url(given: str, tls: bool = False) -> str:
         if url.endswith(page):
             return url.removesuffix(page).rstrip("/")
     return url
-
-
-def _is_ipv6(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(host).version == 6
-    except ValueError:
-        return False
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -7,11 +7,24 @@ the port is what follows the last colon.
 
 from __future__ import annotations
 
+import ipaddress
+
 
 def split_host_port(text: str) -> tuple[str, int]:
-    """(host, port) of ``HOST:PORT``; ``ValueError`` without a host or with a port that is
-    not a whole number from 1 to 65535 (no server listens on port 0)."""
+    """(host, port) of ``HOST:PORT``; ``ValueError`` without a host, with a port that is
+    not a whole number from 1 to 65535 (no server listens on port 0), or with a host
+    holding a colon that is no IPv6 address (``::1`` alone, its port left out)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r} is not HOST:PORT with a port from 1 to 65535")
-    return host.strip("[]"), int(port)
+    if ":" in host and not _is_ipv6(host):
+        raise ValueError(f"{text!r} is not HOST:PORT (IPv6: ::1:7080 or [::1]:7080)")
+    return host, int(port)
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False

@@ -220,16 +220,19 @@ def test_an_address_no_server_has_is_one_line_exit_2_and_ipv6_as_logged_is_read(
     """ftp:// waited 5 s for a reply, port 99999 was "connection refused", and ::1:PORT
     (as the server logs its address, and a worker's --server takes it) was refused; a
     bare IPv6 address without a port ended in a traceback, port 0 was tried."""
-    ipv6 = "give HOST:PORT (IPv6: ::1:7080 or [::1]:7080) or a URL"
+
+    def ipv6(given: str) -> str:
+        return f"{given!r} is not HOST:PORT (IPv6: ::1:7080 or [::1]:7080)"
+
     for given, said in (
         ("ftp://127.0.0.1:80", "a server's address is http:// or https://"),
         ("127.0.0.1:99999", "'127.0.0.1:99999' is not HOST:PORT with a port from 1 to 65535"),
         ("http://127.0.0.1:99999", "Port out of range 0-65535"),
         ("127.0.0.1:0", "'127.0.0.1:0' is not HOST:PORT with a port from 1 to 65535"),
         ("http://127.0.0.1:0", "no server listens without a host or on port 0"),
-        ("::1", ipv6),
-        ("fe80::1", ipv6),
-        ("[::1", ipv6),
+        ("::1", ipv6("::1")),
+        ("fe80::1", ipv6("fe80::1")),
+        ("[::1", ipv6("[::1")),
         ("http://[::1", "Invalid IPv6 URL"),
     ):
         assert main(["status", "--url", given]) == 2
