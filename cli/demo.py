@@ -38,6 +38,7 @@ from .flags import given_job
 from .progress_bar import EXIT_READER_GONE, ProgressBar, bar_text, detach_stdout, say
 from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import build_job, read_toml, say_unread_tables
+from .worker_priority import PRIORITIES, PRIORITY_VARIABLE, WORKER_NICENESS, OthersLoad
 
 if TYPE_CHECKING:
     from snet.server.app import SnetServer
@@ -111,7 +112,12 @@ def _output_lost(server: SnetServer, exc: BrokenPipeError | OutputNotWritten) ->
 
 
 def _print_start(
-    args: argparse.Namespace, job: JobSpec, out_dir: str, http_port: int, already_trained: bool
+    args: argparse.Namespace,
+    job: JobSpec,
+    out_dir: str,
+    http_port: int,
+    already_trained: bool,
+    priority: str = "low",
 ) -> None:
     """The demo's first lines: what it trains, and where its dashboard is."""
     if already_trained:
@@ -136,11 +142,20 @@ def _print_start(
         f"snet demo: {job.mode} mode{blocks}, {counted(args.workers, 'worker')}{boards}, "
         f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
         f"bunch {job.bunch_size} per worker, updates {job.compress}, "
-        f"{loop_name()} loop",
+        f"{loop_name()} loop{_priority_said(args, priority)}",
         flush=True,
     )
     if not already_trained:  # a finished run's server stops at once: nothing to watch
         print(f"dashboard: {url}/  status: {url}/status  (or: snet status --url {url})")
+
+
+def _priority_said(args: argparse.Namespace, priority: str) -> str:
+    """How the numpy workers share the cores with the server (cli/worker_priority.py)."""
+    if not args.workers:
+        return ""
+    if priority == "idle":
+        return ", workers on idle cores"
+    return f", workers at nice +{WORKER_NICENESS}"
 
 
 def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
@@ -167,7 +182,11 @@ def _read_job(args: argparse.Namespace) -> tuple[JobSpec, bool]:
 
 
 async def _demo(
-    args: argparse.Namespace, preloaded: PreloadedWorker | None, job: JobSpec, divided: bool
+    args: argparse.Namespace,
+    preloaded: PreloadedWorker | None,
+    job: JobSpec,
+    divided: bool,
+    load: OthersLoad,
 ) -> int:
     config = ServerConfig(
         port=0,
@@ -201,7 +220,7 @@ async def _demo(
 
     install_stop_signals(stop, logging.getLogger("snet.demo"))
     address = f"127.0.0.1:{listening.getsockname()[1]}"
-    workers = await DemoWorkers.start(args, address, preloaded)
+    workers = await DemoWorkers.start(args, address, preloaded, load)
     from snet.server.app import NOT_WRITTEN, SnetServer  # here: while the workers start
     from snet.server.durability import OtherJob
 
@@ -224,7 +243,8 @@ async def _demo(
     already_trained = finished.is_set()  # resumed a run that had completed
     unwritten = False  # its lines could not be written (a full disk): exit status 1
     try:
-        _print_start(args, job, config.out_dir, server.http_port, already_trained)
+        _print_start(args, job, config.out_dir, server.http_port, already_trained,
+                     workers.priority)  # fmt: skip
     except (BrokenPipeError, OutputNotWritten) as exc:  # stopped before it trains
         unwritten = _output_lost(server, exc)
     # a finished run's epoch times were not kept: the seconds since this start would pass
@@ -323,7 +343,14 @@ def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None)
     if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too
         print("snet: --spert-time-scale must be > 0", file=sys.stderr)
         return 2
+    if args.worker_priority not in PRIORITIES:  # its default comes from the environment
+        choices = ", ".join(PRIORITIES)
+        print(f"snet: --worker-priority (or {PRIORITY_VARIABLE}) must be one of {choices}, "
+              f"got {args.worker_priority!r}", file=sys.stderr)  # fmt: skip
+        return 2
+    # the machine's other work since the demo started (its workers' process with it)
+    load = preloaded.load if preloaded is not None else OthersLoad((os.getpid(),))
     job, divided = _read_job(args)
     check_worker_settings(args, job)  # as they will read them, environment and all
     setup_logging("warning")
-    return run(_demo(args, preloaded, job, divided))
+    return run(_demo(args, preloaded, job, divided, load))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .lifeline import supervised_environment
 from .progress_bar import EXIT_INTERRUPTED, say
+from .worker_priority import OthersLoad, chosen_priority, lower_priority, run_when_idle
 
 if TYPE_CHECKING:
     from snet.client.config import WorkerConfig
@@ -37,13 +37,6 @@ LEAVE_SECONDS = 5.0  # to leave by themselves once the server has finished
 # in well under a second; a SIGINT sent to the demo alone costs this wait.
 INTERRUPT_LEAVE_SECONDS = 3.0
 WATCH_SECONDS = 0.1  # how often the demo looks at its worker processes
-# How much lower the scheduling priority of the demo's workers is than its server's (as
-# ``nice -n 5``). They share the machine's cores with the server, and every worker waits
-# for the server's steps (its weights, the settling of its updates), while the server
-# waits for no one worker: a core the server has to wait for stalls them all. On 2 cores
-# with 2 async workers the cores stood idle 41-50 % of the time at the default priority,
-# 28-37 % with this one (docs/time-to-accuracy.md, session 19).
-WORKER_NICENESS = 5
 WORKERS_GONE = "its workers have gone"  # why the demo stopped its server
 
 
@@ -62,15 +55,6 @@ class WorkerProcess(Protocol):
     def kill(self) -> None: ...
 
     async def wait(self) -> int: ...
-
-
-def lower_priority(pid: int) -> None:
-    """Give the demo's worker process ``pid`` the priority ``WORKER_NICENESS`` below the
-    demo's (raising a process's niceness needs no privilege). Only a speed-up: a process
-    that has already exited, or a system that refuses, leaves it as it is."""
-    with contextlib.suppress(OSError):
-        niceness = os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS
-        os.setpriority(os.PRIO_PROCESS, pid, min(niceness, 19))
 
 
 def worker_environment() -> dict[str, str]:
@@ -153,29 +137,43 @@ class DemoWorkers:
 
     processes: list[WorkerProcess]
     workers: int  # how many workers they are (the group counts N)
+    # the numpy workers': "idle" (SCHED_IDLE) or "low" (nice +5): cli/worker_priority.py
+    priority: str = "low"
     terminated: set[int] = field(default_factory=set)  # pids the demo sent SIGTERM
 
     @classmethod
     async def start(
-        cls, args: argparse.Namespace, address: str, preloaded: PreloadedWorker | None = None
+        cls,
+        args: argparse.Namespace,
+        address: str,
+        preloaded: PreloadedWorker | None = None,
+        load: OthersLoad | None = None,
     ) -> DemoWorkers:
         """Start the demo's worker processes (numpy workers, then boards) for ``address``;
         the numpy workers in ``preloaded`` if given (which is discarded when there are
-        none)."""
+        none), at the priority ``args.worker_priority`` asks for (``load``: the other
+        processes' since the demo started, for ``auto``)."""
         environment = worker_environment()
         commands = worker_commands(args, address)
+        wanted = chosen_priority(args.worker_priority, load) if args.workers else "low"
         processes: list[WorkerProcess] = []
         if preloaded is not None and args.workers:  # the numpy workers' group is first
+            # before its command: the workers it forks inherit the policy
+            idle = wanted == "idle" and run_when_idle(preloaded.process.pid)
             processes.append(preloaded.run(commands.pop(0)))
-        elif preloaded is not None:
-            preloaded.discard()
+        else:
+            if preloaded is not None:
+                preloaded.discard()
+            idle = False
         for command in commands:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "snet.cli", *command, env=environment
             )
             lower_priority(process.pid)
+            if wanted == "idle" and not processes:  # the numpy workers' group
+                idle = run_when_idle(process.pid)
             processes.append(process)
-        return cls(processes, args.workers + args.spert)
+        return cls(processes, args.workers + args.spert, "idle" if idle else "low")
 
     def codes(self) -> list[int | None]:
         """Each process's exit code (None: still running)."""

@@ -197,6 +197,16 @@ def _demo_flags(demo: argparse.ArgumentParser) -> None:
     demo.add_argument(
         "--http-port", dest="http_port", type=int, default=0, help="status port (0: any free)"
     )
+    from .worker_priority import PRIORITIES, PRIORITY_VARIABLE
+
+    demo.add_argument(
+        "--worker-priority",
+        dest="worker_priority",
+        metavar="{" + ",".join(PRIORITIES) + "}",
+        help="idle: the numpy workers run only on cores nothing else wants (SCHED_IDLE, "
+        "the fastest on a machine of its own); low: 5 below the server (nice); auto "
+        f"(default; env {PRIORITY_VARIABLE}): idle unless other processes are busy",
+    )
     demo.add_argument("--out-dir", dest="out_dir", help=OUT_DIR_HELP)
     # As the server's: the demo resumes the out-dir's run, and its refusals name these.
     demo.add_argument(
@@ -317,4 +327,8 @@ def parse_command(words: list[str]) -> argparse.Namespace:
     args = command_parser(command).parse_args(words)
     if command in ("train", "demo") and args.out_dir is None:  # as the server finds its own
         args.out_dir = os.environ.get("SNET_OUT_DIR") or "snet-out"
+    if command == "demo" and args.worker_priority is None:  # read here: the parser is kept
+        from .worker_priority import default_priority
+
+        args.worker_priority = default_priority()
     return args

@@ -66,8 +66,12 @@ class PreloadedWorker:
     """The demo's side: a process loading a worker's code, to be given its command."""
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        from .worker_priority import OthersLoad
+
         self._process = process
         self._given = False
+        # the machine's other work from here on, for the workers' priority
+        self.load = OthersLoad((os.getpid(), process.pid))
 
     @property
     def process(self) -> subprocess.Popen[bytes]:
@@ -77,7 +81,7 @@ class PreloadedWorker:
     @classmethod
     def start(cls, environment: dict[str, str]) -> PreloadedWorker:
         """Start loading, in ``environment`` (the one its command is to run in)."""
-        from .demo_workers import lower_priority
+        from .worker_priority import lower_priority
 
         command = [sys.executable, "-m", MODULE]
         process = subprocess.Popen(command, stdin=subprocess.PIPE, env=environment)

@@ -48,6 +48,14 @@ def _data_cache_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _demo_workers_at_nice() -> None:
+    """The demos the tests start run their workers at nice +5, never on idle cores only
+    (cli/worker_priority.py): the tests run beside each other, and a demo's idle-policy
+    workers would wait for every other test's processes. Its own tests ask for idle."""
+    os.environ["SNET_DEMO_WORKER_PRIORITY"] = "low"
+
+
 @pytest.fixture(params=LOOPS)
 def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Lab:
     """A lab on one loop; ``@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)``

@@ -278,9 +278,10 @@ def test_its_workers_and_boards_run_below_its_priority_and_end_when_it_is_killed
     """kill -9 of the demo (or the OOM killer): its workers retried its server, which died
     with it, for 5 minutes, logging to the terminal; now they end with it. While it runs
     they run at a lower priority than its server, which they all wait for."""
-    from snet.cli.demo_workers import WORKER_NICENESS
+    from snet.cli.worker_priority import WORKER_NICENESS
 
-    args = ("--epochs", "50", "--spert", "1", "--spert-time-scale", "50")
+    args = ("--epochs", "50", "--spert", "1", "--spert-time-scale", "50", "--worker-priority",
+            "low")  # fmt: skip
     with demo(tmp_path, *args) as run:
         wait_until(lambda: "\nepoch  1/50 " in run.stdout(), EXIT_SECONDS, "the first epoch")
         workers = run.descendants()  # the group, its two forked workers and the board
@@ -292,6 +293,32 @@ def test_its_workers_and_boards_run_below_its_priority_and_end_when_it_is_killed
         # Well within their 300 s of retrying. (One may still say it lost the server:
         # the kernel closes the demo's sockets before it signals the demo's children.)
         wait_until(lambda: not any(map(running, workers)), 30, "the workers to end")
+
+
+def test_its_numpy_workers_run_on_idle_cores_when_asked_and_its_boards_below_it(
+    tmp_path: Path,
+) -> None:
+    """--worker-priority idle: the numpy workers' group and the workers it forks run under
+    SCHED_IDLE (cli/worker_priority.py), the board at nice +5, and the banner says so."""
+    from snet.cli.worker_priority import WORKER_NICENESS
+
+    args = ("--epochs", "50", "--spert", "1", "--spert-time-scale", "50", "--worker-priority",
+            "idle")  # fmt: skip
+    with demo(tmp_path, *args) as run:
+        wait_until(lambda: "\nepoch  1/50 " in run.stdout(), EXIT_SECONDS, "the first epoch")
+        assert "loop, workers on idle cores\n" in run.stdout()
+        workers = run.descendants()
+        assert len(workers) == 4, workers
+        board = _board(run)
+        assert board is not None
+        numpy_workers = [pid for pid in workers if pid != board]
+        threads = [int(t) for pid in numpy_workers for t in os.listdir(f"/proc/{pid}/task")]
+        assert {os.sched_getscheduler(tid) for tid in threads} == {os.SCHED_IDLE}
+        assert os.sched_getscheduler(board) == os.SCHED_OTHER
+        niceness = min(os.getpriority(os.PRIO_PROCESS, run.process.pid) + WORKER_NICENESS, 19)
+        assert os.getpriority(os.PRIO_PROCESS, board) == niceness
+        run.process.send_signal(signal.SIGTERM)
+        assert run.process.wait(EXIT_SECONDS) == 0
 
 
 def test_a_worker_whose_supervisor_is_gone_before_it_starts_ends_at_once(

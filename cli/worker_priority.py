@@ -1,0 +1,142 @@
+"""How the demo's worker processes share the machine's cores with its server.
+
+Every worker waits for the server's steps (its weights, the settling of its updates), while
+the server waits for no one worker: a core the server has to wait for stalls them all. At
+the server's own priority, 2 async workers on 2 cores left the cores idle 41-50 % of the
+time; 5 below it (``nice -n 5``), 28-37 % (session 19), still about 20 % in an epoch's
+steady state (session 21, ``perf sched``). What is left is placement, not priority: the
+kernel puts a task woken through a socket beside the one that woke it, and it moves a task
+that ran within the last half millisecond to an idle core only reluctantly, so the server
+and one worker took turns on one core while the other core idled between the other
+worker's bunches.
+
+So on a machine that is otherwise idle the demo runs its numpy workers under Linux's
+``SCHED_IDLE`` policy: a core that runs only such tasks counts as free when the server
+wakes (it takes that core at once), and they move to whichever core falls idle (they are
+never held back as cache-hot). The cores stood idle 3 % of the time; an epoch took 6-12 %
+less, and time to 90 % CV 15-25 % less (docs/time-to-accuracy.md, session 21).
+
+The price: such a task runs only when no other task wants the core, and an unprivileged
+process cannot leave the policy again (``RLIMIT_NICE``). On a machine other work keeps
+busy the workers would crawl, so ``auto`` chooses it only when, from the demo's start to
+its workers' start, the other processes used less than ``OTHERS_BUSY_LIMIT`` of a core
+(``/proc/stat``, less the demo's own processes); else, and with ``--worker-priority low``
+(or ``SNET_DEMO_WORKER_PRIORITY=low``), they run at ``WORKER_NICENESS`` below the server,
+as before. Emulated boards always do: their sleeps model their time, and a sleeper woken
+late by the policy would model it wrongly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PRIORITIES = ("auto", "idle", "low")
+PRIORITY_VARIABLE = "SNET_DEMO_WORKER_PRIORITY"  # the flag's default, as the tests set it
+# How much lower the scheduling priority of the demo's workers and boards is than its
+# server's when they do not run under SCHED_IDLE (as ``nice -n 5``).
+WORKER_NICENESS = 5
+# Cores the machine's other processes may have used since the demo started for ``auto``
+# to choose SCHED_IDLE. A quarter of one: an editor, a browser's idle tabs; not a build.
+OTHERS_BUSY_LIMIT = 0.25
+# Below this much time since the demo started the clock ticks say too little (100 a
+# second): ``auto`` then keeps the workers at the lower nice value.
+MIN_SAMPLE_SECONDS = 0.1
+
+
+def default_priority() -> str:
+    """The flag's default: ``SNET_DEMO_WORKER_PRIORITY``, else ``auto``."""
+    return os.environ.get(PRIORITY_VARIABLE, "auto")
+
+
+def lower_priority(pid: int) -> None:
+    """Give the demo's worker process ``pid`` the priority ``WORKER_NICENESS`` below the
+    demo's (raising a process's niceness needs no privilege). Only a speed-up: a process
+    that has already exited, or a system that refuses, leaves it as it is."""
+    with contextlib.suppress(OSError):
+        niceness = os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS
+        os.setpriority(os.PRIO_PROCESS, pid, min(niceness, 19))
+
+
+def run_when_idle(pid: int) -> bool:
+    """Put every thread of process ``pid`` under ``SCHED_IDLE`` (the processes and threads
+    it starts later inherit it); False where the system has no such policy or refuses, or
+    the process has gone, which leaves it as it was."""
+    policy = getattr(os, "SCHED_IDLE", None)
+    if policy is None:
+        return False
+    try:
+        threads = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
+        for tid in threads:  # the main thread first: what it starts next inherits it
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _busy_ticks() -> int | None:
+    """Clock ticks every core has spent on work since boot (``/proc/stat``: user, nice,
+    system, irq and softirq; not idle, I/O wait or time a hypervisor stole)."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in first[1:8])
+    except (OSError, ValueError):
+        return None
+    return user + nice + system + irq + softirq if first[0] == "cpu" else None
+
+
+def _process_ticks(pid: int) -> int | None:
+    """Clock ticks process ``pid`` and its reaped children have run (``/proc/PID/stat``)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        fields = text[text.rindex(")") + 2 :].split()  # after the command's name
+        return sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class _Sample:
+    at: float
+    busy: int
+    ours: int
+
+    @classmethod
+    def take(cls, pids: tuple[int, ...]) -> _Sample | None:
+        busy = _busy_ticks()
+        ours = [_process_ticks(pid) for pid in pids]
+        if busy is None or None in ours:
+            return None
+        return cls(time.monotonic(), busy, sum(t for t in ours if t is not None))
+
+
+class OthersLoad:
+    """How busy the machine's other processes have kept it since this was made."""
+
+    def __init__(self, pids: tuple[int, ...]) -> None:
+        """``pids``: the demo's own processes (itself, its workers' process)."""
+        self.pids = pids
+        self._start = _Sample.take(pids)
+
+    def cores(self) -> float | None:
+        """Cores' worth of work the others did since, or None when it cannot be told
+        (no /proc, a process gone, too short a time)."""
+        end = _Sample.take(self.pids)
+        if self._start is None or end is None:
+            return None
+        seconds = end.at - self._start.at
+        if seconds < MIN_SAMPLE_SECONDS:
+            return None
+        ticks = (end.busy - self._start.busy) - (end.ours - self._start.ours)
+        return max(ticks, 0) / os.sysconf("SC_CLK_TCK") / seconds
+
+
+def chosen_priority(priority: str, load: OthersLoad | None) -> str:
+    """``idle`` or ``low`` for the ``--worker-priority`` given (see the module's notes)."""
+    if priority != "auto":
+        return priority
+    others = load.cores() if load is not None else None
+    return "idle" if others is not None and others < OTHERS_BUSY_LIMIT else "low"

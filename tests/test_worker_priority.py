@@ -1,0 +1,99 @@
+"""How the demo chooses its workers' priority (cli/worker_priority.py): ``auto`` is the
+idle policy only while the machine's other processes leave it to the demo, read from
+/proc; a bad choice is one line and exit 2. (The policy on real worker processes:
+tests/test_demo_stops.py.)"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from snet.cli import worker_priority
+from snet.cli.main import main
+from snet.cli.worker_priority import OTHERS_BUSY_LIMIT, OthersLoad, chosen_priority
+
+
+class FixedLoad(OthersLoad):
+    def __init__(self, cores: float | None) -> None:
+        super().__init__(())
+        self._cores = cores
+
+    def cores(self) -> float | None:
+        return self._cores
+
+
+@pytest.mark.parametrize(
+    ("asked", "others", "chosen"),
+    [
+        ("idle", 3.0, "idle"),  # as asked, however busy
+        ("low", 0.0, "low"),
+        ("auto", 0.0, "idle"),
+        ("auto", OTHERS_BUSY_LIMIT * 0.9, "idle"),
+        ("auto", OTHERS_BUSY_LIMIT, "low"),
+        ("auto", 1.5, "low"),
+        ("auto", None, "low"),  # cannot tell (no /proc, too soon): as before
+    ],
+)
+def test_auto_is_idle_only_while_other_processes_leave_the_cores_alone(
+    asked: str, others: float | None, chosen: str
+) -> None:
+    assert chosen_priority(asked, FixedLoad(others)) == chosen
+    if asked != "auto":
+        assert chosen_priority(asked, None) == chosen
+
+
+@pytest.fixture
+def ticks(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, float]]:
+    """The machine's busy ticks, the demo's processes' ticks and the clock, as set."""
+    now = {"busy": 1000, "ours": 300, "at": 50.0}
+    monkeypatch.setattr(worker_priority, "_busy_ticks", lambda: int(now["busy"]))
+    monkeypatch.setattr(worker_priority, "_process_ticks", lambda pid: int(now["ours"]))
+    monkeypatch.setattr(worker_priority.time, "monotonic", lambda: now["at"])
+    yield now
+
+
+def test_the_others_load_is_the_machines_work_less_the_demos_own(ticks: dict[str, float]) -> None:
+    load = OthersLoad((1, 2))
+    hz = os.sysconf("SC_CLK_TCK")
+    ticks["at"] += 0.5
+    ticks["busy"] += hz * 0.8  # 0.8 cores' worth in half a second, 0.6 of them ours
+    ticks["ours"] += hz * 0.6 / 2  # two processes, each read as this
+    assert load.cores() == pytest.approx(0.4, abs=2 / hz)
+    ticks["at"] += 0.5  # since the start: 1 s, nothing more done
+    assert load.cores() == pytest.approx(0.2, abs=2 / hz)
+
+
+def test_too_short_a_time_or_a_process_gone_says_nothing(
+    ticks: dict[str, float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load = OthersLoad((1,))
+    ticks["at"] += worker_priority.MIN_SAMPLE_SECONDS / 2
+    ticks["busy"] += 500
+    assert load.cores() is None
+    ticks["at"] += 1.0
+    assert load.cores() is not None
+    monkeypatch.setattr(worker_priority, "_process_ticks", lambda pid: None)
+    assert load.cores() is None
+
+
+def test_the_proc_readings_and_a_process_that_is_gone() -> None:
+    busy, own = worker_priority._busy_ticks(), worker_priority._process_ticks(os.getpid())
+    assert busy is not None and own is not None and busy >= own >= 0
+    assert worker_priority._process_ticks(2**22 + 1) is None  # above any pid_max
+    assert not worker_priority.run_when_idle(2**22 + 1)
+
+
+def test_a_bad_choice_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["demo", "--worker-priority", "nice"]) == 2
+    said = capsys.readouterr().err
+    assert said == (
+        "snet: --worker-priority (or SNET_DEMO_WORKER_PRIORITY) must be one of auto, idle, "
+        "low, got 'nice'\n"
+    )
+    monkeypatch.setenv("SNET_DEMO_WORKER_PRIORITY", "fast")
+    assert main(["demo"]) == 2
+    assert "got 'fast'" in capsys.readouterr().err
