@@ -26,6 +26,7 @@ weights once each way, whatever the number of steps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ import numpy as np
 from snet.protocol.network import ELEMENT_DTYPE
 
 BLOCK = 65_536  # values per cache block: 256 kB per array: the five a step walks fit in L2
+# A network a little larger than whole blocks is cut into that many blocks, a little
+# longer each, not one more of a few values: the default job's 65,546 values were two
+# passes over the step's arrays, the second for 10 of them, at the full cost in calls.
+BLOCK_SLACK = 1.125
 LANE_MIN_BLOCKS = 2  # split a step across threads only when each gets two blocks or more
 
 
@@ -85,10 +90,12 @@ class UpdateRule:
         # A large step is cut into ``lanes`` ranges of blocks run by as many threads (the
         # calling one and helpers): numpy and BLAS release the GIL, and a synchronous
         # round's step is on the critical path while every worker waits for it.
-        blocks = -(-self.weights.size // BLOCK)
+        size = self.weights.size
+        blocks = max(1, math.ceil(size / (BLOCK * BLOCK_SLACK)))
+        self.block = -(-size // blocks) if size else 1  # values per block
         lanes = max(1, min(lanes, blocks // LANE_MIN_BLOCKS))
-        scratch = min(BLOCK, max(self.weights.size, 1))
-        edges = (np.linspace(0, blocks, lanes + 1).astype(int) * BLOCK).tolist()
+        scratch = min(self.block, max(size, 1))
+        edges = (np.linspace(0, blocks, lanes + 1).astype(int) * self.block).tolist()
         # per lane: its range of values [first, last) and a block of scratch of its own
         self._lanes = [
             (first, last, np.empty(scratch, dtype=ELEMENT_DTYPE)) for first, last in pairwise(edges)
@@ -171,7 +178,7 @@ class UpdateRule:
         work = _Pass(
             groups, bypass, [np.float32(-learning_rate / count) for count in patterns],
             self.weights, self.velocity, np.empty_like(self.weights), self._spare_velocity,
-            np.float32(self.momentum), self._ones,
+            np.float32(self.momentum), self._ones, self.block,
         )  # fmt: skip
         own, *theirs = self._lanes
         others = [
@@ -226,14 +233,15 @@ class _Pass:
     velocity: np.ndarray
     momentum: np.float32
     ones: np.ndarray
+    block: int  # values per block
 
     def run(self, first: int, last: int, scratch: np.ndarray) -> bool:
         """Every step on values [first, last), block by block; False at the first block
         that is not finite."""
         last = min(last, self.weights.size)
         with np.errstate(over="ignore", invalid="ignore"):  # found by the check below
-            for start in range(first, last, BLOCK):
-                if not self._block(start, min(start + BLOCK, last), scratch):
+            for start in range(first, last, self.block):
+                if not self._block(start, min(start + self.block, last), scratch):
                     return False
         return True
 

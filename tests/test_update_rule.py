@@ -155,6 +155,15 @@ def test_small_networks_are_stepped_in_one_lane() -> None:
     assert UpdateRule(np.zeros(8 * BLOCK, dtype=np.float32), 0.9, lanes=4).lanes == 4
 
 
+@pytest.mark.parametrize(
+    ("size", "block"),
+    [(65_546, 65_546), (BLOCK, BLOCK), (2 * BLOCK + 10, BLOCK + 5), (7, 7), (0, 1)],
+)
+def test_a_network_just_over_whole_blocks_takes_no_block_of_its_own(size: int, block: int) -> None:
+    """The default job's 117:512:10 (65,546 values) in one pass, not a second for 10."""
+    assert UpdateRule(np.zeros(size, dtype=np.float32), 0.9).block == block
+
+
 def test_load_replaces_weights_and_refuses_another_shape() -> None:
     rule = UpdateRule(np.zeros(6, dtype=np.float32), 0.9)
     rule.step([np.ones(6, dtype=np.float32)], 1, 0.5)
