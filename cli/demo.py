@@ -117,7 +117,7 @@ def _print_start(
     out_dir: str,
     http_port: int,
     already_trained: bool,
-    priority: str = "low",
+    priority: str,
 ) -> None:
     """The demo's first lines: what it trains, and where its dashboard is."""
     if already_trained:
@@ -220,7 +220,7 @@ async def _demo(
 
     install_stop_signals(stop, logging.getLogger("snet.demo"))
     address = f"127.0.0.1:{listening.getsockname()[1]}"
-    workers = await DemoWorkers.start(args, address, preloaded, load)
+    workers = await DemoWorkers.start(args, address, preloaded)
     from snet.server.app import NOT_WRITTEN, SnetServer  # here: while the workers start
     from snet.server.durability import OtherJob
 
@@ -242,6 +242,7 @@ async def _demo(
     finished = server.coordinator.finished
     already_trained = finished.is_set()  # resumed a run that had completed
     unwritten = False  # its lines could not be written (a full disk): exit status 1
+    await workers.settle_priority(args.worker_priority, load)  # the banner says which
     try:
         _print_start(args, job, config.out_dir, server.http_port, already_trained,
                      workers.priority)  # fmt: skip
@@ -349,7 +350,7 @@ def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None)
               f"got {args.worker_priority!r}", file=sys.stderr)  # fmt: skip
         return 2
     # the machine's other work since the demo started (its workers' process with it)
-    load = preloaded.load if preloaded is not None else OthersLoad((os.getpid(),))
+    load = preloaded.load if preloaded is not None else OthersLoad()
     job, divided = _read_job(args)
     check_worker_settings(args, job)  # as they will read them, environment and all
     setup_logging("warning")

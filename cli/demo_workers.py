@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from .lifeline import supervised_environment
 from .progress_bar import EXIT_INTERRUPTED, say
-from .worker_priority import OthersLoad, chosen_priority, lower_priority, run_when_idle
+from .worker_priority import (
+    MIN_SAMPLE_SECONDS,
+    OthersLoad,
+    chosen_priority,
+    lower_priority,
+    run_when_idle,
+)
 
 if TYPE_CHECKING:
     from snet.client.config import WorkerConfig
@@ -137,43 +143,49 @@ class DemoWorkers:
 
     processes: list[WorkerProcess]
     workers: int  # how many workers they are (the group counts N)
+    group: int | None = None  # the numpy workers' process (its pid), if any
     # the numpy workers': "idle" (SCHED_IDLE) or "low" (nice +5): cli/worker_priority.py
     priority: str = "low"
     terminated: set[int] = field(default_factory=set)  # pids the demo sent SIGTERM
 
     @classmethod
     async def start(
-        cls,
-        args: argparse.Namespace,
-        address: str,
-        preloaded: PreloadedWorker | None = None,
-        load: OthersLoad | None = None,
+        cls, args: argparse.Namespace, address: str, preloaded: PreloadedWorker | None = None
     ) -> DemoWorkers:
-        """Start the demo's worker processes (numpy workers, then boards) for ``address``;
-        the numpy workers in ``preloaded`` if given (which is discarded when there are
-        none), at the priority ``args.worker_priority`` asks for (``load``: the other
-        processes' since the demo started, for ``auto``)."""
+        """Start the demo's worker processes (numpy workers, then boards) for ``address``,
+        at nice +5; the numpy workers in ``preloaded`` if given (which is discarded when
+        there are none)."""
         environment = worker_environment()
         commands = worker_commands(args, address)
-        wanted = chosen_priority(args.worker_priority, load) if args.workers else "low"
         processes: list[WorkerProcess] = []
         if preloaded is not None and args.workers:  # the numpy workers' group is first
-            # before its command: the workers it forks inherit the policy
-            idle = wanted == "idle" and run_when_idle(preloaded.process.pid)
             processes.append(preloaded.run(commands.pop(0)))
-        else:
-            if preloaded is not None:
-                preloaded.discard()
-            idle = False
+        elif preloaded is not None:
+            preloaded.discard()
         for command in commands:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "snet.cli", *command, env=environment
             )
             lower_priority(process.pid)
-            if wanted == "idle" and not processes:  # the numpy workers' group
-                idle = run_when_idle(process.pid)
             processes.append(process)
-        return cls(processes, args.workers + args.spert, "idle" if idle else "low")
+        group = processes[0].pid if args.workers else None
+        return cls(processes, args.workers + args.spert, group)
+
+    async def settle_priority(self, asked: str, load: OthersLoad | None) -> None:
+        """Put the numpy workers on idle cores if ``asked`` (``--worker-priority``) says
+        so, ``auto`` once the demo has watched the machine long enough to tell; a refused
+        ``idle`` leaves them at nice +5, and says so."""
+        if self.group is None:
+            return
+        if asked == "auto" and load is not None and load.seconds < MIN_SAMPLE_SECONDS:
+            await asyncio.sleep(MIN_SAMPLE_SECONDS - load.seconds)
+        if chosen_priority(asked, load) != "idle":
+            return
+        if run_when_idle(self.group):
+            self.priority = "idle"
+        elif asked == "idle":
+            say("snet demo: the system refused its workers the idle policy (SCHED_IDLE): "
+                "they run at nice +5")  # fmt: skip
 
     def codes(self) -> list[int | None]:
         """Each process's exit code (None: still running)."""

@@ -71,7 +71,7 @@ class PreloadedWorker:
         self._process = process
         self._given = False
         # the machine's other work from here on, for the workers' priority
-        self.load = OthersLoad((os.getpid(), process.pid))
+        self.load = OthersLoad()
 
     @property
     def process(self) -> subprocess.Popen[bytes]:

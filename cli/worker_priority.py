@@ -13,16 +13,18 @@ worker's bunches.
 So on a machine that is otherwise idle the demo runs its numpy workers under Linux's
 ``SCHED_IDLE`` policy: a core that runs only such tasks counts as free when the server
 wakes (it takes that core at once), and they move to whichever core falls idle (they are
-never held back as cache-hot). The cores stood idle 3 % of the time; an epoch took 6-12 %
-less, and time to 90 % CV 15-25 % less (docs/time-to-accuracy.md, session 21).
+never held back as cache-hot). The cores stood idle 3 % of the time, and an epoch took a
+tenth less (docs/time-to-accuracy.md, session 21).
 
 The price: such a task runs only when no other task wants the core, and an unprivileged
 process cannot leave the policy again (``RLIMIT_NICE``). On a machine other work keeps
-busy the workers would crawl, so ``auto`` chooses it only when, from the demo's start to
-its workers' start, the other processes used less than ``OTHERS_BUSY_LIMIT`` of a core
-(``/proc/stat``, less the demo's own processes); else, and with ``--worker-priority low``
-(or ``SNET_DEMO_WORKER_PRIORITY=low``), they run at ``WORKER_NICENESS`` below the server,
-as before. Emulated boards always do: their sleeps model their time, and a sleeper woken
+busy the workers would crawl, so ``auto`` chooses it only when, over the demo's start (at
+least ``MIN_SAMPLE_SECONDS`` of it, from the moment its workers' process was started to
+the moment its server is ready), the other processes used less than ``OTHERS_BUSY_LIMIT``
+of a core (``/proc/stat``, less the demo's own processes); else (and where there is no
+such policy or /proc), and with ``--worker-priority low`` (or
+``SNET_DEMO_WORKER_PRIORITY=low``), they run at ``WORKER_NICENESS`` below the server, as
+before. Emulated boards always do: their sleeps model their time, and a sleeper woken
 late by the policy would model it wrongly.
 """
 
@@ -42,14 +44,15 @@ WORKER_NICENESS = 5
 # Cores the machine's other processes may have used since the demo started for ``auto``
 # to choose SCHED_IDLE. A quarter of one: an editor, a browser's idle tabs; not a build.
 OTHERS_BUSY_LIMIT = 0.25
-# Below this much time since the demo started the clock ticks say too little (100 a
-# second): ``auto`` then keeps the workers at the lower nice value.
-MIN_SAMPLE_SECONDS = 0.1
+# The least time ``auto`` watches the machine (the demo's start is about 0.4 s of it): at
+# 100 clock ticks a second a quarter of a core is 6 ticks in that time, against one tick
+# of rounding for each of the counters read.
+MIN_SAMPLE_SECONDS = 0.25
 
 
 def default_priority() -> str:
     """The flag's default: ``SNET_DEMO_WORKER_PRIORITY``, else ``auto``."""
-    return os.environ.get(PRIORITY_VARIABLE, "auto")
+    return os.environ.get(PRIORITY_VARIABLE) or "auto"
 
 
 def lower_priority(pid: int) -> None:
@@ -62,19 +65,49 @@ def lower_priority(pid: int) -> None:
 
 
 def run_when_idle(pid: int) -> bool:
-    """Put every thread of process ``pid`` under ``SCHED_IDLE`` (the processes and threads
-    it starts later inherit it); False where the system has no such policy or refuses, or
-    the process has gone, which leaves it as it was."""
+    """Put process ``pid`` and its descendants, every thread of them, under
+    ``SCHED_IDLE`` (what they start later inherits it); False where the system has no
+    such policy, refuses it, or ``pid`` has gone, which leaves ``pid`` as it was."""
     policy = getattr(os, "SCHED_IDLE", None)
     if policy is None:
         return False
-    try:
-        threads = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
-        for tid in threads:  # the main thread first: what it starts next inherits it
-            os.sched_setscheduler(tid, policy, os.sched_param(0))
-    except (OSError, ValueError):
+    try:  # the process's main thread first: whatever it starts from now on inherits it
+        os.sched_setscheduler(pid, policy, os.sched_param(0))
+    except OSError:
         return False
+    done = {pid}
+    while fresh := set(_threads_below(pid)) - done:  # again, until none is new
+        for tid in fresh:
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+        done |= fresh
     return True
+
+
+def _threads_below(pid: int) -> list[int]:
+    """The threads of process ``pid`` and of its descendants."""
+    return [tid for process in _processes_below(pid) for tid in _threads(process)]
+
+
+def _threads(pid: int) -> list[int]:
+    """The threads of process ``pid`` (none once it has ended)."""
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return []
+
+
+def _processes_below(pid: int) -> list[int]:
+    """Process ``pid`` and its living descendants (``/proc``)."""
+    found, frontier = [], [pid]
+    while frontier:
+        process = frontier.pop()
+        found.append(process)
+        for tid in _threads(process):
+            with contextlib.suppress(OSError, ValueError):  # ended meanwhile
+                children = Path(f"/proc/{process}/task/{tid}/children").read_text()
+                frontier.extend(int(child) for child in children.split())
+    return found
 
 
 def _busy_ticks() -> int | None:
@@ -105,26 +138,31 @@ class _Sample:
     ours: int
 
     @classmethod
-    def take(cls, pids: tuple[int, ...]) -> _Sample | None:
+    def take(cls) -> _Sample | None:
+        """The machine's busy ticks, and those of this process and its descendants."""
         busy = _busy_ticks()
-        ours = [_process_ticks(pid) for pid in pids]
+        ours = [_process_ticks(pid) for pid in _processes_below(os.getpid())]
         if busy is None or None in ours:
             return None
         return cls(time.monotonic(), busy, sum(t for t in ours if t is not None))
 
 
 class OthersLoad:
-    """How busy the machine's other processes have kept it since this was made."""
+    """How busy the machine's other processes have kept it since this was made: all but
+    this one (the demo) and its descendants (its workers, forked or started meanwhile)."""
 
-    def __init__(self, pids: tuple[int, ...]) -> None:
-        """``pids``: the demo's own processes (itself, its workers' process)."""
-        self.pids = pids
-        self._start = _Sample.take(pids)
+    def __init__(self) -> None:
+        self._start = _Sample.take()
+
+    @property
+    def seconds(self) -> float:
+        """Since this was made."""
+        return time.monotonic() - self._start.at if self._start is not None else 0.0
 
     def cores(self) -> float | None:
         """Cores' worth of work the others did since, or None when it cannot be told
-        (no /proc, a process gone, too short a time)."""
-        end = _Sample.take(self.pids)
+        (no /proc, too short a time)."""
+        end = _Sample.take()
         if self._start is None or end is None:
             return None
         seconds = end.at - self._start.at

@@ -26,7 +26,6 @@ weights once each way, whatever the number of steps.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,10 +37,11 @@ import numpy as np
 from snet.protocol.network import ELEMENT_DTYPE
 
 BLOCK = 65_536  # values per cache block: 256 kB per array: the five a step walks fit in L2
-# A network a little larger than whole blocks is cut into that many blocks, a little
-# longer each, not one more of a few values: the default job's 65,546 values were two
-# passes over the step's arrays, the second for 10 of them, at the full cost in calls.
-BLOCK_SLACK = 1.125
+# A network at most this many values larger than whole blocks is cut into that many
+# blocks, a little longer each, not one more of a few values: the default job's 65,546
+# values were two passes over the step's arrays, the second for 10 of them, at the full
+# cost in calls.
+BLOCK_SLACK = BLOCK // 8
 LANE_MIN_BLOCKS = 2  # split a step across threads only when each gets two blocks or more
 
 
@@ -91,7 +91,9 @@ class UpdateRule:
         # calling one and helpers): numpy and BLAS release the GIL, and a synchronous
         # round's step is on the critical path while every worker waits for it.
         size = self.weights.size
-        blocks = max(1, math.ceil(size / (BLOCK * BLOCK_SLACK)))
+        blocks = max(1, -(-size // BLOCK))
+        if blocks > 1 and 0 < size % BLOCK <= BLOCK_SLACK:
+            blocks -= 1
         self.block = -(-size // blocks) if size else 1  # values per block
         lanes = max(1, min(lanes, blocks // LANE_MIN_BLOCKS))
         scratch = min(self.block, max(size, 1))

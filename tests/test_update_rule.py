@@ -157,7 +157,15 @@ def test_small_networks_are_stepped_in_one_lane() -> None:
 
 @pytest.mark.parametrize(
     ("size", "block"),
-    [(65_546, 65_546), (BLOCK, BLOCK), (2 * BLOCK + 10, BLOCK + 5), (7, 7), (0, 1)],
+    [
+        (65_546, 65_546),
+        (BLOCK, BLOCK),
+        (2 * BLOCK + 10, BLOCK + 5),
+        (9 * BLOCK, BLOCK),
+        (2 * BLOCK + BLOCK // 2, (5 * BLOCK // 2 + 2) // 3),
+        (7, 7),
+        (0, 1),
+    ],
 )
 def test_a_network_just_over_whole_blocks_takes_no_block_of_its_own(size: int, block: int) -> None:
     """The default job's 117:512:10 (65,546 values) in one pass, not a second for 10."""

@@ -1,11 +1,16 @@
 """How the demo chooses its workers' priority (cli/worker_priority.py): ``auto`` is the
 idle policy only while the machine's other processes leave it to the demo, read from
-/proc; a bad choice is one line and exit 2. (The policy on real worker processes:
-tests/test_demo_stops.py.)"""
+/proc; the policy reaches every thread of a process and of those it forked; a bad choice
+is one line and exit 2. (The demo's own worker processes: tests/test_demo_stops.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -14,10 +19,12 @@ from snet.cli import worker_priority
 from snet.cli.main import main
 from snet.cli.worker_priority import OTHERS_BUSY_LIMIT, OthersLoad, chosen_priority
 
+import helpers
+
 
 class FixedLoad(OthersLoad):
     def __init__(self, cores: float | None) -> None:
-        super().__init__(())
+        super().__init__()
         self._cores = cores
 
     def cores(self) -> float | None:
@@ -50,12 +57,13 @@ def ticks(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, float]]:
     now = {"busy": 1000, "ours": 300, "at": 50.0}
     monkeypatch.setattr(worker_priority, "_busy_ticks", lambda: int(now["busy"]))
     monkeypatch.setattr(worker_priority, "_process_ticks", lambda pid: int(now["ours"]))
+    monkeypatch.setattr(worker_priority, "_processes_below", lambda pid: [pid, pid + 1])
     monkeypatch.setattr(worker_priority.time, "monotonic", lambda: now["at"])
     yield now
 
 
 def test_the_others_load_is_the_machines_work_less_the_demos_own(ticks: dict[str, float]) -> None:
-    load = OthersLoad((1, 2))
+    load = OthersLoad()  # this process and one below it, as the fixture has them
     hz = os.sysconf("SC_CLK_TCK")
     ticks["at"] += 0.5
     ticks["busy"] += hz * 0.8  # 0.8 cores' worth in half a second, 0.6 of them ours
@@ -68,7 +76,7 @@ def test_the_others_load_is_the_machines_work_less_the_demos_own(ticks: dict[str
 def test_too_short_a_time_or_a_process_gone_says_nothing(
     ticks: dict[str, float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    load = OthersLoad((1,))
+    load = OthersLoad()
     ticks["at"] += worker_priority.MIN_SAMPLE_SECONDS / 2
     ticks["busy"] += 500
     assert load.cores() is None
@@ -79,10 +87,49 @@ def test_too_short_a_time_or_a_process_gone_says_nothing(
 
 
 def test_the_proc_readings_and_a_process_that_is_gone() -> None:
-    busy, own = worker_priority._busy_ticks(), worker_priority._process_ticks(os.getpid())
-    assert busy is not None and own is not None and busy >= own >= 0
+    hz = os.sysconf("SC_CLK_TCK")
+    end = time.process_time() + 0.05
+    while time.process_time() < end:  # some CPU of its own to read
+        pass
+    own, times = worker_priority._process_ticks(os.getpid()), os.times()
+    assert own is not None and abs(own - sum(times[:4]) * hz) <= 2  # utime stime cutime cstime
+    busy = worker_priority._busy_ticks()
+    assert busy is not None and busy >= own
     assert worker_priority._process_ticks(2**22 + 1) is None  # above any pid_max
     assert not worker_priority.run_when_idle(2**22 + 1)
+
+
+# A process that starts a thread and forks a child that starts one, then waits: what the
+# demo's numpy workers' process does once it has its command (threads, forked workers).
+FAMILY = """
+import os, sys, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+if os.fork() == 0:
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    time.sleep(60)
+    os._exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.system
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
+def test_the_idle_policy_reaches_every_thread_of_a_process_and_of_its_children() -> None:
+    argv = [sys.executable, "-c", FAMILY]
+    family = helpers.DrivenProcess(argv, stdout=subprocess.PIPE, text=True,
+                                   start_new_session=True)  # fmt: skip
+    with family, contextlib.ExitStack() as cleanup:
+        cleanup.callback(os.killpg, family.pid, signal.SIGKILL)  # its forked child too
+        assert family.stdout is not None and family.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 10
+        while len(worker_priority._threads_below(family.pid)) < 4:  # 2 processes, 2 each
+            assert time.monotonic() < deadline, worker_priority._threads_below(family.pid)
+            time.sleep(0.01)
+        assert worker_priority.run_when_idle(family.pid)
+        threads = worker_priority._threads_below(family.pid)
+        assert {os.sched_getscheduler(tid) for tid in threads} == {os.SCHED_IDLE}
+        assert len(worker_priority._processes_below(family.pid)) == 2
 
 
 def test_a_bad_choice_is_one_line_and_exit_2(
