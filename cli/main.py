@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, NoReturn
 # Nothing imported here may import numpy: a worker's BLAS thread count is fixed by
 # limit_blas_threads() in main(), and BLAS reads it once, when numpy is first imported
 # (with two BLAS threads per worker on two cores, the demo ran ten times slower).
+from snet.protocol.heap import settle
+
 from .blas import early_blas_limit
 from .parser import COMMANDS, parse_command
 
@@ -49,6 +51,7 @@ def main(argv: list[str] | None = None, preload_workers: bool = False) -> int:
 
         from .checkout import run_bench
 
+        settle()  # the suite runs long in this process
         try:
             return run_bench(words[1:])
         except ConfigError as exc:
@@ -148,8 +151,15 @@ RUNNERS = {
 }
 
 
+# Commands that switch the garbage collector back on themselves, once they have loaded
+# what they keep (protocol/heap.py); the others get it back before they start.
+SETTLE_THEMSELVES = frozenset({"server", "worker", "spert", "train", "demo"})
+
+
 def _run(args: argparse.Namespace, preloaded: PreloadedWorker | None) -> int:
     """Run the command ``args`` name, from its module (imported only for it)."""
+    if args.command not in SETTLE_THEMSELVES:
+        settle()
     module, name = RUNNERS[args.command]
     run = getattr(importlib.import_module(f".{module}", __package__), name)
     status: int = run(args, preloaded) if args.command == "demo" else run(args)
@@ -166,9 +176,12 @@ QUICK_EXIT = frozenset({"server", "worker", "spert", "demo"})
 
 def entry() -> NoReturn:
     """The ``snet`` command (its console script and ``python -m snet.cli``)."""
+    from snet.protocol.heap import start_quietly
+
     from .lifeline import follow_supervisor
     from .output import install as install_output
 
+    start_quietly()  # no collections while it loads what it keeps (protocol/heap.py)
     follow_supervisor()  # first: started by ``snet demo``, it must not outlive the demo
     install_output()  # a failed write to stdout is OutputNotWritten, not any OSError
     words = sys.argv[1:]

@@ -143,7 +143,11 @@ def entry() -> NoReturn:
     # is the demo's to act on: it kills this process if it has not given it one yet, and
     # once it has, the command takes the signal as a worker does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from snet.protocol.heap import start_quietly
+
     from .lifeline import follow_supervisor
+
+    start_quietly()  # no collections while it loads what its workers keep (protocol/heap.py)
     from .main import finish, main
 
     try:

@@ -34,6 +34,7 @@ def loop_name() -> str:
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run ``coroutine`` on uvloop when available, falling back to plain asyncio."""
     from snet.protocol.fpu import denormals_flushed, flush_denormals
+    from snet.protocol.heap import settle
 
     # The loop's thread computes too (short steps and bunches run inline, transport/
     # inline.py): with denormals flushed as in the step and compute threads, a step's
@@ -41,6 +42,7 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     # thread is left as it was found (a caller's own arithmetic, a test's).
     was_flushed = denormals_flushed()
     flush_denormals()
+    settle()  # what the start-up loaded, out of the collector's sight (protocol/heap.py)
     try:
         if loop_name() == "uvloop":
             import uvloop

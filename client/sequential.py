@@ -19,6 +19,7 @@ import numpy as np
 
 from snet.data.corpus import Corpus
 from snet.protocol.errors import DIVERGED_AFTER, TrainingDiverged
+from snet.protocol.heap import settle
 from snet.protocol.hooks import BunchEvent, EpochEvent, HookSet, RunInfo
 from snet.protocol.job import JobSpec
 from snet.protocol.network import ElementLayout
@@ -81,6 +82,7 @@ def train_sequential(
         ),
     )
     version = refused = 0
+    settle()  # the data and the compiled step, out of the collector's sight (protocol/heap.py)
     for epoch in range(job.epochs):
         hooks.call("before_epoch", epoch, rate)
         patterns = correct = 0

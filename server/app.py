@@ -27,6 +27,7 @@ from aiohttp import web
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError, ListenError
 from snet.protocol.fpu import flush_denormals
+from snet.protocol.heap import settle
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye
 from snet.transport.faults import FaultSwitch
@@ -216,6 +217,7 @@ class SnetServer:
                  self.config.http_bind_host, self.http_port, guard)  # fmt: skip
         if self.coordinator.finished.is_set() and self._results_task is None:
             await self._save_results()  # resumed a run that had completed: "trained" once ready
+        settle()  # the data plan, the server's code and objects: kept to the end, never walked
         if self.ready_file is not None:
             self.ready_file.write(self.port, self.http_port)
         notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
