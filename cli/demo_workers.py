@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from .lifeline import supervised_environment
+from .preloaded_worker import worker_environment
 from .progress_bar import EXIT_INTERRUPTED, say
 from .worker_priority import (
     MIN_SAMPLE_SECONDS,
@@ -61,18 +61,6 @@ class WorkerProcess(Protocol):
     def kill(self) -> None: ...
 
     async def wait(self) -> int: ...
-
-
-def worker_environment() -> dict[str, str]:
-    """The environment of the demo's worker processes."""
-    # Each ends when the demo dies, however it dies (kill -9, the OOM killer): it would
-    # retry the server that died with the demo for minutes (cli/lifeline.py).
-    environment = supervised_environment()
-    # One data cache for the demo's processes: SNET_DATA_CACHE is the server's variable,
-    # and the workers' own (SNET_WORKER_DATA_CACHE) follows it unless set.
-    if "SNET_DATA_CACHE" in environment:
-        environment.setdefault("SNET_WORKER_DATA_CACHE", environment["SNET_DATA_CACHE"])
-    return environment
 
 
 def worker_commands(args: argparse.Namespace, address: str) -> list[list[str]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import logging
 import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
@@ -70,8 +69,7 @@ def _preloaded_worker(words: list[str]) -> PreloadedWorker | None:
     while the demo loads its own (cli/preloaded_worker.py); None for other commands."""
     if words[:1] != ["demo"] or {"-h", "--help"} & set(words):
         return None
-    from .demo_workers import worker_environment
-    from .preloaded_worker import PreloadedWorker
+    from .preloaded_worker import PreloadedWorker, worker_environment
 
     return PreloadedWorker.start(worker_environment())
 
@@ -191,6 +189,8 @@ def entry() -> NoReturn:
 def finish(words: list[str], status: int) -> NoReturn:
     """Exit with ``status`` the command ``words`` returned (``QUICK_EXIT``: at once)."""
     if words[:1] and words[0] in QUICK_EXIT:
+        import logging
+
         from snet.protocol.errors import OutputNotWritten
 
         logging.shutdown()  # the last lines of the log, flushed

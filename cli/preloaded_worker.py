@@ -16,7 +16,6 @@ Run as ``python -m snet.cli.preloaded_worker``; the demo's side is ``PreloadedWo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -26,7 +25,7 @@ import sys
 from typing import NoReturn
 
 from .blas import early_blas_limit
-from .progress_bar import EXIT_INTERRUPTED
+from .lifeline import supervised_environment
 
 MODULE = "snet.cli.preloaded_worker"
 POLL_SECONDS = 0.02  # how often a wait looks whether the process has exited
@@ -57,9 +56,23 @@ class StartedProcess:
 
     async def wait(self) -> int:
         """Its exit status, once it has exited."""
+        import asyncio  # here: the demo starts this process before it imports asyncio
+
         while (code := self._process.poll()) is None:
             await asyncio.sleep(POLL_SECONDS)
         return code
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment of the demo's worker processes."""
+    # Each ends when the demo dies, however it dies (kill -9, the OOM killer): it would
+    # retry the server that died with the demo for minutes (cli/lifeline.py).
+    environment = supervised_environment()
+    # One data cache for the demo's processes: SNET_DATA_CACHE is the server's variable,
+    # and the workers' own (SNET_WORKER_DATA_CACHE) follows it unless set.
+    if "SNET_DATA_CACHE" in environment:
+        environment.setdefault("SNET_WORKER_DATA_CACHE", environment["SNET_DATA_CACHE"])
+    return environment
 
 
 class PreloadedWorker:
@@ -149,6 +162,7 @@ def entry() -> NoReturn:
 
     start_quietly()  # no collections while it loads what its workers keep (protocol/heap.py)
     from .main import finish, main
+    from .progress_bar import EXIT_INTERRUPTED
 
     try:
         follow_supervisor()  # first, as every command the demo starts: not to outlive it

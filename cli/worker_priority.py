@@ -33,8 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from typing import NamedTuple
 
 PRIORITIES = ("auto", "idle", "low")
 PRIORITY_VARIABLE = "SNET_DEMO_WORKER_PRIORITY"  # the flag's default, as the tests set it
@@ -105,16 +104,22 @@ def _processes_below(pid: int) -> list[int]:
         found.append(process)
         for tid in _threads(process):
             with contextlib.suppress(OSError, ValueError):  # ended meanwhile
-                children = Path(f"/proc/{process}/task/{tid}/children").read_text()
+                children = _read(f"/proc/{process}/task/{tid}/children")
                 frontier.extend(int(child) for child in children.split())
     return found
+
+
+def _read(path: str) -> str:
+    """A /proc file's text (no pathlib: imported before the demo starts its workers)."""
+    with open(path) as file:
+        return file.read()
 
 
 def _busy_ticks() -> int | None:
     """Clock ticks every core has spent on work since boot (``/proc/stat``: user, nice,
     system, irq and softirq; not idle, I/O wait or time a hypervisor stole)."""
     try:
-        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        first = _read("/proc/stat").split("\n", 1)[0].split()
         user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in first[1:8])
     except (OSError, ValueError):
         return None
@@ -124,15 +129,14 @@ def _busy_ticks() -> int | None:
 def _process_ticks(pid: int) -> int | None:
     """Clock ticks process ``pid`` and its reaped children have run (``/proc/PID/stat``)."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = _read(f"/proc/{pid}/stat")
         fields = text[text.rindex(")") + 2 :].split()  # after the command's name
         return sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
     except (OSError, ValueError):
         return None
 
 
-@dataclass(frozen=True)
-class _Sample:
+class _Sample(NamedTuple):
     at: float
     busy: int
     ours: int
