@@ -56,8 +56,10 @@ def _print_epochs(
     seconds since ``started`` (None: a finished run shown again, whose times are gone)."""
     epochs = server.coordinator.job.epochs
     for record in server.coordinator.stats.epochs:
+        if record.epoch in printed:
+            continue
         row = record.as_dict()
-        if row["cv_accuracy"] is None or record.epoch in printed:
+        if row["cv_accuracy"] is None:
             continue
         printed.add(record.epoch)
         when = "" if started is None else f"  ({time.monotonic() - started:5.1f} s)"
@@ -90,7 +92,9 @@ async def _progress(
         except (BrokenPipeError, OutputNotWritten) as exc:
             _output_lost(server, exc)
             return
-        await asyncio.sleep(0.05)  # an epoch line late by at most this: bench times them
+        # an epoch line late by at most this (the benchmarks time them; 50 ms made the
+        # demo 25 ms later to a CV target on average): a look costs a few microseconds
+        await asyncio.sleep(0.01)
 
 
 def _output_lost(server: SnetServer, exc: BrokenPipeError | OutputNotWritten) -> bool:
