@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from .preloaded_worker import worker_environment
 from .progress_bar import EXIT_INTERRUPTED, say
 from .worker_priority import (
+    IDLE_POLICY,
     MIN_SAMPLE_SECONDS,
     OthersLoad,
     chosen_priority,
@@ -165,8 +166,9 @@ class DemoWorkers:
         ``idle`` leaves them at nice +5, and says so."""
         if self.group is None:
             return
-        if asked == "auto" and load is not None and load.seconds < MIN_SAMPLE_SECONDS:
-            await asyncio.sleep(MIN_SAMPLE_SECONDS - load.seconds)
+        measurable = load is not None and load.measurable and IDLE_POLICY is not None
+        if asked == "auto" and measurable and load is not None:
+            await asyncio.sleep(max(MIN_SAMPLE_SECONDS - load.seconds, 0.0))
         if chosen_priority(asked, load) != "idle":
             return
         if run_when_idle(self.group):

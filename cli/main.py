@@ -50,7 +50,6 @@ def main(argv: list[str] | None = None, preload_workers: bool = False) -> int:
 
         from .checkout import run_bench
 
-        settle()  # the suite runs long in this process
         try:
             return run_bench(words[1:])
         except ConfigError as exc:

@@ -8,8 +8,8 @@ to do; its server then waited some 0.8 s for workers still loading. So the demo 
 first thing, a process that loads what a worker needs and then waits for its command
 line (as multiprocessing's fork server and Android's zygote do): one line of JSON on
 its standard input, which it then runs as ``snet worker`` would. A demo that stops
-before it has a command for it (a bad flag, ``--help``, no numpy workers) kills it: it
-has done nothing but load code.
+before it has a command for it (a bad flag, no numpy workers) kills it: it has done
+nothing but load code. None is started for ``--help``.
 
 Run as ``python -m snet.cli.preloaded_worker``; the demo's side is ``PreloadedWorker``.
 """

@@ -47,6 +47,7 @@ def run_worker_group(config: WorkerConfig) -> int:
     from snet.client.backend import check_backend
     from snet.client.joining import tls_context
     from snet.protocol.errors import ConfigError
+    from snet.protocol.heap import settle
 
     from .commands import run_worker_process
 
@@ -65,6 +66,7 @@ def run_worker_group(config: WorkerConfig) -> int:
         if pid == 0:  # the child: one worker, then out, never back into the parent's stack
             os._exit(_child(member_config(config, index), backend, parent))
         children.append(pid)
+    settle()  # the parent only waits for its workers from here (protocol/heap.py)
     return _supervise(children)
 
 

@@ -63,11 +63,14 @@ def lower_priority(pid: int) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, min(niceness, 19))
 
 
+IDLE_POLICY: int | None = getattr(os, "SCHED_IDLE", None)  # Linux's; None elsewhere
+
+
 def run_when_idle(pid: int) -> bool:
     """Put process ``pid`` and its descendants, every thread of them, under
     ``SCHED_IDLE`` (what they start later inherits it); False where the system has no
     such policy, refuses it, or ``pid`` has gone, which leaves ``pid`` as it was."""
-    policy = getattr(os, "SCHED_IDLE", None)
+    policy = IDLE_POLICY
     if policy is None:
         return False
     try:  # the process's main thread first: whatever it starts from now on inherits it
@@ -77,7 +80,7 @@ def run_when_idle(pid: int) -> bool:
     done = {pid}
     while fresh := set(_threads_below(pid)) - done:  # again, until none is new
         for tid in fresh:
-            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            with contextlib.suppress(OSError):  # ended meanwhile (or refused: left as is)
                 os.sched_setscheduler(tid, policy, os.sched_param(0))
         done |= fresh
     return True
@@ -102,11 +105,35 @@ def _processes_below(pid: int) -> list[int]:
     while frontier:
         process = frontier.pop()
         found.append(process)
-        for tid in _threads(process):
-            with contextlib.suppress(OSError, ValueError):  # ended meanwhile
-                children = _read(f"/proc/{process}/task/{tid}/children")
-                frontier.extend(int(child) for child in children.split())
+        frontier.extend(_children(process))
     return found
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid``: from each thread's ``children`` file, or, on a
+    kernel without them, from every process's parent in ``/proc/PID/stat``."""
+    children: list[int] = []
+    for tid in _threads(pid):
+        try:
+            children += (int(child) for child in _read(f"/proc/{pid}/task/{tid}/children").split())
+        except FileNotFoundError:
+            if os.path.exists(f"/proc/{pid}/task/{tid}"):  # the thread is there, the file not
+                return [child for child in _all_processes() if _parent(child) == pid]
+        except (OSError, ValueError):  # ended meanwhile
+            pass
+    return children
+
+
+def _all_processes() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        text = _read(f"/proc/{pid}/stat")
+        return int(text[text.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError):
+        return None
 
 
 def _read(path: str) -> str:
@@ -157,6 +184,11 @@ class OthersLoad:
 
     def __init__(self) -> None:
         self._start = _Sample.take()
+
+    @property
+    def measurable(self) -> bool:
+        """The machine could be read when this was made (/proc is there)."""
+        return self._start is not None
 
     @property
     def seconds(self) -> float:

@@ -162,6 +162,7 @@ class SnetServer:
         self.coordinator.pool.watch(lambda: self._set_reading(False),
                                     lambda: self._set_reading(True))  # fmt: skip
         self.coordinator.report_to(self._on_trained, self.request_stop)
+        settle()  # the data plan and the coordinator, before any worker: kept, never walked
         limits = worker_frame_limits(self.config.max_frame_mb, self.coordinator.layout.nbytes)
         faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)
         where = f"{self.config.host}:{self.config.port}"
@@ -217,7 +218,6 @@ class SnetServer:
                  self.config.http_bind_host, self.http_port, guard)  # fmt: skip
         if self.coordinator.finished.is_set() and self._results_task is None:
             await self._save_results()  # resumed a run that had completed: "trained" once ready
-        settle()  # the data plan, the server's code and objects: kept to the end, never walked
         if self.ready_file is not None:
             self.ready_file.write(self.port, self.http_port)
         notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")

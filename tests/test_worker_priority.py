@@ -115,7 +115,9 @@ time.sleep(60)
 
 @pytest.mark.system
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
-def test_the_idle_policy_reaches_every_thread_of_a_process_and_of_its_children() -> None:
+def test_the_idle_policy_reaches_every_thread_of_a_process_and_of_its_children(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     argv = [sys.executable, "-c", FAMILY]
     family = helpers.DrivenProcess(argv, stdout=subprocess.PIPE, text=True,
                                    start_new_session=True)  # fmt: skip
@@ -129,6 +131,16 @@ def test_the_idle_policy_reaches_every_thread_of_a_process_and_of_its_children()
         assert worker_priority.run_when_idle(family.pid)
         threads = worker_priority._threads_below(family.pid)
         assert {os.sched_getscheduler(tid) for tid in threads} == {os.SCHED_IDLE}
+        assert len(worker_priority._processes_below(family.pid)) == 2
+        # a kernel without /proc/PID/task/TID/children: the child found by its parent
+        read = worker_priority._read
+
+        def without_children_files(path: str) -> str:
+            if path.endswith("/children"):
+                raise FileNotFoundError(path)
+            return read(path)
+
+        monkeypatch.setattr(worker_priority, "_read", without_children_files)
         assert len(worker_priority._processes_below(family.pid)) == 2
 
 
