@@ -157,9 +157,10 @@ def _priority_said(args: argparse.Namespace, priority: str) -> str:
     """How the numpy workers share the cores with the server (cli/worker_priority.py)."""
     if not args.workers:
         return ""
+    boards = f", boards at nice +{WORKER_NICENESS}" if args.spert else ""
     if priority == "idle":
-        return ", workers on idle cores"
-    return f", workers at nice +{WORKER_NICENESS}"
+        return f", workers on idle cores{boards}"
+    return f", workers{' and boards' if args.spert else ''} at nice +{WORKER_NICENESS}"
 
 
 def divided_bunch(job: JobSpec, workers: int) -> JobSpec:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -45,6 +46,7 @@ LEAVE_SECONDS = 5.0  # to leave by themselves once the server has finished
 INTERRUPT_LEAVE_SECONDS = 3.0
 WATCH_SECONDS = 0.1  # how often the demo looks at its worker processes
 WORKERS_GONE = "its workers have gone"  # why the demo stopped its server
+STALL_HINT_SECONDS = 10.0  # no step this long with workers on idle cores: StallHint
 
 
 class WorkerProcess(Protocol):
@@ -123,6 +125,26 @@ def _check_takes_job(config: WorkerConfig, job: JobSpec) -> None:
         make_step_policy(job).combination.agreed_codecs(capabilities, job.compress)
     except UnknownCodec as exc:
         raise ConfigError(f"the demo's workers cannot take the job: {exc}") from None
+
+
+class StallHint:
+    """Says once, when the workers run on idle cores (cli/worker_priority.py) and no step
+    has been taken for ``STALL_HINT_SECONDS``, that other processes may hold the cores:
+    the policy cannot be left again, and a stranger saw a 1 s epoch take 11."""
+
+    def __init__(self, idle: bool, version: int) -> None:
+        self.idle = idle
+        self.version, self.since = version, time.monotonic()
+
+    def look(self, version: int) -> None:
+        now = time.monotonic()
+        if version != self.version:
+            self.version, self.since = version, now
+        elif self.idle and now - self.since >= STALL_HINT_SECONDS:
+            self.idle = False  # once
+            say(f"snet demo: no step for {STALL_HINT_SECONDS:g} s: its workers run on idle "
+                "cores (SCHED_IDLE), which other processes may be holding; "
+                "--worker-priority low gives them a share")  # fmt: skip
 
 
 @dataclass
@@ -219,10 +241,12 @@ class DemoWorkers:
         (the run is kept), once the workers cannot train it, saying why in one line."""
         coordinator = server.coordinator
         all_joined = False
+        stalled = StallHint(self.priority == "idle", coordinator.version)
         while not (coordinator.finished.is_set() or server.stopping.is_set()):
             # Seen once, never forgotten: workers may later leave and rejoin (np mode's
             # desk keeps no quorum of its own, so ``holding_back`` alone cannot tell).
             all_joined = all_joined or len(coordinator.sessions) >= self.workers
+            stalled.look(coordinator.version)
             why = self.cannot_train(server, all_joined)
             if why is not None:
                 kept = f"the run is kept in {server.config.out_dir}"

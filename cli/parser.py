@@ -203,9 +203,11 @@ def _demo_flags(demo: argparse.ArgumentParser) -> None:
         "--worker-priority",
         dest="worker_priority",
         metavar="{" + ",".join(PRIORITIES) + "}",
-        help="idle: the numpy workers run only on cores nothing else wants (SCHED_IDLE, "
-        "the fastest on a machine of its own); low: 5 below the server (nice); auto "
-        f"(default; env {PRIORITY_VARIABLE}): idle unless other processes are busy",
+        help="idle: the numpy workers run only when no other process wants the core "
+        "(Linux SCHED_IDLE: fastest when the demo has the machine to itself, stalled by "
+        "work started later); low: nice +5 (boards always are); auto (default; env "
+        f"{PRIORITY_VARIABLE}): idle unless other processes were busy while the demo "
+        "started (looked at once, not again)",
     )
     demo.add_argument("--out-dir", dest="out_dir", help=OUT_DIR_HELP)
     # As the server's: the demo resumes the out-dir's run, and its refusals name these.

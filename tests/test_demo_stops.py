@@ -307,7 +307,7 @@ def test_its_numpy_workers_run_on_idle_cores_when_asked_and_its_boards_below_it(
     with demo(tmp_path, *args) as run:
         # the banner, once the policy is set; the forked workers may come after it
         wait_until(lambda: "\ndashboard: " in run.stdout(), EXIT_SECONDS, "the banner")
-        assert "loop, workers on idle cores\n" in run.stdout()
+        assert "loop, workers on idle cores, boards at nice +5\n" in run.stdout()
         wait_until(lambda: len(run.descendants()) == 4, EXIT_SECONDS, "the workers")
         workers = run.descendants()
         board = _board(run)

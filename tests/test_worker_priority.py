@@ -156,3 +156,27 @@ def test_a_bad_choice_is_one_line_and_exit_2(
     monkeypatch.setenv("SNET_DEMO_WORKER_PRIORITY", "fast")
     assert main(["demo"]) == 2
     assert "got 'fast'" in capsys.readouterr().err
+
+
+def test_workers_on_idle_cores_that_take_no_step_are_said_once(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stranger's quiet demo got busy after it started: its idle-policy workers stopped,
+    an epoch of 1 s took 11, and nothing said why."""
+    from snet.cli import demo_workers
+    from snet.cli.demo_workers import STALL_HINT_SECONDS, StallHint
+
+    now = [100.0]
+    monkeypatch.setattr(demo_workers.time, "monotonic", lambda: now[0])
+    quiet, idle = StallHint(False, 8), StallHint(True, 7)  # quiet: no step all along
+    for version, seconds in ((7, STALL_HINT_SECONDS - 1), (8, STALL_HINT_SECONDS - 1)):
+        now[0] += seconds  # steps keep coming, however slowly
+        idle.look(version)
+    assert capsys.readouterr().err == ""
+    now[0] += STALL_HINT_SECONDS
+    for hint in (quiet, idle, idle):  # at nice +5 never; on idle cores once
+        hint.look(8)
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1
+    assert said.startswith("snet demo: no step for 10 s: its workers run on idle cores")
+    assert "--worker-priority low" in said
