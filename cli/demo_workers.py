@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -46,7 +47,9 @@ LEAVE_SECONDS = 5.0  # to leave by themselves once the server has finished
 INTERRUPT_LEAVE_SECONDS = 3.0
 WATCH_SECONDS = 0.1  # how often the demo looks at its worker processes
 WORKERS_GONE = "its workers have gone"  # why the demo stopped its server
-STALL_HINT_SECONDS = 10.0  # no step this long with workers on idle cores: StallHint
+# BusyHint: others holding this share of the cores this long, with workers on idle cores
+BUSY_HINT_SECONDS = 5.0
+BUSY_HINT_SHARE = 0.75
 
 
 class WorkerProcess(Protocol):
@@ -127,24 +130,26 @@ def _check_takes_job(config: WorkerConfig, job: JobSpec) -> None:
         raise ConfigError(f"the demo's workers cannot take the job: {exc}") from None
 
 
-class StallHint:
-    """Says once, when the workers run on idle cores (cli/worker_priority.py) and no step
-    has been taken for ``STALL_HINT_SECONDS``, that other processes may hold the cores:
-    the policy cannot be left again, and a stranger saw a 1 s epoch take 11."""
+class BusyHint:
+    """Says once when, with the workers on idle cores (cli/worker_priority.py), other
+    processes kept most of the machine's cores busy for ``BUSY_HINT_SECONDS``: the workers
+    then crawl (a stranger saw a 1 s epoch take 14), and the policy cannot be left."""
 
-    def __init__(self, idle: bool, version: int) -> None:
-        self.idle = idle
-        self.version, self.since = version, time.monotonic()
+    def __init__(self, idle: bool, load: Callable[[], OthersLoad] = OthersLoad) -> None:
+        self.load = load
+        self._since = load() if idle else None
 
-    def look(self, version: int) -> None:
-        now = time.monotonic()
-        if version != self.version:
-            self.version, self.since = version, now
-        elif self.idle and now - self.since >= STALL_HINT_SECONDS:
-            self.idle = False  # once
-            say(f"snet demo: no step for {STALL_HINT_SECONDS:g} s: its workers run on idle "
-                "cores (SCHED_IDLE), which other processes may be holding; "
-                "--worker-priority low gives them a share")  # fmt: skip
+    def look(self) -> None:
+        if self._since is None or self._since.seconds < BUSY_HINT_SECONDS:
+            return
+        others = self._since.cores()
+        self._since = self.load()
+        if others is not None and others >= BUSY_HINT_SHARE * (os.cpu_count() or 1):
+            self._since = None  # once
+            say(f"snet demo: other processes have kept {others:.1f} cores busy for "
+                f"{BUSY_HINT_SECONDS:g} s, and its workers run on idle cores (SCHED_IDLE), "
+                "which leaves them almost nothing; --worker-priority low gives them "
+                "a share")  # fmt: skip
 
 
 @dataclass
@@ -241,12 +246,12 @@ class DemoWorkers:
         (the run is kept), once the workers cannot train it, saying why in one line."""
         coordinator = server.coordinator
         all_joined = False
-        stalled = StallHint(self.priority == "idle", coordinator.version)
+        busy = BusyHint(self.priority == "idle")
         while not (coordinator.finished.is_set() or server.stopping.is_set()):
             # Seen once, never forgotten: workers may later leave and rejoin (np mode's
             # desk keeps no quorum of its own, so ``holding_back`` alone cannot tell).
             all_joined = all_joined or len(coordinator.sessions) >= self.workers
-            stalled.look(coordinator.version)
+            busy.look()
             why = self.cannot_train(server, all_joined)
             if why is not None:
                 kept = f"the run is kept in {server.config.out_dir}"

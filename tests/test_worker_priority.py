@@ -158,25 +158,35 @@ def test_a_bad_choice_is_one_line_and_exit_2(
     assert "got 'fast'" in capsys.readouterr().err
 
 
-def test_workers_on_idle_cores_that_take_no_step_are_said_once(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_workers_on_idle_cores_while_others_hold_the_cores_are_said_once(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A stranger's quiet demo got busy after it started: its idle-policy workers stopped,
-    an epoch of 1 s took 11, and nothing said why."""
-    from snet.cli import demo_workers
-    from snet.cli.demo_workers import STALL_HINT_SECONDS, StallHint
+    """A stranger's quiet demo got busy after it started: its idle-policy workers crawled,
+    an epoch of 1 s took 14, and nothing said why."""
+    from snet.cli.demo_workers import BUSY_HINT_SECONDS, BusyHint
 
-    now = [100.0]
-    monkeypatch.setattr(demo_workers.time, "monotonic", lambda: now[0])
-    quiet, idle = StallHint(False, 8), StallHint(True, 7)  # quiet: no step all along
-    for version, seconds in ((7, STALL_HINT_SECONDS - 1), (8, STALL_HINT_SECONDS - 1)):
-        now[0] += seconds  # steps keep coming, however slowly
-        idle.look(version)
+    cores = os.cpu_count() or 1
+    others = iter([0.2 * cores, 0.9 * cores, 0.9 * cores])  # a quiet window, then busy ones
+
+    class Window(OthersLoad):
+        def __init__(self) -> None:
+            super().__init__()
+            self.others = next(others, 0.0)
+
+        @property
+        def seconds(self) -> float:
+            return BUSY_HINT_SECONDS
+
+        def cores(self) -> float | None:
+            return self.others
+
+    BusyHint(False, Window).look()  # at nice +5: nothing to say, nothing measured
+    hint = BusyHint(True, Window)
+    hint.look()  # the quiet window
     assert capsys.readouterr().err == ""
-    now[0] += STALL_HINT_SECONDS
-    for hint in (quiet, idle, idle):  # at nice +5 never; on idle cores once
-        hint.look(8)
+    hint.look()  # a busy one: said
+    hint.look()  # and not again
     said = capsys.readouterr().err
-    assert said.count("\n") == 1
-    assert said.startswith("snet demo: no step for 10 s: its workers run on idle cores")
+    assert said.count("\n") == 1, said
+    assert said.startswith(f"snet demo: other processes have kept {0.9 * cores:.1f} cores busy")
     assert "--worker-priority low" in said
