@@ -87,7 +87,10 @@ def load_kernels(kernels: str = "auto") -> bool:
     True when it will be used."""
     if not compiled_kernels(kernels):
         return False
+    from snet.protocol.heap import settle
+
     from .fused import warm_up
 
     warm_up()
+    settle()  # numba and its kernels, kept to the end: never walked by a collection
     return True

@@ -12,10 +12,11 @@ out of its sight for good (``gc.freeze``; a forked worker freezes what it inheri
 its own start, before any collection could walk it, so those pages stay shared with the
 process it was forked from) and switches it back on: when the command's event loop
 starts, before ``snet train``'s first epoch, and again once a server has loaded its data
-(before any worker connects). Only objects made after that are ever collected. The
-start-up's own cyclic garbage is kept with the rest: about 1,300 objects and 150 kB in a
-worker. A process whose collector was never switched off here (the tests, which call
-``main`` in their own process and check what the collector finds) is left as it is.
+(before any worker connects) and once numba's kernels are loaded. Only objects made after
+that are ever collected. The start-up's own cyclic garbage is kept with the rest: about
+1,300 objects and 150 kB in a worker. A process whose collector was never switched off
+here (the tests, which call ``main`` in their own process and check what the collector
+finds) is left as it is.
 """
 
 from __future__ import annotations
