@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from snet.cli.runtime import blas_thread_env
+from snet.transport.cpu_time import tree_cpu_seconds
 
 from .netns import SlowNetwork
 from .nsrun import train as train_in_namespaces
-from .tree_cpu import tree_cpu_seconds
 
 EPOCH_LINE = re.compile(r"^epoch\s+(\d+)\b.*CV\s+([0-9.]+)%")
 
@@ -49,7 +49,7 @@ def timed_epochs(
     """Run ``snet ARGS`` with one BLAS thread (and ``env`` on top); (seconds from launch,
     CV) of each epoch line as it is printed, and the whole output. ``cpu``, if given,
     gets the CPU seconds of the command's processes up to each epoch line
-    (bench/tree_cpu.py), and their total at the end as its last entry."""
+    (transport/cpu_time.py), and their total at the end as its last entry."""
     launched = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "snet.cli", *args],

@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from snet.protocol.network import NetworkSpec
-
-from .tree_cpu import own_cpu_seconds
+from snet.transport.cpu_time import own_cpu_seconds
 
 START_SECONDS = 60.0
 WARMUP_STEPS = 5  # steps trained before measuring starts

@@ -85,7 +85,7 @@ def accuracy_section(result: dict[str, Any], rerun: str) -> list[str]:
         "machine that other people's work keeps busy, 3 processes get a larger share of "
         "the cores than 1, which flatters the demo. Rows `baseline:MODE` are the demo of "
         "an earlier checkout (`--baseline`), run in the same rotation. The CPU columns are "
-        "the CPU seconds of all the command's processes (bench/tree_cpu.py), which the "
+        "the CPU seconds of all the command's processes (transport/cpu_time.py), which the "
         "load swings much less: to the first epoch's end, to the target and for the whole "
         "run; `2-core bound` is `snet train`'s CPU to the target over half the demo's, the "
         "most two idle cores could give the demo if it kept both busy (`snet train` "

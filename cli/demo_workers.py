@@ -136,16 +136,14 @@ class BusyHint:
     then crawl (a stranger saw a 1 s epoch take 14), and the policy cannot be left."""
 
     def __init__(self, idle: bool, load: Callable[[], OthersLoad] = OthersLoad) -> None:
-        self.load = load
-        self._since = load() if idle else None
+        self._load = load() if idle else None
 
     def look(self) -> None:
-        if self._since is None or self._since.seconds < BUSY_HINT_SECONDS:
+        if self._load is None or self._load.seconds < BUSY_HINT_SECONDS:
             return
-        others = self._since.cores()
-        self._since = self.load()
+        others = self._load.cores(restart=True)  # the next window starts where this ends
         if others is not None and others >= BUSY_HINT_SHARE * (os.cpu_count() or 1):
-            self._since = None  # once
+            self._load = None  # once
             say(f"snet demo: other processes have kept {others:.1f} cores busy for "
                 f"{BUSY_HINT_SECONDS:g} s, and its workers run on idle cores (SCHED_IDLE), "
                 "which leaves them almost nothing; --worker-priority low gives them "
@@ -187,14 +185,13 @@ class DemoWorkers:
         group = processes[0].pid if args.workers else None
         return cls(processes, args.workers + args.spert, group)
 
-    async def settle_priority(self, asked: str, load: OthersLoad | None) -> None:
+    async def settle_priority(self, asked: str, load: OthersLoad) -> None:
         """Put the numpy workers on idle cores if ``asked`` (``--worker-priority``) says
         so, ``auto`` once the demo has watched the machine long enough to tell; a refused
         ``idle`` leaves them at nice +5, and says so."""
         if self.group is None:
             return
-        measurable = load is not None and load.measurable and IDLE_POLICY is not None
-        if asked == "auto" and measurable and load is not None:
+        if asked == "auto" and load.measurable and IDLE_POLICY is not None:
             await asyncio.sleep(max(MIN_SAMPLE_SECONDS - load.seconds, 0.0))
         if chosen_priority(asked, load) != "idle":
             return

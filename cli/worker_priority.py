@@ -35,6 +35,8 @@ import os
 import time
 from typing import NamedTuple
 
+from snet.transport import cpu_time
+
 PRIORITIES = ("auto", "idle", "low")
 PRIORITY_VARIABLE = "SNET_DEMO_WORKER_PRIORITY"  # the flag's default, as the tests set it
 # How much lower the scheduling priority of the demo's workers and boards is than its
@@ -88,129 +90,60 @@ def run_when_idle(pid: int) -> bool:
 
 def _threads_below(pid: int) -> list[int]:
     """The threads of process ``pid`` and of its descendants."""
-    return [tid for process in _processes_below(pid) for tid in _threads(process)]
-
-
-def _threads(pid: int) -> list[int]:
-    """The threads of process ``pid`` (none once it has ended)."""
-    try:
-        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-    except (OSError, ValueError):
-        return []
-
-
-def _processes_below(pid: int) -> list[int]:
-    """Process ``pid`` and its living descendants (``/proc``)."""
-    found, frontier = [], [pid]
-    while frontier:
-        process = frontier.pop()
-        found.append(process)
-        frontier.extend(_children(process))
-    return found
-
-
-def _children(pid: int) -> list[int]:
-    """The child processes of ``pid``: from each thread's ``children`` file, or, on a
-    kernel without them, from every process's parent in ``/proc/PID/stat``."""
-    children: list[int] = []
-    for tid in _threads(pid):
-        try:
-            children += (int(child) for child in _read(f"/proc/{pid}/task/{tid}/children").split())
-        except FileNotFoundError:
-            if os.path.exists(f"/proc/{pid}/task/{tid}"):  # the thread is there, the file not
-                return [child for child in _all_processes() if _parent(child) == pid]
-        except (OSError, ValueError):  # ended meanwhile
-            pass
-    return children
-
-
-def _all_processes() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        text = _read(f"/proc/{pid}/stat")
-        return int(text[text.rindex(")") + 2 :].split()[1])
-    except (OSError, ValueError):
-        return None
-
-
-def _read(path: str) -> str:
-    """A /proc file's text (no pathlib: imported before the demo starts its workers)."""
-    with open(path) as file:
-        return file.read()
-
-
-def _busy_ticks() -> int | None:
-    """Clock ticks every core has spent on work since boot (``/proc/stat``: user, nice,
-    system, irq and softirq; not idle, I/O wait or time a hypervisor stole)."""
-    try:
-        first = _read("/proc/stat").split("\n", 1)[0].split()
-        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in first[1:8])
-    except (OSError, ValueError):
-        return None
-    return user + nice + system + irq + softirq if first[0] == "cpu" else None
-
-
-def _process_ticks(pid: int) -> int | None:
-    """Clock ticks process ``pid`` and its reaped children have run (``/proc/PID/stat``)."""
-    try:
-        text = _read(f"/proc/{pid}/stat")
-        fields = text[text.rindex(")") + 2 :].split()  # after the command's name
-        return sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
-    except (OSError, ValueError):
-        return None
+    return [tid for process in cpu_time.descendants(pid) for tid in cpu_time.threads(process)]
 
 
 class _Sample(NamedTuple):
     at: float
-    busy: int
-    ours: int
+    busy: int  # the machine's busy ticks
+    ours: int  # this process's and its descendants' ticks
 
     @classmethod
     def take(cls) -> _Sample | None:
-        """The machine's busy ticks, and those of this process and its descendants."""
-        busy = _busy_ticks()
-        ours = [_process_ticks(pid) for pid in _processes_below(os.getpid())]
+        busy = cpu_time.busy_ticks()
+        ours = [cpu_time.process_ticks(pid) for pid in cpu_time.descendants(os.getpid())]
         if busy is None or None in ours:
             return None
         return cls(time.monotonic(), busy, sum(t for t in ours if t is not None))
 
 
 class OthersLoad:
-    """How busy the machine's other processes have kept it since this was made: all but
-    this one (the demo) and its descendants (its workers, forked or started meanwhile)."""
+    """How busy the machine's other processes have kept it since this was made (or
+    since the last ``cores()``, with ``restart``): all but this one (the demo) and its
+    descendants (its workers, forked or started meanwhile)."""
 
     def __init__(self) -> None:
         self._start = _Sample.take()
 
     @property
     def measurable(self) -> bool:
-        """The machine could be read when this was made (/proc is there)."""
+        """The machine could be read (/proc is there)."""
         return self._start is not None
 
     @property
     def seconds(self) -> float:
-        """Since this was made."""
+        """Since the start of what ``cores()`` will measure."""
         return time.monotonic() - self._start.at if self._start is not None else 0.0
 
-    def cores(self) -> float | None:
-        """Cores' worth of work the others did since, or None when it cannot be told
-        (no /proc, too short a time)."""
+    def cores(self, restart: bool = False) -> float | None:
+        """Cores' worth of work the others did since, or None when it cannot be told (no
+        /proc, a process gone meanwhile, too short a time); ``restart``: measure from
+        here next time."""
         end = _Sample.take()
-        if self._start is None or end is None:
+        start = self._start
+        if restart:
+            self._start = end
+        if start is None or end is None or end.at - start.at < MIN_SAMPLE_SECONDS:
             return None
-        seconds = end.at - self._start.at
-        if seconds < MIN_SAMPLE_SECONDS:
-            return None
-        ticks = (end.busy - self._start.busy) - (end.ours - self._start.ours)
-        return max(ticks, 0) / os.sysconf("SC_CLK_TCK") / seconds
+        ticks = (end.busy - start.busy) - (end.ours - start.ours)
+        return max(ticks, 0) / cpu_time.TICKS / (end.at - start.at)
 
 
-def chosen_priority(priority: str, load: OthersLoad | None) -> str:
+def chosen_priority(priority: str, load: OthersLoad) -> str:
     """``idle`` or ``low`` for the ``--worker-priority`` given (see the module's notes)."""
     if priority != "auto":
         return priority
-    others = load.cores() if load is not None else None
+    if IDLE_POLICY is None:
+        return "low"
+    others = load.cores()
     return "idle" if others is not None and others < OTHERS_BUSY_LIMIT else "low"

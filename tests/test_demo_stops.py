@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from snet.transport import cpu_time
+
 import helpers
 from helpers import SMALL_JOB, check_output, wait_until
 
@@ -54,8 +56,7 @@ class Demo:
 
     def worker_pids(self) -> list[int]:
         """The demo's own child processes: its worker processes."""
-        pid = self.process.pid
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        return cpu_time.children(self.process.pid)
 
     def status(self) -> dict[str, Any]:
         document: dict[str, Any] = json.loads((self.cwd / "out" / "status.json").read_text())
@@ -71,14 +72,7 @@ class Demo:
 
     def descendants(self) -> list[int]:
         """The demo's worker processes and theirs (the forked workers of its group)."""
-        found, frontier = [], [self.process.pid]
-        while frontier:
-            pid = frontier.pop()
-            with contextlib.suppress(FileNotFoundError):  # exited meanwhile
-                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-                found += [int(child) for child in children]
-                frontier += [int(child) for child in children]
-        return found
+        return cpu_time.descendants(self.process.pid)[1:]
 
     def close(self) -> None:
         with contextlib.suppress(ProcessLookupError):  # its group: the demo and its workers

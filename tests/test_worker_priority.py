@@ -18,6 +18,7 @@ import pytest
 from snet.cli import worker_priority
 from snet.cli.main import main
 from snet.cli.worker_priority import OTHERS_BUSY_LIMIT, OthersLoad, chosen_priority
+from snet.transport import cpu_time
 
 import helpers
 
@@ -27,7 +28,7 @@ class FixedLoad(OthersLoad):
         super().__init__()
         self._cores = cores
 
-    def cores(self) -> float | None:
+    def cores(self, restart: bool = False) -> float | None:
         return self._cores
 
 
@@ -47,17 +48,15 @@ def test_auto_is_idle_only_while_other_processes_leave_the_cores_alone(
     asked: str, others: float | None, chosen: str
 ) -> None:
     assert chosen_priority(asked, FixedLoad(others)) == chosen
-    if asked != "auto":
-        assert chosen_priority(asked, None) == chosen
 
 
 @pytest.fixture
 def ticks(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, float]]:
     """The machine's busy ticks, the demo's processes' ticks and the clock, as set."""
     now = {"busy": 1000, "ours": 300, "at": 50.0}
-    monkeypatch.setattr(worker_priority, "_busy_ticks", lambda: int(now["busy"]))
-    monkeypatch.setattr(worker_priority, "_process_ticks", lambda pid: int(now["ours"]))
-    monkeypatch.setattr(worker_priority, "_processes_below", lambda pid: [pid, pid + 1])
+    monkeypatch.setattr(cpu_time, "busy_ticks", lambda: int(now["busy"]))
+    monkeypatch.setattr(cpu_time, "process_ticks", lambda pid: int(now["ours"]))
+    monkeypatch.setattr(cpu_time, "descendants", lambda pid: [pid, pid + 1])
     monkeypatch.setattr(worker_priority.time, "monotonic", lambda: now["at"])
     yield now
 
@@ -70,7 +69,10 @@ def test_the_others_load_is_the_machines_work_less_the_demos_own(ticks: dict[str
     ticks["ours"] += hz * 0.6 / 2  # two processes, each read as this
     assert load.cores() == pytest.approx(0.4, abs=2 / hz)
     ticks["at"] += 0.5  # since the start: 1 s, nothing more done
-    assert load.cores() == pytest.approx(0.2, abs=2 / hz)
+    assert load.cores(restart=True) == pytest.approx(0.2, abs=2 / hz)
+    ticks["at"] += 0.5  # from the restart on: half a second, a whole core of others'
+    ticks["busy"] += hz * 0.5
+    assert load.cores() == pytest.approx(1.0, abs=2 / hz)
 
 
 def test_too_short_a_time_or_a_process_gone_says_nothing(
@@ -82,7 +84,7 @@ def test_too_short_a_time_or_a_process_gone_says_nothing(
     assert load.cores() is None
     ticks["at"] += 1.0
     assert load.cores() is not None
-    monkeypatch.setattr(worker_priority, "_process_ticks", lambda pid: None)
+    monkeypatch.setattr(cpu_time, "process_ticks", lambda pid: None)
     assert load.cores() is None
 
 
@@ -91,11 +93,16 @@ def test_the_proc_readings_and_a_process_that_is_gone() -> None:
     end = time.process_time() + 0.05
     while time.process_time() < end:  # some CPU of its own to read
         pass
-    own, times = worker_priority._process_ticks(os.getpid()), os.times()
+    own, times = cpu_time.process_ticks(os.getpid()), os.times()
     assert own is not None and abs(own - sum(times[:4]) * hz) <= 2  # utime stime cutime cstime
-    busy = worker_priority._busy_ticks()
+    mine = cpu_time.own_cpu_seconds(os.getpid())
+    assert mine is not None and abs(mine - sum(times[:2])) <= 2 / hz
+    tree = cpu_time.tree_cpu_seconds(os.getpid())
+    assert tree is not None and tree >= (own - 2) / hz
+    busy = cpu_time.busy_ticks()
     assert busy is not None and busy >= own
-    assert worker_priority._process_ticks(2**22 + 1) is None  # above any pid_max
+    assert cpu_time.process_ticks(2**22 + 1) is None  # above any pid_max
+    assert cpu_time.tree_cpu_seconds(2**22 + 1) is None
     assert not worker_priority.run_when_idle(2**22 + 1)
 
 
@@ -131,17 +138,17 @@ def test_the_idle_policy_reaches_every_thread_of_a_process_and_of_its_children(
         assert worker_priority.run_when_idle(family.pid)
         threads = worker_priority._threads_below(family.pid)
         assert {os.sched_getscheduler(tid) for tid in threads} == {os.SCHED_IDLE}
-        assert len(worker_priority._processes_below(family.pid)) == 2
+        assert len(cpu_time.descendants(family.pid)) == 2
         # a kernel without /proc/PID/task/TID/children: the child found by its parent
-        read = worker_priority._read
+        read = cpu_time._read
 
         def without_children_files(path: str) -> str:
             if path.endswith("/children"):
                 raise FileNotFoundError(path)
             return read(path)
 
-        monkeypatch.setattr(worker_priority, "_read", without_children_files)
-        assert len(worker_priority._processes_below(family.pid)) == 2
+        monkeypatch.setattr(cpu_time, "_read", without_children_files)
+        assert len(cpu_time.descendants(family.pid)) == 2
 
 
 def test_a_bad_choice_is_one_line_and_exit_2(
@@ -168,20 +175,17 @@ def test_workers_on_idle_cores_while_others_hold_the_cores_are_said_once(
     cores = os.cpu_count() or 1
     others = iter([0.2 * cores, 0.9 * cores, 0.9 * cores])  # a quiet window, then busy ones
 
-    class Window(OthersLoad):
-        def __init__(self) -> None:
-            super().__init__()
-            self.others = next(others, 0.0)
-
+    class Windows(OthersLoad):  # each cores(restart=True) ends one window, starts the next
         @property
         def seconds(self) -> float:
             return BUSY_HINT_SECONDS
 
-        def cores(self) -> float | None:
-            return self.others
+        def cores(self, restart: bool = False) -> float | None:
+            assert restart
+            return next(others)
 
-    BusyHint(False, Window).look()  # at nice +5: nothing to say, nothing measured
-    hint = BusyHint(True, Window)
+    BusyHint(False, Windows).look()  # at nice +5: nothing to say, nothing measured
+    hint = BusyHint(True, Windows)
     hint.look()  # the quiet window
     assert capsys.readouterr().err == ""
     hint.look()  # a busy one: said
