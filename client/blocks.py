@@ -89,7 +89,8 @@ class LocalTrainer:
             loss, correct, used = loss + part_loss, correct + part_correct, used + len(part)
             if self._has_incoming:  # set by the event loop; taken under the lock
                 with self._lock:
-                    self._move_onto(self.incoming)
+                    if self._has_incoming:
+                        self._move_onto(self.incoming)
             if self.seconds and time.perf_counter() - started >= self.seconds:
                 break
         np.subtract(self.local, started_from, out=out)
@@ -105,9 +106,10 @@ class LocalTrainer:
             self._has_incoming = True
 
     def rebase(self, weights: np.ndarray) -> None:
-        """Overlap, between blocks (the compute thread idle): the copy becomes ``weights``
-        plus the progress not in them, as its delta is about to be sent on them. An offer
-        not yet taken is older than ``weights``: dropped."""
+        """Overlap, between blocks (the compute thread idle: it uses the compute's scratch
+        buffer): the copy becomes ``weights`` plus the progress not in them, as its delta
+        is about to be sent on them. An offer not yet taken is older than ``weights``:
+        dropped."""
         with self._lock:
             self._move_onto(weights)
 

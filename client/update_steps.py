@@ -103,8 +103,9 @@ class UpdateSteps:
     def _arrived(self, weights: WeightsCopy) -> None:
         """Overlap: weights holding the update sent last are what the next one will be
         sent on: offered to move onto at once (at the next bunch, or the next block's
-        start if none is computing; a held update moves onto the newest when sent)."""
-        if self.policy.may_send(self._state(weights)):
+        start if none is computing). Not while an update is held: it moves onto the
+        newest weights when it is sent, and a copy offered now would only be dropped."""
+        if self.held is None and self.policy.may_send(self._state(weights)):
             assert self.overlap is not None
             self.overlap.offer(weights.flat)
 

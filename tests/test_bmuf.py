@@ -175,6 +175,33 @@ def test_weights_offered_between_blocks_are_where_the_next_block_starts() -> Non
     np.testing.assert_allclose(trainer.local, newest + out / 4, rtol=1e-5, atol=1e-5)
 
 
+def test_weights_offered_during_a_block_move_its_progress_at_the_next_bunch() -> None:
+    """The overlap's own path: weights that come while a block computes (offered by the
+    event loop) are taken at the next bunch's boundary; the rest of the block trains on
+    them plus its own progress, and its delta is its progress over the whole block."""
+    trainer, target = _overlapping_trainer()
+    newest = RNG.standard_normal(target.size).astype(np.float32)
+    calls = 0
+    plain = trainer.backend.gradient
+
+    def offering(weights: np.ndarray, frames: np.ndarray, out: np.ndarray) -> tuple[float, int]:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # the second block's first bunch: the weights holding the first delta
+            trainer.offer(newest)
+        return plain(weights, frames, out)
+
+    trainer.backend.gradient = offering  # type: ignore[method-assign]
+    start, first, second = (np.zeros_like(target) for _ in range(3))
+    trainer.block(start, np.arange(8), first, rate=0.5)  # two bunches: w = 0.75 target
+    trainer.block(start, np.arange(8), second, rate=0.5)
+    # bunch 1 from 0.75 t to 0.875 t (progress 0.125 t), moved onto newest; bunch 2 halfway
+    w = newest + 0.125 * target
+    w = w - 0.5 * (w - target)
+    np.testing.assert_allclose(second / 8, w - newest, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(trainer.local, w, rtol=1e-5, atol=1e-5)
+
+
 def test_sync_blocks_of_one_bunch_without_momentum_are_sync_steps(cluster: Cluster) -> None:
     """Each synchronous block of one bunch, filtered with eta = 0 and zeta = 1, is the sync
     step on the same round: the plain SGD step over the union of the round's frames
