@@ -171,7 +171,7 @@ class WeightsBox:
 class SendBuffers:
     """Update elements: free, or in flight until the transport has written them out."""
 
-    def __init__(self, layout: ElementLayout, count: int = 2) -> None:
+    def __init__(self, layout: ElementLayout, count: int) -> None:
         self._free: deque[np.ndarray] = deque(layout.allocate() for _ in range(count))
         self._in_flight: list[np.ndarray] = []
         self._available = asyncio.Event()

@@ -39,14 +39,13 @@ T = TypeVar("T")  # what a computation in the compute thread returns
 
 @dataclass
 class SentCounts:
-    """Updates a worker has sent: in all, and on its current connection (the server's
-    settled count, which its flow control compares with, starts anew on each)."""
+    """Updates a worker has sent on its current connection (the server's settled count,
+    which its flow control compares with, starts anew on each; those of every connection
+    are the progress log's ``updates``)."""
 
-    total: int = 0
     this_connection: int = 0
 
     def one_more(self) -> None:
-        self.total += 1
         self.this_connection += 1
 
     def new_connection(self) -> None:
@@ -218,5 +217,5 @@ class UpdateSteps:
         if self.timing is not None:
             self.timing.computed(update.cpu, update.on_loop)
             self.timing.sent(self.sent.this_connection)
-        self.reports.update_sent(connection, self.sent.this_connection, self.sent.total)
+        self.reports.update_sent(connection, self.sent.this_connection, self.progress.updates)
         self.last_base = weights.version

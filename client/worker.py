@@ -98,7 +98,7 @@ class Worker:
         self.job: JobSpec | None = None  # as welcomed, with any policy change since
         self.policy: ComputePolicy | None = None  # when it may compute: the mode's policy
         self.corpus: Corpus | None = None
-        self.sent = SentCounts()  # updates sent, in all and on this connection
+        self.sent = SentCounts()  # updates sent on this connection
         self.progress = ProgressLog(config.progress_seconds, time.monotonic())
         self.codecs: dict[str, str] = {"update": "none", "weights": "none"}
         # Kept across reconnections: the residual is owed to the weights whoever holds them.

@@ -120,12 +120,9 @@ class WorkerConnection:
             self.coordinator.send_weights(session)
 
     def _proven(self) -> bool:
-        """An update of this connection's worker has been applied and none refused for its
-        numbers since (else it is held to a newcomer's share of the pool: pool.py). Not
-        session.py's ``proven``, which a stale update, whose base version a peer chooses,
-        satisfies too: the pool's bound is against strangers."""
-        session = self.session
-        return session is not None and session.updates_applied > 0 and not session.numbers_refused
+        """Its worker has joined and is trusted with the pool (session.py, ``pool_trusted``:
+        else it is held to a newcomer's share of it, pool.py)."""
+        return self.session is not None and self.session.pool_trusted
 
     @property
     def last_sent(self) -> float:

@@ -225,8 +225,9 @@ class ElementPool:
 
 class ElementShare:
     """One connection's draw on the pool, and its ``PayloadSink``: its updates land in the
-    pool's elements, but while none of its updates has been applied (``proven()`` false)
-    only as long as newcomers' unfinished payloads hold less than half the pool."""
+    pool's elements, but while none of its updates has been applied, or one was refused
+    for its numbers since (``proven()`` false: session.py, ``pool_trusted``), only as long
+    as newcomers' unfinished payloads hold less than half the pool."""
 
     def __init__(self, pool: ElementPool, proven: Callable[[], bool]) -> None:
         self.pool = pool

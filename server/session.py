@@ -128,6 +128,14 @@ class WorkerSession:
         it, and the rounds then wait for it (server/policies.py)."""
         return self.clock.delivered and not self.numbers_refused
 
+    @property
+    def pool_trusted(self) -> bool:
+        """An update of it has been applied and none refused for its numbers since: the
+        pool's bound for newcomers (server/pool.py) no longer holds it. Not ``proven``,
+        which a stale update, whose base version a peer chooses, satisfies too: the bound
+        is against strangers."""
+        return self.updates_applied > 0 and not self.numbers_refused
+
     def settled_lost(self, updates: int) -> None:
         """``updates`` of its updates were lost on their way (its next one names a later
         offset): settled, so that its flow control counts them."""
