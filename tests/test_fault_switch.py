@@ -31,7 +31,8 @@ def test_a_lost_update_and_damaged_weights_cost_no_frame(cluster: Cluster) -> No
     assert f"updates of w1 were lost: {BUNCH} frames back in the queue" in server_log
     assert server_log.count("came again; ignored") == 1  # the 9th, delivered twice
     rows = [row for row in status["workers"] if row["name"] == "w2"]
-    assert rows[0]["state"] == "gone"
+    assert rows[0]["state"] == "gone" and len(rows) <= 2  # the server saw it join again,
+    # if the job was not over by then
     # it joined again: said by the worker, since the rest of this short job may be over
     # (in 0.15 s) before its first retry (0.2 s), and a hello after the end is not a row
     assert cluster.log("w2").count("joined snet as worker") == 2

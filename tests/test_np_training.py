@@ -189,6 +189,8 @@ async def test_np_network_no_board_holds_waits_beside_one_and_trains_on_four(lab
     await wait_until(lambda: said in lab.log("alone"), 60, "the server to say why it waits")
     assert "training waits for more workers (or more memory)" in lab.log("alone")
     assert "does not fit the Spert board" not in lab.log("board")
+    status = await alone.status()  # it waits beside the server, not gone
+    assert status["workers_live"] == 1 and status["rule"]["memory_short"]
     board.stop("test over")
     assert await board.wait(30) == 0
     alone.stop("test over")
