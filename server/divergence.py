@@ -60,15 +60,10 @@ class DivergenceWatch:
         """An update was applied: the count starts over."""
         self.refused.clear()
 
-    def refuse(
-        self, session: WorkerSession, reason: str, version: int, at_once: bool = False
-    ) -> str | None:
+    def refuse(self, session: WorkerSession, reason: str, version: int) -> str | None:
         """An update of ``session`` was refused for its numbers (``reason``), the weights
         being of ``version``. Why the run has diverged, the first time it has (logged as
-        an error), else None; ``at_once``: it has, whatever the others do (np: no bunch
-        completes without every slice's answer)."""
-        if at_once:
-            return self.say(reason)
+        an error), else None."""
         live = set(self.live)
         self.refused = {w: n for w, n in self.refused.items() if w in live}  # gone: forgotten
         self.refused[session.worker_id] = self.refused.get(session.worker_id, 0) + 1

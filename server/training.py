@@ -317,8 +317,9 @@ class Coordinator:
     def _count_refused(self, session: WorkerSession, reason: str, numeric: bool,
                        at_once: bool = False) -> None:  # fmt: skip
         session.refused(numeric)  # settled: the worker may send more
-        self.stats.record_refused()
-        if numeric and (why := self.divergence.refuse(session, reason, self.version, at_once)):
+        self.stats.record_refused()  # at_once: the run has diverged (np: no bunch without it)
+        if numeric and (why := self.divergence.say(reason) if at_once else
+                        self.divergence.refuse(session, reason, self.version)):  # fmt: skip
             self._fail(why)  # every update refused, none applied: it cannot train on
 
     def _refuse_queued(self, pending: PendingUpdate, reason: str, numeric: bool = False) -> None:
