@@ -77,9 +77,9 @@ def read_token_file(path: str) -> str:
     return token
 
 
-def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str, warn: bool = True) -> None:
-    """``cert`` and ``key`` into ``context``; ``warn``: say what is wrong with them (a key
-    others can read, a certificate out of date), once for a pair loaded twice."""
+def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str) -> None:
+    """``cert`` and ``key`` into ``context`` (``_warn_chain`` says what is wrong with
+    them, once however often they are loaded)."""
     for path in (cert, key):
         if not Path(path).is_file():
             raise ConfigError(f"{role} TLS file {path} does not exist")
@@ -87,9 +87,12 @@ def _load_chain(context: ssl.SSLContext, cert: str, key: str, role: str, warn: b
         context.load_cert_chain(cert, key)
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"cannot use {cert} with {key} as a TLS certificate: {exc}") from None
-    if warn:
-        warn_if_shared(key, f"{role} TLS key")
-        warn_if_expiring(cert, f"{role} TLS certificate")
+
+
+def _warn_chain(cert: str, key: str, role: str) -> None:
+    """A key others can read, a certificate out of date (or nearly): said, not refused."""
+    warn_if_shared(key, f"{role} TLS key")
+    warn_if_expiring(cert, f"{role} TLS certificate")
 
 
 def _load_ca(context: ssl.SSLContext, ca: str, what: str) -> None:
@@ -103,12 +106,18 @@ def _load_ca(context: ssl.SSLContext, ca: str, what: str) -> None:
         raise ConfigError(f"cannot read {what} {ca}: {exc}") from None
 
 
-def server_context(cert: str, key: str, client_ca: str = "", warn: bool = True) -> ssl.SSLContext:
-    """The worker port's context (``client_ca``: workers must show a certificate it signed;
-    ``warn``: as ``_load_chain``)."""
+def server_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
+    """The worker port's context (``client_ca``: workers must show a certificate it signed);
+    what is wrong with the certificate or its key said."""
+    context = _server_context(cert, key, client_ca)
+    _warn_chain(cert, key, "the server's")
+    return context
+
+
+def _server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load_chain(context, cert, key, "the server's", warn)
+    _load_chain(context, cert, key, "the server's")
     if client_ca:
         _load_ca(context, client_ca, "tls_client_ca")
         context.verify_mode = ssl.CERT_REQUIRED
@@ -125,7 +134,7 @@ def server_contexts(
 ) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """The server's two contexts, of one certificate (its warnings said once): the worker
     port's (``server_context``) and the HTTP port's, which asks for no client's."""
-    return server_context(cert, key, client_ca), server_context(cert, key, warn=False)
+    return server_context(cert, key, client_ca), _server_context(cert, key, "")
 
 
 def client_context(ca: str, cert: str = "", key: str = "", what: str = "tls_ca") -> ssl.SSLContext:
@@ -139,6 +148,7 @@ def client_context(ca: str, cert: str = "", key: str = "", what: str = "tls_ca")
         if not (cert and key):
             raise ConfigError("a worker's TLS certificate needs both tls_cert and tls_key")
         _load_chain(context, cert, key, "the worker's")
+        _warn_chain(cert, key, "the worker's")
     return context
 
 
