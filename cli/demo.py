@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from snet.client.config import MAX_PROCESSES
 from snet.protocol.errors import ConfigError, OutputNotWritten
 from snet.protocol.job import JobSpec
-from snet.protocol.modes import SHARED_BUNCH_MODES, block_length
+from snet.protocol.modes import SHARED_BUNCH_MODES, block_length, blocks_said
 from snet.protocol.numbering import counted, shown_epoch
 from snet.server.config import ServerConfig
 
@@ -139,9 +139,7 @@ def _print_start(
     blocks = ""
     if job.mode == "bmuf":  # its blocks, as a user would check them
         length = block_length(job.block_bunches, job.block_seconds)
-        ahead = ", overlapping the exchange" if job.block_overlap else ""
-        kind = "sync" if job.block_sync else "async"
-        blocks = f" ({job.block_filter}, {kind} blocks of {length}{ahead})"
+        blocks = f" ({job.block_filter}, {blocks_said(job.block_sync, length, job.block_overlap)})"
     print(
         f"snet demo: {job.mode} mode{blocks}, {counted(args.workers, 'worker')}{boards}, "
         f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "

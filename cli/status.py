@@ -110,18 +110,18 @@ def _block_line(rule: object) -> list[str]:
     says nothing of the blocks' length nor of overlap."""
     if not isinstance(rule, dict) or "filter" not in rule:
         return []
-    from snet.protocol.modes import block_length  # bmuf's only: status starts light
+    from snet.protocol.modes import block_length, blocks_said  # bmuf's: status starts light
 
     length = (
-        f", blocks of {block_length(rule['block_bunches'], rule.get('block_seconds', 0.0))}"
+        block_length(rule["block_bunches"], rule.get("block_seconds", 0.0))
         if "block_bunches" in rule
         else ""
     )
+    blocks = blocks_said(bool(rule["sync"]), length, bool(rule.get("overlap")))
     return [
-        f"blocks: {rule['filter']}, {'sync' if rule['sync'] else 'async'}, "
-        f"{rule['blocks']} filtered{length}, eta {rule['block_momentum']:g}, "
+        f"blocks: {rule['filter']}, {blocks}, {rule['blocks']} filtered, "
+        f"eta {rule['block_momentum']:g}, "
         f"zeta {rule['block_lr']:g}, |delta| {rule['delta_norm']:.4g}"
-        + (", overlapping the exchange" if rule.get("overlap") else "")
     ]
 
 

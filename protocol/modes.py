@@ -135,6 +135,15 @@ def block_length(bunches: int, seconds: float) -> str:
     return f"{seconds:g} s" if seconds else counted(bunches, "bunch", "bunches")
 
 
+def blocks_said(sync: bool, length: str, overlap: bool) -> str:
+    """bmuf's blocks as the demo's banner and ``snet status`` say them: "sync blocks of 16
+    bunches, overlapping the exchange" (``length``: ``block_length``'s, or "" unknown)."""
+    of = f" of {length}" if length else ""
+    return f"{'sync' if sync else 'async'} blocks{of}" + (
+        ", overlapping the exchange" if overlap else ""
+    )
+
+
 def shown(value: object) -> str:
     """A setting's value as one types it (``true``, ``16``, ``0.5``, ``bounded:2``)."""
     if isinstance(value, bool):

@@ -275,13 +275,7 @@ def test_two_overlapping_workers_train_every_frame_once_in_rounds_of_both(
     assert sum(len(step["updates"]) == 2 for step in rounds) >= 10
     assert status["rule"]["overlap"] == 1
     shown = next(line for line in render(status).splitlines() if line.startswith("blocks:"))
-    # cbm's default eta with overlapping blocks is 0, as with async ones (block_filter.py)
-    assert re.search(r"^blocks: cbm, sync, \d+ filtered, blocks of 4 bunches, eta 0, zeta 1, ",
-                     shown)  # fmt: skip
-    # a server from before that line (no length, no overlap): the line, not an error
-    older = {key: value for key, value in status["rule"].items()
-             if key not in ("overlap", "block_bunches", "block_seconds")}  # fmt: skip
-    (line,) = [x for x in render({**status, "rule": older}).splitlines() if x.startswith("blocks:")]
-    assert re.fullmatch(r"blocks: cbm, sync, \d+ filtered, eta 0, zeta 1, \|delta\| [\d.e+-]+",
-                        line)  # fmt: skip
-    assert shown.endswith(", overlapping the exchange")  # snet status
+    # cbm's default eta with overlapping blocks is 0, as with async ones (block_filter.py);
+    # the line's other forms: tests/test_status_reading.py
+    assert re.search(r"^blocks: cbm, sync blocks of 4 bunches, overlapping the exchange, "
+                     r"\d+ filtered, eta 0, zeta 1, ", shown)  # fmt: skip

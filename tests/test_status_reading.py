@@ -113,6 +113,25 @@ def test_a_status_missing_a_field_the_table_reads_is_said_so(
     assert '"state": "training"' in captured.out
 
 
+def test_bmufs_block_line_says_its_blocks_and_reads_an_older_servers() -> None:
+    """bmuf's line of ``snet status``; a server from before its blocks' length and overlap
+    were in /status gets the line without them, not an error."""
+    from snet.cli.status import _block_line
+
+    rule = {"filter": "cbm", "sync": True, "blocks": 12, "block_momentum": 0.0, "block_lr": 1.0,
+            "delta_norm": 0.25, "block_bunches": 4, "block_seconds": 0.0, "overlap": 1}  # fmt: skip
+    figures = "12 filtered, eta 0, zeta 1, |delta| 0.25"
+    assert _block_line(rule) == [
+        f"blocks: cbm, sync blocks of 4 bunches, overlapping the exchange, {figures}"
+    ]
+    by_clock = {**rule, "sync": False, "overlap": 0, "block_seconds": 0.05}
+    assert _block_line(by_clock) == [f"blocks: cbm, async blocks of 0.05 s, {figures}"]
+    older = {key: value for key, value in rule.items()
+             if key not in ("overlap", "block_bunches", "block_seconds")}  # fmt: skip
+    assert _block_line(older) == [f"blocks: cbm, sync blocks, {figures}"]
+    assert _block_line("2 slices") == [] and _block_line(None) == []  # np's, other modes'
+
+
 def test_a_port_that_does_not_speak_http_is_said_so(capsys: pytest.CaptureFixture[str]) -> None:
     with _raw_answering(b"SSH-2.0-OpenSSH_9.2\r\n") as address:
         assert main(["status", "--url", address]) == 1
