@@ -152,13 +152,20 @@ def _print_start(
 
 
 def _priority_said(args: argparse.Namespace, priority: str) -> str:
-    """How the numpy workers share the cores with the server (cli/worker_priority.py)."""
-    if not args.workers:
-        return ""
-    boards = f", boards at nice +{WORKER_NICENESS}" if args.spert else ""
-    if priority == "idle":
-        return f", workers on idle cores{boards}"
-    return f", workers{' and boards' if args.spert else ''} at nice +{WORKER_NICENESS}"
+    """Who runs at what priority beside the server (cli/worker_priority.py)."""
+    nice = f"at nice +{WORKER_NICENESS}"
+    if priority == "idle":  # the numpy workers only: boards never are
+        return ", workers on idle cores" + (f", boards {nice}" if args.spert else "")
+    who = [name for name, count in (("workers", args.workers), ("boards", args.spert)) if count]
+    return f", {' and '.join(who)} {nice}"
+
+
+def _priority_problem(args: argparse.Namespace) -> str:
+    if args.worker_priority not in PRIORITIES:
+        return f"must be one of {', '.join(PRIORITIES)}, got {args.worker_priority!r}"
+    if args.worker_priority == "idle" and not args.workers:  # boards are never idle
+        return "idle is for numpy workers, and there are none (--workers 0): boards run at nice +5"
+    return ""
 
 
 def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
@@ -347,10 +354,8 @@ def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None)
     if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too
         print("snet: --spert-time-scale must be > 0", file=sys.stderr)
         return 2
-    if args.worker_priority not in PRIORITIES:  # its default comes from the environment
-        choices = ", ".join(PRIORITIES)
-        print(f"snet: --worker-priority (or {PRIORITY_VARIABLE}) must be one of {choices}, "
-              f"got {args.worker_priority!r}", file=sys.stderr)  # fmt: skip
+    if problem := _priority_problem(args):  # its default comes from the environment
+        print(f"snet: --worker-priority (or {PRIORITY_VARIABLE}) {problem}", file=sys.stderr)
         return 2
     # the machine's other work since the demo started (its workers' process with it)
     load = preloaded.load if preloaded is not None else OthersLoad()

@@ -163,6 +163,13 @@ def test_a_bad_choice_is_one_line_and_exit_2(
     monkeypatch.setenv("SNET_DEMO_WORKER_PRIORITY", "fast")
     assert main(["demo"]) == 2
     assert "got 'fast'" in capsys.readouterr().err
+    # idle is the numpy workers': refused for boards alone, not silently dropped
+    monkeypatch.setenv("SNET_DEMO_WORKER_PRIORITY", "idle")
+    assert main(["demo", "--workers", "0", "--spert", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "snet: --worker-priority (or SNET_DEMO_WORKER_PRIORITY) idle is for numpy workers, and "
+        "there are none (--workers 0): boards run at nice +5\n"
+    )
 
 
 def test_workers_on_idle_cores_while_others_hold_the_cores_are_said_once(
