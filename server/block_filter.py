@@ -43,12 +43,9 @@ class BlockFilter:
     """Block momentum over the workers' model deltas; the same interface as ``UpdateRule``."""
 
     def __init__(self, weights: np.ndarray, job: JobSpec, lanes: int = 2) -> None:
+        self.job = job  # the workers' blocks (length, overlap) are shown in /status
         self.kind = job.block_filter
         self.sync = job.block_sync
-        # the workers' affairs, shown in /status: a block's length, and whether they
-        # overlap it with the exchange (which sets cbm's and nbm's default η too)
-        self.block_bunches, self.block_seconds = job.block_bunches, job.block_seconds
-        self.overlap = job.block_overlap
         self._momentum = job.block_momentum  # negative: the filter's default
         self.rate = job.block_lr if job.block_lr > 0 else DEFAULT_RATE.get(self.kind, 1.0)
         self.lookahead = self.kind in ("nbm", "nesterov")
@@ -79,7 +76,7 @@ class BlockFilter:
         1 - 1/N, 2 workers on Fashion-MNIST ended anywhere from 73.8 to 88.6 % CV."""
         if self._momentum >= 0:
             return self._momentum
-        if (not self.sync or self.overlap) and self.kind in ("cbm", "nbm"):
+        if (not self.sync or self.job.block_overlap) and self.kind in ("cbm", "nbm"):
             return 0.0
         return DEFAULT_MOMENTUM.get(self.kind, 1.0 - 1.0 / max(workers, 1))
 
@@ -161,9 +158,9 @@ class BlockFilter:
         return {
             "filter": self.kind,
             "sync": int(self.sync),
-            "overlap": int(self.overlap),
-            "block_bunches": self.block_bunches,  # tau (a block of seconds: block_seconds)
-            "block_seconds": self.block_seconds,
+            "overlap": int(self.job.block_overlap),
+            "block_bunches": self.job.block_bunches,  # tau (a block of seconds: block_seconds)
+            "block_seconds": self.job.block_seconds,
             "blocks": self.blocks,
             "block_momentum": round(self.last_momentum, 6),  # as last applied
             "block_lr": self.rate,
