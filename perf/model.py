@@ -46,9 +46,10 @@ MODES = ("sync", "async", "bmuf", "bmuf-overlap", "bmuf-async")
 # "bmuf-overlap" too, but its workers train the next block meanwhile (block_overlap),
 # "bmuf-async" filters each block as it arrives. Pattern-parallel only.
 BLOCK_MODES = ("bmuf", "bmuf-overlap", "bmuf-async")
-# the modes whose workers never wait for the server between updates:
-# ``overlapped_round_seconds`` (bmuf-overlap waits when the exchange outlasts a block)
-OVERLAPPED_MODES = ("async", "bmuf-async")
+# the asynchronous modes, whose workers never wait for the server between updates
+# (``overlapped_round_seconds``; bmuf-overlap's wait when the exchange outlasts a block:
+# ``overlapped_blocks_round_seconds``)
+ASYNC_MODES = ("async", "bmuf-async")
 WORD_BYTES = ELEMENT_DTYPE.itemsize  # float32 on the wire
 INDEX_BYTES = 8  # np mode: a pattern's frame index (int64) on the wire
 FIXED_SIZE_CODECS = ("none", "fp16", "int8", "sign")
@@ -365,14 +366,13 @@ def predict(
         phases = pattern_parallel_phases(network, bunch, workers, constants, time_scale, tau, up)
     else:
         phases = network_parallel_phases(network, bunch, workers, constants, time_scale)
-    if mode in OVERLAPPED_MODES:
-        seconds = overlapped_round_seconds(phases, workers)
-        compute_bound = (
-            phases.compute + phases.latency / 2 >= workers * phases.transfer + phases.host
-        )
-    elif mode == "bmuf-overlap":
-        seconds = overlapped_blocks_round_seconds(phases, workers)
-        compute_bound = seconds == phases.compute + phases.latency / 2
+    if mode in (*ASYNC_MODES, "bmuf-overlap"):
+        if mode in ASYNC_MODES:
+            seconds = overlapped_round_seconds(phases, workers)
+        else:
+            seconds = overlapped_blocks_round_seconds(phases, workers)
+        # a round of the worker's own term (T_c + L / 2), not the exchange's
+        compute_bound = phases.compute + phases.latency / 2 >= seconds
     else:
         seconds = serial_round_seconds(phases, workers)
         # Every part of a sync round but T_c is communication or the step, none of it
