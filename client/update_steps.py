@@ -139,8 +139,8 @@ class UpdateSteps:
                 await wake.wait()
             return None
         assert weights is not None and connection.send_buffers is not None
-        if self.timing is not None:
-            self.timing.bunch_started(weights.settled)
+        if self.timing is not None and self.overlap is None:  # overlap: taken mid-block,
+            self.timing.bunch_started(weights.settled)  # which a block's start would overstate
         lease, offset, frames = self.work.next_bunch(self.per_update)
         rate = lease.learning_rate or weights.learning_rate  # bmuf: the lease's epoch
         started = time.perf_counter()

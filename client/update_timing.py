@@ -11,7 +11,9 @@ read against the bunch's own arithmetic:
 - the latency from sending an update to the start of the first bunch computed on weights
   that include it. The server's ``settled`` count in each ``Weights`` says how many of
   this connection's updates those weights include (applied or refused), so the update
-  numbered ``n`` is in once a bunch starts on weights with ``settled >= n``.
+  numbered ``n`` is in once a bunch starts on weights with ``settled >= n``. Not with
+  bmuf's overlapping blocks, whose weights are taken at any bunch of a block (client/
+  blocks.py): timed at a block's start, it would be overstated by up to a block.
 
 The compute loop (client/worker.py) calls ``computed``, ``sent`` and ``bunch_started``;
 ``figures`` goes into the worker's report (``per_update`` in /status).
