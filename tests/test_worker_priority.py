@@ -201,3 +201,21 @@ def test_workers_on_idle_cores_while_others_hold_the_cores_are_said_once(
     assert said.count("\n") == 1, said
     assert said.startswith(f"snet demo: other processes have kept {0.9 * cores:.1f} cores busy")
     assert "--worker-priority low" in said
+
+
+def test_an_idle_policy_the_system_refuses_leaves_the_workers_at_nice_and_is_said(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Asked for, a refused SCHED_IDLE is said (the banner then says nice +5); chosen by
+    auto, it is not (auto promised nothing)."""
+    import asyncio
+
+    from snet.cli.demo_workers import DemoWorkers
+
+    gone = 2**22 + 1  # above any pid_max: sched_setscheduler fails as on a refusing system
+    for asked, said in (("idle", True), ("auto", False)):
+        workers = DemoWorkers([], 1, group=gone)
+        asyncio.run(workers.settle_priority(asked, FixedLoad(0.0)))
+        assert workers.priority == "low"
+        refused = "refused its workers the idle policy (SCHED_IDLE): they run at nice +5"
+        assert (refused in capsys.readouterr().err) is said
