@@ -12,7 +12,8 @@ and times, from launching the command, the first epoch line (the first epoch's e
 included) and the first line whose CV accuracy is at least ``--target`` (start-up
 included). Figures are ratios to ``snet train`` of the same repeat: ``speed`` =
 train's seconds to the target / the demo's (above 1: the demo is faster), ``first epoch``
-= the demo's first epoch / train's. Medians over the repeats are reported.
+= the demo's first epoch / train's. Medians over the repeats are reported, and each
+repeat's speed (``speed_ratios``), since a median at 1.0 hides how often a run is slower.
 
 ``--baseline DIR`` adds the demo modes of a checkout of earlier code (its processes import
 ``snet`` from ``DIR/src``) to each repeat's rotation, as ``baseline:MODE``, against the same
@@ -121,6 +122,7 @@ def run_accuracy_bench(
         result["modes"][mode] = {
             "to_target_s": _median(reached),
             "speed_ratio": _median(speed),
+            "speed_ratios": sorted(round(ratio, 3) for ratio in speed),  # the spread of pairs
             "first_epoch_ratio": _median(first),
             "reached": f"{len(speed)}/{len(runs)}",
             "epochs_to_target": _median(

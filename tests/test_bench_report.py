@@ -139,7 +139,7 @@ def test_update_and_accuracy_sections_render_with_their_targets() -> None:
         "target_cv": 0.9, "repeats": 1, "train_to_target_s": 3.0, "train_first_epoch_s": 1.0,
         "modes": {
             "async": {"to_target_s": 4.0, "speed_ratio": 0.75, "first_epoch_ratio": 1.4,
-                      "reached": "1/1"},
+                      "reached": "1/1", "speed_ratios": [0.7, 0.75, 1.02]},
             "bmuf": {"to_target_s": 2.0, "speed_ratio": 1.5, "first_epoch_ratio": 1.6,
                      "reached": "1/1"},
         },
@@ -158,7 +158,9 @@ def test_update_and_accuracy_sections_render_with_their_targets() -> None:
     assert rows["bmuf, 2 workers: first epoch's end, demo / snet train"][2] == "False"
     assert rows["bmuf, 2 workers: time to CV target, snet train / demo"] == [
         "1.5", ">= 1.5", "True"]  # fmt: skip
-    assert "| bmuf | 2.0 | 1.5 | 1.6 | 1/1 |" in markdown
+    # each repeat's speed beside the median: how often a run was slower (none kept: "-")
+    assert "| async | 4.0 | 0.75 | 0.7-1.02 (1/3) | 1.4 | 1/1 |" in markdown
+    assert "| bmuf | 2.0 | 1.5 | - | 1.6 | 1/1 |" in markdown
 
 
 def test_small_bunch_targets_take_the_fastest_backend_against_its_own_ceiling() -> None:
