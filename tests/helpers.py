@@ -3,9 +3,9 @@
 Every process a test starts goes through here (``Cluster`` for servers and workers,
 ``run_process`` and ``Cluster.run`` for commands that run to their end, ``DrivenProcess``
 and ``Cluster.drive`` for one the test drives itself: signals, pipes, a terminal), and
-each one's output is scanned for tracebacks when it has stopped: a "Traceback (most
-recent call last)" or "Task exception was never retrieved" fails the test with the log's
-excerpt, unless the test said it expects one (``expect_traceback``). test_rings.py keeps
+each one's output is scanned for tracebacks when it has stopped (output_checks.py): a
+"Traceback (most recent call last)" or "Task exception was never retrieved" fails the test
+with the log's excerpt, unless the test said it expects one (``expect_traceback``). test_rings.py keeps
 it so: no other test module starts a process itself.
 """
 
@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from output_checks import check_output
+
 START_SECONDS = 30.0
 SMALL_JOB = ["--network", "117:64:10", "--chunk-frames", "4096"]
 # SMALL_JOB in bunches of 512: an epoch in 95 updates rather than 379, for tests whose
@@ -32,8 +34,6 @@ SMALL_JOB = ["--network", "117:64:10", "--chunk-frames", "4096"]
 # 67% of the CV frames after one sequential epoch, 75% after two). The in-process ring's
 # time goes mostly into the per-update work of the server and workers on one loop.
 QUICK_JOB = [*SMALL_JOB, "--bunch-size", "512"]
-TRACEBACK_MARKS = ("Traceback (most recent call last)", "Task exception was never retrieved")
-EXCERPT_LINES = 40
 PROCESSES_ALLOWED = False  # set per test by conftest.py: only the system ring's tests may
 
 
@@ -42,20 +42,6 @@ def _allowed(argv: Sequence[str]) -> None:
         raise AssertionError(
             f"a test outside the system ring started {' '.join(argv)[:100]}: mark it system"
         )
-
-
-def traceback_excerpt(text: str) -> str:
-    """The lines around the first traceback in ``text`` (what a reader needs to see)."""
-    lines = text.splitlines()
-    first = next(i for i, line in enumerate(lines) if any(m in line for m in TRACEBACK_MARKS))
-    start = max(first - 3, 0)
-    return "\n".join(lines[start : first + EXCERPT_LINES])
-
-
-def check_output(name: str, text: str, expected: str | None = None) -> None:
-    """Fail if ``text`` (a process's output) holds a traceback, unless ``expected`` (why)."""
-    if expected is None and any(mark in text for mark in TRACEBACK_MARKS):
-        raise AssertionError(f"traceback in the output of {name}:\n{traceback_excerpt(text)}")
 
 
 def run_process(
@@ -184,12 +170,6 @@ class DrivenProcess(subprocess.Popen):  # type: ignore[type-arg]
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def check_log_files(directory: Path, pattern: str = "*.log") -> None:
-    """Scan the logs that code outside this module (bench/'s ``LocalCluster``) left."""
-    for log in sorted(directory.rglob(pattern)):
-        check_output(str(log), log.read_text(errors="replace"))
 
 
 def wait_until(

@@ -1,46 +1,26 @@
 """Configuration mistakes are one line naming the key, the value and what is expected,
-with exit status 2 and no traceback (issue 18); flags come from the config fields."""
+with exit status 2 and no traceback (issue 18). The flags themselves (one per config field,
+each with help; TOML jobs read by train and demo): test_cli_flags.py."""
 
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import fields
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from snet import __version__
 from snet.cli.main import main
-from snet.cli.parser import command_parser
-from snet.client.config import WorkerConfig
-from snet.client.spert.config import BoardConfig
 from snet.protocol.errors import ConfigError
-from snet.protocol.job import DataSpec, JobSpec
-from snet.server.config import ServerConfig
+from snet.protocol.job import JobSpec
 
 from helpers import run_snet
-
-
-def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run ``snet ARGV`` in this process; its one-line error (exit status 2 asserted)."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
-
-
-def _toml(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "snet.toml"
-    path.write_text(text)
-    return str(path)
+from user_errors import error, toml_file
 
 
 def test_a_bad_learning_rate_flag_names_the_flag_and_the_value(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    err = _error(["server", "--learning-rates", "0.1,x"], capsys)
+    err = error(["server", "--learning-rates", "0.1,x"], capsys)
     assert err == (
         "snet: --learning-rates: '0.1,x' is not a list of numbers "
         "(as a flag or variable: 0.2,0.1; in TOML: [0.2, 0.1])"
@@ -71,22 +51,22 @@ def test_a_settings_own_check_names_it_as_the_user_gave_it(
 ) -> None:
     """A class's check names its field ("retry_seconds must be >= 0"): said as the flag,
     the variable or the file's key the value came from, which the user can find."""
-    assert _error(["worker", "--retry-seconds", "-1"], capsys) == (
+    assert error(["worker", "--retry-seconds", "-1"], capsys) == (
         "snet: --retry-seconds must be >= 0"
     )
-    assert _error(["server", "--checkpoint-keep", "0"], capsys) == (
+    assert error(["server", "--checkpoint-keep", "0"], capsys) == (
         "snet: --checkpoint-keep must be >= 1, got 0"
     )
-    path = _toml(tmp_path, "[job]\nepochs = 0\n")
-    assert _error(["train", "--config", path], capsys) == (
+    path = toml_file(tmp_path, "[job]\nepochs = 0\n")
+    assert error(["train", "--config", path], capsys) == (
         f"snet: {path} [job] epochs must be >= 1, got 0"
     )
     monkeypatch.setenv("SNET_WORKER_PROCESSES", "0")
-    assert _error(["worker"], capsys) == (
+    assert error(["worker"], capsys) == (
         "snet: SNET_WORKER_PROCESSES must be 1 to 256 (one per core is the rule), got 0"
     )
     monkeypatch.setenv("SNET_WORKER_PROCESSES", "100000")  # a typo forked until memory ran out
-    assert _error(["worker"], capsys) == (
+    assert error(["worker"], capsys) == (
         "snet: SNET_WORKER_PROCESSES must be 1 to 256 (one per core is the rule), got 100000"
     )
 
@@ -103,22 +83,22 @@ def test_a_settings_own_check_names_it_as_the_user_gave_it(
 def test_the_demo_names_a_negative_count_of_workers(
     argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _error(["demo", *argv], capsys) == expected
+    assert error(["demo", *argv], capsys) == expected
 
 
 def test_toml_learning_rates_must_be_a_list(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _toml(tmp_path, "[job]\nlearning_rates = 0.1\n")
-    err = _error(["server", "--config", path], capsys)
+    path = toml_file(tmp_path, "[job]\nlearning_rates = 0.1\n")
+    err = error(["server", "--config", path], capsys)
     assert err.startswith(f"snet: {path} [job] learning_rates: 0.1 is not a list of numbers")
 
 
 def test_toml_port_must_be_a_whole_number(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _toml(tmp_path, '[server]\nport = "abc"\n')
-    err = _error(["server", "--config", path], capsys)
+    path = toml_file(tmp_path, '[server]\nport = "abc"\n')
+    err = error(["server", "--config", path], capsys)
     assert err == f"snet: {path} [server] port: 'abc' is not a whole number"
 
 
@@ -126,11 +106,11 @@ def test_environment_values_are_decoded_the_same_way(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SNET_JOB_LEARNING_RATES", "0.2,,0.1")
-    err = _error(["train"], capsys)
+    err = error(["train"], capsys)
     assert err.startswith("snet: SNET_JOB_LEARNING_RATES: '0.2,,0.1' is not a list of numbers")
     monkeypatch.delenv("SNET_JOB_LEARNING_RATES")
     monkeypatch.setenv("SNET_WORKER_THREADS", "two")
-    err = _error(["worker"], capsys)
+    err = error(["worker"], capsys)
     assert err == "snet: SNET_WORKER_THREADS: 'two' is not a whole number"
 
 
@@ -148,36 +128,36 @@ def test_environment_values_are_decoded_the_same_way(
 def test_unknown_tables_and_keys_are_refused_with_a_suggestion(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
 ) -> None:
-    path = _toml(tmp_path, text)
+    path = toml_file(tmp_path, text)
     command = "train" if "job" in text else "server"
-    assert message in _error([command, "--config", path], capsys)
+    assert message in error([command, "--config", path], capsys)
 
 
 def test_a_worker_refuses_a_misspelt_worker_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _toml(tmp_path, '[worker]\nserver = "127.0.0.1:7000"\nthread = 2\n')
-    err = _error(["worker", "--config", path], capsys)
+    path = toml_file(tmp_path, '[worker]\nserver = "127.0.0.1:7000"\nthread = 2\n')
+    err = error(["worker", "--config", path], capsys)
     assert err == f"snet: {path} [worker]: unknown setting 'thread' (did you mean 'threads'?)"
 
 
 def test_an_unknown_log_level_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    err = _error(["server", "--log-level", "loud"], capsys)
+    err = error(["server", "--log-level", "loud"], capsys)
     assert err == "snet: --log-level: 'loud' is not one of debug, info, warning, error, critical"
-    assert "--log-level: 'lod'" in _error(["worker", "--log-level", "lod"], capsys)
+    assert "--log-level: 'lod'" in error(["worker", "--log-level", "lod"], capsys)
 
 
 def test_the_event_interval_has_a_floor(capsys: pytest.CaptureFixture[str]) -> None:
     # every push builds the status document: a dashboard may not make the server spin
-    assert "snet: --event-seconds must be between 0.05 and 60" in _error(
+    assert "snet: --event-seconds must be between 0.05 and 60" in error(
         ["server", "--event-seconds", "0.001"], capsys
     )
 
 
 def test_an_empty_network_is_an_error_not_the_default(capsys: pytest.CaptureFixture[str]) -> None:
-    err = _error(["server", "--network", ""], capsys)
+    err = error(["server", "--network", ""], capsys)
     assert err == "snet: --network: '' is not layer sizes, input to output, such as 117:512:10"
-    assert "--network: '117:x:10' is not layer sizes" in _error(
+    assert "--network: '117:x:10' is not layer sizes" in error(
         ["train", "--network", "117:x:10"], capsys
     )
 
@@ -186,7 +166,7 @@ def test_an_empty_network_is_an_error_not_the_default(capsys: pytest.CaptureFixt
 def test_a_network_without_its_output_layer_is_checked_against_the_labels(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    err = _error(["train", "--network", "117:512", "--out-dir", str(tmp_path)], capsys)
+    err = error(["train", "--network", "117:512", "--out-dir", str(tmp_path)], capsys)
     assert err.endswith(
         "has 10 classes (labels 0..9), but the network has 512 outputs: end the network with :10"
     )
@@ -200,125 +180,6 @@ def test_a_network_without_its_output_layer_is_checked_against_the_labels(
     assert "Traceback" not in server.stderr
 
 
-@pytest.mark.system  # starts real processes
-def test_version() -> None:
-    done = run_snet("--version")
-    assert (done.returncode, done.stdout.strip()) == (0, f"snet {__version__}")
-
-
-def test_train_offers_only_what_sequential_training_uses(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    for flag in ("--mode", "--compress", "--updates-per-step", "--max-in-flight"):
-        with pytest.raises(SystemExit) as stopped:
-            command_parser().parse_args(["train", flag, "1"])
-        assert stopped.value.code == 2
-        assert f"unrecognized arguments: {flag} 1" in capsys.readouterr().err
-
-
-@pytest.mark.system  # starts real processes
-def test_train_reads_the_servers_toml_job(tmp_path: Path) -> None:
-    path = _toml(
-        tmp_path,
-        '[server]\nport = 7001\n\n[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n'
-        "learning_rates = [0.1]\n\n[job.data]\ncv_fraction = 0.2\nsplit_seed = 3\n",
-    )
-    done = run_snet("train", "--config", path, "--out-dir", str(tmp_path / "out"))
-    assert done.returncode == 0, done.stderr
-    assert "epoch  1  lr 0.1 " in done.stdout
-    with np.load(tmp_path / "out" / "weights.npz") as saved:
-        assert [int(n) for n in saved["sizes"]] == [117, 16, 10]
-
-
-@pytest.mark.system  # starts real processes
-def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
-    path = _toml(tmp_path, '[job]\nmode = "sync"\nnetwork = "117:16:10"\nepochs = 1\n'
-                           "[server]\nmin_workers = 5\n[worker]\nthreads = 2\n")  # fmt: skip
-    cache = tmp_path / "cache"  # the demo's server and workers follow SNET_DATA_CACHE
-    done = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"),
-                    env={**os.environ, "SNET_DATA_CACHE": str(cache)})  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert list(cache.glob("norms-*.npy")), "the server kept its normalisation elsewhere"
-    assert list(cache.glob("frames-*.npy")), "the workers shared their frames elsewhere"
-    assert done.stdout.startswith("snet demo: sync mode, 1 worker, network 117:16:10, 1 epoch,")
-    assert "Traceback" not in done.stderr
-    # the other tables were read by nobody, without a word (its 5 workers, say)
-    said = f"snet demo: reads the [job] table of {path} only: [server], [worker] not used"
-    assert said in done.stderr.splitlines()
-    assert "\x1b" not in done.stdout and "\r" not in done.stdout  # a pipe: no progress bar
-    assert "\nepoch  1/1  lr " in done.stdout  # counted from 1
-    # again on the same out-dir: the finished run is shown, not trained again, and the
-    # workers (which had nothing to join) are stopped at once rather than left retrying
-    again = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))
-    assert again.returncode == 0, again.stderr
-    assert "holds this job's finished run" in again.stdout
-    assert "\nepoch  1/1  lr " in again.stdout and "done (trained)" in again.stdout
-    assert "workers stopped: nothing to train" in again.stdout
-    # nothing is trained, and the run's own times are gone: neither is made up
-    assert "done (trained) in an earlier run:" in again.stdout and " s)" not in again.stdout
-    assert "dashboard:" not in again.stdout
-    assert "not reachable" not in again.stderr and "Traceback" not in again.stderr
-    # more workers divide the bunch otherwise: another job, and the refusal says why
-    more = run_snet("demo", "--workers", "2", "--config", path, "--out-dir", str(tmp_path / "o"))
-    assert more.returncode == 2 and "(bunch_size 128 there, 64 here)" in more.stderr
-    assert "--workers and --spert change bunch_size" in more.stderr
-    # another job on that out-dir is refused with the demo's own flags named, which work
-    other = ("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"),
-             "--network", "117:8:10")  # fmt: skip
-    refused = run_snet(*other)
-    assert refused.returncode == 2 and "use --fresh to start over" in refused.stderr
-    assert "Traceback" not in refused.stderr
-    anew = run_snet(*other, "--fresh", "--force")
-    assert anew.returncode == 0, anew.stderr
-    assert "network 117:8:10" in anew.stdout and "done (trained)" in anew.stdout
-    with np.load(tmp_path / "o" / "weights.npz") as saved:
-        assert [int(n) for n in saved["sizes"]] == [117, 8, 10]
-
-
-def test_cv_fraction_and_split_seed_are_flags(tmp_path: Path) -> None:
-    from snet.cli.commands import server_config
-
-    args = command_parser().parse_args(["server", "--cv-fraction", "0.25", "--split-seed", "7"])
-    data = server_config(args).job.data
-    assert (data.cv_fraction, data.split_seed) == (0.25, 7)
-
-
-def _commands() -> dict[str, argparse.ArgumentParser]:
-    parser = command_parser()
-    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(sub.choices)
-
-
-def test_every_flag_has_help_and_field_flags_show_default_and_variable() -> None:
-    for name, command in _commands().items():
-        for action in command._actions:
-            if action.option_strings and name != "bench":
-                assert action.help, f"snet {name} {action.option_strings[0]} has no help"
-    server = " ".join(_commands()["server"].format_help().split())
-    assert "(default 7000; env SNET_PORT)" in server
-    assert "(default 0.1; env SNET_JOB_DATA_CV_FRACTION)" in server
-    assert "(default 117:512:10; env SNET_JOB_NETWORK)" in server
-
-
-@pytest.mark.parametrize(
-    ("command", "classes"),
-    [
-        ("server", (ServerConfig, JobSpec, DataSpec)),
-        ("worker", (WorkerConfig,)),
-        ("spert", (BoardConfig,)),
-        ("demo", (JobSpec, DataSpec)),
-        ("eval", (DataSpec,)),
-    ],
-)
-def test_one_flag_per_field(command: str, classes: tuple[type, ...]) -> None:
-    """Every field of the classes a command configures is one of its flags."""
-    dests = {a.dest for a in _commands()[command]._actions if a.option_strings}
-    for cls in classes:
-        for field in fields(cls):
-            if field.type not in ("JobSpec", "DataSpec"):
-                assert field.name in dests, f"snet {command} has no flag for {field.name}"
-
-
 def test_a_modes_own_setting_in_another_mode_is_one_line_naming_it_as_given(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -328,31 +189,31 @@ def test_a_modes_own_setting_in_another_mode_is_one_line_naming_it_as_given(
     out = tmp_path / "out"
     issue = ["demo", "--mode", "sync", "--workers", "1", "--block-bunches", "8", "--np-pipeline",
              "--epochs", "1", "--out-dir", str(out)]  # fmt: skip
-    assert _error(issue, capsys) == (
+    assert error(issue, capsys) == (
         "snet: --block-bunches 8 applies to bmuf mode only, and this job is in sync mode, "
         "which would ignore it (leave it at its default, 16; --np-pipeline true is ignored "
         "there too)"
     )
     monkeypatch.setenv("SNET_JOB_MAX_IN_FLIGHT", "4")
-    assert _error(["server", "--mode", "sync", "--out-dir", str(out)], capsys) == (
+    assert error(["server", "--mode", "sync", "--out-dir", str(out)], capsys) == (
         "snet: SNET_JOB_MAX_IN_FLIGHT 4 applies to async mode only, and this job is in sync "
         "mode, which would ignore it (leave it at its default, 2)"
     )
     monkeypatch.delenv("SNET_JOB_MAX_IN_FLIGHT")
-    path = _toml(tmp_path, '[job]\nmode = "np"\ncompress = "fp16"\n')
-    assert _error(["server", "--config", path, "--out-dir", str(out)], capsys) == (
+    path = toml_file(tmp_path, '[job]\nmode = "np"\ncompress = "fp16"\n')
+    assert error(["server", "--config", path, "--out-dir", str(out)], capsys) == (
         f"snet: {path} [job] compress fp16 applies to sync mode, async mode and bmuf mode "
         "only, and this job is in np mode, which would ignore it (leave it at its default, none)"
     )
     flags = ["--mode", "bmuf", "--block-sync", "true", "--staleness", "gap", "--out-dir", str(out)]
-    assert _error(["server", *flags], capsys) == (
+    assert error(["server", *flags], capsys) == (
         "snet: --staleness gap applies to async mode and bmuf mode with asynchronous blocks "
         "(--block-sync false) only, and this job is in bmuf mode with synchronous blocks, "
         "which would ignore it (leave it at its default, none)"
     )
     # snet train reads the server's [job] table: the job a server would refuse, it refuses
-    path = _toml(tmp_path, '[job]\nmode = "async"\nblock_filter = "average"\n')
-    assert _error(["train", "--config", path, "--out-dir", str(out)], capsys) == (
+    path = toml_file(tmp_path, '[job]\nmode = "async"\nblock_filter = "average"\n')
+    assert error(["train", "--config", path, "--out-dir", str(out)], capsys) == (
         f"snet: {path} [job] block_filter average applies to bmuf mode only, and this job is "
         "in async mode, which would ignore it (leave it at its default, cbm)"
     )
@@ -361,7 +222,6 @@ def test_a_modes_own_setting_in_another_mode_is_one_line_naming_it_as_given(
 
 def test_the_demo_splits_the_bunch_only_where_a_step_sums_shares_of_it() -> None:
     from snet.cli.demo import divided_bunch
-    from snet.protocol.job import JobSpec
 
     job = JobSpec()  # bunches of 128
     assert [divided_bunch(job.with_changes(mode=mode), 2).bunch_size for mode in
@@ -395,16 +255,3 @@ def test_the_demos_board_time_scale_must_be_positive(
 
     with pytest.raises(ConfigError, match="time scale must be > 0"):
         ModelledBackend(time_scale=float(scale))
-
-
-def test_every_command_has_a_runner_that_exists() -> None:
-    """cli/main.py's table: each command the parser knows runs a function of its module
-    (bench is passed through before parsing)."""
-    import importlib
-
-    from snet.cli.main import RUNNERS
-    from snet.cli.parser import COMMANDS
-
-    assert set(RUNNERS) | {"bench"} == set(COMMANDS)
-    for module, name in RUNNERS.values():
-        assert callable(getattr(importlib.import_module(f"snet.cli.{module}"), name))

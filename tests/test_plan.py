@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from output_checks import check_log_files
 
 from snet.cli.main import main
 from snet.client.backend import make_backend
@@ -25,7 +26,7 @@ from snet.protocol.job import JobSpec
 from snet.protocol.network import NetworkSpec
 
 from hand_constants import HAND
-from helpers import SMALL_JOB, check_log_files
+from helpers import SMALL_JOB
 from inprocess import Lab, wait_until
 
 # ------------------------------------------------------------------ the modelled backend

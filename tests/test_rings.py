@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from output_checks import check_output
 
-from helpers import Cluster, DrivenProcess, check_output, run_process, wait_until
+from helpers import Cluster, DrivenProcess, run_process, wait_until
 from inprocess import PROCESS, Lab
 from loop_guard import LOOPS, run_guarded
 

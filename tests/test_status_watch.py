@@ -11,8 +11,9 @@ import subprocess
 import time
 
 import pytest
+from output_checks import check_output
 
-from helpers import QUICK_JOB, Cluster, check_output
+from helpers import QUICK_JOB, Cluster
 from inprocess import Lab
 
 

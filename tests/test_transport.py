@@ -1,5 +1,6 @@
-"""The shared transport (transport/stream.py) and the fault switch (transport/faults.py),
-in one process: real sockets on 127.0.0.1, on asyncio's loop and on uvloop's."""
+"""The shared transport (transport/stream.py) and the fault switch (transport/faults.py) at
+work, in one process: real sockets on 127.0.0.1, on asyncio's loop and on uvloop's. The
+switch's rules themselves: test_fault_rules.py."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from snet.client.config import WorkerConfig
 from snet.protocol.conversation import Conversation, Role
 from snet.protocol.decoder import Decoded
-from snet.protocol.errors import ConfigError, ConnectionLost, ProtocolError
+from snet.protocol.errors import ConnectionLost, ProtocolError
 from snet.protocol.framing import FrameLimits, encode_bytes
 from snet.protocol.messages import (
     DataInfo,
@@ -25,8 +25,7 @@ from snet.protocol.messages import (
     ServerHello,
     Welcome,
 )
-from snet.server.config import ServerConfig
-from snet.transport.faults import FaultRule, FaultSwitch, parse_faults
+from snet.transport.faults import FaultSwitch
 from snet.transport.stream import FrameStream
 
 try:
@@ -35,68 +34,6 @@ except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
     uvloop = None
 
 LOOPS = ["asyncio"] + (["uvloop"] if uvloop is not None else [])
-
-# ---------------------------------------------------------------- parsing the switch
-
-
-def test_fault_rules_parse_with_their_direction_inferred() -> None:
-    rules = parse_faults("drop:update:5; corrupt:weights:9;delay:lease:2:0.25", Role.WORKER)
-    assert rules == (
-        FaultRule("drop", "send", "update", 5),
-        FaultRule("corrupt", "receive", "weights", 9),
-        FaultRule("delay", "receive", "lease", 2, 0.25),
-    )
-    assert parse_faults("drop:update:5", Role.SERVER) == (
-        FaultRule("drop", "receive", "update", 5),
-    )
-    assert parse_faults("duplicate:send:heartbeat:3;cut:receive:4096", Role.SERVER) == (
-        FaultRule("duplicate", "send", "heartbeat", 3),
-        FaultRule("cut", "receive", "", 4096),
-    )
-    assert parse_faults(" ; ", Role.SERVER) == ()
-    assert FaultSwitch.from_text("", Role.WORKER) is None  # off: no switch at all
-
-
-@pytest.mark.parametrize(
-    ("text", "why"),
-    [
-        ("lose:update:5", "unknown action 'lose'"),
-        ("drop:updates:5", "unknown message kind 'updates'"),
-        ("drop:update:0", "count '0' is not a whole number"),
-        ("drop:update:five", "count 'five'"),
-        ("drop:update", "expected a message kind and a count"),
-        ("drop:update:5:1.0", "expected a message kind and a count"),
-        ("drop:heartbeat:2", "both sends and receives heartbeat"),
-        ("drop:send:weights:2", "a worker never sends weights"),
-        ("delay:weights:2:soon", "delay seconds 'soon' is not a number"),
-        ("cut:update:100", "cut takes a direction"),
-    ],
-)
-def test_bad_fault_rules_are_refused_clearly(text: str, why: str) -> None:
-    with pytest.raises(ConfigError) as caught:
-        parse_faults(f"drop:update:1;{text}", Role.WORKER)
-    assert why in str(caught.value) and repr(text) in str(caught.value)
-
-
-def test_the_settings_refuse_a_bad_fault_rule() -> None:
-    assert ServerConfig(faults="drop:update:5").faults == "drop:update:5"
-    assert WorkerConfig(faults="drop:update:5;corrupt:weights:9").faults
-    with pytest.raises(ConfigError, match="a server never sends update"):
-        ServerConfig(faults="drop:send:update:5")
-    with pytest.raises(ConfigError, match="unknown action 'lose'"):
-        WorkerConfig(faults="lose:update:5")
-
-
-def test_each_rule_fires_once_on_its_nth_message() -> None:
-    switch = FaultSwitch(parse_faults("drop:update:3;cut:send:100", Role.WORKER))
-    hits = [switch.message("send", "update") for _ in range(5)]
-    assert [rule is not None for rule in hits] == [False, False, True, False, False]
-    assert switch.message("receive", "weights") is None
-    assert switch.passing("send", 60) is None
-    assert switch.passing("send", 60) == 40  # the 100th byte is the last one through
-    assert switch.passing("send", 60) is None
-    assert switch.injected == ["drop:send:update:3", "cut:send:100"]
-
 
 # ---------------------------------------------------------------- streams on real sockets
 

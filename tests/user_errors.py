@@ -1,6 +1,6 @@
-"""What the tests of the offline commands' refusals share: a tiny data set and running
+"""What the tests of the commands' refusals share: a tiny data set, a TOML file, and running
 ``snet ARGV`` in this process for its one-line error (test_offline_errors.py,
-test_train_errors.py)."""
+test_train_errors.py, test_tls_init_errors.py, test_cli_errors.py, test_cli_flags.py)."""
 
 from __future__ import annotations
 
@@ -40,3 +40,10 @@ def refused(
 def error(argv: list[str], capsys: pytest.CaptureFixture[str], status: int = 2) -> str:
     """Run ``snet ARGV`` in this process; its one-line error (its exit status asserted)."""
     return refused(argv, capsys, status)[0]
+
+
+def toml_file(tmp_path: Path, text: str) -> str:
+    """``text`` written as ``tmp_path/snet.toml``; its path, for ``--config``."""
+    path = tmp_path / "snet.toml"
+    path.write_text(text)
+    return str(path)
