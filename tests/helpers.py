@@ -5,8 +5,8 @@ Every process a test starts goes through here (``Cluster`` for servers and worke
 and ``Cluster.drive`` for one the test drives itself: signals, pipes, a terminal), and
 each one's output is scanned for tracebacks when it has stopped (output_checks.py): a
 "Traceback (most recent call last)" or "Task exception was never retrieved" fails the test
-with the log's excerpt, unless the test said it expects one (``expect_traceback``). test_rings.py keeps
-it so: no other test module starts a process itself.
+with the log's excerpt, unless the test said it expects one (``expect_traceback``).
+test_rings.py keeps it so: no other test module starts a process itself.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from output_checks import TRACEBACK_MARKS, traceback_excerpt
 
 from snet.cli.commands import server_config, worker_config
 from snet.cli.parser import command_parser
@@ -36,6 +35,8 @@ from snet.cli.spert import board_config
 from snet.client.backend import ComputeBackend
 from snet.client.worker import Worker
 from snet.server.app import SnetServer
+
+from output_checks import TRACEBACK_MARKS, traceback_excerpt
 
 UNNAMED = "(unnamed)"  # log records from threads, which do not carry a task's context
 PROCESS: contextvars.ContextVar[str] = contextvars.ContextVar("lab_process", default=UNNAMED)
