@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from output_checks import check_output
 
 from snet.transport import cpu_time
 
 import helpers
 from helpers import SMALL_JOB, wait_until
+from output_checks import check_output
 
 pytestmark = pytest.mark.system
 DEMO = ["demo", *SMALL_JOB, "--out-dir", "out"]

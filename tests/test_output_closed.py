@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from output_checks import check_output
 
 import helpers
 from helpers import QUICK_JOB, SMALL_JOB
+from output_checks import check_output
 from user_errors import tiny_set
 
 EXIT_READER_GONE = 141

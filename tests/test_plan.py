@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from output_checks import check_log_files
 
 from snet.cli.main import main
 from snet.client.backend import make_backend
@@ -28,6 +27,7 @@ from snet.protocol.network import NetworkSpec
 from hand_constants import HAND
 from helpers import SMALL_JOB
 from inprocess import Lab, wait_until
+from output_checks import check_log_files
 
 # ------------------------------------------------------------------ the modelled backend
 

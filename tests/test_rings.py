@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from output_checks import check_output
 
 from helpers import Cluster, DrivenProcess, run_process, wait_until
 from inprocess import PROCESS, Lab
 from loop_guard import LOOPS, run_guarded
+from output_checks import check_output
 
 TRACEBACK = "Traceback (most recent call last):\n  File 'x', line 1\n"
 

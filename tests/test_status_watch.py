@@ -11,10 +11,10 @@ import subprocess
 import time
 
 import pytest
-from output_checks import check_output
 
 from helpers import QUICK_JOB, Cluster
 from inprocess import Lab
+from output_checks import check_output
 
 
 def _ctrl_c_as_at_a_terminal() -> None:
