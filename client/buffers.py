@@ -2,8 +2,9 @@
 
 ``WeightsBox`` receives weights: incoming copies land in free preallocated elements; at
 each bunch boundary the compute side takes the newest and the older ones go back to the
-free queue. Compressed copies (fp16, or deltas from the newest copy held) are decoded
-into a free element on arrival, so the compute side always sees plain float32.
+free queue. Compressed copies (fp16, or deltas from the newest copy held) are decoded,
+and copies in the server's weights board (``shared``) copied out, into a free element on
+arrival, so the compute side always sees plain float32 it alone holds.
 ``SendBuffers`` holds the update elements the compute side fills; an element
 is reused only once the transport has handed all of it to the kernel (the transport may
 keep a reference to the buffer instead of copying it).
@@ -24,6 +25,7 @@ from snet.protocol.errors import CodecError
 from snet.protocol.framing import ArrayInfo
 from snet.protocol.messages import Weights
 from snet.protocol.network import ELEMENT_DTYPE, ElementLayout
+from snet.transport.shared_board import BoardReader
 
 
 @dataclass
@@ -60,8 +62,13 @@ class BoxSlot:
 class WeightsBox:
     """Newest-wins queue of received weights over a few preallocated elements."""
 
-    def __init__(self, layout: ElementLayout, wake: asyncio.Event, slots: int = 3) -> None:
+    def __init__(
+        self, layout: ElementLayout, wake: asyncio.Event, slots: int = 3,
+        board: BoardReader | None = None,
+    ) -> None:  # fmt: skip
+        """``board``: the server's weights board, when it sends copies there."""
         self.layout = layout
+        self.board = board
         self.wake = wake
         self._free: deque[np.ndarray] = deque(layout.allocate() for _ in range(slots))
         self._pending: WeightsCopy | None = None
@@ -69,7 +76,7 @@ class WeightsBox:
         self.received = 0
         self.skipped = 0  # copies replaced by a newer one before they were used
         self.awaiting_full = False  # a Resync was sent: deltas are useless until a full copy
-        self.undecodable = 0  # compressed copies that could not be applied
+        self.undecodable = 0  # copies that could not be used (decoded, read, checked)
         self.arrived: Callable[[WeightsCopy], None] | None = None  # told of each new copy
 
     @property
@@ -103,45 +110,54 @@ class WeightsBox:
         """File a received ``Weights``: in place, copied, or decoded into a free element.
 
         ``slot`` is the decoder's token when the payload was received into one of this
-        box's elements. Raises ``CodecError`` when a compressed copy cannot be applied (a
-        delta from a version this worker does not hold, a malformed encoding); the caller
-        then asks the server for a full copy and sets ``awaiting_full``.
+        box's elements. Raises ``CodecError`` when a copy cannot be used (a delta from a
+        version this worker does not hold, a malformed encoding, a board slot that holds
+        another version, a digest that differs from the server's); the caller then asks
+        the server for a full copy and sets ``awaiting_full``.
         """
-        if message.encoded is None:
-            flat = slot.take() if isinstance(slot, BoxSlot) else np.array(message.element, "<f4")
-            if flat.shape != (self.layout.size,):
-                raise CodecError(f"weights of shape {flat.shape}, need ({self.layout.size},)")
-            if message.digest and (digest := weights_digest(flat)) != message.digest:
-                self.undecodable += 1
-                if isinstance(slot, np.ndarray):
-                    self._free.append(slot)
-                raise CodecError(
-                    f"weights {message.version} have digest {digest}, "
-                    f"the server announced {message.digest}"
-                )
-            self.awaiting_full = False
-        else:
-            newest = self._pending or self.current
-            flat = self._free.popleft() if self._free else self.layout.allocate()
-            try:
-                decode_weights(
-                    self.layout,
-                    message,
-                    newest.flat if newest else None,
-                    newest.version if newest else -1,
-                    flat,
-                )
-            except CodecError:
-                self.undecodable += 1
-                self._free.append(flat)
-                raise
-            if message.delta_from < 0:
-                self.awaiting_full = False
+        flat = self._filled(message, slot)
         self.put(
             WeightsCopy(
                 message.version, message.epoch, message.learning_rate, message.settled, flat
             )
         )
+
+    def _filled(self, message: Weights, slot: object) -> np.ndarray:
+        """The element holding ``message``'s weights: received in place, read from the
+        server's board (transport/shared_board.py), or decoded; ``CodecError`` (counted,
+        the element free again) when they cannot be used."""
+        if message.slot < 0 and message.encoded is None:
+            flat = slot.take() if isinstance(slot, BoxSlot) else np.array(message.element, "<f4")
+            if flat.shape != (self.layout.size,):
+                raise CodecError(f"weights of shape {flat.shape}, need ({self.layout.size},)")
+        else:
+            flat = self._free.popleft() if self._free else self.layout.allocate()
+        try:
+            if message.slot >= 0:
+                if self.board is None:
+                    raise CodecError("weights in a board slot, and no board was opened")
+                self.board.read_into(message.slot, message.version, flat)
+            elif message.encoded is not None:
+                newest = self._pending or self.current
+                decode_weights(self.layout, message, newest.flat if newest else None,
+                               newest.version if newest else -1, flat)  # fmt: skip
+            if message.encoded is None:  # a whole float32 copy: the server's, exactly?
+                self._check_digest(message, flat)
+        except CodecError:
+            self.undecodable += 1
+            self._free.append(flat)
+            raise
+        if message.delta_from < 0:  # whole: deltas can be applied again
+            self.awaiting_full = False
+        return flat
+
+    def _check_digest(self, message: Weights, flat: np.ndarray) -> None:
+        """``CodecError`` when ``flat`` is not what the server announced."""
+        if message.digest and (digest := weights_digest(flat)) != message.digest:
+            raise CodecError(
+                f"weights {message.version} have digest {digest}, "
+                f"the server announced {message.digest}"
+            )
 
     def put(self, copy: WeightsCopy) -> None:
         self.received += 1

@@ -67,7 +67,9 @@ class WorkerConfig:
     weights_codec: str = field(
         default="none",
         metadata={
-            "help": "receive weights as none (float32), fp16, or delta:CODEC (delta:none is none)"
+            "help": "receive weights as none (float32), fp16, delta:CODEC (delta:none is none), "
+            "or shared: float32 in the server's weights board, where the worker runs on the "
+            "server's machine (elsewhere the server sends none)"
         },
     )
     inline_seconds: float = field(

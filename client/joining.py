@@ -27,7 +27,9 @@ from typing import TypeVar
 
 from snet.protocol import PROTOCOL_VERSION, auth
 from snet.protocol.codecs.handshake import worker_capabilities
+from snet.protocol.codecs.weights import BOARD_UNREADABLE, SHARED
 from snet.protocol.errors import (
+    CodecError,
     ConfigError,
     ConnectionLost,
     DataError,
@@ -44,10 +46,12 @@ from snet.protocol.messages import (
     Goodbye,
     Hello,
     Message,
+    Resync,
     ServerHello,
     Welcome,
 )
 from snet.protocol.network import ElementLayout
+from snet.transport.shared_board import BoardInfo, BoardReader
 from snet.transport.tls import client_context
 
 from .backend import ComputeBackend
@@ -88,6 +92,7 @@ class Joined:
     corpus: Corpus
     codecs: dict[str, str]
     compressor: UpdateCompressor | None
+    board: BoardReader | None = None  # the server's weights board (weights form ``shared``)
 
 
 @dataclass(frozen=True)
@@ -196,6 +201,7 @@ class Handshake:
             held = compressor.name if compressor is not None else "none"
             update_codec = str(welcome.codecs.get("update", "none"))
             check_fits_in_memory(job, update_codec, earlier, held)
+            board = self._open_board(job, welcome.codecs, connection)
             corpus = await self._prepare(job, info, connection)
             codecs, compressor = self._agree(job, welcome.codecs, compressor)
         except FrameLimitTooSmall as exc:
@@ -216,7 +222,7 @@ class Handshake:
             codecs["update"],
             codecs["weights"],
         )
-        return Joined(job, corpus, codecs, compressor)
+        return Joined(job, corpus, codecs, compressor, board)
 
     async def _server_hello(self) -> ServerHello | None:
         """The server's hello; a port silent or closed without one is asked whether it
@@ -239,6 +245,24 @@ class Handshake:
                 config.hello_seconds, rest,
             )  # fmt: skip
             return await self._next_message(ServerHello, rest)
+
+    @staticmethod
+    def _open_board(
+        job: JobSpec, agreed: dict[str, object], connection: ServerConnection
+    ) -> BoardReader | None:
+        """The server's weights board the Welcome names (weights form ``shared``), or
+        None; one that cannot be read here (another machine's /proc, a refused open) is
+        said once, and the server told at once, so that it sends whole copies instead."""
+        if agreed.get("weights") != SHARED:
+            return None
+        values = ElementLayout.for_network(job.network).size
+        try:
+            return BoardReader(BoardInfo.from_dict(agreed.get("board"), values))
+        except CodecError as exc:
+            log.warning("cannot read the server's weights board (%s): weights come in frames",
+                        exc)  # fmt: skip
+            connection.send(Resync(BOARD_UNREADABLE))
+            return None
 
     @staticmethod
     def _agree(

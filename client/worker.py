@@ -250,7 +250,8 @@ class Worker:
             self.codecs, self.compressor = joined.codecs, joined.compressor
             self._joined = True
             self._retry.joined()
-            box = WeightsBox(ElementLayout.for_network(self.job.network), wake=self._wake)
+            layout = ElementLayout.for_network(self.job.network)
+            box = WeightsBox(layout, wake=self._wake, board=joined.board)
             self.policy = make_compute_policy(self.job)  # this session's: it sizes the buffers
             connection.attach(box, SendBuffers(box.layout, self.policy.send_buffers))
             heartbeat = asyncio.get_running_loop().create_task(self.reports.heartbeat(connection))

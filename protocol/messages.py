@@ -103,7 +103,10 @@ class Weights:
     reconstructed of version ``delta_from``.
 
     ``digest`` (optional, added with checkpoints) is ``weights_digest`` of the server's
-    float32 weights of ``version``: a worker that received them whole can check its copy."""
+    float32 weights of ``version``: a worker that received them whole can check its copy.
+
+    ``slot`` (weights form ``shared``): the element is not in the frame but in that slot
+    of the server's weights board (transport/shared_board.py); -1, not sent, otherwise."""
 
     TYPE: ClassVar[str] = "weights"
     ARRAYS: ClassVar[tuple[str, ...]] = ("element",)
@@ -116,6 +119,7 @@ class Weights:
     encoded: Encoded | None = field(default=None, compare=False, repr=False)
     delta_from: int = -1
     digest: str = ""
+    slot: int = field(default=-1, kw_only=True, metadata={"omitted_when_default": True})
 
 
 @dataclass(frozen=True)

@@ -158,10 +158,10 @@ class SnetServer:
             self.config.checkpoint_seconds,
             self.config.checkpoint_steps,
         )
-        self.coordinator.steps.call_between_steps(self.checkpointer.between_steps)
-        self.coordinator.pool.watch(lambda: self._set_reading(False),
-                                    lambda: self._set_reading(True))  # fmt: skip
-        self.coordinator.report_to(self._on_trained, self.request_stop)
+        coordinator = self.coordinator
+        coordinator.steps.call_between_steps(self.checkpointer.between_steps)
+        coordinator.pool.watch(lambda: self._set_reading(False), lambda: self._set_reading(True))
+        coordinator.on_finished, coordinator.on_failure = self._on_trained, self.request_stop
         settle()  # the data plan and the coordinator, before any worker: kept, never walked
         limits = worker_frame_limits(self.config.max_frame_mb, self.coordinator.layout.nbytes)
         faults = FaultSwitch.from_text(self.config.faults, Role.SERVER)

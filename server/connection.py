@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from snet.protocol import PROTOCOL_VERSION, auth
-from snet.protocol.codecs.weights import WeightsEncoder
+from snet.protocol.codecs.weights import SHARED, WeightsEncoder
 from snet.protocol.conversation import Conversation, Role
 from snet.protocol.decoder import Decoded
 from snet.protocol.errors import (
@@ -49,11 +49,12 @@ from snet.protocol.messages import (
     WorkerReport,
 )
 from snet.protocol.worker_name import name_problem
+from snet.transport.shared_board import WeightsBoard
 from snet.transport.stream import FrameStream
 
 from .admission import Admission
 from .ledger import CompressionLedger
-from .peers import peer_address
+from .peers import is_local, peer_address
 from .plausible import checked_report
 from .pool import TURNED_AWAY, ElementLoan, ElementShare, Received
 from .session import WorkerSession, unique_name
@@ -242,7 +243,7 @@ class WorkerConnection:
             raise
         channel = self.stream.channel
         assert channel is not None
-        encoder = WeightsEncoder(codecs["weights"], self.coordinator.layout)
+        encoder = WeightsEncoder(codecs["weights"], self.coordinator.layout, self._board(codecs))
         channel.encode_with(encoder.prepare)  # weights are encoded as they are written
         ledger = CompressionLedger(codecs["update"], encoder, channel.received, channel.sent)
         self.session = WorkerSession(
@@ -262,6 +263,17 @@ class WorkerConnection:
             refresh=self._refresh_weights,
         )
         self.coordinator.add_worker(self.session)
+
+    def _board(self, codecs: dict[str, str]) -> WeightsBoard | None:
+        """The weights board, for a worker that asked for ``shared`` weights from this
+        machine (one elsewhere could not read it: it is sent ``none``)."""
+        if codecs["weights"] != SHARED or not is_local(self.address):
+            return None
+        board = self.coordinator.board.get()
+        if board is None:
+            log.info("worker %s asked for shared weights: %s; sent in frames", self.address,
+                     self.coordinator.board.unavailable)  # fmt: skip
+        return board
 
     # ------------------------------------------------------------ sending and closing
 

@@ -3,9 +3,11 @@
 Per worker (a ``CompressionLedger`` in its session) and in total, for /status and
 /metrics: whole frames received as updates and sent as weights (prefix, header and
 payload, counted by the connection's channel), what the same frames would have cost with
-float32 elements, the ratio of the two, and the figures only the worker can measure (its
-error-feedback residual's norm and the cosine similarity between what the server decodes
-and the uncompressed update), which it sends in its ``WorkerReport``.
+float32 elements, the ratio of the two (weights a worker on the server's machine read from
+its weights board, transport/shared_board.py, are counted apart: they cross no wire), and
+the figures only the worker can measure (its error-feedback residual's norm and the cosine
+similarity between what the server decodes and the uncompressed update), which it sends
+in its ``WorkerReport``.
 """
 
 from __future__ import annotations
@@ -45,9 +47,13 @@ class CompressionLedger:
     def __post_init__(self) -> None:
         self.momentum_corrected = carries_momentum(self.update_codec)
 
-    def agreed(self) -> dict[str, str]:
-        """The codecs agreed at the handshake, as ``Welcome.codecs`` carries them."""
-        return {"update": self.update_codec, "weights": self.weights.form}
+    def agreed(self) -> dict[str, Any]:
+        """The codecs agreed at the handshake, as ``Welcome.codecs`` carries them (with
+        where the weights board is, for ``shared``)."""
+        agreed: dict[str, Any] = {"update": self.update_codec, "weights": self.weights.form}
+        if self.weights.board is not None:
+            agreed["board"] = self.weights.board.described()
+        return agreed
 
     def record_update(self, payload_bytes: int, raw_bytes: int) -> None:
         self.updates += 1
@@ -76,6 +82,7 @@ class CompressionLedger:
             "received_bytes": received,
             "received_raw_bytes": received - self.update_payload_bytes + self.update_raw_bytes,
             "weights_sent": self.weights.copies,
+            "weights_shared": self.weights.shared_copies,
             "sent_bytes": sent,
             "sent_raw_bytes": sent - self.weights.payload_bytes + self.weights.raw_bytes,
             "undecodable": self.undecodable,
@@ -122,5 +129,6 @@ def ledger_totals(
         "sent_bytes": sent,
         "sent_raw_bytes": sums.get("sent_raw_bytes", 0),
         "sent_ratio": _ratio(sums.get("sent_raw_bytes", 0), sent),
+        "weights_shared": sums.get("weights_shared", 0),
         "undecodable": sums.get("undecodable", 0),
     }

@@ -8,6 +8,7 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from snet.protocol.codecs.weights import BOARD_UNREADABLE
 from snet.protocol.messages import Message
 
 from .ledger import CompressionLedger
@@ -177,7 +178,7 @@ class WorkerSession:
         lossy delta over all it missed would leave its copy far off (topk: an error of 17
         against weights of norm 20 after 200 steps): the copy goes whole."""
         if self.ledger is not None and self.weights_version_sent < published_from:
-            self.ledger.weights.request_full()
+            self.ledger.weights.missed_versions()
         self.weights_version_sent, self.settled_sent = version, self.updates_settled
 
     def full_copy_asked(self, version: int, reason: str) -> bool:
@@ -185,7 +186,10 @@ class WorkerSession:
         send one of ``version`` (its codec told to make the next copy whole). One a
         version: a peer asking for ever (30 bytes each) had the server send a 262 kB copy
         for each, 9 GB in 8 s, and log a line for each; a worker computing is sent one a
-        step."""
+        step. A worker that cannot read the weights board is sent its copies in the frame
+        from now on (and one now)."""
+        if reason == BOARD_UNREADABLE and self.ledger and self.ledger.weights.board_unreadable():
+            self.full_copy_version = -1  # whatever it asked before: one now
         if self.full_copy_version == version:
             return False
         self.full_copy_version = version

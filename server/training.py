@@ -13,11 +13,11 @@ every update is refused); ``TrainingStats``, the hooks; and the mode's traffic (
 coordinator routes a worker's mode-dependent events there and never asks which mode runs.
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
-of ``version`` and exactly the ledger they include (server/resume.py, durability.py). The
-coordinator routes the events (a worker joins, sends an update or a CV result, is late
-(lateness.py), leaves) to them and carries out what they decide, on the event loop: it
-publishes each step's weights, sends them to the workers that compute, starts epochs;
-only the ``StepRunner`` computes (in the step thread, or inline when short).
+of ``version`` and exactly the ledger they include (server/resume.py, durability.py). It
+routes the events (a worker joins, sends an update or a CV result, is late, leaves) to
+them and carries out what they decide, on the event loop: it publishes each step's
+weights (to local workers through the board, transport/shared_board.py), sends them to
+the workers that compute, starts epochs; only the ``StepRunner`` computes.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout, initial_weights
 from snet.protocol.numbering import shown_epoch
+from snet.transport.shared_board import LazyBoard
 
 from .cv_referee import CvReferee
 from .cv_scoring import CvScoring
@@ -90,6 +91,7 @@ class Coordinator:
         self.job, self.plan = job, plan
         self.layout = ElementLayout.for_network(job.network)
         self.connections = job.network.connections
+        self.board = LazyBoard(self.layout.size)  # local workers' weights: shared_board.py
         start = initial_weights(job.network, job.seed) if weights is None else weights
         self.policy = make_step_policy(job)
         combination = self.policy.combination
@@ -119,8 +121,8 @@ class Coordinator:
         self.earlier: dict[str, Any] = {"workers": [], "compression": []}  # before restarts
         self.steps = StepQueue(self.runner)
         self.finished, self.closed = asyncio.Event(), False  # closed at shutdown: no new steps
-        self.on_finished: Callable[[], None] | None = None
-        self.on_failure: Callable[[str], None] | None = None  # the step machinery broke
+        self.on_finished: Callable[[], None] | None = None  # whom to tell training is done
+        self.on_failure: Callable[[str], None] | None = None  # or cannot go on (with why)
         updates = UpdateTraffic(job.mode, self.desk, self.epochs, self.stats, self.evaluations,
                                 self.sessions, self._take_update)  # fmt: skip
         rounds = functools.partial(self._slice_rounds, plan, min_workers)  # np's
@@ -137,12 +139,9 @@ class Coordinator:
                                  self._end_epoch, self._count_refused)  # fmt: skip
         return SliceRounds(self.job, self.rule, plan.source.labels, min_workers, parts)
 
-    def report_to(self, on_finished: Callable[[], None], on_failure: Callable[[str], None]) -> None:
-        """Whom to tell that training is done, or cannot go on (with why)."""
-        self.on_finished, self.on_failure = on_finished, on_failure
-
     def close(self) -> None:
         self.closed = True  # the server is stopping: no step starts from now on
+        self.board.close()
 
     def _next_version(self) -> int:
         self.version += 1

@@ -6,9 +6,12 @@ Forms (a worker's ``--weights-codec``)::
     fp16          every copy in half precision (2x fewer bytes)
     delta:CODEC   the difference from the copy the worker holds, in any update codec
                   but none (``delta:none`` is taken as ``none``: the same bytes)
+    shared        for a worker on the server's machine: every copy in float32 in the
+                  server's weights board (shared memory, transport/shared_board.py),
+                  the frame naming its slot; elsewhere the server agrees ``none``
 
 The first copy after a (re)connection and the copy after a ``Resync`` are always full
-float32. For deltas the server keeps a *mirror* of what the worker has reconstructed
+float32 in the frame. For deltas the server keeps a *mirror* of what the worker has reconstructed
 (mirror += decode(delta)) and encodes ``weights - mirror``: whatever a lossy codec leaves
 out of one delta is part of the next one, so the worker's copy never drifts further
 than one delta's error from the server's weights (error feedback on the downlink).
@@ -17,6 +20,7 @@ than one delta's error from the server's weights (error feedback on the downlink
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,8 +29,22 @@ from ..messages import Message, Weights
 from ..network import ElementLayout
 from . import CODEC_FORMS, ElementCodec, parse_codec
 
-WEIGHTS_FORMS = ("none", "fp16", "delta:CODEC")
+WEIGHTS_FORMS = ("none", "fp16", "delta:CODEC", "shared")
 DELTA_PREFIX = "delta:"
+SHARED = "shared"
+# A Resync's reason that says the worker cannot read the board it was told of (another
+# /proc, a refused open): its copies come in the frame from then on.
+BOARD_UNREADABLE = "weights board unreadable"
+
+
+class Board(Protocol):
+    """Where ``shared`` copies go (the server's ``WeightsBoard``)."""
+
+    def publish(self, version: int, element: np.ndarray) -> int:
+        """The slot holding ``version``, written there unless it already is."""
+
+    def described(self) -> dict[str, Any]:
+        """Where a worker finds it, as ``Welcome.codecs["board"]`` carries it."""
 
 
 def canonical_weights_form(text: str) -> str:
@@ -38,7 +56,7 @@ def canonical_weights_form(text: str) -> str:
     as malformed, reconnected and trained one bunch per connection).
     """
     text = str(text).strip()
-    if text in ("none", "fp16"):
+    if text in ("none", "fp16", SHARED):
         return text
     if text.startswith(DELTA_PREFIX):
         try:
@@ -48,7 +66,7 @@ def canonical_weights_form(text: str) -> str:
         else:
             return "none" if codec == "none" else DELTA_PREFIX + codec
     raise ConfigError(
-        f"unknown weights codec {text!r:.40}; use none, fp16 or delta:CODEC "
+        f"unknown weights codec {text!r:.40}; use none, fp16, shared or delta:CODEC "
         f"with CODEC one of {', '.join(CODEC_FORMS)}"
     )
 
@@ -56,24 +74,46 @@ def canonical_weights_form(text: str) -> str:
 class WeightsEncoder:
     """Server side, one per worker: the form each ``Weights`` takes when it is written."""
 
-    def __init__(self, form: str, layout: ElementLayout) -> None:
+    def __init__(self, form: str, layout: ElementLayout, board: Board | None = None) -> None:
+        """``board``: where ``shared`` copies go (without one, ``shared`` is ``none``)."""
         self.form = canonical_weights_form(form)
+        if self.form == SHARED and board is None:
+            self.form = "none"
         self.layout = layout
+        self.board = board if self.form == SHARED else None
         self._delta = self.form.startswith(DELTA_PREFIX)
         self._codec: ElementCodec | None = None
-        if self.form != "none":
+        if self.form not in ("none", SHARED):
             self._codec = parse_codec(self.form[len(DELTA_PREFIX) :] if self._delta else "fp16")
         self._mirror = layout.allocate() if self._delta else None
         self._mirror_version = -1
         self._full_next = True
         self.copies = 0
         self.full_copies = 0
-        self.payload_bytes = 0  # the element's bytes as sent (encoded or not)
+        self.shared_copies = 0  # copies sent as a slot of the board (in no byte count)
+        self.payload_bytes = 0  # the element's bytes as sent in frames (encoded or not)
         self.raw_bytes = 0  # the same copies as float32
 
     def request_full(self) -> None:
-        """The next copy goes as full float32 (a new connection, or the worker asked)."""
+        """The next copy goes as full float32 in the frame (a new connection, or the
+        worker asked)."""
         self._full_next = True
+
+    def missed_versions(self) -> None:
+        """The worker missed versions (an idle worker is not sent every step's): a lossy
+        delta over all of them would leave its copy far off, so the next copy goes whole;
+        a board's slot is a whole copy already."""
+        if self.board is None:
+            self._full_next = True
+
+    def board_unreadable(self) -> bool:
+        """The worker cannot read the board (``BOARD_UNREADABLE``): its copies go in the
+        frame from now on. True if it was sent slots until now."""
+        if self.board is None:
+            return False
+        self.board, self.form = None, "none"
+        self._full_next = True
+        return True
 
     def prepare(self, message: Message) -> Message:
         """``Channel.before_send``: encode a plain ``Weights``; pass anything else on."""
@@ -81,6 +121,10 @@ class WeightsEncoder:
             return message
         element = message.element
         self.copies += 1
+        if self.board is not None and not self._full_next:  # not on the wire: no bytes
+            slot = self.board.publish(message.version, element)
+            self.shared_copies += 1
+            return dataclasses.replace(message, element=np.zeros(0, "<f4"), slot=slot)
         self.raw_bytes += element.nbytes
         if self._codec is None or self._full_next:
             self._full_next = False

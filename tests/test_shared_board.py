@@ -1,0 +1,243 @@
+"""The weights board (transport/shared_board.py): a worker on the server's machine that asks
+for ``--weights-codec shared`` reads each version of the weights from shared memory the
+server wrote it to once, and anything short of the very copy the server announced (a slot
+holding another version, one overwritten while read, a board it cannot open) is refused
+and answered with a full copy in the frame, never used."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from snet.client.buffers import WeightsBox
+from snet.protocol.codecs.weights import BOARD_UNREADABLE, SHARED, WeightsEncoder
+from snet.protocol.digest import weights_digest
+from snet.protocol.errors import CodecError
+from snet.protocol.messages import Lease, Resync, Update, Weights
+from snet.protocol.network import ElementLayout, NetworkSpec
+from snet.server.peers import is_local
+from snet.transport import shared_board
+from snet.transport.shared_board import (
+    MAX_SLOTS,
+    BoardInfo,
+    BoardReader,
+    LazyBoard,
+    WeightsBoard,
+    board_slots,
+)
+
+from async_raw import AsyncRawClient
+from helpers import SMALL_JOB
+from inprocess import Lab
+from inprocess import wait_until as wait_in_lab
+
+LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
+
+
+def _element(seed: int, values: int = LAYOUT.size) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(values).astype(np.float32)
+
+
+def _weights(version: int, element: np.ndarray) -> Weights:
+    return Weights(version, 0, 0.1, 0, element, digest=weights_digest(element))
+
+
+@pytest.fixture
+def board() -> Any:
+    made = WeightsBoard(10, 4)
+    yield made
+    made.close()
+
+
+def test_a_version_is_written_once_and_read_back_exactly(board: WeightsBoard) -> None:
+    reader = BoardReader(BoardInfo.from_dict(board.described(), 10))
+    first, out = _element(1, 10), np.empty(10, np.float32)
+    assert board.publish(5, first) == 1 and board.publish(5, first) == 1  # 5 % 4 slots
+    assert board.written == 1  # the second worker's copy of version 5 cost nothing
+    reader.read_into(1, 5, out)
+    assert np.array_equal(out, first)
+    board.publish(9, _element(2, 10))  # 9 % 4: the same slot, overwritten
+    with pytest.raises(CodecError, match="slot 1 holds version 9, not 5"):
+        reader.read_into(1, 5, out)
+    with pytest.raises(CodecError, match="slot 4 of 4"):
+        reader.read_into(4, 5, out)
+    reader.close()
+
+
+def test_a_slot_overwritten_while_it_is_read_is_refused(
+    board: WeightsBoard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = BoardReader(BoardInfo.from_dict(board.described(), 10))
+    board.publish(2, _element(3, 10))
+    copy = np.copyto
+
+    def racing(out: np.ndarray, source: np.ndarray) -> None:
+        copy(out, source)
+        monkeypatch.setattr(shared_board.np, "copyto", copy)  # the server's own copy
+        board.publish(6, _element(4, 10))  # the server, 4 steps on, in the same slot
+
+    monkeypatch.setattr(shared_board.np, "copyto", racing)
+    with pytest.raises(CodecError, match="overwritten while read"):
+        reader.read_into(2, 2, np.empty(10, np.float32))
+    reader.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"nonce": "0" * 32}, "is not the weights board the server named"),
+        ({"values": 11}, "a weights board of 11 values, not 10"),
+        ({"path": "/etc/passwd"}, "is not /proc/PID/fd/N"),
+        ({"path": "/proc/1/fd/999999"}, "cannot open the weights board"),
+        ({"slots": 1000}, "a weights board of 1000 slots"),
+        ({"nonce": "zz"}, "nonce is not 32 hex digits"),
+    ],
+)
+def test_a_board_is_opened_only_if_it_is_the_one_named(
+    board: WeightsBoard, change: dict[str, Any], why: str
+) -> None:
+    described = {**board.described(), **change}
+    with pytest.raises(CodecError, match=why):
+        BoardReader(BoardInfo.from_dict(described, 10))
+    with pytest.raises(CodecError, match="described by no table"):
+        BoardInfo.from_dict(None, 10)
+
+
+def test_a_board_is_bounded_and_made_only_when_asked_for() -> None:
+    assert board_slots(LAYOUT.size) == MAX_SLOTS  # the default job's: 16 slots of 262 kB
+    assert board_slots(50_000_000) == 0  # 200 MB elements: none, their copies go in frames
+    lazy = LazyBoard(50_000_000)
+    assert lazy.get() is None and "too large" in lazy.unavailable
+    lazy = LazyBoard(10)
+    made = lazy.get()
+    assert made is not None and lazy.get() is made  # one board for every worker
+    lazy.close()
+    lazy.close()  # and closing twice is harmless
+
+
+def test_only_a_loopback_peer_is_local() -> None:
+    assert is_local("127.0.0.1") and is_local("127.8.9.10") and is_local("::1")
+    assert not any(is_local(a) for a in ("10.0.0.7", "192.168.1.2", "?", "/tmp/sock", "fe80::1"))
+
+
+def test_the_encoder_sends_slots_after_a_first_full_copy(board: WeightsBoard) -> None:
+    layout = ElementLayout(((10,),))
+    encoder = WeightsEncoder(SHARED, layout, board)
+    assert encoder.form == SHARED and WeightsEncoder(SHARED, layout).form == "none"
+    first = encoder.prepare(_weights(0, _element(5, 10)))
+    assert isinstance(first, Weights) and first.slot == -1 and first.element.size == 10
+    second = encoder.prepare(_weights(1, _element(6, 10)))
+    assert isinstance(second, Weights) and second.slot == 1 and second.element.size == 0
+    assert second.digest  # the worker checks its copy against it
+    encoder.missed_versions()  # a slot is a whole copy: nothing changes
+    assert isinstance(third := encoder.prepare(_weights(2, _element(7, 10))), Weights)
+    assert third.slot == 2
+    encoder.request_full()  # a Resync: one copy in the frame, then slots again
+    assert [m.slot for m in (encoder.prepare(_weights(v, _element(v, 10))) for v in (3, 4))
+            if isinstance(m, Weights)] == [-1, 0]  # fmt: skip
+    assert (encoder.copies, encoder.full_copies, encoder.shared_copies) == (5, 2, 3)
+    assert encoder.raw_bytes == encoder.payload_bytes == 2 * 40  # slots cross no wire
+    assert encoder.board_unreadable() and encoder.form == "none"
+    assert not encoder.board_unreadable()  # once
+    assert all(m.slot == -1 for m in (encoder.prepare(_weights(v, _element(v, 10))) for v in (5, 6))
+               if isinstance(m, Weights))  # fmt: skip
+
+
+def test_the_box_uses_a_slot_only_as_announced(board: WeightsBoard) -> None:
+    layout = ElementLayout(((10,),))
+    reader = BoardReader(BoardInfo.from_dict(board.described(), 10))
+    box = WeightsBox(layout, asyncio.Event(), board=reader)
+    element = _element(8, 10)
+    slot = board.publish(3, element)
+    box.receive(Weights(3, 0, 0.1, 0, np.zeros(0, "<f4"), digest=weights_digest(element),
+                        slot=slot))  # fmt: skip
+    newest = box.take_newest()
+    assert newest is not None and np.array_equal(newest.flat, element)
+    lied = Weights(3, 0, 0.1, 0, np.zeros(0, "<f4"), digest="00000000", slot=slot)
+    with pytest.raises(CodecError, match="have digest"):
+        box.receive(lied)
+    with pytest.raises(CodecError, match="holds version 3, not 7"):
+        box.receive(Weights(7, 0, 0.1, 0, np.zeros(0, "<f4"), slot=slot))
+    assert box.undecodable == 2 and box.newest_version == 3  # neither was filed
+    without = WeightsBox(layout, asyncio.Event())
+    with pytest.raises(CodecError, match="no board was opened"):
+        without.receive(Weights(3, 0, 0.1, 0, np.zeros(0, "<f4"), slot=slot))
+    reader.close()
+
+
+async def test_a_raw_peer_on_this_machine_is_sent_slots_until_it_says_it_cannot_read(
+    lab: Lab,
+) -> None:
+    server = await lab.server("--mode", "async", "--epochs", "1", "--linger-seconds", "30",
+                              *SMALL_JOB)  # fmt: skip
+    client = await AsyncRawClient.connect(server.port, "raw-shared")
+    welcome = await client.handshake(("weights:shared",))
+    assert welcome.codecs["weights"] == SHARED
+    info = BoardInfo.from_dict(welcome.codecs["board"], LAYOUT.size)
+    first = await client.receive(Weights)
+    assert first.slot == -1 and first.element.size == LAYOUT.size  # whole, in the frame
+    lease = await client.receive(Lease)
+    gradient = np.ones(LAYOUT.size, np.float32)
+    await client.send(Update(0, lease.lease_id, 0, 128, 1.0, 0, 0.01, gradient))
+    shared = await client.receive(Weights)
+    while shared.version < 1:
+        shared = await client.receive(Weights)
+    assert shared.slot >= 0 and shared.element.size == 0 and shared.digest
+    out = np.empty(LAYOUT.size, np.float32)
+    reader = BoardReader(info)
+    reader.read_into(shared.slot, shared.version, out)
+    assert weights_digest(out) == shared.digest  # exactly the server's weights
+    reader.close()
+    await client.send(Resync(BOARD_UNREADABLE))  # as a worker in another /proc would
+    full = await client.receive(Weights)
+    assert full.slot == -1 and full.element.size == LAYOUT.size and full.version == 1
+    await client.send(Update(1, lease.lease_id, 128, 128, 1.0, 0, 0.01, gradient))
+    later = await client.receive(Weights)
+    while later.version < 2:
+        later = await client.receive(Weights)
+    assert later.slot == -1 and later.element.size == LAYOUT.size  # frames from now on
+    row = next(r for r in (await server.status())["workers"] if r["name"] == "raw-shared")
+    assert row["compression"]["weights_codec"] == "none"
+    assert row["compression"]["weights_shared"] == 1
+    await client.close()
+
+
+async def test_workers_train_on_the_board_and_one_that_cannot_read_it_on_frames(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = await lab.server("--mode", "async", "--epochs", "1", "--min-workers", "2",
+                              *SMALL_JOB)  # fmt: skip
+    opened = BoardReader.__init__
+
+    def refused_for_one(self: BoardReader, info: BoardInfo) -> None:
+        task = asyncio.current_task()
+        if task is not None and task.get_name() == "blind":
+            raise CodecError("cannot open the weights board: as in another container")
+        opened(self, info)
+
+    monkeypatch.setattr(BoardReader, "__init__", refused_for_one)
+    blind = lab.worker(server, "blind", "--weights-codec", "shared")
+
+    async def told() -> bool:  # nothing trains before the second worker joins
+        rows = (await server.status())["workers"]
+        return any(r["compression"]["weights_codec"] == "none" for r in rows)
+
+    await wait_in_lab(told, 30, "the server told that the board cannot be read")
+    seeing = lab.worker(server, "seeing", "--weights-codec", "shared")
+    assert await server.wait(120) == "trained"
+    assert await seeing.wait(30) == 0 and await blind.wait(30) == 0
+    status = server.final_status()
+    ledger = status["epochs"][0]["ledger"]
+    assert ledger["used_once"] == ledger["frames"]  # every frame applied once
+    rows = {r["name"]: r["compression"] for r in status["workers"]}
+    assert rows["seeing"]["weights_codec"] == SHARED and rows["seeing"]["weights_shared"] > 10
+    # its first copy, in the frame, and one for each slot it found overwritten (a worker
+    # 16 steps behind: none in a run like this, but the loop is shared with the others)
+    asked = lab.log("server").count("worker seeing asks for a full copy")
+    assert rows["seeing"]["weights_full_copies"] == 1 + asked
+    assert rows["blind"]["weights_codec"] == "none" and rows["blind"]["weights_shared"] == 0
+    assert status["compression"]["weights_shared"] == rows["seeing"]["weights_shared"]
+    assert "cannot read the server's weights board" in lab.log("blind")

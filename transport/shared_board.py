@@ -1,0 +1,220 @@
+"""The weights board: a server's newest weights in shared memory for workers on its machine.
+
+A worker on the server's own machine is sent each new copy of the weights as any other
+(a 262 kB frame for the default job, after every step): the server copies it into the
+socket, the kernel through loopback TCP, the worker out of it, about 70 us of CPU a copy
+on both sides together. A worker that asks for ``--weights-codec shared`` and connects
+from the server's machine (a loopback address) is told instead where the server keeps a
+board of a few slots in shared memory: the server writes each version there once, for
+all such workers, and sends each a ``Weights`` that names the slot and carries no
+element; the worker copies the slot out and checks the copy against the message's
+digest (protocol/README.md, section 8.8, "The weights board").
+
+The board is an anonymous file (``memfd_create``) that only the server holds open: it
+goes when the server does, leaves nothing behind on a crash, and is reached as
+``/proc/PID/fd/N``, which the kernel opens only for the server's own user (or root). Its
+header names it (``MAGIC``), carries a random nonce the worker must find there (the one
+the Welcome told it: a path that resolves to another file, in a container with another
+/proc, is not taken for it) and its shape. Each slot starts with the version it holds:
+the server writes -1 there before it overwrites the values and the version after, and a
+worker reads the version before and after copying, so a slot overwritten meanwhile (a
+worker that fell ``slots`` steps behind) is a ``CodecError``, not a mixed copy; the
+worker then asks for a full copy (``Resync``), as after any weights it cannot use.
+
+The server only writes the board and never reads what is in it, so nothing written there
+by anyone else reaches its state; a worker maps it read-only.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from snet.protocol.errors import CodecError
+from snet.protocol.network import ELEMENT_DTYPE
+
+MAGIC = b"SNETBRD1"
+HEADER = struct.Struct("<8s16sqq")  # magic, nonce, slots, values per slot
+HEADER_BYTES = 64  # the header, padded: slots start on a cache line
+SLOT_HEADER_BYTES = 64  # each slot's version (int64), padded likewise
+MAX_BOARD_BYTES = 128 << 20  # what one board may take of the machine's memory
+MAX_SLOTS = 16
+MIN_SLOTS = 4  # fewer: a worker a few steps behind would ask for full copies
+PATH = re.compile(r"/proc/[0-9]{1,10}/fd/[0-9]{1,10}")
+
+
+def board_slots(values: int) -> int:
+    """Slots of a board for elements of ``values`` float32 values: as many as fit in
+    ``MAX_BOARD_BYTES`` up to ``MAX_SLOTS``, or 0 when not even ``MIN_SLOTS`` do (no
+    board: such a worker gets its weights over the socket)."""
+    slot = SLOT_HEADER_BYTES + values * ELEMENT_DTYPE.itemsize
+    slots = min(MAX_SLOTS, (MAX_BOARD_BYTES - HEADER_BYTES) // slot)
+    return slots if slots >= MIN_SLOTS else 0
+
+
+def _size(slots: int, values: int) -> int:
+    return HEADER_BYTES + slots * (SLOT_HEADER_BYTES + values * ELEMENT_DTYPE.itemsize)
+
+
+def _slot_views(buffer: Any, slots: int, values: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(version, values) views of each slot of a mapped board."""
+    views = []
+    stride = SLOT_HEADER_BYTES + values * ELEMENT_DTYPE.itemsize
+    for slot in range(slots):
+        start = HEADER_BYTES + slot * stride
+        version = np.frombuffer(buffer, dtype="<i8", count=1, offset=start)
+        data = np.frombuffer(buffer, ELEMENT_DTYPE, values, start + SLOT_HEADER_BYTES)
+        views.append((version, data))
+    return views
+
+
+@dataclass(frozen=True)
+class BoardInfo:
+    """Where a worker finds a board, as ``Welcome.codecs["board"]`` carries it."""
+
+    path: str
+    nonce: str  # hex
+    slots: int
+    values: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "nonce": self.nonce, "slots": self.slots, "values": self.values}
+
+    @classmethod
+    def from_dict(cls, data: object, values: int) -> BoardInfo:
+        """Checked: a board of the job's element (``values``), a /proc path, a nonce.
+        ``CodecError`` naming what is wrong."""
+        if not isinstance(data, dict):
+            raise CodecError("the weights board is described by no table")
+        path, nonce, slots = data.get("path"), data.get("nonce"), data.get("slots")
+        if not (isinstance(path, str) and PATH.fullmatch(path)):
+            raise CodecError(f"weights board path {path!r:.60} is not /proc/PID/fd/N")
+        if not (isinstance(nonce, str) and re.fullmatch(r"[0-9a-f]{32}", nonce)):
+            raise CodecError("the weights board's nonce is not 32 hex digits")
+        if not (isinstance(slots, int) and MIN_SLOTS <= slots <= MAX_SLOTS):
+            raise CodecError(f"a weights board of {slots!r:.20} slots")
+        if data.get("values") != values:
+            raise CodecError(f"a weights board of {data.get('values')!r:.20} values, not {values}")
+        return cls(path, nonce, slots, values)
+
+
+class WeightsBoard:
+    """The server's side: the board it writes each version of the weights into once."""
+
+    def __init__(self, values: int, slots: int) -> None:
+        """A board of ``slots`` slots of ``values`` values. ``OSError`` where the system
+        has no anonymous shared files (``memfd_create``: Linux)."""
+        self.values, self.slots = values, slots
+        self.nonce = secrets.token_bytes(16)
+        self._fd = os.memfd_create("snet-weights-board", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self._fd, _size(slots, values))
+            self._map = mmap.mmap(self._fd, _size(slots, values))
+        except BaseException:
+            os.close(self._fd)
+            raise
+        HEADER.pack_into(self._map, 0, MAGIC, self.nonce, slots, values)
+        self._slots = _slot_views(self._map, slots, values)
+        for version, _ in self._slots:
+            version[0] = -1
+        self.written = 0  # versions written
+
+    @property
+    def info(self) -> BoardInfo:
+        return BoardInfo(f"/proc/{os.getpid()}/fd/{self._fd}", self.nonce.hex(), self.slots,
+                         self.values)  # fmt: skip
+
+    def described(self) -> dict[str, Any]:
+        """``Welcome.codecs["board"]``: where a worker finds this board."""
+        return self.info.to_dict()
+
+    def publish(self, version: int, element: np.ndarray) -> int:
+        """The slot holding ``version`` of the weights, written there unless it already
+        is (each version once, however many workers read it)."""
+        slot = version % self.slots
+        stored, data = self._slots[slot]
+        if stored[0] != version:
+            stored[0] = -1  # a reader that started on the old version sees it change
+            np.copyto(data, element)
+            stored[0] = version
+            self.written += 1
+        return slot
+
+    def close(self) -> None:
+        """Free it (the workers' mappings keep their pages until they unmap them)."""
+        self._slots = []
+        self._map.close()
+        os.close(self._fd)
+
+
+class BoardReader:
+    """A worker's side: the server's board, mapped read-only."""
+
+    def __init__(self, info: BoardInfo) -> None:
+        """Open and check the board ``info`` names; ``CodecError`` when it cannot be
+        opened or is not that board (another file, another server, another shape)."""
+        size = _size(info.slots, info.values)
+        try:
+            fd = os.open(info.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if os.fstat(fd).st_size != size:
+                    raise CodecError(f"{info.path} is not a weights board of this job")
+                self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise CodecError(f"cannot open the weights board {info.path}: {exc.strerror}") from exc
+        magic, nonce, slots, values = HEADER.unpack_from(self._map, 0)
+        if (magic, nonce.hex(), slots, values) != (MAGIC, info.nonce, info.slots, info.values):
+            self._map.close()
+            raise CodecError(f"{info.path} is not the weights board the server named")
+        self.info = info
+        self._slots = _slot_views(self._map, slots, values)
+
+    def read_into(self, slot: int, version: int, out: np.ndarray) -> None:
+        """Copy ``version`` of the weights from ``slot`` into ``out``; ``CodecError`` when
+        the slot does not hold it, before or after the copy."""
+        if not 0 <= slot < len(self._slots):
+            raise CodecError(f"weights board slot {slot} of {len(self._slots)}")
+        stored, data = self._slots[slot]
+        if int(stored[0]) != version:
+            raise CodecError(f"weights board slot {slot} holds version {int(stored[0])}, "
+                             f"not {version}")  # fmt: skip
+        np.copyto(out, data)
+        if int(stored[0]) != version:  # overwritten while copying: a mixed copy
+            raise CodecError(f"weights board slot {slot} was overwritten while read")
+
+    def close(self) -> None:
+        self._slots = []
+        self._map.close()
+
+
+class LazyBoard:
+    """A server's board, made when the first worker asks for it (a server whose workers
+    all get their weights in frames has none); None where it cannot be made."""
+
+    def __init__(self, values: int) -> None:
+        self.values = values
+        self.slots = board_slots(values)
+        self._board: WeightsBoard | None = None
+        self.unavailable = "" if self.slots else "the element is too large for a board"
+
+    def get(self) -> WeightsBoard | None:
+        if self._board is None and not self.unavailable:
+            try:
+                self._board = WeightsBoard(self.values, self.slots)
+            except (OSError, AttributeError) as exc:  # no memfd_create (not Linux)
+                self.unavailable = f"no shared memory here ({exc})"
+        return self._board
+
+    def close(self) -> None:
+        if self._board is not None:
+            self._board.close()
+            self._board = None
