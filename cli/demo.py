@@ -19,6 +19,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from snet.client.config import MAX_PROCESSES
@@ -37,7 +38,7 @@ from .demo_workers import (
 from .flags import given_job
 from .progress_bar import EXIT_READER_GONE, ProgressBar, bar_text, detach_stdout, say
 from .runtime import install_stop_signals, loop_name, run, setup_logging
-from .settings import build_job, read_toml, say_unread_tables
+from .settings import as_given, build_job, read_toml, say_unread_tables
 from .worker_priority import PRIORITIES, PRIORITY_VARIABLE, WORKER_NICENESS, OthersLoad
 
 if TYPE_CHECKING:
@@ -50,10 +51,12 @@ BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
 
 def _print_epochs(
-    server: SnetServer, started: float | None, bar: ProgressBar, printed: set[int]
-) -> None:
+    server: SnetServer, started: float | None, bar: ProgressBar, printed: set[int],
+    untimed: Container[int] = (),
+) -> None:  # fmt: skip
     """Print each epoch not in ``printed`` whose cross-validation result is in, with the
-    seconds since ``started`` (None: a finished run shown again, whose times are gone)."""
+    seconds since ``started`` (None: a finished run shown again, whose times are gone),
+    but none for the epochs in ``untimed``: a resumed run's, trained before this start."""
     epochs = server.coordinator.job.epochs
     for record in server.coordinator.stats.epochs:
         if record.epoch in printed:
@@ -62,7 +65,9 @@ def _print_epochs(
         if row["cv_accuracy"] is None:
             continue
         printed.add(record.epoch)
-        when = "" if started is None else f"  ({time.monotonic() - started:5.1f} s)"
+        when = ""
+        if started is not None and record.epoch not in untimed:
+            when = f"  ({time.monotonic() - started:5.1f} s)"
         kept = "" if row["kept"] is not False else "  (rolled back)"  # as snet train says it
         bar.print(
             f"epoch {shown_epoch(record.epoch):>2}/{epochs}  "
@@ -72,8 +77,9 @@ def _print_epochs(
 
 
 async def _progress(
-    server: SnetServer, started: float | None, bar: ProgressBar, printed: set[int]
-) -> None:
+    server: SnetServer, started: float | None, bar: ProgressBar, printed: set[int],
+    untimed: Container[int],
+) -> None:  # fmt: skip
     """Print each epoch once its cross-validation result is in; on a terminal, a bar.
     If the output's reader goes (``snet demo | head``), or it cannot be written (a full
     disk), the run stops as on SIGTERM."""
@@ -81,7 +87,7 @@ async def _progress(
     drawn = 0.0
     while True:
         try:
-            _print_epochs(server, started, bar, printed)
+            _print_epochs(server, started, bar, printed, untimed)
             now = time.monotonic()
             if bar.enabled and now - drawn >= BAR_SECONDS:
                 drawn = now
@@ -144,7 +150,7 @@ def _print_start(
         f"snet demo: {job.mode} mode{blocks}, {counted(args.workers, 'worker')}{boards}, "
         f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
         f"bunch {job.bunch_size} per worker, updates {job.compress}, "
-        f"{loop_name()} loop{_priority_said(args, priority)}",
+        f"weights {args.weights_codec}, {loop_name()} loop{_priority_said(args, priority)}",
         flush=True,
     )
     if not already_trained:  # a finished run's server stops at once: nothing to watch
@@ -168,15 +174,22 @@ def _priority_problem(args: argparse.Namespace) -> str:
     return ""
 
 
+# The server settings the demo takes from its own flags, as its errors name them.
+DEMO_FLAGS = {"http_port": "--http-port", "out_dir": "--out-dir", "fresh": "--fresh",
+              "force": "--force"}  # fmt: skip
+
+
 def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
     """The demo's job for ``workers`` workers when no bunch size was chosen. Data division
     as in SNet for the modes that sum shares of one global bunch (``SHARED_BUNCH_MODES``):
     the job's bunch split among the workers (docs/convergence.md: 128 per worker instead
     cost 2-3 CV points at N=4). bmuf's workers train on whole bunches (docs/bmuf.md), and
     np's each see every whole bunch."""
-    if job.mode not in SHARED_BUNCH_MODES:
-        return job
-    return job.with_changes(bunch_size=max(job.bunch_size // max(workers, 1), 8))
+    return job.with_changes(bunch_size=_divided_size(job.bunch_size, job.mode, workers))
+
+
+def _divided_size(bunch: int, mode: str, workers: int) -> int:
+    return max(bunch // max(workers, 1), 8) if mode in SHARED_BUNCH_MODES else bunch
 
 
 def _read_job(args: argparse.Namespace) -> tuple[JobSpec, bool]:
@@ -185,10 +198,18 @@ def _read_job(args: argparse.Namespace) -> tuple[JobSpec, bool]:
     document = read_toml(args.config)
     say_unread_tables(document, "demo")  # its http_port, min_workers...
     values, where = document.table("job")
-    job = build_job(values, given_job(args), where)
+    flags = given_job(args)
     chosen = args.bunch_size is not None or "bunch_size" in values
-    divided = not (chosen or "SNET_JOB_BUNCH_SIZE" in os.environ)
-    return (divided_bunch(job, args.workers + args.spert) if divided else job), divided
+    if chosen or "SNET_JOB_BUNCH_SIZE" in os.environ:
+        return build_job(values, flags, where), False
+    # Divided before the job is made, so that its checks see the bunch the workers train
+    # on (--chunk-frames 100 is enough for bunches of 64). The mode as the job reads it:
+    # a flag, else its variable, else the [job] table's key.
+    default = JobSpec()
+    mode = flags.get("mode") or os.environ.get("SNET_JOB_MODE") or values.get("mode")
+    workers = args.workers + args.spert
+    size = _divided_size(default.bunch_size, str(mode or default.mode), workers)
+    return build_job(values, {**flags, "bunch_size": size}, where), True
 
 
 async def _demo(
@@ -198,19 +219,22 @@ async def _demo(
     divided: bool,
     load: OthersLoad,
 ) -> int:
-    config = ServerConfig(
-        port=0,
-        http_port=args.http_port,
-        out_dir=args.out_dir,
-        fresh=args.fresh,
-        force=args.force,
-        # the server's variable (its workers are told the same: DemoWorkers.start)
-        data_cache=os.environ.get("SNET_DATA_CACHE", ""),
-        job=job,
-        name="snet-demo",
-        log_level="warning",
-        min_workers=args.workers + args.spert,  # all start together: repeatable runs
-    )
+    try:
+        config = ServerConfig(
+            port=0,
+            http_port=args.http_port,
+            out_dir=args.out_dir,
+            fresh=args.fresh,
+            force=args.force,
+            # the server's variable (its workers are told the same: DemoWorkers.start)
+            data_cache=os.environ.get("SNET_DATA_CACHE", ""),
+            job=job,
+            name="snet-demo",
+            log_level="warning",
+            min_workers=args.workers + args.spert,  # all start together: repeatable runs
+        )
+    except ConfigError as exc:  # its checks name fields: said with the demo's flags
+        raise as_given(exc, DEMO_FLAGS) from None
     # Start-up overlaps: the workers start (import, connect) while this process imports
     # the server and loads the data. They connect to a socket that already listens and
     # wait in its backlog until the server takes it over (no refused first attempts).
@@ -261,10 +285,12 @@ async def _demo(
     # a finished run's epoch times were not kept: the seconds since this start would pass
     # for them (a 4.3 s run shown as 1.0 s)
     shown_from = None if already_trained else started
+    # and so were a resumed run's: its epochs before this start are shown with none
+    untimed = {r.epoch for r in server.coordinator.stats.epochs if r.cv_frames}
     bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
     printed: set[int] = set()
     loop = asyncio.get_running_loop()
-    progress = loop.create_task(_progress(server, shown_from, bar, printed))
+    progress = loop.create_task(_progress(server, shown_from, bar, printed, untimed))
     watch = loop.create_task(workers.watch(server))
     reason = "stopped"  # what a stop that raised leaves the workers to
     try:
@@ -275,7 +301,7 @@ async def _demo(
             with contextlib.suppress(asyncio.CancelledError):
                 await chore
         try:
-            _print_epochs(server, shown_from, bar, printed)  # the last epochs, at once
+            _print_epochs(server, shown_from, bar, printed, untimed)  # the last ones, at once
             bar.clear()
         except (BrokenPipeError, OutputNotWritten) as exc:
             unwritten = _output_lost(server, exc)
@@ -338,11 +364,11 @@ def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None)
     setting of its workers, found before anything starts (raised as ``ConfigError`` to
     ``main`` or said here). ``preloaded``: the process to run its numpy workers in
     (cli/preloaded_worker.py), else one is started for them."""
-    from snet.protocol.codecs.weights import canonical_weights_form
+    from snet.protocol.codecs.weights import SHARED, canonical_weights_form
 
-    if args.weights_codec is not None:
-        # The workers' flag, checked as they check it: a bad one made each of them exit 2.
-        args.weights_codec = canonical_weights_form(args.weights_codec)
+    # The workers' flag, checked as they check it (a bad one made each of them exit 2); by
+    # default the server's weights board: they run on its machine (transport/shared_board.py)
+    args.weights_codec = canonical_weights_form(args.weights_codec or SHARED)
     for flag, count in (("--workers", args.workers), ("--spert", args.spert)):
         # below 0 it was said as "needs at least one worker" while 2 were there by default
         if not 0 <= count <= MAX_PROCESSES:

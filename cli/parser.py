@@ -220,7 +220,8 @@ def _demo_flags(demo: argparse.ArgumentParser) -> None:
     demo.add_argument(
         "--weights-codec",
         dest="weights_codec",
-        help="the workers' --weights-codec (none, fp16, delta:CODEC)",
+        help="the workers' --weights-codec (none, fp16, delta:CODEC, shared; default shared: "
+        "the server's weights board, shared memory on this machine)",
     )
     add_config_flag(demo, "a [job] table (as the server reads it)")
     # the demo divides the job's bunch among its workers unless one is chosen (cli/demo.py)

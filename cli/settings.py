@@ -228,10 +228,10 @@ def merge(
     except TypeError as exc:
         raise ConfigError(f"bad settings for {cls.__name__}: {exc}") from exc
     except ConfigError as exc:
-        raise _as_given(exc, labels) from exc
+        raise as_given(exc, labels) from exc
 
 
-def _as_given(error: ConfigError, labels: dict[str, str]) -> ConfigError:
+def as_given(error: ConfigError, labels: dict[str, str]) -> ConfigError:
     """A class's own check names its field ("retry_seconds must be >= 0"): said instead
     with what the user gave, the flag, the variable or the file's key
     ("--retry-seconds must be >= 0"), which a user can find and change."""

@@ -46,6 +46,25 @@ def test_ctrl_c_before_a_command_takes_sigint_is_one_line_and_130(
     assert captured.err == f"snet {command}: stopped by Ctrl-C\n" and not captured.out
 
 
+@pytest.mark.parametrize(
+    ("argv", "who"), [(["demo", "--epochs", "1"], "snet demo"), (["--bogus"], "snet")]
+)
+def test_ctrl_c_while_the_command_line_is_read_is_one_line_and_130(
+    argv: list[str], who: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A demo's first 0.1 s: the demo's workers' process started, its flags parsed."""
+    import snet.cli.main
+
+    def interrupted(words: list[str]) -> argparse.Namespace:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(snet.cli.main, "_parse", interrupted)
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    assert captured.err == f"{who}: stopped by Ctrl-C\n" and not captured.out
+
+
 def test_a_settings_own_check_names_it_as_the_user_gave_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -255,3 +274,31 @@ def test_the_demos_board_time_scale_must_be_positive(
 
     with pytest.raises(ConfigError, match="time scale must be > 0"):
         ModelledBackend(time_scale=float(scale))
+
+
+def test_the_demos_server_settings_are_named_by_its_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "out")
+    said = error(["demo", "--workers", "1", "--force", "--out-dir", out], capsys)
+    assert said.startswith("snet: --force goes with --fresh")
+    said = error(["demo", "--workers", "1", "--http-port", "99999", "--out-dir", out], capsys)
+    assert said.startswith("snet: --http-port must be a TCP port (0-65535), got 99999")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_demos_job_is_checked_with_the_bunch_its_workers_train_on() -> None:
+    from snet.cli.demo import _read_job
+    from snet.cli.parser import command_parser
+
+    def job(*flags: str) -> tuple[JobSpec, bool]:
+        return _read_job(command_parser().parse_args(["demo", *flags]))
+
+    divided, was = job("--chunk-frames", "100")  # 64 a worker: enough
+    assert (divided.bunch_size, divided.chunk_frames, was) == (64, 100, True)
+    bmuf, _ = job("--mode", "bmuf", "--chunk-frames", "128")  # bmuf: whole bunches of 128
+    assert bmuf.bunch_size == 128
+    with pytest.raises(ConfigError, match="--chunk-frames 50 < --bunch-size 64"):  # it sets it
+        job("--chunk-frames", "50")
+    chosen, was = job("--bunch-size", "32", "--chunk-frames", "40")
+    assert (chosen.bunch_size, was) == (32, False)

@@ -98,6 +98,12 @@ def test_demo_whose_reader_goes_stops_its_run_which_goes_on_again(tmp_path: Path
     final = json.loads((tmp_path / "out" / "status.json").read_text())
     assert len(final["epochs"]) == 6
     assert final["epochs"][:done] == stopped["epochs"][:done]  # went on from the kept run
+    # the epochs scored before this start are shown without a time (the seconds since this
+    # start would pass for theirs), the ones it trained with theirs
+    scored = sum(1 for epoch in stopped["epochs"] if epoch["cv_accuracy"] is not None)
+    lines = [line for line in again.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(lines) == 6 and scored >= 1
+    assert [line.endswith(" s)") for line in lines] == [False] * scored + [True] * (6 - scored)
     for epoch in final["epochs"]:
         ledger = epoch["ledger"]
         assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0, ledger
