@@ -55,9 +55,14 @@ def main(argv: list[str] | None = None, preload_workers: bool = False) -> int:
         except ConfigError as exc:
             print(f"snet: {exc}", file=sys.stderr)
             return 2
-    preloaded = _preloaded_worker(words) if preload_workers else None
+    preloaded = None
     try:
+        preloaded = _preloaded_worker(words) if preload_workers else None
         return _dispatch(words, preloaded)
+    except KeyboardInterrupt as exc:  # before the command was parsed (the demo's first 0.1 s)
+        from .stop_signals import stopped_unhandled
+
+        return stopped_unhandled(words[0] if words and words[0] in RUNNERS else "", exc)
     finally:
         if preloaded is not None:  # one the demo did not give a command (it stopped first)
             preloaded.discard()

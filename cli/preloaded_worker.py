@@ -97,7 +97,13 @@ class PreloadedWorker:
         from .worker_priority import lower_priority
 
         command = [sys.executable, "-m", MODULE]
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, env=environment)
+        # Started with Ctrl-C blocked (a mask survives exec), until it ignores it: one in
+        # its first imports was a traceback. Here, one that comes meanwhile waits, not lost.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            process = subprocess.Popen(command, stdin=subprocess.PIPE, env=environment)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         lower_priority(process.pid)  # the demo's workers' priority, from their start
         return cls(process)
 
@@ -156,6 +162,7 @@ def entry() -> NoReturn:
     # is the demo's to act on: it kills this process if it has not given it one yet, and
     # once it has, the command takes the signal as a worker does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # as the demo started it
     from snet.protocol.heap import start_quietly
 
     from .lifeline import follow_supervisor

@@ -87,5 +87,6 @@ def stopped_unhandled(command: str, interrupt: KeyboardInterrupt) -> int:
     from .progress_bar import EXIT_INTERRUPTED, say
 
     terminated = isinstance(interrupt, Terminated)
-    say(f"snet {command}: stopped by {'SIGTERM' if terminated else 'Ctrl-C'}")
+    who = f"snet {command}" if command else "snet"  # before its command was known
+    say(f"{who}: stopped by {'SIGTERM' if terminated else 'Ctrl-C'}")
     return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED

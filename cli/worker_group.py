@@ -93,6 +93,7 @@ def _child(config: WorkerConfig, backend: ComputeBackend | None, parent: int) ->
 
     from .commands import run_worker_process
     from .lifeline import end_with_parent
+    from .progress_bar import EXIT_INTERRUPTED
     from .stop_signals import EXIT_TERMINATED
 
     if not end_with_parent(parent):  # the group's parent died before this worker asked
@@ -102,6 +103,8 @@ def _child(config: WorkerConfig, backend: ComputeBackend | None, parent: int) ->
     except (ConfigError, DataError) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before its loop took it over: stopped, said by
+        return EXIT_INTERRUPTED  # the group's parent (a traceback of an import, before)
     except BaseException:
         traceback.print_exc()
         return 1
