@@ -213,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             }
     text = json.dumps(result, indent=1)
+    print(text, flush=True)  # first: a --json that cannot be written loses no figures
     if args.json:
         Path(args.json).write_text(text + "\n")
-    print(text)
     return 0
 
 

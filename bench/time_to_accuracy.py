@@ -28,15 +28,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from .arguments import emit, output_path, positive_int
 from .bmuf_speed import first_at, timed_epochs
 
 TARGET_CV = 0.90  # every mode reaches it within the default job's 10 epochs
 MODES = ("sync", "async", "bmuf")
+KNOWN_MODES = (*MODES, "np", "bmuf-overlap")  # bmuf-overlap: bmuf with --block-overlap true
 
 
 def _run(
@@ -59,6 +60,10 @@ def _run(
     cpu: list[float] = []
     epochs, _ = timed_epochs(args, env, cpu)
     return epochs, cpu
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _median(values: list[float]) -> float | None:
@@ -85,8 +90,8 @@ def run_accuracy_bench(
                 hit = next((i for i, (_, cv) in enumerate(epochs) if cv >= target - 1e-9), None)
                 run[which] = {
                     "first_epoch_s": round(epochs[0][0], 3) if epochs else None,
-                    "to_target_s": first_at(epochs, target),
-                    "final_cv": epochs[-1][1] if epochs else None,
+                    "to_target_s": _rounded(first_at(epochs, target), 3),
+                    "final_cv": _rounded(epochs[-1][1], 4) if epochs else None,
                     "epochs_to_target": None if hit is None else hit + 1,
                     "cpu_first_epoch_s": round(cpu[0], 3) if epochs else None,
                     "cpu_to_target_s": None if hit is None else round(cpu[hit], 3),
@@ -139,19 +144,27 @@ def run_accuracy_bench(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.time_to_accuracy", description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.time_to_accuracy", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--repeats", type=positive_int, default=3, help="rotations (default 3)")
     parser.add_argument("--target", type=float, default=TARGET_CV, help="CV accuracy, 0-1")
-    parser.add_argument("--modes", default=",".join(MODES))
+    said = f"of {', '.join(KNOWN_MODES)} (default {','.join(MODES)})"
+    parser.add_argument("--modes", default=",".join(MODES), help=said)
     parser.add_argument("--baseline", type=Path, help="a checkout of earlier code to run too")
-    parser.add_argument("--json", help="write the result here too")
+    parser.add_argument("--json", type=output_path, help="write the result here too")
     args = parser.parse_args(argv)
     modes = tuple(args.modes.split(","))
+    unknown = [mode for mode in modes if mode not in KNOWN_MODES]
+    if unknown or len(set(modes)) != len(modes):
+        parser.error(f"--modes {args.modes!r}: each of {', '.join(KNOWN_MODES)} at most once")
+    if not 0 < args.target <= 1:
+        parser.error(f"--target {args.target:g}: a CV accuracy above 0, at most 1")
+    if args.baseline is not None and not (args.baseline / "src" / "snet").is_dir():
+        parser.error(f"--baseline {args.baseline}: no checkout there (no src/snet)")
     result = run_accuracy_bench(args.repeats, args.target, modes, args.baseline)
-    text = json.dumps(result, indent=1)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text, file=sys.stdout)
+    emit(json.dumps(result, indent=1), args.json)
     return 0
 
 

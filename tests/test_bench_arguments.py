@@ -1,0 +1,47 @@
+"""The benchmarks' command lines refuse a bad value in argparse's one line and exit 2
+before anything starts, and print their figures before writing them to ``--json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import time_to_accuracy, update_cost
+from bench.arguments import emit
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "said"),
+    [
+        (time_to_accuracy.main, ["--repeats", "0"], "--repeats: must be at least 1, got 0"),
+        (time_to_accuracy.main, ["--repeats", "-1"], "must be at least 1, got -1"),
+        (time_to_accuracy.main, ["--modes", "foo,,async"], "--modes 'foo,,async': each of"),
+        (time_to_accuracy.main, ["--modes", "async,async"], "at most once"),
+        (time_to_accuracy.main, ["--target", "90"], "--target 90: a CV accuracy above 0"),
+        (time_to_accuracy.main, ["--json", "/nonexistent/t.json"], "/nonexistent is not a dir"),
+        (time_to_accuracy.main, ["--baseline", "/nonexistent"], "no checkout there"),
+        (update_cost.main, ["--seconds", "-1"], "--seconds: must be above 0, got -1"),
+        (update_cost.main, ["--seconds", "nan"], "must be above 0, got nan"),
+        (update_cost.main, ["--elements", "1GB"], "unknown element(s) 1GB"),
+        (update_cost.main, ["--json", "/"], "/ is a directory"),
+    ],
+)
+def test_a_bad_value_is_one_line_before_anything_runs(
+    main: object, argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)  # type: ignore[operator]
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+def test_figures_are_printed_before_they_are_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    emit('{"speed": 1.0}', tmp_path / "r.json")
+    assert (tmp_path / "r.json").read_text() == '{"speed": 1.0}\n'
+    with pytest.raises(OSError):  # the run's figures are on stdout all the same
+        emit('{"speed": 2.0}', tmp_path / "gone" / "r.json")
+    assert capsys.readouterr().out == '{"speed": 1.0}\n{"speed": 2.0}\n'
