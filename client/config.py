@@ -65,11 +65,11 @@ class WorkerConfig:
         },
     )
     weights_codec: str = field(
-        default="none",
+        default="shared",
         metadata={
-            "help": "receive weights as none (float32), fp16, delta:CODEC (delta:none is none), "
-            "or shared: float32 in the server's weights board, where the worker runs on the "
-            "server's machine (elsewhere the server sends none)"
+            "help": "receive weights as shared (float32 through the server's weights board, "
+            "shared memory, when the worker runs on the server's machine; elsewhere as none), "
+            "none (float32 in the frames), fp16, or delta:CODEC (delta:none is none)"
         },
     )
     inline_seconds: float = field(
