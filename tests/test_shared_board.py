@@ -106,6 +106,23 @@ def test_a_board_is_opened_only_if_it_is_the_one_named(
         BoardInfo.from_dict(None, 10)
 
 
+def test_an_unsealed_file_is_not_taken_for_a_board(board: WeightsBoard) -> None:
+    """A file that could shrink under the mapping would end its reader with SIGBUS."""
+    import os
+
+    described = board.described()
+    size = os.fstat(int(described["path"].rsplit("/", 1)[1])).st_size
+    fd = os.memfd_create("not-a-board")  # the same bytes, and no seals
+    try:
+        with open(described["path"], "rb") as original:
+            os.write(fd, original.read(size))
+        unsealed = {**described, "path": f"/proc/{os.getpid()}/fd/{fd}"}
+        with pytest.raises(CodecError, match="is not sealed: it could shrink"):
+            BoardReader(BoardInfo.from_dict(unsealed, 10))
+    finally:
+        os.close(fd)
+
+
 def test_a_board_is_bounded_and_made_only_when_asked_for() -> None:
     assert board_slots(LAYOUT.size) == MAX_SLOTS  # the default job's: 16 slots of 262 kB
     assert board_slots(50_000_000) == 0  # 200 MB elements: none, their copies go in frames

@@ -12,7 +12,9 @@ digest (protocol/README.md, section 8.8, "The weights board").
 
 The board is an anonymous file (``memfd_create``) that only the server holds open: it
 goes when the server does, leaves nothing behind on a crash, and is reached as
-``/proc/PID/fd/N``, which the kernel opens only for the server's own user (or root). Its
+``/proc/PID/fd/N``, which the kernel opens only for the server's own user (or root); its
+size is sealed, and a worker maps only a sealed board (one that could shrink under its
+mapping would end it with SIGBUS). Its
 header names it (``MAGIC``), carries a random nonce the worker must find there (the one
 the Welcome told it: a path that resolves to another file, in a container with another
 /proc, is not taken for it) and its shape. Each slot starts with the version it holds:
@@ -27,6 +29,7 @@ by anyone else reaches its state; a worker maps it read-only.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import re
@@ -48,6 +51,10 @@ MAX_BOARD_BYTES = 128 << 20  # what one board may take of the machine's memory
 MAX_SLOTS = 16
 MIN_SLOTS = 4  # fewer: a worker a few steps behind would ask for full copies
 PATH = re.compile(r"/proc/[0-9]{1,10}/fd/[0-9]{1,10}")
+# A board's size is sealed (memfd seals): a mapping of a file that shrank would end its
+# reader with SIGBUS, whoever of the server's user truncated it.
+# (Linux's: elsewhere 0, and no board is made: no memfd_create either.)
+SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
 
 
 def board_slots(values: int) -> int:
@@ -111,11 +118,14 @@ class WeightsBoard:
     def __init__(self, values: int, slots: int) -> None:
         """A board of ``slots`` slots of ``values`` values. ``OSError`` where the system
         has no anonymous shared files (``memfd_create``: Linux)."""
+        if not SEALS:
+            raise OSError("no sealed anonymous files here (memfd_create: Linux)")
         self.values, self.slots = values, slots
         self.nonce = secrets.token_bytes(16)
-        self._fd = os.memfd_create("snet-weights-board", os.MFD_CLOEXEC)
+        self._fd = os.memfd_create("snet-weights-board", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self._fd, _size(slots, values))
+            fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)  # none later
             self._map = mmap.mmap(self._fd, _size(slots, values))
         except BaseException:
             os.close(self._fd)
@@ -166,6 +176,8 @@ class BoardReader:
             try:
                 if os.fstat(fd).st_size != size:
                     raise CodecError(f"{info.path} is not a weights board of this job")
+                if not SEALS or fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS:
+                    raise CodecError(f"{info.path} is not sealed: it could shrink under a reader")
                 self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ)
             finally:
                 os.close(fd)
