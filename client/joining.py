@@ -201,9 +201,9 @@ class Handshake:
             held = compressor.name if compressor is not None else "none"
             update_codec = str(welcome.codecs.get("update", "none"))
             check_fits_in_memory(job, update_codec, earlier, held)
-            board = self._open_board(job, welcome.codecs, connection)
             corpus = await self._prepare(job, info, connection)
             codecs, compressor = self._agree(job, welcome.codecs, compressor)
+            board = self._open_board(job, welcome.codecs, connection)  # last: nothing fails after
         except FrameLimitTooSmall as exc:
             # This worker's own setting: the server is told why it leaves, and the worker
             # stops (exit 2) instead of joining again to be refused the same frames.

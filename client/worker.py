@@ -48,6 +48,7 @@ from snet.protocol.network import ElementLayout
 from snet.transport.dial import connect_with_backoff
 from snet.transport.faults import FaultSwitch
 from snet.transport.inline import InlineChoice
+from snet.transport.shared_board import BoardReader
 from snet.transport.tls import refusal as tls_refusal
 
 from .backend import ComputeBackend, make_backend
@@ -238,6 +239,7 @@ class Worker:
             self._retry.deadline,
         )
         gone = False
+        board: BoardReader | None = None  # the server's weights board, this session's
         try:
             handshake = Handshake(self.config, self.name, self.backend, self.executor,
                                   self._inbox, self._wake, lambda: self._lost,
@@ -250,8 +252,8 @@ class Worker:
             self.codecs, self.compressor = joined.codecs, joined.compressor
             self._joined = True
             self._retry.joined()
-            layout = ElementLayout.for_network(self.job.network)
-            box = WeightsBox(layout, wake=self._wake, board=joined.board)
+            layout, board = ElementLayout.for_network(self.job.network), joined.board
+            box = WeightsBox(layout, wake=self._wake, board=board)
             self.policy = make_compute_policy(self.job)  # this session's: it sizes the buffers
             connection.attach(box, SendBuffers(box.layout, self.policy.send_buffers))
             heartbeat = asyncio.get_running_loop().create_task(self.reports.heartbeat(connection))
@@ -277,6 +279,8 @@ class Worker:
                     self.reports.send(connection)  # its final figures: read before the goodbye
                 await connection.leave(Goodbye(f"worker stopped ({self._stop_reason})"))
             connection.close()
+            if board is not None:  # unmapped now: a dead server's board would stay alive
+                board.close()
 
     # ------------------------------------------------------------ receiving
 

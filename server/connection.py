@@ -267,12 +267,15 @@ class WorkerConnection:
     def _board(self, codecs: dict[str, str]) -> WeightsBoard | None:
         """The weights board, for a worker that asked for ``shared`` weights from this
         machine (one elsewhere could not read it: it is sent ``none``)."""
+        coordinator = self.coordinator  # np's workers hold slices: no whole weights to share
         if codecs["weights"] != SHARED or not is_local(self.address):
             return None
-        board = self.coordinator.board.get()
+        if not coordinator.traffic.whole_weights:
+            return None
+        board = coordinator.board.get()
         if board is None:
             log.info("worker %s asked for shared weights: %s; sent in frames", self.address,
-                     self.coordinator.board.unavailable)  # fmt: skip
+                     coordinator.board.unavailable)  # fmt: skip
         return board
 
     # ------------------------------------------------------------ sending and closing

@@ -207,6 +207,12 @@ def _compression(out: Exposition, document: dict[str, Any]) -> None:
         ],
     )
     out.metric(
+        "weights_shared_total",
+        "counter",
+        "Copies of the weights sent through the weights board (no element on the wire).",
+        [({}, float(total.get("weights_shared", 0)))],
+    )
+    out.metric(
         "compression_ratio",
         "gauge",
         "Float32 bytes over wire bytes of element-carrying frames.",

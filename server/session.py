@@ -187,9 +187,13 @@ class WorkerSession:
         version: a peer asking for ever (30 bytes each) had the server send a 262 kB copy
         for each, 9 GB in 8 s, and log a line for each; a worker computing is sent one a
         step. A worker that cannot read the weights board is sent its copies in the frame
-        from now on (and one now)."""
-        if reason == BOARD_UNREADABLE and self.ledger and self.ledger.weights.board_unreadable():
-            self.full_copy_version = -1  # whatever it asked before: one now
+        from now on, and none now: it got its first whole, and asks again for any slot it
+        was sent and could not read."""
+        if reason == BOARD_UNREADABLE and self.ledger is not None:
+            if self.ledger.weights.board_unreadable():
+                log.info("worker %s cannot read the weights board: its weights go in frames",
+                         self.name)  # fmt: skip
+            return False
         if self.full_copy_version == version:
             return False
         self.full_copy_version = version

@@ -7,6 +7,7 @@ and answered with a full copy in the frame, never used."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,63 @@ def test_a_version_is_written_once_and_read_back_exactly(board: WeightsBoard) ->
     with pytest.raises(CodecError, match="slot 4 of 4"):
         reader.read_into(4, 5, out)
     reader.close()
+
+
+def test_the_server_writes_what_it_holds_not_what_the_board_says(board: WeightsBoard) -> None:
+    """Anyone of the server's user may write the board: a version set there in advance
+    must not keep the server from writing that version."""
+    import os
+
+    path = board.described()["path"]
+    fd = os.open(path, os.O_RDWR)
+    try:  # slot 1's version field, just past the 64-byte header: "version 5 is here"
+        os.pwrite(fd, (5).to_bytes(8, "little"), 64 + 1 * (64 + 40))
+    finally:
+        os.close(fd)
+    element, out = _element(9, 10), np.empty(10, np.float32)
+    assert board.publish(5, element) == 1 and board.written == 1
+    reader = BoardReader(BoardInfo.from_dict(board.described(), 10))
+    reader.read_into(1, 5, out)
+    assert np.array_equal(out, element)
+    reader.close()
+
+
+def test_a_closed_board_takes_nothing_and_its_copies_go_in_frames(board: WeightsBoard) -> None:
+    layout = ElementLayout(((10,),))
+    encoder = WeightsEncoder(SHARED, layout, board)
+    encoder.prepare(_weights(0, _element(1, 10)))  # the first, whole
+    board.close()
+    board.close()  # twice: harmless
+    assert board.publish(1, _element(2, 10)) == -1
+    late = encoder.prepare(_weights(1, _element(2, 10)))  # queued when the server stopped
+    assert isinstance(late, Weights) and late.slot == -1 and late.element.size == 10
+    lazy = LazyBoard(10)
+    lazy.close()
+    assert lazy.get() is None and lazy.unavailable == "the server is stopping"
+
+
+def test_a_path_that_is_no_file_is_refused_at_once(board: WeightsBoard) -> None:
+    """Behind a port forward /proc/PID/fd/N may name a pipe of this side's: never waited on."""
+    import os
+
+    read, write = os.pipe()
+    os.close(write)
+    try:
+        described = {**board.described(), "path": f"/proc/{os.getpid()}/fd/{read}"}
+        with pytest.raises(CodecError, match="is not a weights board of this job"):
+            BoardReader(BoardInfo.from_dict(described, 10))
+    finally:
+        os.close(read)
+
+
+def test_the_board_is_asked_for_in_a_capability_an_older_server_ignores() -> None:
+    from snet.protocol.codecs.handshake import BOARD, agree_codecs, worker_capabilities
+
+    asked = worker_capabilities("", SHARED)
+    assert BOARD in asked and not any(c.startswith("weights:") for c in asked)
+    assert agree_codecs(asked, "none")["weights"] == SHARED
+    assert agree_codecs(worker_capabilities("", "none"), "none")["weights"] == "none"
+    assert agree_codecs((BOARD, "weights:fp16"), "none")["weights"] == "fp16"  # as asked
 
 
 def test_a_slot_overwritten_while_it_is_read_is_refused(
@@ -191,7 +249,7 @@ async def test_a_raw_peer_on_this_machine_is_sent_slots_until_it_says_it_cannot_
     server = await lab.server("--mode", "async", "--epochs", "1", "--linger-seconds", "30",
                               *SMALL_JOB)  # fmt: skip
     client = await AsyncRawClient.connect(server.port, "raw-shared")
-    welcome = await client.handshake(("weights:shared",))
+    welcome = await client.handshake(("board:weights",))
     assert welcome.codecs["weights"] == SHARED
     info = BoardInfo.from_dict(welcome.codecs["board"], LAYOUT.size)
     first = await client.receive(Weights)
@@ -209,8 +267,7 @@ async def test_a_raw_peer_on_this_machine_is_sent_slots_until_it_says_it_cannot_
     assert weights_digest(out) == shared.digest  # exactly the server's weights
     reader.close()
     await client.send(Resync(BOARD_UNREADABLE))  # as a worker in another /proc would
-    full = await client.receive(Weights)
-    assert full.slot == -1 and full.element.size == LAYOUT.size and full.version == 1
+    await client.send(Resync(BOARD_UNREADABLE))  # twice: nothing more comes of it
     await client.send(Update(1, lease.lease_id, 128, 128, 1.0, 0, 0.01, gradient))
     later = await client.receive(Weights)
     while later.version < 2:
@@ -246,6 +303,8 @@ async def test_workers_train_on_the_board_and_one_that_cannot_read_it_on_frames(
     seeing = lab.worker(server, "seeing", "--weights-codec", "shared")
     assert await server.wait(120) == "trained"
     assert await seeing.wait(30) == 0 and await blind.wait(30) == 0
+    # the server's board closed, each worker's mapping of it too
+    assert "snet-weights-board" not in Path("/proc/self/maps").read_text()
     status = server.final_status()
     ledger = status["epochs"][0]["ledger"]
     assert ledger["used_once"] == ledger["frames"]  # every frame applied once
@@ -258,3 +317,13 @@ async def test_workers_train_on_the_board_and_one_that_cannot_read_it_on_frames(
     assert rows["blind"]["weights_codec"] == "none" and rows["blind"]["weights_shared"] == 0
     assert status["compression"]["weights_shared"] == rows["seeing"]["weights_shared"]
     assert "cannot read the server's weights board" in lab.log("blind")
+
+
+def test_status_says_how_many_copies_went_through_the_board() -> None:
+    from snet.cli.status import _compression_line
+
+    total = {"updates": 10, "update_codecs": {"none": 2}, "bytes_per_update": 262361,
+             "received_ratio": 1.0, "sent_ratio": 1.0, "weights_shared": 9}  # fmt: skip
+    (line,) = _compression_line(total)
+    assert line.endswith("1.0x sent; 9 weights copies through the board")
+    assert "board" not in _compression_line({**total, "weights_shared": 0})[0]

@@ -34,6 +34,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -134,7 +135,11 @@ class WeightsBoard:
         self._slots = _slot_views(self._map, slots, values)
         for version, _ in self._slots:
             version[0] = -1
+        # what each slot holds, kept here: the server never reads the board (anyone of its
+        # user could write a version there and have it never written)
+        self._held = [-1] * slots
         self.written = 0  # versions written
+        self.closed = False
 
     @property
     def info(self) -> BoardInfo:
@@ -147,18 +152,25 @@ class WeightsBoard:
 
     def publish(self, version: int, element: np.ndarray) -> int:
         """The slot holding ``version`` of the weights, written there unless it already
-        is (each version once, however many workers read it)."""
+        is (each version once, however many workers read it); -1 once closed (the
+        server stopping: a copy still queued goes in its frame)."""
+        if self.closed:
+            return -1
         slot = version % self.slots
-        stored, data = self._slots[slot]
-        if stored[0] != version:
+        if self._held[slot] != version:
+            stored, data = self._slots[slot]
             stored[0] = -1  # a reader that started on the old version sees it change
             np.copyto(data, element)
             stored[0] = version
+            self._held[slot] = version
             self.written += 1
         return slot
 
     def close(self) -> None:
         """Free it (the workers' mappings keep their pages until they unmap them)."""
+        if self.closed:
+            return
+        self.closed = True
         self._slots = []
         self._map.close()
         os.close(self._fd)
@@ -172,9 +184,12 @@ class BoardReader:
         opened or is not that board (another file, another server, another shape)."""
         size = _size(info.slots, info.values)
         try:
-            fd = os.open(info.path, os.O_RDONLY | os.O_CLOEXEC)
+            # not blocking: behind a port forward, /proc/PID/fd/N of another PID namespace
+            # may name anything of this side's, a pipe with no writer among them
+            fd = os.open(info.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
             try:
-                if os.fstat(fd).st_size != size:
+                status = os.fstat(fd)
+                if not stat.S_ISREG(status.st_mode) or status.st_size != size:
                     raise CodecError(f"{info.path} is not a weights board of this job")
                 if not SEALS or fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS:
                     raise CodecError(f"{info.path} is not sealed: it could shrink under a reader")
@@ -227,6 +242,8 @@ class LazyBoard:
         return self._board
 
     def close(self) -> None:
+        """Close the board (the server stops): none is made again."""
+        self.unavailable = "the server is stopping"
         if self._board is not None:
             self._board.close()
             self._board = None

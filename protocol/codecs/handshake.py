@@ -4,6 +4,10 @@ A worker lists the codec families it can encode (``"codec:sign"``, ...), and may
 
     "compress:CODEC"   its updates in CODEC (``snet worker --compress``)
     "weights:FORM"     its weights in FORM (``snet worker --weights-codec``)
+    "board:weights"    its weights through the server's weights board (``shared``), where
+                       the server can; an entry of its own, not ``weights:shared``, since a
+                       server of an earlier version refuses a form it does not know and
+                       ignores a capability it does not know (it sends ``none``)
 
 The server answers in ``Welcome.codecs`` = ``{"update": ..., "weights": ...}``: the
 codec asked for; else the job's ``compress`` when the worker can encode it; else
@@ -17,10 +21,11 @@ from collections.abc import Iterable
 
 from ..errors import ConfigError, UnknownCodec
 from . import FAMILIES, canonical
-from .weights import canonical_weights_form
+from .weights import SHARED, canonical_weights_form
 
 COMPRESS = "compress:"
 WEIGHTS = "weights:"
+BOARD = "board:weights"
 CODEC = "codec:"
 # The worker checks DataInfo's ``labels`` digest: a server sends it only to one that says
 # so, since a worker of an earlier version refuses a message with a field it does not know.
@@ -32,7 +37,9 @@ def worker_capabilities(compress: str, weights: str) -> tuple[str, ...]:
     capabilities = [CODEC + family for family in FAMILIES] + [DATA_LABELS]
     if compress:
         capabilities.append(COMPRESS + compress)
-    if weights and weights != "none":
+    if weights == SHARED:
+        capabilities.append(BOARD)
+    elif weights and weights != "none":
         capabilities.append(WEIGHTS + weights)
     return tuple(capabilities)
 
@@ -54,7 +61,7 @@ def agree_codecs(capabilities: tuple[str, ...], job_compress: str) -> dict[str, 
     else:
         family = job_compress.partition(":")[0]
         update = job_compress if CODEC + family in capabilities else "none"
-    weights = _asked(capabilities, WEIGHTS) or "none"
+    weights = _asked(capabilities, WEIGHTS) or (SHARED if BOARD in capabilities else "none")
     try:
         weights = canonical_weights_form(weights)
     except ConfigError as exc:

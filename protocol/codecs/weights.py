@@ -41,7 +41,8 @@ class Board(Protocol):
     """Where ``shared`` copies go (the server's ``WeightsBoard``)."""
 
     def publish(self, version: int, element: np.ndarray) -> int:
-        """The slot holding ``version``, written there unless it already is."""
+        """The slot holding ``version``, written there unless it already is; -1 when
+        the board can take no more (closed)."""
 
     def described(self) -> dict[str, Any]:
         """Where a worker finds it, as ``Welcome.codecs["board"]`` carries it."""
@@ -121,8 +122,10 @@ class WeightsEncoder:
             return message
         element = message.element
         self.copies += 1
-        if self.board is not None and not self._full_next:  # not on the wire: no bytes
+        slot = -1
+        if self.board is not None and not self._full_next:
             slot = self.board.publish(message.version, element)
+        if slot >= 0:  # not on the wire: no bytes
             self.shared_copies += 1
             return dataclasses.replace(message, element=np.zeros(0, "<f4"), slot=slot)
         self.raw_bytes += element.nbytes
