@@ -199,6 +199,11 @@ class SendBuffers:
             await self._available.wait()
         return self._free.popleft()
 
+    def release(self, buffer: np.ndarray) -> None:
+        """``buffer`` is free again at once (its update was copied, not written out)."""
+        self._free.append(buffer)
+        self._available.set()
+
     def mark_in_flight(self, buffer: np.ndarray) -> None:
         """``buffer`` is about to be written; it is not free until all_flushed()."""
         self._in_flight.append(buffer)

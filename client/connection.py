@@ -22,6 +22,7 @@ from snet.protocol.errors import CodecError, ConnectionLost, FrameTooLarge, Prot
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import Message, Resync, Weights
 from snet.transport.faults import FaultSwitch
+from snet.transport.shared_board import BoardReader
 from snet.transport.stream import FrameStream
 
 from .buffers import SendBuffers, WeightsBox
@@ -46,6 +47,7 @@ class ServerConnection:
         self.stream: FrameStream | None = None
         self.box: WeightsBox | None = None
         self.send_buffers: SendBuffers | None = None
+        self.update_board: BoardReader | None = None  # client/update_steps.py writes it
         self.refused_frame_bytes: int | None = None  # a frame over this worker's own limit
         self.closed = asyncio.get_running_loop().create_future()
 
@@ -65,9 +67,12 @@ class ServerConnection:
         assert self.stream is not None
         return self.stream.last_received
 
-    def attach(self, box: WeightsBox, send_buffers: SendBuffers) -> None:
-        """Once the job is known: receive weights into ``box``, track ``send_buffers``."""
-        self.box, self.send_buffers = box, send_buffers
+    def attach(
+        self, box: WeightsBox, send_buffers: SendBuffers, update_board: BoardReader | None = None
+    ) -> None:
+        """Once the job is known: receive weights into ``box``, track ``send_buffers``, and
+        put updates in ``update_board`` (the server's for this worker) when there is one."""
+        self.box, self.send_buffers, self.update_board = box, send_buffers, update_board
         assert self.stream is not None and self.stream.channel is not None
         self.stream.channel.decoder.receive_into(box)
 

@@ -51,7 +51,7 @@ from snet.protocol.messages import (
     Welcome,
 )
 from snet.protocol.network import ElementLayout
-from snet.transport.shared_board import BoardInfo, BoardReader
+from snet.transport.shared_board import UPDATE_MAGIC, BoardInfo, BoardReader
 from snet.transport.tls import client_context
 
 from .backend import ComputeBackend
@@ -93,6 +93,7 @@ class Joined:
     codecs: dict[str, str]
     compressor: UpdateCompressor | None
     board: BoardReader | None = None  # the server's weights board (weights form ``shared``)
+    update_board: BoardReader | None = None  # the one it made for this worker's updates
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,7 @@ class Handshake:
             corpus = await self._prepare(job, info, connection)
             codecs, compressor = self._agree(job, welcome.codecs, compressor)
             board = self._open_board(job, welcome.codecs, connection)  # last: nothing fails after
+            update_board = _open_update_board(job, welcome.codecs)
         except FrameLimitTooSmall as exc:
             # This worker's own setting: the server is told why it leaves, and the worker
             # stops (exit 2) instead of joining again to be refused the same frames.
@@ -222,7 +224,7 @@ class Handshake:
             codecs["update"],
             codecs["weights"],
         )
-        return Joined(job, corpus, codecs, compressor, board)
+        return Joined(job, corpus, codecs, compressor, board, update_board)
 
     async def _server_hello(self) -> ServerHello | None:
         """The server's hello; a port silent or closed without one is asked whether it
@@ -287,3 +289,18 @@ class Handshake:
         prepare = make_compute_policy(job).prepare_backend
         await loop.run_in_executor(self.executor, prepare, self.backend, job, corpus)
         return corpus
+
+
+def _open_update_board(job: JobSpec, agreed: dict[str, object]) -> BoardReader | None:
+    """The update board the server made for this worker (``Welcome.codecs``), mapped to be
+    written; None without one, or when it cannot be opened (said once): its updates then
+    go in their frames, as they may any time."""
+    if "update_board" not in agreed:
+        return None
+    values = ElementLayout.for_network(job.network).size
+    try:
+        info = BoardInfo.from_dict(agreed["update_board"], values)
+        return BoardReader(info, UPDATE_MAGIC, writable=True)
+    except CodecError as exc:
+        log.warning("cannot write the server's update board (%s): updates go in frames", exc)
+        return None

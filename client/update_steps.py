@@ -70,6 +70,9 @@ class ComputedUpdate:
     on_loop: bool
 
 
+NO_ELEMENT = np.zeros(0, dtype=np.float32)  # an update whose element is in a board slot
+
+
 class UpdateSteps:
     """A bunch at a time, computed and sent as an update (one connection's)."""
 
@@ -193,6 +196,17 @@ class UpdateSteps:
             self._send(weights, outgoing)
         return await future
 
+    def _board_slot(self) -> int:
+        """The slot of the update board the next update goes in, or -1 (its frame): the
+        update that used it last must be settled, so that the server has copied it out
+        (updates arrive in order, and the server settles none it has not received)."""
+        board = self.connection.update_board
+        if board is None:
+            return -1
+        number = self.sent.this_connection + 1  # this update's, counted from 1
+        slots = board.info.slots
+        return number % slots if number - slots <= self.box.settled else -1
+
     def _move_held_onto_newest(self) -> WeightsCopy:
         """Overlap: the held update's progress onto the newest weights, which it is sent
         on; here, with no await until it is sent, so that no weights offered meanwhile
@@ -205,12 +219,19 @@ class UpdateSteps:
     def _send(self, weights: WeightsCopy, update: ComputedUpdate) -> None:
         """Send ``update`` as computed on ``weights``, and count it."""
         box, connection = self.box, self.connection
+        element, slot = update.gradient, self._board_slot() if update.encoded is None else -1
         if update.encoded is None:
             assert connection.send_buffers is not None
-            connection.send_buffers.mark_in_flight(update.gradient)
+            if slot >= 0:  # into the update board the server made for it: the buffer is free
+                assert connection.update_board is not None
+                connection.update_board.write(slot, update.gradient)
+                connection.send_buffers.release(update.gradient)
+                element = NO_ELEMENT
+            else:
+                connection.send_buffers.mark_in_flight(update.gradient)
         connection.send(Update(weights.version, update.lease_id, update.offset, update.count,
-                               update.loss, update.correct, update.seconds, update.gradient,
-                               encoded=update.encoded))  # fmt: skip
+                               update.loss, update.correct, update.seconds, element,
+                               encoded=update.encoded, slot=slot))  # fmt: skip
         self.sent.one_more()
         self.progress.update_sent(update.lease_id, update.offset, update.count, weights.version,
                                   box.newest_version, update.seconds)  # fmt: skip

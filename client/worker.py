@@ -239,7 +239,7 @@ class Worker:
             self._retry.deadline,
         )
         gone = False
-        board: BoardReader | None = None  # the server's weights board, this session's
+        boards: list[BoardReader] = []  # the server's weights and update boards, this session's
         try:
             handshake = Handshake(self.config, self.name, self.backend, self.executor,
                                   self._inbox, self._wake, lambda: self._lost,
@@ -252,10 +252,12 @@ class Worker:
             self.codecs, self.compressor = joined.codecs, joined.compressor
             self._joined = True
             self._retry.joined()
-            layout, board = ElementLayout.for_network(self.job.network), joined.board
-            box = WeightsBox(layout, wake=self._wake, board=board)
+            layout = ElementLayout.for_network(self.job.network)
+            boards = [b for b in (joined.board, joined.update_board) if b is not None]
+            box = WeightsBox(layout, wake=self._wake, board=joined.board)
             self.policy = make_compute_policy(self.job)  # this session's: it sizes the buffers
-            connection.attach(box, SendBuffers(box.layout, self.policy.send_buffers))
+            buffers = SendBuffers(box.layout, self.policy.send_buffers)
+            connection.attach(box, buffers, joined.update_board)
             heartbeat = asyncio.get_running_loop().create_task(self.reports.heartbeat(connection))
             try:
                 await self._compute_loop(connection, box)
@@ -279,7 +281,7 @@ class Worker:
                     self.reports.send(connection)  # its final figures: read before the goodbye
                 await connection.leave(Goodbye(f"worker stopped ({self._stop_reason})"))
             connection.close()
-            if board is not None:  # unmapped now: a dead server's board would stay alive
+            for board in boards:  # unmapped now: a dead server's board would stay alive
                 board.close()
 
     # ------------------------------------------------------------ receiving

@@ -153,6 +153,8 @@ class Update:
     compute_seconds: float
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
     encoded: Encoded | None = field(default=None, compare=False, repr=False)
+    # the element is in this slot of the worker's update board instead (-1: not sent)
+    slot: int = field(default=-1, kw_only=True, metadata={"omitted_when_default": True})
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from snet.protocol import PROTOCOL_VERSION, auth
+from snet.protocol.codecs.handshake import UPDATE_BOARD
 from snet.protocol.codecs.weights import SHARED, WeightsEncoder
 from snet.protocol.conversation import Conversation, Role
 from snet.protocol.decoder import Decoded
@@ -49,7 +50,7 @@ from snet.protocol.messages import (
     WorkerReport,
 )
 from snet.protocol.worker_name import name_problem
-from snet.transport.shared_board import WeightsBoard
+from snet.transport.shared_board import UpdateBoard, WeightsBoard
 from snet.transport.stream import FrameStream
 
 from .admission import Admission
@@ -98,6 +99,7 @@ class WorkerConnection:
         self.nonce = os.urandom(auth.NONCE_BYTES)
         self.connected_at = time.monotonic()
         self.address = "?"  # the peer's host (server/peers.py), once connected
+        self.update_board: UpdateBoard | None = None  # its updates' way in, if it has one
         self._warned = 0  # warnings logged about what this peer sent (PEER_WARNINGS)
         self._unlogged: tuple[str, int] = ("", 0)  # its name, and the warnings not logged
         self.stream = FrameStream(
@@ -150,7 +152,9 @@ class WorkerConnection:
     def stream_received(self, decoded: Decoded) -> None:
         message = decoded.message
         received = None
-        if isinstance(message, Update):  # the pooled element is owned from here on
+        if isinstance(message, Update) and message.slot >= 0:  # in its update board
+            received = self._from_board(message)
+        elif isinstance(message, Update):  # the pooled element is owned from here on
             loan = decoded.slot if isinstance(decoded.slot, ElementLoan) else None
             if loan is not None:
                 loan.received()  # whole: no longer an unfinished payload (pool.py, shares)
@@ -171,8 +175,27 @@ class WorkerConnection:
         log.warning("closing connection from %s: %s: %s", self.describe(), error.code, error)
         self._leave(f"{error.code}: {error}")
 
+    def _from_board(self, message: Update) -> Received:
+        """An update in a slot of this worker's update board, copied out at once into a
+        pooled element (then checked as any other; nothing it writes there later is read),
+        as its share of the pool allows; one without a board, or in a slot it does not
+        have, carries no element: refused as such (intake.py)."""
+        board, share = self.update_board, self.stream.sink
+        assert isinstance(share, ElementShare)
+        if board is None or not 0 <= message.slot < board.slots:
+            return Received(message, None)
+        loan = share.element()
+        if loan is None:
+            return Received(message, None, turned_away=True)
+        board.copy_out(message.slot, loan.flat)
+        loan.received()
+        return Received(message, loan)
+
     def stream_lost(self, error: ConnectionLost | None) -> None:
         self.connections.discard(self)
+        if self.update_board is not None:  # nobody writes it any more
+            self.coordinator.board.updates.release(self.update_board)
+            self.update_board = None
         name, unlogged = self._unlogged
         if unlogged:
             log.warning("%s: %d more warnings about what it sent were not logged", name, unlogged)
@@ -246,6 +269,9 @@ class WorkerConnection:
         encoder = WeightsEncoder(codecs["weights"], self.coordinator.layout, self._board(codecs))
         channel.encode_with(encoder.prepare)  # weights are encoded as they are written
         ledger = CompressionLedger(codecs["update"], encoder, channel.received, channel.sent)
+        if UPDATE_BOARD in hello.capabilities and encoder.board is not None:
+            self.update_board = self._update_board(codecs)
+            ledger.update_board = self.update_board.described() if self.update_board else None
         self.session = WorkerSession(
             worker_id=self.next_id(),
             name=unique_name(
@@ -277,6 +303,13 @@ class WorkerConnection:
             log.info("worker %s asked for shared weights: %s; sent in frames", self.address,
                      coordinator.board.unavailable)  # fmt: skip
         return board
+
+    def _update_board(self, codecs: dict[str, str]) -> UpdateBoard | None:
+        """An update board, for a worker given the weights board (on this machine) whose
+        updates are float32, within the boards' budget (shared_board.py)."""
+        if codecs["update"] != "none":
+            return None
+        return self.coordinator.board.updates.make(self.coordinator.job.max_in_flight)
 
     # ------------------------------------------------------------ sending and closing
 

@@ -70,7 +70,9 @@ class UpdateIntake:
         message = received.message
         if session.ledger is not None:
             payload = message.encoded.nbytes if message.encoded else message.element.nbytes
-            session.ledger.record_update(payload, self.layout.nbytes)
+            # copied from its update board: crossed no wire
+            shared = message.slot >= 0 and received.loan is not None
+            session.ledger.record_update(payload, 0 if shared else self.layout.nbytes, shared)
         try:
             if message.encoded is not None:
                 received.adopt(self._decode(session, message))
@@ -116,6 +118,8 @@ class UpdateIntake:
                 "the server's update elements for workers none of whose updates is applied "
                 "yet are all in use: its frames are leased again"
             )
+        elif received.loan is None and message.slot >= 0:
+            reason = f"update in slot {message.slot} of an update board this worker has not got"
         elif received.loan is None:  # the pool takes only payloads of the element's layout
             reason = (
                 f"update element has shape {tuple(message.element.shape)} "

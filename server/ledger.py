@@ -40,6 +40,8 @@ class CompressionLedger:
     update_payload_bytes: int = 0  # the elements as they came (encoded or float32)
     update_raw_bytes: int = 0  # the same elements as float32
     undecodable: int = 0
+    updates_shared: int = 0  # updates copied from the worker's update board
+    update_board: dict[str, Any] | None = None  # where it is, as the Welcome says
     worker: dict[str, float | None] = field(default_factory=dict)
     # decided once at the handshake: the step reads it for every update it applies
     momentum_corrected: bool = field(init=False)
@@ -53,10 +55,15 @@ class CompressionLedger:
         agreed: dict[str, Any] = {"update": self.update_codec, "weights": self.weights.form}
         if self.weights.board is not None:
             agreed["board"] = self.weights.board.described()
+        if self.update_board is not None:
+            agreed["update_board"] = self.update_board
         return agreed
 
-    def record_update(self, payload_bytes: int, raw_bytes: int) -> None:
+    def record_update(self, payload_bytes: int, raw_bytes: int, shared: bool = False) -> None:
+        """One update: its element's bytes in its frame and as float32 (``shared``: from
+        the update board, in no byte count)."""
         self.updates += 1
+        self.updates_shared += shared
         self.update_payload_bytes += payload_bytes
         self.update_raw_bytes += raw_bytes
 
@@ -83,6 +90,7 @@ class CompressionLedger:
             "received_raw_bytes": received - self.update_payload_bytes + self.update_raw_bytes,
             "weights_sent": self.weights.copies,
             "weights_shared": self.weights.shared_copies,
+            "updates_shared": self.updates_shared,
             "sent_bytes": sent,
             "sent_raw_bytes": sent - self.weights.payload_bytes + self.weights.raw_bytes,
             "undecodable": self.undecodable,
@@ -130,5 +138,6 @@ def ledger_totals(
         "sent_raw_bytes": sums.get("sent_raw_bytes", 0),
         "sent_ratio": _ratio(sums.get("sent_raw_bytes", 0), sent),
         "weights_shared": sums.get("weights_shared", 0),
+        "updates_shared": sums.get("updates_shared", 0),
         "undecodable": sums.get("undecodable", 0),
     }

@@ -238,14 +238,21 @@ class ElementShare:
     ) -> tuple[memoryview, object] | None:
         """Updates of the pool's layout land in one of its elements, within the share; one
         beyond it in a buffer of its own, with the ``TURNED_AWAY`` token."""
-        pool = self.pool
-        if message_type != "update" or not pool.matches(arrays):
+        if message_type != "update" or not self.pool.matches(arrays):
             return None
+        loan = self.element()
+        if loan is None:
+            return memoryview(bytearray(payload_bytes)), TURNED_AWAY
+        return loan.flat.data.cast("B"), loan
+
+    def element(self) -> ElementLoan | None:
+        """An element for one update, within the share (None: a newcomer's share of the
+        pool is taken); also for an update copied from the worker's update board."""
+        pool = self.pool
         newcomer = not self.proven()
         if newcomer and pool.newcomers_receiving >= pool.newcomer_limit:
-            return memoryview(bytearray(payload_bytes)), TURNED_AWAY
-        loan = pool.acquire(receiving=newcomer)
-        return loan.flat.data.cast("B"), loan
+            return None
+        return pool.acquire(receiving=newcomer)
 
 
 def is_finite(flat: np.ndarray) -> bool:

@@ -286,11 +286,11 @@ async def test_workers_train_on_the_board_and_one_that_cannot_read_it_on_frames(
                               *SMALL_JOB)  # fmt: skip
     opened = BoardReader.__init__
 
-    def refused_for_one(self: BoardReader, info: BoardInfo) -> None:
+    def refused_for_one(self: BoardReader, info: BoardInfo, *args: Any, **kwargs: Any) -> None:
         task = asyncio.current_task()
-        if task is not None and task.get_name() == "blind":
+        if task is not None and task.get_name() == "blind":  # its update board too
             raise CodecError("cannot open the weights board: as in another container")
-        opened(self, info)
+        opened(self, info, *args, **kwargs)
 
     monkeypatch.setattr(BoardReader, "__init__", refused_for_one)
     blind = lab.worker(server, "blind", "--weights-codec", "shared")

@@ -45,6 +45,10 @@ from snet.protocol.errors import CodecError
 from snet.protocol.network import ELEMENT_DTYPE
 
 MAGIC = b"SNETBRD1"
+UPDATE_MAGIC = b"SNETUPD1"  # a worker's update board
+# All of a server's update boards together (a local worker's: 4-16 slots of its element).
+MAX_UPDATE_BOARDS_BYTES = 64 << 20
+UPDATE_SLOTS_OVER_FLIGHT = 2  # an update board's slots beyond its worker's max in flight
 HEADER = struct.Struct("<8s16sqq")  # magic, nonce, slots, values per slot
 HEADER_BYTES = 64  # the header, padded: slots start on a cache line
 SLOT_HEADER_BYTES = 64  # each slot's version (int64), padded likewise
@@ -113,17 +117,19 @@ class BoardInfo:
         return cls(path, nonce, slots, values)
 
 
-class WeightsBoard:
-    """The server's side: the board it writes each version of the weights into once."""
+class SlotFile:
+    """A server's board: a sealed anonymous file of ``slots`` slots of ``values`` values,
+    named by its header's ``magic``, reached by its peers as /proc/PID/fd/N."""
 
-    def __init__(self, values: int, slots: int) -> None:
-        """A board of ``slots`` slots of ``values`` values. ``OSError`` where the system
-        has no anonymous shared files (``memfd_create``: Linux)."""
+    def __init__(self, values: int, slots: int, magic: bytes = MAGIC) -> None:
+        """``OSError`` where the system has no sealed anonymous files (``memfd_create``:
+        Linux)."""
         if not SEALS:
             raise OSError("no sealed anonymous files here (memfd_create: Linux)")
         self.values, self.slots = values, slots
         self.nonce = secrets.token_bytes(16)
-        self._fd = os.memfd_create("snet-weights-board", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        name = "snet-weights-board" if magic == MAGIC else "snet-update-board"
+        self._fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self._fd, _size(slots, values))
             fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)  # none later
@@ -131,14 +137,10 @@ class WeightsBoard:
         except BaseException:
             os.close(self._fd)
             raise
-        HEADER.pack_into(self._map, 0, MAGIC, self.nonce, slots, values)
+        HEADER.pack_into(self._map, 0, magic, self.nonce, slots, values)
         self._slots = _slot_views(self._map, slots, values)
         for version, _ in self._slots:
             version[0] = -1
-        # what each slot holds, kept here: the server never reads the board (anyone of its
-        # user could write a version there and have it never written)
-        self._held = [-1] * slots
-        self.written = 0  # versions written
         self.closed = False
 
     @property
@@ -147,8 +149,28 @@ class WeightsBoard:
                          self.values)  # fmt: skip
 
     def described(self) -> dict[str, Any]:
-        """``Welcome.codecs["board"]``: where a worker finds this board."""
+        """``Welcome.codecs``' entry: where a worker finds this board."""
         return self.info.to_dict()
+
+    def close(self) -> None:
+        """Free it (the workers' mappings keep their pages until they unmap them)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._slots = []
+        self._map.close()
+        os.close(self._fd)
+
+
+class WeightsBoard(SlotFile):
+    """The server's side: the board it writes each version of the weights into once."""
+
+    def __init__(self, values: int, slots: int) -> None:
+        super().__init__(values, slots)
+        # what each slot holds, kept here: the server never reads the board (anyone of its
+        # user could write a version there and have it never written)
+        self._held = [-1] * slots
+        self.written = 0  # versions written
 
     def publish(self, version: int, element: np.ndarray) -> int:
         """The slot holding ``version`` of the weights, written there unless it already
@@ -166,40 +188,34 @@ class WeightsBoard:
             self.written += 1
         return slot
 
-    def close(self) -> None:
-        """Free it (the workers' mappings keep their pages until they unmap them)."""
-        if self.closed:
-            return
-        self.closed = True
-        self._slots = []
-        self._map.close()
-        os.close(self._fd)
-
 
 class BoardReader:
-    """A worker's side: the server's board, mapped read-only."""
+    """A worker's side: the server's board, mapped read-only (``writable``: its update
+    board, which it writes and the server reads)."""
 
-    def __init__(self, info: BoardInfo) -> None:
+    def __init__(self, info: BoardInfo, magic: bytes = MAGIC, writable: bool = False) -> None:
         """Open and check the board ``info`` names; ``CodecError`` when it cannot be
         opened or is not that board (another file, another server, another shape)."""
         size = _size(info.slots, info.values)
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        prot = mmap.PROT_READ | mmap.PROT_WRITE if writable else mmap.PROT_READ
         try:
             # not blocking: behind a port forward, /proc/PID/fd/N of another PID namespace
             # may name anything of this side's, a pipe with no writer among them
-            fd = os.open(info.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = os.open(info.path, flags | os.O_CLOEXEC | os.O_NONBLOCK)
             try:
                 status = os.fstat(fd)
                 if not stat.S_ISREG(status.st_mode) or status.st_size != size:
                     raise CodecError(f"{info.path} is not a weights board of this job")
                 if not SEALS or fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS:
                     raise CodecError(f"{info.path} is not sealed: it could shrink under a reader")
-                self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+                self._map = mmap.mmap(fd, size, prot=prot)
             finally:
                 os.close(fd)
         except OSError as exc:
             raise CodecError(f"cannot open the weights board {info.path}: {exc.strerror}") from exc
-        magic, nonce, slots, values = HEADER.unpack_from(self._map, 0)
-        if (magic, nonce.hex(), slots, values) != (MAGIC, info.nonce, info.slots, info.values):
+        found, nonce, slots, values = HEADER.unpack_from(self._map, 0)
+        if (found, nonce.hex(), slots, values) != (magic, info.nonce, info.slots, info.values):
             self._map.close()
             raise CodecError(f"{info.path} is not the weights board the server named")
         self.info = info
@@ -218,9 +234,69 @@ class BoardReader:
         if int(stored[0]) != version:  # overwritten while copying: a mixed copy
             raise CodecError(f"weights board slot {slot} was overwritten while read")
 
+    def write(self, slot: int, gradient: np.ndarray) -> None:
+        """An update board's: put ``gradient`` in ``slot`` for the server to copy out."""
+        np.copyto(self._slots[slot][1], gradient)
+
     def close(self) -> None:
         self._slots = []
         self._map.close()
+
+
+class UpdateBoard(SlotFile):
+    """The server's side of one local worker's update board: the worker writes an update
+    into a slot and sends a frame naming it; the server copies it out at once, into an
+    element of its own, before anything looks at it (whatever the worker writes there
+    later is not read); the worker reuses a slot only once the server has settled the
+    update that used it last (``UPDATE_SLOTS_OVER_FLIGHT`` more slots than updates in
+    flight), and sends an update in its frame when none is free."""
+
+    def __init__(self, values: int, slots: int) -> None:
+        super().__init__(values, slots, UPDATE_MAGIC)
+
+    def copy_out(self, slot: int, out: np.ndarray) -> None:
+        """``out`` = what ``slot`` holds now; ``CodecError`` for a slot it does not have."""
+        if self.closed or not 0 <= slot < self.slots:
+            raise CodecError(f"update board slot {slot} of {self.slots}")
+        np.copyto(out, self._slots[slot][1])
+
+
+class UpdateBoards:
+    """A server's update boards, one per local worker that asked, all together within
+    ``MAX_UPDATE_BOARDS_BYTES`` (beyond it a worker sends its updates in frames)."""
+
+    def __init__(self, values: int) -> None:
+        self.values = values
+        self.used = 0  # bytes of the boards open
+        self._open: set[UpdateBoard] = set()
+        self.closed = False  # the server stops: none made any more
+
+    def make(self, max_in_flight: int) -> UpdateBoard | None:
+        """A board for a worker with ``max_in_flight`` updates in flight, or None (no
+        room left, no shared memory here)."""
+        slots = min(MAX_SLOTS, max(MIN_SLOTS, max_in_flight + UPDATE_SLOTS_OVER_FLIGHT))
+        size = _size(slots, self.values)
+        if self.closed or self.used + size > MAX_UPDATE_BOARDS_BYTES:
+            return None
+        try:
+            board = UpdateBoard(self.values, slots)
+        except (OSError, AttributeError):
+            return None
+        self.used += size
+        self._open.add(board)
+        return board
+
+    def release(self, board: UpdateBoard) -> None:
+        """Its worker has gone: the board is closed, its bytes free for another."""
+        if board in self._open:
+            self._open.discard(board)
+            self.used -= _size(board.slots, board.values)
+            board.close()
+
+    def close(self) -> None:
+        self.closed = True
+        for board in list(self._open):
+            self.release(board)
 
 
 class LazyBoard:
@@ -232,6 +308,7 @@ class LazyBoard:
         self.slots = board_slots(values)
         self._board: WeightsBoard | None = None
         self.unavailable = "" if self.slots else "the element is too large for a board"
+        self.updates = UpdateBoards(values)  # the local workers' update boards
 
     def get(self) -> WeightsBoard | None:
         if self._board is None and not self.unavailable:
@@ -242,8 +319,9 @@ class LazyBoard:
         return self._board
 
     def close(self) -> None:
-        """Close the board (the server stops): none is made again."""
+        """Close the boards (the server stops): none is made again."""
         self.unavailable = "the server is stopping"
+        self.updates.close()
         if self._board is not None:
             self._board.close()
             self._board = None

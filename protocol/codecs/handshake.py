@@ -8,6 +8,8 @@ A worker lists the codec families it can encode (``"codec:sign"``, ...), and may
                        the server can; an entry of its own, not ``weights:shared``, since a
                        server of an earlier version refuses a form it does not know and
                        ignores a capability it does not know (it sends ``none``)
+    "board:updates"    its float32 updates through an update board the server makes for
+                       it, where it can (``Welcome.codecs["update_board"]``)
 
 The server answers in ``Welcome.codecs`` = ``{"update": ..., "weights": ...}``: the
 codec asked for; else the job's ``compress`` when the worker can encode it; else
@@ -26,6 +28,7 @@ from .weights import SHARED, canonical_weights_form
 COMPRESS = "compress:"
 WEIGHTS = "weights:"
 BOARD = "board:weights"
+UPDATE_BOARD = "board:updates"
 CODEC = "codec:"
 # The worker checks DataInfo's ``labels`` digest: a server sends it only to one that says
 # so, since a worker of an earlier version refuses a message with a field it does not know.
@@ -37,8 +40,8 @@ def worker_capabilities(compress: str, weights: str) -> tuple[str, ...]:
     capabilities = [CODEC + family for family in FAMILIES] + [DATA_LABELS]
     if compress:
         capabilities.append(COMPRESS + compress)
-    if weights == SHARED:
-        capabilities.append(BOARD)
+    if weights == SHARED:  # the same machine: the updates' way back too
+        capabilities += [BOARD, UPDATE_BOARD]
     elif weights and weights != "none":
         capabilities.append(WEIGHTS + weights)
     return tuple(capabilities)

@@ -1,0 +1,155 @@
+"""Update boards (transport/shared_board.py): a worker on the server's machine writes each
+float32 update into a slot of a board the server made for it and sends a frame naming the
+slot; the server copies it out at once and checks it as any other update. A slot the
+worker has not got, or no board, is refused; what it writes there later is never read;
+all the boards together stay within their bound, and each goes with its worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from snet.protocol.codecs.handshake import BOARD, UPDATE_BOARD, worker_capabilities
+from snet.protocol.codecs.weights import SHARED
+from snet.protocol.errors import CodecError
+from snet.protocol.messages import ErrorMessage, Lease, Update, Weights
+from snet.protocol.network import ElementLayout, NetworkSpec
+from snet.transport.shared_board import (
+    MAX_UPDATE_BOARDS_BYTES,
+    UPDATE_MAGIC,
+    BoardInfo,
+    BoardReader,
+    UpdateBoard,
+    UpdateBoards,
+)
+
+from async_raw import AsyncRawClient
+from helpers import SMALL_JOB
+from inprocess import Lab
+from inprocess import wait_until as wait_in_lab
+
+LAYOUT = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
+
+
+@pytest.fixture
+def board() -> Any:
+    made = UpdateBoard(10, 4)
+    yield made
+    made.close()
+
+
+def test_an_update_is_copied_out_of_its_slot_as_written(board: UpdateBoard) -> None:
+    writer = BoardReader(BoardInfo.from_dict(board.described(), 10), UPDATE_MAGIC, writable=True)
+    gradient, out = np.arange(10, dtype=np.float32), np.empty(10, np.float32)
+    writer.write(3, gradient)
+    board.copy_out(3, out)
+    assert np.array_equal(out, gradient)
+    writer.write(3, -gradient)  # written again after the copy: the copy is the server's own
+    assert np.array_equal(out, gradient)
+    for slot in (-1, 4):
+        with pytest.raises(CodecError, match=f"update board slot {slot} of 4"):
+            board.copy_out(slot, out)
+    with pytest.raises(CodecError, match="is not the weights board the server named"):
+        BoardReader(BoardInfo.from_dict(board.described(), 10))  # a weights board's magic
+    writer.close()
+    board.close()
+    with pytest.raises(CodecError, match="slot 0 of 4"):  # closed: nothing read
+        board.copy_out(0, out)
+
+
+def test_the_boards_together_stay_within_their_bound() -> None:
+    values = 1 << 20  # 4 MiB elements: 4 slots each, 16 MiB a board
+    boards = UpdateBoards(values)
+    made = []
+    while (made_one := boards.make(max_in_flight=2)) is not None:
+        made.append(made_one)
+    assert len(made) == MAX_UPDATE_BOARDS_BYTES // (made[0].slots * values * 4 + 64 * 5) - 0
+    assert boards.used <= MAX_UPDATE_BOARDS_BYTES
+    boards.release(made.pop())  # a worker gone: room for the next
+    assert boards.make(max_in_flight=2) is not None
+    boards.close()
+    assert boards.used == 0 and boards.make(max_in_flight=2) is None  # the server stops
+    assert all(b.closed for b in made)
+
+
+def test_a_worker_on_this_machine_asks_for_both_boards() -> None:
+    asked = worker_capabilities("", SHARED)
+    assert BOARD in asked and UPDATE_BOARD in asked
+    assert UPDATE_BOARD not in worker_capabilities("", "none")
+
+
+async def _update_in(client: AsyncRawClient, lease: Lease, offset: int, slot: int) -> None:
+    empty = np.zeros(0, np.float32)
+    await client.send(Update(0, lease.lease_id, offset, 128, 1.0, 0, 0.01, empty, slot=slot))
+
+
+async def test_a_raw_peer_s_board_updates_are_checked_as_any(lab: Lab) -> None:
+    server = await lab.server("--mode", "async", "--epochs", "1", "--linger-seconds", "30",
+                              "--max-in-flight", "4", *SMALL_JOB)  # fmt: skip
+    client = await AsyncRawClient.connect(server.port, "with-board")
+    welcome = await client.handshake((BOARD, UPDATE_BOARD))
+    info = BoardInfo.from_dict(welcome.codecs["update_board"], LAYOUT.size)
+    assert info.slots == 6  # --max-in-flight 4, and 2 more
+    writer = BoardReader(info, UPDATE_MAGIC, writable=True)
+    await client.receive(Weights)
+    lease = await client.receive(Lease)
+    await _update_in(client, lease, 0, 6)  # a slot it has not got
+    refusal = await client.receive(ErrorMessage)
+    assert "slot 6 of an update board this worker has not got" in refusal.text
+    nan = np.ones(LAYOUT.size, np.float32)
+    nan[7] = np.nan
+    writer.write(1, nan)  # garbage in its own slot: checked as any update, refused
+    await _update_in(client, lease, 128, 1)
+    refusal = await client.receive(ErrorMessage)
+    assert refusal.code == "update_rejected", refusal
+    writer.write(2, np.ones(LAYOUT.size, np.float32))
+    await _update_in(client, lease, 256, 2)
+
+    async def stepped() -> bool:
+        return bool((await server.status())["weight_version"] >= 1)
+
+    await wait_in_lab(stepped, 10, "the good update applied")
+    weights = await server.get("/weights")
+    writer.write(2, np.full(LAYOUT.size, np.nan, np.float32))  # settled: the slot is its again
+    assert await server.get("/weights") == weights  # the server's copy was its own
+    status = await server.status()
+    row = next(r for r in status["workers"] if r["name"] == "with-board")
+    assert row["compression"]["updates_shared"] == 2  # copied out: the NaN one and the good
+    assert status["updates_applied"] == 1 and status["updates_rejected"] == 2
+    writer.close()
+    await client.close()
+
+    async def released() -> bool:
+        return server.server.coordinator.board.updates.used == 0
+
+    await wait_in_lab(released, 10, "the board released with its worker")
+
+    # a peer that asked for no update board names a slot: refused, nothing applied
+    plain = await AsyncRawClient.connect(server.port, "no-board")
+    welcome = await plain.handshake(())
+    assert "update_board" not in welcome.codecs
+    await plain.receive(Weights)
+    lease = await plain.receive(Lease)
+    await _update_in(plain, lease, 0, 0)
+    refusal = await plain.receive(ErrorMessage)
+    assert not refusal.fatal and "slot 0 of an update board this worker has not got" in refusal.text
+    await plain.close()
+
+
+async def test_workers_train_with_their_updates_through_boards(lab: Lab) -> None:
+    server = await lab.server("--mode", "async", "--epochs", "1", "--min-workers", "2",
+                              *SMALL_JOB)  # fmt: skip
+    workers = [lab.worker(server, name) for name in ("w1", "w2")]  # shared: the default
+    assert await server.wait(120) == "trained"
+    assert all([await w.wait(30) == 0 for w in workers])
+    status = server.final_status()
+    ledger = status["epochs"][0]["ledger"]
+    assert ledger["used_once"] == ledger["frames"]  # every frame applied once
+    for row in status["workers"]:
+        shared, updates = row["compression"]["updates_shared"], row["compression"]["updates"]
+        # each from its board but when the slot's last update was not settled yet
+        assert updates > 40 and shared >= updates - 4, row["compression"]
+    assert status["compression"]["updates_shared"] >= status["updates_applied"] - 8
+    assert server.server.coordinator.board.updates.used == 0  # both released
