@@ -199,9 +199,11 @@ class UpdateSteps:
     def _board_slot(self) -> int:
         """The slot of the update board the next update goes in, or -1 (its frame): the
         update that used it last must be settled, so that the server has copied it out
-        (updates arrive in order, and the server settles none it has not received)."""
+        (updates arrive in order, and the server settles none it has not received). Never
+        with a fault switch: the updates it drops are settled by the server's estimate,
+        which could run ahead of those received."""
         board = self.connection.update_board
-        if board is None:
+        if board is None or self.connection.faults is not None:
             return -1
         number = self.sent.this_connection + 1  # this update's, counted from 1
         slots = board.info.slots

@@ -51,7 +51,7 @@ from snet.protocol.messages import (
 )
 from snet.protocol.worker_name import name_problem
 from snet.transport.shared_board import UpdateBoard, WeightsBoard
-from snet.transport.stream import FrameStream
+from snet.transport.stream import FrameStream, release_tokens
 
 from .admission import Admission
 from .ledger import CompressionLedger
@@ -100,6 +100,7 @@ class WorkerConnection:
         self.connected_at = time.monotonic()
         self.address = "?"  # the peer's host (server/peers.py), once connected
         self.update_board: UpdateBoard | None = None  # its updates' way in, if it has one
+        self.faulty = faults is not None
         self._warned = 0  # warnings logged about what this peer sent (PEER_WARNINGS)
         self._unlogged: tuple[str, int] = ("", 0)  # its name, and the warnings not logged
         self.stream = FrameStream(
@@ -153,6 +154,7 @@ class WorkerConnection:
         message = decoded.message
         received = None
         if isinstance(message, Update) and message.slot >= 0:  # in its update board
+            release_tokens([decoded.slot])  # one that carried an element too: refused below
             received = self._from_board(message)
         elif isinstance(message, Update):  # the pooled element is owned from here on
             loan = decoded.slot if isinstance(decoded.slot, ElementLoan) else None
@@ -182,7 +184,8 @@ class WorkerConnection:
         have, carries no element: refused as such (intake.py)."""
         board, share = self.update_board, self.stream.sink
         assert isinstance(share, ElementShare)
-        if board is None or not 0 <= message.slot < board.slots:
+        carried = message.element.size > 0 or message.encoded is not None
+        if board is None or board.closed or carried or not 0 <= message.slot < board.slots:
             return Received(message, None)
         loan = share.element()
         if loan is None:
@@ -269,7 +272,9 @@ class WorkerConnection:
         encoder = WeightsEncoder(codecs["weights"], self.coordinator.layout, self._board(codecs))
         channel.encode_with(encoder.prepare)  # weights are encoded as they are written
         ledger = CompressionLedger(codecs["update"], encoder, channel.received, channel.sent)
-        if UPDATE_BOARD in hello.capabilities and encoder.board is not None:
+        # (not with a fault switch: updates it drops are settled by an estimate, which could
+        # run ahead of the updates received, and with it a worker's reuse of a slot)
+        if UPDATE_BOARD in hello.capabilities and encoder.board is not None and not self.faulty:
             self.update_board = self._update_board(codecs)
             ledger.update_board = self.update_board.described() if self.update_board else None
         self.session = WorkerSession(

@@ -70,9 +70,9 @@ class UpdateIntake:
         message = received.message
         if session.ledger is not None:
             payload = message.encoded.nbytes if message.encoded else message.element.nbytes
-            # copied from its update board: crossed no wire
-            shared = message.slot >= 0 and received.loan is not None
-            session.ledger.record_update(payload, 0 if shared else self.layout.nbytes, shared)
+            board = message.slot >= 0  # from its update board: no element crossed the wire
+            raw = 0 if board else self.layout.nbytes
+            session.ledger.record_update(payload, raw, board and received.loan is not None)
         try:
             if message.encoded is not None:
                 received.adopt(self._decode(session, message))
@@ -119,7 +119,11 @@ class UpdateIntake:
                 "yet are all in use: its frames are leased again"
             )
         elif received.loan is None and message.slot >= 0:
-            reason = f"update in slot {message.slot} of an update board this worker has not got"
+            reason = (
+                f"update in slot {message.slot} of an update board this worker has not got"
+                if message.element.size == 0 and message.encoded is None
+                else f"update names slot {message.slot} of its update board and carries an element"
+            )
         elif received.loan is None:  # the pool takes only payloads of the element's layout
             reason = (
                 f"update element has shape {tuple(message.element.shape)} "

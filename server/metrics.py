@@ -213,6 +213,12 @@ def _compression(out: Exposition, document: dict[str, Any]) -> None:
         [({}, float(total.get("weights_shared", 0)))],
     )
     out.metric(
+        "updates_shared_total",
+        "counter",
+        "Updates copied from the workers' update boards (no element on the wire).",
+        [({}, float(total.get("updates_shared", 0)))],
+    )
+    out.metric(
         "compression_ratio",
         "gauge",
         "Float32 bytes over wire bytes of element-carrying frames.",

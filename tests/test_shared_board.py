@@ -109,7 +109,7 @@ def test_a_path_that_is_no_file_is_refused_at_once(board: WeightsBoard) -> None:
     os.close(write)
     try:
         described = {**board.described(), "path": f"/proc/{os.getpid()}/fd/{read}"}
-        with pytest.raises(CodecError, match="is not a weights board of this job"):
+        with pytest.raises(CodecError, match="is not a board of this job"):
             BoardReader(BoardInfo.from_dict(described, 10))
     finally:
         os.close(read)
@@ -146,10 +146,10 @@ def test_a_slot_overwritten_while_it_is_read_is_refused(
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        ({"nonce": "0" * 32}, "is not the weights board the server named"),
+        ({"nonce": "0" * 32}, "is not the board the server named"),
         ({"values": 11}, "a weights board of 11 values, not 10"),
         ({"path": "/etc/passwd"}, "is not /proc/PID/fd/N"),
-        ({"path": "/proc/1/fd/999999"}, "cannot open the weights board"),
+        ({"path": "/proc/1/fd/999999"}, "cannot open the board"),
         ({"slots": 1000}, "a weights board of 1000 slots"),
         ({"nonce": "zz"}, "nonce is not 32 hex digits"),
     ],
@@ -327,3 +327,5 @@ def test_status_says_how_many_copies_went_through_the_board() -> None:
     (line,) = _compression_line(total)
     assert line.endswith("1.0x sent; 9 weights copies through the board")
     assert "board" not in _compression_line({**total, "weights_shared": 0})[0]
+    (both,) = _compression_line({**total, "updates_shared": 8})
+    assert both.endswith("through the board; 8 updates through update boards")

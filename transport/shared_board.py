@@ -23,8 +23,15 @@ worker reads the version before and after copying, so a slot overwritten meanwhi
 worker that fell ``slots`` steps behind) is a ``CodecError``, not a mixed copy; the
 worker then asks for a full copy (``Resync``), as after any weights it cannot use.
 
-The server only writes the board and never reads what is in it, so nothing written there
-by anyone else reaches its state; a worker maps it read-only.
+The server only writes the weights board and never reads what is in it, so nothing
+written there by anyone else reaches its state; a worker maps it read-only.
+
+**Update boards** go the other way (``UpdateBoard``): the server makes one for each such
+worker whose updates are float32 (all of them together within
+``MAX_UPDATE_BOARDS_BYTES``); the worker maps it read-write, writes an update into a slot
+and sends a frame naming it; the server copies the slot into an element of its own as
+the frame arrives, before any check, and checks that copy as any update (what the worker
+writes there later is never read); the board is closed when its connection ends.
 """
 
 from __future__ import annotations
@@ -206,18 +213,18 @@ class BoardReader:
             try:
                 status = os.fstat(fd)
                 if not stat.S_ISREG(status.st_mode) or status.st_size != size:
-                    raise CodecError(f"{info.path} is not a weights board of this job")
+                    raise CodecError(f"{info.path} is not a board of this job")
                 if not SEALS or fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS:
                     raise CodecError(f"{info.path} is not sealed: it could shrink under a reader")
                 self._map = mmap.mmap(fd, size, prot=prot)
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise CodecError(f"cannot open the weights board {info.path}: {exc.strerror}") from exc
+            raise CodecError(f"cannot open the board {info.path}: {exc.strerror}") from exc
         found, nonce, slots, values = HEADER.unpack_from(self._map, 0)
         if (found, nonce.hex(), slots, values) != (magic, info.nonce, info.slots, info.values):
             self._map.close()
-            raise CodecError(f"{info.path} is not the weights board the server named")
+            raise CodecError(f"{info.path} is not the board the server named")
         self.info = info
         self._slots = _slot_views(self._map, slots, values)
 
@@ -294,9 +301,10 @@ class UpdateBoards:
             board.close()
 
     def close(self) -> None:
+        """The server stops: none is made any more. Those open stay open until their
+        connections end (``release``): their workers may still be sending until told to
+        leave, and a board closed under one would lose its update."""
         self.closed = True
-        for board in list(self._open):
-            self.release(board)
 
 
 class LazyBoard:
