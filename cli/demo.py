@@ -150,7 +150,9 @@ def _print_start(
         f"snet demo: {job.mode} mode{blocks}, {counted(args.workers, 'worker')}{boards}, "
         f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
         f"bunch {job.bunch_size} per worker, updates {job.compress}, "
-        f"weights {args.weights_codec}, {loop_name()} loop{_priority_said(args, priority)}",
+        f"weights {args.weights_codec}, {loop_name()} loop"
+        # a finished run shown again: its workers are stopped at once, at no priority
+        f"{'' if already_trained else _priority_said(args, priority)}",
         flush=True,
     )
     if not already_trained:  # a finished run's server stops at once: nothing to watch
@@ -259,6 +261,7 @@ async def _demo(
     from snet.server.durability import OtherJob
 
     server = SnetServer(config, listening)
+    server.out_lock.holder = "snet demo"  # what another process refused its out-dir is told
     for reason in early:
         server.request_stop(reason)
     try:

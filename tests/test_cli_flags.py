@@ -76,6 +76,8 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     again = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))
     assert again.returncode == 0, again.stderr
     assert "holds this job's finished run" in again.stdout
+    banner = again.stdout.splitlines()[1]  # its workers stopped at once: no priority said
+    assert banner.startswith("snet demo: sync mode") and banner.endswith(" loop"), banner
     assert "\nepoch  1/1  lr " in again.stdout and "done (trained)" in again.stdout
     assert "workers stopped: nothing to train" in again.stdout
     # nothing is trained, and the run's own times are gone: neither is made up
