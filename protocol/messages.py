@@ -9,9 +9,8 @@ proof); server -> Welcome (the job), Weights, Lease...; worker -> Update...; eit
 Heartbeat, ErrorMessage, Goodbye. After Welcome the server sends DataInfo (normalisation
 and utterance lengths); a worker that cannot read the data answers FramesWanted and is
 then sent Frames (raw normalised frames, each once) before the leases that need them. The
-server may ask a worker to Evaluate a copy of the
-weights on the cross-validation set; the worker answers with EvalResult. A worker that
-receives compressed weights may ask for a full float32 copy with Resync.
+server may ask a worker to Evaluate a copy of the weights on the cross-validation set;
+the worker answers with EvalResult. A worker may ask for a full float32 copy with Resync.
 
 Message classes with ``ENCODABLE`` may carry their element ``encoded`` by a codec instead
 of as float32. Scalar fields added after version 1 have defaults and may be left out of a
@@ -104,7 +103,6 @@ class Weights:
 
     ``digest`` (optional, added with checkpoints) is ``weights_digest`` of the server's
     float32 weights of ``version``: a worker that received them whole can check its copy.
-
     ``slot`` (weights form ``shared``): the element is not in the frame but in that slot
     of the server's weights board (transport/shared_board.py); -1, not sent, otherwise."""
 
@@ -139,7 +137,8 @@ class Lease:
 class Update:
     """The summed gradient of ``patterns`` patterns (an element), computed against weights
     ``base_version``, on frames ``offset:offset+patterns`` of lease ``lease_id``; or, in
-    compressed-update mode, that element ``encoded`` by the codec agreed at the handshake."""
+    compressed-update mode, that element ``encoded`` by the codec agreed at the handshake;
+    or, ``slot`` >= 0, in that slot of the worker's update board (an empty ``element``)."""
 
     TYPE: ClassVar[str] = "update"
     ARRAYS: ClassVar[tuple[str, ...]] = ("element",)
@@ -153,7 +152,6 @@ class Update:
     compute_seconds: float
     element: np.ndarray = field(default_factory=_no_array, compare=False, repr=False)
     encoded: Encoded | None = field(default=None, compare=False, repr=False)
-    # the element is in this slot of the worker's update board instead (-1: not sent)
     slot: int = field(default=-1, kw_only=True, metadata={"omitted_when_default": True})
 
 
