@@ -14,6 +14,7 @@ non-fatal ``ErrorMessage``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -178,10 +179,11 @@ class WorkerConnection:
         self._leave(f"{error.code}: {error}")
 
     def _from_board(self, message: Update) -> Received:
-        """An update in a slot of this worker's update board, copied out at once into a
-        pooled element (then checked as any other; nothing it writes there later is read),
-        as its share of the pool allows; one without a board, or in a slot it does not
-        have, carries no element: refused as such (intake.py)."""
+        """An update in a slot of this worker's update board: a pooled element for it, as
+        its share of the pool allows, into which intake.py copies the slot once the
+        update passes the checks that need no values (a repeat, a lease, a version: no
+        copy for those) and before any that do; nothing the worker writes there after is
+        read. One without a board, or in a slot it does not have: refused as such."""
         board, share = self.update_board, self.stream.sink
         assert isinstance(share, ElementShare)
         carried = message.element.size > 0 or message.encoded is not None
@@ -190,9 +192,8 @@ class WorkerConnection:
         loan = share.element()
         if loan is None:
             return Received(message, None, turned_away=True)
-        board.copy_out(message.slot, loan.flat)
         loan.received()
-        return Received(message, loan)
+        return Received(message, loan, source=functools.partial(board.copy_out, message.slot))
 
     def stream_lost(self, error: ConnectionLost | None) -> None:
         self.connections.discard(self)

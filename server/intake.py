@@ -80,6 +80,7 @@ class UpdateIntake:
             # that step makes: on the current one, it would be applied a round late.
             upcoming = version + int(stepping and not self.policy.stale_updates)
             frames = self._check(session, message, received, upcoming)
+            received.fill()  # from its update board, now that it is worth the copy
         except RejectedUpdate as exc:  # the connection releases what was not kept
             raise RejectedUpdate(str(exc), message.lease_id, message.offset, exc.numeric) from exc
         return PendingUpdate(session, message, frames, received.keep())

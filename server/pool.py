@@ -125,14 +125,24 @@ class Received:
     when the payload did not fit the pool, or its share: ``turned_away``; the coordinator
     refuses such an update)."""
 
-    __slots__ = ("loan", "message", "turned_away")
+    __slots__ = ("loan", "message", "source", "turned_away")
 
     def __init__(
-        self, message: Update, loan: ElementLoan | None, turned_away: bool = False
-    ) -> None:
+        self, message: Update, loan: ElementLoan | None, turned_away: bool = False,
+        source: Callable[[np.ndarray], None] | None = None,
+    ) -> None:  # fmt: skip
+        """``source``: what fills the loan's element, when the update's element is not
+        in its frame (a slot of the worker's update board): called by ``fill``."""
         self.message = message
         self.loan = loan
         self.turned_away = turned_away
+        self.source = source
+
+    def fill(self) -> None:
+        """Copy the element in from its ``source`` (once; none: it came in the frame)."""
+        source, self.source = self.source, None
+        if source is not None and self.loan is not None:
+            source(self.loan.flat)
 
     def adopt(self, loan: ElementLoan) -> None:
         """Hold ``loan`` (an encoded update decoded into it) instead of the one held."""

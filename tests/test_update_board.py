@@ -14,7 +14,7 @@ import pytest
 from snet.protocol.codecs.handshake import BOARD, UPDATE_BOARD, worker_capabilities
 from snet.protocol.codecs.weights import SHARED
 from snet.protocol.errors import CodecError
-from snet.protocol.messages import ErrorMessage, Lease, Update, Weights
+from snet.protocol.messages import ErrorMessage, Heartbeat, Lease, Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.transport.shared_board import (
     MAX_UPDATE_BOARDS_BYTES,
@@ -96,7 +96,17 @@ async def _update_in(client: AsyncRawClient, lease: Lease, offset: int, slot: in
     await client.send(Update(0, lease.lease_id, offset, 128, 1.0, 0, 0.01, empty, slot=slot))
 
 
-async def test_a_raw_peer_s_board_updates_are_checked_as_any(lab: Lab) -> None:
+async def test_a_raw_peer_s_board_updates_are_checked_as_any(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copies: list[int] = []  # the slots the server copied out
+    copy_out = UpdateBoard.copy_out
+
+    def counted(board: UpdateBoard, slot: int, out: np.ndarray) -> None:
+        copies.append(slot)
+        copy_out(board, slot, out)
+
+    monkeypatch.setattr(UpdateBoard, "copy_out", counted)
     server = await lab.server("--mode", "async", "--epochs", "1", "--linger-seconds", "30",
                               "--max-in-flight", "4", *SMALL_JOB)  # fmt: skip
     client = await AsyncRawClient.connect(server.port, "with-board")
@@ -125,6 +135,15 @@ async def test_a_raw_peer_s_board_updates_are_checked_as_any(lab: Lab) -> None:
     weights = await server.get("/weights")
     writer.write(2, np.full(LAYOUT.size, np.nan, np.float32))  # settled: the slot is its again
     assert await server.get("/weights") == weights  # the server's copy was its own
+    assert copies == [1, 2]  # the NaN one and the good one: none for the slot it had not
+    await _update_in(client, lease, 256, 2)  # the same update again: ignored, not copied
+    await client.send(Heartbeat(0.0))
+
+    async def ignored() -> bool:
+        return "came again" in lab.log("server")
+
+    await wait_in_lab(ignored, 10, "the repeat ignored")
+    assert copies == [1, 2]
     status = await server.status()
     row = next(r for r in status["workers"] if r["name"] == "with-board")
     assert row["compression"]["updates_shared"] == 2  # copied out: the NaN one and the good

@@ -30,8 +30,9 @@ written there by anyone else reaches its state; a worker maps it read-only.
 worker whose updates are float32 (all of them together within
 ``MAX_UPDATE_BOARDS_BYTES``); the worker maps it read-write, writes an update into a slot
 and sends a frame naming it; the server copies the slot into an element of its own as
-the frame arrives, before any check, and checks that copy as any update (what the worker
-writes there later is never read); the board is closed when its connection ends.
+the frame arrives, once the checks that need no values have passed (server/intake.py),
+and checks that copy as any update (what the worker writes there later is never read);
+the board is closed when its connection ends.
 """
 
 from __future__ import annotations
