@@ -261,11 +261,11 @@ class BoardReader:
 
 class UpdateBoard(SlotFile):
     """The server's side of one local worker's update board: the worker writes an update
-    into a slot and sends a frame naming it; the server copies it out at once, into an
-    element of its own, before anything looks at it (whatever the worker writes there
-    later is not read); the worker reuses a slot only once the server has settled the
-    update that used it last (``UPDATE_SLOTS_OVER_FLIGHT`` more slots than updates in
-    flight), and sends an update in its frame when none is free."""
+    into a slot and sends a frame naming it; the server copies it out, into an element of
+    its own, in the turn the frame arrives, before anything reads the values (whatever
+    the worker writes there later is not read); the worker reuses a slot only once the
+    server has settled the update that used it last (``UPDATE_SLOTS_OVER_FLIGHT`` more
+    slots than updates in flight), and sends an update in its frame when none is free."""
 
     def __init__(self, values: int, slots: int) -> None:
         super().__init__(values, slots, UPDATE_MAGIC)
