@@ -68,7 +68,6 @@ class ComputedUpdate:
     encoded: Encoded | None
     cpu: float
     on_loop: bool
-    board_slot: int = -1  # the update board's slot it was computed in (-1: a send buffer)
 
 
 NO_ELEMENT = np.zeros(0, dtype=np.float32)  # an update whose element is in a board slot
@@ -151,16 +150,8 @@ class UpdateSteps:
         # see InlineChoice; an overlapping block never: it moves onto weights that come
         # while it computes, and the loop must read them
         on_loop = self.overlap is None and self.compressor is None and self.inline.chosen
-        board_slot = -1
         if self.compressor is None:
-            # straight into the update board's slot when the update it will be is free to
-            # use one (a held update goes first): no copy at its sending
-            board_slot = self._board_slot(ahead=outgoing is not None)
-            board = connection.update_board
-            gradient = (
-                board.view(board_slot) if board is not None and board_slot >= 0
-                else await connection.send_buffers.acquire()
-            )  # fmt: skip
+            gradient = await connection.send_buffers.acquire()
         else:  # the encoded parts are new arrays: one scratch gradient buffer will do
             gradient = np.zeros(0, dtype=np.float32)
         if outgoing is not None:  # newer weights may have come while it waited for a buffer
@@ -183,7 +174,7 @@ class UpdateSteps:
         self.inline.measured(cpu)  # the bunch's CPU: a busy machine's waits left out
         seconds = time.perf_counter() - started
         update = ComputedUpdate(lease.lease_id, offset, count, loss, correct, seconds,
-                                gradient, encoded, cpu, on_loop, board_slot)  # fmt: skip
+                                gradient, encoded, cpu, on_loop)  # fmt: skip
         self.work.advance(count)
         if self.overlap is None:
             self._send(weights, update)
@@ -205,16 +196,16 @@ class UpdateSteps:
             self._send(weights, outgoing)
         return await future
 
-    def _board_slot(self, ahead: int = 0) -> int:
+    def _board_slot(self) -> int:
         """The slot of the update board the next update goes in, or -1 (its frame): the
         update that used it last must be settled, so that the server has copied it out
         (updates arrive in order, and the server settles none it has not received). Never
         with a fault switch: the updates it drops are settled by the server's estimate,
-        which could run ahead of those received. ``ahead``: updates to be sent before it."""
+        which could run ahead of those received."""
         board = self.connection.update_board
         if board is None or self.connection.faults is not None:
             return -1
-        number = self.sent.this_connection + 1 + ahead  # this update's, counted from 1
+        number = self.sent.this_connection + 1  # this update's, counted from 1
         slots = board.info.slots
         return number % slots if number - slots <= self.box.settled else -1
 
@@ -230,14 +221,9 @@ class UpdateSteps:
     def _send(self, weights: WeightsCopy, update: ComputedUpdate) -> None:
         """Send ``update`` as computed on ``weights``, and count it."""
         box, connection = self.box, self.connection
-        element, slot = update.gradient, -1
-        if update.board_slot >= 0:  # computed in its slot of the update board
-            slot, element = update.board_slot, NO_ELEMENT
-            if slot != self._board_slot():  # not the update foreseen (never, by design):
-                slot, element = -1, update.gradient.copy()  # in its frame, from its own copy
-        elif update.encoded is None:
+        element, slot = update.gradient, self._board_slot() if update.encoded is None else -1
+        if update.encoded is None:
             assert connection.send_buffers is not None
-            slot = self._board_slot()
             if slot >= 0:  # into the update board the server made for it: the buffer is free
                 assert connection.update_board is not None
                 connection.update_board.write(slot, update.gradient)

@@ -53,12 +53,7 @@ def test_an_update_is_copied_out_of_its_slot_as_written(board: UpdateBoard) -> N
             board.copy_out(slot, out)
     with pytest.raises(CodecError, match="is not the board the server named"):
         BoardReader(BoardInfo.from_dict(board.described(), 10))  # a weights board's magic
-    held = writer.view(2)  # an update computed in its slot, held when the worker stops
-    held[:] = 7.0
-    board.copy_out(2, out)
-    assert np.array_equal(out, np.full(10, 7.0, np.float32))
-    writer.close()  # no error: the mapping goes with the view
-    del held
+    writer.close()
     board.close()
     with pytest.raises(CodecError, match="slot 0 of 4"):  # closed: nothing read
         board.copy_out(0, out)

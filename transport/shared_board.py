@@ -37,7 +37,6 @@ the board is closed when its connection ends.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import mmap
 import os
@@ -247,16 +246,9 @@ class BoardReader:
         """An update board's: put ``gradient`` in ``slot`` for the server to copy out."""
         np.copyto(self._slots[slot][1], gradient)
 
-    def view(self, slot: int) -> np.ndarray:
-        """An update board's ``slot`` itself, for an update computed straight into it."""
-        return self._slots[slot][1]
-
     def close(self) -> None:
-        """Unmap it; while an update computed in a slot is still held somewhere (a worker
-        stopped mid-bunch), the mapping goes with the last such view instead."""
         self._slots = []
-        with contextlib.suppress(BufferError):  # "cannot close exported pointers exist"
-            self._map.close()
+        self._map.close()
 
 
 class UpdateBoard(SlotFile):
