@@ -150,7 +150,8 @@ def _print_start(
         f"snet demo: {job.mode} mode{blocks}, {counted(args.workers, 'worker')}{boards}, "
         f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
         f"bunch {job.bunch_size} per worker, updates {job.compress}, "
-        f"weights {args.weights_codec}, {loop_name()} loop"
+        # np's workers hold slices of the weights: no whole copies to send any way
+        f"{'' if job.mode == 'np' else f'weights {args.weights_codec}, '}{loop_name()} loop"
         # a finished run shown again: its workers are stopped at once, at no priority
         f"{'' if already_trained else _priority_said(args, priority)}",
         flush=True,

@@ -206,6 +206,8 @@ class Handshake:
             codecs, compressor = self._agree(job, welcome.codecs, compressor)
             board = self._open_board(job, welcome.codecs, connection)  # last: nothing fails after
             update_board = _open_update_board(job, welcome.codecs)
+            if codecs["weights"] == SHARED and board is None:  # the server was told: frames
+                codecs["weights"] = "none"
         except FrameLimitTooSmall as exc:
             # This worker's own setting: the server is told why it leaves, and the worker
             # stops (exit 2) instead of joining again to be refused the same frames.

@@ -317,6 +317,7 @@ async def test_workers_train_on_the_board_and_one_that_cannot_read_it_on_frames(
     assert rows["blind"]["weights_codec"] == "none" and rows["blind"]["weights_shared"] == 0
     assert status["compression"]["weights_shared"] == rows["seeing"]["weights_shared"]
     assert "cannot read the server's weights board" in lab.log("blind")
+    assert "weights none)" in lab.log("blind")  # it joined on frames, and says so
 
 
 def test_status_says_how_many_copies_went_through_the_board() -> None:
