@@ -51,7 +51,7 @@ from snet.protocol.messages import (
     Welcome,
 )
 from snet.protocol.network import ElementLayout
-from snet.transport.shared_board import UPDATE_MAGIC, BoardInfo, BoardReader
+from snet.transport.shared_board import MAGIC, UPDATE_MAGIC, BoardInfo, BoardReader
 from snet.transport.tls import client_context
 
 from .backend import ComputeBackend
@@ -204,10 +204,17 @@ class Handshake:
             check_fits_in_memory(job, update_codec, earlier, held)
             corpus = await self._prepare(job, info, connection)
             codecs, compressor = self._agree(job, welcome.codecs, compressor)
-            board = self._open_board(job, welcome.codecs, connection)  # last: nothing fails after
-            update_board = _open_update_board(job, welcome.codecs)
-            if codecs["weights"] == SHARED and board is None:  # the server was told: frames
-                codecs["weights"] = "none"
+            # last: nothing fails after. A weights board that cannot be read is said once and
+            # the server told at once (it sends whole copies); an update board, said once
+            # (updates go in their frames, as they may any time).
+            board = update_board = None
+            if codecs["weights"] == SHARED:
+                board = _open_board(job, welcome.codecs, "board")
+                if board is None:
+                    connection.send(Resync(BOARD_UNREADABLE))
+                    codecs["weights"] = "none"
+            if "update_board" in welcome.codecs:
+                update_board = _open_board(job, welcome.codecs, "update_board")
         except FrameLimitTooSmall as exc:
             # This worker's own setting: the server is told why it leaves, and the worker
             # stops (exit 2) instead of joining again to be refused the same frames.
@@ -251,24 +258,6 @@ class Handshake:
             return await self._next_message(ServerHello, rest)
 
     @staticmethod
-    def _open_board(
-        job: JobSpec, agreed: dict[str, object], connection: ServerConnection
-    ) -> BoardReader | None:
-        """The server's weights board the Welcome names (weights form ``shared``), or
-        None; one that cannot be read here (another machine's /proc, a refused open) is
-        said once, and the server told at once, so that it sends whole copies instead."""
-        if agreed.get("weights") != SHARED:
-            return None
-        values = ElementLayout.for_network(job.network).size
-        try:
-            return BoardReader(BoardInfo.from_dict(agreed.get("board"), values))
-        except CodecError as exc:
-            log.warning("cannot read the server's weights board (%s): weights come in frames",
-                        exc)  # fmt: skip
-            connection.send(Resync(BOARD_UNREADABLE))
-            return None
-
-    @staticmethod
     def _agree(
         job: JobSpec, agreed: dict[str, object], compressor: UpdateCompressor | None
     ) -> tuple[dict[str, str], UpdateCompressor | None]:
@@ -293,16 +282,18 @@ class Handshake:
         return corpus
 
 
-def _open_update_board(job: JobSpec, agreed: dict[str, object]) -> BoardReader | None:
-    """The update board the server made for this worker (``Welcome.codecs``), mapped to be
-    written; None without one, or when it cannot be opened (said once): its updates then
-    go in their frames, as they may any time."""
-    if "update_board" not in agreed:
-        return None
+def _open_board(job: JobSpec, agreed: dict[str, object], key: str) -> BoardReader | None:
+    """The board ``Welcome.codecs[key]`` names: the server's weights board (``"board"``,
+    mapped to be read) or this worker's update board (``"update_board"``, to be written);
+    None, said once, when it cannot be opened here (another machine's /proc, a refused
+    open, another file)."""
     values = ElementLayout.for_network(job.network).size
+    updates = key == "update_board"
     try:
-        info = BoardInfo.from_dict(agreed["update_board"], values)
-        return BoardReader(info, UPDATE_MAGIC, writable=True)
+        info = BoardInfo.from_dict(agreed.get(key), values)
+        return BoardReader(info, UPDATE_MAGIC if updates else MAGIC, writable=updates)
     except CodecError as exc:
-        log.warning("cannot write the server's update board (%s): updates go in frames", exc)
+        said = "write the server's update board" if updates else "read the server's weights board"
+        goes = "updates go" if updates else "weights come"
+        log.warning("cannot %s (%s): %s in frames", said, exc, goes)
         return None
