@@ -20,7 +20,7 @@ import numpy as np
 
 from snet.protocol.errors import RemoteError
 from snet.protocol.job import JobSpec
-from snet.protocol.messages import Encoded, Message, Update
+from snet.protocol.messages import NO_ELEMENT, Encoded, Message, Update
 from snet.transport.inline import InlineChoice, timed
 
 from .backend import ComputeBackend
@@ -68,9 +68,6 @@ class ComputedUpdate:
     encoded: Encoded | None
     cpu: float
     on_loop: bool
-
-
-NO_ELEMENT = np.zeros(0, dtype=np.float32)  # an update whose element is in a board slot
 
 
 class UpdateSteps:

@@ -27,9 +27,9 @@ import numpy as np
 from .errors import ConfigError, MalformedFrame
 from .staleness import StalenessSetting
 
-
-def _no_array() -> np.ndarray:
-    return np.zeros(0, dtype="<f4")
+NO_ELEMENT = np.zeros(0, dtype="<f4")  # a message's element that is elsewhere (encoded, a slot)
+NO_ELEMENT.flags.writeable = False
+_no_array = NO_ELEMENT.view  # the array fields' default: a view of it
 
 
 # Array fields are compared with numpy, not ==. A received message never carries the pool

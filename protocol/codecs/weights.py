@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import CodecError, ConfigError
-from ..messages import Message, Weights
+from ..messages import NO_ELEMENT, Message, Weights
 from ..network import ElementLayout
 from . import CODEC_FORMS, ElementCodec, parse_codec
 
@@ -127,7 +127,7 @@ class WeightsEncoder:
             slot = self.board.publish(message.version, element)
         if slot >= 0:  # not on the wire: no bytes
             self.shared_copies += 1
-            return dataclasses.replace(message, element=np.zeros(0, "<f4"), slot=slot)
+            return dataclasses.replace(message, element=NO_ELEMENT, slot=slot)
         self.raw_bytes += element.nbytes
         if self._codec is None or self._full_next:
             self._full_next = False
@@ -140,7 +140,7 @@ class WeightsEncoder:
         if self._mirror is None:
             encoded = self._codec.encode(self.layout, element)
             self.payload_bytes += encoded.nbytes
-            return dataclasses.replace(message, element=np.zeros(0, "<f4"), encoded=encoded)
+            return dataclasses.replace(message, element=NO_ELEMENT, encoded=encoded)
         encoded = self._codec.encode(self.layout, element - self._mirror)
         decoded = self.layout.allocate()
         self._codec.decode(self.layout, encoded, decoded)
@@ -148,7 +148,7 @@ class WeightsEncoder:
         delta_from, self._mirror_version = self._mirror_version, message.version
         self.payload_bytes += encoded.nbytes
         return dataclasses.replace(
-            message, element=np.zeros(0, "<f4"), encoded=encoded, delta_from=delta_from
+            message, element=NO_ELEMENT, encoded=encoded, delta_from=delta_from
         )
 
 
