@@ -51,12 +51,12 @@ BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
 
 def _print_epochs(
-    server: SnetServer, started: float | None, bar: ProgressBar, printed: set[int],
+    server: SnetServer, started: float, bar: ProgressBar, printed: set[int],
     untimed: Container[int] = (),
 ) -> None:  # fmt: skip
     """Print each epoch not in ``printed`` whose cross-validation result is in, with the
-    seconds since ``started`` (None: a finished run shown again, whose times are gone),
-    but none for the epochs in ``untimed``: a resumed run's, trained before this start."""
+    seconds since ``started``, but none for the epochs in ``untimed``: those scored before
+    this start (a resumed run's, a finished run's shown again), whose times were not kept."""
     epochs = server.coordinator.job.epochs
     for record in server.coordinator.stats.epochs:
         if record.epoch in printed:
@@ -66,7 +66,7 @@ def _print_epochs(
             continue
         printed.add(record.epoch)
         when = ""
-        if started is not None and record.epoch not in untimed:
+        if record.epoch not in untimed:
             when = f"  ({time.monotonic() - started:5.1f} s)"
         kept = "" if row["kept"] is not False else "  (rolled back)"  # as snet train says it
         bar.print(
@@ -77,7 +77,7 @@ def _print_epochs(
 
 
 async def _progress(
-    server: SnetServer, started: float | None, bar: ProgressBar, printed: set[int],
+    server: SnetServer, started: float, bar: ProgressBar, printed: set[int],
     untimed: Container[int],
 ) -> None:  # fmt: skip
     """Print each epoch once its cross-validation result is in; on a terminal, a bar.
@@ -286,15 +286,13 @@ async def _demo(
                      workers.priority)  # fmt: skip
     except (BrokenPipeError, OutputNotWritten) as exc:  # stopped before it trains
         unwritten = _output_lost(server, exc)
-    # a finished run's epoch times were not kept: the seconds since this start would pass
-    # for them (a 4.3 s run shown as 1.0 s)
-    shown_from = None if already_trained else started
-    # and so were a resumed run's: its epochs before this start are shown with none
+    # epochs scored before this start (a finished run's, a resumed one's): their times were
+    # not kept, and the seconds since this start would pass for them (4.3 s shown as 1.0 s)
     untimed = {r.epoch for r in server.coordinator.stats.epochs if r.cv_frames}
     bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
     printed: set[int] = set()
     loop = asyncio.get_running_loop()
-    progress = loop.create_task(_progress(server, shown_from, bar, printed, untimed))
+    progress = loop.create_task(_progress(server, started, bar, printed, untimed))
     watch = loop.create_task(workers.watch(server))
     reason = "stopped"  # what a stop that raised leaves the workers to
     try:
@@ -305,7 +303,7 @@ async def _demo(
             with contextlib.suppress(asyncio.CancelledError):
                 await chore
         try:
-            _print_epochs(server, shown_from, bar, printed, untimed)  # the last ones, at once
+            _print_epochs(server, started, bar, printed, untimed)  # the last ones, at once
             bar.clear()
         except (BrokenPipeError, OutputNotWritten) as exc:
             unwritten = _output_lost(server, exc)
