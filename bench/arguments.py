@@ -1,4 +1,5 @@
-"""What the benchmarks' command lines share: values checked when they are parsed, so that a
+"""What the benchmarks' command lines share (time_to_accuracy, update_cost, bmuf_speed,
+scaling, chaos, checkpoint_cost): values checked when they are parsed, so that a
 bad one is argparse's one line and exit 2 before anything runs (not a traceback after a
 server and workers have started, nor figures lost to a ``--json`` path that cannot be
 written once a run of minutes is done), and results printed before they are written."""

@@ -37,6 +37,7 @@ from typing import Any
 from snet.cli.runtime import blas_thread_env
 from snet.transport.cpu_time import tree_cpu_seconds
 
+from .arguments import emit, output_path
 from .netns import SlowNetwork
 from .nsrun import train as train_in_namespaces
 
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--link-modes", dest="link_modes", default="bmuf,sync,async", help="over --link"
     )
-    parser.add_argument("--json", help="write the result here too")
+    parser.add_argument("--json", type=output_path, help="write the result here too")
     args = parser.parse_args(argv)
     bmuf = ["--mode", "bmuf", "--block-bunches", args.block_bunches,
             "--block-filter", args.block_filter]  # fmt: skip
@@ -212,10 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                     tuple(args.link_modes.split(",")),
                 ),
             }
-    text = json.dumps(result, indent=1)
-    print(text, flush=True)  # first: a --json that cannot be written loses no figures
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(json.dumps(result, indent=1), args.json)
     return 0
 
 

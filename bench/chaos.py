@@ -49,6 +49,7 @@ from typing import Any
 
 import snet
 
+from .arguments import emit, output_path
 from .chaos_reading import (
     kill_phases,
     ledger_check,
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--job", default="", help="extra job flags for both runs, one string")
-    parser.add_argument("--json", help="also write the result here")
+    parser.add_argument("--json", type=output_path, help="also write the result here")
     parser.add_argument("--keep", help="run in this directory and keep the logs and traces")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -360,10 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "ledgers_ok": all(pair["chaos"]["ledger"]["ok"] for pair in pairs),
         "pairs": pairs,
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(json.dumps(result, indent=1), args.json)
     return 0 if result["ledgers_ok"] else 1
 
 

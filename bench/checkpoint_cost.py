@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.arguments import emit, output_path
 from bench.chaos import JobRun
 from snet.protocol.digest import weights_digest
 from snet.protocol.network import NetworkSpec, initial_weights
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--json", help="also write the result here")
+    parser.add_argument("--json", type=output_path, help="also write the result here")
     args = parser.parse_args(argv)
     rates: dict[str, list[dict[str, Any]]] = {name: [] for name in SETTINGS}
     with tempfile.TemporaryDirectory(prefix="snet-ckpt-cost-") as scratch:
@@ -109,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 rates[name].append(training_rate(directory, flags, args.workers))
         elements = [element_costs(sizes, root) for sizes in ((117, 512, 10), (351, 1262, 45))]
     result = {"training": rates, "per_checkpoint": elements}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(json.dumps(result, indent=1), args.json)
     return 0
 
 

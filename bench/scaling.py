@@ -25,6 +25,7 @@ from typing import Any
 from snet.perf.model import Constants, predict
 from snet.protocol.network import NetworkSpec
 
+from .arguments import emit, output_path
 from .calibrate import calibrate, measure_loopback
 from .processes import job_flags, modelled_env, synthetic_corpus, train_modelled
 
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="emulated workers' compute rate (default: the numpy step measured now)",
     )
-    parser.add_argument("--json", help="also write the result to this file")
+    parser.add_argument("--json", type=output_path, help="also write the result to this file")
     args = parser.parse_args(argv)
     result = run_scaling(
         workers=[int(p) for p in args.workers.split(",")],
@@ -185,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         compute_mcups=args.compute_mcups,
         repeats=args.repeats,
     )
-    text = json.dumps(result, indent=2)
-    print(text, flush=True)  # first: a --json that cannot be written loses no figures
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(json.dumps(result, indent=2), args.json)
     return 0
 
 
