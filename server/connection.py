@@ -198,7 +198,7 @@ class WorkerConnection:
     def stream_lost(self, error: ConnectionLost | None) -> None:
         self.connections.discard(self)
         if self.update_board is not None:  # nobody writes it any more
-            self.coordinator.board.updates.release(self.update_board)
+            self.coordinator.boards.updates.release(self.update_board)
             self.update_board = None
         name, unlogged = self._unlogged
         if unlogged:
@@ -304,10 +304,10 @@ class WorkerConnection:
             return None
         if not coordinator.traffic.whole_weights:
             return None
-        board = coordinator.board.get()
+        board = coordinator.boards.weights()
         if board is None:
             log.info("worker %s asked for shared weights: %s; sent in frames", self.address,
-                     coordinator.board.unavailable)  # fmt: skip
+                     coordinator.boards.unavailable)  # fmt: skip
         return board
 
     def _update_board(self, codecs: dict[str, str]) -> UpdateBoard | None:
@@ -315,7 +315,7 @@ class WorkerConnection:
         updates are float32, within the boards' budget (shared_board.py)."""
         if codecs["update"] != "none":
             return None
-        return self.coordinator.board.updates.make(self.coordinator.job.max_in_flight)
+        return self.coordinator.boards.updates.make(self.coordinator.job.max_in_flight)
 
     # ------------------------------------------------------------ sending and closing
 

@@ -49,7 +49,7 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout, initial_weights
 from snet.protocol.numbering import shown_epoch
-from snet.transport.shared_board import LazyBoard
+from snet.transport.shared_board import ServerBoards
 
 from .cv_referee import CvReferee
 from .cv_scoring import CvScoring
@@ -91,7 +91,7 @@ class Coordinator:
         self.job, self.plan = job, plan
         self.layout = ElementLayout.for_network(job.network)
         self.connections = job.network.connections
-        self.board = LazyBoard(self.layout.size)  # local workers' weights: shared_board.py
+        self.boards = ServerBoards(self.layout.size)  # local workers': shared_board.py
         start = initial_weights(job.network, job.seed) if weights is None else weights
         self.policy = make_step_policy(job)
         combination = self.policy.combination
@@ -141,7 +141,7 @@ class Coordinator:
 
     def close(self) -> None:
         self.closed = True  # the server is stopping: no step starts from now on
-        self.board.close()
+        self.boards.close()
 
     def _next_version(self) -> int:
         self.version += 1

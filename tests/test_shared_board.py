@@ -26,7 +26,7 @@ from snet.transport.shared_board import (
     MAX_SLOTS,
     BoardInfo,
     BoardReader,
-    LazyBoard,
+    ServerBoards,
     WeightsBoard,
     board_slots,
 )
@@ -97,9 +97,9 @@ def test_a_closed_board_takes_nothing_and_its_copies_go_in_frames(board: Weights
     assert board.publish(1, _element(2, 10)) == -1
     late = encoder.prepare(_weights(1, _element(2, 10)))  # queued when the server stopped
     assert isinstance(late, Weights) and late.slot == -1 and late.element.size == 10
-    lazy = LazyBoard(10)
+    lazy = ServerBoards(10)
     lazy.close()
-    assert lazy.get() is None and lazy.unavailable == "the server is stopping"
+    assert lazy.weights() is None and lazy.unavailable == "the server is stopping"
 
 
 def test_a_path_that_is_no_file_is_refused_at_once(board: WeightsBoard) -> None:
@@ -185,11 +185,11 @@ def test_an_unsealed_file_is_not_taken_for_a_board(board: WeightsBoard) -> None:
 def test_a_board_is_bounded_and_made_only_when_asked_for() -> None:
     assert board_slots(LAYOUT.size) == MAX_SLOTS  # the default job's: 16 slots of 262 kB
     assert board_slots(50_000_000) == 0  # 200 MB elements: none, their copies go in frames
-    lazy = LazyBoard(50_000_000)
-    assert lazy.get() is None and "too large" in lazy.unavailable
-    lazy = LazyBoard(10)
-    made = lazy.get()
-    assert made is not None and lazy.get() is made  # one board for every worker
+    lazy = ServerBoards(50_000_000)
+    assert lazy.weights() is None and "too large" in lazy.unavailable
+    lazy = ServerBoards(10)
+    made = lazy.weights()
+    assert made is not None and lazy.weights() is made  # one board for every worker
     lazy.close()
     lazy.close()  # and closing twice is harmless
 

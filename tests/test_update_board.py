@@ -157,7 +157,7 @@ async def test_a_raw_peer_s_board_updates_are_checked_as_any(
     await client.close()
 
     async def released() -> bool:
-        return server.server.coordinator.board.updates.used == 0
+        return server.server.coordinator.boards.updates.used == 0
 
     await wait_in_lab(released, 10, "the board released with its worker")
 
@@ -195,7 +195,7 @@ async def test_workers_train_with_their_updates_through_boards(lab: Lab) -> None
         # each from its board but when the slot's last update was not settled yet
         assert updates > 40 and shared >= updates - 4, row["compression"]
     assert status["compression"]["updates_shared"] >= status["updates_applied"] - 8
-    assert server.server.coordinator.board.updates.used == 0  # both released
+    assert server.server.coordinator.boards.updates.used == 0  # both released
     # and unmapped on the workers' side too, though their backends live on (a worker that
     # reconnects keeps its backend: a mapping held by a view in it stayed for good)
     assert _mapped("snet-update-board") == before

@@ -129,14 +129,13 @@ class SlotFile:
     """A server's board: a sealed anonymous file of ``slots`` slots of ``values`` values,
     named by its header's ``magic``, reached by its peers as /proc/PID/fd/N."""
 
-    def __init__(self, values: int, slots: int, magic: bytes = MAGIC) -> None:
-        """``OSError`` where the system has no sealed anonymous files (``memfd_create``:
-        Linux)."""
+    def __init__(self, values: int, slots: int, magic: bytes, name: str) -> None:
+        """``name``: the file's, as /proc/PID/maps shows it. ``OSError`` where the system
+        has no sealed anonymous files (``memfd_create``: Linux)."""
         if not SEALS:
             raise OSError("no sealed anonymous files here (memfd_create: Linux)")
         self.values, self.slots = values, slots
         self.nonce = secrets.token_bytes(16)
-        name = "snet-weights-board" if magic == MAGIC else "snet-update-board"
         self._fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self._fd, _size(slots, values))
@@ -174,7 +173,7 @@ class WeightsBoard(SlotFile):
     """The server's side: the board it writes each version of the weights into once."""
 
     def __init__(self, values: int, slots: int) -> None:
-        super().__init__(values, slots)
+        super().__init__(values, slots, MAGIC, "snet-weights-board")
         # what each slot holds, kept here: the server never reads the board (anyone of its
         # user could write a version there and have it never written)
         self._held = [-1] * slots
@@ -260,7 +259,7 @@ class UpdateBoard(SlotFile):
     slots than updates in flight), and sends an update in its frame when none is free."""
 
     def __init__(self, values: int, slots: int) -> None:
-        super().__init__(values, slots, UPDATE_MAGIC)
+        super().__init__(values, slots, UPDATE_MAGIC, "snet-update-board")
 
     def copy_out(self, slot: int, out: np.ndarray) -> None:
         """``out`` = what ``slot`` holds now; ``CodecError`` for a slot it does not have."""
@@ -308,9 +307,10 @@ class UpdateBoards:
         self.closed = True
 
 
-class LazyBoard:
-    """A server's board, made when the first worker asks for it (a server whose workers
-    all get their weights in frames has none); None where it cannot be made."""
+class ServerBoards:
+    """A server's boards: its weights board, made when the first worker asks for it (a
+    server whose workers all get their weights in frames has none; None where it cannot
+    be made), and its workers' update boards."""
 
     def __init__(self, values: int) -> None:
         self.values = values
@@ -319,7 +319,7 @@ class LazyBoard:
         self.unavailable = "" if self.slots else "the element is too large for a board"
         self.updates = UpdateBoards(values)  # the local workers' update boards
 
-    def get(self) -> WeightsBoard | None:
+    def weights(self) -> WeightsBoard | None:
         if self._board is None and not self.unavailable:
             try:
                 self._board = WeightsBoard(self.values, self.slots)
