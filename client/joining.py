@@ -27,7 +27,7 @@ from typing import TypeVar
 
 from snet.protocol import PROTOCOL_VERSION, auth
 from snet.protocol.codecs.handshake import worker_capabilities
-from snet.protocol.codecs.weights import BOARD_UNREADABLE, SHARED
+from snet.protocol.codecs.weights import SHARED
 from snet.protocol.errors import (
     CodecError,
     ConfigError,
@@ -211,7 +211,7 @@ class Handshake:
             if codecs["weights"] == SHARED:
                 board = _open_board(job, welcome.codecs, "board")
                 if board is None:
-                    connection.send(Resync(BOARD_UNREADABLE))
+                    connection.send(Resync("cannot read the weights board", no_board=True))
                     codecs["weights"] = "none"
             if "update_board" in welcome.codecs:
                 update_board = _open_board(job, welcome.codecs, "update_board")

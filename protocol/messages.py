@@ -12,9 +12,8 @@ then sent Frames (raw normalised frames, each once) before the leases that need 
 server may ask a worker to Evaluate a copy of the weights on the cross-validation set;
 the worker answers with EvalResult. A worker may ask for a full float32 copy with Resync.
 
-Message classes with ``ENCODABLE`` may carry their element ``encoded`` by a codec instead
-of as float32. Scalar fields added after version 1 have defaults and may be left out of a
-header; the decoder fills in the default.
+Message classes with ``ENCODABLE`` may carry their element ``encoded`` by a codec. Scalar
+fields added after version 1 have defaults and may be left out; the decoder fills them in.
 """
 
 from __future__ import annotations
@@ -234,12 +233,13 @@ class WorkerReport:
 
 @dataclass(frozen=True)
 class Resync:
-    """The worker asks for a full float32 copy of the weights (its reconstruction of
-    compressed deltas is missing or suspect); the next ``Weights`` is one."""
+    """The worker asks for a full float32 copy of the weights (a copy it cannot use); the
+    next ``Weights`` is one. ``no_board``: it cannot read the weights board at all."""
 
     TYPE: ClassVar[str] = "resync"
     ARRAYS: ClassVar[tuple[str, ...]] = ()
     reason: str
+    no_board: bool = field(default=False, kw_only=True, metadata={"omitted_when_default": True})
 
 
 @dataclass(frozen=True)

@@ -243,6 +243,8 @@ class WorkerConnection:
             if session.ledger is not None:
                 session.ledger.absorb_report(figures)
             session.reported(report)
+        elif isinstance(message, Resync) and message.no_board:
+            session.cannot_read_board()
         elif isinstance(message, Resync):
             self.coordinator.on_resync(session, message.reason)
         elif isinstance(message, PartialOutputs | SliceState):  # np mode (slice_rounds.py)

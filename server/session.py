@@ -8,7 +8,6 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from snet.protocol.codecs.weights import BOARD_UNREADABLE
 from snet.protocol.messages import Message
 
 from .ledger import CompressionLedger
@@ -181,19 +180,20 @@ class WorkerSession:
             self.ledger.weights.missed_versions()
         self.weights_version_sent, self.settled_sent = version, self.updates_settled
 
+    def cannot_read_board(self) -> None:
+        """It cannot read the weights board (``Resync.no_board``): its copies go in the frame
+        from now on, and none now (it got its first whole, and asks again for any slot it
+        was sent and could not read)."""
+        if self.ledger is not None and self.ledger.weights.board_unreadable():
+            log.info("worker %s cannot read the weights board: its weights go in frames",
+                     self.name)  # fmt: skip
+
     def full_copy_asked(self, version: int, reason: str) -> bool:
         """It asks for a full float32 copy of the weights (a resync, ``reason``): whether to
         send one of ``version`` (its codec told to make the next copy whole). One a
         version: a peer asking for ever (30 bytes each) had the server send a 262 kB copy
         for each, 9 GB in 8 s, and log a line for each; a worker computing is sent one a
-        step. A worker that cannot read the weights board is sent its copies in the frame
-        from now on, and none now: it got its first whole, and asks again for any slot it
-        was sent and could not read."""
-        if reason == BOARD_UNREADABLE and self.ledger is not None:
-            if self.ledger.weights.board_unreadable():
-                log.info("worker %s cannot read the weights board: its weights go in frames",
-                         self.name)  # fmt: skip
-            return False
+        step."""
         if self.full_copy_version == version:
             return False
         self.full_copy_version = version

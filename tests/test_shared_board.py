@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from snet.client.buffers import WeightsBox
-from snet.protocol.codecs.weights import BOARD_UNREADABLE, SHARED, WeightsEncoder
+from snet.protocol.codecs.weights import SHARED, WeightsEncoder
 from snet.protocol.digest import weights_digest
 from snet.protocol.errors import CodecError
 from snet.protocol.messages import Lease, Resync, Update, Weights
@@ -267,8 +267,9 @@ async def test_a_raw_peer_on_this_machine_is_sent_slots_until_it_says_it_cannot_
     reader.read_into(shared.slot, shared.version, out)
     assert weights_digest(out) == shared.digest  # exactly the server's weights
     reader.close()
-    await client.send(Resync(BOARD_UNREADABLE))  # as a worker in another /proc would
-    await client.send(Resync(BOARD_UNREADABLE))  # twice: nothing more comes of it
+    unreadable = Resync("no such file", no_board=True)  # as a worker in another /proc says
+    await client.send(unreadable)
+    await client.send(unreadable)  # twice: nothing more comes of it
     await client.send(Update(1, lease.lease_id, 128, 128, 1.0, 0, 0.01, gradient))
     later = await client.receive(Weights)
     while later.version < 2:

@@ -32,9 +32,6 @@ from . import CODEC_FORMS, ElementCodec, parse_codec
 WEIGHTS_FORMS = ("none", "fp16", "delta:CODEC", "shared")
 DELTA_PREFIX = "delta:"
 SHARED = "shared"
-# A Resync's reason that says the worker cannot read the board it was told of (another
-# /proc, a refused open): its copies come in the frame from then on.
-BOARD_UNREADABLE = "weights board unreadable"
 
 
 class Board(Protocol):
@@ -108,7 +105,7 @@ class WeightsEncoder:
             self._full_next = True
 
     def board_unreadable(self) -> bool:
-        """The worker cannot read the board (``BOARD_UNREADABLE``): its copies go in the
+        """The worker cannot read the board (``Resync.no_board``): its copies go in the
         frame from now on. True if it was sent slots until now."""
         if self.board is None:
             return False
