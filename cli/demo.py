@@ -206,12 +206,10 @@ def _read_job(args: argparse.Namespace) -> tuple[JobSpec, bool]:
     if chosen or "SNET_JOB_BUNCH_SIZE" in os.environ:
         return build_job(values, flags, where), False
     # Divided before the job is made, so that its checks see the bunch the workers train
-    # on (--chunk-frames 100 is enough for bunches of 64). The mode as the job reads it:
-    # a flag, else its variable, else the [job] table's key.
-    default = JobSpec()
-    mode = flags.get("mode") or os.environ.get("SNET_JOB_MODE") or values.get("mode")
-    workers = args.workers + args.spert
-    size = _divided_size(default.bunch_size, str(mode or default.mode), workers)
+    # on (--chunk-frames 100 is enough for bunches of 64); the mode it is divided for, as
+    # the job reads it, from a first making with a bunch every other setting allows.
+    mode = build_job(values, {**flags, "bunch_size": 1}, where).mode
+    size = _divided_size(JobSpec().bunch_size, mode, args.workers + args.spert)
     return build_job(values, {**flags, "bunch_size": size}, where), True
 
 
