@@ -44,6 +44,7 @@ MAGIC = b"SN"
 PREFIX = struct.Struct(">2sBBIQ")
 PREFIX_SIZE = PREFIX.size  # 16
 ALLOWED_DTYPES = frozenset({"<f4", "<f2", "<f8", "<i4", "<i8", "|u1", "|i1", "<u2", "<u4"})
+ITEM_BYTES = {name: np.dtype(name).itemsize for name in ALLOWED_DTYPES}  # no dtype per frame
 CODEC_NONE = "none"
 NOT_IN_HEADER = frozenset({"encoded"})  # message fields that are not header fields
 
@@ -158,6 +159,7 @@ _OPTIONAL: dict[str, set[str]] = {}  # fields added later, with defaults: may be
 # fields the encoder leaves out at their default (metadata ``omitted_when_default``): sent
 # only to a peer that knows them, which an older one, refusing unknown fields, does not
 _OMITTED: dict[str, dict[str, Any]] = {}
+_KNOWN_KEYS: dict[str, frozenset[str]] = {}  # what a header of the type may hold
 for _name, _cls in MESSAGE_TYPES.items():
     _hints = typing.get_type_hints(_cls)
     _header_fields = [
@@ -173,6 +175,7 @@ for _name, _cls in MESSAGE_TYPES.items():
     _omitted = {f.name: f.default for f in _header_fields if f.metadata.get("omitted_when_default")}
     if _omitted:
         _OMITTED[_name] = _omitted
+    _KNOWN_KEYS[_name] = frozenset(_SCHEMAS[_name]) | {"type", "arrays"}
 
 
 def _check_field(type_name: str, name: str, kind: str, expected: Any, value: Any) -> Any:
@@ -247,7 +250,7 @@ def parse_arrays(
             raise MalformedFrame(f"bad array shape {shape!r:.60}")
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
             raise MalformedFrame("array nbytes must be a non-negative integer")
-        if math.prod(shape) * np.dtype(dtype).itemsize != nbytes:  # Python ints: no overflow
+        if math.prod(shape) * ITEM_BYTES[dtype] != nbytes:  # Python ints: no overflow
             raise MalformedFrame(f"array nbytes {nbytes} does not match {dtype} {shape}")
         if math.prod(n for n in shape if n) > limits.max_payload_bytes:
             # an empty array whose other dimensions no array could have (numpy refused to
@@ -299,8 +302,8 @@ def build_message(
     """Construct the message object, with numpy views over ``payload`` for its arrays."""
     cls = MESSAGE_TYPES[type_name]
     schema = _SCHEMAS[type_name]
-    extra = set(header) - set(schema) - {"type", "arrays"}
-    if extra:
+    if not header.keys() <= _KNOWN_KEYS[type_name]:
+        extra = set(header) - _KNOWN_KEYS[type_name]
         raise MalformedFrame(f"{type_name} has unknown field(s) {sorted(extra)}")
     values: dict[str, Any] = {}
     for name, (kind, expected) in schema.items():
@@ -308,7 +311,14 @@ def build_message(
             if name in _OPTIONAL[type_name]:
                 continue  # a field newer than the sender: the dataclass default applies
             raise MalformedFrame(f"{type_name} lacks field {name!r}")
-        values[name] = _check_field(type_name, name, kind, expected, header[name])
+        value = header[name]
+        # a value of exactly the field's type (most are, an int's never a bool then) needs
+        # no call: this runs for every field of every frame on both sides
+        values[name] = (
+            value
+            if type(value) is expected
+            else _check_field(type_name, name, kind, expected, value)
+        )
     views, position = [], 0
     for info in arrays:
         chunk = payload[position : position + info.nbytes]
