@@ -24,6 +24,7 @@ from ``check_progress``, which the server calls a few times a second.
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from snet.protocol.messages import ROUND_DEADLINE, ErrorMessage
@@ -37,11 +38,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("snet.server")
 
 
-def overdue(coordinator: Coordinator, session: WorkerSession, now: float) -> float:
-    """Seconds ``session`` is past its deadline; <= 0 while it is not late or owes nothing."""
+def overdue(
+    coordinator: Coordinator,
+    session: WorkerSession,
+    now: float,
+    waiting: Container[int] | None = None,
+) -> float:
+    """Seconds ``session`` is past its deadline; <= 0 while it is not late or owes nothing.
+    ``waiting``: the workers that wait on the server (``StepQueue.pending_workers()``), for
+    a caller that asks of every worker (it is taken from the queue otherwise)."""
     started = session.clock.clock_start()
-    if started is None or session.worker_id in coordinator.steps.pending_workers():
-        return 0.0  # it owes nothing, or it waits on the server
+    if started is None:
+        return 0.0  # it owes nothing
+    if waiting is None:
+        waiting = coordinator.steps.pending_workers()
+    if session.worker_id in waiting:
+        return 0.0  # it waits on the server
     return now - started - deadline(coordinator, session)
 
 
@@ -62,15 +74,21 @@ def _latecomer(session: WorkerSession) -> bool:
     return session.joined_late and not session.proven
 
 
-def is_late(coordinator: Coordinator, session: WorkerSession, now: float) -> bool:
-    return overdue(coordinator, session, now) > 0
+def is_late(
+    coordinator: Coordinator,
+    session: WorkerSession,
+    now: float,
+    waiting: Container[int] | None = None,
+) -> bool:
+    return overdue(coordinator, session, now, waiting) > 0
 
 
 def check_progress(coordinator: Coordinator, now: float) -> None:
     """Act on the workers past their deadline, as the mode's policy says."""
     if coordinator.closed or coordinator.finished.is_set():
         return
-    late = [s for s in coordinator.sessions.values() if is_late(coordinator, s, now)]
+    waiting = coordinator.steps.pending_workers()
+    late = [s for s in coordinator.sessions.values() if is_late(coordinator, s, now, waiting)]
     if coordinator.policy.late_action == "drop":
         for session in [s for s in late if not _latecomer(s)]:
             _drop(coordinator, session, now)

@@ -246,7 +246,12 @@ class LeaseBook:
     def holders(self) -> set[int]:
         """The workers that hold frames no update has arrived for yet, in one pass (asked
         after every step: per worker, ``remaining_frames`` scans every lease out)."""
-        return {lease.worker_id for lease in self._leases.values() if lease.remaining > 0}
+        # ``remaining`` written out: a property's call per lease, after every step
+        return {
+            lease.worker_id
+            for lease in self._leases.values()
+            if len(lease.indices) > lease.received
+        }
 
     def remaining_frames(self, worker_id: int) -> int:
         """Frames leased to the worker for which no update has arrived yet."""

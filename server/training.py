@@ -250,9 +250,9 @@ class Coordinator:
     def maybe_step(self) -> None:
         if not self.steps.between_steps or not self.steps or self.closed:
             return
-        now = time.monotonic()
+        now, waiting = time.monotonic(), self.steps.pending_workers()  # once, not per worker
         view = self.steps.view(self.sessions.values(), self.book.holders(),
-                               lambda s: is_late(self, s, now), self.version)  # fmt: skip
+                               lambda s: is_late(self, s, now, waiting), self.version)  # fmt: skip
         chosen = self.policy.take(view)
         if self.staleness.setting.needs_base_weights:
             chosen = chosen[:1]  # one step per pass: every version's weights exist
