@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+WORD = 2**32  # the integers numpy's seeding reads as one 32-bit word each
+
 
 def cache_order(indices: np.ndarray, lease_id: int, seed: int, cache_frames: int) -> np.ndarray:
     """The lease's frames in training order: each cache of ``cache_frames`` consecutive
@@ -21,6 +23,18 @@ def cache_order(indices: np.ndarray, lease_id: int, seed: int, cache_frames: int
     out = np.empty_like(indices)
     for start in range(0, len(indices), cache_frames):
         piece = indices[start : start + cache_frames]
-        permutation = np.random.default_rng([seed, lease_id, start]).permutation(len(piece))
+        permutation = _generator(seed, lease_id, start).permutation(len(piece))
         out[start : start + len(piece)] = piece[permutation]
     return out
+
+
+def _generator(seed: int, lease_id: int, start: int) -> np.random.Generator:
+    """``numpy.random.default_rng([seed, lease_id, start])``, made faster: numpy reads a
+    list of integers as each one's 32-bit words, so when each fits in one word an array of
+    them is the same entropy, which its seeding takes in 2 us rather than 5 (the seeding is
+    most of what a cache's order costs, on the server for every lease it grants)."""
+    if 0 <= seed < WORD and 0 <= lease_id < WORD and 0 <= start < WORD:
+        entropy: np.ndarray | list[int] = np.array((seed, lease_id, start), dtype=np.uint32)
+    else:
+        entropy = [seed, lease_id, start]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))

@@ -90,6 +90,22 @@ def test_cache_order_permutes_within_each_cache_only() -> None:
     np.testing.assert_array_equal(cache_order(indices, 5, 1, 1), indices)
 
 
+@pytest.mark.parametrize(
+    ("seed", "lease_id"), [(0, 0), (1, 5), (2**32 - 1, 2**31 - 1), (2**32, 3), (2**63 - 1, 7)]
+)
+def test_cache_order_is_the_protocols_generator_for_any_seed(seed: int, lease_id: int) -> None:
+    """The order is ``default_rng([seed, lease_id, start])``'s permutation of each cache (a
+    worker of another make computes it so): the faster seeding agrees for seeds that fit
+    one 32-bit word, and larger ones go the plain way."""
+    indices = np.arange(1000, 1300)
+    expected = indices.copy()
+    for start in range(0, 300, 64):
+        run = indices[start : start + 64]
+        generator = np.random.default_rng([seed, lease_id, start])
+        expected[start : start + len(run)] = run[generator.permutation(len(run))]
+    np.testing.assert_array_equal(cache_order(indices, lease_id, seed, 64), expected)
+
+
 def test_lease_book_accounts_for_the_workers_shuffle() -> None:
     train = np.arange(0, 3000, 3)
     book = LeaseBook(train, 3000, chunk_frames=256, seed=4, cache_frames=64)
