@@ -8,6 +8,7 @@ round-trips through ``to_dict``/``from_dict`` (msgpack-friendly).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -36,10 +37,16 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_int_bounds(spec: object, limits: dict[str, int]) -> None:
-    """ConfigError for an int field of dataclass ``spec`` above its bound (``limits`` by
-    name, else ``INT_MAX``). The fields' own rules (>= 1, >= 0) are checked after."""
+    """ConfigError for an int field of dataclass ``spec`` that holds no integer (a job a
+    peer described with ``"seed": 1.5``, which went on as far as the frames' shuffle) or
+    one above its bound (``limits`` by name, else ``INT_MAX``). The fields' own rules
+    (>= 1, >= 0) are checked after."""
     for item in fields(spec):  # type: ignore[arg-type]
         value = getattr(spec, item.name)
+        if item.type in ("int", int) and (
+            not isinstance(value, numbers.Integral) or isinstance(value, bool)
+        ):
+            raise ConfigError(f"{item.name} must be an integer, got {value!r:.40}")
         if isinstance(value, int) and not isinstance(value, bool):
             bound = limits.get(item.name, INT_MAX)
             if value > bound:

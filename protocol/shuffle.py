@@ -33,8 +33,9 @@ def _generator(seed: int, lease_id: int, start: int) -> np.random.Generator:
     list of integers as each one's 32-bit words, so when each fits in one word an array of
     them is the same entropy, which its seeding takes in 2 us rather than 5 (the seeding is
     most of what a cache's order costs, on the server for every lease it grants)."""
-    if 0 <= seed < WORD and 0 <= lease_id < WORD and 0 <= start < WORD:
-        entropy: np.ndarray | list[int] = np.array((seed, lease_id, start), dtype=np.uint32)
-    else:
-        entropy = [seed, lease_id, start]
+    words = (seed, lease_id, start)
+    if all(type(word) is int and 0 <= word < WORD for word in words):
+        entropy: np.ndarray | list[int] = np.array(words, dtype=np.uint32)
+    else:  # numpy's own reading (and its refusal of a float or a negative number)
+        entropy = list(words)
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))

@@ -92,13 +92,20 @@ def test_jobspec_bad_values(changes: dict[str, Any]) -> None:
         ({"seed": 2**63}, "seed must be at most"),
         ({"bunch_size": 2**31}, "bunch_size must be at most 2,147,483,647"),
         ({"chunk_frames": 2**40}, "chunk_frames must be at most"),
+        # a peer's job with no whole number where one belongs: refused where it is read,
+        # not taken as far as the frames' shuffle (a float seed) or a bunch of True
+        ({"seed": 1.5}, "seed must be an integer, got 1.5"),
+        ({"bunch_size": True}, "bunch_size must be an integer, got True"),
+        ({"epochs": 3.0}, "epochs must be an integer, got 3.0"),
+        ({"data": {"context": 4.5}}, "context must be an integer, got 4.5"),
     ],
 )
 def test_jobspec_whole_numbers_are_bounded(changes: dict[str, Any], message: str) -> None:
     """Past these a job could not travel (msgpack's 64 bits: a huge epoch count once made
     every handshake fail with an OverflowError) or be planned; refused in one line."""
     with pytest.raises(ConfigError, match=message):
-        JobSpec(**changes)
+        data = {**JobSpec().to_dict(), **changes}
+        JobSpec.from_dict(data)  # as a worker reads a welcome's job
 
 
 def test_jobspec_at_its_bounds_travels_through_msgpack() -> None:
