@@ -303,8 +303,8 @@ def build_message(
     cls = MESSAGE_TYPES[type_name]
     schema = _SCHEMAS[type_name]
     if not header.keys() <= _KNOWN_KEYS[type_name]:
-        extra = set(header) - _KNOWN_KEYS[type_name]
-        raise MalformedFrame(f"{type_name} has unknown field(s) {sorted(extra)}")
+        extra = set(header) - _KNOWN_KEYS[type_name]  # str and bytes keys: sorted as text
+        raise MalformedFrame(f"{type_name} has unknown field(s) {sorted(extra, key=repr)}")
     values: dict[str, Any] = {}
     for name, (kind, expected) in schema.items():
         if name not in header:

@@ -294,6 +294,8 @@ def test_unknown_message_is_not_a_frame_error() -> None:
     [
         ({"type": "heartbeat", "arrays": []}, "lacks field 'sent_at'"),
         ({"type": "heartbeat", "sent_at": 1.0, "arrays": [], "extra": 1}, "unknown field"),
+        ({"type": "heartbeat", "sent_at": 1.0, "arrays": [], "x": 1, b"y": 2},
+         r"unknown field\(s\) \['x', b'y'\]"),  # str and bytes keys, named in one list
         ({"type": "heartbeat", "sent_at": "soon", "arrays": []}, "sent_at"),
         ({"type": "heartbeat", "sent_at": True, "arrays": []}, "sent_at"),
         ({"type": "eval_result", "version": True, "epoch": 0, "frames": 1, "correct": 1,
@@ -314,9 +316,9 @@ def test_unknown_message_is_not_a_frame_error() -> None:
         ({"type": "goodbye", "reason": None, "arrays": []}, "reason"),
     ],
     ids=[
-        "missing", "extra", "str-for-float", "bool-for-float", "bool-for-int", "float-for-int",
-        "str-for-bytes", "bytes-for-str", "int-for-bool", "tuple-item", "tuple-str",
-        "dict", "none",
+        "missing", "extra", "extra-str-and-bytes", "str-for-float", "bool-for-float",
+        "bool-for-int", "float-for-int", "str-for-bytes", "bytes-for-str", "int-for-bool",
+        "tuple-item", "tuple-str", "dict", "none",
     ],
 )  # fmt: skip
 def test_bad_fields(header: dict[str, Any], match: str) -> None:
