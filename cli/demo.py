@@ -124,6 +124,7 @@ def _output_lost(server: SnetServer, exc: BrokenPipeError | OutputNotWritten) ->
 def _print_start(
     args: argparse.Namespace,
     job: JobSpec,
+    weights: str,
     out_dir: str,
     http_port: int,
     already_trained: bool,
@@ -151,7 +152,7 @@ def _print_start(
         f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
         f"bunch {job.bunch_size} per worker, updates {job.compress}, "
         # np's workers hold slices of the weights: no whole copies to send any way
-        f"{'' if job.mode == 'np' else f'weights {args.weights_codec}, '}{loop_name()} loop"
+        f"{'' if job.mode == 'np' else f'weights {weights}, '}{loop_name()} loop"
         # a finished run shown again: its workers are stopped at once, at no priority
         f"{'' if already_trained else _priority_said(args, priority)}",
         flush=True,
@@ -219,7 +220,9 @@ async def _demo(
     job: JobSpec,
     divided: bool,
     load: OthersLoad,
+    weights: str,
 ) -> int:
+    """``weights``: the form the workers take their weights in (the banner says it)."""
     try:
         config = ServerConfig(
             port=0,
@@ -280,7 +283,7 @@ async def _demo(
     unwritten = False  # its lines could not be written (a full disk): exit status 1
     await workers.settle_priority(args.worker_priority, load)  # the banner says which
     try:
-        _print_start(args, job, config.out_dir, server.http_port, already_trained,
+        _print_start(args, job, weights, config.out_dir, server.http_port, already_trained,
                      workers.priority)  # fmt: skip
     except (BrokenPipeError, OutputNotWritten) as exc:  # stopped before it trains
         unwritten = _output_lost(server, exc)
@@ -364,11 +367,12 @@ def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None)
     setting of its workers, found before anything starts (raised as ``ConfigError`` to
     ``main`` or said here). ``preloaded``: the process to run its numpy workers in
     (cli/preloaded_worker.py), else one is started for them."""
-    from snet.protocol.codecs.weights import SHARED, canonical_weights_form
+    from snet.protocol.codecs.weights import canonical_weights_form
 
-    # The workers' flag, checked as they check it (a bad one made each of them exit 2); by
-    # default the server's weights board: they run on its machine (transport/shared_board.py)
-    args.weights_codec = canonical_weights_form(args.weights_codec or SHARED)
+    # The workers' flag, checked as they check it (a bad one made each of them exit 2);
+    # without it, theirs: SNET_WORKER_WEIGHTS_CODEC, else the server's weights board
+    if args.weights_codec is not None:
+        args.weights_codec = canonical_weights_form(args.weights_codec)
     for flag, count in (("--workers", args.workers), ("--spert", args.spert)):
         # below 0 it was said as "needs at least one worker" while 2 were there by default
         if not 0 <= count <= MAX_PROCESSES:
@@ -386,6 +390,6 @@ def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None)
     # the machine's other work since the demo started (its workers' process with it)
     load = preloaded.load if preloaded is not None else OthersLoad()
     job, divided = _read_job(args)
-    check_worker_settings(args, job)  # as they will read them, environment and all
+    weights = check_worker_settings(args, job)  # as they will read them, environment and all
     setup_logging("warning")
-    return run(_demo(args, preloaded, job, divided, load))
+    return run(_demo(args, preloaded, job, divided, load, weights))

@@ -86,14 +86,15 @@ def worker_commands(args: argparse.Namespace, address: str) -> list[list[str]]:
     return [[*command, *common] for command in commands]
 
 
-def check_worker_settings(args: argparse.Namespace, job: JobSpec) -> None:
+def check_worker_settings(args: argparse.Namespace, job: JobSpec) -> str:
     """Build the settings of each of the demo's worker processes as that process will
     (its flags, and the environment it inherits: ``SNET_WORKER_*``, ``SNET_SPERT_*``),
     and check its backend can be made here and that it can take ``job`` (its codecs, its
     frame limit); ``ConfigError`` for the first that fails. Run before the demo starts
     anything: a bad one made every worker exit 2 (or be refused, 4) once the server had
     started and made the out-dir, and the demo then said that running the same command
-    again would go on from it."""
+    again would go on from it. Returns the weights form of the first (the numpy workers',
+    if there are any)."""
     from snet.client.backend import check_backend
 
     from .commands import worker_config
@@ -103,14 +104,17 @@ def check_worker_settings(args: argparse.Namespace, job: JobSpec) -> None:
 
     # The server's port is not known yet: any address stands for it (the flag is what
     # the worker reads, whatever SNET_WORKER_SERVER says).
+    forms = []
     for words in worker_commands(args, "127.0.0.1:1"):
         parsed = parse_command(words)
         if parsed.command == "spert":
-            spert_configs(parsed)
+            config = spert_configs(parsed)[0]
         else:  # the demo gives its workers no --config: the file's [worker] is not read
             config = worker_config(parsed, ConfigFile())
             check_backend(config.backend)
             _check_takes_job(config, job)
+        forms.append(config.weights_codec)
+    return forms[0]
 
 
 def _check_takes_job(config: WorkerConfig, job: JobSpec) -> None:

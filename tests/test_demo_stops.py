@@ -128,6 +128,20 @@ def test_a_bad_weights_codec_is_one_line_and_exit_2_before_anything_starts(
     assert not (tmp_path / "out").exists()
 
 
+def test_the_workers_weights_form_from_their_environment_is_theirs(tmp_path: Path) -> None:
+    """Without the demo's --weights-codec, the workers' own variable decides (the demo once
+    passed its default on, so the variable was never read, and a bad one went unsaid)."""
+    done = helpers.run_process(
+        [sys.executable, "-m", "snet.cli", "demo", "--out-dir", "out"], cwd=tmp_path,
+        env={**helpers.system_ring_environment(), "SNET_WORKER_WEIGHTS_CODEC": "bogus"},
+        timeout=EXIT_SECONDS,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("snet: unknown weights codec 'bogus'; use none, fp16"), line
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "said"),
     [
