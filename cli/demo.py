@@ -52,7 +52,7 @@ BAR_SECONDS = 0.2  # how often the progress bar is redrawn
 
 def _print_epochs(
     server: SnetServer, started: float, bar: ProgressBar, printed: set[int],
-    untimed: Container[int] = (),
+    untimed: Container[int],
 ) -> None:  # fmt: skip
     """Print each epoch not in ``printed`` whose cross-validation result is in, with the
     seconds since ``started``, but none for the epochs in ``untimed``: those scored before
@@ -183,16 +183,12 @@ DEMO_FLAGS = {"http_port": "--http-port", "out_dir": "--out-dir", "fresh": "--fr
               "force": "--force"}  # fmt: skip
 
 
-def divided_bunch(job: JobSpec, workers: int) -> JobSpec:
-    """The demo's job for ``workers`` workers when no bunch size was chosen. Data division
-    as in SNet for the modes that sum shares of one global bunch (``SHARED_BUNCH_MODES``):
-    the job's bunch split among the workers (docs/convergence.md: 128 per worker instead
-    cost 2-3 CV points at N=4). bmuf's workers train on whole bunches (docs/bmuf.md), and
-    np's each see every whole bunch."""
-    return job.with_changes(bunch_size=_divided_size(job.bunch_size, job.mode, workers))
-
-
-def _divided_size(bunch: int, mode: str, workers: int) -> int:
+def divided_size(bunch: int, mode: str, workers: int) -> int:
+    """Each worker's bunch in the demo when no bunch size was chosen. Data division as in
+    SNet for the modes that sum shares of one global bunch (``SHARED_BUNCH_MODES``): the
+    job's bunch split among the workers, 8 at least (docs/convergence.md: 128 per worker
+    instead cost 2-3 CV points at N=4). bmuf's workers train on whole bunches
+    (docs/bmuf.md), and np's each see every whole bunch."""
     return max(bunch // max(workers, 1), 8) if mode in SHARED_BUNCH_MODES else bunch
 
 
@@ -210,7 +206,7 @@ def _read_job(args: argparse.Namespace) -> tuple[JobSpec, bool]:
     # on (--chunk-frames 100 is enough for bunches of 64); the mode it is divided for, as
     # the job reads it, from a first making with a bunch every other setting allows.
     mode = build_job(values, {**flags, "bunch_size": 1}, where).mode
-    size = _divided_size(JobSpec().bunch_size, mode, args.workers + args.spert)
+    size = divided_size(JobSpec().bunch_size, mode, args.workers + args.spert)
     return build_job(values, {**flags, "bunch_size": size}, where), True
 
 
@@ -280,6 +276,10 @@ async def _demo(
         raise
     finished = server.coordinator.finished
     already_trained = finished.is_set()  # resumed a run that had completed
+    # epochs scored before this start (a finished run's, a resumed one's): their times were
+    # not kept, and the seconds since this start would pass for them (4.3 s shown as 1.0 s);
+    # taken now, before the workers' priority is settled (a wait while they train)
+    untimed = {r.epoch for r in server.coordinator.stats.epochs if r.cv_frames}
     unwritten = False  # its lines could not be written (a full disk): exit status 1
     await workers.settle_priority(args.worker_priority, load)  # the banner says which
     try:
@@ -287,9 +287,6 @@ async def _demo(
                      workers.priority)  # fmt: skip
     except (BrokenPipeError, OutputNotWritten) as exc:  # stopped before it trains
         unwritten = _output_lost(server, exc)
-    # epochs scored before this start (a finished run's, a resumed one's): their times were
-    # not kept, and the seconds since this start would pass for them (4.3 s shown as 1.0 s)
-    untimed = {r.epoch for r in server.coordinator.stats.epochs if r.cv_frames}
     bar = ProgressBar(sys.stdout)  # on a terminal only: plain lines in pipes and logs
     printed: set[int] = set()
     loop = asyncio.get_running_loop()

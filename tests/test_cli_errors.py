@@ -240,12 +240,13 @@ def test_a_modes_own_setting_in_another_mode_is_one_line_naming_it_as_given(
 
 
 def test_the_demo_splits_the_bunch_only_where_a_step_sums_shares_of_it() -> None:
-    from snet.cli.demo import divided_bunch
+    from snet.cli.demo import divided_size
 
-    job = JobSpec()  # bunches of 128
-    assert [divided_bunch(job.with_changes(mode=mode), 2).bunch_size for mode in
-            ("sync", "async", "bmuf", "np")] == [64, 64, 128, 128]  # fmt: skip
-    assert divided_bunch(job.with_changes(mode="async"), 64).bunch_size == 8  # at least 8
+    bunch = JobSpec().bunch_size  # 128
+    assert [divided_size(bunch, mode, 2) for mode in ("sync", "async", "bmuf", "np")] == [
+        64, 64, 128, 128,
+    ]  # fmt: skip
+    assert divided_size(bunch, "async", 64) == 8  # at least 8
 
 
 @pytest.mark.parametrize(
