@@ -205,15 +205,16 @@ class Handshake:
             corpus = await self._prepare(job, info, connection)
             codecs, compressor = self._agree(job, welcome.codecs, compressor)
             # last: nothing fails after. A weights board that cannot be read is said once and
-            # the server told at once (it sends whole copies); an update board, said once
-            # (updates go in their frames, as they may any time).
+            # the server told at once (it sends whole copies, and gives back the update board
+            # it made, which this worker could not open either: the same /proc, the same
+            # server); an update board, said once (updates go in their frames, as they may).
             board = update_board = None
             if codecs["weights"] == SHARED:
                 board = _open_board(job, welcome.codecs, "board")
                 if board is None:
                     connection.send(Resync("cannot read the weights board", no_board=True))
                     codecs["weights"] = "none"
-            if "update_board" in welcome.codecs:
+            if board is not None and "update_board" in welcome.codecs:
                 update_board = _open_board(job, welcome.codecs, "update_board")
         except FrameLimitTooSmall as exc:
             # This worker's own setting: the server is told why it leaves, and the worker

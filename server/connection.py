@@ -56,9 +56,10 @@ from snet.transport.stream import FrameStream, release_tokens
 
 from .admission import Admission
 from .ledger import CompressionLedger
-from .peers import is_local, peer_address
+from .peers import peer_address
 from .plausible import checked_report
 from .pool import TURNED_AWAY, ElementLoan, ElementShare, Received
+from .security import is_loopback
 from .session import WorkerSession, unique_name
 from .training import Coordinator
 
@@ -101,7 +102,6 @@ class WorkerConnection:
         self.connected_at = time.monotonic()
         self.address = "?"  # the peer's host (server/peers.py), once connected
         self.update_board: UpdateBoard | None = None  # its updates' way in, if it has one
-        self.faulty = faults is not None
         self._warned = 0  # warnings logged about what this peer sent (PEER_WARNINGS)
         self._unlogged: tuple[str, int] = ("", 0)  # its name, and the warnings not logged
         self.stream = FrameStream(
@@ -179,11 +179,9 @@ class WorkerConnection:
         self._leave(f"{error.code}: {error}")
 
     def _from_board(self, message: Update) -> Received:
-        """An update in a slot of this worker's update board: a pooled element for it, as
-        its share of the pool allows, into which intake.py copies the slot once the
-        update passes the checks that need no values (a repeat, a lease, a version: no
-        copy for those) and before any that do; nothing the worker writes there after is
-        read. One without a board, or in a slot it does not have: refused as such."""
+        """An update in a slot of its update board: a pooled element (its pool share) that
+        intake.py copies the slot into once the checks needing no values pass, before any
+        that do (what it writes there after is never read); with no such slot: refused."""
         board, share = self.update_board, self.stream.sink
         assert isinstance(share, ElementShare)
         carried = message.element.size > 0 or message.encoded is not None
@@ -197,9 +195,7 @@ class WorkerConnection:
 
     def stream_lost(self, error: ConnectionLost | None) -> None:
         self.connections.discard(self)
-        if self.update_board is not None:  # nobody writes it any more
-            self.coordinator.boards.updates.release(self.update_board)
-            self.update_board = None
+        self._release_update_board()  # nobody writes it any more
         name, unlogged = self._unlogged
         if unlogged:
             log.warning("%s: %d more warnings about what it sent were not logged", name, unlogged)
@@ -245,6 +241,7 @@ class WorkerConnection:
             session.reported(report)
         elif isinstance(message, Resync) and message.no_board:
             session.cannot_read_board()
+            self._release_update_board()  # it does not open one either (client/joining.py)
         elif isinstance(message, Resync):
             self.coordinator.on_resync(session, message.reason)
         elif isinstance(message, PartialOutputs | SliceState):  # np mode (slice_rounds.py)
@@ -275,9 +272,7 @@ class WorkerConnection:
         encoder = WeightsEncoder(codecs["weights"], self.coordinator.layout, self._board(codecs))
         channel.encode_with(encoder.prepare)  # weights are encoded as they are written
         ledger = CompressionLedger(codecs["update"], encoder, channel.received, channel.sent)
-        # (not with a fault switch: updates it drops are settled by an estimate, which could
-        # run ahead of the updates received, and with it a worker's reuse of a slot)
-        if UPDATE_BOARD in hello.capabilities and encoder.board is not None and not self.faulty:
+        if UPDATE_BOARD in hello.capabilities and encoder.board is not None:
             self.update_board = self._update_board(codecs)
             ledger.update_board = self.update_board.described() if self.update_board else None
         self.session = WorkerSession(
@@ -302,7 +297,7 @@ class WorkerConnection:
         """The weights board, for a worker that asked for ``shared`` weights from this
         machine (one elsewhere could not read it: it is sent ``none``)."""
         coordinator = self.coordinator  # np's workers hold slices: no whole weights to share
-        if codecs["weights"] != SHARED or not is_local(self.address):
+        if codecs["weights"] != SHARED or not is_loopback(self.address):
             return None
         if not coordinator.traffic.whole_weights:
             return None
@@ -313,11 +308,17 @@ class WorkerConnection:
         return board
 
     def _update_board(self, codecs: dict[str, str]) -> UpdateBoard | None:
-        """An update board, for a worker given the weights board (on this machine) whose
-        updates are float32, within the boards' budget (shared_board.py)."""
-        if codecs["update"] != "none":
+        """An update board, for a worker given the weights board whose updates are float32,
+        within the boards' budget (shared_board.py). Not with a fault switch: the updates
+        it drops are settled by an estimate that could run ahead of a slot's reuse."""
+        if codecs["update"] != "none" or self.stream.faults is not None:
             return None
         return self.coordinator.boards.updates.make(self.coordinator.job.max_in_flight)
+
+    def _release_update_board(self) -> None:
+        if self.update_board is not None:
+            self.coordinator.boards.updates.release(self.update_board)
+            self.update_board = None
 
     # ------------------------------------------------------------ sending and closing
 

@@ -215,7 +215,7 @@ def _compression(out: Exposition, document: dict[str, Any]) -> None:
     out.metric(
         "updates_shared_total",
         "counter",
-        "Updates copied from the workers' update boards (no element on the wire).",
+        "Updates sent through the workers' update boards (no element on the wire).",
         [({}, float(total.get("updates_shared", 0)))],
     )
     out.metric(

@@ -31,12 +31,3 @@ def peer_address(peername: object) -> str:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return str(address.ipv4_mapped)
     return str(address)
-
-
-def is_local(address: str) -> bool:
-    """Whether ``address`` (``peer_address``'s) is a loopback address: a peer on this
-    machine (given the weights board, transport/shared_board.py, if it asks)."""
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False

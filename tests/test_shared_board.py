@@ -20,7 +20,7 @@ from snet.protocol.digest import weights_digest
 from snet.protocol.errors import CodecError
 from snet.protocol.messages import Lease, Resync, Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
-from snet.server.peers import is_local
+from snet.server.security import is_loopback
 from snet.transport import shared_board
 from snet.transport.shared_board import (
     MAX_SLOTS,
@@ -195,8 +195,8 @@ def test_a_board_is_bounded_and_made_only_when_asked_for() -> None:
 
 
 def test_only_a_loopback_peer_is_local() -> None:
-    assert is_local("127.0.0.1") and is_local("127.8.9.10") and is_local("::1")
-    assert not any(is_local(a) for a in ("10.0.0.7", "192.168.1.2", "?", "/tmp/sock", "fe80::1"))
+    assert is_loopback("127.0.0.1") and is_loopback("127.8.9.10") and is_loopback("::1")
+    assert not any(is_loopback(a) for a in ("10.0.0.7", "192.168.1.2", "?", "/tmp/sock", "fe80::1"))
 
 
 def test_the_encoder_sends_slots_after_a_first_full_copy(board: WeightsBoard) -> None:

@@ -16,7 +16,7 @@ import pytest
 from snet.protocol.codecs.handshake import BOARD, UPDATE_BOARD, worker_capabilities
 from snet.protocol.codecs.weights import SHARED
 from snet.protocol.errors import CodecError
-from snet.protocol.messages import ErrorMessage, Heartbeat, Lease, Update, Weights
+from snet.protocol.messages import ErrorMessage, Heartbeat, Lease, Resync, Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.transport.shared_board import (
     MAX_UPDATE_BOARDS_BYTES,
@@ -171,6 +171,21 @@ async def test_a_raw_peer_s_board_updates_are_checked_as_any(
     refusal = await plain.receive(ErrorMessage)
     assert not refusal.fatal and "slot 0 of an update board this worker has not got" in refusal.text
     await plain.close()
+
+    # one that cannot read the weights board (another /proc) cannot open its update board
+    # either: the server gives it back at once, and a slot it names is refused
+    blind = await AsyncRawClient.connect(server.port, "no-proc")
+    welcome = await blind.handshake((BOARD, UPDATE_BOARD))
+    assert "update_board" in welcome.codecs
+    assert server.server.coordinator.boards.updates.used > 0
+    await blind.send(Resync("no such file", no_board=True))
+    await wait_in_lab(released, 10, "the board given back on no_board")
+    await blind.receive(Weights)
+    lease = await blind.receive(Lease)
+    await _update_in(blind, lease, 0, 0)
+    refusal = await blind.receive(ErrorMessage)
+    assert not refusal.fatal and "slot 0 of an update board this worker has not got" in refusal.text
+    await blind.close()
 
 
 def _mapped(name: str) -> int:
