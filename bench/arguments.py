@@ -36,6 +36,15 @@ def output_path(text: str) -> Path:
     return path
 
 
+def checkout(text: str) -> Path:
+    """An argparse type: a checkout of earlier code to measure beside this one (``git
+    archive COMMIT | tar -x -C DIR``), whose processes import ``snet`` from ``DIR/src``."""
+    path = Path(text)
+    if not (path / "src" / "snet").is_dir():
+        raise argparse.ArgumentTypeError(f"no checkout at {text} (no src/snet)")
+    return path
+
+
 def emit(text: str, path: Path | None) -> None:
     """Print ``text`` (the results), then write it to ``path`` if given: a write that
     fails (a full disk) loses nothing the run printed."""

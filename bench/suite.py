@@ -27,6 +27,7 @@ from snet.cli.parser import Parser
 from snet.cli.runtime import blas_thread_env
 
 from . import CHECKOUT, child_env
+from .arguments import checkout
 from .report import render_markdown
 
 WORKER_NETWORKS = ("39:500:42", "351:1262:45")
@@ -118,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
     parser.add_argument(
         "--baseline",
-        type=Path,
+        type=checkout,
         help="a checkout of earlier code measured beside this one in the update and "
         "accuracy sections (e.g. git archive main | tar -x -C DIR)",
     )

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .arguments import emit, output_path, positive_int
+from .arguments import checkout, emit, output_path, positive_int
 from .bmuf_speed import first_at, timed_epochs
 
 TARGET_CV = 0.90  # every mode reaches it within the default job's 10 epochs
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=TARGET_CV, help="CV accuracy, 0-1")
     said = f"of {', '.join(KNOWN_MODES)} (default {','.join(MODES)})"
     parser.add_argument("--modes", default=",".join(MODES), help=said)
-    parser.add_argument("--baseline", type=Path, help="a checkout of earlier code to run too")
+    parser.add_argument("--baseline", type=checkout, help="a checkout of earlier code to run too")
     parser.add_argument("--json", type=output_path, help="write the result here too")
     args = parser.parse_args(argv)
     modes = tuple(args.modes.split(","))
@@ -161,8 +161,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes {args.modes!r}: each of {', '.join(KNOWN_MODES)} at most once")
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target:g}: a CV accuracy above 0, at most 1")
-    if args.baseline is not None and not (args.baseline / "src" / "snet").is_dir():
-        parser.error(f"--baseline {args.baseline}: no checkout there (no src/snet)")
     result = run_accuracy_bench(args.repeats, args.target, modes, args.baseline)
     emit(json.dumps(result, indent=1), args.json)
     return 0

@@ -45,7 +45,7 @@ from typing import Any
 
 from snet.cli.runtime import blas_thread_env
 
-from .arguments import emit, output_path, positive_float
+from .arguments import checkout, emit, output_path, positive_float
 from .processes import LocalCluster
 from .server_throughput import synthetic_data
 
@@ -166,15 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--seconds", type=positive_float, default=4.0, help="measuring window")
     parser.add_argument("--elements", default=",".join(ELEMENTS), help="of " + ",".join(ELEMENTS))
-    parser.add_argument("--baseline", type=Path, help="a checkout of earlier code to measure too")
+    parser.add_argument("--baseline", type=checkout, help="earlier code to measure too")
     parser.add_argument("--json", type=output_path, help="write the rows here too")
     args = parser.parse_args(argv)
     elements = tuple(args.elements.split(","))
     unknown = [label for label in elements if label not in ELEMENTS]
     if unknown:
         parser.error(f"unknown element(s) {', '.join(unknown)}; known: {', '.join(ELEMENTS)}")
-    if args.baseline is not None and not (args.baseline / "src" / "snet").is_dir():
-        parser.error(f"--baseline {args.baseline}: no checkout there (no src/snet)")
     rows = run_update_bench(args.seconds, elements, args.baseline)
     emit(json.dumps(rows, indent=1), args.json)
     return 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import time_to_accuracy, update_cost
+from bench import suite, time_to_accuracy, update_cost
 from bench.arguments import emit
 
 
@@ -20,11 +20,13 @@ from bench.arguments import emit
         (time_to_accuracy.main, ["--modes", "async,async"], "at most once"),
         (time_to_accuracy.main, ["--target", "90"], "--target 90: a CV accuracy above 0"),
         (time_to_accuracy.main, ["--json", "/nonexistent/t.json"], "/nonexistent is not a dir"),
-        (time_to_accuracy.main, ["--baseline", "/nonexistent"], "no checkout there"),
+        (time_to_accuracy.main, ["--baseline", "/nonexistent"], "no checkout at /nonexistent"),
         (update_cost.main, ["--seconds", "-1"], "--seconds: must be above 0, got -1"),
         (update_cost.main, ["--seconds", "nan"], "must be above 0, got nan"),
         (update_cost.main, ["--elements", "1GB"], "unknown element(s) 1GB"),
         (update_cost.main, ["--json", "/"], "/ is a directory"),
+        (update_cost.main, ["--baseline", "/tmp"], "no checkout at /tmp (no src/snet)"),
+        (suite.parser().parse_args, ["--baseline", "/tmp"], "no checkout at /tmp"),
     ],
 )
 def test_a_bad_value_is_one_line_before_anything_runs(
