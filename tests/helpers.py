@@ -11,6 +11,7 @@ test_rings.py keeps it so: no other test module starts a process itself.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -393,3 +394,10 @@ def status_table(url: str) -> str:
     return run_process(
         [sys.executable, "-m", "snet.cli", "status", "--url", url], timeout=30, check=True
     ).stdout
+
+
+def memfd_mappings(name: str) -> int:
+    """This process's mappings of a memfd named ``name`` (a shared board), once what earlier
+    tests left to the collector is collected (a lab's servers and workers sit in cycles)."""
+    gc.collect()
+    return Path("/proc/self/maps").read_text().count(f"/memfd:{name}")

@@ -6,8 +6,6 @@ all the boards together stay within their bound, and each goes with its worker."
 
 from __future__ import annotations
 
-import gc
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,7 @@ from snet.transport.shared_board import (
 )
 
 from async_raw import AsyncRawClient
-from helpers import SMALL_JOB
+from helpers import SMALL_JOB, memfd_mappings
 from inprocess import Lab
 from inprocess import wait_until as wait_in_lab
 
@@ -67,7 +65,8 @@ def test_the_boards_together_stay_within_their_bound() -> None:
     made = []
     while (made_one := boards.make(max_in_flight=2)) is not None:
         made.append(made_one)
-    assert len(made) == MAX_UPDATE_BOARDS_BYTES // (made[0].slots * values * 4 + 64 * 5) - 0
+    # a board: its 64-byte header, and per slot a 64-byte version line and its values
+    assert len(made) == MAX_UPDATE_BOARDS_BYTES // (64 + made[0].slots * (64 + values * 4))
     assert boards.used <= MAX_UPDATE_BOARDS_BYTES
     boards.release(made.pop())  # a worker gone: room for the next
     extra = boards.make(max_in_flight=2)
@@ -188,15 +187,8 @@ async def test_a_raw_peer_s_board_updates_are_checked_as_any(
     await blind.close()
 
 
-def _mapped(name: str) -> int:
-    """This process's mappings of a memfd named ``name``, once what earlier tests left
-    to the collector is collected (a lab's servers and workers sit in reference cycles)."""
-    gc.collect()
-    return Path("/proc/self/maps").read_text().count(f"/memfd:{name}")
-
-
 async def test_workers_train_with_their_updates_through_boards(lab: Lab) -> None:
-    before = _mapped("snet-update-board")
+    before = memfd_mappings("snet-update-board")
     server = await lab.server("--mode", "async", "--epochs", "1", "--min-workers", "2",
                               *SMALL_JOB)  # fmt: skip
     workers = [lab.worker(server, name) for name in ("w1", "w2")]  # shared: the default
@@ -213,7 +205,7 @@ async def test_workers_train_with_their_updates_through_boards(lab: Lab) -> None
     assert server.server.coordinator.boards.updates.used == 0  # both released
     # and unmapped on the workers' side too, though their backends live on (a worker that
     # reconnects keeps its backend: a mapping held by a view in it stayed for good)
-    assert _mapped("snet-update-board") == before
+    assert memfd_mappings("snet-update-board") == before
 
 
 async def test_no_update_board_where_a_fault_switch_may_drop_updates(lab: Lab) -> None:
