@@ -164,11 +164,7 @@ async def test_a_raw_peer_s_board_updates_are_checked_as_any(
     plain = await AsyncRawClient.connect(server.port, "no-board")
     welcome = await plain.handshake(())
     assert "update_board" not in welcome.codecs
-    await plain.receive(Weights)
-    lease = await plain.receive(Lease)
-    await _update_in(plain, lease, 0, 0)
-    refusal = await plain.receive(ErrorMessage)
-    assert not refusal.fatal and "slot 0 of an update board this worker has not got" in refusal.text
+    await _slot_refused(plain)
     await plain.close()
 
     # one that cannot read the weights board (another /proc) cannot open its update board
@@ -179,12 +175,17 @@ async def test_a_raw_peer_s_board_updates_are_checked_as_any(
     assert server.server.coordinator.boards.updates.used > 0
     await blind.send(Resync("no such file", no_board=True))
     await wait_in_lab(released, 10, "the board given back on no_board")
-    await blind.receive(Weights)
-    lease = await blind.receive(Lease)
-    await _update_in(blind, lease, 0, 0)
-    refusal = await blind.receive(ErrorMessage)
-    assert not refusal.fatal and "slot 0 of an update board this worker has not got" in refusal.text
+    await _slot_refused(blind)
     await blind.close()
+
+
+async def _slot_refused(client: AsyncRawClient) -> None:
+    """An update in slot 0 of an update board the peer has not got: refused, not fatal."""
+    await client.receive(Weights)
+    lease = await client.receive(Lease)
+    await _update_in(client, lease, 0, 0)
+    refusal = await client.receive(ErrorMessage)
+    assert not refusal.fatal and "slot 0 of an update board this worker has not got" in refusal.text
 
 
 async def test_workers_train_with_their_updates_through_boards(lab: Lab) -> None:
