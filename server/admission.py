@@ -8,7 +8,7 @@ Everything a peer can make the server allocate is bounded before the peer is tru
   yet); one more is told ``too_many_handshakes`` and closed, so that a flood of idle
   connections cannot keep honest workers out for long: each lasts at most
   ``handshake_seconds`` (the server closes it with ``timeout``), TLS handshake included;
-- at most ``handshakes_per_address`` of those from one address (server/peers.py), so that
+- at most ``handshakes_per_address`` of those from one address (transport/addresses.py), so that
   one host cannot take every handshake slot and turn real workers away; welcomed
   connections are not bounded per address (ServerConfig.handshakes_per_address says
   why); one more is told ``too_many_handshakes``, its text naming the address's bound;

@@ -30,6 +30,7 @@ from snet.protocol.fpu import flush_denormals
 from snet.protocol.heap import settle
 from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye
+from snet.transport.addresses import start_listening
 from snet.transport.faults import FaultSwitch
 
 from .admission import Admission, worker_frame_limits
@@ -184,15 +185,9 @@ class SnetServer:
 
         handshake = self.config.handshake_seconds if tls else None
         try:
-            if self.listen_socket is not None:
-                self._tcp = await loop.create_server(
-                    connection, sock=self.listen_socket, ssl=tls, ssl_handshake_timeout=handshake
-                )
-            else:
-                self._tcp = await loop.create_server(
-                    connection, self.config.host, self.config.port, ssl=tls,
-                    ssl_handshake_timeout=handshake,
-                )  # fmt: skip
+            # the demo's socket (made before its workers start), or one of its own
+            self._tcp = await start_listening(connection, self.config.host, self.config.port,
+                                              tls, handshake, self.listen_socket)  # fmt: skip
             self.port = self._tcp.sockets[0].getsockname()[1]
             where = f"{self.config.http_bind_host}:{self.config.http_port} (HTTP)"
             self._http = web.AppRunner(

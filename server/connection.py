@@ -51,12 +51,12 @@ from snet.protocol.messages import (
     WorkerReport,
 )
 from snet.protocol.worker_name import name_problem
+from snet.transport.addresses import peer_address
 from snet.transport.shared_board import UpdateBoard, WeightsBoard
 from snet.transport.stream import FrameStream, release_tokens
 
 from .admission import Admission
 from .ledger import CompressionLedger
-from .peers import peer_address
 from .plausible import checked_report
 from .pool import TURNED_AWAY, ElementLoan, ElementShare, Received
 from .security import is_loopback
@@ -100,7 +100,7 @@ class WorkerConnection:
         self.session: WorkerSession | None = None
         self.nonce = os.urandom(auth.NONCE_BYTES)
         self.connected_at = time.monotonic()
-        self.address = "?"  # the peer's host (server/peers.py), once connected
+        self.address = "?"  # the peer's host (transport/addresses.py), once connected
         self.update_board: UpdateBoard | None = None  # its updates' way in, if it has one
         self._warned = 0  # warnings logged about what this peer sent (PEER_WARNINGS)
         self._unlogged: tuple[str, int] = ("", 0)  # its name, and the warnings not logged

@@ -10,7 +10,7 @@ line, and takes any number of connections. Here:
   it expires, partial request line or not (a slowloris); a request's body is read under
   the same bound (server/http.py). A TLS handshake gets the same time.
 - **At most ``http_connections`` connections at once**, and at most
-  ``http_connections_per_address`` of them from one address (server/peers.py): one more is
+  ``http_connections_per_address`` of them from one address (transport/addresses.py): one more is
   answered ``503 Service Unavailable`` (with ``Retry-After``) and closed before anything of
   it is read, and counted (``http_connections_refused`` and
   ``http_connections_refused_per_address`` in /status and /metrics). Without the bound per
@@ -44,7 +44,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
-from .peers import peer_address
+from snet.transport.addresses import peer_address, start_listening
 
 if typing.TYPE_CHECKING:
     from .config import ServerConfig
@@ -180,13 +180,8 @@ class HttpListener:
                     return _Busy(BUSY_HERE_RESPONSE)
             return typing.cast(asyncio.Protocol, handlers())
 
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Gate(admit),
-            host or None,
-            port,
-            ssl=self.tls,
-            ssl_handshake_timeout=self.header_seconds if self.tls else None,
+        self._server = await start_listening(
+            lambda: _Gate(admit), host, port, self.tls, self.header_seconds if self.tls else None
         )
         return int(self._server.sockets[0].getsockname()[1])
 

@@ -47,13 +47,16 @@ OPEN_PATHS = frozenset({"/healthz"})  # for probes: says only that the process i
 
 
 def is_loopback(host: str) -> bool:
-    """True for addresses only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    """True for addresses only this machine reaches (127.0.0.0/8, ::1, localhost, and
+    ``::ffff:127.x.x.x``: how a dual-stack socket reports an IPv4 loopback peer)."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False  # a host name other than localhost, or "" (every interface)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
 
 
 def resolve_token(config: ServerConfig) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import ssl
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from snet.protocol import PROTOCOL_VERSION
 from snet.protocol.errors import ConfigError
 from snet.protocol.messages import ErrorMessage, Hello, ServerHello
 from snet.server.config import ServerConfig
-from snet.server.peers import peer_address
+from snet.transport.addresses import peer_address, peer_text
 from snet.transport.tls import client_context
 
 from async_raw import AsyncRawClient
@@ -199,12 +200,46 @@ async def test_welcomed_workers_from_one_address_are_not_bounded_per_address(
         await peer.close()
 
 
+@ONE_LOOP
+@pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="no IPv6 on this machine")
+async def test_a_server_on_every_address_takes_ipv4_and_ipv6_peers(lab: Lab) -> None:
+    """``--host ::``: asyncio sets IPV6_V6ONLY on the sockets it makes, so each IPv4
+    worker and browser was refused; both ports are one dual-stack socket now, and an
+    IPv4 peer is known by its IPv4 address (one key for the bounds, loopback for /control)."""
+    server = await lab.server("--host", "::", "--insecure", "--min-workers", "9", *SMALL_JOB)
+    peers = []
+    for n, host in enumerate(("127.0.0.1", "::1"), start=1):
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, server.port), 10)
+        peer = AsyncRawClient(reader, writer, host)
+        await peer.receive(ServerHello)
+        await peer.send(Hello(PROTOCOL_VERSION, f"from {host}", "raw", (), b""))
+        await wait_in_lab(
+            lambda n=n: len(server.server.coordinator.sessions) == n, 10, "the welcome"
+        )
+        peers.append(peer)
+        http_reader, http_writer = await asyncio.wait_for(
+            asyncio.open_connection(host, server.server.http_port), 10
+        )
+        http_writer.write(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await asyncio.wait_for(http_reader.read(), 10)
+        await _close([(http_reader, http_writer)])
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    status = await server.status()
+    hosts = {w["address"].rsplit(":", 1)[0] for w in status["workers"]}
+    assert hosts == {"127.0.0.1", "[::1]"}, status["workers"]
+    for peer in peers:
+        await peer.close()
+
+
 def test_peer_addresses_are_one_key_per_host() -> None:
     assert peer_address(("::ffff:10.1.2.3", 7000, 0, 0)) == "10.1.2.3"  # dual-stack IPv4
     assert peer_address(("2001:DB8:0:0::1", 7000, 0, 0)) == "2001:db8::1"
     assert peer_address(("2001:db8::2", 7000, 0, 0)) != peer_address(("2001:db8::1", 1, 0, 0))
     assert peer_address(("10.1.2.3", 7000)) == "10.1.2.3"
     assert peer_address(None) == "?"
+    assert peer_text(("::ffff:10.1.2.3", 7000, 0, 0)) == "10.1.2.3:7000"
+    assert peer_text(("2001:db8::1", 7000, 0, 0)) == "[2001:db8::1]:7000"
+    assert peer_text(("10.1.2.3", 7000)) == "10.1.2.3:7000" and peer_text(None) == "?"
 
 
 def test_the_bounds_per_address_are_checked() -> None:

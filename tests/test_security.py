@@ -25,7 +25,8 @@ NOT_HERE = "10.255.255.1"  # an address this machine does not have: never actual
 
 def test_loopback_is_told_apart() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("127.3.4.5") and is_loopback("::1")
-    assert is_loopback("localhost")
+    assert is_loopback("localhost") and is_loopback("::ffff:127.0.0.1")  # dual-stack IPv4
+    assert not is_loopback("::ffff:10.0.0.1")
     assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("::")
     assert not is_loopback("10.0.0.1") and not is_loopback("server.example")
 

@@ -32,7 +32,7 @@ import logging
 import time
 import typing
 from collections import deque
-from typing import Any, Protocol
+from typing import Protocol
 
 from snet.protocol.channel import Channel, WritelinesFunction, gathering_writer
 from snet.protocol.conversation import Conversation
@@ -41,6 +41,7 @@ from snet.protocol.errors import ConnectionLost, MalformedFrame, ProtocolError
 from snet.protocol.framing import FrameLimits, PayloadSink, encode_bytes
 from snet.protocol.messages import ErrorMessage, Message
 
+from .addresses import peer_text
 from .faults import FaultRule, FaultSwitch
 
 LINGER_SECONDS = 2.0  # a refusing side reads and drops for this long before closing anyway
@@ -128,8 +129,7 @@ class FrameStream(asyncio.BufferedProtocol):
         self.transport = typing.cast(asyncio.Transport, transport)
         high, low = self.water
         self.transport.set_write_buffer_limits(high=high, low=low)
-        peer: Any = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.peer = peer_text(transport.get_extra_info("peername"))
         self._gather = gathering_writer(transport)
         # With a fault switch every byte goes through _write, to be counted for cuts.
         gather = self._writelines if self._gather and self.faults is None else None
