@@ -206,8 +206,14 @@ def _read_job(args: argparse.Namespace) -> tuple[JobSpec, bool]:
     # on (--chunk-frames 100 is enough for bunches of 64); the mode it is divided for, as
     # the job reads it, from a first making with a bunch every other setting allows.
     mode = build_job(values, {**flags, "bunch_size": 1}, where).mode
-    size = divided_size(JobSpec().bunch_size, mode, args.workers + args.spert)
-    return build_job(values, {**flags, "bunch_size": size}, where), True
+    workers = args.workers + args.spert
+    size = divided_size(JobSpec().bunch_size, mode, workers)
+    try:
+        return build_job(values, {**flags, "bunch_size": size}, where), True
+    except ConfigError as exc:  # a check against a --bunch-size the user never gave
+        said = f"each worker's bunch of {size} (the job's {JobSpec().bunch_size} divided among "
+        said += f"{counted(workers, 'worker')}; --bunch-size sets it)"
+        raise ConfigError(str(exc).replace(f"--bunch-size {size}", said)) from None
 
 
 async def _demo(

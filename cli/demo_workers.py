@@ -96,6 +96,12 @@ def check_worker_settings(args: argparse.Namespace, job: JobSpec) -> str:
     again would go on from it. Returns the weights form of the first (the numpy workers',
     if there are any)."""
     from snet.client.backend import check_backend
+    from snet.protocol.errors import ConfigError
+
+    if job.mode == "np" and args.weights_codec is not None:  # it would be ignored
+        said = f"--weights-codec {args.weights_codec}"
+        raise ConfigError(f"{said}: np mode's workers hold slices of the network and are "
+                          "sent no weights; leave it out")  # fmt: skip
 
     from .commands import worker_config
     from .parser import parse_command

@@ -299,7 +299,13 @@ def test_the_demos_job_is_checked_with_the_bunch_its_workers_train_on() -> None:
     assert (divided.bunch_size, divided.chunk_frames, was) == (64, 100, True)
     bmuf, _ = job("--mode", "bmuf", "--chunk-frames", "128")  # bmuf: whole bunches of 128
     assert bmuf.bunch_size == 128
-    with pytest.raises(ConfigError, match="--chunk-frames 50 < --bunch-size 64"):  # it sets it
+    with pytest.raises(ConfigError) as refused:  # named as the bunch the user never gave
         job("--chunk-frames", "50")
+    assert str(refused.value) == (
+        "--chunk-frames 50 < each worker's bunch of 64 (the job's 128 divided among "
+        "2 workers; --bunch-size sets it)"
+    )
+    with pytest.raises(ConfigError, match="^--chunk-frames 20 < --bunch-size 32$"):  # given
+        job("--bunch-size", "32", "--chunk-frames", "20")
     chosen, was = job("--bunch-size", "32", "--chunk-frames", "40")
     assert (chosen.bunch_size, was) == (32, False)
