@@ -33,6 +33,7 @@ from snet.protocol.fpu import flush_denormals
 from snet.protocol.framing import FrameLimits
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
+    DROPPED,
     LEASE_REVOKED,
     ROUND_DEADLINE,
     TRAINING_COMPLETE,
@@ -311,8 +312,9 @@ class Worker:
                 assert self.job is not None and self.policy is not None
                 self.job = follow_change(self.job, self.policy, message)
             elif isinstance(message, ErrorMessage):
-                if message.fatal and message.code == ROUND_DEADLINE:
-                    raise ConnectionLost(f"dropped from the sync rounds: {message.text}")
+                if message.fatal and message.code in DROPPED:  # welcome back: reconnect
+                    said = "from the sync rounds" if message.code == ROUND_DEADLINE else "as silent"
+                    raise ConnectionLost(f"dropped {said}: {message.text}")
                 if message.fatal:
                     self._refused = RemoteError(message.code, message.text)
                 elif message.code == LEASE_REVOKED:  # its remaining frames are dropped

@@ -271,9 +271,12 @@ class ErrorMessage:
 # stopped, e.g. to be restarted) tells a worker to try to connect again for a while.
 TRAINING_COMPLETE = "training complete"
 
-# The code of the fatal error that drops a worker from sync rounds for missing the round
-# deadline: the worker is welcome back, so it reconnects rather than gives up.
+# The codes of the fatal errors that drop a worker without refusing it: it missed a sync
+# round's deadline, or sent nothing for the server's worker_timeout_seconds (a frozen
+# process, a suspended machine). It is welcome back, so it reconnects rather than gives up.
 ROUND_DEADLINE = "round_deadline"
+TIMEOUT = "timeout"
+DROPPED = frozenset({ROUND_DEADLINE, TIMEOUT})
 
 # The code of the non-fatal error that tells a worker one of its leases was taken back
 # (``lease_id`` names it) for being late: it drops the lease's remaining frames, which
@@ -374,27 +377,10 @@ POLICY_CHARS = 32  # a policy's text: "dcasgd:0.04" and the like
 FOLLOWS_POLICY = "policy:staleness"  # Hello capability: tell me of staleness policy changes
 
 Message = (
-    ServerHello
-    | Hello
-    | Welcome
-    | Weights
-    | Lease
-    | Update
-    | Evaluate
-    | EvalResult
-    | WorkerReport
-    | Resync
-    | DataInfo
-    | FramesWanted
-    | Frames
-    | Heartbeat
-    | ErrorMessage
-    | Goodbye
-    | SliceState
-    | NpBunch
-    | PartialOutputs
-    | PolicyChange
-)
+    ServerHello | Hello | Welcome | Weights | Lease | Update | Evaluate | EvalResult
+    | WorkerReport | Resync | DataInfo | FramesWanted | Frames | Heartbeat | ErrorMessage
+    | Goodbye | SliceState | NpBunch | PartialOutputs | PolicyChange
+)  # fmt: skip
 
 # Every message by its wire name, in the order of ``Message`` (written once, there).
 MESSAGE_TYPES: dict[str, type[Any]] = {cls.TYPE: cls for cls in get_args(Message)}

@@ -36,6 +36,7 @@ from snet.protocol.errors import (
 )
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import (
+    TIMEOUT,
     ErrorMessage,
     EvalResult,
     FramesWanted,
@@ -73,8 +74,7 @@ log = logging.getLogger("snet.server")
 # summed up when it leaves. A peer repeating one refused message wrote 47,000 log lines
 # (13.7 MB) in 7 s, a disk's worth in hours.
 PEER_WARNINGS = 20
-HIGH_WATER = 4 * 1024 * 1024  # bytes queued in the transport before weights coalesce
-LOW_WATER = 1024 * 1024
+HIGH_WATER, LOW_WATER = 4 * 1024 * 1024, 1024 * 1024  # bytes queued: weights coalesce above
 
 
 class WorkerConnection:
@@ -389,11 +389,11 @@ def tend_connections(
             if waited > admission.handshake_seconds and not connection.closing:
                 text = f"no hello in {waited:.0f} s"
                 admission.timed_out(text)
-                connection.fail("timeout", text, logged=False)
+                connection.fail(TIMEOUT, text, logged=False)
             continue
         quiet = now - session.last_seen
         if quiet > timeout_seconds:
-            connection.fail("timeout", f"no message for {quiet:.0f} s")
+            connection.fail(TIMEOUT, f"no message for {quiet:.0f} s")
         elif quiet > heartbeat_seconds or now - connection.last_sent > heartbeat_seconds:
             # Also a sign of life for the worker: one that hears nothing for its
             # server_timeout_seconds takes the link for dead and reconnects.

@@ -7,6 +7,7 @@ before the fix each of these runs stopped training until that timeout (or for go
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import numpy as np
@@ -138,3 +139,35 @@ def test_idle_worker_is_dropped_from_sync_rounds(cluster: Cluster) -> None:
     assert status["workers_dropped_late"] == 1
     assert "missed the round deadline" in server.log.read_text()
     idle.close()
+
+
+def test_a_worker_frozen_past_the_silence_timeout_joins_again(cluster: Cluster) -> None:
+    """A worker process stopped (SIGSTOP: a suspended machine, a swapped-out process) for
+    longer than ``worker_timeout_seconds`` is dropped with a fatal ``timeout``; once it
+    runs again it reads that and joins again, where it had taken the drop for a refusal
+    and exited 4, lost to the run. Training completes with every frame applied once."""
+    server = cluster.server(
+        "--mode", "async", "--epochs", "4", "--min-workers", "2", "--linger-seconds", "30",
+        "--heartbeat-seconds", "0.25", "--worker-timeout-seconds", "1", *QUICK_JOB,
+    )  # fmt: skip
+    frozen = cluster.worker(server, "frozen")
+    cluster.worker(server, "w2")
+    wait_until(lambda: server.status()["updates_applied"] > 0, 30, "training to start")
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: "no message for" in server.log.read_text(), 30, "the silence drop")
+        assert server.status()["state"] == "training"  # so that there is work to join for
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    wait_until(lambda: _trained(server), FINISH_SECONDS, "training to finish")
+    assert frozen.wait(timeout=FINISH_SECONDS) == 0  # told "training complete", not refused
+    log = cluster.log("frozen")
+    # It reads the server's error when it runs again, or meets the closed socket first
+    # (a frame it sends on waking, such as a resync, is answered by a reset, which takes
+    # the unread error with it); either way it is back
+    assert "dropped as silent: no message for" in log or "lost the server" in log, log
+    assert log.count("joined snet as worker") == 2, log
+    status = server.status()
+    assert len(status["epochs"]) == 4
+    for epoch in status["epochs"]:
+        assert epoch["ledger"]["used_once"] == epoch["ledger"]["frames"], epoch["ledger"]
