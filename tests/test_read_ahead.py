@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fake_transport import FakeTransport
 
 from snet.protocol.conversation import Conversation, Role
 from snet.protocol.decoder import READ_AHEAD, Decoded, FrameDecoder
@@ -118,34 +119,15 @@ def test_fed_bytes_between_two_pending_frames_keep_their_order() -> None:
     assert decoder.frames_decoded == 3
 
 
-class _Transport(asyncio.Transport):
-    """Enough of a transport for a stream: reading can be paused, writes are kept."""
+class _Transport(FakeTransport):
+    """Its writes are kept."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.reading = True
         self.written: list[bytes] = []
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 1) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
 
     def write(self, data: Any) -> None:
         self.written.append(bytes(data))
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
 
 
 class _Pausing:
