@@ -79,7 +79,8 @@ async def _events(request: web.Request) -> web.StreamResponse:
     )
     await response.prepare(request)
     loop = asyncio.get_running_loop()
-    with contextlib.suppress(ConnectionResetError):  # the browser went away
+    # the browser went away: a reset while a write waited on it is a ConnectionError
+    with contextlib.suppress(ConnectionError):
         await response.write(b"retry: 2000\n\n")
         while True:
             document = json.dumps(status_document(server), separators=(",", ":"))

@@ -185,4 +185,6 @@ def _authorised(request: web.Request, expected: bytes) -> bool:
     # an auth scheme's name is case-insensitive (RFC 9110 11.1): "bearer" is "Bearer"
     bearer = scheme.lower() == "bearer"
     given = credentials.strip() if bearer else request.query.get("token", "")
-    return hmac.compare_digest(given.encode(), expected)
+    # bytes that are not UTF-8 came in as surrogates (aiohttp decodes with surrogateescape):
+    # given back as they came, a wrong token, where a plain encode() raised (500, traceback)
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
+import struct
 from typing import Any
 
 import pytest
@@ -156,3 +158,28 @@ async def _read(page: Browser) -> dict[str, Any]:
         })()"""
     )
     return value
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_an_events_reader_that_stalls_then_resets_leaves_no_traceback(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client of /events that reads nothing until the server's writes wait on it, then
+    resets the connection: the waiting write raised ``ConnectionError`` (not the
+    ``ConnectionResetError`` suppressed), an ERROR traceback each time (found by a probe,
+    with a long run's large documents; here documents are made large)."""
+    import snet.server.http as http
+
+    documents = http.status_document
+    monkeypatch.setattr(http, "status_document", lambda s: {**documents(s), "x": "x" * 200_000})
+    server = await lab.server("--event-seconds", "0.05", "--min-workers", "9", *SMALL_JOB)
+    peer = socket.socket()
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    peer.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(peer, ("127.0.0.1", server.server.http_port))
+    peer.send(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await asyncio.sleep(2)  # the documents pile up until the server's writes wait
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    peer.close()  # a reset
+    await asyncio.sleep(0.5)
+    assert "Error handling request" not in lab.capture.text()

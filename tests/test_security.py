@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -132,6 +133,21 @@ def test_with_a_token_every_endpoint_but_healthz_needs_it(cluster: Cluster, tmp_
     assert worker.wait(60) == 0
     assert server.wait(30) == 0 and "final weights (version" in server.log.read_text()
     assert "s3cret-token" not in server.log.read_text()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_token_that_is_not_utf8_is_a_wrong_token(lab: Lab) -> None:
+    """An Authorization header with bytes that are not UTF-8 made the check raise: a 500
+    and an ERROR traceback in the log for anyone, no token needed (found by a probe)."""
+    server = await lab.server("--token", "s3cret", "--min-workers", "9", *SMALL_JOB)
+    for header in (b"Bearer \xff\xfe", b"Bearer s3cret\xff", b"\xff s3cret"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.server.http_port)
+        writer.write(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " + header
+                     + b"\r\nConnection: close\r\n\r\n")  # fmt: skip
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 401"), (header, answer[:100])
+    # the lab's close finds any traceback in the server's log
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: see tests/README.md
