@@ -16,6 +16,7 @@ from snet.protocol.worker_name import name_problem
 from snet.transport.faults import FaultSwitch
 
 HANDSHAKE_SECONDS = 30.0  # a server's hello, welcome and data description, in all
+HEARTBEAT_FLOOR = 0.05  # seconds between heartbeats at least
 # client/backend.py's BACKENDS and "auto"; named here too, so that a setting is checked
 # when it is read, before any worker starts (the backends' code is not loaded by then)
 BACKEND_NAMES = ("auto", "numpy", "torch", "spert", "modelled")
@@ -81,8 +82,10 @@ class WorkerConfig:
         },
     )
     heartbeat_seconds: float = field(
-        default=5.0, metadata={"help": "send a heartbeat when quiet this long"}
-    )
+        default=5.0,
+        metadata={"help": "send a heartbeat when quiet this long (keep it well below the "
+                  "server's --worker-timeout-seconds, 60 by default)"},
+    )  # fmt: skip
     retry_seconds: float = field(
         default=300.0,
         metadata={
@@ -181,6 +184,13 @@ class WorkerConfig:
             raise ConfigError(f"max_frame_mb must be at least 1, got {self.max_frame_mb}")
         if self.server_timeout_seconds <= 1:
             raise ConfigError("server_timeout_seconds must be more than 1 s")
+        # 0 sent heartbeats without a pause: this worker and its server at a full core each
+        if not HEARTBEAT_FLOOR <= self.heartbeat_seconds < self.server_timeout_seconds:
+            raise ConfigError(
+                f"heartbeat_seconds must be at least {HEARTBEAT_FLOOR:g} and below "
+                f"server_timeout_seconds ({self.server_timeout_seconds:g}), "
+                f"got {self.heartbeat_seconds:g}"
+            )
         if not 0 < self.hello_seconds < HANDSHAKE_SECONDS:
             raise ConfigError(
                 f"hello_seconds must be > 0 and < {HANDSHAKE_SECONDS:g}, got {self.hello_seconds:g}"

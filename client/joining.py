@@ -39,6 +39,7 @@ from snet.protocol.errors import (
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import (
     BUSY,
+    DROPPED,
     FOLLOWS_POLICY,
     DataInfo,
     ErrorMessage,
@@ -145,6 +146,9 @@ class Handshake:
         message = self._inbox.popleft()
         if isinstance(message, ErrorMessage) and message.code in BUSY:
             raise ServerBusy(f"the server is busy: {message.code}: {message.text}")
+        if isinstance(message, ErrorMessage) and message.code in DROPPED:
+            # its hello came too late (a loaded machine): dropped, not refused; again
+            raise ConnectionLost(f"dropped during the handshake: {message.text}")
         if isinstance(message, ErrorMessage):
             raise RemoteError(message.code, message.text)
         if isinstance(message, Goodbye):

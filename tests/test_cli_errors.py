@@ -80,6 +80,11 @@ def test_a_settings_own_check_names_it_as_the_user_gave_it(
     assert error(["train", "--config", path], capsys) == (
         f"snet: {path} [job] epochs must be >= 1, got 0"
     )
+    for heartbeat in ("0", "-1", "0.001", "30"):  # 0 spun the worker and its server
+        assert error(["worker", "--heartbeat-seconds", heartbeat], capsys) == (
+            f"snet: --heartbeat-seconds must be at least 0.05 and below "
+            f"server_timeout_seconds (30), got {float(heartbeat):g}"
+        )
     monkeypatch.setenv("SNET_WORKER_PROCESSES", "0")
     assert error(["worker"], capsys) == (
         "snet: SNET_WORKER_PROCESSES must be 1 to 256 (one per core is the rule), got 0"

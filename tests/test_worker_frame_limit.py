@@ -19,7 +19,9 @@ import pytest
 
 from snet.client.frame_limit import FrameLimitTooSmall
 from snet.client.retry_window import FIRST_PAUSE_SECONDS, STEADY_SECONDS, RetryWindow
-from snet.protocol.framing import PREFIX
+from snet.protocol import PROTOCOL_VERSION
+from snet.protocol.framing import PREFIX, encode_bytes
+from snet.protocol.messages import TIMEOUT, ErrorMessage, ServerHello
 from snet.transport.dial import MAX_BACKOFF_SECONDS
 
 from helpers import QUICK_JOB, Cluster
@@ -211,3 +213,27 @@ def test_snet_worker_with_too_small_a_frame_limit_exits_2_with_one_line(cluster:
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [f"snet: {TOO_SMALL}"]
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
+async def test_a_hello_the_server_found_too_late_is_a_drop_not_a_refusal(lab: Lab) -> None:
+    """A server that timed out the worker's hello (a loaded machine; 17 of a 200-worker
+    demo's) says ``timeout``: the worker took it for a refusal and exited 4, for good
+    (found by a probe). It connects again, and gives up only at its retry window (3)."""
+    server = await lab.server("--mode", "async", "--epochs", "1", *QUICK_JOB)
+
+    async def too_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(encode_bytes(ServerHello(PROTOCOL_VERSION, "slow", b"n" * 32, False)))
+        await reader.read(1)  # its hello, on its way
+        writer.write(encode_bytes(ErrorMessage(TIMEOUT, "no hello in 10 s", True)))
+        writer.close()
+
+    timing_out = await asyncio.start_server(too_late, "127.0.0.1", 0)
+    port = timing_out.sockets[0].getsockname()[1]
+    try:
+        worker = lab.worker(server, "w", "--server", f"127.0.0.1:{port}", "--retry-seconds", "1")
+        assert await worker.wait(15) == 3
+    finally:
+        timing_out.close()
+    log = lab.log("w")
+    assert "dropped during the handshake: no hello in 10 s" in log and "refused" not in log
