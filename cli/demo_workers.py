@@ -96,12 +96,6 @@ def check_worker_settings(args: argparse.Namespace, job: JobSpec) -> str:
     again would go on from it. Returns the weights form of the first (the numpy workers',
     if there are any)."""
     from snet.client.backend import check_backend
-    from snet.protocol.errors import ConfigError
-
-    if job.mode == "np" and args.weights_codec is not None:  # it would be ignored
-        said = f"--weights-codec {args.weights_codec}"
-        raise ConfigError(f"{said}: np mode's workers hold slices of the network and are "
-                          "sent no weights; leave it out")  # fmt: skip
 
     from .commands import worker_config
     from .parser import parse_command
@@ -126,12 +120,17 @@ def check_worker_settings(args: argparse.Namespace, job: JobSpec) -> str:
 def _check_takes_job(config: WorkerConfig, job: JobSpec) -> None:
     """What the server's handshake and the worker's welcome would refuse, said now."""
     from snet.client.frame_limit import check_job
+    from snet.client.joining import np_unused_codecs
     from snet.protocol.codecs.handshake import worker_capabilities
     from snet.protocol.errors import ConfigError, UnknownCodec
     from snet.protocol.framing import MIB
     from snet.server.policies import make_step_policy
 
     check_job(job, config.max_frame_mb * MIB)  # as the worker will at its welcome
+    if job.mode == "np" and (unused := np_unused_codecs(config.compress, config.weights_codec)):
+        # a worker only warns (it learns the mode at its welcome); the demo knows it now
+        raise ConfigError(f"the demo's workers: {unused} (their flags and SNET_WORKER_* "
+                          "variables); leave them out")  # fmt: skip
     # the codecs as the handshake agrees them, from what the worker will say in its hello
     capabilities = worker_capabilities(config.compress, config.weights_codec)
     try:

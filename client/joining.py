@@ -97,6 +97,19 @@ class Joined:
     update_board: BoardReader | None = None  # the one it made for this worker's updates
 
 
+def np_unused_codecs(compress: str, weights_codec: str) -> str:
+    """What np mode leaves unused of a worker's codec settings ("" if nothing): its workers
+    send no updates and are sent no whole weights (they hold slices)."""
+    unused = [f"--compress {compress}"] if compress else []
+    if weights_codec != SHARED:  # not the default
+        unused.append(f"--weights-codec {weights_codec}")
+    if not unused:
+        return ""
+    verb = "do" if len(unused) > 1 else "does"
+    return (f"{' and '.join(unused)} {verb} nothing: np mode's workers send no updates and "
+            "are sent no weights")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class NotJoined:
     """A handshake that ended without joining: refused, or a goodbye first."""
@@ -229,15 +242,22 @@ class Handshake:
             # Tell the server why this worker cannot take part, then leave.
             connection.send(ErrorMessage("bad_job", str(exc), True))
             return NotJoined(refused=RefusedHere("bad_job", str(exc)))
-        log.info(
-            "joined %s as worker %d (%s mode, network %s, updates %s, weights %s)",
-            hello.server_name,
-            welcome.worker_id,
-            job.mode,
-            job.network.describe(),
-            codecs["update"],
-            codecs["weights"],
-        )
+        if job.mode == "np":  # its workers hold slices: no updates, no whole weights
+            network = job.network.describe()
+            log.info("joined %s as worker %d (np mode, network %s: a slice of its hidden "
+                     "units)", hello.server_name, welcome.worker_id, network)  # fmt: skip
+            if unused := np_unused_codecs(self.config.compress, self.config.weights_codec):
+                log.warning("np mode: %s", unused)
+        else:
+            log.info(
+                "joined %s as worker %d (%s mode, network %s, updates %s, weights %s)",
+                hello.server_name,
+                welcome.worker_id,
+                job.mode,
+                job.network.describe(),
+                codecs["update"],
+                codecs["weights"],
+            )
         return Joined(job, corpus, codecs, compressor, board, update_board)
 
     async def _server_hello(self) -> ServerHello | None:

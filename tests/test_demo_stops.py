@@ -177,8 +177,13 @@ def test_a_bad_worker_setting_in_the_environment_is_one_line_and_exit_2_before_a
          "the demo's workers cannot take the job: update codec topk:0.1 carries a worker's "
          "momentum for gradients; bmuf workers send model deltas"),
         (["--mode", "np", "--weights-codec", "fp16"], {},
-         "--weights-codec fp16: np mode's workers hold slices of the network and are sent "
-         "no weights; leave it out"),
+         "the demo's workers: --weights-codec fp16 does nothing: np mode's workers send no "
+         "updates and are sent no weights (their flags and SNET_WORKER_* variables); leave "
+         "them out"),
+        (["--mode", "np"], {"SNET_WORKER_COMPRESS": "sign", "SNET_WORKER_WEIGHTS_CODEC": "none"},
+         "the demo's workers: --compress sign and --weights-codec none do nothing: np mode's "
+         "workers send no updates and are sent no weights (their flags and SNET_WORKER_* "
+         "variables); leave them out"),
         (["--network", "117:2048:10"], {"SNET_WORKER_MAX_FRAME_MB": "1"},
          "this worker's frame limit is 1 MiB (1048576 bytes), but the weights of network "
          "117:2048:10 take 1048616 bytes: give --max-frame-mb"),

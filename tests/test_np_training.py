@@ -85,10 +85,14 @@ def _saved(lab_server_out: object) -> np.ndarray:
 @pytest.mark.parametrize("workers", [2, 3])
 async def test_np_equals_sequential_training(lab: Lab, workers: int) -> None:
     server = await lab.server(*short_np_job())
-    started = [lab.worker(server, f"w{i}") for i in range(workers)]
+    codecs = ("--compress", "sign", "--weights-codec", "fp16")  # nothing to encode in np mode
+    started = [lab.worker(server, f"w{i}", *(codecs if i == 0 else ())) for i in range(workers)]
     assert await server.wait(120) == "trained"
     assert [await w.wait(30) for w in started] == [0] * workers
     np.testing.assert_allclose(_saved(server.out_dir), _sequential_weights(), rtol=1e-4, atol=1e-5)
+    said = lab.log("w0")  # it joined saying so, not "updates sign, weights fp16"
+    assert "(np mode, network 117:32:10: a slice of its hidden units)" in said
+    assert "np mode: --compress sign and --weights-codec fp16 do nothing" in said
     status = server.final_status()
     assert status["mode"] == "np"
     assert status["rule"]["rule"] == "np slices"  # who holds which hidden units
