@@ -32,6 +32,7 @@ from snet.protocol.network import NetworkSpec
 T = TypeVar("T")
 
 TABLES = ("server", "job", "worker", "spert")  # one file may serve server and workers
+CONFIG_BYTES = 1024 * 1024  # a config file is a few kilobytes: larger is something else
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
 ACTIVATION_HELP = "activation of the hidden layers"  # a part of the network, not a field
 
@@ -66,9 +67,17 @@ def read_toml(path: str | None) -> ConfigFile:
         return ConfigFile()
     try:
         with open(path, "rb") as handle:
-            document = tomllib.load(handle)
+            # bounded: /dev/zero, or a disk image given by mistake, was read until memory ran out
+            text = handle.read(CONFIG_BYTES + 1)
+        if len(text) > CONFIG_BYTES:
+            raise ConfigError(f"config file {path} is over {CONFIG_BYTES // 1024} KiB: not a "
+                              "config file?")  # fmt: skip
+        document = tomllib.loads(text.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:  # tomllib.load's own read raised this, a traceback
+        raise ConfigError(f"config file {path} is not valid TOML: not UTF-8 ({exc.reason} "
+                          f"at byte {exc.start})") from None  # fmt: skip
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     for name, value in document.items():

@@ -118,6 +118,22 @@ def test_toml_learning_rates_must_be_a_list(
     assert err.startswith(f"snet: {path} [job] learning_rates: 0.1 is not a list of numbers")
 
 
+@pytest.mark.parametrize("command", ["server", "worker", "train"])
+def test_a_config_file_that_is_not_utf8_or_not_a_config_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """tomllib's own read raised UnicodeDecodeError (a traceback, exit 1), and /dev/zero
+    was read until memory ran out (found by a probe)."""
+    path = tmp_path / "snet.toml"
+    path.write_bytes(b"\xff\xfe[server]\n")
+    assert error([command, "--config", str(path)], capsys) == (
+        f"snet: config file {path} is not valid TOML: not UTF-8 (invalid start byte at byte 0)"
+    )
+    assert error([command, "--config", "/dev/zero"], capsys) == (
+        "snet: config file /dev/zero is over 1024 KiB: not a config file?"
+    )
+
+
 def test_toml_port_must_be_a_whole_number(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
