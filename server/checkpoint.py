@@ -40,7 +40,7 @@ MAGIC = b"SNETCKPT"
 FORMAT = 1
 PREFIX = struct.Struct("<8sIQQ")
 CHECKSUM_BYTES = 32
-NAME = re.compile(r"^ckpt-(\d{8})\.snet$")
+NAME = re.compile(r"^ckpt-(\d{8}|[1-9]\d{8,})\.snet$")  # as path() writes them, past 10**8 too
 
 
 class CheckpointDamaged(ConfigError):

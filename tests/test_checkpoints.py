@@ -91,6 +91,22 @@ def _book(job: JobSpec) -> LeaseBook:
     return LeaseBook.for_job(job, np.arange(5, 1005), 1010, job.chunk_frames)
 
 
+def test_checkpoints_past_the_hundred_millionth_are_found_and_pruned(tmp_path: Path) -> None:
+    """Names were read as 8 digits and written as at least 8: from 10**8 on, a restart
+    resumed from checkpoint 99,999,999 and nothing was pruned again (found by a probe)."""
+    store = CheckpointStore(tmp_path / "ckpt", keep=2)
+    store.write({"version": 1})
+    store.path(1).rename(store.path(99_999_999))
+    store = CheckpointStore(tmp_path / "ckpt", keep=2)
+    for version in (2, 3):
+        store.write({"version": version})
+    assert store.path(100_000_001).name == "ckpt-100000001.snet"
+    assert store.sequence_numbers() == [100_000_000, 100_000_001]  # 99,999,999 pruned
+    assert store.newest().state["version"] == 3  # type: ignore[union-attr]
+    (tmp_path / "ckpt" / "ckpt-000000007.snet").write_bytes(b"x")  # not a name it writes
+    assert CheckpointStore(tmp_path / "ckpt").sequence_numbers() == [100_000_000, 100_000_001]
+
+
 def test_restored_book_leases_exactly_what_the_weights_lack() -> None:
     job = JobSpec(chunk_frames=64, bunch_size=16, shuffle_cache_bunches=1)
     book = _book(job)
