@@ -13,8 +13,9 @@ complete) is not HTTP and the worker goes on as before.
 
 A worker without ``--tls-ca`` at a server that serves TLS heard nothing either (the server
 waits for a TLS handshake), and retried for its whole window before exit 3, "no server
-reachable": so such a worker also asks whether the port completes a TLS handshake (not
-verified: nothing is sent over it), and if it does, says to give ``--tls-ca`` (exit 2).
+reachable": so such a worker also sends the port a TLS client hello, and if a TLS
+handshake record comes back (a server that wants client certificates resets the
+handshake after that), says to give ``--tls-ca`` (exit 2).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ WORKER_PORT_HEADER = "X-Snet-Worker-Port"  # the server's /healthz sends it
 PROBE_SECONDS = 3.0  # for the whole probe: connect, ask, read the status line and headers
 LISTEN_SECONDS = 0.5  # how long the probe listens before it asks
 HEAD_BYTES = 8192  # an HTTP status line and headers fit; more is not needed
+TLS_RECORD_HEAD = 5  # a TLS record's type, version and length
 
 
 class WrongPort(ConfigError):
@@ -86,19 +88,29 @@ def worker_port_of(head: bytes) -> int | None:
 
 
 async def speaks_tls(host: str, port: int) -> ssl.SSLContext | None:
-    """An unverifying context with which ``host:port`` completes a TLS handshake, or None
-    (only to tell the worker what it is missing: nothing is sent over it)."""
+    """An unverifying context if ``host:port`` answers a TLS client hello with a TLS
+    handshake record, else None (only to tell the worker what it is missing). The answer's
+    first bytes are read, not a whole handshake: a server that wants a client certificate
+    (``--tls-client-ca``) resets a handshake without one, which was taken for "no TLS"."""
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    outgoing = ssl.MemoryBIO()
+    client = context.wrap_bio(ssl.MemoryBIO(), outgoing)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.do_handshake()  # writes its client hello, then wants the answer
     writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(PROBE_SECONDS):
-            _, writer = await asyncio.open_connection(host, port, ssl=context)
-    except (OSError, TimeoutError, ssl.SSLError):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(outgoing.read())
+            head = await reader.readexactly(TLS_RECORD_HEAD)
+    except (OSError, TimeoutError, asyncio.IncompleteReadError):
         return None
     finally:
         await _close(writer)
-    return context
+    # a handshake record (22) of TLS 1.x (3, *), its length at most a record's
+    speaks = head[0] == 22 and head[1] == 3 and int.from_bytes(head[3:5], "big") <= 2**14 + 2048
+    return context if speaks else None
 
 
 async def refuse_if_http(host: str, port: int, tls: ssl.SSLContext | None = None) -> None:

@@ -86,20 +86,24 @@ async def test_a_worker_at_a_silent_port_gives_up_within_its_retry_window(lab: L
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop is enough
+@pytest.mark.parametrize("client_certificates", [False, True])
 async def test_a_plain_worker_at_a_tls_server_is_told_to_give_tls_ca(
-    lab: Lab, tmp_path: Path
+    lab: Lab, tmp_path: Path, client_certificates: bool
 ) -> None:
     """A TLS server closes a plain connection without a word; the worker said only
     "connection closed during the handshake", with no hint of TLS; then it retried for its
     whole window (300 s by default) and exited 3, "no server reachable", which a service
     manager restarts for ever. It now asks whether the port serves TLS: exit 2, saying
-    so."""
+    so. Also when the server wants client certificates (``--tls-client-ca``): it resets
+    the probe's handshake, which was taken for "no TLS" (found by a probe)."""
     pytest.importorskip("cryptography")
     from snet.transport.certificates import make_cluster_certificates
 
     pki = tmp_path / "pki"
-    make_cluster_certificates(pki, ["127.0.0.1"])
+    make_cluster_certificates(pki, ["127.0.0.1"], ["w1"])
     tls = ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")]
+    if client_certificates:
+        tls += ["--tls-client-ca", str(pki / "ca.pem")]
     server = await lab.server("--epochs", "1", "--handshake-seconds", "0.25", *tls, *QUICK_JOB)
     plain = lab.worker(server, "plain", "--retry-seconds", "300", "--hello-seconds", "0.2")
     with pytest.raises(WrongPort) as raised:  # a ConfigError: `snet worker` exits 2
