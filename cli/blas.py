@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from snet.protocol.numbering import is_plain_int
+
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -32,4 +34,4 @@ def early_blas_limit(argv: list[str]) -> None:
             threads = argv[index + 1]
         elif word.startswith("--threads="):
             threads = word.split("=", 1)[1]
-    limit_blas_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
+    limit_blas_threads(int(threads) if is_plain_int(threads) and int(threads) > 0 else 1)

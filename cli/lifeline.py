@@ -25,6 +25,8 @@ import os
 import signal
 import sys
 
+from snet.protocol.numbering import is_plain_int
+
 from .stop_signals import EXIT_TERMINATED
 
 SUPERVISOR_VARIABLE = "SNET_SUPERVISOR_PID"  # set by a parent for the snet it starts
@@ -51,7 +53,7 @@ def follow_supervisor() -> None:
     """If a supervisor started this process (``SUPERVISOR_VARIABLE``), end with it; if it
     is gone already, end now, as its death's SIGTERM would have (before any handler)."""
     named = os.environ.pop(SUPERVISOR_VARIABLE, "")  # for this process, not its children
-    if not named.isdigit():
+    if not is_plain_int(named):
         return
     if not end_with_parent(int(named)):
         sys.stderr.flush()

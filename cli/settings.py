@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import NetworkSpec
+from snet.protocol.numbering import is_plain_int
 
 T = TypeVar("T")
 
@@ -283,7 +284,7 @@ def _network(values: dict[str, Any], flags: dict[str, Any], where: str) -> Netwo
             else default
         )
     parts = sizes.split(":") if isinstance(sizes, str) else []
-    if len(parts) < 2 or not all(part.strip().isdigit() and int(part) > 0 for part in parts):
+    if len(parts) < 2 or not all(is_plain_int(part.strip()) and int(part) > 0 for part in parts):
         raise ConfigError(
             f"{label}: {sizes!r} is not layer sizes, input to output, such as 117:512:10"
         )

@@ -11,6 +11,7 @@ from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
+from snet.protocol.numbering import is_plain_int
 from snet.protocol.process_settings import check_threads, log_format_field, log_level_field
 from snet.protocol.worker_name import name_problem
 from snet.transport.faults import FaultSwitch
@@ -210,7 +211,8 @@ class WorkerConfig:
         _, found, rest = self.server.partition("://")
         if found:  # a URL, perhaps the status page's: say what a worker needs instead
             where = rest.split("/", 1)[0]
-            where = where if where.rpartition(":")[2].isdigit() else f"{where}:7000"
+            port = where.rpartition(":")[2]
+            where = where if is_plain_int(port) else f"{where}:7000"
             raise ConfigError(
                 f"server must be HOST:PORT of the server's worker port, not a URL: got "
                 f"{self.server!r} (did you mean --server {where}?)"

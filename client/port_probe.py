@@ -25,6 +25,7 @@ import contextlib
 import ssl
 
 from snet.protocol.errors import ConfigError
+from snet.protocol.numbering import is_plain_int
 
 WORKER_PORT_HEADER = "X-Snet-Worker-Port"  # the server's /healthz sends it
 PROBE_SECONDS = 3.0  # for the whole probe: connect, ask, read the status line and headers
@@ -82,7 +83,7 @@ def worker_port_of(head: bytes) -> int | None:
     """The worker port an snet server's HTTP answer names (None: not an snet server's)."""
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.decode("latin-1").partition(":")
-        if name.strip().lower() == WORKER_PORT_HEADER.lower() and value.strip().isdigit():
+        if name.strip().lower() == WORKER_PORT_HEADER.lower() and is_plain_int(value.strip()):
             return int(value.strip())
     return None
 

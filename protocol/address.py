@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from .numbering import is_plain_int
+
 
 def split_host_port(text: str) -> tuple[str, int]:
     """(host, port) of ``HOST:PORT``; ``ValueError`` without a host, with a port that is
@@ -16,7 +18,7 @@ def split_host_port(text: str) -> tuple[str, int]:
     holding a colon that is no IPv6 address (``::1`` alone, its port left out)."""
     host, sep, port = text.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not is_plain_int(port) or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r} is not HOST:PORT with a port from 1 to 65535")
     if ":" in host and not _is_ipv6(host):
         raise ValueError(f"{text!r} is not HOST:PORT (IPv6: ::1:7080 or [::1]:7080)")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .framing import MIB
 from .network import NetworkSpec
+from .numbering import is_plain_int
 from .slices import slice_network
 
 WORD16 = 2
@@ -109,7 +110,7 @@ def stated_memory(capabilities: Iterable[str]) -> WorkerMemory | None:
         if name != MEMORY_CAPABILITY:
             continue
         parts = rest.split(":")
-        if len(parts) != 3 or not all(p.isdigit() and len(p) <= 15 for p in parts):
+        if len(parts) != 3 or not all(is_plain_int(p) and len(p) <= 15 for p in parts):
             raise ConfigError(
                 f"memory capability {capability[:80]!r} is not memory:BYTES:CHUNK:FIXED"
             )

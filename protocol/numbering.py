@@ -1,4 +1,5 @@
-"""Numbers as people read them: epochs counted from 1, counts with their noun.
+"""Numbers as people read and write them: epochs counted from 1, counts with their noun,
+and the numbers in settings' texts (``bounded:2``, ``topk:0.01``) in plain ASCII digits.
 
 Inside snet epochs count from 0: the wire protocol's ``lease``, ``evaluate`` and
 ``eval_result`` messages, checkpoints, the trace file and the hooks' events (``BunchEvent``,
@@ -10,6 +11,13 @@ conversion is made only by ``shown_epoch``, where a number leaves for a reader.
 
 from __future__ import annotations
 
+import re
+
+# Python's int() and float() also take "1_0" and other scripts' digits ("٣" is 3): a
+# policy given as "bounded:1_0" ran as bounded:10, said back in another spelling
+_PLAIN_INT = re.compile(r"[0-9]+")
+_PLAIN_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
 
 def shown_epoch(epoch: int) -> int:
     """The number a reader sees for the 0-based epoch index ``epoch``."""
@@ -20,3 +28,24 @@ def counted(number: int, noun: str, plural: str = "") -> str:
     """``number`` and its noun, as a reader says them: "1 epoch", "2 epochs", "3 classes"
     (``plural``: when it is not the noun and an s)."""
     return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
+def is_plain_int(text: str) -> bool:
+    """``text`` is a whole number of ASCII digits (``str.isdigit`` also takes "²", which
+    ``int`` refuses, and other scripts' digits, which it takes)."""
+    return _PLAIN_INT.fullmatch(text) is not None
+
+
+def plain_int(text: str) -> int:
+    """``text`` as a whole number of ASCII digits; ``ValueError`` for anything else."""
+    if not is_plain_int(text):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def plain_float(text: str) -> float:
+    """``text`` as a decimal number in ASCII (``0.04``, ``.5``, ``1e-3``); ``ValueError``
+    for anything else (``nan``, ``inf``, ``1_0``)."""
+    if not _PLAIN_FLOAT.fullmatch(text):
+        raise ValueError(f"not a number: {text!r}")
+    return float(text)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .numbering import plain_float, plain_int
 
 POLICIES = ("none", "bounded", "rate", "dcasgd", "gap")
 DC_LAMBDA = 0.04  # DC-ASGD-c's constant (Zheng et al. 2017 use 0.04 ... 2 with scaling)
@@ -40,12 +41,12 @@ class StalenessSetting:
     @classmethod
     def parse(cls, text: str) -> StalenessSetting:
         """``none``, ``bounded:S``, ``rate``, ``dcasgd[:L]``, ``gap``; ConfigError if not."""
-        name, _, argument = text.strip().lower().partition(":")
+        name, colon, argument = text.strip().lower().partition(":")
         if name not in POLICIES:
             raise ConfigError(f"staleness policy must be one of {POLICIES}, got {text!r}")
         if name == "bounded":
             try:
-                bound = int(argument)
+                bound = plain_int(argument)
             except ValueError:
                 problem = f"bounded staleness needs a bound, e.g. bounded:2, got {text!r}"
                 raise ConfigError(problem) from None
@@ -54,14 +55,14 @@ class StalenessSetting:
             return cls("bounded", bound=bound)
         if name == "dcasgd":
             try:
-                factor = float(argument) if argument else DC_LAMBDA
+                factor = plain_float(argument) if colon else DC_LAMBDA  # "dcasgd:" is not
             except ValueError:
                 problem = f"dcasgd takes a number, e.g. dcasgd:0.04, got {text!r}"
                 raise ConfigError(problem) from None
             if not 0.0 <= factor <= 100.0:
                 raise ConfigError(f"dcasgd's lambda must be in [0, 100], got {factor}")
             return cls("dcasgd", dc_lambda=factor)
-        if argument:
+        if colon:
             raise ConfigError(f"staleness policy {name!r} takes no argument, got {text!r}")
         return cls(name)
 

@@ -326,7 +326,7 @@ def test_the_demos_job_is_checked_with_the_bunch_its_workers_train_on() -> None:
         "--chunk-frames 50 < each worker's bunch of 64 (the job's 128 divided among "
         "2 workers; --bunch-size sets it)"
     )
-    with pytest.raises(ConfigError, match="^--chunk-frames 20 < --bunch-size 32$"):  # given
+    with pytest.raises(ConfigError, match=r"^--chunk-frames 20 < --bunch-size 32$"):  # given
         job("--bunch-size", "32", "--chunk-frames", "20")
     chosen, was = job("--bunch-size", "32", "--chunk-frames", "40")
     assert (chosen.bunch_size, was) == (32, False)

@@ -216,8 +216,12 @@ def test_malformed_parts_are_refused_and_nothing_is_written(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["zstd", "topk", "topk:0", "topk:1.5", "topk:nan", "powersgd:0", "powersgd:x", ""]
-)
+    "name",
+    ["zstd", "topk", "topk:0", "topk:1.5", "topk:nan", "powersgd:0", "powersgd:x", "",
+     # taken before (a probe): a colon with nothing after it, int()'s and float()'s
+     # underscores and other scripts' digits
+     "fp16:", "sign:", "none:", "topk:", "topk:0_1", "powersgd:1_0", "powersgd:\u0662"],
+)  # fmt: skip
 def test_unknown_codec_names(name: str) -> None:
     with pytest.raises(ConfigError):
         parse_codec(name)

@@ -51,7 +51,10 @@ def test_policies_parse_to_canonical_text_and_bad_ones_are_refused() -> None:
     assert StalenessSetting.parse("gap").needs_base_weights
     assert not StalenessSetting.parse("rate").needs_base_weights
     assert not StalenessSetting.parse("none").changes_gradients
-    for bad in ("fast", "bounded", "bounded:x", "bounded:-1", "rate:2", "dcasgd:x", "gap:1"):
+    for bad in ("fast", "bounded", "bounded:x", "bounded:-1", "rate:2", "dcasgd:x", "gap:1",
+                # int() and float() took these: bounded:1_0 ran as bounded:10 (a probe)
+                "bounded:1_0", "bounded:\u0663", "bounded:", "dcasgd:1_0", "dcasgd:nan",
+                "dcasgd:", "rate:", "none:"):  # fmt: skip
         with pytest.raises(ConfigError):
             StalenessSetting.parse(bad)
     assert JobSpec(staleness="BOUNDED:2").staleness == "bounded:2"

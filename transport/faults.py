@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from snet.protocol.conversation import Role, senders
 from snet.protocol.errors import ConfigError
 from snet.protocol.messages import MESSAGE_TYPES
+from snet.protocol.numbering import is_plain_int
 
 ACTIONS = ("drop", "duplicate", "corrupt", "delay", "cut")
 DIRECTIONS = ("send", "receive")
@@ -103,7 +104,7 @@ def _parse_rule(rule: str, role: Role) -> FaultRule:
 
 
 def _count(text: str, bad: Callable[[str], ConfigError]) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not is_plain_int(text) or int(text) < 1:
         raise bad(f"count {text!r} is not a whole number from 1 up")
     return int(text)
 

@@ -17,6 +17,7 @@ worker use ``weights.WEIGHTS_CODECS`` (full copies in fp16, or deltas in any cod
 from __future__ import annotations
 
 from ..errors import ConfigError
+from ..numbering import plain_float, plain_int
 from .base import ElementCodec, PartSpec
 from .quantize import Fp16Codec, Int8Codec, NoneCodec, SignCodec
 from .sparse import PowerSgdCodec, TopKCodec
@@ -37,15 +38,15 @@ __all__ = [
 
 def parse_codec(text: str) -> ElementCodec:
     """The codec a name describes; ``ConfigError`` (naming the known forms) when none does."""
-    family, _, argument = str(text).strip().partition(":")
+    family, colon, argument = str(text).strip().partition(":")
     simple = {"none": NoneCodec, "fp16": Fp16Codec, "int8": Int8Codec, "sign": SignCodec}
     try:
-        if family in simple and not argument:
+        if family in simple and not colon:  # "fp16:" is no codec
             return simple[family]()
-        if family == "topk" and argument:
-            return TopKCodec(float(argument))
-        if family == "powersgd" and argument:
-            return PowerSgdCodec(int(argument))
+        if family == "topk":
+            return TopKCodec(plain_float(argument))
+        if family == "powersgd":
+            return PowerSgdCodec(plain_int(argument))
     except ValueError:
         pass
     raise ConfigError(f"unknown codec {text!r:.40}; known: {', '.join(CODEC_FORMS)}")

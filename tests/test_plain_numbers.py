@@ -1,0 +1,27 @@
+"""Numbers in settings' texts and peers' strings are plain ASCII digits
+(protocol/numbering.py): ``int()``, ``float()`` and ``str.isdigit`` take more."""
+
+from __future__ import annotations
+
+import pytest
+
+from snet.protocol.errors import ConfigError
+
+
+def test_numbers_in_texts_are_plain_ascii_digits() -> None:
+    """``str.isdigit`` takes "²" (which ``int`` then refuses: a ValueError where a
+    ConfigError was promised, from a peer's memory capability) and other scripts' digits."""
+    from snet.protocol.address import split_host_port
+    from snet.protocol.memory import stated_memory
+    from snet.protocol.numbering import is_plain_int, plain_float, plain_int
+
+    assert is_plain_int("7000") and not is_plain_int("\u00b2") and not is_plain_int("1_0")
+    assert not is_plain_int("\u0663") and not is_plain_int("") and not is_plain_int("-1")
+    assert plain_int("042") == 42 and plain_float(".5") == 0.5 and plain_float("1e-3") == 0.001
+    for bad in ("nan", "inf", "1_0", "\u0663", "", "1.2.3"):
+        with pytest.raises(ValueError):
+            plain_float(bad)
+    with pytest.raises(ConfigError, match="is not memory:BYTES:CHUNK:FIXED"):
+        stated_memory(["memory:\u00b2:1:1"])
+    with pytest.raises(ValueError, match="not HOST:PORT"):
+        split_host_port("host:\u0667\u0660\u0660\u0660")
