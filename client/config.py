@@ -200,6 +200,13 @@ class WorkerConfig:
             object.__setattr__(self, "compress", canonical(self.compress))
         object.__setattr__(self, "weights_codec", canonical_weights_form(self.weights_codec))
         FaultSwitch.from_text(self.faults, Role.WORKER)  # refuses a bad rule with a clear error
+        for name in ("tls_cert", "tls_key"):  # a key alone was ignored without a word
+            if getattr(self, name) and not self.tls_ca:
+                raise ConfigError(f"{name} needs tls_ca: the CA that signed the server's "
+                                  "certificate")  # fmt: skip
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: this worker's certificate "
+                              "and its key")  # fmt: skip
 
     def data_cache_directory(self) -> Path | None:
         """Where this machine's workers share the normalised data (None: not shared)."""

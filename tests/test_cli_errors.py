@@ -80,6 +80,12 @@ def test_a_settings_own_check_names_it_as_the_user_gave_it(
     assert error(["train", "--config", path], capsys) == (
         f"snet: {path} [job] epochs must be >= 1, got 0"
     )
+    assert error(["worker", "--tls-key", "w.key"], capsys) == (  # ignored before (a probe)
+        "snet: --tls-key needs tls_ca: the CA that signed the server's certificate"
+    )
+    assert error(["worker", "--tls-ca", "ca.pem", "--tls-key", "w.key"], capsys) == (
+        "snet: tls_cert and --tls-key go together: this worker's certificate and its key"
+    )
     for heartbeat in ("0", "-1", "0.001", "30"):  # 0 spun the worker and its server
         assert error(["worker", "--heartbeat-seconds", heartbeat], capsys) == (
             f"snet: --heartbeat-seconds must be at least 0.05 and below "
