@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import socket
 import sys
@@ -22,7 +21,6 @@ import time
 from collections.abc import Container
 from typing import TYPE_CHECKING
 
-from snet.client.config import MAX_PROCESSES
 from snet.protocol.errors import ConfigError, OutputNotWritten
 from snet.protocol.job import JobSpec
 from snet.protocol.modes import SHARED_BUNCH_MODES, block_length, blocks_said
@@ -33,13 +31,14 @@ from .demo_workers import (
     INTERRUPT_LEAVE_SECONDS,
     LEAVE_SECONDS,
     DemoWorkers,
+    check_demo_flags,
     check_worker_settings,
 )
 from .flags import given_job
 from .progress_bar import EXIT_READER_GONE, ProgressBar, bar_text, detach_stdout, say
 from .runtime import install_stop_signals, loop_name, run, setup_logging
 from .settings import as_given, build_job, read_toml, say_unread_tables
-from .worker_priority import PRIORITIES, PRIORITY_VARIABLE, WORKER_NICENESS, OthersLoad
+from .worker_priority import WORKER_NICENESS, OthersLoad
 
 if TYPE_CHECKING:
     from snet.server.app import SnetServer
@@ -168,14 +167,6 @@ def _priority_said(args: argparse.Namespace, priority: str) -> str:
         return ", workers on idle cores" + (f", boards {nice}" if args.spert else "")
     who = [name for name, count in (("workers", args.workers), ("boards", args.spert)) if count]
     return f", {' and '.join(who)} {nice}"
-
-
-def _priority_problem(args: argparse.Namespace) -> str:
-    if args.worker_priority not in PRIORITIES:
-        return f"must be one of {', '.join(PRIORITIES)}, got {args.worker_priority!r}"
-    if args.worker_priority == "idle" and not args.workers:  # boards are never idle
-        return "idle is for numpy workers, and there are none (--workers 0): boards run at nice +5"
-    return ""
 
 
 # The server settings the demo takes from its own flags, as its errors name them.
@@ -376,20 +367,7 @@ def run_demo(args: argparse.Namespace, preloaded: PreloadedWorker | None = None)
     # without it, theirs: SNET_WORKER_WEIGHTS_CODEC, else the server's weights board
     if args.weights_codec is not None:
         args.weights_codec = canonical_weights_form(args.weights_codec)
-    for flag, count in (("--workers", args.workers), ("--spert", args.spert)):
-        # below 0 it was said as "needs at least one worker" while 2 were there by default
-        if not 0 <= count <= MAX_PROCESSES:
-            print(f"snet: {flag} must be 0 to {MAX_PROCESSES}, got {count}", file=sys.stderr)
-            return 2
-    if args.workers + args.spert < 1:
-        print("snet: the demo needs at least one worker (--workers, --spert)", file=sys.stderr)
-        return 2
-    if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too
-        print("snet: --spert-time-scale must be > 0", file=sys.stderr)
-        return 2
-    if problem := _priority_problem(args):  # its default comes from the environment
-        print(f"snet: --worker-priority (or {PRIORITY_VARIABLE}) {problem}", file=sys.stderr)
-        return 2
+    check_demo_flags(args)
     # the machine's other work since the demo started (its workers' process with it)
     load = preloaded.load if preloaded is not None else OthersLoad()
     job, divided = _read_job(args)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -20,11 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from snet.client.config import MAX_PROCESSES
+from snet.protocol.errors import ConfigError
+
 from .preloaded_worker import worker_environment
 from .progress_bar import EXIT_INTERRUPTED, say
 from .worker_priority import (
     IDLE_POLICY,
     MIN_SAMPLE_SECONDS,
+    PRIORITIES,
+    PRIORITY_VARIABLE,
     OthersLoad,
     chosen_priority,
     lower_priority,
@@ -84,6 +90,31 @@ def worker_commands(args: argparse.Namespace, address: str) -> list[list[str]]:
     codec = ["--weights-codec", args.weights_codec] if args.weights_codec else []
     common = ["--server", address, "--log-level", "warning", *codec]
     return [[*command, *common] for command in commands]
+
+
+def check_demo_flags(args: argparse.Namespace) -> None:
+    """The demo's own flags; ``ConfigError`` (one line, exit 2) for the first bad one."""
+    for flag, count in (("--workers", args.workers), ("--spert", args.spert)):
+        # below 0 it was said as "needs at least one worker" while 2 were there by default
+        if not 0 <= count <= MAX_PROCESSES:
+            raise ConfigError(f"{flag} must be 0 to {MAX_PROCESSES}, got {count}")
+    if args.workers + args.spert < 1:
+        raise ConfigError("the demo needs at least one worker (--workers, --spert)")
+    if args.spert_time_scale is not None and not args.spert:  # it was ignored
+        raise ConfigError("--spert-time-scale goes with --spert (the demo's boards)")
+    args.spert_time_scale = 1.0 if args.spert_time_scale is None else args.spert_time_scale
+    if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too
+        raise ConfigError(f"--spert-time-scale must be > 0, got {args.spert_time_scale:g}")
+    if problem := _priority_problem(args):  # its default comes from the environment
+        raise ConfigError(f"--worker-priority (or {PRIORITY_VARIABLE}) {problem}")
+
+
+def _priority_problem(args: argparse.Namespace) -> str:
+    if args.worker_priority not in PRIORITIES:
+        return f"must be one of {', '.join(PRIORITIES)}, got {args.worker_priority!r}"
+    if args.worker_priority == "idle" and not args.workers:  # boards are never idle
+        return "idle is for numpy workers, and there are none (--workers 0): boards run at nice +5"
+    return ""
 
 
 def check_worker_settings(args: argparse.Namespace, job: JobSpec) -> str:

@@ -191,8 +191,8 @@ def _demo_flags(demo: argparse.ArgumentParser) -> None:
         "--spert-time-scale",
         dest="spert_time_scale",
         type=float,
-        default=1.0,
-        help="how much faster than real time the demo's boards run",
+        default=None,  # 1: real time; given without --spert, it is refused, not ignored
+        help="how much faster than real time the demo's boards run (default 1)",
     )
     demo.add_argument(
         "--http-port", dest="http_port", type=int, default=0, help="status port (0: any free)"

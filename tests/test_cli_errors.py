@@ -297,7 +297,11 @@ def test_the_demos_board_time_scale_must_be_positive(
     """nan passed the "<= 0" check."""
     argv = ["demo", "--workers", "0", "--spert", "1", "--spert-time-scale", scale]
     assert main(argv) == 2
-    assert "--spert-time-scale must be > 0" in capsys.readouterr().err
+    assert f"--spert-time-scale must be > 0, got {float(scale):g}" in capsys.readouterr().err
+    # without boards it did nothing, without a word (found by a probe)
+    assert main(["demo", "--spert-time-scale", "5"]) == 2
+    said = capsys.readouterr().err
+    assert said == "snet: --spert-time-scale goes with --spert (the demo's boards)\n"
     from snet.client.modelled_backend import ModelledBackend
 
     with pytest.raises(ConfigError, match="time scale must be > 0"):
