@@ -32,6 +32,7 @@ from snet.protocol.hooks import standard_hooks
 from snet.protocol.messages import TRAINING_COMPLETE, Goodbye
 from snet.transport.addresses import start_listening
 from snet.transport.faults import FaultSwitch
+from snet.transport.stream import LINGER_SECONDS
 
 from .admission import Admission, worker_frame_limits
 from .checkpoint import CHECKPOINTS_DIR, CheckpointStore
@@ -195,6 +196,7 @@ class SnetServer:
                 access_log=None,
                 shutdown_timeout=5.0,
                 keepalive_timeout=self.config.http_header_seconds,  # see http_guard.py
+                lingering_time=min(LINGER_SECONDS, self.config.http_header_seconds),  # a 408's
                 logger=RequestErrors(),
             )
             await self._http.setup()

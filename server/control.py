@@ -86,7 +86,9 @@ class Control:
             async with asyncio.timeout(self.server.config.http_header_seconds):
                 body = json.loads(await request.read())
         except TimeoutError:
-            raise web.HTTPRequestTimeout(text="the request body took too long\n") from None
+            timed_out = web.HTTPRequestTimeout(text="the request body took too long\n")
+            timed_out.force_close()  # not held open for its next request's wait as well
+            raise timed_out from None
         except ValueError as exc:
             raise web.HTTPBadRequest(text=f"the body is not JSON: {exc}\n") from None
         except RecursionError:  # json's decoder recurses per level of nesting

@@ -7,8 +7,9 @@ line, and takes any number of connections. Here:
 - **A request must be in within ``http_header_seconds``** of the connection opening or of
   the previous response on it: the runner's ``keepalive_timeout`` is set to that bound,
   and aiohttp closes a connection whose handler is still waiting for a whole request when
-  it expires, partial request line or not (a slowloris); a request's body is read under
-  the same bound (server/http.py). A TLS handshake gets the same time.
+  it expires, partial request line or not (a slowloris); a ``POST /control`` body gets as
+  long again after its headers (server/control.py: ``408``, and the connection closed).
+  A TLS handshake gets the same time.
 - **At most ``http_connections`` connections at once**, and at most
   ``http_connections_per_address`` of them from one address (transport/addresses.py): one more is
   answered ``503 Service Unavailable`` (with ``Retry-After``) and closed before anything of

@@ -197,6 +197,30 @@ async def test_a_control_body_nested_too_deeply_is_a_400_not_a_traceback(lab: La
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_control_body_sent_too_slowly_is_a_408_and_its_connection_closes(
+    lab: Lab,
+) -> None:
+    """The body gets http_header_seconds after its headers; the 408 then kept the
+    connection open as long again, waiting for a next request (found by a probe)."""
+    bound = 1.0
+    server = await lab.server("--http-header-seconds", str(bound), "--min-workers", "9",
+                              *SMALL_JOB)  # fmt: skip
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.server.http_port)
+    writer.write(b"POST /control HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 40\r\n"
+                 b"Content-Type: application/json\r\n\r\n{")  # fmt: skip
+    started = loop.time()
+    answer = await asyncio.wait_for(reader.read(), 10 * bound)  # to its end: closed
+    took = loop.time() - started
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"the request body took too long" in answer
+    # closed with the answer once the rest of the body has had a moment to come (its
+    # linger, as long as the bound at most), where aiohttp lingered 10 s and then kept it
+    # for the next request's wait
+    assert bound <= took < 5 * bound, took
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
 async def test_a_token_from_a_file_made_secret_is_the_files_token(
     lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
