@@ -54,11 +54,13 @@ class DivergenceWatch:
         self.min_refused = min_refused
         self.per_worker = per_worker
         self.refused: dict[int, int] = {}  # worker id -> its updates refused in a row
+        self.names: dict[int, str] = {}  # worker id -> who it is, as the verdict names it
         self.diverged = ""  # why, once said (it is said once)
 
     def applied(self) -> None:
         """An update was applied: the count starts over."""
         self.refused.clear()
+        self.names.clear()
 
     def refuse(self, session: WorkerSession, reason: str, version: int) -> str | None:
         """An update of ``session`` was refused for its numbers (``reason``), the weights
@@ -66,15 +68,20 @@ class DivergenceWatch:
         an error), else None."""
         live = set(self.live)
         self.refused = {w: n for w, n in self.refused.items() if w in live}  # gone: forgotten
+        self.names = {w: name for w, name in self.names.items() if w in live}
         self.refused[session.worker_id] = self.refused.get(session.worker_id, 0) + 1
+        self.names[session.worker_id] = f"{session.name} from {session.address}"
         total = sum(self.refused.values())
         if self.diverged or total < self.min_refused:
             return None
         if any(self.refused.get(worker, 0) < self.per_worker for worker in live):
             return None
+        # who they came from: a lone peer sending garbage, not a diverged job, ends a run
+        # nobody else trains this way too (its operator can tell, and restart it)
+        who = ", ".join(self.names[worker] for worker in sorted(self.refused))
         return self.say(
-            f"the last {total} updates, from every worker, were refused and none applied to "
-            f"version {version} (the last: {reason[:160]})"
+            f"the last {total} updates, from every worker ({who[:200]}), were refused and none "
+            f"applied to version {version} (the last: {reason[:160]})"
         )
 
     def say(self, what: str) -> str:

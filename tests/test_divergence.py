@@ -32,7 +32,8 @@ async def test_a_diverging_job_stops_with_why_and_keeps_its_run(lab: Lab) -> Non
                               "--data", short_data())  # fmt: skip
     workers = [lab.worker(server, f"w{i}") for i in range(2)]
     reason = await server.wait(60)
-    assert reason.startswith("training diverged: the last 100 updates, from every worker, ")
+    assert reason.startswith("training diverged: the last 100 updates, from every worker (")
+    assert "w0 from 127.0.0.1" in reason and "w1 from 127.0.0.1" in reason  # who sent them
     assert "were refused and none applied to version " in reason
     assert "a lower learning rate, started over with --fresh, may train" in reason
     assert "ERROR" in lab.log("server") and "training diverged" in lab.log("server")
@@ -131,7 +132,7 @@ def test_refusals_of_one_peer_do_not_stop_a_run_others_train() -> None:
     for _ in range(2):
         assert watch.refuse(_session(1), "not finite", 7) is None
     why = watch.refuse(_session(1), "update norm 1e12 per pattern is implausible", 7)
-    assert why is not None and "the last 53 updates, from every worker" in why
+    assert why is not None and "the last 53 updates, from every worker (w1 from " in why
     assert "to version 7 (the last: update norm 1e12" in why
     assert watch.refuse(_session(1), "again", 7) is None  # said once
     honest = DivergenceWatch(live.keys(), min_refused=10, per_worker=3)
@@ -150,7 +151,7 @@ def test_refusals_of_one_peer_do_not_stop_a_run_others_train() -> None:
 
 
 def _session(worker_id: int) -> Any:
-    return SimpleNamespace(worker_id=worker_id)
+    return SimpleNamespace(worker_id=worker_id, name=f"w{worker_id}", address="10.0.0.9")
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the coordinator's rule
