@@ -41,7 +41,8 @@ class ServerConfig:
     token_file: str = field(
         default="",
         metadata={
-            "help": "read the shared secret from this file (keeps it out of ps and the environment)"
+            "help": "read the shared secret from this file (keeps it out of ps and the "
+            "environment; wins over --token and SNET_TOKEN, as a worker's does)"
         },
     )
     tls_cert: str = field(

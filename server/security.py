@@ -64,6 +64,8 @@ def resolve_token(config: ServerConfig) -> str | None:
     None when there is none. Refuses a server exposed beyond loopback without one."""
     token = config.token
     if config.token_file:
+        if token:  # said: the token given beside it is not the one workers must prove
+            log.warning("both a token and token_file were given: the file's token is used")
         token = read_token_file(config.token_file)
     elif token and "SNET_TOKEN" not in os.environ:
         log.warning("the token was given as a flag or in the config file; prefer "

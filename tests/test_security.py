@@ -32,6 +32,18 @@ def test_loopback_is_told_apart() -> None:
     assert not is_loopback("10.0.0.1") and not is_loopback("server.example")
 
 
+def test_a_token_beside_a_token_file_is_said_not_to_be_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both given: the file's was used without a word, and `snet status --token` with the
+    other was refused (found by a probe)."""
+    secret = tmp_path / "token"
+    secret.write_text("from-the-file\n")
+    secret.chmod(0o600)
+    assert resolve_token(ServerConfig(token="abc", token_file=str(secret))) == "from-the-file"
+    assert "both a token and token_file were given: the file's token is used" in caplog.text
+
+
 def test_a_server_beyond_loopback_needs_a_token_or_insecure(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="beyond loopback"):
         resolve_token(ServerConfig(host="0.0.0.0"))
