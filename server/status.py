@@ -13,6 +13,7 @@ from .staleness_report import staleness_status
 
 if TYPE_CHECKING:
     from .app import SnetServer
+    from .stats import TrainingStats
     from .training import Coordinator
 
 
@@ -57,7 +58,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
     connections = coordinator.connections
     workers = [s.row(connections) for s in coordinator.sessions.values()]
     workers += [s.row(connections) for s in coordinator.departed.recent]
-    elapsed = time.time() - stats.started
+    elapsed = _training_seconds(coordinator.finished.is_set(), stats)
     http = server.http_listener
     return {
         "server": server.config.name,
@@ -119,3 +120,13 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
             "bytes_sent": coordinator.inline.bytes_sent,
         },
     }
+
+
+def _training_seconds(finished: bool, stats: TrainingStats) -> float:
+    """Seconds since this server started, to the end of its last epoch once training is
+    done: the MCUPS of a trained run held (at ``--linger-seconds``) fell as it waited."""
+    end = time.time()
+    last = stats.epochs[-1].ended if finished and stats.epochs else None
+    if last is not None and last >= stats.started:  # (a resumed run's are from before)
+        end = last
+    return end - stats.started
