@@ -71,6 +71,11 @@ class RetryWindow:
     def give_up_if_expired(self, where: str, why: Exception) -> None:
         """Raise ``ServerUnreachable`` (``where``: HOST:PORT) once the deadline has passed."""
         if self.expired():
+            assert self.deadline is not None
+            # the time it tried, not only its window: an attempt begun inside the window
+            # ends past it (a port that accepts and never speaks holds one for seconds)
+            tried = self.clock() - (self.deadline - self.retry_seconds)
             raise ServerUnreachable(
-                f"cannot join the server at {where} ({why}); gave up after {self.retry_seconds:g} s"
+                f"cannot join the server at {where} ({why}); gave up after {tried:.3g} s "
+                f"(--retry-seconds {self.retry_seconds:g})"
             )
