@@ -89,6 +89,9 @@ def _dispatch(words: list[str], preloaded: PreloadedWorker | None) -> int:
         return args
     try:
         _check_switches()
+        if getattr(args, "out_dir", None) == "":  # train, demo: the server's own says so
+            raise ConfigError("--out-dir (or SNET_OUT_DIR) is empty: it would be the current "
+                              "directory; give one")  # fmt: skip
         status = _run(args, preloaded)
         if sys.stdout is not None:  # what is buffered, written while a failure can be said
             sys.stdout.flush()

@@ -329,7 +329,7 @@ def parse_command(words: list[str]) -> argparse.Namespace:
     command = words[0] if words and words[0] in COMMANDS else ""
     args = command_parser(command).parse_args(words)
     if command in ("train", "demo") and args.out_dir is None:  # as the server finds its own
-        args.out_dir = os.environ.get("SNET_OUT_DIR") or "snet-out"
+        args.out_dir = os.environ.get("SNET_OUT_DIR", "snet-out")
     if command == "demo" and args.worker_priority is None:  # read here: the parser is kept
         from .worker_priority import default_priority
 

@@ -371,8 +371,8 @@ def server_url(given: str, tls: bool = False) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    url = server_url(args.url or os.environ.get("SNET_URL", "http://127.0.0.1:7080"),
-                     bool(args.tls_ca))  # fmt: skip
+    given = args.url if args.url is not None else os.environ.get("SNET_URL")  # "" refused
+    url = server_url("http://127.0.0.1:7080" if given is None else given, bool(args.tls_ca))
     token = (args.token or os.environ.get("SNET_TOKEN", "")).strip()  # as the server reads it
     if args.token_file:  # as the server and the workers read theirs (ConfigError: exit 2)
         from snet.transport.tls import read_token_file

@@ -223,6 +223,8 @@ class ServerConfig:
             raise ConfigError(problem)
         if self.min_workers < 1:
             raise ConfigError(f"min_workers must be at least 1, got {self.min_workers}")
+        if not self.out_dir.strip():  # its files were written into the current directory
+            raise ConfigError("out_dir is empty: it would be the current directory; give one")
         if self.force and not self.fresh:  # it overwrites nothing alone: said, not ignored
             raise ConfigError("force goes with --fresh: it overwrites a finished run's "
                               "results only when starting over")  # fmt: skip

@@ -124,6 +124,22 @@ def test_toml_learning_rates_must_be_a_list(
     assert err.startswith(f"snet: {path} [job] learning_rates: 0.1 is not a list of numbers")
 
 
+def test_an_empty_out_dir_or_url_is_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty --out-dir (or SNET_OUT_DIR) wrote the run into the current directory, and
+    `snet status --url ''` asked the default server (found by a probe)."""
+    said = "snet: --out-dir (or SNET_OUT_DIR) is empty: it would be the current directory; give one"
+    assert error(["train", "--out-dir", ""], capsys) == said
+    assert error(["demo", "--out-dir", ""], capsys) == said
+    monkeypatch.setenv("SNET_OUT_DIR", "")
+    assert error(["train"], capsys) == said
+    assert error(["server"], capsys) == (
+        "snet: SNET_OUT_DIR is empty: it would be the current directory; give one"
+    )
+    assert error(["status", "--url", ""], capsys).startswith("snet: --url : '' is not HOST:PORT")
+
+
 @pytest.mark.parametrize("command", ["server", "worker", "train"])
 def test_a_config_file_that_is_not_utf8_or_not_a_config_file_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
