@@ -18,7 +18,13 @@ from collections.abc import Callable
 
 from snet.protocol.conversation import Conversation, Role
 from snet.protocol.decoder import Decoded
-from snet.protocol.errors import CodecError, ConnectionLost, FrameTooLarge, ProtocolError
+from snet.protocol.errors import (
+    CodecError,
+    ConnectionLost,
+    FrameTooLarge,
+    ProtocolError,
+    SlotOverwritten,
+)
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import Message, Resync, Weights
 from snet.transport.faults import FaultSwitch
@@ -120,9 +126,11 @@ class ServerConnection:
             box.receive(message, slot)
         except CodecError as exc:
             if box.ask_for_full_copy():
-                log.warning(
-                    "cannot use weights %d (%s); asking for a full copy", message.version, exc
-                )
+                # a slot gone round is the machine's business, not a fault: not a warning
+                # (a loaded demo printed twenty of them)
+                level = logging.INFO if isinstance(exc, SlotOverwritten) else logging.WARNING
+                log.log(level, "cannot use weights %d (%s); asking for a full copy",
+                        message.version, exc)  # fmt: skip
                 self.send(Resync(str(exc)[:200]))
 
     def send(self, message: Message) -> None:

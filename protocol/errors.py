@@ -175,6 +175,12 @@ class CodecError(SnetError):
     code = "bad_encoding"
 
 
+class SlotOverwritten(CodecError):
+    """The weights board's slot named in a frame holds a newer version by the time the
+    worker reads it (the server went round its slots meanwhile): expected of a worker
+    that fell behind on a busy machine, and mended with a full copy."""
+
+
 class RejectedUpdate(SnetError):
     """An update refused by the server (wrong shape, NaN/Inf, unknown lease, ...).
 

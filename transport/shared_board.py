@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from snet.protocol.errors import CodecError
+from snet.protocol.errors import CodecError, SlotOverwritten
 from snet.protocol.network import ELEMENT_DTYPE
 
 MAGIC = b"SNETBRD1"
@@ -235,11 +235,11 @@ class BoardReader:
             raise CodecError(f"weights board slot {slot} of {len(self._slots)}")
         stored, data = self._slots[slot]
         if int(stored[0]) != version:
-            raise CodecError(f"weights board slot {slot} holds version {int(stored[0])}, "
-                             f"not {version}")  # fmt: skip
+            raise SlotOverwritten(f"weights board slot {slot} holds version "
+                                  f"{int(stored[0])}, not {version}")  # fmt: skip
         np.copyto(out, data)
         if int(stored[0]) != version:  # overwritten while copying: a mixed copy
-            raise CodecError(f"weights board slot {slot} was overwritten while read")
+            raise SlotOverwritten(f"weights board slot {slot} was overwritten while read")
 
     def write(self, slot: int, gradient: np.ndarray) -> None:
         """An update board's: put ``gradient`` in ``slot`` for the server to copy out."""
