@@ -129,8 +129,8 @@ def resume_point(
                 else "and no checkpoint to resume: a fresh run would overwrite them: "
                 "--fresh --force to do so"
             )  # fmt: skip
-            raise ConfigError(f"{config.out_dir} holds the results of a finished run "
-                              f"({finished}); {advice}, or choose another --out-dir")  # fmt: skip
+            raise ConfigError(f"{config.out_dir} holds the results of {finished}; {advice}, "
+                              "or choose another --out-dir")  # fmt: skip
         if config.fresh:
             store.clear()
         return None
@@ -171,19 +171,21 @@ def resume_point(
 
 
 def _finished_run(config: ServerConfig, loaded: LoadedCheckpoint | None) -> str:
-    """Why the out-dir, whose newest checkpoint is ``loaded``, looks like a finished run's
-    ("" if it does not)."""
+    """The run whose results are in the out-dir (its newest checkpoint ``loaded``), and
+    why it is taken for one, when a fresh start would overwrite them ("" if none)."""
     if loaded is not None and loaded.state["coordinator"]["finished"]:
-        return f"checkpoint {loaded.path.name} of a completed training"
+        return f"a finished run (checkpoint {loaded.path.name} of a completed training)"
     status = Path(config.out_dir) / STATUS_FILE
     try:
         if json.loads(status.read_text()).get("state") == "trained":
-            return f"{status} says trained"
+            return f"a finished run ({status} says trained)"
     except (OSError, ValueError, AttributeError):
         pass
     weights = Path(config.out_dir) / WEIGHTS_FILE
-    if loaded is None and weights.is_file() and not status.exists():  # a server writes both
-        return f"{weights}: snet train's, say"
+    if loaded is None and weights.is_file():  # no checkpoint: nothing would resume them
+        if status.exists():  # a server's, stopped (its checkpoints gone): started over silently
+            return f"a stopped run ({weights} and {status.name})"
+        return f"a finished run ({weights}: snet train's, say)"
     return ""
 
 

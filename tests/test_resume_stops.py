@@ -115,3 +115,20 @@ def test_snet_trains_results_are_not_replaced_by_a_server_or_the_demo(cluster: C
             assert line.startswith(f"snet: {out} holds the results of a finished run ({out}/")
             assert "weights.npz: snet train's, say)" in line and "--force" in line
     assert (out / "weights.npz").read_bytes() == weights
+
+
+def test_a_stopped_runs_results_without_a_checkpoint_are_not_replaced(cluster: Cluster) -> None:
+    """A server's weights.npz and status.json with its checkpoints gone: a fresh run
+    started over them without a word (found by a probe); --fresh --force still may."""
+    out = cluster.tmp_path / "stopped"
+    out.mkdir()
+    (out / "weights.npz").write_bytes(b"the earlier run's")
+    (out / "status.json").write_text('{"state": "stopping"}')
+    refused = cluster.run("server", "--port", "0", "--http-port", "0", "--out-dir", str(out))
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"snet: {out} holds the results of a stopped run ({out}/weights.npz and status.json); "
+        "and no checkpoint to resume: a fresh run would overwrite them: "
+        "--fresh --force to do so, or choose another --out-dir"
+    )
+    assert (out / "weights.npz").read_bytes() == b"the earlier run's"
