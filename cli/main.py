@@ -185,9 +185,11 @@ def entry() -> NoReturn:
 
     from .lifeline import follow_supervisor
     from .output import install as install_output
+    from .stop_signals import terminate_as_interrupt
 
     start_quietly()  # no collections while it loads what it keeps (protocol/heap.py)
     follow_supervisor()  # first: started by ``snet demo``, it must not outlive the demo
+    terminate_as_interrupt()  # until the command takes SIGTERM over
     install_output()  # a failed write to stdout is OutputNotWritten, not any OSError
     words = sys.argv[1:]
     finish(words, main(words, preload_workers=True))
