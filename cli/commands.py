@@ -1,4 +1,5 @@
-"""``snet server`` and ``snet worker``: build the configuration, run the process.
+"""``snet server`` and ``snet worker``: build the configuration, run the process; and
+``snet tls init``, the certificates they use.
 
 Each command imports only its own side when it runs: a worker never loads the server's
 HTTP stack (aiohttp) and the server never loads the worker's arithmetic, so neither pays
@@ -95,3 +96,17 @@ def run_worker_process(config: WorkerConfig, backend: ComputeBackend | None = No
         return await worker.run()
 
     return run(work())
+
+
+def run_tls_init(args: argparse.Namespace) -> int:
+    """``snet tls init DIR``: a private CA and the cluster's certificates."""
+    from pathlib import Path
+
+    from snet.transport.certificates import make_cluster_certificates
+
+    # empty items are kept: the certificates' checks refuse them ("a,,b" is a mistake)
+    hosts = [h.strip() for h in args.hosts.split(",")] if args.hosts else []
+    workers = [w.strip() for w in args.workers.split(",")] if args.workers else None
+    for path in make_cluster_certificates(Path(args.directory), hosts, workers):
+        print(path)
+    return 0

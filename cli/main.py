@@ -147,7 +147,7 @@ RUNNERS = {
     "worker": ("commands", "run_worker"),
     "spert": ("spert", "run_spert"),
     "status": ("status", "run_status"),
-    "tls": ("status", "run_tls_init"),
+    "tls": ("commands", "run_tls_init"),
     "plan": ("plan", "run_plan"),
     "train": ("train", "run_train"),
     "eval": ("offline", "run_eval"),

@@ -2,10 +2,10 @@
 the server's /events, showing a reading at most every ``--interval`` seconds, until the run
 ends (and shows how it ended: the stream's last document).
 
-Epochs arrive numbered from 1, as /status gives them. Ctrl-C ends a watch with status 0;
-a reader that goes away (``snet status | head -3``) ends it quietly, without a traceback.
-On a terminal each reading replaces the last (the screen is cleared); in a pipe or a file
-the readings follow one another, separated by a blank line, with no escape codes.
+Epochs arrive numbered from 1, as /status gives them. Ctrl-C ends a watch with status 0
+(SIGTERM: one line, 143, as any command's); a reader that goes away (``snet status | head
+-3``) ends it quietly. On a terminal each reading replaces the last (the screen is
+cleared); in a pipe or a file they follow one another, a blank line between, no escapes.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from snet.protocol.worker_name import printable
 
 from .event_stream import https_context, open_events, open_page, status_events
 from .progress_bar import clock, detach_stdout, on_terminal
+from .stop_signals import Terminated
 
 
 def fetch_status(
@@ -167,18 +167,6 @@ def _board_lines(workers: list[dict[str, Any]]) -> list[str]:
             f"{report['real_mcups']:>10.1f} {report['behind_model']:>6}"
         )
     return lines
-
-
-def run_tls_init(args: argparse.Namespace) -> int:
-    """``snet tls init DIR``: a private CA and the cluster's certificates."""
-    from snet.transport.certificates import make_cluster_certificates
-
-    # empty items are kept: the certificates' checks refuse them ("a,,b" is a mistake)
-    hosts = [h.strip() for h in args.hosts.split(",")] if args.hosts else []
-    workers = [w.strip() for w in args.workers.split(",")] if args.workers else None
-    for path in make_cluster_certificates(Path(args.directory), hosts, workers):
-        print(path)
-    return 0
 
 
 ENDED = ("trained", "stopping", "stopped")  # states after which a watch ends
@@ -391,7 +379,9 @@ def run_status(args: argparse.Namespace) -> int:
             print(f"snet: {document}", file=sys.stderr)
             return 1
         return 0 if _shown(document, url, args.json, watching=False) else 1
-    except KeyboardInterrupt:  # Ctrl-C: the way to stop watching
+    except KeyboardInterrupt as exc:  # Ctrl-C: the way to stop watching
+        if isinstance(exc, Terminated):
+            raise
         return 0
     except BrokenPipeError:  # the reader left (| head): nothing more to say to it
         detach_stdout()
