@@ -36,10 +36,11 @@ from snet.transport.stream import LINGER_SECONDS
 
 from .admission import Admission, worker_frame_limits
 from .checkpoint import CHECKPOINTS_DIR, CheckpointStore
+from .checkpointer import Checkpointer
 from .config import ServerConfig
 from .connection import WorkerConnection, tend_connections
 from .dataplan import plan_data
-from .durability import Checkpointer, job_identity, resume_point
+from .durability import job_identity, resume_point
 from .export import read_weights, why_weights_kept, write_final_files
 from .footprint import check_fits_in_memory
 from .http import make_app

@@ -4,7 +4,7 @@
 ``{"staleness": "<policy>"}``; who may send it: server/http.py) puts the policy in force
 from the next step, tells the workers (server/staleness.py), and answers 200 with the
 record of the change only once a checkpoint holding it is on disk (taken at the next
-moment between steps: server/durability.py's ``write_now``). Before, a change was
+moment between steps: server/checkpointer.py's ``write_now``). Before, a change was
 checkpointed with whatever came next (a step, an epoch end): one made before the run's
 first step, or while no worker trained, was in no checkpoint, and a server killed then
 restarted under the old policy without a word.

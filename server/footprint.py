@@ -18,7 +18,7 @@ The estimate counts whole float32 copies of the element, from what the code allo
 - bmuf with a look-ahead (nbm, nesterov: server/block_filter.py): the published point
   and the next step's;
 - newbob: the best epoch's weights (server/epochs.py);
-- a checkpoint being written (server/durability.py, checkpoint.py): the copied velocity
+- a checkpoint being written (server/checkpointer.py, checkpoint.py): the copied velocity
   and the file's bytes, one copy of every array of the state;
 - the staleness policies (server/stepping.py, compensation.py): DC-ASGD and Gap-Aware keep
   ``HISTORY_VERSIONS`` past weights (Gap-Aware also its step sizes), and every policy that

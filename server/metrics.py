@@ -176,7 +176,7 @@ def _progress(out: Exposition, document: dict[str, Any]) -> None:
 
 
 def _checkpoints(out: Exposition, document: dict[str, Any]) -> None:
-    """What checkpoints cost and how recent the last one is (server/durability.py)."""
+    """What checkpoints cost and how recent the last one is (server/checkpointer.py)."""
     figures = document.get("checkpoints")
     if not figures:
         return

@@ -4,7 +4,7 @@
 while one runs: the step thread writes the velocity and the norm bounds), so the weights
 of ``version`` and exactly the ledger they include are saved together;
 ``restore_coordinator`` gives each part its state back before any worker joins.
-server/durability.py decides when, and server/checkpoint.py writes and reads the files.
+server/checkpointer.py decides when, and server/checkpoint.py writes and reads the files.
 
 What the rule saves depends on the mode (``UpdateRule``, or bmuf's ``BlockFilter``: its
 model, what workers start from, and the filter's Δ). Updates accepted but not yet applied

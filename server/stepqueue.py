@@ -8,7 +8,7 @@ at a time.
 
 Between two steps (never while one runs: the step thread writes the velocity and the
 norm bounds) the parts' states agree with each other: the moment for a consistent
-checkpoint. ``offer`` hands each such moment to ``on_between_steps`` (server/durability.py),
+checkpoint. ``offer`` hands each such moment to ``on_between_steps`` (server/checkpointer.py),
 with ``boundary`` true after an epoch end or a CV decision; one that comes during a step
 is deferred to the step's end.
 """

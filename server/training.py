@@ -13,7 +13,7 @@ every update is refused); ``TrainingStats``, the hooks; and the mode's traffic (
 coordinator routes a worker's mode-dependent events there and never asks which mode runs.
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
-of ``version`` and exactly the ledger they include (server/resume.py, durability.py). It
+of ``version`` and exactly the ledger they include (server/resume.py, checkpointer.py). It
 routes the events (a worker joins, sends an update or a CV result, is late, leaves) to
 them and carries out what they decide, on the event loop: it publishes each step's
 weights (to local workers through the board, transport/shared_board.py), sends them to

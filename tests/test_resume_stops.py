@@ -118,17 +118,22 @@ def test_snet_trains_results_are_not_replaced_by_a_server_or_the_demo(cluster: C
 
 
 def test_a_stopped_runs_results_without_a_checkpoint_are_not_replaced(cluster: Cluster) -> None:
-    """A server's weights.npz and status.json with its checkpoints gone: a fresh run
-    started over them without a word (found by a probe); --fresh --force still may."""
+    """A server's weights.npz and status.json of a run that trained, its checkpoints gone:
+    a fresh run started over them without a word (found by a probe)."""
     out = cluster.tmp_path / "stopped"
     out.mkdir()
     (out / "weights.npz").write_bytes(b"the earlier run's")
-    (out / "status.json").write_text('{"state": "stopping"}')
+    (out / "status.json").write_text('{"state": "stopping", "updates_applied": 120}')
     refused = cluster.run("server", "--port", "0", "--http-port", "0", "--out-dir", str(out))
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.strip().splitlines()[-1] == (
-        f"snet: {out} holds the results of a stopped run ({out}/weights.npz and status.json); "
+        f"snet: {out} holds the results of a stopped run ({out}/weights.npz; status.json: "
+        "updates applied); "
         "and no checkpoint to resume: a fresh run would overwrite them: "
         "--fresh --force to do so, or choose another --out-dir"
     )
     assert (out / "weights.npz").read_bytes() == b"the earlier run's"
+    # one stopped before it trained wrote its initial weights: started again, as before
+    (out / "status.json").write_text('{"state": "stopping", "updates_applied": 0}')
+    again = cluster.server("--out-dir", str(out), name="again")
+    assert again.status()["state"] == "waiting_for_workers"
