@@ -26,6 +26,7 @@ from snet.protocol.errors import ConfigError
 
 from .preloaded_worker import worker_environment
 from .progress_bar import EXIT_INTERRUPTED, say
+from .stop_signals import EXIT_TERMINATED
 from .worker_priority import (
     IDLE_POLICY,
     MIN_SAMPLE_SECONDS,
@@ -246,13 +247,14 @@ class DemoWorkers:
         return [process.returncode for process in self.processes]
 
     def stopped_cleanly(self, interrupted: bool = False) -> bool:
-        """Every process exited 0, or died of the SIGTERM the demo sent it (one still
-        starting has no handler yet: stopped before it did anything), or, when a
-        terminal's Ctrl-C reached them all (``interrupted``), was stopped by it while
-        still starting (status 130: cli/main.py), before it had anything to keep."""
+        """Every process exited 0, or was stopped by the SIGTERM the demo sent it while
+        still starting, before it did anything (status 143, cli/stop_signals.py; killed
+        by it, before that handler is in), or, when a terminal's Ctrl-C reached them all
+        (``interrupted``), was stopped by it while still starting (status 130)."""
+        by_sigterm = (EXIT_TERMINATED, -signal.SIGTERM)
         return all(
             process.returncode == 0
-            or (process.returncode == -signal.SIGTERM and process.pid in self.terminated)
+            or (process.returncode in by_sigterm and process.pid in self.terminated)
             or (interrupted and process.returncode == EXIT_INTERRUPTED)
             for process in self.processes
         )

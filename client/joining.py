@@ -240,7 +240,7 @@ class Handshake:
             # Tell the server why this worker cannot take part, then leave.
             connection.send(ErrorMessage("bad_job", str(exc), True))
             return NotJoined(refused=RefusedHere("bad_job", str(exc)))
-        if job.mode == "np":  # its workers hold slices: no updates, no whole weights
+        if not make_compute_policy(job).holds_whole_network:  # np: slices, no updates
             network = job.network.describe()
             log.info("joined %s as worker %d (np mode, network %s: a slice of its hidden "
                      "units)", hello.server_name, welcome.worker_id, network)  # fmt: skip

@@ -17,7 +17,7 @@ from snet.cli.main import main
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 
-from helpers import run_snet
+from helpers import DrivenProcess, run_snet
 from user_errors import error, toml_file
 
 
@@ -369,7 +369,7 @@ def test_sigterm_before_a_command_takes_it_over_is_said_as_ctrl_c_is(tmp_path: P
     process catches SIGTERM (/proc's SigCgt), long before the server takes it over."""
     argv = [sys.executable, "-m", "snet.cli", "server", "--port", "0", "--http-port", "0",
             "--out-dir", str(tmp_path / "out")]  # fmt: skip
-    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as starting:
+    with DrivenProcess(argv, stderr=subprocess.PIPE, text=True) as starting:
         status = Path(f"/proc/{starting.pid}/status")
         for _ in range(2000):  # 10 s at most
             caught = [ln for ln in status.read_text().splitlines() if ln.startswith("SigCgt:")]
