@@ -87,7 +87,6 @@ class Channel:
                 max_header_bytes=min(self.limits.max_header_bytes, HANDSHAKE_HEADER_BYTES),
             )
             self.decoder.admit = self._admit
-            self.decoder.read_ahead = False  # no buffer of its own for an untrusted peer
         self._orphans: list[object] = []  # sink tokens decoded, then refused with their frame
         self._backlog: deque[tuple[Message, int, bool]] = deque()
         self._paused = False
@@ -112,22 +111,10 @@ class Channel:
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> list[Decoded]:
-        """Record received bytes; returns the message of the first frame they completed,
-        if any, with its sink token (the caller owns it); the bytes after it are
-        ``pending``. Raises ``ProtocolError`` for a bad frame or a message out of turn;
-        nothing after it is handed out."""
+        """Record received bytes; returns the messages they completed, each with its sink
+        token (the caller owns it). Raises ``ProtocolError`` for a bad frame or a message
+        out of turn; nothing after it is handed out."""
         self.decoder.buffer_updated(nbytes)
-        return self.check(self.decoder.take())
-
-    @property
-    def pending(self) -> bool:
-        """Received bytes wait behind the last message handed out (``decode_next``)."""
-        return self.decoder.pending
-
-    def decode_next(self) -> list[Decoded]:
-        """The next message from the pending bytes, as ``buffer_updated`` returns it (none
-        when they end mid-frame: the rest comes with the next receive)."""
-        self.decoder.decode_next()
         return self.check(self.decoder.take())
 
     def check(self, decoded: list[Decoded]) -> list[Decoded]:
@@ -159,7 +146,6 @@ class Channel:
     def _open_when_trusted(self) -> None:
         if self.conversation is not None and self.conversation.trusted:
             self.decoder.limits = self.limits  # the handshake is done: the full limits
-            self.decoder.read_ahead = True
 
     def feed(self, data: bytes) -> list[Decoded]:
         """Decode bytes in hand as if received (the fault switch's duplicates), checked."""

@@ -1,20 +1,11 @@
 """``FrameDecoder``: a sans-IO state machine that turns received bytes into messages.
 
 It is built for ``asyncio.BufferedProtocol``: the transport asks ``get_buffer()`` for the
-memory to receive into and reports ``buffer_updated(n)``. Between frames, and for a small
-payload, that memory is the decoder's read-ahead buffer (``READ_AHEAD`` bytes): one
-receive takes a whole small frame, often several, where exact-size buffers took three
-system calls a frame (the prefix, the header, and the read that found the socket empty)
-and as many calls into Python. A large payload's remainder is received straight into its
-own buffer (from the ``PayloadSink`` when it offers one, so an update lands directly in a
-free pooled element). ``buffer_updated`` completes at most one frame: the bytes after it
-wait (``pending``) until the owner asks for the next (``decode_next``), so that it acts on
-each message (the conversation's turn, the limits it opens, a paused reading) before the
-next frame is read, exactly as when each frame came in receives of its own. ``feed(data)``
-decodes bytes already in hand (tests feed one byte at a time). A peer not yet trusted
-(``Channel``: before the handshake is done) is read with exact-size receives, as before,
-and gets no read-ahead buffer. After any ``FrameError`` the decoder is finished; the
-connection must close.
+memory to receive into and reports ``buffer_updated(n)``; the decoder hands out, in turn,
+the 16-byte prefix buffer, a header buffer of exactly the declared size, and the payload
+buffer (from the ``PayloadSink`` when it offers one, so an update lands directly in a free
+pooled element). ``feed(data)`` does the same for bytes already in hand (tests feed one byte
+at a time). After any ``FrameError`` the decoder is finished; the connection must close.
 
 A payload received into a sink's buffer comes out as ``Decoded(message, slot)``: the
 message, and beside it the sink's token for that buffer. The message itself (a frozen wire
@@ -44,12 +35,6 @@ from .framing import (
 from .messages import Message
 
 _PREFIX, _HEADER, _PAYLOAD, _BROKEN = range(4)
-# A receive between frames takes up to this much: a small frame whole (an update or a
-# weights frame sent through a board is a few hundred bytes), a payload's remainder this
-# large or larger goes straight to its own buffer. Per connection, made at its first
-# receive once the peer is trusted.
-READ_AHEAD = 4096
-_NOTHING = memoryview(b"")
 
 
 class Decoded(NamedTuple):
@@ -92,12 +77,6 @@ class FrameDecoder:
         self._payload_len = 0
         self._header_len = 0
         self._slot: object = None
-        # Off, every receive is exact-size (a peer not yet trusted: Channel), and no
-        # read-ahead buffer is made for it
-        self.read_ahead = True
-        self._ahead: memoryview | None = None  # the read-ahead buffer, once first needed
-        self._direct = False  # the last get_buffer() was the frame's own buffer
-        self._pending = _NOTHING  # received bytes after the last completed frame
         self.frames_decoded = 0
         self.bytes_received = 0
         self.received = TrafficCounters()
@@ -113,43 +92,15 @@ class FrameDecoder:
         """The memory the next received bytes must be written to (never empty)."""
         if self._state == _BROKEN:
             raise MalformedFrame("decoder is closed after an earlier frame error")
-        if self._pending:
-            raise RuntimeError("received bytes are pending: decode_next() them first")
-        remaining = len(self._buffer) - self._filled
-        self._direct = not self.read_ahead or (self._state == _PAYLOAD and remaining >= READ_AHEAD)
-        if self._direct:
-            return self._buffer[self._filled :]
-        if self._ahead is None:
-            self._ahead = memoryview(bytearray(READ_AHEAD))
-        return self._ahead
+        return self._buffer[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        """``nbytes`` were written at the start of the last ``get_buffer()``: decoded up to
-        the end of the first frame they complete; the rest is ``pending``."""
+        """``nbytes`` were written at the start of the last ``get_buffer()``."""
+        self._filled += nbytes
         self.bytes_received += nbytes
-        if self._direct:
-            self._direct = False
-            self._filled += nbytes
-            self._guarded(_NOTHING)
-        else:
-            assert self._ahead is not None
-            self._guarded(self._ahead[:nbytes])
-
-    @property
-    def pending(self) -> bool:
-        """Bytes received after the last completed frame wait for ``decode_next()``."""
-        return bool(self._pending) and self._state != _BROKEN
-
-    def decode_next(self) -> None:
-        """Decode the pending bytes up to the end of the next frame they complete."""
-        pending, self._pending = self._pending, _NOTHING
-        self._guarded(pending)
-
-    def _guarded(self, data: memoryview) -> None:
-        if self._state == _BROKEN:
-            raise MalformedFrame("decoder is closed after an earlier frame error")
         try:
-            self._pending = self._consume(data, one_frame=True)
+            while self._filled == len(self._buffer) and self._state != _BROKEN:
+                self._advance()
         except ProtocolError:
             self._break()
             raise
@@ -182,17 +133,14 @@ class FrameDecoder:
         return self.take()
 
     def feed_only(self, data: bytes | bytearray | memoryview) -> None:
-        """Decode ``data`` whole; the completed messages wait for ``take()``. Bytes
-        received and pending (``data`` given between two frames of one receive) stay
-        pending, after it."""
+        """Decode ``data``; the completed messages wait for ``take()``."""
         view = memoryview(data).cast("B")
-        self.bytes_received += len(view)
-        waiting, self._pending = self._pending, _NOTHING
-        self._guarded(view)
-        while self.pending:
-            self.decode_next()
-        if self._state != _BROKEN:
-            self._pending = waiting
+        while view:
+            target = self.get_buffer()
+            n = min(len(target), len(view))
+            target[:n] = view[:n]
+            view = view[n:]
+            self.buffer_updated(n)
 
     @property
     def mid_frame(self) -> bool:
@@ -200,30 +148,15 @@ class FrameDecoder:
         return self._state != _BROKEN and (self._state != _PREFIX or self._filled > 0)
 
     def abandon(self) -> object:
-        """Give up a partly received frame (and any pending bytes); returns the sink token
-        to release, if any."""
+        """Give up a partly received frame; returns the sink token to release, if any."""
         slot, self._slot = self._slot, None
-        self._state, self._pending = _BROKEN, _NOTHING
+        self._state = _BROKEN
         return slot
 
     # -- internals
 
     def _break(self) -> None:
-        self._state, self._pending = _BROKEN, _NOTHING
-
-    def _consume(self, data: memoryview, one_frame: bool) -> memoryview:
-        """Take ``data`` into the frame being received, advancing through its parts, to
-        the end of the first frame completed if ``one_frame``; returns what is left."""
-        frames = self.frames_decoded
-        while True:
-            while self._filled == len(self._buffer) and self._state != _BROKEN:
-                self._advance()
-            if not data or self._state == _BROKEN or (one_frame and self.frames_decoded > frames):
-                return data
-            taken = min(len(self._buffer) - self._filled, len(data))
-            self._buffer[self._filled : self._filled + taken] = data[:taken]
-            self._filled += taken
-            data = data[taken:]
+        self._state = _BROKEN
 
     def _advance(self) -> None:
         if self._state == _PREFIX:

@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from fake_transport import FakeTransport
 
 from snet.protocol.conversation import Conversation, Role
 from snet.protocol.decoder import Decoded
@@ -258,11 +257,30 @@ def test_faults_on_receive(loop_name: str) -> None:
     )
 
 
-class RefusingTransport(FakeTransport):
+class RefusingTransport(asyncio.Transport):
     """A transport whose socket is gone under it: every write raises, as uvloop's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return self.aborted
 
     def write(self, data: Any) -> None:
         raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+    def abort(self) -> None:
+        self.aborted = True
 
 
 def test_a_write_the_transport_refuses_drops_the_connection_quietly() -> None:

@@ -1,10 +1,8 @@
 """``FrameStream``: one TCP connection carrying snet frames, for server and worker alike.
 
 It is the ``asyncio.BufferedProtocol`` the event loop drives, and all the glue between a
-socket and a ``Channel``, written once: the transport receives into the buffers the
-channel's decoder hands out (``get_buffer``/``buffer_updated``; the frames read ahead in
-one receive are delivered one at a time, each before the next is decoded, and wait while
-reading is paused), the transport's
+socket and a ``Channel``, written once: the transport receives straight into the buffers
+the channel's decoder hands out (``get_buffer``/``buffer_updated``), the transport's
 ``pause_writing``/``resume_writing`` reach the channel's backlog, and closing, aborting
 and writing after either are handled here. What the connection *means* is its handler's
 (``StreamHandler``): the server's ``WorkerConnection``, the worker's ``ServerConnection``.
@@ -118,8 +116,6 @@ class FrameStream(asyncio.BufferedProtocol):
         self._held = False  # a delay fault holds the outgoing frames back
         self._delayed: deque[Decoded] | None = None  # incoming ones held by a delay fault
         self._dropping: memoryview | None = None  # refused: what comes in lands here, unread
-        self._reading_paused = False  # by the owner (the server's pool is exhausted)
-        self._decoding = False  # frames pending after a receive are being decoded
 
     # ------------------------------------------------------------ the transport's events
 
@@ -157,25 +153,6 @@ class FrameStream(asyncio.BufferedProtocol):
             self.refuse(exc)
             return
         self._deliver_all(received)
-        self._decode_pending()
-
-    def _decode_pending(self) -> None:
-        """The frames that came in the same receive, one at a time, each delivered before
-        the next is decoded; they wait while reading is paused (``resume_reading``)."""
-        channel = self.channel
-        if self._decoding or channel is None:
-            return  # a handler resumed reading: the loop below goes on
-        self._decoding = True  # (a loop of its own would deliver before the one in hand)
-        try:
-            while channel.pending and not (self._reading_paused or self.closing or self.lost):
-                try:
-                    received = channel.decode_next()
-                except ProtocolError as exc:
-                    self.refuse(exc)
-                    return
-                self._deliver_all(received)
-        finally:
-            self._decoding = False
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost follows
@@ -344,16 +321,12 @@ class FrameStream(asyncio.BufferedProtocol):
             self.transport.write_eof()
 
     def pause_reading(self) -> None:
-        self._reading_paused = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        self._reading_paused = False
-        self._decode_pending()  # the frames received before the pause, first (one of
-        transport = self.transport  # them may pause it again)
-        if not self._reading_paused and transport is not None and not transport.is_closing():
-            transport.resume_reading()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     # ------------------------------------------------------------ the fault switch
 
