@@ -7,6 +7,7 @@ written once a run of minutes is done), and results printed before they are writ
 from __future__ import annotations
 
 import argparse
+import compileall
 from pathlib import Path
 
 
@@ -38,11 +39,30 @@ def output_path(text: str) -> Path:
 
 def checkout(text: str) -> Path:
     """An argparse type: a checkout of earlier code to measure beside this one (``git
-    archive COMMIT | tar -x -C DIR``), whose processes import ``snet`` from ``DIR/src``."""
+    archive COMMIT | tar -x -C DIR``), whose processes import ``snet`` from ``DIR/src``;
+    its modules are byte-compiled (``compiled``)."""
     path = Path(text)
     if not (path / "src" / "snet").is_dir():
         raise argparse.ArgumentTypeError(f"no checkout at {text} (no src/snet)")
+    compiled(path / "src" / "snet")
     return path
+
+
+def compiled(package: Path) -> None:
+    """Write the bytecode of ``package`` (snet's, through its links to the top-level
+    folders) where Python would have. With PYTHONDONTWRITEBYTECODE set (as on the
+    machine of docs/time-to-accuracy.md, session 24) no import writes it: every process of
+    a fresh checkout compiled each of its modules at start, 0.1-0.15 s of CPU a process,
+    and so did this one for each module changed since its bytecode was last written: a
+    start-up cost that made a baseline's runs slower than this code's by about 0.1 of
+    the speed ratio, whatever the code did. Both sides are compiled before they are
+    timed."""
+    for part in sorted(package.iterdir()):
+        folder = part.resolve()
+        if folder.is_dir():
+            compileall.compile_dir(folder, quiet=1)
+        elif part.suffix == ".py":
+            compileall.compile_file(part, quiet=1)
 
 
 def emit(text: str, path: Path | None) -> None:

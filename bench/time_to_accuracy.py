@@ -32,7 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .arguments import checkout, emit, output_path, positive_int
+import snet
+
+from .arguments import checkout, compiled, emit, output_path, positive_int
 from .bmuf_speed import first_at, timed_epochs
 
 TARGET_CV = 0.90  # every mode reaches it within the default job's 10 epochs
@@ -77,6 +79,7 @@ def run_accuracy_bench(
     baseline: Path | None = None,
 ) -> dict[str, Any]:
     """Per mode, the median ratios to ``snet train`` (see the module's notes)."""
+    compiled(Path(snet.__file__).parent)  # as the baseline is (bench/arguments.py)
     if baseline is not None:
         modes = (*modes, *(f"baseline:{mode}" for mode in modes))
     names = ("train", *modes)
