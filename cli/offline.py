@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -28,7 +29,7 @@ from snet.data.sources import (
     resolve_source,
     total_frames,
 )
-from snet.protocol.errors import ConfigError, DataError
+from snet.protocol.errors import ConfigError, DataError, ResultsNotWritten
 from snet.protocol.hooks import HookSet
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import initial_weights
@@ -39,6 +40,8 @@ from snet.server.update_rule import UpdateRule
 
 from .flags import given
 from .settings import env_name, merge, output_file, refuse_unknown_fields
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)  # the machine's, not the user's
 
 
 def lone_worker_chunks(job: JobSpec, corpus: Corpus) -> Callable[[int], Iterator[np.ndarray]]:
@@ -234,7 +237,10 @@ def run_convert(args: argparse.Namespace) -> int:
         for path in outputs:
             if _stamp(path) != before[path]:
                 path.unlink(missing_ok=True)
-        raise DataError(f"cannot write {out}: {exc.strerror or exc}") from exc
+        said = f"cannot write {out}: {exc.strerror or exc}"
+        if exc.errno in DISK_FULL:  # exit 1, as snet train's weights there: not the input's
+            raise ResultsNotWritten(said) from exc
+        raise DataError(said) from exc  # a path it cannot use (a directory, no permission): 2
     print(
         f"{source.description} -> {out}: {len(source.lengths)} utterances, "
         f"{len(frames)} frames of {source.features} features"

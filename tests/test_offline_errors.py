@@ -182,7 +182,7 @@ def test_convert_onto_a_full_disk_leaves_no_truncated_file(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(offline, "write_pfile", full_disk)
-    err = error(["data", "convert", data, str(out)], capsys)
+    err = error(["data", "convert", data, str(out)], capsys, status=1)  # not bad input: 1
     assert err == f"snet: cannot write {out}: No space left on device"
     assert not out.exists()
     out.write_text("someone else's\n")
