@@ -10,6 +10,7 @@ otherwise they say in one line how to run the benchmarks from a checkout.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -36,20 +37,33 @@ def bench_process(
     module: str, args: list[str], capture: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m module ARGS`` (``bench`` or ``bench.X``) from the checkout."""
+    argv, env = _in_checkout(module, args)
+    return subprocess.run(argv, env=env, capture_output=capture, text=True, check=False)
+
+
+def _in_checkout(module: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of ``python -m module ARGS`` in the checkout."""
     checkout = find_checkout()
     if checkout is None:
         raise ConfigError(NO_CHECKOUT)
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), path)))}
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        env=env,
-        capture_output=capture,
-        text=True,
-        check=False,
-    )
+    return [sys.executable, "-m", module, *args], env
 
 
 def run_bench(args: list[str]) -> int:
-    """``snet bench ARGS``: ``python -m bench ARGS`` in the checkout; its exit status."""
-    return bench_process("bench", args).returncode
+    """``snet bench ARGS``: ``python -m bench ARGS`` in the checkout; its exit status. A
+    SIGTERM is passed on to it and waited for, so that it stops what it started (raised
+    here as ``Terminated``, it had ended in ``subprocess.run``'s kill and a traceback);
+    Ctrl-C reaches it by itself (one process group)."""
+    from .stop_signals import Terminated, stopped_unhandled
+
+    argv, env = _in_checkout("bench", args)
+    with subprocess.Popen(argv, env=env) as suite:
+        try:
+            return suite.wait()
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, Terminated):
+                suite.send_signal(signal.SIGTERM)
+            suite.wait()
+            return stopped_unhandled("bench", exc)
