@@ -12,13 +12,13 @@ from snet.protocol.codecs import canonical
 from snet.protocol.codecs.weights import canonical_weights_form
 from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
+from snet.protocol.messages import HEARTBEAT_FLOOR
 from snet.protocol.numbering import is_plain_int
 from snet.protocol.process_settings import check_threads, log_format_field, log_level_field
 from snet.protocol.worker_name import name_problem
 from snet.transport.faults import FaultSwitch
 
 HANDSHAKE_SECONDS = 30.0  # a server's hello, welcome and data description, in all
-HEARTBEAT_FLOOR = 0.05  # seconds between heartbeats at least
 # client/backend.py's BACKENDS and "auto"; named here too, so that a setting is checked
 # when it is read, before any worker starts (the backends' code is not loaded by then)
 BACKEND_NAMES = ("auto", "numpy", "torch", "spert", "modelled")

@@ -98,8 +98,9 @@ class Joined:
 def np_unused_codecs(compress: str, weights_codec: str) -> str:
     """What np mode leaves unused of a worker's codec settings ("" if nothing): its workers
     send no updates and are sent no whole weights (they hold slices)."""
-    unused = [f"--compress {compress}"] if compress else []
-    if weights_codec != SHARED:  # not the default
+    # none of either encodes nothing: a setting exported for every mode stays harmless
+    unused = [f"--compress {compress}"] if compress not in ("", "none") else []
+    if weights_codec not in (SHARED, "none"):
         unused.append(f"--weights-codec {weights_codec}")
     if not unused:
         return ""

@@ -251,6 +251,11 @@ class Heartbeat:
     sent_at: float
 
 
+# Either side's heartbeat_seconds at least: 0 sent them without a pause (the worker's), or
+# woke the server's housekeeping a thousand times a second (the server's), a core each
+HEARTBEAT_FLOOR = 0.05
+
+
 @dataclass(frozen=True)
 class ErrorMessage:
     """A refusal: ``code`` is machine-readable (e.g. ``update_rejected``), ``text`` is not.

@@ -16,6 +16,7 @@ from snet.protocol.conversation import Role
 from snet.protocol.errors import ConfigError
 from snet.protocol.framing import MIB, mib_at_least
 from snet.protocol.job import JobSpec
+from snet.protocol.messages import HEARTBEAT_FLOOR
 from snet.protocol.modes import trace_problem, whole_element_bytes
 from snet.protocol.process_settings import log_format_field, log_level_field
 from snet.transport.faults import FaultSwitch
@@ -270,8 +271,11 @@ class ServerConfig:
                 )
         if not 0.05 <= self.event_seconds <= 60:  # a floor: each push builds the document
             raise ConfigError("event_seconds must be between 0.05 and 60")
-        if self.heartbeat_seconds <= 0 or self.worker_timeout_seconds <= self.heartbeat_seconds:
-            raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds (> 0)")
+        if not self.heartbeat_seconds >= HEARTBEAT_FLOOR:  # nan too
+            raise ConfigError(f"heartbeat_seconds must be at least {HEARTBEAT_FLOOR:g}, "
+                              f"got {self.heartbeat_seconds:g}")  # fmt: skip
+        if self.worker_timeout_seconds <= self.heartbeat_seconds:
+            raise ConfigError("worker_timeout_seconds must exceed heartbeat_seconds")
         FaultSwitch.from_text(self.faults, Role.SERVER)  # refuses a bad rule with a clear error
 
     @property

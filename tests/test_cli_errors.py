@@ -90,6 +90,9 @@ def test_a_settings_own_check_names_it_as_the_user_gave_it(
     assert error(["worker", "--tls-ca", "ca.pem", "--tls-key", "w.key"], capsys) == (
         "snet: tls_cert and --tls-key go together: this worker's certificate and its key"
     )
+    assert error(["server", "--heartbeat-seconds", "0.001"], capsys) == (  # a review's find
+        "snet: --heartbeat-seconds must be at least 0.05, got 0.001"
+    )
     for heartbeat in ("0", "-1", "0.001"):  # 0 spun the worker and its server
         assert error(["worker", "--heartbeat-seconds", heartbeat], capsys) == (
             f"snet: --heartbeat-seconds must be at least 0.05 (and finite), "

@@ -180,8 +180,8 @@ def test_a_bad_worker_setting_in_the_environment_is_one_line_and_exit_2_before_a
          "the demo's workers: --weights-codec fp16 does nothing: np mode's workers send no "
          "updates and are sent no weights (their flags and SNET_WORKER_* variables); leave "
          "them out"),
-        (["--mode", "np"], {"SNET_WORKER_COMPRESS": "sign", "SNET_WORKER_WEIGHTS_CODEC": "none"},
-         "the demo's workers: --compress sign and --weights-codec none do nothing: np mode's "
+        (["--mode", "np"], {"SNET_WORKER_COMPRESS": "sign", "SNET_WORKER_WEIGHTS_CODEC": "fp16"},
+         "the demo's workers: --compress sign and --weights-codec fp16 do nothing: np mode's "
          "workers send no updates and are sent no weights (their flags and SNET_WORKER_* "
          "variables); leave them out"),
         (["--network", "117:2048:10"], {"SNET_WORKER_MAX_FRAME_MB": "1"},
