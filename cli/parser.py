@@ -25,14 +25,40 @@ DESCRIPTION = (
 OUT_DIR_HELP = "directory for the weights (default snet-out; env SNET_OUT_DIR, as the server's)"
 
 
+def _whole_number(text: str) -> int:
+    """An argparse type: as ``int`` reads it, but only ASCII digits (it also took "1_0"
+    and other scripts' digits: protocol/numbering.py)."""
+    from snet.protocol.numbering import plain_int
+
+    return plain_int(text, signed=True)
+
+
+def _number(text: str) -> float:
+    """An argparse type: as ``float`` reads it, but only a decimal number in ASCII; nan
+    and inf pass, for the commands' own checks to refuse by name."""
+    from snet.protocol.numbering import plain_float
+
+    try:
+        return plain_float(text)
+    except ValueError:
+        if text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            return float(text)
+        raise
+
+
+_whole_number.__name__, _number.__name__ = "int", "float"  # argparse's "invalid int value"
+
+
 def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
     """``snet plan`` (cli/plan.py); its defaults are those of the scaling benchmark."""
     parser.add_argument("--network", default="351:1262:45", help='layer sizes, e.g. "351:1262:45"')
-    parser.add_argument("--bunch", type=int, default=1000, help="patterns per worker update")
+    parser.add_argument(
+        "--bunch", type=_whole_number, default=1000, help="patterns per worker update"
+    )
     parser.add_argument(
         "--link-mbps",
         dest="link_mbps",
-        type=float,
+        type=_number,
         help="your link's speed in Mbit/s, e.g. 1000 (without it: the 127.0.0.1 loopback "
         "the constants were measured on, and a note saying so)",
     )
@@ -50,13 +76,13 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
         "overlapping the exchange: --block-overlap), bmuf-async",
     )
     parser.add_argument(
-        "--block-bunches", dest="block_bunches", type=int, default=16, help="bmuf: tau"
+        "--block-bunches", dest="block_bunches", type=_whole_number, default=16, help="bmuf: tau"
     )
     parser.add_argument(
         "--compress", default="none", help="update codec: none, fp16, int8, sign (bmuf deltas too)"
     )
     parser.add_argument(
-        "--exemplars", type=int, default=1_000_000, help="exemplars per epoch (BSP table)"
+        "--exemplars", type=_whole_number, default=1_000_000, help="exemplars per epoch (BSP table)"
     )
     parser.add_argument("--constants", help="JSON with the model's constants (snet bench output)")
     parser.add_argument("--calibrate", action="store_true", help="measure the constants now")
@@ -111,7 +137,7 @@ def _status_flags(status: argparse.ArgumentParser) -> None:
         "last; exit 0 once ended, 1 if the server stops answering mid-run (Ctrl-C: stop)",
     )
     status.add_argument(
-        "--interval", type=float, default=2.0, help="least seconds between readings of --watch"
+        "--interval", type=_number, default=2.0, help="least seconds between readings of --watch"
     )
     status.add_argument(
         "--token", help="the server's token (as a worker's --token; default SNET_TOKEN)"
@@ -160,7 +186,7 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
     add_job_flags(train, parallel=False)
     train.add_argument(
         "--threads",
-        type=int,
+        type=_whole_number,
         default=None,  # None: SNET_TRAIN_THREADS, else 1 (train.train_threads)
         help="BLAS threads, pinned as a worker's are (default: 1; env SNET_TRAIN_THREADS): "
         "on a busy machine idle BLAS threads waiting for cores made it 5-10x slower",
@@ -183,19 +209,23 @@ def _bench_flags(bench: argparse.ArgumentParser) -> None:
 def _demo_flags(demo: argparse.ArgumentParser) -> None:
     from .flags import add_config_flag, add_job_flags
 
-    demo.add_argument("--workers", type=int, default=2, help="numpy worker processes")
+    demo.add_argument("--workers", type=_whole_number, default=2, help="numpy worker processes")
     demo.add_argument(
-        "--spert", type=int, default=0, help="emulated Spert-II boards to add as workers"
+        "--spert", type=_whole_number, default=0, help="emulated Spert-II boards to add as workers"
     )
     demo.add_argument(
         "--spert-time-scale",
         dest="spert_time_scale",
-        type=float,
+        type=_number,
         default=None,  # 1: real time; given without --spert, it is refused, not ignored
         help="how much faster than real time the demo's boards run (default 1)",
     )
     demo.add_argument(
-        "--http-port", dest="http_port", type=int, default=0, help="status port (0: any free)"
+        "--http-port",
+        dest="http_port",
+        type=_whole_number,
+        default=0,
+        help="status port (0: any free)",
     )
     from .worker_priority import PRIORITIES, PRIORITY_VARIABLE
 

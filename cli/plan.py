@@ -41,6 +41,7 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 from snet.protocol.modes import MODE_SETTINGS, NAMES, describe
 from snet.protocol.network import NetworkSpec
+from snet.protocol.numbering import plain_int
 from snet.protocol.slices import np_problem
 
 from .checkout import bench_process
@@ -112,7 +113,7 @@ def _calibrate(network: NetworkSpec, bunch: int) -> Constants:
 
 def _counts(text: str, what: str) -> list[int]:
     try:  # every part a number: "1,,2" was taken as 1,2, a typo passed over
-        values = [int(part) for part in text.split(",")]
+        values = [plain_int(part) for part in text.split(",")]
     except ValueError:
         raise ConfigError(f"{what} must be comma-separated whole numbers, got {text!r}") from None
     if not values or min(values) < 1:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import NetworkSpec
-from snet.protocol.numbering import is_plain_int
+from snet.protocol.numbering import is_plain_int, plain_float, plain_int
 
 T = TypeVar("T")
 
@@ -146,9 +146,10 @@ def _decode(value: Any, kind: Any) -> Any:
     if kind is int:
         if isinstance(value, float) or (isinstance(value, str) and not value.strip()):
             raise TypeError(value)
-        return int(value)
+        # as typed: int() also took "1_0" and other scripts' digits (protocol/numbering.py)
+        return plain_int(value, signed=True) if isinstance(value, str) else int(value)
     if kind is float:
-        number = float(value)
+        number = plain_float(value) if isinstance(value, str) else float(value)
         if not math.isfinite(number):
             raise ValueError(value)
         return number

@@ -16,6 +16,7 @@ import re
 # Python's int() and float() also take "1_0" and other scripts' digits ("٣" is 3): a
 # policy given as "bounded:1_0" ran as bounded:10, said back in another spelling
 _PLAIN_INT = re.compile(r"[0-9]+")
+_SIGNED_INT = re.compile(r"[+-]?[0-9]+")
 _PLAIN_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
@@ -36,16 +37,19 @@ def is_plain_int(text: str) -> bool:
     return _PLAIN_INT.fullmatch(text) is not None
 
 
-def plain_int(text: str) -> int:
-    """``text`` as a whole number of ASCII digits; ``ValueError`` for anything else."""
-    if not is_plain_int(text):
+def plain_int(text: str, signed: bool = False) -> int:
+    """``text`` (spaces around it aside, as ``int`` takes them) as a whole number of ASCII
+    digits, with a sign if ``signed``; ``ValueError`` for anything else."""
+    text = text.strip()
+    if not (_SIGNED_INT if signed else _PLAIN_INT).fullmatch(text):
         raise ValueError(f"not a whole number: {text!r}")
     return int(text)
 
 
 def plain_float(text: str) -> float:
-    """``text`` as a decimal number in ASCII (``0.04``, ``.5``, ``1e-3``); ``ValueError``
-    for anything else (``nan``, ``inf``, ``1_0``)."""
+    """``text`` (spaces around it aside) as a decimal number in ASCII (``0.04``, ``.5``,
+    ``-1e-3``); ``ValueError`` for anything else (``nan``, ``inf``, ``1_0``)."""
+    text = text.strip()
     if not _PLAIN_FLOAT.fullmatch(text):
         raise ValueError(f"not a number: {text!r}")
     return float(text)

@@ -40,7 +40,8 @@ MAGIC = b"SNETCKPT"
 FORMAT = 1
 PREFIX = struct.Struct("<8sIQQ")
 CHECKSUM_BYTES = 32
-NAME = re.compile(r"^ckpt-(\d{8}|[1-9]\d{8,})\.snet$")  # as path() writes them, past 10**8 too
+# as path() writes them (8 digits, more past 10**8), ASCII digits only
+NAME = re.compile(r"^ckpt-([0-9]{8}|[1-9][0-9]{8,})\.snet$")
 
 
 class CheckpointDamaged(ConfigError):

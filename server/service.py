@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from snet.protocol.errors import ConfigError, OutDirInUse
+from snet.protocol.numbering import is_plain_int
 from snet.transport.files import write_atomically
 
 
@@ -74,7 +75,7 @@ class PidFile:
             return
         except OSError as exc:
             raise ConfigError(f"cannot read pid file {self.path}: {exc.strerror}") from exc
-        if text.isdigit() and int(text) != self.pid and _running(int(text)):
+        if is_plain_int(text) and int(text) != self.pid and _running(int(text)):
             raise ConfigError(
                 f"pid file {self.path} names process {text}, which is still running "
                 "(another snet server?); stop it or choose another --pid-file"

@@ -25,3 +25,24 @@ def test_numbers_in_texts_are_plain_ascii_digits() -> None:
         stated_memory(["memory:\u00b2:1:1"])
     with pytest.raises(ValueError, match="not HOST:PORT"):
         split_host_port("host:\u0667\u0660\u0660\u0660")
+
+
+def test_settings_are_read_as_typed(capsys: pytest.CaptureFixture[str]) -> None:
+    """Flags, variables and a TOML file's strings went through int() and float(), which
+    took "1_0" as 10 and other scripts' digits (found by a review); spaces around a
+    number stay allowed, as before."""
+    from snet.protocol.numbering import plain_int
+    from snet.protocol.staleness import StalenessSetting
+
+    from user_errors import error
+
+    assert error(["train", "--epochs", "1_0"], capsys) == (
+        "snet: --epochs: '1_0' is not a whole number"
+    )
+    assert error(["plan", "--workers", "1,\u0663"], capsys).startswith(
+        "snet: --workers must be comma-separated whole numbers"
+    )
+    assert plain_int(" 42 ") == 42 and plain_int("-3", signed=True) == -3
+    with pytest.raises(ValueError):
+        plain_int("-3")
+    assert StalenessSetting.parse("bounded: 2").bound == 2  # as int() took it before
