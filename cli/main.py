@@ -89,7 +89,8 @@ def _dispatch(words: list[str], preloaded: PreloadedWorker | None) -> int:
         return args
     try:
         _check_switches()
-        if getattr(args, "out_dir", None) == "":  # train, demo: the server's own says so
+        out_dir = getattr(args, "out_dir", None)  # train, demo (the server's says so)
+        if out_dir is not None and not out_dir.strip():
             raise ConfigError("--out-dir (or SNET_OUT_DIR) is empty: it would be the current "
                               "directory; give one")  # fmt: skip
         status = _run(args, preloaded)

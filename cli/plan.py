@@ -81,9 +81,16 @@ def strategy_note(strategies: list[str]) -> str:
     )
 
 
+JSON_BYTES = 16 * 1024 * 1024  # a calibration or benchmark file; /dev/zero is not one
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        document = json.loads(path.read_text())
+        with path.open("rb") as handle:  # bounded: /dev/zero was read until memory ran out
+            raw = handle.read(JSON_BYTES + 1)
+        if len(raw) > JSON_BYTES:
+            raise ConfigError(f"{path} is over {JSON_BYTES // 2**20} MiB: not a JSON file?")
+        document = json.loads(raw)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     if not isinstance(document, dict):

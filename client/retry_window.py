@@ -76,6 +76,6 @@ class RetryWindow:
             # ends past it (a port that accepts and never speaks holds one for seconds)
             tried = self.clock() - (self.deadline - self.retry_seconds)
             raise ServerUnreachable(
-                f"cannot join the server at {where} ({why}); gave up after {tried:.3g} s "
+                f"cannot join the server at {where} ({why}); gave up after {tried:.1f} s "
                 f"(--retry-seconds {self.retry_seconds:g})"
             )

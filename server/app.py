@@ -197,7 +197,8 @@ class SnetServer:
                 access_log=None,
                 shutdown_timeout=5.0,
                 keepalive_timeout=self.config.http_header_seconds,  # see http_guard.py
-                lingering_time=min(LINGER_SECONDS, self.config.http_header_seconds),  # a 408's
+                # a 408's connection is closed after this, not aiohttp's 10 s of reading
+                lingering_time=min(LINGER_SECONDS, self.config.http_header_seconds),
                 logger=RequestErrors(),
             )
             await self._http.setup()

@@ -383,3 +383,16 @@ def test_sigterm_before_a_command_takes_it_over_is_said_as_ctrl_c_is(tmp_path: P
         _, stderr = starting.communicate(timeout=30)
     assert starting.returncode == 143, stderr
     assert stderr.strip().splitlines()[-1] == "snet server: stopped by SIGTERM"
+
+
+def test_a_token_file_or_a_plan_file_that_is_no_such_file_is_refused_bounded(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--token-file /dev/zero and --constants /dev/zero were read until memory ran out
+    (found by a review, after --config's bound)."""
+    assert error(["status", "--token-file", "/dev/zero"], capsys) == (
+        "snet: token_file /dev/zero is over 4096 bytes: not a token?"
+    )
+    assert error(["plan", "--constants", "/dev/zero"], capsys) == (
+        "snet: /dev/zero is over 16 MiB: not a JSON file?"
+    )

@@ -52,11 +52,17 @@ async def start_listening(
     """The running loop's server for ``make_protocol`` on ``sock`` when one is given (a
     socket already listening), else on ``host`` and ``port`` (``::`` dual-stack)."""
     loop = asyncio.get_running_loop()
-    sock = sock or dual_stack_socket(host, port)
-    if sock is not None:
-        return await loop.create_server(
-            make_protocol, sock=sock, ssl=tls, ssl_handshake_timeout=handshake_seconds
-        )
+    made = None if sock else dual_stack_socket(host, port)
+    listening = sock or made
+    if listening is not None:
+        try:
+            return await loop.create_server(
+                make_protocol, sock=listening, ssl=tls, ssl_handshake_timeout=handshake_seconds
+            )
+        except BaseException:
+            if made is not None:
+                made.close()  # its own: the caller's stays the caller's to close
+            raise
     return await loop.create_server(
         make_protocol, host or None, port, ssl=tls, ssl_handshake_timeout=handshake_seconds
     )

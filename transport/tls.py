@@ -64,13 +64,20 @@ def warn_if_expiring(cert: str, what: str) -> None:
         log.warning("%s %s expires on %s", what, cert, end.date())
 
 
+TOKEN_FILE_BYTES = 4096  # a token is a few dozen characters
+
+
 def read_token_file(path: str) -> str:
     """The shared secret kept in ``path`` (``--token-file``, on the server and on a
     worker): its text, stripped. ConfigError when it cannot be read or is empty."""
     try:
-        token = Path(path).read_text(encoding="utf-8").strip()
+        with open(path, "rb") as handle:  # bounded: /dev/zero was read until memory ran out
+            raw = handle.read(TOKEN_FILE_BYTES + 1)
+        token = raw.decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read token_file {path}: {exc}") from None
+    if len(raw) > TOKEN_FILE_BYTES:
+        raise ConfigError(f"token_file {path} is over {TOKEN_FILE_BYTES} bytes: not a token?")
     if not token:
         raise ConfigError(f"token_file {path} is empty")
     warn_if_shared(path, "token_file")
