@@ -13,7 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from snet.protocol.messages import ErrorMessage, Heartbeat, Lease, Update, Weights
+from snet.protocol.errors import ConnectionLost
+from snet.protocol.messages import (
+    ROUND_DEADLINE,
+    TIMEOUT,
+    ErrorMessage,
+    Heartbeat,
+    Lease,
+    Update,
+    Weights,
+)
 from snet.protocol.network import ElementLayout, NetworkSpec
 
 from helpers import QUICK_JOB, Cluster, ServerProcess, wait_until
@@ -171,3 +180,24 @@ def test_a_worker_frozen_past_the_silence_timeout_joins_again(cluster: Cluster) 
     assert len(status["epochs"]) == 4
     for epoch in status["epochs"]:
         assert epoch["ledger"]["used_once"] == epoch["ledger"]["frames"], epoch["ledger"]
+
+
+@pytest.mark.parametrize("code", [TIMEOUT, ROUND_DEADLINE])
+def test_a_drop_is_not_a_refusal(code: str) -> None:
+    """The worker's reading of the server's fatal errors, whichever comes first on a
+    waking socket (the process test above can meet the reset first): a drop (silent too
+    long, a missed round) reconnects; any other fatal code is a refusal (exit 4)."""
+    from snet.cli.commands import worker_config
+    from snet.cli.parser import command_parser
+    from snet.cli.settings import ConfigFile
+    from snet.client.worker import Worker
+
+    parsed = command_parser().parse_args(["worker", "--server", "127.0.0.1:9"])
+    worker = Worker(worker_config(parsed, ConfigFile()))
+    worker._inbox.append(ErrorMessage(code, "no message for 61 s", True))
+    with pytest.raises(ConnectionLost, match=r"dropped .*: no message for 61 s"):
+        worker._file_inbox(None, None)  # type: ignore[arg-type]
+    assert worker._refused is None
+    worker._inbox.append(ErrorMessage("auth_failed", "wrong token", True))
+    worker._file_inbox(None, None)  # type: ignore[arg-type]
+    assert worker._refused is not None and worker._refused.code == "auth_failed"
