@@ -9,6 +9,7 @@ otherwise they say in one line how to run the benchmarks from a checkout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -52,18 +53,20 @@ def _in_checkout(module: str, args: list[str]) -> tuple[list[str], dict[str, str
 
 
 def run_bench(args: list[str]) -> int:
-    """``snet bench ARGS``: ``python -m bench ARGS`` in the checkout; its exit status. A
-    SIGTERM is passed on to it and waited for, so that it stops what it started (raised
-    here as ``Terminated``, it had ended in ``subprocess.run``'s kill and a traceback);
-    Ctrl-C reaches it by itself (one process group)."""
+    """``snet bench ARGS``: ``python -m bench ARGS`` in the checkout; its exit status. The
+    suite runs in a process group of its own, and a SIGTERM or Ctrl-C is passed on to the
+    whole group and waited for: the servers and workers a benchmark started stop too (it
+    had ended in ``subprocess.run``'s kill of the suite alone, a traceback, and the
+    benchmark running on)."""
     from .stop_signals import Terminated, stopped_unhandled
 
     argv, env = _in_checkout("bench", args)
-    with subprocess.Popen(argv, env=env) as suite:
+    with subprocess.Popen(argv, env=env, process_group=0) as suite:
         try:
             return suite.wait()
         except KeyboardInterrupt as exc:
-            if isinstance(exc, Terminated):
-                suite.send_signal(signal.SIGTERM)
+            stop = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(suite.pid, stop)
             suite.wait()
             return stopped_unhandled("bench", exc)
