@@ -353,11 +353,24 @@ def command_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _command_of(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of the command ``name`` (to say an error with its own usage)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    return parser
+
+
 def parse_command(words: list[str]) -> argparse.Namespace:
     """``words``, a command line after ``snet``, read as ``main`` reads them."""
     # keyed by a known command word only: a typo is refused by the parser of no command
     command = words[0] if words and words[0] in COMMANDS else ""
-    args = command_parser(command).parse_args(words)
+    parser = command_parser(command)
+    args, unknown = parser.parse_known_args(words)
+    if unknown:  # said by the command's parser: its usage, not all commands' (a typo
+        # in one flag of snet worker printed the list of commands)
+        _command_of(parser, command).error(f"unrecognized arguments: {' '.join(unknown)}")
     if command in ("train", "demo") and args.out_dir is None:  # as the server finds its own
         args.out_dir = os.environ.get("SNET_OUT_DIR", "snet-out")
     if command == "demo" and args.worker_priority is None:  # read here: the parser is kept

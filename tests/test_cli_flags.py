@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from snet import __version__
-from snet.cli.parser import command_parser
+from snet.cli.parser import command_parser, parse_command
 from snet.client.config import WorkerConfig
 from snet.client.spert.config import BoardConfig
 from snet.protocol.job import DataSpec, JobSpec
@@ -38,6 +38,13 @@ def test_train_offers_only_what_sequential_training_uses(
             command_parser().parse_args(["train", flag, "1"])
         assert stopped.value.code == 2
         assert f"unrecognized arguments: {flag} 1" in capsys.readouterr().err
+    # as a user meets it: said by snet train's parser, with its usage, not every
+    # command's list (the top-level usage, for a typo in one flag)
+    with pytest.raises(SystemExit) as stopped:
+        parse_command(["train", "--mode", "sync"])
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2 and said.startswith("usage: snet train ")
+    assert said.endswith("snet train: error: unrecognized arguments: --mode sync\n")
 
 
 @pytest.mark.system  # starts real processes
