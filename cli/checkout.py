@@ -55,18 +55,30 @@ def _in_checkout(module: str, args: list[str]) -> tuple[list[str], dict[str, str
 def run_bench(args: list[str]) -> int:
     """``snet bench ARGS``: ``python -m bench ARGS`` in the checkout; its exit status. The
     suite runs in a process group of its own, and a SIGTERM or Ctrl-C is passed on to the
-    whole group and waited for: the servers and workers a benchmark started stop too (it
-    had ended in ``subprocess.run``'s kill of the suite alone, a traceback, and the
-    benchmark running on)."""
-    from .stop_signals import Terminated, stopped_unhandled
+    whole group and waited for: the servers and workers a benchmark started stop too (a
+    SIGTERM had ended ``snet bench`` alone, the benchmark running on)."""
+    from .progress_bar import say
+    from .stop_signals import EXIT_TERMINATED, stopped_unhandled
 
     argv, env = _in_checkout("bench", args)
+    forwarded: list[int] = []
     with subprocess.Popen(argv, env=env, process_group=0) as suite:
-        try:
-            return suite.wait()
-        except KeyboardInterrupt as exc:
-            stop = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+
+        def forward(signum: int, frame: object) -> None:
+            forwarded.append(signum)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(suite.pid, stop)
+                os.killpg(suite.pid, signum)
+
+        previous = signal.signal(signal.SIGTERM, forward)
+        try:
+            status = suite.wait()  # resumed after the handler: waits for the group's end
+        except KeyboardInterrupt as exc:  # Ctrl-C reached this process alone
+            forward(signal.SIGINT, None)
             suite.wait()
             return stopped_unhandled("bench", exc)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    if forwarded:
+        say("snet bench: stopped by SIGTERM")
+        return EXIT_TERMINATED
+    return status

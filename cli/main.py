@@ -186,13 +186,13 @@ def entry() -> NoReturn:
 
     from .lifeline import follow_supervisor
     from .output import install as install_output
-    from .stop_signals import terminate_as_interrupt
+    from .stop_signals import stop_at_once_on_sigterm
 
     start_quietly()  # no collections while it loads what it keeps (protocol/heap.py)
     follow_supervisor()  # first: started by ``snet demo``, it must not outlive the demo
-    terminate_as_interrupt()  # until the command takes SIGTERM over
-    install_output()  # a failed write to stdout is OutputNotWritten, not any OSError
     words = sys.argv[1:]
+    stop_at_once_on_sigterm(words[0] if words[:1] and words[0] in COMMANDS else "")
+    install_output()  # a failed write to stdout is OutputNotWritten, not any OSError
     finish(words, main(words, preload_workers=True))
 
 

@@ -26,7 +26,6 @@ from snet.protocol.worker_name import printable
 
 from .event_stream import https_context, open_events, open_page, status_events
 from .progress_bar import clock, detach_stdout, on_terminal
-from .stop_signals import Terminated
 
 
 def fetch_status(
@@ -379,9 +378,7 @@ def run_status(args: argparse.Namespace) -> int:
             print(f"snet: {document}", file=sys.stderr)
             return 1
         return 0 if _shown(document, url, args.json, watching=False) else 1
-    except KeyboardInterrupt as exc:  # Ctrl-C: the way to stop watching
-        if isinstance(exc, Terminated):
-            raise
+    except KeyboardInterrupt:  # Ctrl-C: the way to stop watching (SIGTERM: cli/main.py)
         return 0
     except BrokenPipeError:  # the reader left (| head): nothing more to say to it
         detach_stdout()
