@@ -94,7 +94,7 @@ def _child(config: WorkerConfig, backend: ComputeBackend | None, parent: int) ->
     from .commands import run_worker_process
     from .lifeline import end_with_parent
     from .progress_bar import EXIT_INTERRUPTED
-    from .stop_signals import EXIT_TERMINATED, Terminated
+    from .stop_signals import EXIT_TERMINATED
 
     if not end_with_parent(parent):  # the group's parent died before this worker asked
         return EXIT_TERMINATED  # as that death's SIGTERM would have ended it
@@ -103,9 +103,8 @@ def _child(config: WorkerConfig, backend: ComputeBackend | None, parent: int) ->
     except (ConfigError, DataError) as exc:
         print(f"snet: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM before its loop took it over:
-        # stopped, said by the group's parent (a traceback of an import, before)
-        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C before its loop took it over: stopped, said by
+        return EXIT_INTERRUPTED  # the group's parent (a traceback of an import, before)
     except BaseException:
         traceback.print_exc()
         return 1
@@ -135,7 +134,8 @@ def _supervise(children: list[int]) -> NoReturn:
             code == EXIT_TERMINATED and signal.SIGTERM in forwarded
         ):
             # Ended by the stop passed on to it before it could take it as one (still
-            # starting: its handler not yet installed): stopped as asked, not a failure.
+            # starting: the early handler's 143, cli/stop_signals.py, or killed by it):
+            # stopped as asked, not a failure.
             code = 0
         elif code < 0:  # killed from outside (OOM killer, kill -9): say so, it cannot
             print(f"snet: worker process {pid} was killed by {signal.Signals(-code).name}",
