@@ -353,11 +353,11 @@ class WorkerConnection:
         self.send(ErrorMessage(code, text, True))
         self.close(f"{code}: {text}")
 
-    def close(self, reason: str) -> None:
-        if self.stream.closing:
-            return
-        self._leave(reason)
-        self.stream.close()  # flushes what is queued, then stream_lost
+    def close(self, reason: str, linger: bool = False) -> None:
+        """``linger``: after a goodbye, until the worker has read it (stream.py)."""
+        if not self.stream.closing:
+            self._leave(reason)
+            self.stream.close_lingering() if linger else self.stream.close()
 
     def _leave(self, reason: str) -> None:
         """The worker leaves training (once): its frames go back to the queue."""

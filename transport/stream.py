@@ -210,11 +210,13 @@ class FrameStream(asyncio.BufferedProtocol):
         self.send(ErrorMessage(error.code, str(error), True))
         if self.channel is not None:
             release_tokens(self.channel.abandon())
-        self._linger()
+        self.close_lingering()
 
-    def _linger(self) -> None:
-        """Close once the peer does (having read our error), LINGER_SECONDS at most; until
-        then what comes in is dropped, so that the close does not reset the connection."""
+    def close_lingering(self) -> None:
+        """Close once the peer does (having read our last frame: an error, a goodbye),
+        LINGER_SECONDS at most; until then what comes in is dropped, so that the close
+        does not reset the connection (a reset discards what the peer has not read yet:
+        workers that lost the server's goodbye so retried for their window, exit 3)."""
         transport = self.transport
         if transport is None or self.lost or self.closing:
             self.close()
