@@ -214,14 +214,18 @@ class FrameStream(asyncio.BufferedProtocol):
 
     def close_lingering(self) -> None:
         """Close once the peer does (having read our last frame: an error, a goodbye),
-        LINGER_SECONDS at most; until then what comes in is dropped, so that the close
-        does not reset the connection (a reset discards what the peer has not read yet:
-        workers that lost the server's goodbye so retried for their window, exit 3)."""
+        LINGER_SECONDS at most; until then what comes in is read (even if reading was
+        paused) and dropped, so that the close does not reset the connection: a reset
+        fails the peer's next write, and its transport then closes without reading what
+        it had not read yet (workers lost the server's goodbye so, retried their whole
+        window and exited 3)."""
         transport = self.transport
         if transport is None or self.lost or self.closing:
             self.close()
             return
         self._dropping = memoryview(bytearray(64 * 1024))
+        if not transport.is_reading():
+            transport.resume_reading()
         if self.channel is not None:
             self._held = False
             self.channel.writing_resumed()  # the error frame to the transport first
