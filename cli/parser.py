@@ -34,16 +34,10 @@ def _whole_number(text: str) -> int:
 
 
 def _number(text: str) -> float:
-    """An argparse type: as ``float`` reads it, but only a decimal number in ASCII; nan
-    and inf pass, for the commands' own checks to refuse by name."""
+    """An argparse type: as ``float`` reads it, but in ASCII (protocol/numbering.py)."""
     from snet.protocol.numbering import plain_float
 
-    try:
-        return plain_float(text)
-    except ValueError:
-        if text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
-            return float(text)
-        raise
+    return plain_float(text)
 
 
 _whole_number.__name__, _number.__name__ = "int", "float"  # argparse's "invalid int value"

@@ -17,7 +17,10 @@ import re
 # policy given as "bounded:1_0" ran as bounded:10, said back in another spelling
 _PLAIN_INT = re.compile(r"[0-9]+")
 _SIGNED_INT = re.compile(r"[+-]?[0-9]+")
-_PLAIN_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# nan and inf as float() spells them: the settings' own checks refuse them by name
+_PLAIN_FLOAT = re.compile(
+    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)", re.IGNORECASE
+)
 
 
 def shown_epoch(epoch: int) -> int:
@@ -48,7 +51,9 @@ def plain_int(text: str, signed: bool = False) -> int:
 
 def plain_float(text: str) -> float:
     """``text`` (spaces around it aside) as a decimal number in ASCII (``0.04``, ``.5``,
-    ``-1e-3``); ``ValueError`` for anything else (``nan``, ``inf``, ``1_0``)."""
+    ``-1e-3``, or ``nan``/``inf`` as ``float`` reads them: whoever reads a setting says
+    why it cannot be one); ``ValueError`` for anything else (``1_0``, other scripts'
+    digits)."""
     text = text.strip()
     if not _PLAIN_FLOAT.fullmatch(text):
         raise ValueError(f"not a number: {text!r}")

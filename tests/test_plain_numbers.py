@@ -18,9 +18,11 @@ def test_numbers_in_texts_are_plain_ascii_digits() -> None:
     assert is_plain_int("7000") and not is_plain_int("\u00b2") and not is_plain_int("1_0")
     assert not is_plain_int("\u0663") and not is_plain_int("") and not is_plain_int("-1")
     assert plain_int("042") == 42 and plain_float(".5") == 0.5 and plain_float("1e-3") == 0.001
-    for bad in ("nan", "inf", "1_0", "\u0663", "", "1.2.3"):
+    for bad in ("1_0", "\u0663", "", "1.2.3", "0x10"):
         with pytest.raises(ValueError):
             plain_float(bad)
+    # nan and inf read as float reads them; the settings that cannot be them say so
+    assert plain_float("-Inf") == float("-inf") and plain_float("nan") != plain_float("nan")
     with pytest.raises(ConfigError, match="is not memory:BYTES:CHUNK:FIXED"):
         stated_memory(["memory:\u00b2:1:1"])
     with pytest.raises(ValueError, match="not HOST:PORT"):
@@ -46,3 +48,8 @@ def test_settings_are_read_as_typed(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError):
         plain_int("-3")
     assert StalenessSetting.parse("bounded: 2").bound == 2  # as int() took it before
+    assert (
+        error(["train", "--momentum", "nan"], capsys) == "snet: --momentum: 'nan' is not a number"
+    )
+    with pytest.raises(ConfigError, match="dcasgd's lambda must be in"):
+        StalenessSetting.parse("dcasgd:inf")
