@@ -31,6 +31,7 @@ from .demo_workers import (
     INTERRUPT_LEAVE_SECONDS,
     LEAVE_SECONDS,
     DemoWorkers,
+    board_time_scale,
     check_demo_flags,
     check_worker_settings,
 )
@@ -138,7 +139,7 @@ def _print_start(
         )
     url = f"http://127.0.0.1:{http_port}"
     boards = (
-        f" and {counted(args.spert, 'emulated Spert-II board')} (x{args.spert_time_scale:g})"
+        f" and {counted(args.spert, 'emulated Spert-II board')} (x{board_time_scale(args):g})"
         if args.spert
         else ""
     )

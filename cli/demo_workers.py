@@ -85,12 +85,18 @@ def worker_commands(args: argparse.Namespace, address: str) -> list[list[str]]:
     commands = [["worker", "--name", "demo-worker", "--processes", str(args.workers)]]
     commands = commands if args.workers else []
     commands += [
-        ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(args.spert_time_scale)]
+        ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(board_time_scale(args))]
         for i in range(args.spert)
     ]
     codec = ["--weights-codec", args.weights_codec] if args.weights_codec else []
     common = ["--server", address, "--log-level", "warning", *codec]
     return [[*command, *common] for command in commands]
+
+
+def board_time_scale(args: argparse.Namespace) -> float:
+    """How much faster than real time the demo's boards run (``--spert-time-scale``, which
+    has no default of its own: given without ``--spert`` it is refused)."""
+    return 1.0 if args.spert_time_scale is None else float(args.spert_time_scale)
 
 
 def check_demo_flags(args: argparse.Namespace) -> None:
@@ -103,9 +109,9 @@ def check_demo_flags(args: argparse.Namespace) -> None:
         raise ConfigError("the demo needs at least one worker (--workers, --spert)")
     if args.spert_time_scale is not None and not args.spert:  # it was ignored
         raise ConfigError("--spert-time-scale goes with --spert (the demo's boards)")
-    args.spert_time_scale = 1.0 if args.spert_time_scale is None else args.spert_time_scale
-    if not (math.isfinite(args.spert_time_scale) and args.spert_time_scale > 0):  # nan too
-        raise ConfigError(f"--spert-time-scale must be > 0, got {args.spert_time_scale:g}")
+    scale = board_time_scale(args)
+    if not (math.isfinite(scale) and scale > 0):  # nan too
+        raise ConfigError(f"--spert-time-scale must be > 0, got {scale:g}")
     if problem := _priority_problem(args):  # its default comes from the environment
         raise ConfigError(f"--worker-priority (or {PRIORITY_VARIABLE}) {problem}")
 
