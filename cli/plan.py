@@ -43,6 +43,7 @@ from snet.protocol.modes import MODE_SETTINGS, NAMES, describe
 from snet.protocol.network import NetworkSpec
 from snet.protocol.numbering import plain_int
 from snet.protocol.slices import np_problem
+from snet.transport.files import read_at_most
 
 from .checkout import bench_process
 from .settings import output_file
@@ -86,11 +87,7 @@ JSON_BYTES = 16 * 1024 * 1024  # a calibration or benchmark file; /dev/zero is n
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as handle:  # bounded: /dev/zero was read until memory ran out
-            raw = handle.read(JSON_BYTES + 1)
-        if len(raw) > JSON_BYTES:
-            raise ConfigError(f"{path} is over {JSON_BYTES // 2**20} MiB: not a JSON file?")
-        document = json.loads(raw)
+        document = json.loads(read_at_most(path, JSON_BYTES, str(path), "a JSON file"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     if not isinstance(document, dict):

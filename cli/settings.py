@@ -29,6 +29,7 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import NetworkSpec
 from snet.protocol.numbering import is_plain_int, plain_float, plain_int
+from snet.transport.files import read_at_most
 
 T = TypeVar("T")
 
@@ -67,12 +68,7 @@ def read_toml(path: str | None) -> ConfigFile:
     if not path:
         return ConfigFile()
     try:
-        with open(path, "rb") as handle:
-            # bounded: /dev/zero, or a disk image given by mistake, was read until memory ran out
-            text = handle.read(CONFIG_BYTES + 1)
-        if len(text) > CONFIG_BYTES:
-            raise ConfigError(f"config file {path} is over {CONFIG_BYTES // 1024} KiB: not a "
-                              "config file?")  # fmt: skip
+        text = read_at_most(path, CONFIG_BYTES, f"config file {path}", "a config file")
         document = tomllib.loads(text.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc

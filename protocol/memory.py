@@ -23,9 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .framing import MIB
 from .network import NetworkSpec
-from .numbering import is_plain_int
+from .numbering import amount, is_plain_int
 from .slices import slice_network
 
 WORD16 = 2
@@ -119,15 +118,6 @@ def stated_memory(capabilities: Iterable[str]) -> WorkerMemory | None:
             raise ConfigError(f"memory capability {capability[:80]!r}: a chunk of 0 patterns")
         return WorkerMemory(total, chunk, fixed)
     return None
-
-
-def amount(count: int) -> str:
-    """``count`` bytes as a refusal says it: in GiB from 1 GiB up, else in MiB or KiB,
-    with one decimal (where "0.0 GiB" would hide the figure)."""
-    for unit, name in ((GIB, "GiB"), (MIB, "MiB")):
-        if count >= unit:
-            return f"{count / unit:.1f} {name}"
-    return f"{count / 1024:.1f} KiB"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Numbers as people read and write them: epochs counted from 1, counts with their noun,
-and the numbers in settings' texts (``bounded:2``, ``topk:0.01``) in plain ASCII digits.
+sizes in their unit, and the numbers in settings' texts (``bounded:2``, ``topk:0.01``) in
+plain ASCII digits.
 
 Inside snet epochs count from 0: the wire protocol's ``lease``, ``evaluate`` and
 ``eval_result`` messages, checkpoints, the trace file and the hooks' events (``BunchEvent``,
@@ -58,3 +59,12 @@ def plain_float(text: str) -> float:
     if not _PLAIN_FLOAT.fullmatch(text):
         raise ValueError(f"not a number: {text!r}")
     return float(text)
+
+
+def amount(count: int) -> str:
+    """``count`` bytes as a refusal says it: in GiB from 1 GiB up, else in MiB or KiB,
+    with one decimal (where "0.0 GiB" would hide the figure)."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB")):
+        if count >= unit:
+            return f"{count / unit:.1f} {name}"
+    return f"{count / 1024:.1f} KiB"

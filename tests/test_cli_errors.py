@@ -159,7 +159,7 @@ def test_a_config_file_that_is_not_utf8_or_not_a_config_file_is_one_line(
         f"snet: config file {path} is not valid TOML: not UTF-8 (invalid start byte at byte 0)"
     )
     assert error([command, "--config", "/dev/zero"], capsys) == (
-        "snet: config file /dev/zero is over 1024 KiB: not a config file?"
+        "snet: config file /dev/zero is over 1.0 MiB: not a config file?"
     )
 
 
@@ -391,8 +391,8 @@ def test_a_token_file_or_a_plan_file_that_is_no_such_file_is_refused_bounded(
     """--token-file /dev/zero and --constants /dev/zero were read until memory ran out
     (found by a review, after --config's bound)."""
     assert error(["status", "--token-file", "/dev/zero"], capsys) == (
-        "snet: token_file /dev/zero is over 4096 bytes: not a token?"
+        "snet: token_file /dev/zero is over 4.0 KiB: not a token?"
     )
     assert error(["plan", "--constants", "/dev/zero"], capsys) == (
-        "snet: /dev/zero is over 16 MiB: not a JSON file?"
+        "snet: /dev/zero is over 16.0 MiB: not a JSON file?"
     )

@@ -19,7 +19,8 @@ import snet.server.app as server_app
 import snet.server.footprint as server_side
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
-from snet.protocol.memory import GIB, MemoryNeed, amount
+from snet.protocol.memory import GIB, MemoryNeed
+from snet.protocol.numbering import amount
 from snet.transport.host_memory import HostMemory, _cgroup_limit, available_bytes, host_memory
 
 from helpers import QUICK_JOB, run_snet

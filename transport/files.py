@@ -1,7 +1,10 @@
-"""Files written whole or not at all: ``write_atomically``, for every part that writes a
-file others read (the server's results, checkpoints, ready and pid files; ``snet
-train``'s weights; ``snet tls init``'s certificates). It lives in transport/, the I/O
-layer that server/, client/ and cli/ all may import (tests/test_import_rules.py).
+"""Files written whole or not at all, and read no further than they should be.
+
+``write_atomically``, for every part that writes a file others read (the server's
+results, checkpoints, ready and pid files; ``snet train``'s weights; ``snet tls
+init``'s certificates); ``read_at_most``, for the small files a user names. It lives in
+transport/, the I/O layer that server/, client/ and cli/ all may import
+(tests/test_import_rules.py).
 
 A file written in place is truncated first and filled after: on a full disk, or killed
 between the two, it stays empty or cut short under its own name, and the next reader
@@ -14,6 +17,9 @@ import errno
 import os
 import tempfile
 from pathlib import Path
+
+from snet.protocol.errors import ConfigError
+from snet.protocol.numbering import amount
 
 
 def write_atomically(path: Path, payload: bytes, mode: int = 0o644, replace: bool = True) -> None:
@@ -68,3 +74,15 @@ def _linked(temporary: str, path: Path) -> bool:
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
         return False
     return True
+
+
+def read_at_most(path: str | Path, limit: int, name: str, kind: str) -> bytes:
+    """The whole of a file a user named (``name`` in the refusal): a config file, a token
+    file, a calibration. ``ConfigError`` for one over ``limit`` bytes, read no further
+    (``/dev/zero`` or a disk image given by mistake was read until memory ran out, not
+    ``kind``); ``OSError`` as reading raises it."""
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ConfigError(f"{name} is over {amount(limit)}: not {kind}?")
+    return data

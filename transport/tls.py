@@ -21,6 +21,8 @@ from pathlib import Path
 
 from snet.protocol.errors import ConfigError
 
+from .files import read_at_most
+
 log = logging.getLogger("snet")
 
 
@@ -71,13 +73,10 @@ def read_token_file(path: str) -> str:
     """The shared secret kept in ``path`` (``--token-file``, on the server and on a
     worker): its text, stripped. ConfigError when it cannot be read or is empty."""
     try:
-        with open(path, "rb") as handle:  # bounded: /dev/zero was read until memory ran out
-            raw = handle.read(TOKEN_FILE_BYTES + 1)
+        raw = read_at_most(path, TOKEN_FILE_BYTES, f"token_file {path}", "a token")
         token = raw.decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read token_file {path}: {exc}") from None
-    if len(raw) > TOKEN_FILE_BYTES:
-        raise ConfigError(f"token_file {path} is over {TOKEN_FILE_BYTES} bytes: not a token?")
     if not token:
         raise ConfigError(f"token_file {path} is empty")
     warn_if_shared(path, "token_file")
