@@ -337,7 +337,7 @@ class SnetServer:
     def _send_goodbyes(self, goodbye: str, reason: str) -> None:
         for connection in list(self.connections):
             connection.send(Goodbye(goodbye))
-            connection.close(reason, linger=True)
+            connection.close(reason)
 
     def _set_reading(self, on: bool) -> None:
         for connection in self.connections:

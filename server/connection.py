@@ -353,11 +353,11 @@ class WorkerConnection:
         self.send(ErrorMessage(code, text, True))
         self.close(f"{code}: {text}")
 
-    def close(self, reason: str, linger: bool = False) -> None:
-        """``linger``: after a goodbye, until the worker has read it (stream.py)."""
+    def close(self, reason: str) -> None:
+        """Leave; close once the worker has read the last frame (stream.py, lingering)."""
         if not self.stream.closing:
             self._leave(reason)
-            self.stream.close_lingering() if linger else self.stream.close()
+            self.stream.close_lingering()
 
     def _leave(self, reason: str) -> None:
         """The worker leaves training (once): its frames go back to the queue."""
