@@ -197,7 +197,14 @@ class WorkerSession:
         if self.full_copy_version == version:
             return False
         self.full_copy_version = version
-        self.warn("worker %s asks for a full copy of the weights: %s", self.name, reason[:100])
+        said = "worker %s asks for a full copy of the weights: %s"
+        if self.ledger is not None and self.ledger.weights.board is not None:
+            # from the board, mostly a slot the server went round before a worker behind on
+            # a loaded machine read it: expected, as its worker says (an info line there,
+            # client/connection.py), and anything else is a warning on the worker's side
+            log.info(said, self.name, reason[:100])
+        else:
+            self.warn(said, self.name, reason[:100])
         if self.ledger is not None:
             self.ledger.weights.request_full()
         return True

@@ -332,3 +332,30 @@ def test_status_says_how_many_copies_went_through_the_board() -> None:
     assert "board" not in _compression_line({**total, "weights_shared": 0})[0]
     (both,) = _compression_line({**total, "updates_shared": 8})
     assert both.endswith("through the board; 8 updates through update boards")
+
+
+@pytest.mark.parametrize("on_board", [True, False])
+def test_a_full_copy_asked_from_the_board_is_an_info_line_elsewhere_a_warning(
+    on_board: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker behind on a loaded machine finds its slot gone round and asks for a full
+    copy: its own line is info (client/connection.py), and the server's said WARNING, one
+    per worker and version, as many as the worker's had been in a loaded demo. A worker
+    on frames that cannot use its copy (a delta it cannot apply) is still a warning."""
+    from snet.server.ledger import CompressionLedger
+    from snet.server.session import WorkerSession
+
+    layout = ElementLayout.for_network(NetworkSpec.parse("117:64:10"))
+    board = WeightsBoard(layout.size, 4) if on_board else None
+    try:
+        encoder = WeightsEncoder(SHARED if on_board else "none", layout, board)
+        session = WorkerSession(1, "w", "", "numpy", (), lambda _: None, lambda _: None,
+                                ledger=CompressionLedger("none", encoder))  # fmt: skip
+        with caplog.at_level("INFO", logger="snet.server"):
+            assert session.full_copy_asked(7, "weights board slot 3 holds version 11, not 7")
+            assert not session.full_copy_asked(7, "again")  # once a version
+        (record,) = [r for r in caplog.records if "asks for a full copy" in r.getMessage()]
+        assert record.levelname == ("INFO" if on_board else "WARNING")
+    finally:
+        if board is not None:
+            board.close()
