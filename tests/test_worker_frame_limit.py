@@ -122,9 +122,13 @@ async def test_a_frame_over_the_limit_in_np_mode_stops_the_worker(lab: Lab) -> N
 
 
 @contextlib.asynccontextmanager
-async def dropping_proxy(server: LabServer) -> AsyncIterator[int]:
+async def dropping_proxy(
+    server: LabServer, drop_when: asyncio.Event | None = None
+) -> AsyncIterator[int]:
     """A port in front of ``server`` that passes everything but the first weights: it
-    drops the connection there, as a broken server would drop every worker it welcomed."""
+    drops the connection there, as a broken server would drop every worker it welcomed.
+    ``drop_when``: drop once it is set (the worker's session has reached what a test
+    waits for), rather than 50 ms after the weights came."""
 
     async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError):
@@ -139,7 +143,10 @@ async def dropping_proxy(server: LabServer) -> AsyncIterator[int]:
                 _, _, _, header_len, payload_len = PREFIX.unpack(prefix)
                 header = await reader.readexactly(header_len)
                 if msgpack.unpackb(header)["type"] == "weights":
-                    await asyncio.sleep(0.05)  # the worker has joined, and waits for them
+                    if drop_when is None:
+                        await asyncio.sleep(0.05)  # the worker has joined, and waits for them
+                    else:
+                        await asyncio.wait_for(drop_when.wait(), 10)
                     return  # dropped before it had anything to train on
                 writer.write(prefix + header + await reader.readexactly(payload_len))
                 await writer.drain()
@@ -189,10 +196,15 @@ async def test_a_stop_that_comes_while_a_session_ends_is_not_lost(lab: Lab) -> N
     while the session's heartbeat task was awaited with its cancellation suppressed,
     which suppressed the worker's own. Here it comes exactly then, every time."""
     server = await lab.server("--mode", "async", "--epochs", "1", *QUICK_JOB)
-    async with dropping_proxy(server) as port:
+    # dropped only once the session's heartbeat runs: a drop before it (the worker still
+    # setting up on a loaded machine) ended that session with no heartbeat to cancel,
+    # and the test saw the worker join twice
+    beating = asyncio.Event()
+    async with dropping_proxy(server, beating) as port:
         worker = lab.worker(server, "w", "--server", f"127.0.0.1:{port}", "--retry-seconds", "30")
 
         async def heartbeat(connection: object) -> None:
+            beating.set()
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:  # the session is ending: a SIGTERM now
