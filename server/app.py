@@ -29,7 +29,7 @@ from snet.protocol.errors import ConfigError, ListenError
 from snet.protocol.fpu import flush_denormals
 from snet.protocol.heap import settle
 from snet.protocol.hooks import standard_hooks
-from snet.protocol.messages import TRAINING_COMPLETE, Goodbye
+from snet.protocol.messages import TRAINING_COMPLETE
 from snet.transport.addresses import start_listening
 from snet.transport.faults import FaultSwitch
 from snet.transport.stream import LINGER_SECONDS
@@ -38,7 +38,8 @@ from .admission import Admission, worker_frame_limits
 from .checkpoint import CHECKPOINTS_DIR, CheckpointStore
 from .checkpointer import Checkpointer
 from .config import ServerConfig
-from .connection import WorkerConnection, tend_connections
+from .connection import WorkerConnection
+from .connection_set import all_closed, say_goodbye, set_reading, tend_connections
 from .dataplan import plan_data
 from .durability import job_identity, resume_point
 from .export import read_weights, why_weights_kept, write_final_files
@@ -163,7 +164,9 @@ class SnetServer:
         )
         coordinator = self.coordinator
         coordinator.steps.call_between_steps(self.checkpointer.between_steps)
-        coordinator.pool.watch(lambda: self._set_reading(False), lambda: self._set_reading(True))
+        connections = self.connections
+        coordinator.pool.watch(lambda: set_reading(connections, False),
+                               lambda: set_reading(connections, True))  # fmt: skip
         coordinator.on_finished, coordinator.on_failure = self._on_trained, self.request_stop
         settle()  # the data plan and the coordinator, before any worker: kept, never walked
         limits = worker_frame_limits(self.config.max_frame_mb, self.coordinator.layout.nbytes)
@@ -261,6 +264,12 @@ class SnetServer:
 
     def request_stop(self, reason: str) -> None:
         if not self._stop.is_set():
+            if self.state == "trained" and reason != "trained":
+                # serving its results (--linger-seconds): a run stopped now ends trained,
+                # as it would have without lingering (status.json said "signal SIGTERM" for
+                # every finished run of the Kubernetes manifest's --linger-seconds=-1)
+                log.info("%s after training: stopping", reason)
+                reason = "trained"
             self._stop_reason = reason
             self._stop.set()
 
@@ -283,7 +292,7 @@ class SnetServer:
             await self._write_results()  # workers hear the end
         ended = finished and not self._results_failed()  # else workers await a restart
         goodbye = TRAINING_COMPLETE if ended else (self._stop_reason or reason)
-        self._send_goodbyes(goodbye, f"server {reason}")
+        say_goodbye(self.connections, goodbye, f"server {reason}")
         if not retried:  # the last checkpoint after the running step, if any
             await self._write_results()
         if self.checkpointer is not None:
@@ -294,6 +303,7 @@ class SnetServer:
             await self._http.cleanup()
         if self._tcp is not None:
             await self._tcp.wait_closed()
+        await all_closed(self.connections)  # each has lingered until its worker read it
         if self._trace is not None:
             self._trace.close()
         self.executor.shutdown(wait=True)
@@ -334,18 +344,6 @@ class SnetServer:
         self._next_worker_id += 1
         return self._next_worker_id
 
-    def _send_goodbyes(self, goodbye: str, reason: str) -> None:
-        for connection in list(self.connections):
-            connection.send(Goodbye(goodbye))
-            connection.close(reason)
-
-    def _set_reading(self, on: bool) -> None:
-        for connection in self.connections:
-            if on:
-                connection.resume_reading()
-            else:
-                connection.pause_reading()
-
     def _on_trained(self) -> None:
         log.info("training complete after %d epochs", self.coordinator.stats.epochs_done)
         self._results_task = asyncio.get_running_loop().create_task(self._save_results())
@@ -359,7 +357,9 @@ class SnetServer:
             return  # stopping: shutdown says goodbye to the workers
         log.info("results written to %s", path.parent)
         self.state = "trained"  # as the workers are sent home: /status never shows one trained
-        self._send_goodbyes(TRAINING_COMPLETE, "server trained")  # and a worker still there
+        say_goodbye(
+            self.connections, TRAINING_COMPLETE, "server trained"
+        )  # and a worker still there
         self._test_task = asyncio.get_running_loop().create_task(self._finish_trained())
 
     async def _finish_trained(self) -> None:

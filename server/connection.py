@@ -18,7 +18,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from snet.protocol import PROTOCOL_VERSION, auth
@@ -36,12 +36,10 @@ from snet.protocol.errors import (
 )
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import (
-    TIMEOUT,
     ErrorMessage,
     EvalResult,
     FramesWanted,
     Goodbye,
-    Heartbeat,
     Hello,
     Message,
     PartialOutputs,
@@ -370,31 +368,3 @@ class WorkerConnection:
 
     def resume_reading(self) -> None:
         self.stream.resume_reading()
-
-
-def tend_connections(
-    connections: Iterable[WorkerConnection],
-    now: float,
-    admission: Admission,
-    heartbeat_seconds: float,
-    timeout_seconds: float,
-) -> None:
-    """Close connections past their handshake deadline or silent past the timeout; send
-    a heartbeat on links quiet for ``heartbeat_seconds`` (the server calls it every second
-    or so)."""
-    for connection in list(connections):
-        session = connection.session
-        if session is None:
-            waited = now - connection.connected_at
-            if waited > admission.handshake_seconds and not connection.closing:
-                text = f"no hello in {waited:.0f} s"
-                admission.timed_out(text)
-                connection.fail(TIMEOUT, text, logged=False)
-            continue
-        quiet = now - session.last_seen
-        if quiet > timeout_seconds:
-            connection.fail(TIMEOUT, f"no message for {quiet:.0f} s")
-        elif quiet > heartbeat_seconds or now - connection.last_sent > heartbeat_seconds:
-            # Also a sign of life for the worker: one that hears nothing for its
-            # server_timeout_seconds takes the link for dead and reconnects.
-            connection.send(Heartbeat(time.time()))

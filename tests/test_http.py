@@ -60,6 +60,12 @@ async def test_status_metrics_weights_and_healthz(lab: Lab) -> None:
     later = await server.status()
     assert (later["mcups"], later["elapsed_seconds"]) == (first["mcups"], first["elapsed_seconds"])
     assert first["mcups"] > 0
+    # stopped while serving its results, as the Kubernetes manifest's --linger-seconds=-1
+    # ends every run: it ends trained (status.json said "signal SIGTERM")
+    server.stop("signal SIGTERM")
+    assert await server.wait(30) == "trained"
+    final = server.final_status()
+    assert (final["state"], final["stop_reason"]) == ("trained", "trained")
 
 
 @pytest.mark.system

@@ -31,7 +31,7 @@ from snet.protocol.messages import (
 )
 from snet.protocol.network import ElementLayout
 from snet.server.connection import PEER_WARNINGS
-from snet.transport.stream import MAX_BACKLOG
+from snet.transport.stream import LINGER_SECONDS, MAX_BACKLOG
 
 from async_raw import AsyncRawClient
 from helpers import SMALL_JOB
@@ -269,3 +269,35 @@ async def test_refusals_at_step_time_and_repeats_share_the_log_budget(lab: Lab) 
     log = lab.log("server")
     logged = log.count("refused update from diverged") + log.count("came again; ignored")
     assert logged == PEER_WARNINGS, log
+
+
+async def test_a_stopping_server_waits_until_a_worker_behind_has_read_its_goodbye(
+    lab: Lab,
+) -> None:
+    """A server's shutdown returned (and its process exited) with a worker's goodbye still
+    unread: the exit reset the connection, and a worker behind in reading (a SIGSTOP, a
+    backlog) lost the goodbye, retried its whole window and exited 3 (a probe). It waits
+    for the lingering close now: until the worker has read it, LINGER_SECONDS at most."""
+    server = await lab.server("--mode", "async", "--epochs", "1", *SMALL_JOB)
+    behind = await AsyncRawClient.connect(server.port, "behind")
+    await behind.handshake()
+    await behind.receive(Lease)  # joined, and reads no more for now
+    server.stop("test over")
+    stopping = asyncio.ensure_future(server.wait(10))
+    await asyncio.sleep(0.5)
+    assert not stopping.done()  # its goodbye is still unread
+    assert await behind.closed_by_peer(5)  # read: the goodbye, then the server's close
+    assert any(isinstance(message, Goodbye) for message in behind.inbox)
+    assert await stopping == "test over"
+
+
+async def test_a_stopping_server_waits_for_a_worker_that_never_reads_no_longer_than_its_linger(
+    lab: Lab,
+) -> None:
+    server = await lab.server("--mode", "async", "--epochs", "1", *SMALL_JOB)
+    stuck = await AsyncRawClient.connect(server.port, "stuck")
+    await stuck.handshake()
+    await stuck.receive(Lease)
+    server.stop("test over")
+    assert await server.wait(LINGER_SECONDS + 5) == "test over"  # it closed it itself
+    assert await stuck.closed_by_peer(5)
