@@ -130,9 +130,11 @@ async def test_an_idle_peer_is_not_sent_every_steps_weights(lab: Lab) -> None:
     its steps a second; an idle one now gets the newest weights with its next lease. The
     least deadline is 0.5 s (not 2 s) and an epoch 6 bunches (a fifteenth of the data):
     its lease is taken back sooner, at the first epoch's end, nothing else changes."""
-    server = await lab.server("--mode", "async", "--epochs", "30", "--linger-seconds", "30",
-                              "--stall-seconds", "0.5", *QUICK_JOB,
-                              "--data", tiny_data())  # fmt: skip
+    # epochs it cannot finish in the test's second: a trained run stopped while it
+    # lingers ends "trained" (server/app.py), and 30 of them were trained by the stop
+    server = await lab.server("--mode", "async", "--epochs", "1000", "--linger-seconds", "30",
+                              "--stall-seconds", "0.5", "--heartbeat-seconds", "0.5",
+                              *QUICK_JOB, "--data", tiny_data())  # fmt: skip
     lab.worker(server, "good")
     await wait_until(lambda: _steps(server), 30, "the good worker to train")
     idle = await AsyncRawClient.connect(server.port, "idle")
@@ -144,7 +146,7 @@ async def test_an_idle_peer_is_not_sent_every_steps_weights(lab: Lab) -> None:
     before = await _steps(server)
     await wait_until(lambda: _steps_since(server, before, 30), 30, "30 steps")
     await asyncio.sleep(0.2)
-    data = await asyncio.wait_for(idle.reader.read(1 << 24), 5)  # heartbeats at most
+    data = await asyncio.wait_for(idle.reader.read(1 << 24), 5)  # a heartbeat at most
     sent = [m for m in idle.decoder.feed(data) if isinstance(m, Weights)]
     assert sent == [], f"{len(sent)} weights sent to an idle peer over 30 steps"
     await idle.close()
