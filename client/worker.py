@@ -70,6 +70,7 @@ from .update_timing import UpdateTiming
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
+TAKEN_BACK_KEPT = 16  # lease ids: a worker holds two at a time
 EXIT_REFUSED = 4  # refused by the server: a restart would be refused again
 
 
@@ -86,6 +87,8 @@ class Worker:
         self._inbox: deque[Message] = deque()
         self._wake = asyncio.Event()
         self._work = WorkQueue()
+        # leases the server took back lately: the refusal of an update of one is expected
+        self._taken_back: deque[int] = deque(maxlen=TAKEN_BACK_KEPT)
         self._faults = FaultSwitch.from_text(config.faults, Role.WORKER)  # one per process
         self._tls: ssl.SSLContext | None = None  # made in run(): its files are read then
         self._tls_refusal = ""  # why the server's TLS refused this worker, if it did
@@ -319,9 +322,14 @@ class Worker:
                     self._refused = RemoteError(message.code, message.text)
                 elif message.code == LEASE_REVOKED:  # its remaining frames are dropped
                     self._work.revoke(message.lease_id)
-                    log.warning("server: %s", message.text)
+                    self._taken_back.append(message.lease_id)
+                    # the server's to say (a late worker is a warning in its log; a slow
+                    # one's last leases handed over at an epoch's end are expected)
+                    log.info("server: %s", message.text)
                 else:
-                    log.warning("server refused: %s: %s", message.code, message.text)
+                    expected = message.lease_id in self._taken_back  # the bunch under way
+                    log.log(logging.INFO if expected else logging.WARNING,
+                            "server refused: %s: %s", message.code, message.text)  # fmt: skip
                     if self.compressor is not None:
                         self.compressor.refused_update(message)
             # else a Heartbeat: the conversation (protocol/conversation.py) lets a training

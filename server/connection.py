@@ -163,7 +163,12 @@ class WorkerConnection:
         try:
             self.dispatch(message, received)
         except RejectedUpdate as exc:
-            self._warn("refused update from %s: %s", self.describe(), exc)
+            session = self.session
+            if session is not None and exc.lease_id in session.taken_back_ids:
+                # the bunch it was computing when its lease was taken back: it was told
+                log.info("refused update from %s: %s (taken back)", self.describe(), exc)
+            else:
+                self._warn("refused update from %s: %s", self.describe(), exc)
             self.send(ErrorMessage(exc.code, str(exc), False, exc.lease_id, exc.offset))
         except (ProtocolError, AuthError) as exc:
             self.fail(exc.code, str(exc))

@@ -72,10 +72,10 @@ class CvScoring:
                 self.scoring.add(task)
                 task.add_done_callback(self.scoring.discard)
             return
-        for session, job in self.evaluations.assign(self.sessions.values(), self.remaining, now):
+        workers, cv_frames = self.sessions.values(), len(self.plan.cv_frames)
+        for session, job in self.evaluations.assign(workers, self.remaining, now, cv_frames):
             self.inline.send(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
-        workers = self.sessions.values()
         stranded = self.evaluations.without_second_scorer(workers)
         stranded += self.evaluations.refused_everywhere(workers)
         for job in stranded:

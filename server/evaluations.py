@@ -121,9 +121,19 @@ class Evaluations:
         sessions: Iterable[WorkerSession],
         frames_left: Callable[[int], int],
         now: float,
+        cv_frames: int = 0,
     ) -> list[tuple[WorkerSession, EvalJob]]:
-        """Give every unassigned job a worker; returns whom to send which job."""
+        """Give every unassigned job a worker; returns whom to send which job: of those
+        proven, the one that would be done soonest with its frames left and the CV set at
+        its measured pace (the one with the fewest frames left was an emulated board, at
+        0.2 s a bunch, whose last leases had just been handed over: the epoch's score came
+        1.5 s late), then the one with the fewest frames left."""
         candidates = list(sessions)
+
+        def busy(session: WorkerSession) -> float:
+            pace = session.clock.seconds_per_pattern or 0.0
+            return (frames_left(session.worker_id) + cv_frames) * pace
+
         sent: list[tuple[WorkerSession, EvalJob]] = []
         for job in self._jobs.values():
             others = self._scorers(job.epoch)  # a second opinion is another worker's
@@ -136,7 +146,7 @@ class Evaluations:
                 continue
             session = min(
                 eligible,
-                key=lambda s: (not s.proven or s.scoring_held, frames_left(s.worker_id)),
+                key=lambda s: (not s.proven or s.scoring_held, busy(s), frames_left(s.worker_id)),
             )
             job.worker_id, job.assigned_at = session.worker_id, now
             session.asked_to_score()

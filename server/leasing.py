@@ -85,16 +85,20 @@ class LeaseDesk:
         self.inline.forget(session.worker_id)
         return self.book.worker_gone(session.worker_id)
 
-    def revoke(self, session: WorkerSession) -> tuple[int, int]:
-        """Take back a late worker's undelivered leases, telling it (``lease_revoked``:
-        it stops computing on them); no more for it until it delivers.
-        Returns (leases, frames)."""
+    def revoke(self, session: WorkerSession, late: bool = True) -> tuple[int, int]:
+        """Take back a worker's undelivered leases, telling it (``lease_revoked``: it stops
+        computing on them); no more for it until it delivers. ``late``: it delivered
+        nothing in time; else it is far slower than the idle workers at an epoch's end
+        (server/lateness.py). Returns (leases, frames)."""
         held = self.book.held_by(session.worker_id)
+        said = "taken back: no update in time; others train it"
+        if not late:
+            said = "handed over: an idle worker trains it sooner"
         for lease in held:
-            text = f"lease {lease.lease_id} taken back: no update in time; others train it"
+            text = f"lease {lease.lease_id} {said}"
             session.send(ErrorMessage(LEASE_REVOKED, text, False, lease.lease_id))
         leases = len(held)
         frames = self.book.worker_gone(session.worker_id)
-        session.taken_back(leases)
+        session.taken_back([lease.lease_id for lease in held], late)
         session.clock.taken_back()
         return leases, frames

@@ -92,6 +92,8 @@ _SERVER_FIGURES = (
     ("patterns_processed_total", "counter", "Training patterns applied.", "patterns_processed"),
     ("leases_revoked_total", "counter", "Leases taken back from workers past their deadline.",
      "leases_revoked"),
+    ("leases_handed_over_total", "counter",
+     "An epoch's last leases taken from far slower workers for idle ones.", "leases_handed_over"),
     ("workers_dropped_late_total", "counter", "Workers dropped for missing a sync round.",
      "workers_dropped_late"),
     ("epoch", "gauge", "Current epoch (counted from 1).", "epoch"),

@@ -194,6 +194,9 @@ class StepPolicy:
     # server scores)
     workers_score_cv = True
     pools_updates = True  # whether updates arrive in the element pool (np's send none)
+    # whether a far slower worker's last leases go to idle workers at an epoch's end
+    # (server/lateness.py): async's gradients; a bmuf worker's block would be lost whole
+    hands_over_the_end = False
 
     def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
         self.updates_per_step = updates_per_step
@@ -255,6 +258,10 @@ class AsyncSteps(StepPolicy):
     past their deadline."""
 
     name = "async"
+
+    def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
+        super().__init__(updates_per_step, combination)
+        self.hands_over_the_end = not isinstance(self.combination, BlockDeltas)
 
     def counted(self, view: QueueView) -> list[WorkerView]:
         """The workers a step is sized for and waits for: those keeping up. Once any has

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Container, Iterable
+from collections import deque
+from collections.abc import Callable, Collection, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from .ledger import CompressionLedger
 from .progress import DeliveryClock
 
 log = logging.getLogger("snet.server")
+TAKEN_BACK_KEPT = 16  # lease ids: a worker holds two at a time
 
 
 def log_warning(text: str, *args: object) -> None:
@@ -80,6 +82,9 @@ class WorkerSession:
     ledger: CompressionLedger | None = None  # codecs agreed at the handshake, bytes, ratios
     clock: DeliveryClock = field(default_factory=lambda: DeliveryClock(time.monotonic()))
     leases_revoked: int = 0  # leases taken back because it delivered nothing in time
+    leases_handed_over: int = 0  # taken back at an epoch's end: idle workers were far quicker
+    # the latest of them: the refusal of the update it was computing on one is expected
+    taken_back_ids: deque[int] = field(default_factory=lambda: deque(maxlen=TAKEN_BACK_KEPT))
     probation: bool = False  # its leases were taken back: none again until it delivers
     # it scored late or wrongly: not asked to score again before it delivers an update (it
     # may hold leases: probation here left an idle scorer unleased, and so for ever)
@@ -165,9 +170,14 @@ class WorkerSession:
         """It cannot read the data: the server sends its frames from now on."""
         self.inline_frames = True
 
-    def taken_back(self, leases: int) -> None:
-        """``leases`` of its leases were taken back (late): none again until it delivers."""
-        self.leases_revoked += leases
+    def taken_back(self, lease_ids: Collection[int], late: bool = True) -> None:
+        """Its leases ``lease_ids`` were taken back (``late``, or handed over to idle
+        workers at an epoch's end): none again until it delivers."""
+        if late:
+            self.leases_revoked += len(lease_ids)
+        else:
+            self.leases_handed_over += len(lease_ids)
+        self.taken_back_ids.extend(lease_ids)
         self.probation = True
 
     def weights_sent(self, version: int, published_from: int = 0) -> None:
@@ -256,6 +266,7 @@ class WorkerSession:
             "report": self.report,
             "inline_frames": self.inline_frames,
             "leases_revoked": self.leases_revoked,
+            "leases_handed_over": self.leases_handed_over,
             "probation": self.probation,
             "scoring_held": self.scoring_held,
             "update_interval": (

@@ -73,6 +73,7 @@ class TrainingStats:
     updates_applied: int = 0
     updates_rejected: int = 0
     leases_revoked: int = 0  # async: leases of late workers given to the others
+    leases_handed_over: int = 0  # async: an epoch's last leases, from far slower workers
     workers_dropped_late: int = 0  # sync: workers that missed the round deadline
     patterns_applied: int = 0
     staleness_max: int = 0
@@ -127,6 +128,10 @@ class TrainingStats:
         """A late worker's leases were taken back (async), or it was dropped (sync)."""
         self.leases_revoked += leases_revoked
         self.workers_dropped_late += int(dropped)
+
+    def record_handed_over(self, leases: int) -> None:
+        """A far slower worker's leases went to idle workers at an epoch's end (async)."""
+        self.leases_handed_over += leases
 
     def record_pass(self) -> None:
         self.step_passes += 1

@@ -85,6 +85,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "http_connections_refused_per_address": http.refused_per_address if http else 0,
         "cv_checks": coordinator.evaluations.figures(),  # --verify-cv
         "leases_revoked": stats.leases_revoked,
+        "leases_handed_over": stats.leases_handed_over,
         "workers_dropped_late": stats.workers_dropped_late,
         "epoch": shown_epoch(coordinator.epoch),  # from 1, as everywhere a reader sees it
         "epochs_planned": coordinator.job.epochs,

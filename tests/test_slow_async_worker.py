@@ -39,16 +39,25 @@ async def _run(lab: Lab, *flags: str) -> dict[str, Any]:
         "--mode", "async", "--epochs", "2", "--min-workers", "2", *short_job(),
         "--chunk-frames", "512", "--stall-seconds", "0.4", *flags,
     )  # fmt: skip
-    lab.worker(server, "fast", backend=Slow(0.02))
-    lab.worker(server, "slow", backend=Slow(1.0))
+    _, rows = await _trained_beside(lab, server, 0.02, 1.0)
+    row = rows["slow"]
+    assert row["update_interval"] == pytest.approx(1.0, abs=0.4), row  # its own pace
+    return row
+
+
+async def _trained_beside(
+    lab: Lab, server: LabServer, fast: float, slow: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``server``'s job trained by a worker "fast" and one "slow" at those seconds a bunch:
+    the final status and its worker rows by name, every epoch's frames applied once."""
+    lab.worker(server, "fast", backend=Slow(fast))
+    lab.worker(server, "slow", backend=Slow(slow))
     assert await server.wait(120) == "trained"
     status = server.final_status()
     for epoch in status["epochs"]:
         ledger = epoch["ledger"]
         assert ledger["used_once"] == ledger["frames"] and ledger["used_more"] == 0, ledger
-    row: dict[str, Any] = {row["name"]: row for row in status["workers"]}["slow"]
-    assert row["update_interval"] == pytest.approx(1.0, abs=0.4), row  # its own pace
-    return row
+    return status, {row["name"]: row for row in status["workers"]}
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the server's deadlines
@@ -135,3 +144,62 @@ def test_a_late_scorer_is_not_asked_to_score_but_is_still_leased() -> None:
 async def _revoked(server: LabServer, name: str) -> bool:
     rows = {row["name"]: row for row in (await server.status())["workers"]}
     return name in rows and rows[name]["leases_revoked"] > 0
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the server's deadlines
+async def test_a_far_slower_worker_hands_its_last_leases_to_an_idle_one(lab: Lab) -> None:
+    """An emulated board (0.2 s a bunch) beside a numpy worker held each epoch's end 15 s
+    over its last leases, on time, never late, while the other had nothing left (a probe).
+    Here a worker at a board's 0.2 s a bunch beside one at 2 ms, whose first leases (about
+    14 bunches of 64 each) outlast the other's epoch: what it has not delivered when the
+    other runs dry goes to the other (what it delivered counts), it is told, and the
+    refusal of the bunch it was computing is no warning. (Leases granted near an epoch's
+    end are smaller, a bunch at the last: server/leases.py; the early ones of a worker
+    this slow are what held the end.)"""
+    server = await lab.server(
+        "--mode", "async", "--epochs", "1", "--min-workers", "2", *short_job(),
+        "--bunch-size", "64", "--stall-seconds", "0.4",
+    )  # fmt: skip
+    status, rows = await _trained_beside(lab, server, 0.002, 0.2)
+    slow, fast = rows["slow"], rows["fast"]
+    assert slow["leases_handed_over"] >= 1 and slow["leases_revoked"] == 0, slow  # on time
+    assert fast["leases_handed_over"] == 0 and fast["leases_revoked"] == 0, fast
+    assert status["leases_handed_over"] == slow["leases_handed_over"]
+    assert slow["updates_sent"] - slow["updates_rejected"] >= 2, slow  # its share counted
+    assert "handed over: an idle worker trains it sooner" in lab.log("slow")
+    warned = [line for line in lab.log("server").splitlines() if line.startswith("WARNING")]
+    assert not [line for line in warned if "refused update" in line], warned
+
+
+def test_the_cv_set_goes_to_the_worker_done_soonest_at_its_pace() -> None:
+    """The scorer was the worker with the fewest frames left: an emulated board whose last
+    leases had just been handed over (none left), at 0.2 s a bunch, scored while the numpy
+    worker waited (the epoch's score 1.5 s late). Now: the soonest done at its pace."""
+    from snet.server.evaluations import Evaluations
+
+    sessions = [WorkerSession(i, name, "", "numpy", (), lambda _: None, lambda _: None)
+                for i, name in ((1, "board"), (2, "numpy"))]  # fmt: skip
+    for session, seconds in zip(sessions, (0.2, 0.002), strict=True):
+        session.clock.got_work(0.0)
+        session.clock.update_arrived(1.0, 64, seconds)  # proven, its pace measured
+    left = {1: 0, 2: 640}  # frames each still holds
+    evaluations = Evaluations()
+    evaluations.add(0, 5, np.zeros(3, np.float32))
+    ((chosen, _),) = evaluations.assign(sessions, left.__getitem__, 2.0, cv_frames=5520)
+    assert chosen.name == "numpy"
+    evaluations.add(1, 6, np.zeros(3, np.float32))  # paces unknown: the fewest frames left
+    for session in sessions:
+        session.clock.seconds_per_pattern = None
+    ((chosen, _),) = evaluations.assign(sessions, left.__getitem__, 3.0, cv_frames=5520)
+    assert chosen.name == "board"
+
+
+def test_only_async_gradients_hand_the_end_over() -> None:
+    """bmuf's async blocks would lose a worker's whole block: they keep their leases."""
+    from snet.server.policies import make_step_policy
+
+    jobs = {"sync": JobSpec(mode="sync"), "async": JobSpec(mode="async"),
+            "np": JobSpec(mode="np"), "bmuf async blocks": JobSpec(mode="bmuf", block_sync=False),
+            "bmuf sync blocks": JobSpec(mode="bmuf", block_sync=True)}  # fmt: skip
+    handing = {name for name, job in jobs.items() if make_step_policy(job).hands_over_the_end}
+    assert handing == {"async"}

@@ -288,7 +288,7 @@ def test_a_worker_without_frames_for_a_whole_epoch_is_reported(
     assert workers[1].idle_epochs == 1 and watch.idle_worker_epochs == 1
     assert "worker w1 trained on no frames in epoch 5" in caplog.text  # index 4, read from 1
     assert "too few chunks for the workers?" in caplog.text
-    workers[1].taken_back(1)  # its leases were taken back: that is why, not the chunks
+    workers[1].taken_back([1])  # its leases were taken back: that is why, not the chunks
     watch.start_epoch(workers)
     caplog.clear()
     watch.end_epoch(5, workers, {0: 100, 2: 100})
