@@ -78,6 +78,8 @@ async def _events(request: web.Request) -> web.StreamResponse:
         }
     )
     await response.prepare(request)
+    if request.method == "HEAD":
+        return response  # the headers only: a stream after them broke a keep-alive client
     loop = asyncio.get_running_loop()
     # the browser went away: a reset while a write waited on it is a ConnectionError
     with contextlib.suppress(ConnectionError):

@@ -183,3 +183,25 @@ async def test_an_events_reader_that_stalls_then_resets_leaves_no_traceback(
     peer.close()  # a reset
     await asyncio.sleep(0.5)
     assert "Error handling request" not in lab.capture.text()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_head_request_for_events_gets_the_headers_only(lab: Lab) -> None:
+    """HEAD /events was answered with the stream itself (9 kB in 1.5 s, never ending):
+    a keep-alive client's next response was lost in it, and it held an HTTP slot."""
+    server = await lab.server("--mode", "async", "--epochs", "1", "--event-seconds", "0.1",
+                              *SMALL_JOB)  # fmt: skip
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.server.http_port)
+    try:
+        host = f"Host: 127.0.0.1:{server.server.http_port}\r\n"
+        writer.write(f"HEAD /events HTTP/1.1\r\n{host}\r\nGET /healthz HTTP/1.1\r\n{host}"
+                     "Connection: close\r\n\r\n".encode())  # fmt: skip
+        answer = await asyncio.wait_for(reader.read(), 10)  # the server closes after both
+    finally:
+        writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head, head
+    assert rest.startswith(b"HTTP/1.1 200"), rest[:200]  # the next response, straight after
+    assert b"event: status" not in answer
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
