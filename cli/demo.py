@@ -323,11 +323,9 @@ async def _demo(
         if reason.startswith(NOT_WRITTEN)
         else f"weights in {config.out_dir}/weights.npz"
     )
-    print(
-        f"done ({reason}) {took}: {scored}, "
-        f"{server.coordinator.stats.updates_applied} updates, {weights}; {workers_said}",
-        flush=True,
-    )
+    stats = server.coordinator.stats  # np's workers send no updates: its bunches are said
+    work = f"{stats.steps} bunches" if job.mode == "np" else f"{stats.updates_applied} updates"
+    print(f"done ({reason}) {took}: {scored}, {work}, {weights}; {workers_said}", flush=True)
     interrupted = reason == "signal SIGINT"
     status = _exit_status(reason, already_trained or workers.stopped_cleanly(interrupted))
     return 1 if unwritten else status

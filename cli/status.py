@@ -65,6 +65,14 @@ def _compression_line(total: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _work_line(document: dict[str, Any]) -> str:
+    """Updates applied and refused; np's workers send none: its bunches (each one partial
+    answer a slice holder, which ``updates_applied`` counts)."""
+    if document["mode"] == "np":
+        return f"{document['steps']} bunches, {document['updates_rejected']} answers refused"
+    return f"{document['updates_applied']} updates applied, {document['updates_rejected']} refused"
+
+
 def render(document: dict[str, Any]) -> str:
     """The status document as a few lines and two tables (three with emulated boards)."""
     lines = [
@@ -72,8 +80,8 @@ def render(document: dict[str, Any]) -> str:
         f"network {document['network']}",
         *_progress_line(document),
         f"epoch {document['epoch']}/{document['epochs_planned']}, "
-        f"version {document['weight_version']}, {document['updates_applied']} updates applied, "
-        f"{document['updates_rejected']} refused, lr {document['learning_rate']:g}",
+        f"version {document['weight_version']}, {_work_line(document)}, "
+        f"lr {document['learning_rate']:g}",
         f"train accuracy {_percent(document['train_accuracy'])}, "
         f"CV accuracy {_percent(document['cv_accuracy'])}{held_weights_note(document)}, "
         f"staleness mean {document['staleness_mean']} max {document['staleness_max']}, "

@@ -313,3 +313,14 @@ async def test_np_server_restarted_mid_epoch_resumes_and_completes(lab: Lab) -> 
     # stop (it said "trained nothing since it started: ... left as it is" after a resume)
     assert lab.log("server").count("final weights (version") == 2
     assert "left as it is" not in lab.log("server")
+
+
+def test_np_runs_are_told_in_bunches_not_updates() -> None:
+    """np's workers send no updates (README); `snet status` said "2274 updates applied" of
+    an np run (each bunch's partial answers, one a slice holder, counted as updates)."""
+    from snet.cli.status import _work_line
+
+    document = {"mode": "np", "steps": 1137, "updates_applied": 2274, "updates_rejected": 0}
+    assert _work_line(document) == "1137 bunches, 0 answers refused"
+    document["mode"] = "async"
+    assert _work_line(document) == "2274 updates applied, 0 refused"
