@@ -80,11 +80,9 @@ class Control:
         """The policy a request asks for; its refusal (403, 400, 408) if it may not."""
         if not self.token_required and not is_loopback(request.remote or ""):
             raise web.HTTPForbidden(text="control from loopback only (the server has no token)\n")
-        if request.content_length is None or request.content_length > CONTROL_BODY_BYTES:
-            raise web.HTTPBadRequest(text=f"a JSON body of at most {CONTROL_BODY_BYTES} bytes\n")
         try:  # a body sent slowly is held to the same bound as the headers (http_guard.py)
             async with asyncio.timeout(self.server.config.http_header_seconds):
-                body = json.loads(await request.read())
+                body = json.loads(await _bounded_body(request))
         except TimeoutError:
             timed_out = web.HTTPRequestTimeout(text="the request body took too long\n")
             timed_out.force_close()  # not held open for its next request's wait as well
@@ -100,3 +98,17 @@ class Control:
         ):
             raise web.HTTPBadRequest(text='expected {"staleness": "<policy>"}\n')
         return body["staleness"]
+
+
+async def _bounded_body(request: web.Request) -> bytes:
+    """The request's body, CONTROL_BODY_BYTES at most (400 past them), read as it comes: a
+    chunked one, whose length is not said first, was refused as if it were too long."""
+    too_long = web.HTTPBadRequest(text=f"a JSON body of at most {CONTROL_BODY_BYTES} bytes\n")
+    if request.content_length is not None and request.content_length > CONTROL_BODY_BYTES:
+        raise too_long
+    body = bytearray()
+    while chunk := await request.content.read(CONTROL_BODY_BYTES + 1 - len(body)):
+        body += chunk
+        if len(body) > CONTROL_BODY_BYTES:
+            raise too_long
+    return bytes(body)

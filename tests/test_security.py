@@ -9,6 +9,7 @@ import socket
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -206,6 +207,27 @@ async def test_a_control_body_nested_too_deeply_is_a_400_not_a_traceback(lab: La
     deep = "[" * 2000 + "]" * 2000
     async with session.post(server.url + "/control", data=deep) as response:
         assert response.status == 400 and "nested too deeply" in await response.text()
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_chunked_control_body_is_read_within_the_same_bound(lab: Lab) -> None:
+    """A 20-byte body sent chunked (no Content-Length) was refused as "a JSON body of at
+    most 4096 bytes"; one past the bound, chunked, still is."""
+    server = await lab.server("--min-workers", "9", *SMALL_JOB)
+    session = await lab.http()
+
+    async def chunks(body: bytes) -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 7):
+            yield body[start : start + 7]
+
+    small = json.dumps({"staleness": "bounded:2"}).encode()
+    async with session.post(server.url + "/control", data=chunks(small)) as response:
+        assert response.status == 200, await response.text()
+    assert json.loads(await server.get("/control"))["policy"] == "bounded:2"
+    large = json.dumps({"staleness": "none", "pad": "x" * 5000}).encode()
+    async with session.post(server.url + "/control", data=chunks(large)) as response:
+        assert response.status == 400 and "at most 4096 bytes" in await response.text()
+    assert json.loads(await server.get("/control"))["policy"] == "bounded:2"
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
