@@ -205,7 +205,7 @@ def _read_job(args: argparse.Namespace) -> tuple[JobSpec, bool]:
     except ConfigError as exc:  # a check against a --bunch-size the user never gave
         said = f"each worker's bunch of {size} (the job's {JobSpec().bunch_size} divided among "
         said += f"{counted(workers, 'worker')}; --bunch-size sets it)"
-        raise ConfigError(str(exc).replace(f"--bunch-size {size}", said)) from None
+        raise ConfigError(str(exc).replace(f"--bunch-size ({size})", said)) from None
 
 
 async def _demo(

@@ -299,7 +299,8 @@ class JobSpec:
         if not self.learning_rates or any(
             not (math.isfinite(lr) and lr > 0) for lr in self.learning_rates
         ):
-            raise ConfigError(f"learning_rates must be positive, got {self.learning_rates}")
+            said = ",".join(f"{lr:g}" for lr in self.learning_rates) or "none"
+            raise ConfigError(f"learning_rates must be positive, got {said}")
         if max(self.learning_rates) > FLOAT32_MAX:  # the weights are float32: every step inf
             raise ConfigError(
                 f"learning_rates must be at most {FLOAT32_MAX:.3g} (float32's largest), "
@@ -308,7 +309,10 @@ class JobSpec:
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.chunk_frames < self.bunch_size:
-            raise ConfigError(f"chunk_frames {self.chunk_frames} < bunch_size {self.bunch_size}")
+            raise ConfigError(
+                f"chunk_frames must be at least bunch_size ({self.bunch_size}), "
+                f"got {self.chunk_frames}"
+            )
         if self.max_in_flight < 1:
             raise ConfigError("max_in_flight must be >= 1")
         if self.updates_per_step < 0:

@@ -356,10 +356,11 @@ def test_the_demos_job_is_checked_with_the_bunch_its_workers_train_on() -> None:
     with pytest.raises(ConfigError) as refused:  # named as the bunch the user never gave
         job("--chunk-frames", "50")
     assert str(refused.value) == (
-        "--chunk-frames 50 < each worker's bunch of 64 (the job's 128 divided among "
-        "2 workers; --bunch-size sets it)"
+        "--chunk-frames must be at least each worker's bunch of 64 (the job's 128 divided "
+        "among 2 workers; --bunch-size sets it), got 50"
     )
-    with pytest.raises(ConfigError, match=r"^--chunk-frames 20 < --bunch-size 32$"):  # given
+    given = r"^--chunk-frames must be at least --bunch-size \(32\), got 20$"
+    with pytest.raises(ConfigError, match=given):  # given
         job("--bunch-size", "32", "--chunk-frames", "20")
     chosen, was = job("--bunch-size", "32", "--chunk-frames", "40")
     assert (chosen.bunch_size, was) == (32, False)
