@@ -275,9 +275,10 @@ class ServerConfig:
             raise ConfigError(f"heartbeat_seconds must be at least {HEARTBEAT_FLOOR:g}, "
                               f"got {self.heartbeat_seconds:g}")  # fmt: skip
         if self.worker_timeout_seconds <= self.heartbeat_seconds:
+            every, got = self.heartbeat_seconds, self.worker_timeout_seconds
             raise ConfigError(
                 f"worker_timeout_seconds must exceed heartbeat_seconds (a worker is sent a "
-                f"heartbeat every {self.heartbeat_seconds:g} s), got {self.worker_timeout_seconds:g}"
+                f"heartbeat every {every:g} s), got {got:g}"
             )
         FaultSwitch.from_text(self.faults, Role.SERVER)  # refuses a bad rule with a clear error
 
