@@ -323,9 +323,11 @@ class Worker:
                 elif message.code == LEASE_REVOKED:  # its remaining frames are dropped
                     self._work.revoke(message.lease_id)
                     self._taken_back.append(message.lease_id)
-                    # the server's to say (a late worker is a warning in its log; a slow
-                    # one's last leases handed over at an epoch's end are expected)
-                    log.info("server: %s", message.text)
+                    # late: a warning; a far slower worker's last leases handed over to
+                    # idle ones at an epoch's end: expected (server/lateness.py)
+                    handed = message.text.startswith(f"lease {message.lease_id} handed over")
+                    log.log(logging.INFO if handed else logging.WARNING, "server: %s",
+                            message.text)  # fmt: skip
                 else:
                     expected = message.lease_id in self._taken_back  # the bunch under way
                     log.log(logging.INFO if expected else logging.WARNING,

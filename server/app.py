@@ -264,7 +264,7 @@ class SnetServer:
 
     def request_stop(self, reason: str) -> None:
         if not self._stop.is_set():
-            if self.state == "trained" and reason != "trained":
+            if self.state == "trained" and reason.startswith("signal "):
                 # serving its results (--linger-seconds): a run stopped now ends trained,
                 # as it would have without lingering (status.json said "signal SIGTERM" for
                 # every finished run of the Kubernetes manifest's --linger-seconds=-1)
@@ -301,9 +301,7 @@ class SnetServer:
             if self.http_listener is not None:
                 self.http_listener.close()
             await self._http.cleanup()
-        if self._tcp is not None:
-            await self._tcp.wait_closed()
-        await all_closed(self.connections)  # each has lingered until its worker read it
+        await all_closed(self.connections, self._tcp)  # each lingered until its worker read it
         if self._trace is not None:
             self._trace.close()
         self.executor.shutdown(wait=True)

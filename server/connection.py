@@ -139,6 +139,9 @@ class WorkerConnection:
         self.address = peer_address(stream.transport.get_extra_info("peername"))
         waiting = [c for c in self.connections if c.session is None and not c.closing]
         here = sum(1 for c in waiting if c.address == self.address)
+        if self.coordinator.closed:  # stopping, its goodbyes said: it would wait for one
+            self.stream.close()  # (a TLS handshake that ended then); it connects again
+            return
         refusal = self.counters.refusal(len(self.connections), len(waiting), self.address, here)
         if refusal is not None:  # before anything is kept for this peer
             self.send(ErrorMessage(*refusal, True))
@@ -164,8 +167,7 @@ class WorkerConnection:
             self.dispatch(message, received)
         except RejectedUpdate as exc:
             session = self.session
-            if session is not None and exc.lease_id in session.taken_back_ids:
-                # the bunch it was computing when its lease was taken back: it was told
+            if session is not None and session.expected_refusal(exc):
                 log.info("refused update from %s: %s (taken back)", self.describe(), exc)
             else:
                 self._warn("refused update from %s: %s", self.describe(), exc)

@@ -10,6 +10,7 @@ every goodbye to be read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Collection, Iterable
 
@@ -66,13 +67,23 @@ def say_goodbye(connections: Iterable[WorkerConnection], goodbye: str, reason: s
         connection.close(reason)
 
 
-async def all_closed(connections: Collection[WorkerConnection]) -> None:
-    """Until every connection has closed: each lingers until its worker has read the
-    goodbye, LINGER_SECONDS at most (transport/stream.py). A server that exited first
-    reset them, and a worker behind in reading (a second's backlog, a SIGSTOP) lost its
-    goodbye in the reset, retried its whole window and exited 3, or, as a systemd unit,
-    was restarted against the finished job every 10 s."""
+async def all_closed(
+    connections: Collection[WorkerConnection], listener: asyncio.AbstractServer | None
+) -> None:
+    """Until every connection has closed, LINGER_SECONDS and a little at most: each
+    lingers until its worker has read the goodbye (transport/stream.py). A server that
+    exited first reset them, and a worker behind in reading (a second's backlog, a
+    SIGSTOP) lost its goodbye in the reset, retried its whole window and exited 3, or, as
+    a systemd unit, was restarted against the finished job every 10 s. One still open
+    then (a stopped worker whose unread frames fill its socket: its transport cannot
+    finish closing) is left to the process's exit. ``listener``: the worker port's
+    server, closed already, whose ``wait_closed`` waits for every connection on
+    CPython 3.12's loop, without a bound."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + LINGER_SECONDS + 0.5  # each has closed itself by then
+    deadline = loop.time() + LINGER_SECONDS + 0.5  # a lingering close gives up by then
     while connections and loop.time() < deadline:
         await asyncio.sleep(CLOSED_POLL_SECONDS)
+    if listener is not None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSED_POLL_SECONDS):
+                await listener.wait_closed()

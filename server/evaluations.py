@@ -130,9 +130,10 @@ class Evaluations:
         1.5 s late), then the one with the fewest frames left."""
         candidates = list(sessions)
 
-        def busy(session: WorkerSession) -> float:
-            pace = session.clock.seconds_per_pattern or 0.0
-            return (frames_left(session.worker_id) + cv_frames) * pace
+        def choice(session: WorkerSession) -> tuple[bool, bool, float, int]:
+            pace, left = session.clock.pace, frames_left(session.worker_id)
+            done_in = (left + cv_frames) * (pace or 0.0)  # unknown pace: after the known
+            return not session.proven or session.scoring_held, pace is None, done_in, left
 
         sent: list[tuple[WorkerSession, EvalJob]] = []
         for job in self._jobs.values():
@@ -144,10 +145,7 @@ class Evaluations:
             ]
             if job.worker_id is not None or not eligible:
                 continue
-            session = min(
-                eligible,
-                key=lambda s: (not s.proven or s.scoring_held, busy(s), frames_left(s.worker_id)),
-            )
+            session = min(eligible, key=choice)
             job.worker_id, job.assigned_at = session.worker_id, now
             session.asked_to_score()
             sent.append((session, job))

@@ -20,7 +20,7 @@ own interval between updates). What being late costs depends on the mode's polic
 In async mode a worker on time can still hold an epoch's end: one far slower than the
 others (an emulated board beside numpy workers) still computing its last leases while they
 have nothing left. Its undelivered frames are handed over to them when they would be done
-far sooner (``slow_at_the_end``), in the same way as a late worker's, counted apart
+far sooner (``slowest_at_the_end``), in the same way as a late worker's, counted apart
 (``leases_handed_over``).
 
 A CV evaluation not returned within its deadline is asked of another worker. These run
@@ -105,51 +105,61 @@ def check_progress(coordinator: Coordinator, now: float) -> None:
         for session in late:
             _revoke(coordinator, session, now)
     if coordinator.policy.hands_over_the_end and coordinator.book.waiting_chunks == 0:
-        for session, theirs, ours in slow_at_the_end(coordinator, late, now):
-            leases, frames = coordinator.desk.revoke(session, late=False)
-            coordinator.stats.record_handed_over(leases)
-            log.info("worker %s would take %.1f s more over its %d leases (%d frames), an "
-                     "idle worker %.1f s: they go to the idle", session.name, theirs, leases,
-                     frames, ours)  # fmt: skip
-            coordinator.fill_leases()
+        _hand_over(coordinator, late, now)
     _reassign_evaluations(coordinator, now)
     coordinator.maybe_step()  # who counts for a step may have changed
 
 
-def slow_at_the_end(
+def slowest_at_the_end(
     coordinator: Coordinator, late: list[WorkerSession], now: float
-) -> list[tuple[WorkerSession, float, float]]:
-    """At an epoch's end (nothing left to lease), the holders that would take far longer
-    over their undelivered frames than the quickest idle worker: ``TAIL_FACTOR`` times,
-    and longer by more than the deadline it is allowed for an update (``stall_seconds``,
-    or ten of its own intervals: what the server waits for it in any case), each with
-    (its seconds, the idle worker's), from their measured compute per pattern. On time,
-    they were never late: an emulated board (0.2 s a bunch) beside a numpy worker held
-    each epoch's end 15 s over its last two leases while the other, done in one, waited
-    (a probe); async exists so that a slow machine delays nobody. What it delivered of a
-    lease counts; the bunch it is computing is thrown away (its update is refused), at
-    most one of its bunches against more than its deadline saved."""
+) -> tuple[WorkerSession, float, float] | None:
+    """At an epoch's end (nothing left to lease), of the holders that would take far longer
+    over their undelivered frames than the quickest idle worker (``TAIL_FACTOR`` times,
+    and longer by more than the deadline it is allowed for an update: ``stall_seconds``,
+    or ten of its own intervals, what the server waits for it in any case), the one whose
+    frames would save the most, with (its seconds, the idle worker's), at their paces
+    (``DeliveryClock.pace``). On time, they were never late: an emulated board (0.2 s a
+    bunch) beside a numpy worker held each epoch's end 15 s over its last two leases while
+    the other, done in one, waited (a probe); async exists so that a slow machine delays
+    nobody. What it delivered of a lease counts; the bunch it is computing is thrown away
+    (its update is refused), and the one after it if that lease was all it held (the
+    worker keeps its last work for one bunch: client/work.py). One a check: the idle
+    workers' frames then, not the same idle worker's pace for every slow one."""
     holders = coordinator.book.holders()
     sessions = list(coordinator.sessions.values())
     quick = [
-        s.clock.seconds_per_pattern
+        s.clock.pace
         for s in sessions
         if s.worker_id not in holders and s not in late and s.proven and not s.probation
     ]
     quickest = min((pace for pace in quick if pace), default=None)
     if quickest is None:
-        return []
-    slow = []
+        return None
+    slowest, saved = None, 0.0
     for session in sessions:
-        pace, started = session.clock.seconds_per_pattern, session.clock.clock_start()
+        pace, started = session.clock.pace, session.clock.clock_start()
         if session in late or session.worker_id not in holders or not pace or started is None:
             continue
         frames = coordinator.book.remaining_frames(session.worker_id)
         theirs = frames * pace - (now - started)  # into its current bunch already
         ours = frames * quickest
-        if theirs > TAIL_FACTOR * ours and theirs - ours > deadline(coordinator, session):
-            slow.append((session, theirs, ours))
-    return slow
+        gain = theirs - ours
+        if theirs > TAIL_FACTOR * ours and gain > max(saved, deadline(coordinator, session)):
+            slowest, saved = (session, theirs, ours), gain
+    return slowest
+
+
+def _hand_over(coordinator: Coordinator, late: list[WorkerSession], now: float) -> None:
+    found = slowest_at_the_end(coordinator, late, now)
+    if found is None:
+        return
+    session, theirs, ours = found
+    leases, frames = coordinator.desk.revoke(session, late=False)
+    coordinator.stats.record_handed_over(leases)
+    log.info("worker %s would take %.1f s more over its %d leases (%d frames), an idle "
+             "worker %.1f s: they go to the idle", session.name, theirs, leases, frames,
+             ours)  # fmt: skip
+    coordinator.fill_leases()
 
 
 def _someone_idle(coordinator: Coordinator, late: list[WorkerSession]) -> bool:

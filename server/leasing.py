@@ -4,7 +4,8 @@ The lease book (leases.py) keeps the chunks, the leases and the ledger; the desk
 whom to give them to: nobody before ``min_workers`` have joined (then never again held
 back, so a fixed set of workers starts together), workers that have delivered first, up to
 ``LEASES_PER_WORKER`` each so the next chunk is always at hand; a newcomer one (it may
-never compute: issue 12); a worker whose leases were taken back for sitting on them none
+never compute: issue 12); a worker whose leases were taken back for sitting on them (or
+handed over at an epoch's end, far slower than an idle worker: server/lateness.py) none
 until it delivers. A worker that cannot read the data gets its frames inline
 (``InlineFrames``).
 """

@@ -194,13 +194,16 @@ class StepPolicy:
     # server scores)
     workers_score_cv = True
     pools_updates = True  # whether updates arrive in the element pool (np's send none)
-    # whether a far slower worker's last leases go to idle workers at an epoch's end
-    # (server/lateness.py): async's gradients; a bmuf worker's block would be lost whole
-    hands_over_the_end = False
 
     def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
         self.updates_per_step = updates_per_step
         self.combination = combination or Combination()
+
+    @property
+    def hands_over_the_end(self) -> bool:
+        """Whether a far slower worker's last leases go to idle workers at an epoch's end
+        (server/lateness.py): async's gradients; a bmuf worker's block would be lost whole."""
+        return False
 
     def take(self, view: QueueView) -> list[list[int]]:
         """The steps that are ready now: each a list of indexes into ``view.pending``, in
@@ -259,9 +262,9 @@ class AsyncSteps(StepPolicy):
 
     name = "async"
 
-    def __init__(self, updates_per_step: int = 0, combination: Combination | None = None) -> None:
-        super().__init__(updates_per_step, combination)
-        self.hands_over_the_end = not isinstance(self.combination, BlockDeltas)
+    @property
+    def hands_over_the_end(self) -> bool:
+        return not isinstance(self.combination, BlockDeltas)
 
     def counted(self, view: QueueView) -> list[WorkerView]:
         """The workers a step is sized for and waits for: those keeping up. Once any has

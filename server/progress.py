@@ -12,10 +12,12 @@ Its clock starts when it last delivered an update or, if later, when it was last
 frames while it held none, so waiting for a lease never counts against it.
 Where being late costs the worker its connection (sync mode), its first update on a
 connection gets ``join_seconds`` more (it may still be loading the data); a worker scoring
-a CV set gets the time that takes at its measured rate. Frames taken back from a late
-worker (async) leave their start behind: the update it still sends for them, refused,
-measures its pace as an applied one would (before, it measured nothing, so a worker
-slower than the others' pace had every lease taken back before its update came).
+a CV set gets the time that takes at its measured rate. Its ``pace`` (its compute time
+per pattern, never less than its interval shows) decides who gets an async epoch's last
+frames and the CV set. Frames taken back from a late worker (async) leave their start
+behind: the update it still sends for them, refused, measures its pace as an applied one
+would (before, it measured nothing, so a worker slower than the others' pace had every
+lease taken back before its update came).
 
 What the coordinator does with a late worker depends on the mode: in async mode a late
 worker is not counted or waited for, and its undelivered frames are taken back once the
@@ -48,6 +50,18 @@ class DeliveryClock:
     # when the work it owed was taken back (revoked): the update it still sends for that
     # work, refused, shows its pace all the same
     taken_back_since: float | None = None
+    patterns: int = 0  # in its latest update
+
+    @property
+    def pace(self) -> float | None:
+        """Seconds a pattern takes it: its reported compute time per pattern, but never
+        less than the server sees it take between updates (None before either is known).
+        Who gets an epoch's last frames and the CV set follows it (server/lateness.py,
+        server/evaluations.py): a peer's own figure alone, a claim of 1e-9 s, had every
+        other worker's last leases handed to it."""
+        seen = self.interval / self.patterns if self.interval and self.patterns else None
+        known = [pace for pace in (self.seconds_per_pattern, seen) if pace]
+        return max(known) if known else None
 
     @property
     def delivered(self) -> bool:
@@ -86,6 +100,7 @@ class DeliveryClock:
             else:
                 self.interval = (1 - INTERVAL_WEIGHT) * self.interval + INTERVAL_WEIGHT * sample
         self.last_update_at = now
+        self.patterns = patterns if patterns > 0 else self.patterns
         if patterns > 0 and compute_seconds > 0:
             self.seconds_per_pattern = compute_seconds / patterns
         if self.work_since is not None:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from snet.protocol.errors import RejectedUpdate
 from snet.protocol.messages import Message
 
 from .ledger import CompressionLedger
@@ -83,8 +84,9 @@ class WorkerSession:
     clock: DeliveryClock = field(default_factory=lambda: DeliveryClock(time.monotonic()))
     leases_revoked: int = 0  # leases taken back because it delivered nothing in time
     leases_handed_over: int = 0  # taken back at an epoch's end: idle workers were far quicker
-    # the latest of them: the refusal of the update it was computing on one is expected
-    taken_back_ids: deque[int] = field(default_factory=lambda: deque(maxlen=TAKEN_BACK_KEPT))
+    # the latest of them, each twice: the refusal of an update it was computing on one is
+    # expected (the bunch under way; and the next, if that lease was all it held)
+    taken_back_ids: deque[int] = field(default_factory=lambda: deque(maxlen=2 * TAKEN_BACK_KEPT))
     probation: bool = False  # its leases were taken back: none again until it delivers
     # it scored late or wrongly: not asked to score again before it delivers an update (it
     # may hold leases: probation here left an idle scorer unleased, and so for ever)
@@ -170,6 +172,15 @@ class WorkerSession:
         """It cannot read the data: the server sends its frames from now on."""
         self.inline_frames = True
 
+    def expected_refusal(self, refusal: RejectedUpdate) -> bool:
+        """Whether a refused update of its was to be expected: one it was computing on a
+        lease it was told was taken back (twice at most for each, and never one refused
+        for its numbers), logged as information, not a warning within its budget."""
+        if refusal.numeric or refusal.lease_id not in self.taken_back_ids:
+            return False
+        self.taken_back_ids.remove(refusal.lease_id)
+        return True
+
     def taken_back(self, lease_ids: Collection[int], late: bool = True) -> None:
         """Its leases ``lease_ids`` were taken back (``late``, or handed over to idle
         workers at an epoch's end): none again until it delivers."""
@@ -177,7 +188,8 @@ class WorkerSession:
             self.leases_revoked += len(lease_ids)
         else:
             self.leases_handed_over += len(lease_ids)
-        self.taken_back_ids.extend(lease_ids)
+        for lease_id in lease_ids:  # the bunch under way, and the next if it was its last
+            self.taken_back_ids.extend((lease_id, lease_id))
         self.probation = True
 
     def weights_sent(self, version: int, published_from: int = 0) -> None:

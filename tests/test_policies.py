@@ -305,7 +305,7 @@ def _session_writes(path: Path) -> list[str]:
 
 def test_only_the_session_changes_its_own_fields(tmp_path: Path) -> None:
     """Parts with one owner (issue 13): the server's parts tell a ``WorkerSession`` what
-    happened (``session.refused()``, ``session.taken_back(n)``) and never assign its fields
+    happened (``session.refused()``, ``session.taken_back(ids)``) and never assign its fields
     (nine modules did)."""
     root = Path(__file__).resolve().parent.parent
     found = {

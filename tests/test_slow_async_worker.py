@@ -187,11 +187,57 @@ def test_the_cv_set_goes_to_the_worker_done_soonest_at_its_pace() -> None:
     evaluations.add(0, 5, np.zeros(3, np.float32))
     ((chosen, _),) = evaluations.assign(sessions, left.__getitem__, 2.0, cv_frames=5520)
     assert chosen.name == "numpy"
-    evaluations.add(1, 6, np.zeros(3, np.float32))  # paces unknown: the fewest frames left
+    # a worker whose pace is unknown (it reports no compute time, one update so far) comes
+    # after those whose pace is known, however few frames it holds: it came first (as 0)
+    silent = WorkerSession(3, "silent", "", "numpy", (), lambda _: None, lambda _: None)
+    silent.clock.got_work(0.0)
+    silent.clock.update_arrived(1.0, 64, 0.0)
+    left[3] = 0
+    evaluations.add(1, 6, np.zeros(3, np.float32))
+    ((chosen, _),) = evaluations.assign([silent, *sessions], left.__getitem__, 3.0, 5520)
+    assert chosen.name == "numpy"
+    evaluations.add(2, 7, np.zeros(3, np.float32))  # no pace known: the fewest frames left
     for session in sessions:
         session.clock.seconds_per_pattern = None
-    ((chosen, _),) = evaluations.assign(sessions, left.__getitem__, 3.0, cv_frames=5520)
+    ((chosen, _),) = evaluations.assign(sessions, left.__getitem__, 4.0, cv_frames=5520)
     assert chosen.name == "board"
+
+
+def test_a_pace_is_never_quicker_than_the_server_sees() -> None:
+    """Who gets an epoch's last frames and the CV set follows a worker's pace: from its own
+    compute_seconds alone, a peer claiming 1e-9 s a pattern had every other worker's last
+    leases handed to it. Its pace is never less than its interval between updates shows."""
+    from snet.server.progress import DeliveryClock
+
+    clock = DeliveryClock(joined_at=0.0)
+    clock.got_work(0.0)
+    clock.update_arrived(0.5, 64, 1e-9 * 64)  # its first: start-up, no interval yet
+    assert clock.pace == pytest.approx(1e-9)
+    for second in (1.0, 1.5, 2.0):  # one update each half second, 64 patterns
+        clock.update_arrived(second, 64, 1e-9 * 64)
+    assert clock.pace == pytest.approx(0.5 / 64)
+    honest = DeliveryClock(joined_at=0.0)  # a reported time above its interval stands
+    honest.got_work(0.0)
+    for second in (0.5, 1.0):
+        honest.update_arrived(second, 64, 0.6)
+    assert honest.pace == pytest.approx(0.6 / 64)
+
+
+def test_a_refusal_on_a_lease_taken_back_is_expected_twice_at_most_never_for_its_numbers() -> None:
+    """The refusal of the bunch a worker was computing on a lease taken back (and of the
+    next, if it was its last) is information; more on the same lease, or one refused for
+    its numbers, is a warning within the peer's budget (a peer could resend for ever)."""
+    from snet.protocol.errors import RejectedUpdate
+
+    session = WorkerSession(1, "w", "", "numpy", (), lambda _: None, lambda _: None)
+    session.taken_back([7, 8], late=False)
+    assert (session.leases_handed_over, session.leases_revoked) == (2, 0)
+    assert not session.expected_refusal(RejectedUpdate("not finite", 7, 0, numeric=True))
+    assert [session.expected_refusal(RejectedUpdate("not held", 7, 0)) for _ in range(3)] == [
+        True, True, False,
+    ]  # fmt: skip
+    assert not session.expected_refusal(RejectedUpdate("not held", 9, 0))
+    assert session.expected_refusal(RejectedUpdate("not held", 8, 0))
 
 
 def test_only_async_gradients_hand_the_end_over() -> None:
