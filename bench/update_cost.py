@@ -24,9 +24,13 @@ updates applied in that window, and divided:
 thread's: above 1, moving an update costs more than computing it.
 
 ``--baseline DIR`` measures a checkout of earlier code too (its processes import ``snet``
-from ``DIR/src``), each element's two runs back to back, so that before and after come
-from the same minutes of this shared machine (its workers report no latency if that code
-could not yet)::
+from ``DIR/src``), each element's runs back to back, so that before and after come from
+the same minutes of this shared machine (its workers report no latency if that code could
+not yet): baseline, this, this, baseline, each code's row the mean of its two. The second
+of two runs back to back measured slower here, whichever code it was: identical code
+(this checkout beside ``git archive HEAD``) 1454 then 1368 updates a second; this
+session's code then its start's 1328 then 1233, in the other order 1575 then 1390
+(docs/time-to-accuracy.md, session 25)::
 
     git archive main | tar -x -C /tmp/before
     .venv/bin/python -m bench.update_cost --seconds 4 --baseline /tmp/before
@@ -149,14 +153,31 @@ def run_update_bench(
     baseline: Path | None = None,
 ) -> list[Any]:
     """A row per element (see the module's notes), preceded by the ``baseline``
-    checkout's when there is one."""
+    checkout's when there is one: then each code is measured twice, in the order
+    baseline, this, this, baseline, and its row is the mean of its two."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="snet-update-cost-") as tmp:
         for label in labels:
-            for code in (baseline, None) if baseline is not None else (None,):
-                rows.append(measure(label, ELEMENTS[label], seconds, Path(tmp), code))
+            if baseline is None:
+                rows.append(measure(label, ELEMENTS[label], seconds, Path(tmp)))
                 print(f"  update cost {label}: {rows[-1]}", flush=True)
+                continue
+            runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+            for code in (baseline, None, None, baseline):
+                row = measure(label, ELEMENTS[label], seconds, Path(tmp), code)
+                runs[row["code"]].append(row)
+                print(f"  update cost {label}: {row}", flush=True)
+            rows += [_mean_row(runs["baseline"]), _mean_row(runs["this"])]
     return rows
+
+
+def _mean_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of the figures of ``runs`` (of one element and code), each the mean."""
+    row = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, float) and all(isinstance(r[key], float) for r in runs):
+            row[key] = round(statistics.mean(r[key] for r in runs), 3)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:

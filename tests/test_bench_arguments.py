@@ -47,3 +47,16 @@ def test_figures_are_printed_before_they_are_written(
     with pytest.raises(OSError):  # the run's figures are on stdout all the same
         emit('{"speed": 2.0}', tmp_path / "gone" / "r.json")
     assert capsys.readouterr().out == '{"speed": 1.0}\n{"speed": 2.0}\n'
+
+
+def test_an_elements_two_runs_of_one_code_are_averaged() -> None:
+    """With a baseline each code runs twice (baseline, this, this, baseline: the second of
+    two runs back to back measured 6-12 % slower, whichever code it was); its row is the
+    mean, and a figure one run lacks (an older code's latency) stays as it was."""
+    runs = [
+        {"element": "262kB", "code": "this", "updates_per_s": 1400.0, "latency_ms": None},
+        {"element": "262kB", "code": "this", "updates_per_s": 1300.0, "latency_ms": 2.0},
+    ]
+    row = update_cost._mean_row(runs)
+    assert row == {"element": "262kB", "code": "this", "updates_per_s": 1350.0,
+                   "latency_ms": None}  # fmt: skip
