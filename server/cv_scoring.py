@@ -72,8 +72,8 @@ class CvScoring:
                 self.scoring.add(task)
                 task.add_done_callback(self.scoring.discard)
             return
-        workers, cv_frames = self.sessions.values(), len(self.plan.cv_frames)
-        for session, job in self.evaluations.assign(workers, self.remaining, now, cv_frames):
+        workers = self.sessions.values()
+        for session, job in self.evaluations.assign(workers, self.remaining, now):
             self.inline.send(session, self.plan.cv_frames)
             session.send(Evaluate(job.version, job.epoch, job.weights))
         stranded = self.evaluations.without_second_scorer(workers)

@@ -76,6 +76,9 @@ def results_agree(a: EvalResult, b: EvalResult) -> bool:
     )
 
 
+FAR_SLOWER = 4.0  # a worker this much slower than the quickest scores only if none else can
+
+
 class Evaluations:
     """The CV jobs not yet scored (``copies``: by how many workers each, 1 or 2)."""
 
@@ -121,19 +124,20 @@ class Evaluations:
         sessions: Iterable[WorkerSession],
         frames_left: Callable[[int], int],
         now: float,
-        cv_frames: int = 0,
     ) -> list[tuple[WorkerSession, EvalJob]]:
         """Give every unassigned job a worker; returns whom to send which job: of those
-        proven, the one that would be done soonest with its frames left and the CV set at
-        its measured pace (the one with the fewest frames left was an emulated board, at
-        0.2 s a bunch, whose last leases had just been handed over: the epoch's score came
-        1.5 s late), then the one with the fewest frames left."""
+        proven, one not ``FAR_SLOWER`` than the quickest at its pace, the one with the
+        fewest frames left (it has the least to finish first). The one with the fewest was
+        an emulated board, at 0.2 s a bunch, whose last leases had just been handed over:
+        the epoch's score came 1.5 s late. (Not the soonest done at the paces' face value:
+        between workers of one speed their noise sent the CV set to one still training.)"""
         candidates = list(sessions)
+        quickest = min((s.clock.pace for s in candidates if s.clock.pace), default=None)
 
-        def choice(session: WorkerSession) -> tuple[bool, bool, float, int]:
-            pace, left = session.clock.pace, frames_left(session.worker_id)
-            done_in = (left + cv_frames) * (pace or 0.0)  # unknown pace: after the known
-            return not session.proven or session.scoring_held, pace is None, done_in, left
+        def choice(session: WorkerSession) -> tuple[bool, bool, int]:
+            pace, held = session.clock.pace, not session.proven or session.scoring_held
+            slower = bool(pace and quickest and pace > FAR_SLOWER * quickest)
+            return held, slower, frames_left(session.worker_id)
 
         sent: list[tuple[WorkerSession, EvalJob]] = []
         for job in self._jobs.values():
