@@ -294,6 +294,10 @@ class JobSpec:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.bunch_size < 1:
             raise ConfigError(f"bunch_size must be >= 1, got {self.bunch_size}")
+        if self.network.output_size < 2:  # its softmax over one unit is 1 whatever it sees
+            raise ConfigError(
+                f"network {self.network.describe()}: a classifier needs at least 2 outputs"
+            )
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if not self.learning_rates or any(
