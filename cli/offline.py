@@ -33,6 +33,7 @@ from snet.protocol.errors import ConfigError, DataError, ResultsNotWritten
 from snet.protocol.hooks import HookSet
 from snet.protocol.job import DataSpec, JobSpec
 from snet.protocol.network import initial_weights
+from snet.protocol.numbering import counted
 from snet.server.export import SavedWeights, read_weights
 from snet.server.leases import LeaseBook
 from snet.server.testset import score_test_set
@@ -242,8 +243,8 @@ def run_convert(args: argparse.Namespace) -> int:
             raise ResultsNotWritten(said) from exc
         raise DataError(said) from exc  # a path it cannot use (a directory, no permission): 2
     print(
-        f"{source.description} -> {out}: {len(source.lengths)} utterances, "
-        f"{len(frames)} frames of {source.features} features"
+        f"{source.description} -> {out}: {counted(len(source.lengths), 'utterance')}, "
+        f"{counted(len(frames), 'frame')} of {counted(source.features, 'feature')}"
     )
     return 0
 

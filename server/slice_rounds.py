@@ -50,6 +50,7 @@ from snet.protocol.messages import (
     PartialOutputs,
     SliceState,
 )
+from snet.protocol.numbering import counted
 from snet.protocol.slices import HiddenSlice
 
 from .epochs import EpochControl
@@ -380,7 +381,7 @@ class SliceRounds:
             state = SliceState(grant.part.start, grant.part.stop, self.last_completed,
                                grant.weights, grant.velocity)  # fmt: skip
             self.sessions[worker_id].send(state)
-        log.info("np: hidden units cut among %d workers: %s", len(speeds),
+        log.info("np: hidden units cut among %s: %s", counted(len(speeds), "worker"),
                  {w: (p.start, p.stop) for w, p in self.master.holders.items()})  # fmt: skip
 
     # ------------------------------------------------------------ epochs, resume
