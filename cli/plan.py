@@ -122,7 +122,7 @@ def _counts(text: str, what: str) -> list[int]:
         raise ConfigError(f"{what} must be comma-separated whole numbers, got {text!r}") from None
     if not values or min(values) < 1:
         raise ConfigError(f"{what} must be whole numbers >= 1, got {text!r}")
-    return values
+    return list(dict.fromkeys(values))  # a count given twice is one row (it printed two)
 
 
 def _choices(text: str, allowed: tuple[str, ...], what: str) -> list[str]:

@@ -192,6 +192,13 @@ def test_plan_json_reads_constants_from_a_benchmark_file(
     assert sync["round_seconds"] == pytest.approx(1.3e-4 + 1.00208e-4 + 2 * 2.00104e-4 + 3.0208e-6)
 
 
+def test_a_worker_count_given_twice_is_one_row(capsys: pytest.CaptureFixture[str]) -> None:
+    """`snet plan --workers 1,1,2` printed the rows of 1 worker twice."""
+    assert main(["plan", "--workers", "1,1,2", "--modes", "async", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["predictions"]
+    assert [row["workers"] for row in rows] == [1, 2]
+
+
 def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for workers in ("1,two", "1,,2", "2,"):  # an empty part was passed over
         assert main(["plan", "--workers", workers]) == 2
