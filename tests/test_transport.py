@@ -296,6 +296,52 @@ def test_a_write_the_transport_refuses_drops_the_connection_quietly() -> None:
     asyncio.run(main())
 
 
+class ReadingTransport(RefusingTransport):
+    """One that takes writes and says whether it reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading, self.eof_written = True, False
+
+    def write(self, data: Any) -> None:
+        pass
+
+    def is_reading(self) -> bool:
+        return self.reading
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof_written = True
+
+
+def test_a_lingering_close_is_not_paused_by_a_full_pool() -> None:
+    """A connection closing lingers, reading and dropping until the peer closes; the
+    element pool's watch pausing every connection's reading paused it too, and the peer's
+    close went unread until the linger ran out (the server's exit waits for it)."""
+
+    async def main() -> None:
+        stream = FrameStream(Recorder(), Conversation(Role.SERVER), FrameLimits())
+        transport = ReadingTransport()
+        stream.connection_made(transport)
+        stream.pause_reading()  # a full pool, before the close: paused
+        assert not transport.reading
+        stream.close_lingering()
+        assert transport.reading and transport.eof_written  # reads to drop
+        stream.pause_reading()  # the pool again
+        assert transport.reading
+        transport.abort()
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------- connecting
 
 

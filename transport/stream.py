@@ -327,7 +327,13 @@ class FrameStream(asyncio.BufferedProtocol):
             self.transport.write_eof()
 
     def pause_reading(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        # not while lingering: it reads to drop until the peer closes (close_lingering), and
+        # paused, the peer's close went unread until the linger ran out
+        if (
+            self._dropping is None
+            and self.transport is not None
+            and not self.transport.is_closing()
+        ):
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
