@@ -169,8 +169,8 @@ class WorkerConnection:
             session = self.session
             if session is not None and session.expected_refusal(exc):
                 log.info("refused update from %s: %s (taken back)", self.describe(), exc)
-            else:
-                self._warn("refused update from %s: %s", self.describe(), exc)
+            else:  # an update, or an eval_result, a worker_report: named as what it was
+                self._warn("refused %s from %s: %s", message.TYPE, self.describe(), exc)
             self.send(ErrorMessage(exc.code, str(exc), False, exc.lease_id, exc.offset))
         except (ProtocolError, AuthError) as exc:
             self.fail(exc.code, str(exc))

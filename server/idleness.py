@@ -50,16 +50,21 @@ class IdleWatch:
             count = session.idle_epochs
             if count & (count - 1):  # logged at powers of two only (module docstring)
                 continue
-            # one whose leases were taken back is leased nothing until it delivers
+            # one whose leases were taken back is leased nothing until it delivers; one far
+            # slower than the others, whose last leases went to them, is expected to be
             why = ("its leases were taken back and it has delivered nothing since"
                    if session.probation else "too few chunks for the workers?")  # fmt: skip
+            expected = session.probation and session.handed_over
+            level = logging.INFO if expected else logging.WARNING
+            if expected:
+                why = "far slower than the others, its last leases were handed over to them"
             if count == 1:
-                log.warning("worker %s trained on no frames in epoch %d (%s); said again at "
-                            "its 2nd, 4th, 8th, ... such epoch", session.name,
-                            shown_epoch(epoch), why)  # fmt: skip
+                log.log(level, "worker %s trained on no frames in epoch %d (%s); said again "
+                        "at its 2nd, 4th, 8th, ... such epoch", session.name,
+                        shown_epoch(epoch), why)  # fmt: skip
             else:
                 held = f" ({why})" if session.probation else ""
-                log.warning("worker %s trained on no frames in %d epochs so far, the latest "
-                            "epoch %d%s", session.name, count, shown_epoch(epoch),
-                            held)  # fmt: skip
+                log.log(level, "worker %s trained on no frames in %d epochs so far, the "
+                        "latest epoch %d%s", session.name, count, shown_epoch(epoch),
+                        held)  # fmt: skip
         return idle

@@ -114,7 +114,8 @@ _SERVER_FIGURES = (
 )  # fmt: skip
 
 _WORKER_FIGURES = (
-    ("worker_updates_total", "counter", "Updates the worker sent.", "updates_sent"),
+    ("worker_updates_total", "counter", "The worker's updates taken for a step (its refused "
+     "ones are in worker_updates_rejected_total).", "updates_sent"),
     ("worker_updates_rejected_total", "counter", "The worker's updates refused.",
      "updates_rejected"),
     ("worker_patterns_total", "counter", "Patterns in the worker's updates.", "patterns"),

@@ -84,6 +84,7 @@ class WorkerSession:
     clock: DeliveryClock = field(default_factory=lambda: DeliveryClock(time.monotonic()))
     leases_revoked: int = 0  # leases taken back because it delivered nothing in time
     leases_handed_over: int = 0  # taken back at an epoch's end: idle workers were far quicker
+    handed_over: bool = False  # its latest leases taken back were handed over, not revoked late
     # the latest of them, each twice: the refusal of an update it was computing on one is
     # expected (the bunch under way; and the next, if that lease was all it held)
     taken_back_ids: deque[int] = field(default_factory=lambda: deque(maxlen=2 * TAKEN_BACK_KEPT))
@@ -188,6 +189,7 @@ class WorkerSession:
             self.leases_revoked += len(lease_ids)
         else:
             self.leases_handed_over += len(lease_ids)
+        self.handed_over = not late  # why it is on probation (its idle epochs are said so)
         for lease_id in lease_ids:  # the bunch under way, and the next if it was its last
             self.taken_back_ids.extend((lease_id, lease_id))
         self.probation = True

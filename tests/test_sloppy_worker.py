@@ -172,6 +172,8 @@ async def test_a_worker_whose_cv_score_is_refused_is_not_asked_again_for_it(lab:
     status = server.final_status()
     assert status["cv_checks"]["refereed"] == 1
     assert status["epochs"][0]["cv_accuracy"] is not None
+    log = lab.log("server")  # named as what it was (it said "refused update from")
+    assert "refused eval_result from miscounts" in log and "refused update" not in log
 
 
 @pytest.mark.parametrize("loop_name", LOOPS)

@@ -246,3 +246,22 @@ def test_only_async_gradients_hand_the_end_over() -> None:
             "bmuf sync blocks": JobSpec(mode="bmuf", block_sync=True)}  # fmt: skip
     handing = {name for name, job in jobs.items() if make_step_policy(job).hands_over_the_end}
     assert handing == {"async"}
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_an_epoch_without_frames_after_a_handover_is_no_warning(
+    late: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A far slower worker whose last leases went to the others at an epoch's end may train
+    on nothing the next epoch: expected, an info line; after a late revocation a warning."""
+    from snet.server.idleness import IdleWatch
+
+    session = WorkerSession(1, "board", "", "spert", (), lambda _: None, lambda _: None)
+    session.taken_back([4], late=late)
+    watch = IdleWatch()
+    watch.start_epoch([session])
+    with caplog.at_level("INFO", logger="snet.server"):
+        assert watch.end_epoch(1, [session], {}) == [session]
+    (record,) = [r for r in caplog.records if "trained on no frames" in r.getMessage()]
+    assert record.levelname == ("WARNING" if late else "INFO")
+    assert ("handed over" in record.getMessage()) is not late
