@@ -204,7 +204,8 @@ class Handshake:
             if hello.auth_required and not self.config.token:
                 # sent all the same, so that the server logs the refusal (it said nothing,
                 # and its operator could not tell why a worker never joined)
-                raise RemoteError("auth_failed", "the server requires a token (--token)")
+                given = "--token, --token-file or SNET_TOKEN"
+                raise RemoteError("auth_failed", f"the server requires a token ({given})")
             welcome = await self._next_message(Welcome)
             info = await self._next_message(DataInfo) if welcome is not None else None
             if welcome is None or info is None:

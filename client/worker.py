@@ -164,8 +164,8 @@ class Worker:
                     "server said goodbye (%s) after %d updates", self._goodbye, self.updates_sent
                 )
                 return 0
-        except TlsRefused as exc:
-            log.error("refused by the server: %s", exc)
+        except TlsRefused as exc:  # either side's refusal: the text says whose
+            log.error("TLS refused: %s", exc)
             return EXIT_REFUSED
         except ServerUnreachable as exc:
             if server_stopped:

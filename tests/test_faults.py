@@ -140,7 +140,8 @@ async def test_token_is_required_and_never_sent(lab: Lab) -> None:
     refusals = lab.log("server").count("auth_failed: wrong or missing token proof")
     anonymous = lab.worker(server, "anonymous")
     assert await anonymous.wait(30) == 4
-    assert "the server requires a token (--token)" in lab.log("anonymous")
+    told = "the server requires a token (--token, --token-file or SNET_TOKEN)"
+    assert told in lab.log("anonymous")
     # the server says so too (it said nothing for a worker without a token)
     await wait_until(lambda: lab.log("server").count("wrong or missing token") > refusals,
                      10, "the server to log the refusal")  # fmt: skip
