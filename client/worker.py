@@ -241,6 +241,7 @@ class Worker:
             self.config.retry_seconds,
             self._tls,
             self._retry.deadline,
+            client_cert=bool(self.config.tls_cert),
         )
         gone = False
         boards: list[BoardReader] = []  # the server's weights and update boards, this session's

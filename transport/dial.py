@@ -30,6 +30,9 @@ QUICK_BACKOFF_SECONDS = 0.5
 P = TypeVar("P", bound=asyncio.BaseProtocol)
 
 
+CERT_WANTED_RESETS = 3  # handshakes reset in a row, this side without a certificate
+
+
 async def connect_with_backoff(
     host: str,
     port: int,
@@ -37,12 +40,16 @@ async def connect_with_backoff(
     retry_seconds: float,
     ssl_context: ssl.SSLContext | None = None,
     deadline: float | None = None,
+    client_cert: bool = True,
 ) -> P:
     """Connect, retrying with exponential backoff (0.1 s doubling, with jitter, to 0.5 s
     for the first 30 s of attempts, then to 5 s) for up to ``retry_seconds``, or until
     ``deadline`` (``time.monotonic()``) when given: the caller's one deadline across
     reconnects; raises ``ServerUnreachable`` after that, and ``TlsRefused`` at once when
-    the server's certificate is not trusted."""
+    the server's certificate is not trusted, or, without a ``client_cert`` of this side,
+    once ``CERT_WANTED_RESETS`` TLS handshakes in a row were reset after the TCP connect
+    (a server that wants client certificates: such a worker retried its whole window,
+    five minutes by default, and exited 3, as if the server were down)."""
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + retry_seconds if deadline is None else deadline
     made: list[P] = []
@@ -54,7 +61,7 @@ async def connect_with_backoff(
             return CopyingProtocol(inner)
         return inner
 
-    delay, attempts, began = 0.1, 0, time.monotonic()
+    delay, attempts, began, resets = 0.1, 0, time.monotonic(), 0
     while True:
         attempts += 1
         timeout = max(min(CONNECT_SECONDS, deadline - time.monotonic()), 1.0)
@@ -73,11 +80,19 @@ async def connect_with_backoff(
                 # its deadline (minutes) with the stop lost. The task still counts it.
                 raise asyncio.CancelledError from exc
             reason = exc.strerror or f"no answer in {timeout:.0f} s"
-            if ssl_context is not None and not exc.strerror:  # TCP was fine, TLS was not
+            handshake_reset = ssl_context is not None and not exc.strerror  # TCP was fine
+            resets = resets + 1 if handshake_reset else 0
+            if handshake_reset:
                 reason = f"{type(exc).__name__} {exc}".strip() + (
                     ": the TLS handshake did not complete; a server that wants a client "
                     "certificate got none it trusts (--tls-cert, --tls-key)"
                 )
+            if handshake_reset and not client_cert and resets >= CERT_WANTED_RESETS:
+                raise TlsRefused(
+                    f"TLS with {host}:{port}: the server wants a client certificate, and this "
+                    f"worker has none (--tls-cert, --tls-key): {counted(resets, 'handshake')} "
+                    "reset"
+                ) from exc
             if time.monotonic() + delay > deadline:
                 raise ServerUnreachable(
                     f"cannot reach the server at {host}:{port} ({reason}); "
