@@ -33,6 +33,7 @@ from snet.protocol.messages import EvalResult
 from snet.protocol.numbering import shown_epoch
 
 from .plausible import eval_figures_problem
+from .progress import FAR_SLOWER
 from .session import WorkerSession
 
 log = logging.getLogger("snet.server")
@@ -74,9 +75,6 @@ def results_agree(a: EvalResult, b: EvalResult) -> bool:
         abs(a.correct - b.correct) <= max(1, int(CV_CORRECT_TOLERANCE * a.frames))
         and abs(a.loss_sum - b.loss_sum) <= loss_slack
     )
-
-
-FAR_SLOWER = 4.0  # a worker this much slower than the quickest scores only if none else can
 
 
 class Evaluations:

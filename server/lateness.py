@@ -36,14 +36,13 @@ from typing import TYPE_CHECKING
 from snet.protocol.messages import ROUND_DEADLINE, ErrorMessage
 from snet.protocol.numbering import shown_epoch
 
+from .progress import FAR_SLOWER
 from .session import WorkerSession
 
 if TYPE_CHECKING:
     from .training import Coordinator
 
 log = logging.getLogger("snet.server")
-
-TAIL_FACTOR = 4.0  # an epoch's last frames go to an idle worker this many times quicker
 
 
 def overdue(
@@ -114,7 +113,7 @@ def slowest_at_the_end(
     coordinator: Coordinator, late: list[WorkerSession], now: float
 ) -> tuple[WorkerSession, float, float] | None:
     """At an epoch's end (nothing left to lease), of the holders that would take far longer
-    over their undelivered frames than the quickest idle worker (``TAIL_FACTOR`` times,
+    over their undelivered frames than the quickest idle worker (``FAR_SLOWER`` times,
     and longer by more than the deadline it is allowed for an update: ``stall_seconds``,
     or ten of its own intervals, what the server waits for it in any case), the one whose
     frames would save the most, with (its seconds, the idle worker's), at their paces
@@ -144,7 +143,7 @@ def slowest_at_the_end(
         theirs = frames * pace - (now - started)  # into its current bunch already
         ours = frames * quickest
         gain = theirs - ours
-        if theirs > TAIL_FACTOR * ours and gain > max(saved, deadline(coordinator, session)):
+        if theirs > FAR_SLOWER * ours and gain > max(saved, deadline(coordinator, session)):
             slowest, saved = (session, theirs, ours), gain
     return slowest
 

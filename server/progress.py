@@ -32,6 +32,10 @@ import statistics
 from dataclasses import dataclass
 
 STALL_FACTOR = 10.0  # a worker is late after this many of its usual intervals
+# a worker this many times slower than the quickest (by ``pace``) is far slower: its last
+# leases are handed over at an epoch's end (server/lateness.py), and the CV set is not its
+# while another can score it (server/evaluations.py)
+FAR_SLOWER = 4.0
 INTERVAL_WEIGHT = 0.2  # weight of the newest interval in the running mean
 
 
