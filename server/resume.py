@@ -41,8 +41,9 @@ def coordinator_state(coordinator: Coordinator) -> dict[str, Any]:
     if not coordinator.steps.between_steps:
         raise RuntimeError("a checkpoint is taken between steps, not during one")
     queued = coordinator.steps.queued()
+    lost = coordinator.traffic.not_in_weights()  # np's bunches after its last report
     stats = coordinator.stats.checkpoint_state(
-        (p.message.patterns, p.message.correct, p.message.loss_sum) for p in queued
+        ((p.message.patterns, p.message.correct, p.message.loss_sum) for p in queued), lost
     )
     earlier = restart_history(
         coordinator.earlier,
@@ -51,7 +52,7 @@ def coordinator_state(coordinator: Coordinator) -> dict[str, Any]:
         coordinator.connections,
     )
     return {
-        "version": coordinator.version,
+        "version": coordinator.version - len(lost),  # each of those bunches is a version
         "digest": coordinator.digest,
         "finished": coordinator.finished.is_set(),
         "rule": coordinator.rule.checkpoint_state(),

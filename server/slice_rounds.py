@@ -4,11 +4,9 @@ The coordinator (training.py) holds it in np mode and hands it, through a small 
 interface, the events where np differs from the pattern-parallel modes: a worker joins
 (``joined``) or leaves (``leaving``, ``left``), frames are to be handed out (``fill``), a
 worker sends a slice message (``on_message``), wants frames inline or sends an update
-(refused), newbob rolls back (``hold``, ``restart``). (The server scores each epoch's CV
-itself: cv_scoring.py.) Everything else (sessions, the lease book's frame order, epochs
-and the learning-rate schedule, CV bookkeeping, stats, hooks, checkpoints) stays the
-coordinator's. What the part needs of the coordinator it asks through ``CoordinatorParts``'
-callables; it writes no field of the coordinator.
+(refused), newbob rolls back (``hold``, ``restart``); the server scores each epoch's CV
+(cv_scoring.py). The rest (sessions, frame order, epochs, CV bookkeeping, stats, hooks,
+checkpoints) stays the coordinator's, asked through ``CoordinatorParts``' callables.
 
 No worker is leased frames or sends updates. The part takes the frames from the lease
 book as one lone worker would (so the bunches are those of sequential training), and
@@ -27,7 +25,8 @@ Each completed bunch is a version. The element the server publishes (/weights, C
 checkpoints, the final weights) is the one assembled at the last report: reports are
 asked every ``COLLECT_EVERY`` bunches and at every epoch end, before the CV evaluation.
 A bunch's frames are recorded as applied in the lease book's ledger only once the slices
-that include it are reported, so a checkpoint's ledger counts exactly its element's.
+that include it are reported, so a checkpoint's ledger counts exactly its element's, and
+its version and figures leave out the bunches after the report (``not_in_weights``).
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ from .leases import LeaseBook
 from .pool import Received
 from .session import WorkerSession
 from .slice_master import COLLECT_EVERY, AssembledElement
-from .stats import TrainingStats
+from .stats import BunchFigures, TrainingStats
 from .stepqueue import StepQueue
 
 log = logging.getLogger("snet.server")
@@ -136,7 +135,7 @@ class SliceRounds:
         self.reports_ignored = 0  # answers to a request a newer one overtook
         self.last_completed = NO_BUNCH
         self.collect_bunch = NO_BUNCH
-        self.unrecorded: list[tuple[int, np.ndarray]] = []  # bunches done, not yet reported
+        self.unrecorded: list[tuple[int, np.ndarray, BunchFigures]] = []  # done, not reported
 
     @property
     def sessions(self) -> Mapping[int, WorkerSession]:
@@ -185,10 +184,8 @@ class SliceRounds:
 
     def frames_wanted(self, session: WorkerSession, message: FramesWanted) -> None:
         """np mode sends no frames: every bunch goes to every worker, which reads it."""
-        text = (
-            f"np mode needs every worker to read the data itself ({message.reason[:200]}); "
-            "np does not send frames inline"
-        )
+        text = f"np mode needs every worker to read the data itself ({message.reason[:200]})"
+        text += "; np does not send frames inline"
         log.warning("worker %s cannot take part: %s", session.name, text)
         session.send(ErrorMessage("bad_job", text, True))
         session.close(text)
@@ -255,7 +252,8 @@ class SliceRounds:
             # Recorded as applied once the slices that include it are reported: a
             # checkpoint's ledger then holds exactly the bunches in its element.
             frames = self.book.accept(LONE, round_.lease_id, round_.offset, patterns)
-            self.unrecorded.append((bunch, frames))
+            figures = BunchFigures(len(partials), patterns, correct, loss)
+            self.unrecorded.append((bunch, frames, figures))
             version = self.parts.bunch_applied()
             self.last_completed = bunch
             self.since_collect += 1
@@ -344,7 +342,7 @@ class SliceRounds:
         self.since_collect = 0
         self.rule.assemble()  # the assembled element: /weights, CV, checkpoints
         self.parts.assembled()
-        reported = [frames for bunch, frames in self.unrecorded if bunch <= self.collect_bunch]
+        reported = [frames for bunch, frames, _ in self.unrecorded if bunch <= self.collect_bunch]
         for frames in reported:
             self.book.record_applied(frames)
         self.unrecorded = self.unrecorded[len(reported) :]
@@ -396,3 +394,7 @@ class SliceRounds:
         self.quiet_for = ""
         self._reslice()
         self._pump()
+
+    def not_in_weights(self) -> list[BunchFigures]:
+        """The bunches after the last report (not in a checkpoint's element or ledger)."""
+        return [figures for _, _, figures in self.unrecorded]

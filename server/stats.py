@@ -61,6 +61,17 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return round(numerator / denominator, 6) if denominator else None
 
 
+@dataclass(frozen=True)
+class BunchFigures:
+    """What one step's bunch counted: its updates (np: slice holders' answers), patterns,
+    correct classifications and loss sum."""
+
+    updates: int
+    patterns: int
+    correct: int
+    loss: float
+
+
 @dataclass
 class TrainingStats:
     """Counters of the whole run and a record per epoch."""
@@ -183,16 +194,29 @@ class TrainingStats:
         return None
 
     def checkpoint_state(
-        self, not_applied: Iterable[tuple[int, int, float]] = ()
+        self,
+        not_applied: Iterable[tuple[int, int, float]] = (),
+        not_in_weights: Iterable[BunchFigures] = (),
     ) -> dict[str, Any]:
         """Every counter and epoch record, as plain data. ``not_applied``: (patterns,
         correct, loss) of updates counted but not in the weights; they are trained again
-        after a restore, so they are left out of the current epoch's figures."""
+        after a restore, so they are left out of the current epoch's figures.
+        ``not_in_weights``: steps counted whose effect the weights saved do not hold (np's
+        bunches after its last report), left out of the counts of steps, updates and
+        patterns too (a restart trained them again and counted them twice: 149,149
+        patterns processed of 145,437)."""
         state = dataclasses.asdict(self)
         state["staleness_histogram"] = {str(k): v for k, v in self.staleness_histogram.items()}
+        lost = list(not_in_weights)
+        for bunch in lost:
+            state["steps"] -= 1
+            state["step_passes"] -= 1
+            state["updates_applied"] -= bunch.updates
+            state["patterns_applied"] -= bunch.patterns
         if state["epochs"]:
             current = state["epochs"][-1]
-            for patterns, correct, loss in not_applied:
+            figures = [*not_applied, *((b.patterns, b.correct, b.loss) for b in lost)]
+            for patterns, correct, loss in figures:
                 current["train_patterns"] -= patterns
                 current["train_correct"] -= correct
                 current["train_loss"] -= loss

@@ -23,7 +23,7 @@ from .evaluations import Evaluations
 from .leasing import LeaseDesk
 from .pool import Received
 from .session import WorkerSession
-from .stats import TrainingStats
+from .stats import BunchFigures, TrainingStats
 
 
 class WorkerTraffic(Protocol):
@@ -65,6 +65,10 @@ class WorkerTraffic(Protocol):
 
     def restart(self) -> None:
         """The roll-back is done: the workers go on from the restored weights."""
+
+    def not_in_weights(self) -> list[BunchFigures]:
+        """Bunches counted (steps, versions, figures) that the weights a checkpoint saves
+        do not include: np's after its last report; none in the other modes."""
 
 
 class UpdateTraffic:
@@ -117,3 +121,6 @@ class UpdateTraffic:
 
     def restart(self) -> None:
         """Nothing to restart: the workers' next leases are on the restored weights."""
+
+    def not_in_weights(self) -> list[BunchFigures]:
+        return []  # a checkpoint is taken between steps: every step is in its weights
