@@ -63,7 +63,7 @@ class Control:
             except ConfigError as exc:
                 raise web.HTTPBadRequest(text=f"{exc}\n") from None
             checkpointer = self.server.checkpointer
-            if checkpointer is not None:  # (None only before the server has started)
+            if checkpointer is not None and not record.get("unchanged"):  # None: not started
                 try:
                     await checkpointer.write_now()
                 except OSError as exc:

@@ -76,6 +76,8 @@ class StalenessControl:
             "to": setting.describe(),
             "by": by,
         }
+        if record["to"] == record["from"]:  # in force already: nothing recorded, told, saved
+            return record | {"unchanged": True, "workers_told": 0, "workers_not_told": 0}
         self.setting = setting
         self.revision += 1
         workers = list(workers)

@@ -267,7 +267,7 @@ class Coordinator:
         recorded in /status and the trace. ConfigError for a bad one."""
         record = self.staleness.change(text, self.version, shown_epoch(self.epoch), by,
                                        self.sessions.values())  # fmt: skip
-        if self.trace is not None:
+        if self.trace is not None and not record.get("unchanged"):
             self.trace({"staleness_policy": {**record, "epoch": self.epoch}})  # 0-based there
         return record
 

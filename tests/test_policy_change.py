@@ -289,3 +289,20 @@ async def test_a_change_that_cannot_be_checkpointed_is_taken_back(
     assert _on_disk(server)["staleness"]["policy"] == record["to"] == "bounded:1"
     worker.stop("done")
     assert await worker.wait(30) == 0
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # one loop: tests/README.md
+async def test_asking_for_the_policy_in_force_changes_nothing(lab: Lab) -> None:
+    """`POST /control {"staleness": "none"}` with none in force was recorded as a change
+    from none to none (a probe), checkpointed and told to the workers."""
+    server = await lab.server("--mode", "async", "--min-workers", "9", *SMALL_JOB)
+    same = await _control(lab, server, "none")
+    assert same["unchanged"] is True and same["from"] == same["to"] == "none"
+    assert json.loads(await server.get("/control"))["changes"] == []
+    changed = await _control(lab, server, "bounded:2")
+    assert "unchanged" not in changed and changed["to"] == "bounded:2"
+    again = await _control(lab, server, " BOUNDED:2 ")  # the same policy as typed otherwise
+    assert again["unchanged"] is True
+    assert len(json.loads(await server.get("/control"))["changes"]) == 1
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
