@@ -33,7 +33,7 @@ from snet.protocol.messages import EvalResult
 from snet.protocol.numbering import shown_epoch
 
 from .plausible import eval_figures_problem
-from .progress import FAR_SLOWER
+from .progress import far_slower, quickest
 from .session import WorkerSession
 
 log = logging.getLogger("snet.server")
@@ -130,12 +130,11 @@ class Evaluations:
         the epoch's score came 1.5 s late. (Not the soonest done at the paces' face value:
         between workers of one speed their noise sent the CV set to one still training.)"""
         candidates = list(sessions)
-        quickest = min((s.clock.pace for s in candidates if s.clock.pace), default=None)
+        fastest = quickest(s.clock for s in candidates)
 
         def choice(session: WorkerSession) -> tuple[bool, bool, int]:
-            pace, held = session.clock.pace, not session.proven or session.scoring_held
-            slower = bool(pace and quickest and pace > FAR_SLOWER * quickest)
-            return held, slower, frames_left(session.worker_id)
+            held = not session.proven or session.scoring_held
+            return held, far_slower(session.clock.pace, fastest), frames_left(session.worker_id)
 
         sent: list[tuple[WorkerSession, EvalJob]] = []
         for job in self._jobs.values():

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from snet.protocol.messages import ROUND_DEADLINE, ErrorMessage
 from snet.protocol.numbering import shown_epoch
 
-from .progress import FAR_SLOWER
+from .progress import FAR_SLOWER, quickest
 from .session import WorkerSession
 
 if TYPE_CHECKING:
@@ -126,13 +126,9 @@ def slowest_at_the_end(
     workers' frames then, not the same idle worker's pace for every slow one."""
     holders = coordinator.book.holders()
     sessions = list(coordinator.sessions.values())
-    quick = [
-        s.clock.pace
-        for s in sessions
-        if s.worker_id not in holders and s not in late and s.proven and not s.probation
-    ]
-    quickest = min((pace for pace in quick if pace), default=None)
-    if quickest is None:
+    idle = [s for s in sessions if s.worker_id not in holders and s not in late]
+    fastest = quickest(s.clock for s in idle if s.proven and not s.probation)
+    if fastest is None:
         return None
     slowest, saved = None, 0.0
     for session in sessions:
@@ -141,7 +137,7 @@ def slowest_at_the_end(
             continue
         frames = coordinator.book.remaining_frames(session.worker_id)
         theirs = frames * pace - (now - started)  # into its current bunch already
-        ours = frames * quickest
+        ours = frames * fastest
         gain = theirs - ours
         if theirs > FAR_SLOWER * ours and gain > max(saved, deadline(coordinator, session)):
             slowest, saved = (session, theirs, ours), gain

@@ -29,6 +29,7 @@ tested with a clock in hand.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 STALL_FACTOR = 10.0  # a worker is late after this many of its usual intervals
@@ -37,6 +38,16 @@ STALL_FACTOR = 10.0  # a worker is late after this many of its usual intervals
 # while another can score it (server/evaluations.py)
 FAR_SLOWER = 4.0
 INTERVAL_WEIGHT = 0.2  # weight of the newest interval in the running mean
+
+
+def quickest(clocks: Iterable[DeliveryClock]) -> float | None:
+    """The least known ``pace`` of ``clocks`` (None: none known)."""
+    return min((pace for clock in clocks if (pace := clock.pace)), default=None)
+
+
+def far_slower(pace: float | None, quickest_pace: float | None) -> bool:
+    """A ``pace`` ``FAR_SLOWER`` times the quickest (False when either is unknown)."""
+    return bool(pace and quickest_pace and pace > FAR_SLOWER * quickest_pace)
 
 
 @dataclass
