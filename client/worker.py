@@ -36,6 +36,7 @@ from snet.protocol.messages import (
     DROPPED,
     LEASE_REVOKED,
     ROUND_DEADLINE,
+    TAKEN_BACK_REMEMBERED,
     TRAINING_COMPLETE,
     ErrorMessage,
     EvalResult,
@@ -70,7 +71,6 @@ from .update_timing import UpdateTiming
 from .work import WorkQueue
 
 log = logging.getLogger("snet.worker")
-TAKEN_BACK_KEPT = 16  # lease ids: a worker holds two at a time
 EXIT_REFUSED = 4  # refused by the server: a restart would be refused again
 
 
@@ -88,7 +88,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._work = WorkQueue()
         # leases the server took back lately: the refusal of an update of one is expected
-        self._taken_back: deque[int] = deque(maxlen=TAKEN_BACK_KEPT)
+        self._taken_back: deque[int] = deque(maxlen=TAKEN_BACK_REMEMBERED)
         self._faults = FaultSwitch.from_text(config.faults, Role.WORKER)  # one per process
         self._tls: ssl.SSLContext | None = None  # made in run(): its files are read then
         self._tls_refusal = ""  # why the server's TLS refused this worker, if it did

@@ -288,6 +288,9 @@ DROPPED = frozenset({ROUND_DEADLINE, TIMEOUT})
 # another worker now trains, rather than compute updates that will be refused; but not its
 # last work: it is leased nothing more until an update of its arrives, refused or not.
 LEASE_REVOKED = "lease_revoked"
+# How many leases taken back either side remembers (a worker holds two at a time): an
+# update refused for one of them was being computed when it was told, and is no fault
+TAKEN_BACK_REMEMBERED = 16
 
 # The codes of the fatal errors a server at its connection limits turns a newcomer away
 # with, before its greeting: the server is busy, not refusing this worker, so a worker

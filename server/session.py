@@ -10,13 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snet.protocol.errors import RejectedUpdate
-from snet.protocol.messages import Message
+from snet.protocol.messages import TAKEN_BACK_REMEMBERED, Message
 
 from .ledger import CompressionLedger
 from .progress import DeliveryClock
 
 log = logging.getLogger("snet.server")
-TAKEN_BACK_KEPT = 16  # lease ids: a worker holds two at a time
 
 
 def log_warning(text: str, *args: object) -> None:
@@ -87,7 +86,9 @@ class WorkerSession:
     handed_over: bool = False  # its latest leases taken back were handed over, not revoked late
     # the latest of them, each twice: the refusal of an update it was computing on one is
     # expected (the bunch under way; and the next, if that lease was all it held)
-    taken_back_ids: deque[int] = field(default_factory=lambda: deque(maxlen=2 * TAKEN_BACK_KEPT))
+    taken_back_ids: deque[int] = field(
+        default_factory=lambda: deque(maxlen=2 * TAKEN_BACK_REMEMBERED)
+    )
     probation: bool = False  # its leases were taken back: none again until it delivers
     # it scored late or wrongly: not asked to score again before it delivers an update (it
     # may hold leases: probation here left an idle scorer unleased, and so for ever)
