@@ -140,6 +140,11 @@ def measure(
         "worker_compute_ms": round(compute_ms, 3),
         "latency_ms": round(statistics.median(latencies), 3) if latencies else None,
     }
+    return _with_overhead(row)
+
+
+def _with_overhead(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its ``overhead_over_compute`` (see the module's notes)."""
     overhead = row["server_loop_ms"] + row["server_step_ms"] + row["worker_loop_ms"]
     row["overhead_over_compute"] = (
         round(overhead / row["worker_compute_ms"], 2) if row["worker_compute_ms"] else None
@@ -172,12 +177,13 @@ def run_update_bench(
 
 
 def _mean_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row of the figures of ``runs`` (of one element and code), each the mean."""
+    """One row of the figures of ``runs`` (of one element and code), each the mean, and
+    its overhead over compute from those means (not the mean of the runs' ratios)."""
     row = dict(runs[0])
     for key, value in runs[0].items():
         if isinstance(value, float) and all(isinstance(r[key], float) for r in runs):
             row[key] = round(statistics.mean(r[key] for r in runs), 3)
-    return row
+    return _with_overhead(row) if "worker_compute_ms" in row else row
 
 
 def main(argv: list[str] | None = None) -> int:

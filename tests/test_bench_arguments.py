@@ -60,3 +60,15 @@ def test_an_elements_two_runs_of_one_code_are_averaged() -> None:
     row = update_cost._mean_row(runs)
     assert row == {"element": "262kB", "code": "this", "updates_per_s": 1350.0,
                    "latency_ms": None}  # fmt: skip
+
+
+def test_the_averaged_rows_overhead_is_that_of_its_means() -> None:
+    """(0.2 + 0.2) / 0.1 and (0.4 + 0.4) / 0.4, two runs: the mean of the ratios is 3.0,
+    the ratio of the means 2.4 (the figures a reader multiplies back)."""
+    runs = [
+        {"server_loop_ms": 0.2, "server_step_ms": 0.0, "worker_loop_ms": 0.2,
+         "worker_compute_ms": 0.1, "overhead_over_compute": 4.0},
+        {"server_loop_ms": 0.4, "server_step_ms": 0.0, "worker_loop_ms": 0.4,
+         "worker_compute_ms": 0.4, "overhead_over_compute": 2.0},
+    ]  # fmt: skip
+    assert update_cost._mean_row(runs)["overhead_over_compute"] == 2.4
