@@ -355,9 +355,7 @@ class SnetServer:
             return  # stopping: shutdown says goodbye to the workers
         log.info("results written to %s", path.parent)
         self.state = "trained"  # as the workers are sent home: /status never shows one trained
-        say_goodbye(
-            self.connections, TRAINING_COMPLETE, "server trained"
-        )  # and a worker still there
+        say_goodbye(self.connections, TRAINING_COMPLETE, "server trained")  # any still there
         self._test_task = asyncio.get_running_loop().create_task(self._finish_trained())
 
     async def _finish_trained(self) -> None:

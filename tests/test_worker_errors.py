@@ -80,9 +80,10 @@ async def test_a_worker_at_a_silent_port_gives_up_within_its_retry_window(lab: L
         waiting = lab.worker(server, "waiting", "--server", address, "--hello-seconds", "0.2",
                              "--retry-seconds", "1")  # fmt: skip
         assert await waiting.wait(15) == 3  # the server unreachable (before: 30 s a try)
-        assert time.monotonic() - started < 15
+        took = time.monotonic() - started
+        assert took < 15
         said = re.search(r"gave up after ([0-9.]+) s \(--retry-seconds 1\)", lab.log("waiting"))
-        assert said is not None and 1 <= float(said.group(1)) < 15  # what it tried, said
+        assert said is not None and 1 <= float(said.group(1)) <= took  # what it tried, said
     server.stop("test over")
     assert await server.wait(30) == "test over"
 
