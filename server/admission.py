@@ -18,7 +18,8 @@ Everything a peer can make the server allocate is bounded before the peer is tru
 Both refusals are fatal ``error`` frames a worker takes as "busy, try again" (it retries
 within its retry window, not for good). They and the timeouts are counted in /status and
 /metrics, and logged at most once a second with the number since the last such line (a
-flood must not become a flood of log lines).
+flood must not become a flood of log lines); so are failed TLS handshakes on both ports
+(transport/handshake_failures.py), which the event loop drops without a word.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import TOO_MANY_CONNECTIONS, TOO_MANY_HANDSHAKES
+from snet.transport.handshake_failures import TlsFailures
 
 if TYPE_CHECKING:
     from .config import ServerConfig
@@ -70,6 +72,7 @@ class Admission:
         self.handshakes_turned_away = 0  # over max_handshakes
         self.handshakes_turned_away_per_address = 0  # over handshakes_per_address
         self.handshakes_timed_out = 0  # no hello within handshake_seconds
+        self.tls = TlsFailures()  # failed TLS handshakes on both ports
         self._logged_at = 0.0
         self._unlogged = 0
 
@@ -141,6 +144,7 @@ class Admission:
             "handshakes_turned_away": self.handshakes_turned_away,
             "handshakes_turned_away_per_address": self.handshakes_turned_away_per_address,
             "handshakes_timed_out": self.handshakes_timed_out,
+            **self.tls.figures(),
         }
 
     def _log(self, code: str, text: str) -> None:

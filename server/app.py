@@ -114,7 +114,7 @@ class SnetServer:
         job = self.config.job
         token = resolve_token(self.config)  # before anything else: a refusal costs nothing
         hooks = standard_hooks(self.config.hooks)  # so is a hook that cannot be loaded
-        tls, https = tls_contexts(self.config)
+        tls, https = tls_contexts(self.config, self.counters.tls)
         outputs = {"ready file": self.config.ready_file, "trace file": self.config.trace_file}
         check_output_files(outputs)
         check_fits_in_memory(job, self.config.pool_size, self.config.min_workers)  # first

@@ -37,6 +37,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from snet.protocol.errors import ConfigError
+from snet.transport.handshake_failures import HTTP_PORT, WORKER_PORT, TlsFailures
 from snet.transport.tls import CopyingProtocol, read_token_file, server_contexts
 
 from .config import ServerConfig
@@ -82,15 +83,21 @@ def resolve_token(config: ServerConfig) -> str | None:
     return token or None
 
 
-def tls_contexts(config: ServerConfig) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
-    """The worker port's and the HTTP port's TLS contexts (None, None: plain TCP)."""
+def tls_contexts(
+    config: ServerConfig, failures: TlsFailures
+) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """The worker port's and the HTTP port's TLS contexts (None, None: plain TCP), their
+    failed handshakes counted and said by ``failures``."""
     if not (config.tls_cert or config.tls_key):
         if config.tls_client_ca:
             raise ConfigError("tls_client_ca needs tls_cert and tls_key: the server's own")
         return None, None
     if not (config.tls_cert and config.tls_key):
         raise ConfigError("TLS needs both tls_cert and tls_key")
-    return server_contexts(config.tls_cert, config.tls_key, config.tls_client_ca)
+    workers, http = server_contexts(config.tls_cert, config.tls_key, config.tls_client_ca)
+    failures.watch(workers, WORKER_PORT)
+    failures.watch(http, HTTP_PORT)
+    return workers, http
 
 
 def over_tls(stream: asyncio.BufferedProtocol, tls: ssl.SSLContext | None) -> asyncio.BaseProtocol:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import ssl
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -150,6 +152,9 @@ def test_workers_train_over_mutual_tls_and_strangers_are_refused(
                                "--retry-seconds", "300")  # fmt: skip
     assert anonymous.wait(30) == 4
     assert "wants a client certificate, and this worker has none" in cluster.log("anonymous")
+    # and the server says why (the event loop dropped these handshakes without a word)
+    assert ("TLS handshake failed on the worker port: peer did not return a certificate (a "
+            "worker without a certificate of its own") in cluster.log("server")  # fmt: skip
     honest = cluster.worker(
         server, "honest", "--tls-ca", str(pki / "ca.pem"),
         "--tls-cert", str(pki / "worker.pem"), "--tls-key", str(pki / "worker.key"),
@@ -170,6 +175,15 @@ def test_workers_train_over_mutual_tls_and_strangers_are_refused(
     assert bare.returncode == 0 and "(trained)" in bare.stdout, bare.stderr
     plain = run_process([sys.executable, "-m", "snet.cli", "status", "--url", https], timeout=30)
     assert plain.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in plain.stderr
+    http = run_process([sys.executable, "-m", "snet.cli", "status", "--url", server.url],
+                       timeout=30)  # fmt: skip
+    assert http.returncode == 1
+    trusting = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    with urllib.request.urlopen(https + "/status", timeout=10, context=trusting) as response:
+        figures = json.loads(response.read())
+    # the anonymous worker's three tries (then it stopped); plain HTTP to the HTTPS port
+    assert figures["tls_handshakes_failed"] == 3
+    assert figures["http_tls_handshakes_failed"] >= 1
 
 
 # On a full disk; then, with the space back, the same command into the same directory.
