@@ -306,11 +306,7 @@ async def _demo(
         # results not written: the workers were told so and wait for a restarted server
         sent_home = finished.is_set() and not reason.startswith(NOT_WRITTEN)
         await workers.stop(*_leave_time(reason, sent_home and not already_trained))
-    final = server.coordinator.stats.weights_cv_accuracy()  # of weights.npz (newbob rolls back)
-    # 0.00% would read as a score: a run stopped before its first CV result has none
-    scored = (
-        "no epoch was scored" if final is None else f"final CV frame accuracy {100 * final:.2f}%"
-    )
+    scored = _final_score(server)
     # workers of a run that had completed were stopped by the demo: nothing to report
     workers_said = (
         "workers stopped: nothing to train"
@@ -329,6 +325,21 @@ async def _demo(
     interrupted = reason == "signal SIGINT"
     status = _exit_status(reason, already_trained or workers.stopped_cleanly(interrupted))
     return 1 if unwritten else status
+
+
+def _final_score(server: SnetServer) -> str:
+    """The CV accuracy of weights.npz (newbob rolls back), or of the newest weights scored
+    when those written trained on since (a run stopped mid-epoch: 90.27 % was said of
+    weights that scored 91.34 %)."""
+    coordinator = server.coordinator
+    record = coordinator.stats.weights_cv_record()
+    if record is None:  # 0.00% would read as a score: a run stopped before its first has none
+        return "no epoch was scored"
+    final = f"{100 * float(record.as_dict()['cv_accuracy']):.2f}%"
+    if coordinator.stats.scored_version in (None, coordinator.version):
+        return f"final CV frame accuracy {final}"
+    return (f"CV frame accuracy {final} of epoch {shown_epoch(record.epoch)}'s weights (those "
+            "written trained on since: not scored)")  # fmt: skip
 
 
 def _leave_time(reason: str, trained: bool) -> tuple[float, bool]:

@@ -312,7 +312,8 @@ class SnetServer:
         coordinator, out_dir = self.coordinator, Path(self.config.out_dir)
         start = None if self.config.fresh else self._start_version
         keep = why_weights_kept(coordinator.version, start, self._written_version)
-        path = write_final_files(out_dir, coordinator, keep, status_document(self))
+        path = write_final_files(out_dir, coordinator, keep, status_document(self),
+                                 untouched=coordinator.version == start)  # fmt: skip
         self._written_version = coordinator.version
         return path
 
@@ -353,7 +354,7 @@ class SnetServer:
         path = await self._write_results()
         if path is None:
             return  # stopping: shutdown says goodbye to the workers
-        log.info("results written to %s", path.parent)
+        log.info("results in %s", path.parent)
         self.state = "trained"  # as the workers are sent home: /status never shows one trained
         say_goodbye(self.connections, TRAINING_COMPLETE, "server trained")  # any still there
         self._test_task = asyncio.get_running_loop().create_task(self._finish_trained())

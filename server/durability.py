@@ -116,6 +116,9 @@ def resume_point(
             store.clear()
         return None
     saved = loaded.state
+    # a finished run's results are overwritten only with --force too (said at once: the
+    # advice "--fresh" alone was then refused in turn)
+    fresh = "--fresh --force" if _finished_run(config, loaded) else "--fresh"
     job = saved.get("job")
     theirs, ours = (
         _without_run_time_settings(_as_of_now(job)) if isinstance(job, dict) and job else {},
@@ -129,20 +132,20 @@ def resume_point(
             for key in differing[:3]
         ) + ("; ..." if len(differing) > 3 else "")
         raise OtherJob(
-            f"{loaded.path} is a checkpoint of another job ({shown}): use --fresh to start "
+            f"{loaded.path} is a checkpoint of another job ({shown}): use {fresh} to start "
             "over, or another --out-dir",
             differing,
         )
     if saved.get("data") != identity["data"]:
         raise ConfigError(
             f"{loaded.path} is a checkpoint of the same job on other data (the data's "
-            "fingerprint differs): use --fresh to start over, or another --out-dir"
+            f"fingerprint differs): use {fresh} to start over, or another --out-dir"
         )
     if saved.get("labels") and identity.get("labels") and saved["labels"] != identity["labels"]:
         raise ConfigError(
             f"{loaded.path} is a checkpoint of the same job on other data (its frames have "
             f"other labels: digest {saved['labels']} there, {identity['labels']} here): use "
-            "--fresh to start over, or another --out-dir"
+            f"{fresh} to start over, or another --out-dir"
         )
     if config.init_weights:  # documented, but a user who gave it should hear it too
         log.warning("--init-weights %s not used: resuming the run checkpointed in %s "

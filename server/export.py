@@ -149,14 +149,16 @@ def why_weights_kept(version: int, start: int | None, written: int | None) -> st
 
 
 def write_final_files(
-    out_dir: Path, coordinator: Coordinator, keep: str | None, document: dict[str, Any]
-) -> Path:
+    out_dir: Path, coordinator: Coordinator, keep: str | None, document: dict[str, Any],
+    untouched: bool = False,
+) -> Path:  # fmt: skip
     """Write ``out_dir``'s weights.npz, norms and status.json (``document``: /status's);
     the weights' path. ``keep``: why an existing weights.npz is left alone, logged if not
     empty (None: it is written): a server that resumed a run and trained nothing since
     leaves the weights that run wrote (a ``--fresh`` run writes its own, or the directory
     would hold one run's weights beside another's status), and one that wrote them at
-    completion does not write them again at its stop."""
+    completion does not write them again at its stop. ``untouched``: it resumed a run and
+    trained nothing since: that run's status.json stays too."""
     path = out_dir / WEIGHTS_FILE
     if keep is not None and path.exists():
         if keep:
@@ -166,7 +168,26 @@ def write_final_files(
         log.info("final weights (version %d, digest %s) written to %s",
                  coordinator.version, coordinator.digest, path)  # fmt: skip
     write_norm_file(out_dir / "norms", coordinator.plan.norms)
-    if coordinator.finished.is_set():  # not "stopping": what the run came to
-        document = {**document, "state": "trained"}
-    write_atomically(out_dir / STATUS_FILE, json.dumps(document, indent=1).encode())
+    status = out_dir / STATUS_FILE
+    if untouched and _describes(status, coordinator):
+        # trained nothing: the status.json of the run that trained these weights stays its
+        # record (rewritten, its workers were "left (server restarted)", its checkpoint
+        # and compression counts 0: this server's, not the run's)
+        if keep:
+            log.info("%s: %s left as it is", keep, status)
+        return path
+    if coordinator.finished.is_set():  # not "stopping": what the run came to, and why
+        document = {**document, "state": "trained", "stop_reason": "trained"}
+    write_atomically(status, json.dumps(document, indent=1).encode())
     return path
+
+
+def _describes(status: Path, coordinator: Coordinator) -> bool:
+    """Whether ``status`` (a status.json) was written of the weights the coordinator
+    holds: their version and digest (not one a server killed later left behind)."""
+    try:
+        said = json.loads(status.read_text())
+        return bool(said["weight_version"] == coordinator.version
+                    and said["weights_digest"] == coordinator.digest)  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        return False

@@ -93,6 +93,9 @@ class TrainingStats:
     staleness_histogram: dict[int, int] = field(default_factory=dict)
     step_seconds: float = 0.0
     step_passes: int = 0  # passes of the update rule: fewer than steps when steps were fused
+    # the version of the weights ``weights_cv_accuracy`` scored: a kept epoch's end, or
+    # the weights a roll-back restored (None: none scored); older: trained on since
+    scored_version: int | None = None
 
     def start_epoch(self, epoch: int, learning_rate: float) -> None:
         self.epochs.append(EpochRecord(epoch, learning_rate))
@@ -106,11 +109,13 @@ class TrainingStats:
     def record_of(self, epoch: int) -> EpochRecord:
         return next(r for r in self.epochs if r.epoch == epoch)
 
-    def mark_kept(self, epoch: int, kept: bool) -> EpochEvent:
-        """Whether the schedule kept the epoch's weights (newbob may roll them back);
-        the epoch as the ``after_epoch`` hooks see it (its CV result recorded)."""
+    def mark_kept(self, epoch: int, kept: bool, version: int) -> EpochEvent:
+        """Whether the schedule kept the epoch's weights (newbob may roll them back: the
+        weights restored are then ``version``); the epoch as the ``after_epoch`` hooks see
+        it (its CV result recorded)."""
         record = self.record_of(epoch)
         record.kept = kept
+        self.scored_version = record.end_version if kept else version
         return EpochEvent(epoch, record.learning_rate, record.train_patterns,
                           record.train_correct, record.cv_frames, record.cv_correct,
                           record.cv_loss, kept)  # fmt: skip
@@ -186,11 +191,16 @@ class TrainingStats:
     def weights_cv_accuracy(self) -> float | None:
         """The CV accuracy of the weights the server holds: the newest scored epoch's that
         the schedule did not roll back (newbob rolls back an epoch that made CV worse;
-        that epoch's score is then no longer the weights')."""
+        that epoch's score is then no longer the weights'). Between epochs the weights
+        have trained on since (``scored_version``)."""
+        record = self.weights_cv_record()
+        return None if record is None else float(record.as_dict()["cv_accuracy"])
+
+    def weights_cv_record(self) -> EpochRecord | None:
+        """The epoch whose score ``weights_cv_accuracy`` is (None: none scored)."""
         for record in reversed(self.epochs):
-            value = record.as_dict()["cv_accuracy"]
-            if value is not None and record.kept is not False:
-                return float(value)
+            if record.as_dict()["cv_accuracy"] is not None and record.kept is not False:
+                return record
         return None
 
     def checkpoint_state(

@@ -94,7 +94,8 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "learning_rate": coordinator.learning_rate,
         "train_accuracy": stats.latest("train_accuracy"),
         "cv_accuracy": stats.latest("cv_accuracy"),  # the newest epoch's, rolled back or not
-        "weights_cv_accuracy": stats.weights_cv_accuracy(),  # of the weights held now
+        "weights_cv_accuracy": stats.weights_cv_accuracy(),  # the weights held, or older:
+        "weights_cv_version": stats.scored_version,  # those it scored (trained on since?)
         "test": server.test_result,  # the test file's score once training ended, else null
         "staleness_mean": round(stats.staleness_mean, 3),
         "staleness_max": stats.staleness_max,

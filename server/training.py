@@ -380,7 +380,9 @@ class Coordinator:
             self.digest = weights_digest(self.rule.snapshot)
             for session in self.sessions.values():
                 self.send_weights(session)
-        self.hooks.call("after_epoch", self.stats.mark_kept(result.epoch, decision.kept))
+        self.hooks.call(
+            "after_epoch", self.stats.mark_kept(result.epoch, decision.kept, self.version)
+        )
         if decision.next_epoch is not None:
             self._start_epoch(decision.next_epoch)
         if decision.finish:

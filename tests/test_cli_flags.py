@@ -80,8 +80,11 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     assert "\nepoch  1/1  lr " in done.stdout  # counted from 1
     # again on the same out-dir: the finished run is shown, not trained again, and the
     # workers (which had nothing to join) are stopped at once rather than left retrying
+    record = (tmp_path / "o" / "status.json").read_bytes()
     again = run_snet("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"))
     assert again.returncode == 0, again.stderr
+    # the run's own record stays (it was rewritten: its workers "left (server restarted)")
+    assert (tmp_path / "o" / "status.json").read_bytes() == record
     assert "holds this job's finished run" in again.stdout
     banner = again.stdout.splitlines()[1]  # its workers stopped at once: no priority said
     assert banner.startswith("snet demo: sync mode") and banner.endswith(" loop"), banner
@@ -99,7 +102,8 @@ def test_demo_reads_the_servers_toml_job(tmp_path: Path) -> None:
     other = ("demo", "--workers", "1", "--config", path, "--out-dir", str(tmp_path / "o"),
              "--network", "117:8:10")  # fmt: skip
     refused = run_snet(*other)
-    assert refused.returncode == 2 and "use --fresh to start over" in refused.stderr
+    # a finished run: --fresh alone would be refused in turn (it was the advice)
+    assert refused.returncode == 2 and "use --fresh --force to start over" in refused.stderr
     assert "Traceback" not in refused.stderr
     anew = run_snet(*other, "--fresh", "--force")
     assert anew.returncode == 0, anew.stderr

@@ -99,6 +99,16 @@ def _board(run: Demo) -> int | None:
     return None
 
 
+def _status_url(run: Demo) -> str:
+    """The /status address the demo printed (once it has)."""
+    words = wait_until(
+        lambda: [w for w in run.stdout().split() if w.endswith("/status")],
+        EXIT_SECONDS,
+        "the status address",
+    )
+    return str(words[0])
+
+
 def _status(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=10) as response:
         document: dict[str, Any] = json.loads(response.read())
@@ -270,11 +280,7 @@ def test_stopped_by_the_user_before_the_first_cv_result(tmp_path: Path, ctrl_c: 
     score where none was made (it said "final CV frame accuracy 0.00%", and exited 1)."""
     # Every update a worker sends waits 60 s: no epoch can end before the stop.
     with demo(tmp_path, "--epochs", "2", env={"SNET_WORKER_FAULTS": "delay:update:1:60"}) as run:
-        url = wait_until(
-            lambda: [w for w in run.stdout().split() if w.endswith("/status")],
-            EXIT_SECONDS,
-            "the status address",
-        )[0]
+        url = _status_url(run)
         wait_until(lambda: _status(url)["workers_live"] == 2, EXIT_SECONDS, "both joined")
         if ctrl_c:  # as a terminal sends it: to the demo and its workers (one group)
             os.killpg(run.process.pid, signal.SIGINT)
@@ -287,6 +293,37 @@ def test_stopped_by_the_user_before_the_first_cv_result(tmp_path: Path, ctrl_c: 
     assert ": no epoch was scored, " in done and "0.00%" not in done
     assert done.endswith("worker process exit codes [0]")  # one process, 2 workers
     assert run.status()["epochs_done"] == 0
+
+
+def test_stopped_mid_epoch_its_score_is_said_to_be_of_the_weights_it_scored(
+    tmp_path: Path,
+) -> None:
+    """Stopped in its second epoch: the first epoch's score was said as the "final CV
+    frame accuracy" of weights.npz, which had trained on since (90.27 % said of weights
+    that scored 91.34 %)."""
+    # each worker's 500th update waits 60 s: the first epoch (758 updates) ends and is
+    # scored, the second cannot end before the stop
+    with demo(tmp_path, "--epochs", "2", env={"SNET_WORKER_FAULTS": "delay:update:500:60"}) as run:
+        url = _status_url(run)
+        scored = wait_until(
+            lambda: (
+                (s := _status(url))["weights_cv_version"] is not None
+                and s["updates_applied"] > 800
+                and s
+            ),
+            EXIT_SECONDS,
+            "a scored epoch",
+        )
+        run.process.send_signal(signal.SIGTERM)
+        assert run.wait() == 0, run.stdout() + run.stderr()
+    (done,) = [line for line in run.stdout().splitlines() if line.startswith("done")]
+    final = run.status()
+    assert final["weight_version"] > final["weights_cv_version"] == scored["weights_cv_version"]
+    said = f"{100 * final['weights_cv_accuracy']:.2f}%"
+    assert done.startswith("done (signal SIGTERM) in ")
+    assert (f": CV frame accuracy {said} of epoch 1's weights (those written trained on since: "
+            "not scored), ") in done  # fmt: skip
+    assert "final CV" not in done
 
 
 def test_its_workers_and_boards_run_below_its_priority_and_end_when_it_is_killed(

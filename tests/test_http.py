@@ -60,6 +60,9 @@ async def test_status_metrics_weights_and_healthz(lab: Lab) -> None:
     later = await server.status()
     assert (later["mcups"], later["elapsed_seconds"]) == (first["mcups"], first["elapsed_seconds"])
     assert first["mcups"] > 0
+    # status.json written at completion says why it stopped training (it said null)
+    assert (server.final_status()["state"], server.final_status()["stop_reason"]) == (
+        "trained", "trained")  # fmt: skip
     # stopped while serving its results, as the Kubernetes manifest's --linger-seconds=-1
     # ends every run: it ends trained (status.json said "signal SIGTERM")
     server.stop("signal SIGTERM")

@@ -232,10 +232,17 @@ def test_the_cv_of_the_weights_held_skips_epochs_newbob_rolled_back() -> None:
 
     stats = TrainingStats(4)
     assert stats.weights_cv_accuracy() is None  # nothing scored yet
-    for epoch, correct, kept in ((0, 80, True), (1, 90, True), (2, 85, False)):
+    for epoch, correct, kept in ((0, 80, True), (1, 90, True)):
         stats.start_epoch(epoch, 0.1)
+        stats.end_epoch(epoch, 10 * (epoch + 1), {})
         stats.record_cv(epoch, 100, correct, 1.0)
-        stats.mark_kept(epoch, kept)
+        stats.mark_kept(epoch, kept, 10 * (epoch + 1) + 3)  # scored while training on
+        assert stats.scored_version == 10 * (epoch + 1)  # the epoch's end
+    stats.start_epoch(2, 0.1)
+    stats.end_epoch(2, 30, {})
+    stats.record_cv(2, 100, 85, 1.0)
+    stats.mark_kept(2, False, 34)  # rolled back: the weights of epoch 1 are version 34
+    assert stats.scored_version == 34
     stats.start_epoch(3, 0.05)  # training, not yet scored
     assert stats.latest("cv_accuracy") == 0.85  # the newest scored epoch, rolled back
     assert stats.weights_cv_accuracy() == 0.9  # the weights the server went on from
