@@ -60,12 +60,15 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfig:
-    """Flags > SNET_WORKER_* (and SNET_TOKEN) environment > TOML [worker] > defaults."""
+    """Flags > SNET_WORKER_* environment > SNET_TOKEN > TOML [worker] > defaults."""
     from snet.client.config import WorkerConfig  # nor the server the worker's
 
     flags = given(args, WorkerConfig)
-    if "token" not in flags and os.environ.get("SNET_TOKEN"):
-        flags["token"] = os.environ["SNET_TOKEN"]  # one variable for server and workers
+    # one variable for server and workers, below the worker's own (it won over
+    # SNET_WORKER_TOKEN: a stale SNET_TOKEN in a shell refused a worker told the right one)
+    shared = os.environ.get("SNET_TOKEN")
+    if "token" not in flags and shared and not os.environ.get("SNET_WORKER_TOKEN"):
+        flags["token"] = shared
     values, where = document.table("worker")
     # every SNET_WORKER_* variable is a field's: a misspelt one was ignored without a word
     refuse_unknown_fields("SNET_WORKER_", WorkerConfig, "worker")

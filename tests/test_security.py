@@ -87,6 +87,30 @@ def test_a_worker_reads_its_token_from_a_file(
         config(tmp_path / "missing")
 
 
+def test_a_workers_own_token_variable_wins_over_the_shared_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flags > SNET_WORKER_TOKEN > SNET_TOKEN > [worker] token: SNET_TOKEN was put among
+    the flags, so a stale one in a shell won over the worker's own variable."""
+    from snet.cli.commands import worker_config
+    from snet.cli.parser import command_parser
+    from snet.cli.settings import read_toml
+
+    path = tmp_path / "snet.toml"
+    path.write_text('[worker]\ntoken = "from-the-file"\n')
+
+    def token(*flags: str) -> str:
+        args = command_parser("worker").parse_args(["worker", *flags])
+        return worker_config(args, read_toml(str(path))).token
+
+    assert token() == "from-the-file"
+    monkeypatch.setenv("SNET_TOKEN", "shared")
+    assert token() == "shared"  # the environment over the file
+    monkeypatch.setenv("SNET_WORKER_TOKEN", "the-workers")
+    assert token() == "the-workers"  # the worker's own variable over the shared one
+    assert token("--token", "flag") == "flag"
+
+
 @pytest.mark.system  # starts a real process
 def test_the_server_refuses_to_start_exposed_without_a_token(tmp_path: Path) -> None:
     result = run_process(
