@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import signal
 import sys
@@ -84,19 +83,32 @@ def worker_commands(args: argparse.Namespace, address: str) -> list[list[str]]:
     # the same cores, at once.
     commands = [["worker", "--name", "demo-worker", "--processes", str(args.workers)]]
     commands = commands if args.workers else []
-    commands += [
-        ["spert", "--name", f"demo-spert-{i + 1}", "--time-scale", str(board_time_scale(args))]
-        for i in range(args.spert)
-    ]
+    # the scale only when given: else the boards read SNET_SPERT_TIME_SCALE (a --time-scale
+    # of 1 always given left it unread, and a bad one unchecked)
+    scale = [] if args.spert_time_scale is None else ["--time-scale", str(args.spert_time_scale)]
+    commands += [["spert", "--name", f"demo-spert-{i + 1}", *scale] for i in range(args.spert)]
     codec = ["--weights-codec", args.weights_codec] if args.weights_codec else []
     common = ["--server", address, "--log-level", "warning", *codec]
     return [[*command, *common] for command in commands]
 
 
 def board_time_scale(args: argparse.Namespace) -> float:
-    """How much faster than real time the demo's boards run (``--spert-time-scale``, which
-    has no default of its own: given without ``--spert`` it is refused)."""
-    return 1.0 if args.spert_time_scale is None else float(args.spert_time_scale)
+    """How much faster than real time the demo's boards run: ``--spert-time-scale`` (no
+    default of its own: given without ``--spert`` it is refused), else as the boards read
+    it (``SNET_SPERT_TIME_SCALE``, else 1); ``ConfigError`` for a bad one."""
+    from snet.client.spert.config import BoardConfig
+
+    if args.spert_time_scale is None:
+        from .parser import parse_command
+        from .settings import ConfigFile
+        from .spert import board_config
+
+        return board_config(parse_command(["spert", "--server", "127.0.0.1:1"]),
+                            ConfigFile()).time_scale  # fmt: skip
+    try:
+        return BoardConfig(time_scale=float(args.spert_time_scale)).time_scale
+    except ConfigError as exc:  # said of the demo's flag, not the board's
+        raise ConfigError(str(exc).replace("spert time_scale", "--spert-time-scale")) from None
 
 
 def check_demo_flags(args: argparse.Namespace) -> None:
@@ -109,9 +121,8 @@ def check_demo_flags(args: argparse.Namespace) -> None:
         raise ConfigError("the demo needs at least one worker (--workers, --spert)")
     if args.spert_time_scale is not None and not args.spert:  # it was ignored
         raise ConfigError("--spert-time-scale goes with --spert (the demo's boards)")
-    scale = board_time_scale(args)
-    if not (math.isfinite(scale) and scale > 0):  # nan too
-        raise ConfigError(f"--spert-time-scale must be > 0, got {scale:g}")
+    if args.spert:
+        board_time_scale(args)  # its bounds, checked (the flag's, or the boards' variable)
     if problem := _priority_problem(args):  # its default comes from the environment
         raise ConfigError(f"--worker-priority (or {PRIORITY_VARIABLE}) {problem}")
 
