@@ -69,7 +69,9 @@ class ListenError(SnetError):
 
 
 class OutDirInUse(SnetError):
-    """Another running server holds the lock of the out-dir this one was given."""
+    """Another running server holds the lock of the out-dir this one was given, or the pid
+    file it was given names a live process: exit 1, an error to retry (2 says a setting
+    to mend, which systemd's units do not restart)."""
 
 
 class ResultsNotWritten(SnetError):

@@ -76,7 +76,7 @@ class PidFile:
         except OSError as exc:
             raise ConfigError(f"cannot read pid file {self.path}: {exc.strerror}") from exc
         if is_plain_int(text) and int(text) != self.pid and _running(int(text)):
-            raise ConfigError(
+            raise OutDirInUse(
                 f"pid file {self.path} names process {text}, which is still running "
                 "(another snet server?); stop it or choose another --pid-file"
             )
