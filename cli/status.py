@@ -195,6 +195,10 @@ def _cannot_read(url: str, path: str, exc: Exception, token: str = "") -> str:
             why = exc.read(512).decode(errors="replace").strip().splitlines()
             if why:
                 return f"cannot read {url}{path}: refused: {why[0]}"
+    if isinstance(exc, urllib.error.HTTPError) and exc.code == 404:
+        # every snet server answers /status: this is another web service (or a path prefix)
+        return (f"cannot read {url}{path}: {exc.code} {exc.reason}: not an snet server's "
+                "HTTP port (--http-port, default 7080)")  # fmt: skip
     if isinstance(exc, http.client.HTTPException) and "server_hello" in repr(exc):
         # its first bytes were an snet frame: the frames themselves made an unreadable line
         return (

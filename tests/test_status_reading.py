@@ -88,6 +88,25 @@ def _raw_answering(first_bytes: bytes) -> Iterator[str]:
         listener.close()
 
 
+def test_another_web_service_without_a_status_is_said_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 404 was "HTTP Error 404: File not found", not that this is no snet server."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the stdlib names it so
+            self.send_error(404, "File not found")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with _serving(Handler) as url:
+        assert main(["status", "--url", url]) == 1
+    said = capsys.readouterr().err.strip()
+    assert said == (f"snet: cannot read {url}/status: 404 File not found: not an snet "
+                    "server's HTTP port (--http-port, default 7080)")  # fmt: skip
+
+
 @pytest.mark.parametrize("body", [b"{}", b"[]", b'{"state": "training"}', b"42"])
 def test_json_that_is_not_a_status_is_said_so(
     body: bytes, capsys: pytest.CaptureFixture[str]
