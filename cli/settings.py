@@ -224,6 +224,9 @@ def merge(
         chosen[f.name] = decode(value, kinds[f.name], label)
         labels[f.name] = label
         allowed = f.metadata.get("choices")
+        if allowed and isinstance(chosen[f.name], str) and chosen[f.name].lower() in allowed:
+            chosen[f.name] = chosen[f.name].lower()  # any case ("Async" was taken for a typo
+            # of "sync"), as the staleness policy's and the codecs'
         if allowed and chosen[f.name] not in allowed:
             raise ConfigError(
                 f"{label}: {value!r} is not one of {', '.join(allowed)}"
@@ -261,6 +264,8 @@ def _network(values: dict[str, Any], flags: dict[str, Any], where: str) -> Netwo
         activation, label = os.environ["SNET_JOB_ACTIVATION"], "SNET_JOB_ACTIVATION"
     if activation is None and "activation" in values:
         activation, label = values["activation"], f"{where} activation"
+    if isinstance(activation, str) and activation.lower() in ACTIVATIONS:
+        activation = activation.lower()  # any case, as every choice
     if activation is not None and activation not in ACTIVATIONS:
         raise ConfigError(
             f"{label}: {activation!r} is not one of {', '.join(ACTIVATIONS)}"

@@ -70,6 +70,18 @@ def test_toml_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.Mo
     assert config.job.learning_rates == (0.1, 0.05) and config.job.mode == "async"
 
 
+def test_choices_are_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--staleness NONE was taken while --compress FP16 was refused, and --mode Async was
+    taken for a typo of "sync" ("did you mean 'sync'?")."""
+    monkeypatch.setenv("SNET_JOB_ACTIVATION", "Tanh")
+    config = _config(["--mode", "ASYNC", "--compress", "FP16", "--schedule", "NewBob"])
+    job = config.job
+    assert (job.mode, job.compress, job.schedule) == ("async", "fp16", "newbob")
+    assert job.network.activations == ("tanh",) * len(job.network.activations)
+    with pytest.raises(ConfigError, match=r"'asink' is not one of .* \(did you mean 'async'\?\)"):
+        _config(["--mode", "asink"])
+
+
 def test_defaults_are_the_default_job() -> None:
     config = _config([])
     assert config.host == "127.0.0.1" and config.port == 7000 and config.http_port == 7080

@@ -53,8 +53,10 @@ def parse_codec(text: str) -> ElementCodec:
 
 
 def canonical(text: str) -> str:
-    """The canonical spelling of a codec name (``"topk:.010"`` -> ``"topk:0.01"``)."""
-    return parse_codec(text).name
+    """The canonical spelling of a codec name (``"topk:.010"`` -> ``"topk:0.01"``, ``"FP16"``
+    -> ``"fp16"``: settings' choices are taken in any case, as the staleness policy's).
+    A frame's codec must be canonical already (protocol/framing.py)."""
+    return parse_codec(str(text).lower()).name
 
 
 def carries_momentum(update_codec: str) -> bool:

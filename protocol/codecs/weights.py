@@ -53,7 +53,7 @@ def canonical_weights_form(text: str) -> str:
     unencoded), so such deltas could not be sent (the worker refused every one of them
     as malformed, reconnected and trained one bunch per connection).
     """
-    text = str(text).strip()
+    text = str(text).strip().lower()  # any case, as a codec's (``canonical``)
     if text in ("none", "fp16", SHARED):
         return text
     if text.startswith(DELTA_PREFIX):
