@@ -25,6 +25,7 @@ from snet.protocol.errors import ConfigError, OutputNotWritten
 from snet.protocol.job import JobSpec
 from snet.protocol.modes import SHARED_BUNCH_MODES, block_length, blocks_said
 from snet.protocol.numbering import counted, shown_epoch
+from snet.protocol.schedule import stopped_early
 from snet.server.config import ServerConfig
 
 from .demo_workers import (
@@ -321,6 +322,8 @@ async def _demo(
     )
     stats = server.coordinator.stats  # np's workers send no updates: its bunches are said
     work = f"{stats.steps} bunches" if job.mode == "np" else f"{stats.updates_applied} updates"
+    if finished.is_set() and (newbob_ended := stopped_early(job, stats.epochs_done)):
+        print(newbob_ended)
     print(f"done ({reason}) {took}: {scored}, {work}, {weights}; {workers_said}", flush=True)
     interrupted = reason == "signal SIGINT"
     status = _exit_status(reason, already_trained or workers.stopped_cleanly(interrupted))

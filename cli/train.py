@@ -32,6 +32,7 @@ from snet.protocol.job import JobSpec
 from snet.protocol.memory import WORD32, MemoryNeed
 from snet.protocol.numbering import shown_epoch
 from snet.protocol.process_settings import check_threads
+from snet.protocol.schedule import stopped_early
 from snet.server.checkpoint import CHECKPOINTS_DIR
 from snet.server.dataplan import plan_data
 from snet.server.export import STATUS_FILE, WEIGHTS_FILE, read_weights, weights_npz
@@ -188,6 +189,8 @@ def _train(args: argparse.Namespace) -> int:
         result = train_job(job, hooks, progress=show, rule=rule, corpus=corpus)
         bar.clear()
         saved = _save(job, result.weights, len(result.epochs), plan.norms, args.out_dir)
+        if early := stopped_early(job, len(result.epochs)):
+            print(early)
         print(f"weights in {saved}")
         if plan.test is not None:
             context = job.data.context

@@ -92,3 +92,13 @@ def make_schedule(job: JobSpec) -> NewbobSchedule | None:
     return NewbobSchedule(
         job.learning_rates[0], job.newbob_scale, job.newbob_ramp, job.newbob_stop, job.epochs
     )
+
+
+def stopped_early(job: JobSpec, epochs_trained: int) -> str:
+    """The line that says newbob ended a trained run before its ``job.epochs`` ("" when it
+    did not): it showed 7 epochs of 20 and the weights, and no word why."""
+    if job.schedule != "newbob" or epochs_trained >= job.epochs:
+        return ""
+    return (f"newbob stopped training after epoch {epochs_trained} of at most {job.epochs}: "
+            f"its CV gained less than --newbob-stop ({job.newbob_stop:g} points) once the "
+            "rate ramped down")  # fmt: skip

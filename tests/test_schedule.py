@@ -3,6 +3,8 @@ network description."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -250,3 +252,25 @@ def test_the_cv_of_the_weights_held_skips_epochs_newbob_rolled_back() -> None:
     assert held_weights_note(document) == " (rolled back; weights held 90.00%)"
     assert held_weights_note({"cv_accuracy": 0.9, "weights_cv_accuracy": 0.9}) == ""
     assert held_weights_note({"cv_accuracy": 0.9}) == ""  # a server from before the field
+
+
+def test_a_run_newbob_ends_early_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """snet train (and the demo) showed 7 epochs of 20 and the weights, and no word why."""
+    from snet.cli.main import main
+    from snet.protocol.schedule import stopped_early
+
+    job = JobSpec(schedule="newbob", epochs=20)
+    assert stopped_early(job, 20) == "" and stopped_early(JobSpec(epochs=20), 7) == ""
+    argv = ["train", "--network", "117:16:10", "--schedule", "newbob", "--epochs", "40",
+            "--newbob-stop", "5", "--out-dir", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    epochs = sum(line.startswith("epoch ") for line in lines)
+    assert 2 <= epochs < 40
+    assert lines[-2] == (
+        f"newbob stopped training after epoch {epochs} of at most 40: its CV gained less "
+        "than --newbob-stop (5 points) once the rate ramped down"
+    )
+    assert lines[-1] == f"weights in {tmp_path / 'weights.npz'}"
