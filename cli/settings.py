@@ -121,7 +121,12 @@ def decode(value: Any, kind: Any, label: str) -> Any:
     try:
         return _decode(value, kind)
     except (TypeError, ValueError, KeyError):
-        raise ConfigError(f"{label}: {value!r} is not {_expected(kind)}") from None
+        raise ConfigError(f"{label}: {_as_written(value)} is not {_expected(kind)}") from None
+
+
+def _as_written(value: Any) -> str:
+    """A value as its user wrote it: TOML's ``true``, not Python's ``True``."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def _decode(value: Any, kind: Any) -> Any:
@@ -237,8 +242,9 @@ def merge(
         return cls(**chosen)
     except TypeError as exc:
         raise ConfigError(f"bad settings for {cls.__name__}: {exc}") from exc
-    except ConfigError as exc:
-        raise as_given(exc, labels) from exc
+    except ConfigError as exc:  # a setting left at its default is named by its flag
+        defaults = {f.name: flag_name(f) for f in fields(cls)}  # type: ignore[arg-type]
+        raise as_given(exc, {**defaults, **labels}) from exc
 
 
 def as_given(error: ConfigError, labels: dict[str, str]) -> ConfigError:

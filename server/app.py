@@ -216,8 +216,8 @@ class SnetServer:
         guard = f"{'TLS' if tls else 'no TLS'}, {'token required' if token else 'no token'}"
         log.info("serving %s (%s mode, network %s, %d training frames) on %s:%d, HTTP on %s:%d"
                  " (%s)", self.config.name, job.mode, job.network.describe(),
-                 len(plan.train_frames), self.config.host, self.port,
-                 self.config.http_bind_host, self.http_port, guard)  # fmt: skip
+                 len(plan.train_frames), self.config.host or "every address", self.port,
+                 self.config.http_bind_host or "every address", self.http_port, guard)  # fmt: skip
         if self.coordinator.finished.is_set() and self._results_task is None:
             await self._save_results()  # resumed a run that had completed: "trained" once ready
         if self.ready_file is not None:

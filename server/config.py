@@ -238,7 +238,7 @@ class ServerConfig:
         if not self.inline_step_seconds >= 0:  # nan too (a TOML file can give one)
             raise ConfigError(f"inline_step_seconds must be >= 0, got {self.inline_step_seconds:g}")
         if self.max_frame_mb < 1:
-            raise ConfigError("max_frame_mb must be at least 1")
+            raise ConfigError(f"max_frame_mb must be at least 1, got {self.max_frame_mb}")
         element = whole_element_bytes(self.job.network, self.job.mode)
         if self.job.compress == "none" and element > self.max_frame_mb * MIB:
             # every uncompressed update (or bmuf delta) is a whole element: each would be
@@ -260,7 +260,7 @@ class ServerConfig:
             if getattr(self, name) < least:
                 raise ConfigError(f"{name} must be >= {least}, got {getattr(self, name):g}")
         if self.http_connections < 1:
-            raise ConfigError("http_connections must be at least 1")
+            raise ConfigError(f"http_connections must be at least 1, got {self.http_connections}")
         for name, total in (("max_handshakes_per_address", "max_handshakes"),
                             ("http_connections_per_address", "http_connections")):  # fmt: skip
             value, most = getattr(self, name), getattr(self, total)

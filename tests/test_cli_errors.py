@@ -84,11 +84,19 @@ def test_a_settings_own_check_names_it_as_the_user_gave_it(
     assert error(["train", "--config", path], capsys) == (
         f"snet: {path} [job] epochs must be >= 1, got 0"
     )
+    # a setting left at its default is named by its flag too (it was "tls_ca")
     assert error(["worker", "--tls-key", "w.key"], capsys) == (  # ignored before (a probe)
-        "snet: --tls-key needs tls_ca: the CA that signed the server's certificate"
+        "snet: --tls-key needs --tls-ca: the CA that signed the server's certificate"
     )
     assert error(["worker", "--tls-ca", "ca.pem", "--tls-key", "w.key"], capsys) == (
-        "snet: tls_cert and --tls-key go together: this worker's certificate and its key"
+        "snet: --tls-cert and --tls-key go together: this worker's certificate and its key"
+    )
+    assert error(["server", "--worker-timeout-seconds", "1"], capsys).startswith(
+        "snet: --worker-timeout-seconds must exceed --heartbeat-seconds ("
+    )
+    path = toml_file(tmp_path, "[job]\nepochs = true\n")  # TOML's true, not Python's True
+    assert error(["train", "--config", path], capsys) == (
+        f"snet: {path} [job] epochs: true is not a whole number"
     )
     assert error(["server", "--heartbeat-seconds", "0.001"], capsys) == (  # a review's find
         "snet: --heartbeat-seconds must be at least 0.05, got 0.001"

@@ -101,12 +101,12 @@ async def connect_with_backoff(
             level = logging.WARNING if attempts == 1 else logging.INFO
             log.log(
                 level,
-                "server %s:%d not reachable (%s); retrying with backoff for up to %.0f s more "
+                "server %s:%d not reachable (%s); retrying with backoff for up to %s s more "
                 "(next attempt in %.1f s)",
                 host,
                 port,
                 reason,
-                deadline - time.monotonic(),
+                _seconds(deadline - time.monotonic()),  # "0 s more" of a window of 0.5 s
                 delay,
             )
             await asyncio.sleep(delay)
@@ -118,3 +118,8 @@ async def connect_with_backoff(
         if attempts > 1:
             log.info("reached the server at %s:%d after %d attempts", host, port, attempts)
         return connection
+
+
+def _seconds(value: float) -> str:
+    """Seconds as a log line says them: whole from 10 up, else to a tenth."""
+    return f"{value:.0f}" if value >= 10 else f"{max(value, 0.0):.1f}"
