@@ -57,9 +57,14 @@ def _compression_line(total: dict[str, Any] | None) -> list[str]:
     codecs = ", ".join(f"{codec} x{n}" for codec, n in total["update_codecs"].items())
     shared = total.get("weights_shared") or 0  # through the weights board: not on the wire
     boards = total.get("updates_shared") or 0  # through the update boards
+    if set(total["update_codecs"]) <= {"none"}:  # its "1.0x fewer bytes" said nothing
+        said = f"compression: none, {total['bytes_per_update']} B an update on the wire"
+    else:
+        said = (f"compression: updates {codecs}, {total['bytes_per_update']} B each, "
+                f"{total['received_ratio']}x fewer bytes received, {total['sent_ratio']}x "
+                "sent")  # fmt: skip
     return [
-        f"compression: updates {codecs}, {total['bytes_per_update']} B each, "
-        f"{total['received_ratio']}x fewer bytes received, {total['sent_ratio']}x sent"
+        said
         + (f"; {shared} weights copies through the board" if shared else "")
         + (f"; {boards} updates through update boards" if boards else "")
     ]

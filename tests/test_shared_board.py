@@ -328,10 +328,15 @@ def test_status_says_how_many_copies_went_through_the_board() -> None:
     total = {"updates": 10, "update_codecs": {"none": 2}, "bytes_per_update": 262361,
              "received_ratio": 1.0, "sent_ratio": 1.0, "weights_shared": 9}  # fmt: skip
     (line,) = _compression_line(total)
-    assert line.endswith("1.0x sent; 9 weights copies through the board")
+    # uncompressed: no "1.0x fewer bytes" (a board's update frame is its own float32 count)
+    assert line == ("compression: none, 262361 B an update on the wire; 9 weights copies "
+                    "through the board")  # fmt: skip
     assert "board" not in _compression_line({**total, "weights_shared": 0})[0]
     (both,) = _compression_line({**total, "updates_shared": 8})
     assert both.endswith("through the board; 8 updates through update boards")
+    squeezed = {**total, "update_codecs": {"int8": 2}, "received_ratio": 3.9}
+    (line,) = _compression_line(squeezed)
+    assert line.startswith("compression: updates int8 x2, 262361 B each, 3.9x fewer bytes")
 
 
 @pytest.mark.parametrize("on_board", [True, False])
