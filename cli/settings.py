@@ -216,27 +216,22 @@ def merge(
         if f.name in extra:
             continue
         env = env_name(env_prefix, f)
+        given = []  # (value, label), the one that wins first
         if flags.get(f.name) is not None:
-            value, label = flags[f.name], flag_name(f)
-        elif env in os.environ and not _service_link(env, os.environ[env]):
-            value, label = os.environ[env], env
-        elif f.name in values:
-            value, label = values[f.name], f"{where} {f.name}"
-        else:
+            given.append((flags[f.name], flag_name(f)))
+        if env in os.environ and not _service_link(env, os.environ[env]):
+            given.append((os.environ[env], env))
+        if f.name in values:
+            given.append((values[f.name], f"{where} {f.name}"))
+        if not given:
             if f.default is MISSING and f.default_factory is MISSING:
                 raise ConfigError(f"{cls.__name__} needs {f.name}")
             continue
-        chosen[f.name] = decode(value, kinds[f.name], label)
-        labels[f.name] = label
-        allowed = f.metadata.get("choices")
-        if allowed and isinstance(chosen[f.name], str) and chosen[f.name].lower() in allowed:
-            chosen[f.name] = chosen[f.name].lower()  # any case ("Async" was taken for a typo
-            # of "sync"), as the staleness policy's and the codecs'
-        if allowed and chosen[f.name] not in allowed:
-            raise ConfigError(
-                f"{label}: {value!r} is not one of {', '.join(allowed)}"
-                f"{_suggest(str(value), allowed)}"
-            )
+        # the ones overridden are checked too: [job] epochs = 3.0 beside --epochs 1 was
+        # taken without a word, and refused once the flag was left out
+        for value, label in reversed(given):
+            chosen[f.name] = _setting(f, kinds[f.name], value, label)
+        labels[f.name] = given[0][1]
     chosen.update(extra)
     try:
         return cls(**chosen)
@@ -245,6 +240,20 @@ def merge(
     except ConfigError as exc:  # a setting left at its default is named by its flag
         defaults = {f.name: flag_name(f) for f in fields(cls)}  # type: ignore[arg-type]
         raise as_given(exc, {**defaults, **labels}) from exc
+
+
+def _setting(setting: Field[Any], kind: Any, value: Any, label: str) -> Any:
+    """``value`` decoded as ``kind``, one of the setting's choices if it has any (in any
+    case: "Async" was taken for a typo of "sync"); ``ConfigError`` naming ``label``."""
+    decoded = decode(value, kind, label)
+    allowed = setting.metadata.get("choices")
+    if not allowed or decoded in allowed:
+        return decoded
+    if isinstance(decoded, str) and decoded.lower() in allowed:
+        return decoded.lower()
+    raise ConfigError(
+        f"{label}: {value!r} is not one of {', '.join(allowed)}{_suggest(str(value), allowed)}"
+    )
 
 
 def as_given(error: ConfigError, labels: dict[str, str]) -> ConfigError:

@@ -82,6 +82,21 @@ def test_choices_are_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
         _config(["--mode", "asink"])
 
 
+def test_a_bad_value_is_refused_where_a_flag_overrides_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[job] epochs = 3.0 beside --epochs 1 started, and was refused without the flag."""
+    path = tmp_path / "snet.toml"
+    path.write_text("[job]\nepochs = 3.0\n")
+    with pytest.raises(ConfigError, match=r"\[job\] epochs: 3.0 is not a whole number"):
+        _config(["--config", str(path), "--epochs", "1"])
+    monkeypatch.setenv("SNET_JOB_MODE", "asink")
+    with pytest.raises(ConfigError, match="SNET_JOB_MODE: 'asink' is not one of"):
+        _config(["--mode", "async"])
+    monkeypatch.setenv("SNET_JOB_MODE", "sync")  # a good one overridden stays overridden
+    assert _config(["--mode", "async"]).job.mode == "async"
+
+
 def test_defaults_are_the_default_job() -> None:
     config = _config([])
     assert config.host == "127.0.0.1" and config.port == 7000 and config.http_port == 7080
