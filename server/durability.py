@@ -116,9 +116,6 @@ def resume_point(
             store.clear()
         return None
     saved = loaded.state
-    # a finished run's results are overwritten only with --force too (said at once: the
-    # advice "--fresh" alone was then refused in turn)
-    fresh = "--fresh --force" if _finished_run(config, loaded) else "--fresh"
     job = saved.get("job")
     theirs, ours = (
         _without_run_time_settings(_as_of_now(job)) if isinstance(job, dict) and job else {},
@@ -132,20 +129,21 @@ def resume_point(
             for key in differing[:3]
         ) + ("; ..." if len(differing) > 3 else "")
         raise OtherJob(
-            f"{loaded.path} is a checkpoint of another job ({shown}): use {fresh} to start "
-            "over, or another --out-dir",
+            f"{loaded.path} is a checkpoint of another job ({shown}): use "
+            f"{_start_over(config, loaded)} to start over, or another --out-dir",
             differing,
         )
     if saved.get("data") != identity["data"]:
         raise ConfigError(
             f"{loaded.path} is a checkpoint of the same job on other data (the data's "
-            f"fingerprint differs): use {fresh} to start over, or another --out-dir"
+            f"fingerprint differs): use {_start_over(config, loaded)} to start over, or "
+            "another --out-dir"
         )
     if saved.get("labels") and identity.get("labels") and saved["labels"] != identity["labels"]:
         raise ConfigError(
             f"{loaded.path} is a checkpoint of the same job on other data (its frames have "
             f"other labels: digest {saved['labels']} there, {identity['labels']} here): use "
-            f"{fresh} to start over, or another --out-dir"
+            f"{_start_over(config, loaded)} to start over, or another --out-dir"
         )
     if config.init_weights:  # documented, but a user who gave it should hear it too
         log.warning("--init-weights %s not used: resuming the run checkpointed in %s "
@@ -154,10 +152,17 @@ def resume_point(
     return loaded
 
 
+def _start_over(config: ServerConfig, loaded: LoadedCheckpoint) -> str:
+    """The flags that start anew on ``config``'s out-dir: a finished run's results are
+    overwritten only with --force too (the advice "--fresh" was then refused in turn)."""
+    return "--fresh --force" if _finished_run(config, loaded) else "--fresh"
+
+
 def _finished_run(config: ServerConfig, loaded: LoadedCheckpoint | None) -> str:
     """The run whose results are in the out-dir (its newest checkpoint ``loaded``), and
     why it is taken for one, when a fresh start would overwrite them ("" if none)."""
-    if loaded is not None and loaded.state["coordinator"]["finished"]:
+    coordinator = loaded.state.get("coordinator") if loaded is not None else None
+    if loaded is not None and isinstance(coordinator, dict) and coordinator.get("finished"):
         return f"a finished run (checkpoint {loaded.path.name} of a completed training)"
     status = Path(config.out_dir) / STATUS_FILE
     try:

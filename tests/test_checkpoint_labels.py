@@ -33,7 +33,8 @@ def _identity(path: Path, tmp_path: Path) -> dict[str, Any]:
 
 
 def _resume(saved: dict[str, Any], now: dict[str, Any]) -> LoadedCheckpoint | None:
-    config = SimpleNamespace(fresh=False, init_weights="")
+    # out_dir: where a refusal looks for a finished run's results to say --force too
+    config = SimpleNamespace(fresh=False, init_weights="", out_dir="/nonexistent/snet-out")
     return resume_point(config, OneCheckpoint(saved), now)  # type: ignore[arg-type]
 
 

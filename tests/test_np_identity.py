@@ -21,7 +21,8 @@ from one_checkpoint import OneCheckpoint
 
 def _resume(saved_job: dict[str, Any], job: JobSpec) -> LoadedCheckpoint | None:
     store = OneCheckpoint({"job": saved_job, "data": "fsdd"})
-    config = SimpleNamespace(fresh=False, init_weights="")
+    # out_dir: where a refusal looks for a finished run's results to say --force too
+    config = SimpleNamespace(fresh=False, init_weights="", out_dir="/nonexistent/snet-out")
     return resume_point(config, store, job_identity(job.to_dict(), "fsdd"))  # type: ignore[arg-type]
 
 
