@@ -109,8 +109,8 @@ _SERVER_FIGURES = (
     ("staleness_mean", "gauge", "Mean staleness of applied updates (versions).",
      "staleness_mean"),
     ("workers_live", "gauge", "Connected workers.", "workers_live"),
-    ("mcups", "gauge", "Million connection updates per second since start (to the end of "
-     "training once trained).", "mcups"),
+    ("mcups", "gauge", "Million connection updates per second since the first frames were "
+     "leased (to the end of training once trained).", "mcups"),
     ("train_accuracy", "gauge", "Frame accuracy on the training patterns of the last epoch.",
      "train_accuracy"),
     ("cv_accuracy", "gauge", "Cross-validation frame accuracy of the last scored epoch.",

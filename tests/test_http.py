@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -130,3 +131,16 @@ def _check_the_api(healthz: bytes, document: bytes, metrics_text: bytes, weights
         assert int(npz["version"]) == status["weight_version"]
         assert np.isfinite(npz["W0"]).all()
     return status
+
+
+def test_the_servers_mcups_counts_from_its_first_lease() -> None:
+    """The wait for the workers counted: a server at 3175 MCUPS beside its one worker's
+    16,261 (10 s elapsed, about 3 of them training)."""
+    from snet.server.stats import TrainingStats
+    from snet.server.status import _training_seconds
+
+    stats = TrainingStats(1, started=1000.0)
+    stats.start_epoch(0, 0.2)
+    assert abs(_training_seconds(False, stats) - (time.time() - 1000.0)) < 1  # none leased
+    stats.epochs[0].leased, stats.epochs[0].ended = 1007.0, 1010.0
+    assert _training_seconds(True, stats) == 3.0  # from its first lease to its end
