@@ -20,6 +20,7 @@ import numpy as np
 
 from snet.data.archive import ARCHIVE_ERRORS, open_npz
 from snet.data.norms import Norms, write_norm_file
+from snet.protocol.digest import weights_digest
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec
 from snet.protocol.network import ElementLayout, NetworkSpec
@@ -160,7 +161,9 @@ def write_final_files(
     completion does not write them again at its stop. ``untouched``: it resumed a run and
     trained nothing since: that run's status.json stays too."""
     path = out_dir / WEIGHTS_FILE
-    if keep is not None and path.exists():
+    # what it resumed from is checked against the file: a server killed after a later
+    # checkpoint left an older weights.npz (version 1100 beside a run trained to 1911)
+    if keep is not None and path.exists() and (keep == "" or _holds(path, coordinator)):
         if keep:
             log.info("%s: %s left as it is", keep, path)
     else:
@@ -191,3 +194,13 @@ def _describes(status: Path, coordinator: Coordinator) -> bool:
                     and said["weights_digest"] == coordinator.digest)  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def _holds(path: Path, coordinator: Coordinator) -> bool:
+    """Whether the weights file ``path`` holds the coordinator's weights (their version
+    and digest)."""
+    try:
+        saved = read_weights(path, coordinator.job.network)
+    except (OSError, ValueError, KeyError, ConfigError):
+        return False
+    return saved.version == coordinator.version and weights_digest(saved.flat) == coordinator.digest

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import signal
 
+import numpy as np
 import pytest
+
+from snet.protocol.digest import weights_digest
+from snet.server.export import read_weights
 
 from helpers import Cluster, wait_until
 from resume_runs import SMALLER, SMALLER_NET, Run, assert_exactly_once, progress
@@ -70,6 +74,20 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     assert server.wait(30) == 0
     assert (run.out_dir / "weights.npz").read_bytes() == trained
     assert run.final()["state"] == "trained"
+
+    # A weights.npz older than the checkpoint (a server killed after a later checkpoint
+    # than its last results): a restart that trains nothing writes the weights it resumed
+    # (it left the stale file, version 1100 beside a run trained to 1911: a probe)
+    with np.load(run.out_dir / "weights.npz") as saved:
+        stale = {key: saved[key] for key in saved.files}
+    stale["version"], stale["W0"] = np.array(1), stale["W0"] * 0.5
+    np.savez(run.out_dir / "weights.npz", **stale)
+    server = run.start()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    written, said = read_weights(run.out_dir / "weights.npz"), run.final()
+    assert (written.version, weights_digest(written.flat)) == (
+        said["weight_version"], said["weights_digest"])  # fmt: skip
 
     # --fresh would discard a finished run: refused without --force.
     fresh = cluster.run("server", "--port", "0", "--http-port", "0", *run.args, "--fresh")
