@@ -177,7 +177,7 @@ class Handshake:
         earlier: JobSpec | None = None,
     ) -> Joined | NotJoined:
         """ServerHello -> Hello -> Welcome -> DataInfo, then the data and the backend
-        (``compressor``: the worker's, kept if the codecs did not change; ``earlier``: the
+        (``compressor``: the worker's, kept if the job and codecs did not change; ``earlier``: the
         job of the worker's last session, whose memory the new one reuses or frees)."""
         try:
             hello = await self._server_hello()
@@ -220,7 +220,7 @@ class Handshake:
             update_codec = str(welcome.codecs.get("update", "none"))
             check_fits_in_memory(job, update_codec, earlier, held)
             corpus = await self._prepare(job, info, connection)
-            codecs, compressor = self._agree(job, welcome.codecs, compressor)
+            codecs, compressor = self._agree(job, welcome.codecs, compressor, earlier)
             # last: nothing fails after. A weights board that cannot be read is said once and
             # the server told at once (it sends whole copies, and gives back the update board
             # it made, which this worker could not open either: the same /proc, the same
@@ -284,12 +284,16 @@ class Handshake:
 
     @staticmethod
     def _agree(
-        job: JobSpec, agreed: dict[str, object], compressor: UpdateCompressor | None
-    ) -> tuple[dict[str, str], UpdateCompressor | None]:
-        """The codecs the server agreed to (a new compressor only if they changed)."""
+        job: JobSpec, agreed: dict[str, object], compressor: UpdateCompressor | None,
+        earlier: JobSpec | None = None,
+    ) -> tuple[dict[str, str], UpdateCompressor | None]:  # fmt: skip
+        """The codecs the server agreed to (a new compressor unless they and the job, the
+        ``earlier`` session's, are the same: another job's residual is none of this one's,
+        and one 25 times a fresh worker's went into a new run's weights)."""
         codecs = {key: str(agreed.get(key, "none")) for key in ("update", "weights")}
         layout = ElementLayout.for_network(job.network)
-        return codecs, UpdateCompressor.reuse(compressor, codecs["update"], layout, job.momentum)
+        kept = compressor if earlier == job else None
+        return codecs, UpdateCompressor.reuse(kept, codecs["update"], layout, job.momentum)
 
     async def _prepare(self, job: JobSpec, info: DataInfo, connection: ServerConnection) -> Corpus:
         """Open the data (or ask for it inline) and prepare the backend (compute thread)."""

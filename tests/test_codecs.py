@@ -354,3 +354,18 @@ def test_a_reconnecting_worker_keeps_its_compressor_and_residual() -> None:
     assert UpdateCompressor.reuse(first, "sign", SMALL) is first  # the residual is kept
     assert UpdateCompressor.reuse(first, "int8", SMALL) is not first
     assert UpdateCompressor.reuse(first, "none", SMALL) is None
+
+
+def test_a_worker_joining_another_job_starts_a_fresh_residual() -> None:
+    """A worker that followed its port to another server's job brought its residual,
+    made of the old job's gradients, into the new run's weights (25 times a fresh one's)."""
+    from snet.client.joining import Handshake
+    from snet.protocol.job import JobSpec
+
+    job = JobSpec(compress="sign")
+    _, first = Handshake._agree(job, {"update": "sign"}, None)
+    assert first is not None
+    first.compress(gradient(20, first.layout))
+    assert Handshake._agree(job, {"update": "sign"}, first, job)[1] is first  # reconnected
+    other = job.with_changes(seed=job.seed + 1)
+    assert Handshake._agree(other, {"update": "sign"}, first, job)[1] is not first
