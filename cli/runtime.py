@@ -72,7 +72,7 @@ def setup_logging(level: str, form: str = "text") -> None:
 
 
 def install_stop_signals(stop: Callable[[str], None], log: logging.Logger) -> None:
-    """First SIGTERM/SIGINT: ``stop("signal SIGTERM")``, a graceful stop. Second: exit 1 now
+    """First SIGTERM/SIGINT/SIGHUP: ``stop("signal SIGTERM")``, a graceful stop. Second: exit 1 now
     (but not the first one delivered twice: cli/stop_signals.py).
 
     Call inside the running event loop."""
@@ -91,5 +91,8 @@ def install_stop_signals(stop: Callable[[str], None], log: logging.Logger) -> No
         log.info("signal %s: stopping gracefully", name)
         stop(f"signal {name}")
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP too (a closed terminal or SSH session): it ended a server at once, with no
+    # checkpoint, no results and no goodbye (exit 129); unless ignored (nohup): then left so
+    hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else []
+    for signum in (signal.SIGTERM, signal.SIGINT, *hangup):
         loop.add_signal_handler(signum, handle, signum)

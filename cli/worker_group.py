@@ -125,6 +125,8 @@ def _supervise(children: list[int]) -> NoReturn:
                 os.kill(pid, signum)
 
     signal.signal(signal.SIGTERM, forward)
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # a graceful stop, as theirs
+        signal.signal(signal.SIGHUP, forward)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the workers directly
     worst = 0
     for pid in children:

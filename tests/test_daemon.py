@@ -82,6 +82,33 @@ def test_pid_file_readiness_and_exit_codes(cluster: Cluster, tmp_path: Path) -> 
 
 
 @pytest.mark.system
+def test_a_hangup_stops_server_and_workers_gracefully(cluster: Cluster) -> None:
+    """A closed terminal or SSH session (SIGHUP) ended the server at once, exit 129, with no
+    checkpoint and no results, and its workers alike."""
+    server = cluster.server("--mode", "async", "--epochs", "50", *QUICK_JOB)
+    group = cluster.worker(server, "w", "--processes", "2")
+    wait_until(lambda: server.status()["steps"] > 20, 60, "some steps")
+    server.process.send_signal(signal.SIGHUP)
+    assert server.wait(30) == 0
+    log = server.log.read_text()
+    assert "signal SIGHUP: stopping gracefully" in log
+    final = server.final_status()
+    assert final["stop_reason"] == "signal SIGHUP"
+    assert final["checkpoints"]["last"]["version"] == final["weight_version"]
+    assert group.wait(60) == 0  # told why, they waited for it to return (5 s here), then left
+    assert "server said goodbye (signal SIGHUP)" in cluster.log("w")
+    assert "Traceback" not in cluster.log("w")
+    other = cluster.server("--mode", "async", "--epochs", "50", *QUICK_JOB, name="other")
+    worker = cluster.worker(other, "single", "--processes", "2")
+    wait_until(lambda: other.status()["workers_live"] == 2, 60, "both joined")
+    worker.send_signal(signal.SIGHUP)  # the group's parent passes it on: they leave
+    assert worker.wait(30) == 0
+    assert "killed by" not in cluster.log("single")
+    other.process.send_signal(signal.SIGTERM)
+    assert other.wait(30) == 0
+
+
+@pytest.mark.system
 def test_workers_started_first_survive_server_restart_and_crash(cluster: Cluster) -> None:
     port = free_port()
     workers = [
