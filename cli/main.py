@@ -97,7 +97,8 @@ def _dispatch(words: list[str], preloaded: PreloadedWorker | None) -> int:
         if sys.stdout is not None:  # what is buffered, written while a failure can be said
             sys.stdout.flush()
         return status
-    except (ListenError, OutDirInUse, errors.ResultsNotWritten, errors.TrainingDiverged) as exc:
+    except (ListenError, OutDirInUse, errors.OutDirUnwritable, errors.ResultsNotWritten,
+            errors.TrainingDiverged) as exc:  # fmt: skip
         print(f"snet: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader of the output left (| head): stop, as SIGPIPE would

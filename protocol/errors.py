@@ -74,6 +74,11 @@ class OutDirInUse(SnetError):
     to mend, which systemd's units do not restart)."""
 
 
+class OutDirUnwritable(SnetError):
+    """The out-dir cannot be written for now (a full disk, an I/O error): exit 1, an
+    error to retry, not a setting to mend (exit 2, which systemd's units do not restart)."""
+
+
 class ResultsNotWritten(SnetError):
     """Trained weights that could not be written (a full disk, the out-dir removed)."""
 

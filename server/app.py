@@ -320,6 +320,8 @@ class SnetServer:
     async def _write_results(self) -> Path | None:
         """The last checkpoint and ``write_final_weights``; if they fail (a full disk), the
         server logs why and stops with it (None): else it would wait, and its workers too."""
+        if self.out_lock.lost:  # another server's out-dir now: nothing is written there
+            return None
         try:
             if self.checkpointer is not None:
                 await self.checkpointer.final()
@@ -388,6 +390,8 @@ class SnetServer:
             self.meter.sample(now, self.coordinator.stats.patterns_applied)
             tend_connections(self.connections, now, self.counters, interval,
                              self.config.worker_timeout_seconds)  # fmt: skip
+            if lost := self.out_lock.keep():  # the out-dir removed, and taken by another
+                self.request_stop(lost)
 
     async def _watch_progress(self) -> None:
         """Deadlines are measured in tens of milliseconds to seconds: look often."""

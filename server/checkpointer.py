@@ -190,7 +190,9 @@ class Checkpointer:
         """Log a failed write: the first of a run of them, then one a minute with how many
         (a full disk with --checkpoint-steps 50 wrote this line 270 times in 9 s)."""
         self._failing_since += 1
-        now, said = time.monotonic(), str(exc)  # another cause (no permission) is said at once
+        # another cause (no permission) is said at once; the same one again is not, whatever
+        # temporary file it named (53 lines in 5 s of a directory made immutable)
+        now, said = time.monotonic(), f"{exc.errno} {exc.strerror}" if exc.errno else str(exc)
         due = self._failing_since == 1 or now - self._failure_said >= FAILURE_LOG_SECONDS
         if due or said != self._failure_text:
             self._failure_said, self._failure_text = now, said

@@ -10,7 +10,9 @@ at exit, as a stale one would name a dead process.
 ``OutDirLock``: an exclusive ``flock`` on ``OUT_DIR/.lock`` while the server (or ``snet
 train``) runs, so two of them never write one out-dir's checkpoints and results. The
 kernel drops the lock when the process ends, however it ends, so a crash never leaves a
-stale lock behind.
+stale lock behind. An out-dir removed while its server runs took the lock file with it
+(the server held a descriptor of a file no longer there, and a second server was let in):
+``keep()``, called every second, takes it again, or says that another process has.
 
 ``notify``: systemd's readiness protocol (``Type=notify``), a datagram such as
 ``READY=1`` sent to the socket named in ``$NOTIFY_SOCKET``; a no-op without it.
@@ -18,6 +20,7 @@ stale lock behind.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -26,9 +29,11 @@ import socket
 import tempfile
 from pathlib import Path
 
-from snet.protocol.errors import ConfigError, OutDirInUse
+from snet.protocol.errors import ConfigError, OutDirInUse, OutDirUnwritable, SnetError
 from snet.protocol.numbering import is_plain_int
 from snet.transport.files import write_atomically
+
+log = logging.getLogger("snet.server")
 
 
 def _running(pid: int) -> bool:
@@ -109,6 +114,8 @@ class OutDirLock:
         self.path = Path(out_dir) / ".lock"
         self.holder = holder  # what a refused process is told holds it (snet train, too)
         self._handle: int | None = None
+        self.lost = False  # another process took the out-dir from this one (``keep``)
+        self._unusable_said = False
 
     def acquire(self) -> None:
         """Take the lock, or raise ``OutDirInUse`` naming the server that holds it."""
@@ -116,7 +123,7 @@ class OutDirLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise ConfigError(f"cannot use out-dir {self.path.parent}: {exc.strerror}") from exc
+            raise _unusable(f"cannot use out-dir {self.path.parent}: {exc.strerror}", exc) from exc
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -134,15 +141,58 @@ class OutDirLock:
             os.pwrite(handle, f"{os.getpid()} {self.holder}\n".encode(), 0)
         except OSError as exc:
             os.close(handle)
-            raise ConfigError(
-                f"cannot use out-dir {self.path.parent}: cannot write {self.path}: {exc.strerror}"
-            ) from exc
+            said = f"cannot use out-dir {self.path.parent}: cannot write {self.path}"
+            raise _unusable(f"{said}: {exc.strerror}", exc) from exc
         self._handle = handle
+
+    def keep(self) -> str:
+        """ "" while the lock this process holds is the out-dir's; else (the out-dir removed,
+        or its lock file replaced) the lock is taken again, said in the log, and "" again;
+        why to stop when another process has taken it meanwhile (``lost``: nothing is to be
+        written there any more)."""
+        if self._handle is None or self.lost or self._still_ours(self._handle):
+            return ""
+        gone, self._handle = self._handle, None
+        try:
+            self.acquire()
+        except OutDirInUse as exc:
+            self.lost = True
+            os.close(gone)
+            log.error("out-dir %s was removed while this %s ran, and %s", self.path.parent,
+                      self.holder, exc)  # fmt: skip
+            return f"failed: out-dir taken by another process: {exc}"
+        except (ConfigError, OutDirUnwritable) as exc:  # tried again at the next call
+            self._handle = gone
+            if not self._unusable_said:
+                log.error("out-dir %s was removed while this %s ran: %s", self.path.parent,
+                          self.holder, exc)  # fmt: skip
+            self._unusable_said = True
+            return ""
+        os.close(gone)
+        self._unusable_said = False
+        log.warning("out-dir %s was removed (or its lock replaced) while this %s ran: made "
+                    "again and locked; checkpoints and results go on there", self.path.parent,
+                    self.holder)  # fmt: skip
+        return ""
+
+    def _still_ours(self, handle: int) -> bool:
+        try:
+            held, there = os.fstat(handle), os.stat(self.path)
+        except OSError:
+            return False  # the file, or the whole out-dir, is gone
+        return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
     def release(self) -> None:
         if self._handle is not None:
             os.close(self._handle)  # closing the descriptor drops the lock
             self._handle = None
+
+
+def _unusable(text: str, exc: OSError) -> SnetError:
+    """A full disk or an I/O error: ``OutDirUnwritable`` (exit 1, retried: a crash followed
+    by a moment's full disk ended a systemd unit's run for good); else ``ConfigError``."""
+    transient = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+    return OutDirUnwritable(text) if transient else ConfigError(text)
 
 
 def check_output_files(paths: dict[str, str]) -> None:

@@ -15,7 +15,7 @@ import pytest
 from snet.cli import train as train_command
 from snet.cli.main import main
 from snet.data.sources import open_source
-from snet.protocol.errors import ConfigError, OutDirInUse
+from snet.protocol.errors import OutDirInUse, OutDirUnwritable
 from snet.protocol.hooks import BunchEvent, Hook, HookSet
 from snet.protocol.job import DataSpec
 from snet.server.export import read_weights
@@ -320,7 +320,7 @@ def test_an_out_dir_on_a_full_disk_is_one_line_not_a_traceback(
 
     monkeypatch.setattr(os, "pwrite", full_disk)
     lock = OutDirLock(str(tmp_path / "o"))
-    with pytest.raises(ConfigError) as refusal:
+    with pytest.raises(OutDirUnwritable) as refusal:  # exit 1, retried: not a setting (2)
         lock.acquire()
     assert str(refusal.value) == (
         f"cannot use out-dir {tmp_path / 'o'}: cannot write {tmp_path / 'o' / '.lock'}: "

@@ -1,0 +1,98 @@
+"""The out-dir's lock (server/service.py): taken again when the out-dir is removed while
+its server runs, and a full disk at start-up an error to retry, not a setting."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from snet.cli.main import main
+from snet.protocol.errors import OutDirInUse, OutDirUnwritable
+from snet.server.service import OutDirLock
+
+from inprocess import Lab
+from inprocess import wait_until as wait_in_lab
+from short_data import short_job
+
+
+def test_an_out_dir_removed_while_its_server_runs_is_locked_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server held a descriptor of a lock file no longer there: a second server on the
+    same --out-dir was let in, and both wrote its checkpoints and results."""
+    out = tmp_path / "out"
+    server = OutDirLock(str(out))
+    server.acquire()
+    assert server.keep() == ""  # its own: nothing to do
+    shutil.rmtree(out)
+    assert server.keep() == ""
+    assert "was removed (or its lock replaced) while this snet server ran: made again" in (
+        caplog.text
+    )
+    second = OutDirLock(str(out))
+    with pytest.raises(OutDirInUse, match=f"in use by another snet server \\(pid {os.getpid()}"):
+        second.acquire()  # refused again
+    # removed, and taken by another before this one looked: it stops, writing nothing there
+    shutil.rmtree(out)
+    second.acquire()
+    try:
+        reason = server.keep()
+        assert reason.startswith("failed: out-dir taken by another process: out-dir ")
+        assert server.lost and server.keep() == ""  # said once
+    finally:
+        second.release()
+        server.release()
+
+
+def test_an_out_dir_that_cannot_be_made_again_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    server = OutDirLock(str(out))
+    server.acquire()
+    shutil.rmtree(out)
+    out.write_text("a file where the out-dir was")
+    caplog.set_level(logging.ERROR)
+    assert [server.keep() for _ in range(3)] == ["", "", ""]  # the checkpoints say it too
+    assert caplog.text.count("was removed while this snet server ran") == 1
+    server.release()
+
+
+def test_a_full_disk_at_start_up_is_an_error_to_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2, which systemd's units take for a setting to mend: a crash followed by a
+    moment's full disk ended the run for good."""
+    real = os.open
+
+    def full(path: str, flags: int, mode: int = 0o777) -> int:
+        if str(path).endswith(".lock"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", full)
+    with pytest.raises(OutDirUnwritable, match="No space left on device"):
+        OutDirLock(str(tmp_path / "out")).acquire()
+    argv = ["server", "--port", "0", "--http-port", "0", "--out-dir", str(tmp_path / "o")]
+    assert main(argv) == 1
+    assert "cannot use out-dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_server_whose_out_dir_was_removed_makes_it_again_and_writes_there(
+    lab: Lab,
+) -> None:
+    server = await lab.server("--epochs", "1", *short_job())
+    shutil.rmtree(server.out_dir)
+    await wait_in_lab(lambda: (server.out_dir / ".lock").exists(), 10, "the lock taken again")
+    assert "was removed (or its lock replaced)" in lab.log("server")
+    worker = lab.worker(server, "w1")
+    assert await server.wait(60) == "trained"
+    assert await worker.wait(30) == 0
+    assert (server.out_dir / "weights.npz").exists()
+    assert server.final_status()["state"] == "trained"
