@@ -19,6 +19,7 @@ kept for that.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -42,6 +43,7 @@ PREFIX = struct.Struct("<8sIQQ")
 CHECKSUM_BYTES = 32
 # as path() writes them (8 digits, more past 10**8), ASCII digits only
 NAME = re.compile(r"^ckpt-([0-9]{8}|[1-9][0-9]{8,})\.snet$")
+DAMAGED = ".damaged"  # a checkpoint that did not read back, set aside (out of NAME)
 
 
 class CheckpointDamaged(ConfigError):
@@ -193,12 +195,30 @@ class CheckpointStore:
             )
         return None
 
+    def set_aside_newer(self, resumed: LoadedCheckpoint) -> None:
+        """The damaged checkpoints newer than the one ``resumed`` from (``newest()`` passed
+        over them), renamed out of the count once the server resumes: they counted among
+        the ``keep`` newest, so the next write deleted the last good one and left one
+        checkpoint a reader could use, not ``keep``."""
+        found = NAME.match(resumed.path.name)
+        if not resumed.skipped or found is None:
+            return
+        for number in self.sequence_numbers():
+            if number > int(found.group(1)):
+                path = self.path(number)
+                with contextlib.suppress(OSError):  # a read-only one stays: a later pass
+                    path.rename(path.with_name(path.name + DAMAGED))
+                    log.warning("%s set aside as %s%s: it does not read back", path.name,
+                                path.name, DAMAGED)  # fmt: skip
+
     def clear(self) -> None:
         """Remove every checkpoint and leftover temporary file (``--fresh``)."""
         if not self.directory.is_dir():
             return
         for path in self.directory.iterdir():
-            if NAME.match(path.name) or path.name.startswith(".ckpt-"):
+            if NAME.match(path.name) or path.name.startswith(".ckpt-") or (
+                path.name.endswith(DAMAGED) and path.name.startswith("ckpt-")
+            ):
                 path.unlink(missing_ok=True)
         self._next = 1
 

@@ -145,6 +145,7 @@ def resume_point(
             f"other labels: digest {saved['labels']} there, {identity['labels']} here): use "
             f"{_start_over(config, loaded)} to start over, or another --out-dir"
         )
+    store.set_aside_newer(loaded)  # resumed: the damaged ones newer are out of the count
     if config.init_weights:  # documented, but a user who gave it should hear it too
         log.warning("--init-weights %s not used: resuming the run checkpointed in %s "
                     "(--fresh starts over from those weights)", config.init_weights,

@@ -77,14 +77,23 @@ def test_store_keeps_the_newest_and_falls_back_past_a_damaged_one(tmp_path: Path
     newest.write_bytes(newest.read_bytes()[:20])
     loaded = store.newest()
     assert loaded is not None and loaded.state["version"] == 2 and loaded.skipped
-    assert CheckpointStore(tmp_path / "ckpt").sequence_numbers() == [3, 4]
+    assert CheckpointStore(tmp_path / "ckpt").sequence_numbers() == [3, 4]  # only read
+    # resumed, the damaged one is set aside: it counted among the 2 kept, and the next
+    # write deleted checkpoint 3, leaving one that reads back (a probe)
+    store.set_aside_newer(loaded)
+    assert CheckpointStore(tmp_path / "ckpt").sequence_numbers() == [3]
+    assert (tmp_path / "ckpt" / "ckpt-00000004.snet.damaged").exists()
+    store.write({"version": 4})
+    assert store.sequence_numbers() == [3, 5]  # 4 is not used again
     store.remove_leftovers()
     assert not list((tmp_path / "ckpt").glob(".ckpt-*"))
     store.path(3).write_bytes(b"SNETCKPT" + bytes(60))
+    store.path(5).write_bytes(b"SNETCKPT" + bytes(60))
     with pytest.raises(CheckpointDamaged, match="no usable checkpoint"):
         store.newest()
     store.clear()
     assert store.sequence_numbers() == [] and store.newest() is None
+    assert not list((tmp_path / "ckpt").iterdir())  # the damaged ones too
 
 
 def _book(job: JobSpec) -> LeaseBook:
