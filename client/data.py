@@ -43,11 +43,27 @@ __all__ = [
 ]
 
 
+def checked_lengths(info: DataInfo) -> np.ndarray:
+    """The utterance lengths ``info`` names, as int64; ``DataError`` unless they are
+    whole numbers of frames, none negative, that add up to its ``total_frames`` (a
+    negative one ended a worker in a traceback of numpy's)."""
+    lengths = np.asarray(info.lengths)
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
+        raise DataError(f"the server's utterance lengths are of shape {lengths.shape} and "
+                        f"type {lengths.dtype}, not a list of frame counts")  # fmt: skip
+    lengths = lengths.astype(np.int64)
+    if (len(lengths) and int(lengths.min()) < 0) or int(lengths.sum()) != info.total_frames:
+        raise DataError(f"the server's utterance lengths (from {int(lengths.min(initial=0))}, "
+                        f"{int(lengths.sum())} frames in all) are not of its "
+                        f"{info.total_frames} frames")  # fmt: skip
+    return lengths
+
+
 def local_corpus(job: JobSpec, info: DataInfo, cache: Path | None = None) -> Corpus:
     """The job's data read from this machine (shared with its other workers through the
     ``cache`` directory); DataError when it cannot be read or is not the server's."""
+    lengths = checked_lengths(info)
     source = open_job_source(job.data)
-    lengths = np.asarray(info.lengths, dtype=np.int64)
     if (
         source.features != info.features
         or source.cv_utterances != info.cv_utterances
@@ -68,7 +84,7 @@ def local_corpus(job: JobSpec, info: DataInfo, cache: Path | None = None) -> Cor
 
 def inline_corpus(job: JobSpec, info: DataInfo) -> Corpus:
     """An empty corpus that the server's ``Frames`` messages fill."""
-    lengths = np.asarray(info.lengths, dtype=np.int64)
+    lengths = checked_lengths(info)
     train, cv = split_frames(job.data, lengths, info.cv_utterances)
     return Corpus(
         InlineStore(info.total_frames, info.features),

@@ -12,8 +12,10 @@ from collections import deque
 
 import numpy as np
 
+from snet.protocol.errors import ProtocolError
 from snet.protocol.job import JobSpec
 from snet.protocol.messages import Evaluate, Frames, Lease, Message
+from snet.protocol.network import ElementLayout
 from snet.protocol.numbering import shown_epoch
 
 from .data import Corpus, HeldLease, add_frames
@@ -35,7 +37,11 @@ class WorkQueue:
         self.offset = 0
 
     def file(self, message: Message, job: JobSpec | None, corpus: Corpus | None) -> bool:
-        """Take a Lease, Frames or Evaluate message; False for any other message."""
+        """Take a Lease, Frames or Evaluate message; False for any other message.
+        ``ProtocolError`` for one that cannot be of this job and data (a lease of frames
+        beyond the data, an element of another size: the worker ended in a traceback)."""
+        if problem := _problem(message, job, corpus):
+            raise ProtocolError(problem)
         if isinstance(message, Lease):
             assert job is not None
             self.leases.append(HeldLease.of(message, job))
@@ -92,3 +98,20 @@ class WorkQueue:
         if self.offset >= len(self.leases[0].order) or self.leases[0].revoked:
             self.leases.popleft()
             self.offset = 0
+
+
+def _problem(message: Message, job: JobSpec | None, corpus: Corpus | None) -> str:
+    """Why a Lease or Evaluate from the server cannot be of ``job`` and ``corpus``."""
+    if isinstance(message, Lease) and corpus is not None:
+        indices = message.indices
+        if indices.ndim != 1 or indices.dtype.kind not in "iu" or not len(indices):
+            return (f"lease {message.lease_id} holds {indices.shape} values of type "
+                    f"{indices.dtype}, not frame numbers")  # fmt: skip
+        low, high, frames = int(indices.min()), int(indices.max()), corpus.bounds.total_frames
+        if low < 0 or high >= frames:
+            return f"lease {message.lease_id} names frames {low} to {high}; the data has {frames}"
+    if isinstance(message, Evaluate) and job is not None:
+        size = ElementLayout.for_network(job.network).size
+        if message.element.shape != (size,):
+            return f"weights to evaluate of shape {message.element.shape}, the job's are ({size},)"
+    return ""

@@ -24,6 +24,7 @@ import numpy as np
 from snet.protocol.conversation import Role
 from snet.protocol.errors import (
     ConnectionLost,
+    ProtocolError,
     RefusedHere,
     RemoteError,
     ServerUnreachable,
@@ -304,8 +305,13 @@ class Worker:
     def _file_inbox(self, connection: ServerConnection, box: WeightsBox) -> None:
         while self._inbox:
             message = self._inbox.popleft()
-            if self._work.file(message, self.job, self.corpus):
-                continue
+            try:
+                if self._work.file(message, self.job, self.corpus):
+                    continue
+            except ProtocolError as exc:  # as a frame the channel refuses: said, dropped
+                log.error("the server broke the protocol: %s", exc)
+                connection.send(ErrorMessage(exc.code, str(exc)[:200], True))
+                raise ConnectionLost(f"the server broke the protocol: {exc}") from None
             if self._steps is not None and self._steps.file(message):
                 continue
             if isinstance(message, Weights):  # arrived before the box was attached
