@@ -216,8 +216,10 @@ class CheckpointStore:
         if not self.directory.is_dir():
             return
         for path in self.directory.iterdir():
-            if NAME.match(path.name) or path.name.startswith(".ckpt-") or (
-                path.name.endswith(DAMAGED) and path.name.startswith("ckpt-")
+            if (
+                NAME.match(path.name)
+                or path.name.startswith(".ckpt-")
+                or (path.name.endswith(DAMAGED) and path.name.startswith("ckpt-"))
             ):
                 path.unlink(missing_ok=True)
         self._next = 1

@@ -100,6 +100,7 @@ class WorkerConnection:
         self.connected_at = time.monotonic()
         self.address = "?"  # the peer's host (transport/addresses.py), once connected
         self.update_board: UpdateBoard | None = None  # its updates' way in, if it has one
+        self.paused_at = 0.0  # when the server stopped reading it (the pool full), 0: reading
         self._warned = 0  # warnings logged about what this peer sent (PEER_WARNINGS)
         self._unlogged: tuple[str, int] = ("", 0)  # its name, and the warnings not logged
         self.stream = FrameStream(
@@ -162,6 +163,7 @@ class WorkerConnection:
             loan = decoded.slot if isinstance(decoded.slot, ElementLoan) else None
             if loan is not None:
                 loan.received()  # whole: no longer an unfinished payload (pool.py, shares)
+                self._payload_done()
             received = Received(message, loan, decoded.slot is TURNED_AWAY)
         try:
             self.dispatch(message, received)
@@ -371,7 +373,26 @@ class WorkerConnection:
             self.coordinator.remove_worker(session, reason)
 
     def pause_reading(self) -> None:
+        """Stop reading it (the pool ran dry), unless a payload is being received into an
+        element it holds already: it finishes (and is paused then), or is closed when it
+        does not (``tend_connections``), which gives the element back."""
+        share = self.stream.sink
+        if isinstance(share, ElementShare) and share.unfinished is not None:
+            return
         self.stream.pause_reading()
+        self.paused_at = self.paused_at or time.monotonic()
+
+    def _payload_done(self) -> None:
+        share = self.stream.sink
+        if isinstance(share, ElementShare):
+            share.unfinished = None
+            if not share.pool.free:  # dry: no more frames from it until elements come back
+                self.pause_reading()
 
     def resume_reading(self) -> None:
+        """Read again; the time the server did not read is not the worker's silence (an
+        honest worker was dropped as silent after a minute of the pool's pause)."""
         self.stream.resume_reading()
+        if self.paused_at and self.session is not None:
+            self.session.last_seen += time.monotonic() - self.paused_at
+        self.paused_at = 0.0

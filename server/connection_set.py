@@ -19,6 +19,7 @@ from snet.transport.stream import LINGER_SECONDS
 
 from .admission import Admission
 from .connection import WorkerConnection
+from .pool import ElementShare
 
 CLOSED_POLL_SECONDS = 0.02
 
@@ -42,8 +43,14 @@ def tend_connections(
                 admission.timed_out(text)
                 connection.fail(TIMEOUT, text, logged=False)
             continue
-        quiet = now - session.last_seen
-        if quiet > timeout_seconds:
+        # not read by the server (its pool full): its messages wait unread, it is not silent
+        quiet = now - session.last_seen if not connection.paused_at else 0.0
+        share = connection.stream.sink
+        held = share.unfinished_past(now) if isinstance(share, ElementShare) else 0.0
+        if held:
+            connection.fail(TIMEOUT, f"an update frame unfinished for {held:.0f} s, holding "
+                            "one of the server's update elements")  # fmt: skip
+        elif quiet > timeout_seconds:
             connection.fail(TIMEOUT, f"no message for {quiet:.0f} s")
         elif quiet > heartbeat_seconds or now - connection.last_sent > heartbeat_seconds:
             # Also a sign of life for the worker: one that hears nothing for its

@@ -45,11 +45,15 @@ its own (one frame per connection, as any payload the pool does not take) and re
 ``update_rejected``, its frames leased again. A whole update is the server's to apply,
 however it came, and its element comes back after its step: only an unfinished payload
 can be held for as long as its sender likes. Workers that have trained keep the other
-half whatever newcomers do.
+half whatever newcomers do. And none can be held for long: a payload unfinished
+``UNFINISHED_SECONDS`` after its header, and a second more a MiB, closes its connection
+(server/connection_set.py), since peers made "proven" by one small update each held
+every element too.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -118,6 +122,10 @@ class TurnedAway:
 
 
 TURNED_AWAY = TurnedAway()
+# an update payload received into a pooled element is closed when it is unfinished this
+# long, and a second more a MiB (2 MB: 17 s, a link of 1 Mbit/s): its element is held
+UNFINISHED_SECONDS = 15.0
+UNFINISHED_FLOOR_RATE = float(1 << 20)  # bytes a second
 
 
 class Received:
@@ -242,6 +250,20 @@ class ElementShare:
     def __init__(self, pool: ElementPool, proven: Callable[[], bool]) -> None:
         self.pool = pool
         self.proven = proven
+        # the payload being received into a pooled element: (its loan, since, bytes)
+        self.unfinished: tuple[ElementLoan, float, int] | None = None
+
+    def unfinished_past(self, now: float) -> float:
+        """Seconds its payload has been unfinished, if past what any honest link needs
+        (``UNFINISHED_SECONDS`` and a second a MiB), else 0. Proven peers' payloads
+        held every element (36 of them, each all of an update but its last bytes, against
+        a pool of 32): the server read from no one, training froze, and honest workers
+        were dropped as silent."""
+        if self.unfinished is None or self.unfinished[0].released:
+            return 0.0
+        _, since, size = self.unfinished
+        held = now - since
+        return held if held > UNFINISHED_SECONDS + size / UNFINISHED_FLOOR_RATE else 0.0
 
     def payload_target(
         self, message_type: str, arrays: tuple[ArrayInfo, ...], payload_bytes: int
@@ -253,6 +275,7 @@ class ElementShare:
         loan = self.element()
         if loan is None:
             return memoryview(bytearray(payload_bytes)), TURNED_AWAY
+        self.unfinished = (loan, time.monotonic(), payload_bytes)
         return loan.flat.data.cast("B"), loan
 
     def element(self) -> ElementLoan | None:

@@ -16,6 +16,7 @@ from snet.protocol.codecs.weights import WeightsEncoder
 from snet.protocol.framing import FrameLimits, encode
 from snet.protocol.messages import ErrorMessage, Lease, Update, Weights
 from snet.protocol.network import ElementLayout, NetworkSpec
+from snet.server import pool as pool_module
 from snet.server.connection import WorkerConnection
 from snet.server.ledger import CompressionLedger
 from snet.server.pool import ElementPool
@@ -74,6 +75,49 @@ async def test_peers_holding_unfinished_updates_cannot_freeze_training(lab: Lab)
     status = server.final_status()
     ledgers = [e["ledger"] for e in status["epochs"][: status["epochs_done"]]]
     assert ledgers and all(ledger["used_once"] == ledger["frames"] for ledger in ledgers)
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)  # the pool's rule, not the loop's
+async def test_proven_peers_holding_unfinished_updates_are_closed_and_no_worker_dropped(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Peers each made "proven" by one small update applied, then holding all but the last
+    bytes of the next, held every element: the server read from no one for 55 s, and then
+    dropped an honest worker as silent (its messages had waited unread). Now a payload
+    unfinished past its time is closed (1 s here, 15 s and a second a MiB by default), and
+    a connection the server did not read is not silent."""
+    monkeypatch.setattr(pool_module, "UNFINISHED_SECONDS", 1.0)
+    server = await lab.server("--mode", "async", "--epochs", "30", "--pool-size", str(POOL),
+                              "--linger-seconds", "30", "--stall-seconds", "0.5",
+                              *short_job())  # fmt: skip
+    lab.worker(server, "good")
+    await wait_until(lambda: _applied(server), 30, "the good worker to train")
+    holders, small = [], np.random.default_rng(0).standard_normal(LAYOUT.size) * 1e-4
+    for i in range(POOL + 4):
+        holder = await AsyncRawClient.connect(server.port, f"holder{i}")
+        await holder.handshake()
+        lease = await holder.receive(Lease)
+        proof = Update(0, lease.lease_id, 0, 8, 1.0, 0, 0.01, small.astype(np.float32))
+        await holder.send(proof)
+        holders.append((holder, lease))
+    await wait_until(lambda: _all_applied(server, POOL + 4), 30, "the holders' first updates")
+    for holder, lease in holders:  # proven: each holds an element with an unfinished frame
+        await holder.send_bytes(_update_frame(lease)[:-1000])
+    before = await _applied(server)
+    await wait_until(lambda: _applied_since(server, before, 20), 30, "training to go on")
+    closed = [await holder.closed_by_peer(30) for holder, _ in holders]
+    assert all(closed)
+    said = [m for holder, _ in holders for m in holder.inbox if isinstance(m, ErrorMessage)]
+    assert any("update frame unfinished for" in m.text for m in said)
+    assert "dropped as silent" not in lab.log("good")
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
+
+
+async def _all_applied(server: LabServer, holders: int) -> bool:
+    rows = (await server.status())["workers"]
+    taken = [r for r in rows if r["name"].startswith("holder") and r["updates_sent"] >= 1]
+    return len(taken) >= holders
 
 
 async def _newcomers_gone(server: LabServer) -> bool:
