@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Hashable
 from typing import Any
 
@@ -57,6 +58,7 @@ ABSOLUTE_NORM = 1e6  # per pattern, while the running mean settles (or has no hi
 SETTLE_UPDATES = 8  # accepted updates of a kind before its running mean is trusted
 MEAN_WEIGHT = 0.05  # of the newest accepted update in the running mean of log norms
 MAX_LOSS_PER_PATTERN = 1e4  # cross-entropy of a float32 softmax stays far below this
+TRACKED_WORKERS = 256  # workers whose own running norms are kept, by kind
 REPORT_BYTES = 64 * 1024  # a worker report's JSON size
 REPORT_DEPTH = 8  # nesting of a worker report
 
@@ -74,11 +76,16 @@ class NormBounds:
         self._log_mean: dict[Hashable, float] = {}
         self._log_square: dict[Hashable, float] = {}  # running mean of the log's square
         self._seen: dict[Hashable, int] = {}
+        # by kind, each worker's own (log mean, log square, seen): the others' judge it
+        self._by_worker: dict[Hashable, dict[int, tuple[float, float, int]]] = {}
 
     def _allowed(self, kind: Hashable) -> float:
         """How far above the running mean, in log, an update of ``kind`` may be."""
         mean = self._log_mean[kind]
-        spread = math.sqrt(max(self._log_square[kind] - mean * mean, 0.0))
+        return self._factor(math.sqrt(max(self._log_square[kind] - mean * mean, 0.0)))
+
+    def _factor(self, spread: float) -> float:
+        """The log factor allowed above a mean whose log norms spread this much."""
         return min(max(math.log(self.factor), SPREAD_SIGMAS * spread), math.log(MAX_FACTOR))
 
     def _borrowed(self, kind: Hashable) -> tuple[float, Hashable] | None:
@@ -97,8 +104,12 @@ class NormBounds:
             return math.log(self.momentum_factor)
         return 0.0
 
-    def problem(self, kind: Hashable, gradient: np.ndarray, patterns: int) -> str:
-        """Why this update is implausible ("" if it is not). Accepted ones join the mean."""
+    def problem(
+        self, kind: Hashable, gradient: np.ndarray, patterns: int, worker: int | None = None
+    ) -> str:
+        """Why this update is implausible ("" if it is not). Accepted ones join the mean;
+        ``worker``'s are judged against the other workers' (``_others``) once one has
+        settled."""
         with np.errstate(over="ignore", invalid="ignore"):
             square = float(np.dot(gradient, gradient))
         if not math.isfinite(square):  # the rare path: a second look tells which
@@ -123,19 +134,52 @@ class NormBounds:
                     f"its kind yet, and those of kind {other} have a running mean of "
                     f"{mean:.3g} (at most {math.exp(limit) / mean:.3g}x that)"
                 )
-        elif log_norm > self._log_mean[kind] + (allowed := self._allowed(kind)):
-            return (
-                f"update norm {per_pattern:.3g} per pattern is implausible: the accepted "
-                f"updates' running mean is {math.exp(self._log_mean[kind]):.3g} (at most "
-                f"{math.exp(allowed):.3g}x that)"
-            )
+        else:
+            others = self._others(kind, worker)
+            mean, allowed = others or (self._log_mean[kind], self._allowed(kind))
+            whose = "the other workers' accepted updates'" if others else "the accepted updates'"
+            if log_norm > mean + allowed:
+                return (
+                    f"update norm {per_pattern:.3g} per pattern is implausible: {whose} "
+                    f"running mean is {math.exp(mean):.3g} (at most {math.exp(allowed):.3g}x "
+                    "that)"
+                )
         previous = self._log_mean.get(kind, log_norm)
         square = self._log_square.get(kind, log_norm * log_norm)  # both begin together
         weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))  # a plain mean while few are seen
         self._log_mean[kind] = (1 - weight) * previous + weight * log_norm
         self._log_square[kind] = (1 - weight) * square + weight * log_norm * log_norm
         self._seen[kind] = seen + 1
+        if worker is not None:
+            self._learn(kind, worker, log_norm)
         return ""
+
+    def _learn(self, kind: Hashable, worker: int, log_norm: float) -> None:
+        """``worker``'s own running mean and square of ``kind`` (the most recent
+        ``TRACKED_WORKERS`` workers' are kept)."""
+        workers = self._by_worker.setdefault(kind, {})
+        mean, square, seen = workers.pop(worker, (log_norm, log_norm * log_norm, 0))
+        weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))
+        workers[worker] = ((1 - weight) * mean + weight * log_norm,
+                           (1 - weight) * square + weight * log_norm * log_norm, seen + 1)  # fmt: skip
+        if len(workers) > TRACKED_WORKERS:
+            del workers[next(iter(workers))]  # the one heard from longest ago
+
+    def _others(self, kind: Hashable, worker: int | None) -> tuple[float, float] | None:
+        """The log mean and allowed log factor of ``kind`` as the other workers' settled
+        running norms have it (the median of each): a worker's own accepted updates fed
+        the mean and spread it was judged against, so one that grew its norms by half
+        after each taken dragged both up, to 1e8 times the others' (a probe); against the
+        others' it stays within their factor. None: no other worker has settled."""
+        if worker is None:
+            return None
+        rows = [r for w, r in self._by_worker.get(kind, {}).items()
+                if w != worker and r[2] >= SETTLE_UPDATES]  # fmt: skip
+        if not rows:
+            return None
+        mean = statistics.median(r[0] for r in rows)
+        spread = statistics.median(math.sqrt(max(r[1] - r[0] * r[0], 0.0)) for r in rows)
+        return mean, self._factor(spread)
 
     def checkpoint_state(self) -> list[dict[str, Any]]:
         """The running means, a row per kind (a kind is a tuple of plain values); only

@@ -198,7 +198,8 @@ class StepRunner:
         for group in groups:
             kept = []
             for pending in group:
-                problem = self.bounds.problem(pending.kind, pending.gradient, pending.patterns)
+                problem = self.bounds.problem(pending.kind, pending.gradient, pending.patterns,
+                                              pending.session.worker_id)  # fmt: skip
                 if problem:
                     refused.append((pending, problem))
                 else:

@@ -221,3 +221,25 @@ def test_departed_workers_are_summed_and_only_the_latest_kept() -> None:
     assert summary["patterns"] == 128_000 and summary["rows_kept"] == 3
     assert summary["reasons"]["timeout"] == 500
     assert len(summary["reasons"]) <= 17  # distinct reasons are bounded too
+
+
+def test_a_worker_cannot_raise_the_norms_it_is_judged_against() -> None:
+    """A peer that grew its updates by half after each one taken (and halved them after a
+    refusal) dragged the running mean and spread up with it: 162 of its updates applied,
+    up to 1e8 times the others' norm, CV from 86 % to 8 %, weights RMS 1.8e5 (a probe).
+    Judged against the other workers' norms, it stays within their factor."""
+    rng = np.random.default_rng(0)
+    bounds, scale, largest, refusals = NormBounds(), 1.0, 0.0, []
+    for turn in range(3000):
+        if turn % 3 == 2:  # the third worker, growing its norms
+            problem = bounds.problem((False, "none"), _gradient(64.0 * scale), 64, 3)
+            if problem:
+                refusals.append(problem)
+                scale /= 2
+            else:
+                largest, scale = max(largest, scale), scale * 1.5
+        else:  # two honest workers, spread as a bunch of 64's norms are
+            honest = _gradient(64.0 * float(np.exp(rng.normal(0, 0.3))))
+            assert bounds.problem((False, "none"), honest, 64, turn % 3 + 1) == ""
+    assert NORM_FACTOR / 2 < largest < 2 * NORM_FACTOR  # it had reached 1.26e8
+    assert "the other workers' accepted updates' running mean is" in refusals[-1]
