@@ -160,8 +160,8 @@ class NormBounds:
         workers = self._by_worker.setdefault(kind, {})
         mean, square, seen = workers.pop(worker, (log_norm, log_norm * log_norm, 0))
         weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))
-        workers[worker] = ((1 - weight) * mean + weight * log_norm,
-                           (1 - weight) * square + weight * log_norm * log_norm, seen + 1)  # fmt: skip
+        mean = (1 - weight) * mean + weight * log_norm
+        workers[worker] = (mean, (1 - weight) * square + weight * log_norm**2, seen + 1)
         if len(workers) > TRACKED_WORKERS:
             del workers[next(iter(workers))]  # the one heard from longest ago
 
