@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from . import PROTOCOL_VERSION
-from .errors import FrameTooLarge, MalformedFrame, ProtocolError, VersionMismatch
+from .errors import FrameTooLarge, MalformedFrame, ProtocolError, TlsOnPlainPort, VersionMismatch
 from .framing import (
     MAGIC,
     PREFIX,
@@ -33,6 +33,8 @@ from .framing import (
     parse_header,
 )
 from .messages import Message
+
+TLS_HANDSHAKE = b"\x16\x03"  # a TLS record of type handshake, version 3.x: a ClientHello
 
 _PREFIX, _HEADER, _PAYLOAD, _BROKEN = range(4)
 
@@ -168,6 +170,8 @@ class FrameDecoder:
 
     def _on_prefix(self) -> None:
         magic, version, _flags, header_len, payload_len = PREFIX.unpack(self._buffer)
+        if magic != MAGIC and bytes(magic[:2]) == TLS_HANDSHAKE:
+            raise TlsOnPlainPort("a TLS handshake: this port does not serve TLS")
         if magic != MAGIC:
             raise MalformedFrame(f"bad magic {bytes(magic)!r}: not an snet frame")
         if version != PROTOCOL_VERSION:

@@ -123,6 +123,12 @@ class MalformedFrame(FrameError):
     code = "malformed_frame"
 
 
+class TlsOnPlainPort(MalformedFrame):
+    """The first bytes are a TLS handshake, on a port that does not serve TLS: a worker
+    given ``--tls-ca``, or one asking whether the port wants TLS (client/port_probe.py),
+    not a hostile peer's damaged frame."""
+
+
 class OutOfTurn(ProtocolError):
     """The peer sent a message its side may not send in the conversation's current state
     (anything but ``hello`` first, a server-only message from a worker, ...)."""

@@ -31,6 +31,7 @@ from snet.protocol.errors import (
     ConnectionLost,
     ProtocolError,
     RejectedUpdate,
+    TlsOnPlainPort,
     UnknownCodec,
     VersionMismatch,
 )
@@ -182,7 +183,9 @@ class WorkerConnection:
 
     def stream_refused(self, error: ProtocolError) -> None:
         self.counters.refused_frame()
-        log.warning("closing connection from %s: %s: %s", self.describe(), error.code, error)
+        # a TLS handshake: a worker's own (given --tls-ca, or asking if the port wants TLS)
+        level = logging.INFO if isinstance(error, TlsOnPlainPort) else logging.WARNING
+        log.log(level, "closing connection from %s: %s: %s", self.describe(), error.code, error)
         self._leave(f"{error.code}: {error}")
 
     def _from_board(self, message: Update) -> Received:
@@ -374,8 +377,7 @@ class WorkerConnection:
 
     def pause_reading(self) -> None:
         """Stop reading it (the pool ran dry), unless a payload is being received into an
-        element it holds already: it finishes (and is paused then), or is closed when it
-        does not (``tend_connections``), which gives the element back."""
+        element it holds: it finishes (then paused), or is closed (``tend_connections``)."""
         share = self.stream.sink
         if isinstance(share, ElementShare) and share.unfinished is not None:
             return

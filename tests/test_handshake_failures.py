@@ -4,6 +4,7 @@ loop drops them without a word."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from pathlib import Path
@@ -14,6 +15,9 @@ import uvloop
 from snet.transport.certificates import make_cluster_certificates
 from snet.transport.handshake_failures import HTTP_PORT, WORKER_PORT, TlsFailures
 from snet.transport.tls import client_context, server_contexts
+
+from inprocess import Lab, wait_until
+from short_data import short_job
 
 pytest.importorskip("cryptography")
 
@@ -98,3 +102,27 @@ def test_a_flood_of_failures_is_logged_once_a_second_with_its_count(
     assert lines[0] == ("TLS handshake failed on the HTTP port: http request (plain HTTP to a "
                         "TLS port: use https://)")  # fmt: skip
     assert all(line.endswith("; 7 more since the last such line") for line in lines[1:])
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_a_tls_hello_on_the_plain_port_is_said_as_such_not_warned(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """Workers asking whether the port wants TLS (after a server froze a while) were
+    logged as hostile: "WARNING closing connection: malformed_frame: bad magic
+    b'\\x16\\x03': not an snet frame"."""
+    server = await lab.server("--epochs", "1", *short_job())
+    pki = tmp_path / "pki"
+    make_cluster_certificates(pki, ["127.0.0.1"])
+    with contextlib.suppress(ssl.SSLError, ConnectionError):
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", server.port, ssl=client_context(str(pki / "ca.pem"))
+        )
+        writer.close()
+    await wait_until(lambda: "a TLS handshake: this port does not serve TLS" in lab.log(
+        "server"), 10, "the refusal")  # fmt: skip
+    line = next(s for s in lab.log("server").splitlines() if "a TLS handshake" in s)
+    assert "WARNING" not in line and "INFO" in line, line
+    assert (await server.status())["frames_refused"] == 1
+    server.stop("test over")
+    assert await server.wait(30) == "test over"
