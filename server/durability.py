@@ -96,6 +96,7 @@ def resume_point(
 ) -> LoadedCheckpoint | None:
     """The checkpoint to resume from, or None to start a fresh run (raises ConfigError)."""
     store.remove_leftovers()
+    _remove_unfinished_results(Path(config.out_dir))
     try:
         loaded = store.newest()
     except ConfigError:  # a checkpoint it cannot read: --fresh starts over all the same
@@ -180,3 +181,15 @@ def _finished_run(config: ServerConfig, loaded: LoadedCheckpoint | None) -> str:
         return f"a stopped run ({weights}; {status.name}: updates applied)"
     # a server stopped before it trained wrote its initial weights, nothing to lose
     return "" if status.exists() else f"a finished run ({weights}: snet train's, say)"
+
+
+def _remove_unfinished_results(out_dir: Path) -> None:
+    """The temporary files of results whose write a kill cut short (.weights.npz.XXXXXXXX,
+    266 kB each, stayed for good: the checkpoints' were removed); the out-dir is this
+    server's (locked) by now."""
+    if not out_dir.is_dir():
+        return
+    for name in (WEIGHTS_FILE, STATUS_FILE):
+        for path in out_dir.glob(f".{name}.*"):
+            log.info("removing %s: results whose write was cut short", path.name)
+            path.unlink(missing_ok=True)

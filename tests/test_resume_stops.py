@@ -67,8 +67,11 @@ def test_torn_checkpoint_other_job_locked_dir_and_results_kept(cluster: Cluster)
     assert [e["epoch"] for e in final["hooks"]["accuracy"]["epochs"]] == [1, 2, 3]  # kept (from 1)
     trained = (run.out_dir / "weights.npz").read_bytes()
 
-    # Restarted on the finished run and stopped at once: the trained weights stay.
+    # Restarted on the finished run and stopped at once: the trained weights stay, and
+    # what a kill mid-write left of results is removed (it stayed for good)
+    (run.out_dir / ".weights.npz.x1y2z3w4").write_bytes(b"half of a weights file")
     server = run.start()
+    assert not list(run.out_dir.glob(".weights.npz.*"))
     assert server.status()["state"] == "trained"
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
