@@ -114,12 +114,10 @@ class SliceRounds:
         self, job: JobSpec, rule: AssembledElement, labels: np.ndarray, min_workers: int,
         parts: CoordinatorParts,
     ) -> None:  # fmt: skip
-        self.job = job
-        self.rule = rule
-        self.master = rule.master
-        self.labels = labels
+        self.job, self.rule, self.master, self.labels = job, rule, rule.master, labels
         self.min_workers = min_workers
         self.book, self.epochs, self.stats = parts.book, parts.epochs, parts.stats
+        self._cut: dict[int, tuple[int, int]] = {}  # the units each holds, as last said
         self.parts = parts
         self.depth = 2 if job.np_pipeline else 1
         self.in_flight: dict[int, BunchRound] = {}
@@ -379,8 +377,10 @@ class SliceRounds:
             state = SliceState(grant.part.start, grant.part.stop, self.last_completed,
                                grant.weights, grant.velocity)  # fmt: skip
             self.sessions[worker_id].send(state)
-        log.info("np: hidden units cut among %s: %s", counted(len(speeds), "worker"),
-                 {w: (p.start, p.stop) for w, p in self.master.holders.items()})  # fmt: skip
+        cut = {w: (p.start, p.stop) for w, p in self.master.holders.items()}
+        log.log(logging.INFO if cut != self._cut else logging.DEBUG,  # said when it changes
+                "np: hidden units cut among %s: %s", counted(len(speeds), "worker"), cut)
+        self._cut = cut
 
     # ------------------------------------------------------------ epochs, resume
 
