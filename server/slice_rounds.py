@@ -378,8 +378,8 @@ class SliceRounds:
                                grant.weights, grant.velocity)  # fmt: skip
             self.sessions[worker_id].send(state)
         cut = {w: (p.start, p.stop) for w, p in self.master.holders.items()}
-        log.log(logging.INFO if cut != self._cut else logging.DEBUG,  # said when it changes
-                "np: hidden units cut among %s: %s", counted(len(speeds), "worker"), cut)
+        said = f"np: hidden units cut among {counted(len(speeds), 'worker')}: {cut}"
+        log.log(logging.INFO if cut != self._cut else logging.DEBUG, "%s", said)  # new ones
         self._cut = cut
 
     # ------------------------------------------------------------ epochs, resume
