@@ -100,6 +100,11 @@ class WorkerSession:
         server's (an update codec such as ``topk``; protocol 8.8)."""
         return self.ledger is not None and self.ledger.momentum_corrected
 
+    def unread_for(self, seconds: float) -> None:
+        """The server did not read its connection for ``seconds`` (its pool dry): that
+        time is not the worker's silence."""
+        self.last_seen += seconds
+
     def touch(self) -> None:
         self.last_seen = time.monotonic()
         self.last_seen_wall = time.time()
