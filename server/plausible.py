@@ -6,7 +6,11 @@ second; accuracy counts of 7.8e15 and a NaN loss reached /status. So:
 
 - ``NormBounds``: each update's gradient norm per pattern must stay below a factor of the
   running (geometric) mean of the updates accepted so far, as DGC bounds its gradients by
-  their running norm; before that mean settles, below an absolute sanity bound. The
+  their running norm; before that mean settles, below an absolute sanity bound. Once
+  three workers or more have settled their own running norms of a kind, the median
+  worker's mean and spread judge instead, each worker one vote: with every accepted
+  update feeding the mean it is judged against, a peer that grew its norms after each
+  one taken dragged it up without end (``_others``). The
   factor widens with the spread the accepted norms have shown (``SPREAD_SIGMAS`` of their
   log's running standard deviation, when that is more than ``NORM_FACTOR``): the norm of
   a bunch of one or two patterns spans orders of magnitude once the network has learned
@@ -59,6 +63,7 @@ SETTLE_UPDATES = 8  # accepted updates of a kind before its running mean is trus
 MEAN_WEIGHT = 0.05  # of the newest accepted update in the running mean of log norms
 MAX_LOSS_PER_PATTERN = 1e4  # cross-entropy of a float32 softmax stays far below this
 TRACKED_WORKERS = 256  # workers whose own running norms are kept, by kind
+JUDGES = 3  # settled workers of a kind from which the median worker's norms judge
 REPORT_BYTES = 64 * 1024  # a worker report's JSON size
 REPORT_DEPTH = 8  # nesting of a worker report
 
@@ -137,7 +142,7 @@ class NormBounds:
         else:
             others = self._others(kind, worker)
             mean, allowed = others or (self._log_mean[kind], self._allowed(kind))
-            whose = "the other workers' accepted updates'" if others else "the accepted updates'"
+            whose = "the median worker's accepted updates'" if others else "the accepted updates'"
             if log_norm > mean + allowed:
                 return (
                     f"update norm {per_pattern:.3g} per pattern is implausible: {whose} "
@@ -166,16 +171,19 @@ class NormBounds:
             del workers[next(iter(workers))]  # the one heard from longest ago
 
     def _others(self, kind: Hashable, worker: int | None) -> tuple[float, float] | None:
-        """The log mean and allowed log factor of ``kind`` as the other workers' settled
-        running norms have it (the median of each): a worker's own accepted updates fed
+        """The log mean and allowed log factor of ``kind`` as the median worker has them,
+        once ``JUDGES`` workers or more have settled: a worker's own accepted updates fed
         the mean and spread it was judged against, so one that grew its norms by half
-        after each taken dragged both up, to 1e8 times the others' (a probe); against the
-        others' it stays within their factor. None: no other worker has settled."""
+        after each taken dragged both up, to 1e8 times the others' (a probe); and one
+        that sent tiny steady ones, which are taken, must not hold the others to its
+        norm either (292 of 300 honest updates refused, in a review's simulation of the
+        others' median alone). Each worker one vote: one of three or more can neither
+        raise its bound nor lower another's. None: fewer have settled (of two workers,
+        norms alone cannot tell which is right: the running mean of all judges)."""
         if worker is None:
             return None
-        rows = [r for w, r in self._by_worker.get(kind, {}).items()
-                if w != worker and r[2] >= SETTLE_UPDATES]  # fmt: skip
-        if not rows:
+        rows = [r for r in self._by_worker.get(kind, {}).values() if r[2] >= SETTLE_UPDATES]
+        if len(rows) < JUDGES:
             return None
         mean = statistics.median(r[0] for r in rows)
         spread = statistics.median(math.sqrt(max(r[1] - r[0] * r[0], 0.0)) for r in rows)
