@@ -379,7 +379,7 @@ class WorkerConnection:
         """Stop reading it (the pool ran dry), unless a payload is being received into an
         element it holds: it finishes (then paused), or is closed (``tend_connections``)."""
         share = self.stream.sink
-        if isinstance(share, ElementShare) and share.unfinished is not None:
+        if isinstance(share, ElementShare) and share.receiving:
             return
         self.stream.pause_reading()
         self.paused_at = self.paused_at or time.monotonic()
@@ -396,5 +396,5 @@ class WorkerConnection:
         honest worker was dropped as silent after a minute of the pool's pause)."""
         self.stream.resume_reading()
         if self.paused_at and self.session is not None:
-            self.session.unread_for(time.monotonic() - self.paused_at)
+            self.session.read_again()
         self.paused_at = 0.0

@@ -44,7 +44,7 @@ def tend_connections(
                 connection.fail(TIMEOUT, text, logged=False)
             continue
         # not read by the server (its pool full): its messages wait unread, it is not silent
-        quiet = now - session.last_seen if not connection.paused_at else 0.0
+        quiet = session.quiet(now) if not connection.paused_at else 0.0
         share = connection.stream.sink
         held = share.unfinished_past(now) if isinstance(share, ElementShare) else 0.0
         if held:

@@ -123,7 +123,7 @@ class TurnedAway:
 
 TURNED_AWAY = TurnedAway()
 # an update payload received into a pooled element is closed when it is unfinished this
-# long, and a second more a MiB (2 MB: 17 s, a link of 1 Mbit/s): its element is held
+# long, and a second more a MiB (2 MB: 17 s; a large frame needs 1 MiB/s): it holds one
 UNFINISHED_SECONDS = 15.0
 UNFINISHED_FLOOR_RATE = float(1 << 20)  # bytes a second
 
@@ -252,6 +252,15 @@ class ElementShare:
         self.proven = proven
         # the payload being received into a pooled element: (its loan, since, bytes)
         self.unfinished: tuple[ElementLoan, float, int] | None = None
+        self._acquiring = False  # taking an element: the pool's watch may pause it now
+
+    @property
+    def receiving(self) -> bool:
+        """A payload is being received into a pooled element it holds (or is about to):
+        pausing it would hold that element for as long as the pause lasts."""
+        if self._acquiring:
+            return True
+        return self.unfinished is not None and not self.unfinished[0].released
 
     def unfinished_past(self, now: float) -> float:
         """Seconds its payload has been unfinished, if past what any honest link needs
@@ -259,7 +268,7 @@ class ElementShare:
         held every element (36 of them, each all of an update but its last bytes, against
         a pool of 32): the server read from no one, training froze, and honest workers
         were dropped as silent."""
-        if self.unfinished is None or self.unfinished[0].released:
+        if self.unfinished is None or not self.receiving:
             return 0.0
         _, since, size = self.unfinished
         held = now - since
@@ -272,7 +281,11 @@ class ElementShare:
         beyond it in a buffer of its own, with the ``TURNED_AWAY`` token."""
         if message_type != "update" or not self.pool.matches(arrays):
             return None
-        loan = self.element()
+        self._acquiring = True  # the last element's on_empty pauses every connection
+        try:  # but this one, whose payload it takes (it was paused mid-payload)
+            loan = self.element()
+        finally:
+            self._acquiring = False
         if loan is None:
             return memoryview(bytearray(payload_bytes)), TURNED_AWAY
         self.unfinished = (loan, time.monotonic(), payload_bytes)

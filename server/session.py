@@ -53,6 +53,7 @@ class WorkerSession:
     warn: Callable[..., None] = log_warning
     joined_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
+    read_again_at: float = 0.0  # the server paused reading it (its pool dry), till then
     last_seen_wall: float = field(default_factory=time.time)
     state: str = "training"
     left_reason: str = ""
@@ -100,10 +101,15 @@ class WorkerSession:
         server's (an update codec such as ``topk``; protocol 8.8)."""
         return self.ledger is not None and self.ledger.momentum_corrected
 
-    def unread_for(self, seconds: float) -> None:
-        """The server did not read its connection for ``seconds`` (its pool dry): that
-        time is not the worker's silence."""
-        self.last_seen += seconds
+    def read_again(self) -> None:
+        """The server reads its connection again after a pause (its pool dry): the time
+        not read is not the worker's silence, which counts from now (``quiet``)."""
+        self.read_again_at = time.monotonic()
+
+    def quiet(self, now: float) -> float:
+        """Seconds of this worker's silence: since its last message, or since the server
+        read its connection again, whichever is later."""
+        return now - max(self.last_seen, self.read_again_at)
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()

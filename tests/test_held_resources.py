@@ -19,7 +19,7 @@ from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.server import pool as pool_module
 from snet.server.connection import WorkerConnection
 from snet.server.ledger import CompressionLedger
-from snet.server.pool import ElementPool
+from snet.server.pool import ElementLoan, ElementPool, ElementShare
 from snet.server.session import WorkerSession
 
 from async_raw import AsyncRawClient
@@ -238,3 +238,23 @@ def test_a_peer_refused_for_its_numbers_is_held_to_a_newcomers_share_of_the_pool
     assert connection._proven()
     session.refused(numeric=True)  # NaN since
     assert not connection._proven()
+
+
+def test_the_connection_that_takes_the_last_element_is_not_paused_mid_payload() -> None:
+    """The pool's last element fired its watch (pause every connection) inside the
+    acquire, before the connection taking it was marked as receiving: it was paused with
+    its payload half read, then closed as holding it unfinished. And a payload's loan
+    released by another way (a frame refused) left it marked receiving for good."""
+    from snet.protocol.framing import ArrayInfo
+
+    pool = ElementPool(LAYOUT, 1)
+    share = ElementShare(pool, lambda: True)
+    seen: list[bool] = []
+    pool.watch(lambda: seen.append(share.receiving), lambda: None)
+    arrays = (ArrayInfo("<f4", (LAYOUT.size,), "none", 4 * LAYOUT.size),)
+    _, loan = share.payload_target("update", arrays, 4 * LAYOUT.size)
+    assert seen == [True]  # receiving when the watch asked: not paused
+    assert share.receiving and share.unfinished_past(1e12) > 0
+    assert isinstance(loan, ElementLoan)
+    loan.release()  # refused, or abandoned, before it was whole
+    assert not share.receiving and share.unfinished_past(1e12) == 0.0
