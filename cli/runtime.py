@@ -72,8 +72,8 @@ def setup_logging(level: str, form: str = "text") -> None:
 
 
 def install_stop_signals(stop: Callable[[str], None], log: logging.Logger) -> None:
-    """First SIGTERM/SIGINT/SIGHUP: ``stop("signal SIGTERM")``, a graceful stop. Second: exit 1 now
-    (but not the first one delivered twice: cli/stop_signals.py).
+    """First SIGTERM/SIGINT/SIGHUP: ``stop("signal NAME")``, a graceful stop. Second: exit
+    1 now (but not the first one delivered twice: cli/stop_signals.py).
 
     Call inside the running event loop."""
     loop = asyncio.get_running_loop()

@@ -123,7 +123,7 @@ class SnetServer:
         self.out_lock.acquire()
         plan = await loop.run_in_executor(self.executor, plan_data, job, self.config.data_cache)
         checkpoints = Path(self.config.out_dir) / CHECKPOINTS_DIR
-        store = CheckpointStore(checkpoints, self.config.checkpoint_keep)
+        store = CheckpointStore(checkpoints, self.config.checkpoint_keep, self.out_lock)
         identity = job_identity(job.to_dict(), plan.fingerprint(), plan.labels)
         loaded = resume_point(self.config, store, identity)
         weights = None
@@ -391,7 +391,7 @@ class SnetServer:
             tend_connections(self.connections, now, self.counters, interval,
                              self.config.worker_timeout_seconds)  # fmt: skip
             if lost := self.out_lock.keep():  # the out-dir removed, and taken by another
-                self.request_stop(lost)
+                self.request_stop(f"{NOT_WRITTEN}: {lost}")  # the workers wait for a restart
 
     async def _watch_progress(self) -> None:
         """Deadlines are measured in tens of milliseconds to seconds: look often."""

@@ -34,6 +34,8 @@ import numpy as np
 from snet.protocol.errors import ConfigError
 from snet.transport.files import write_atomically
 
+from .service import OutDirLock
+
 log = logging.getLogger("snet.server")
 
 CHECKPOINTS_DIR = "checkpoints"  # in the out-dir: where a run keeps what it resumes from
@@ -135,16 +137,20 @@ class LoadedCheckpoint:
     path: Path
     state: dict[str, Any]
     skipped: tuple[str, ...] = ()
+    damaged: tuple[int, ...] = ()  # the numbers of those that did not read back whole
 
 
 class CheckpointStore:
     """The checkpoint files of one out-dir: write the next, read the newest whole one."""
 
-    def __init__(self, directory: Path, keep: int = 2) -> None:
+    def __init__(self, directory: Path, keep: int = 2, lock: OutDirLock | None = None) -> None:
+        """``lock``: the out-dir's; once another process has taken it (``lost``), nothing
+        is written there (its next restart resumed our run, and our pruning ate its)."""
         if keep < 1:
             raise ConfigError(f"keep must be at least 1 checkpoint, got {keep}")
         self.directory = directory
         self.keep = keep
+        self.lock = lock
         self._next = max(self.sequence_numbers(), default=0) + 1
 
     def sequence_numbers(self) -> list[int]:
@@ -160,6 +166,8 @@ class CheckpointStore:
     def write(self, state: dict[str, Any]) -> Path:
         """Write ``state`` as the next checkpoint, crash-consistently; drop all but the
         newest ``keep``. Runs in the checkpoint writer thread, never on the event loop."""
+        if self.lock is not None and self.lock.lost:
+            raise OSError("the out-dir was taken by another process: nothing is written there")
         payload = encode_checkpoint(state)
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path(self._next)
@@ -175,6 +183,7 @@ class CheckpointStore:
         Damaged files are passed over with a warning; if every file is damaged that is a
         ``CheckpointDamaged`` error, since starting over silently would lose the run."""
         skipped: list[str] = []
+        damaged: list[int] = []
         for number in reversed(self.sequence_numbers()):
             path = self.path(number)
             try:
@@ -182,12 +191,13 @@ class CheckpointStore:
             except CheckpointDamaged as exc:
                 log.warning("%s; trying the previous checkpoint", exc)
                 skipped.append(str(exc))
+                damaged.append(number)
                 continue
             except OSError as exc:
                 log.warning("cannot read %s (%s); trying the previous checkpoint", path, exc)
                 skipped.append(f"{path.name}: {exc.strerror}")
                 continue
-            return LoadedCheckpoint(path, state, tuple(skipped))
+            return LoadedCheckpoint(path, state, tuple(skipped), tuple(damaged))
         if skipped:
             raise CheckpointDamaged(
                 f"no usable checkpoint in {self.directory} ({'; '.join(skipped)}); "
@@ -200,16 +210,12 @@ class CheckpointStore:
         over them), renamed out of the count once the server resumes: they counted among
         the ``keep`` newest, so the next write deleted the last good one and left one
         checkpoint a reader could use, not ``keep``."""
-        found = NAME.match(resumed.path.name)
-        if not resumed.skipped or found is None:
-            return
-        for number in self.sequence_numbers():
-            if number > int(found.group(1)):
-                path = self.path(number)
-                with contextlib.suppress(OSError):  # a read-only one stays: a later pass
-                    path.rename(path.with_name(path.name + DAMAGED))
-                    log.warning("%s set aside as %s%s: it does not read back", path.name,
-                                path.name, DAMAGED)  # fmt: skip
+        for number in resumed.damaged:  # not one it could not read (a mode, an I/O error)
+            path = self.path(number)
+            with contextlib.suppress(OSError):  # gone meanwhile, or a read-only directory
+                path.rename(path.with_name(path.name + DAMAGED))
+                log.warning("%s set aside as %s%s: it does not read back", path.name,
+                            path.name, DAMAGED)  # fmt: skip
 
     def clear(self) -> None:
         """Remove every checkpoint and leftover temporary file (``--fresh``)."""

@@ -20,7 +20,6 @@ import numpy as np
 
 from snet.data.archive import ARCHIVE_ERRORS, open_npz
 from snet.data.norms import Norms, write_norm_file
-from snet.protocol.digest import weights_digest
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec
 from snet.protocol.network import ElementLayout, NetworkSpec
@@ -197,10 +196,11 @@ def _describes(status: Path, coordinator: Coordinator) -> bool:
 
 
 def _holds(path: Path, coordinator: Coordinator) -> bool:
-    """Whether the weights file ``path`` holds the coordinator's weights (their version
-    and digest)."""
+    """Whether the weights file ``path`` holds the coordinator's weights: their version
+    and values (the model's, which bmuf's block filter keeps apart from its snapshot)."""
     try:
         saved = read_weights(path, coordinator.job.network)
     except (OSError, ValueError, KeyError, ConfigError):
         return False
-    return saved.version == coordinator.version and weights_digest(saved.flat) == coordinator.digest
+    model = np.asarray(coordinator.rule.model, dtype=np.float32)
+    return saved.version == coordinator.version and np.array_equal(saved.flat, model)

@@ -160,7 +160,7 @@ class OutDirLock:
             os.close(gone)
             log.error("out-dir %s was removed while this %s ran, and %s", self.path.parent,
                       self.holder, exc)  # fmt: skip
-            return f"failed: out-dir taken by another process: {exc}"
+            return f"out-dir taken by another process: {exc}"
         except (ConfigError, OutDirUnwritable) as exc:  # tried again at the next call
             self._handle = gone
             if not self._unusable_said:

@@ -42,7 +42,7 @@ def test_an_out_dir_removed_while_its_server_runs_is_locked_again(
     second.acquire()
     try:
         reason = server.keep()
-        assert reason.startswith("failed: out-dir taken by another process: out-dir ")
+        assert reason.startswith("out-dir taken by another process: out-dir ")
         assert server.lost and server.keep() == ""  # said once
     finally:
         second.release()
@@ -96,3 +96,26 @@ async def test_a_server_whose_out_dir_was_removed_makes_it_again_and_writes_ther
     assert await worker.wait(30) == 0
     assert (server.out_dir / "weights.npz").exists()
     assert server.final_status()["state"] == "trained"
+
+
+def test_no_checkpoint_is_written_into_an_out_dir_another_process_took(tmp_path: Path) -> None:
+    """Its higher checkpoint numbers went into the other server's directory: that one's
+    next restart resumed this run, and this one's pruning deleted its checkpoints."""
+    from snet.server.checkpoint import CheckpointStore
+
+    out = tmp_path / "out"
+    lock = OutDirLock(str(out))
+    lock.acquire()
+    store = CheckpointStore(out / "checkpoints", 2, lock)
+    store.write({"version": 1})
+    shutil.rmtree(out)
+    other = OutDirLock(str(out))
+    other.acquire()
+    try:
+        assert lock.keep().startswith("out-dir taken by another process")
+        with pytest.raises(OSError, match="taken by another process: nothing is written"):
+            store.write({"version": 2})
+        assert not (out / "checkpoints").exists()
+    finally:
+        other.release()
+        lock.release()

@@ -50,8 +50,8 @@ class TlsFailures:
 
     def __init__(self) -> None:
         self.counts = {WORKER_PORT: 0, HTTP_PORT: 0}
-        self._unlogged = 0
-        self._logged_at = -LOG_EVERY_SECONDS
+        self._unlogged = {WORKER_PORT: 0, HTTP_PORT: 0}  # since the port's last line
+        self._logged_at = {WORKER_PORT: -LOG_EVERY_SECONDS, HTTP_PORT: -LOG_EVERY_SECONDS}
 
     def watch(self, context: ssl.SSLContext, port: str) -> None:
         """Count and say the handshakes that fail in ``context`` (of ``port``: one of
@@ -73,17 +73,17 @@ class TlsFailures:
     def failed(self, port: str, error: ssl.SSLError) -> None:
         """A handshake on ``port`` failed with ``error``."""
         self.counts[port] = self.counts.get(port, 0) + 1
-        self._unlogged += 1
+        unlogged = self._unlogged[port] = self._unlogged.get(port, 0) + 1
         now = time.monotonic()
-        if now - self._logged_at < LOG_EVERY_SECONDS:
+        if now - self._logged_at.get(port, -LOG_EVERY_SECONDS) < LOG_EVERY_SECONDS:
             return
         reason = str(error.reason or "")
         said = getattr(error, "verify_message", None) or reason.lower().replace("_", " ")
         hint = HINTS.get(reason)
-        more = f"; {self._unlogged - 1} more since the last such line" if self._unlogged > 1 else ""
+        more = f"; {unlogged - 1} more since the last such line" if unlogged > 1 else ""
         log.warning("TLS handshake failed on the %s: %s%s%s", port, said or error,
                     f" ({hint})" if hint else "", more)  # fmt: skip
-        self._logged_at, self._unlogged = now, 0
+        self._logged_at[port], self._unlogged[port] = now, 0
 
     def figures(self) -> dict[str, Any]:
         """The counts /status and /metrics show."""
