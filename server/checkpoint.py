@@ -151,6 +151,7 @@ class CheckpointStore:
         self.directory = directory
         self.keep = keep
         self.lock = lock
+        self._unreadable: set[int] = set()  # numbers newest() could not read
         self._next = max(self.sequence_numbers(), default=0) + 1
 
     def sequence_numbers(self) -> list[int]:
@@ -166,14 +167,16 @@ class CheckpointStore:
     def write(self, state: dict[str, Any]) -> Path:
         """Write ``state`` as the next checkpoint, crash-consistently; drop all but the
         newest ``keep``. Runs in the checkpoint writer thread, never on the event loop."""
-        if self.lock is not None and self.lock.lost:
-            raise OSError("the out-dir was taken by another process: nothing is written there")
+        if self.lock is not None and not self.lock.holds():  # looked at every second too
+            raise OSError("the out-dir is not this server's: nothing is written there")
         payload = encode_checkpoint(state)
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path(self._next)
         write_atomically(path, payload)
         self._next += 1
-        for number in self.sequence_numbers()[: -self.keep]:
+        # one this server could not read (a mode, an I/O error) stays, out of the count
+        readable = [n for n in self.sequence_numbers() if n not in self._unreadable]
+        for number in readable[: -self.keep]:
             self.path(number).unlink(missing_ok=True)
         return path
 
@@ -196,6 +199,7 @@ class CheckpointStore:
             except OSError as exc:
                 log.warning("cannot read %s (%s); trying the previous checkpoint", path, exc)
                 skipped.append(f"{path.name}: {exc.strerror}")
+                self._unreadable.add(number)
                 continue
             return LoadedCheckpoint(path, state, tuple(skipped), tuple(damaged))
         if skipped:

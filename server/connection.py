@@ -396,5 +396,5 @@ class WorkerConnection:
         honest worker was dropped as silent after a minute of the pool's pause)."""
         self.stream.resume_reading()
         if self.paused_at and self.session is not None:
-            self.session.read_again()
+            self.session.not_read_for(time.monotonic() - self.paused_at)
         self.paused_at = 0.0

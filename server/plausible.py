@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
@@ -65,6 +66,7 @@ MAX_LOSS_PER_PATTERN = 1e4  # cross-entropy of a float32 softmax stays far below
 TRACKED_WORKERS = 256  # workers whose own running norms are kept, by kind
 JUDGES = 3  # settled workers of a kind from which the median worker's norms judge
 JUDGE_EVERY = 8  # accepted updates of a kind between two reckonings of the median worker
+MAX_KINDS = 32  # kinds whose norms are kept (a peer chooses its codec, each a kind)
 REPORT_BYTES = 64 * 1024  # a worker report's JSON size
 REPORT_DEPTH = 8  # nesting of a worker report
 
@@ -86,6 +88,15 @@ class NormBounds:
         self._by_worker: dict[Hashable, dict[int, tuple[float, float, int]]] = {}
         # by kind, the median worker's (log mean, allowed) as of the kind's nth update
         self._judged: dict[Hashable, tuple[int, tuple[float, float] | None]] = {}
+        # by kind, the median worker's as checkpointed: it judges until JUDGES settle again
+        self._restored: dict[Hashable, tuple[float, float]] = {}
+        self._gone: deque[int] = deque()  # workers that left (the loop's; the step's to drop)
+
+    def forget(self, worker: int) -> None:
+        """``worker`` left: its running norms vote no more (a peer that came back under a
+        new id kept a vote per connection: 600 of 600 honest updates refused, a review's
+        simulation). Called on the event loop; taken up by the next ``problem``."""
+        self._gone.append(worker)
 
     def _allowed(self, kind: Hashable) -> float:
         """How far above the running mean, in log, an update of ``kind`` may be."""
@@ -96,15 +107,18 @@ class NormBounds:
         """The log factor allowed above a mean whose log norms spread this much."""
         return min(max(math.log(self.factor), SPREAD_SIGMAS * spread), math.log(MAX_FACTOR))
 
-    def _borrowed(self, kind: Hashable) -> tuple[float, Hashable] | None:
-        """For a kind not yet settled: the log of the largest norm the settled other kinds
-        allow it (the most lenient), and that kind; None while no other kind has settled."""
+    def _borrowed(self, kind: Hashable, strictest: bool = False) -> tuple[float, Hashable] | None:
+        """The log of the largest norm the settled other kinds allow ``kind``, and which
+        kind: the most lenient (for a kind not yet settled), or the ``strictest`` (for a
+        settled kind of few workers); None while no other kind has settled."""
         limits = [
             (self._log_mean[other] + self._allowed(other) + self._widening(kind, other), other)
             for other, seen in self._seen.items()
             if other != kind and seen >= SETTLE_UPDATES
         ]
-        return max(limits, key=lambda limit: limit[0]) if limits else None
+        if not limits:
+            return None
+        return (min if strictest else max)(limits, key=lambda limit: limit[0])
 
     def _widening(self, kind: Hashable, other: Hashable) -> float:
         """The log of how much larger than ``other``'s an honest norm of ``kind`` may be."""
@@ -118,6 +132,11 @@ class NormBounds:
         """Why this update is implausible ("" if it is not). Accepted ones join the mean;
         ``worker``'s are judged against the other workers' (``_others``) once one has
         settled."""
+        while self._gone:
+            gone = self._gone.popleft()
+            for rows in self._by_worker.values():
+                rows.pop(gone, None)
+            self._judged.clear()
         with np.errstate(over="ignore", invalid="ignore"):
             square = float(np.dot(gradient, gradient))
         if not math.isfinite(square):  # the rare path: a second look tells which
@@ -146,12 +165,23 @@ class NormBounds:
             others = self._others(kind, worker)
             mean, allowed = others or (self._log_mean[kind], self._allowed(kind))
             whose = "the median worker's accepted updates'" if others else "the accepted updates'"
+            strictest = self._borrowed(kind, strictest=True) if others is None else None
+            if strictest is not None and strictest[0] < mean + allowed:
+                # a kind of few workers (a codec of its own, which a peer chooses) is held
+                # to the other kinds' too: else its own mean, which it feeds, judged it
+                mean, whose = self._log_mean[strictest[1]], f"kind {strictest[1]}'s"
+                allowed = strictest[0] - mean
             if log_norm > mean + allowed:
                 return (
                     f"update norm {per_pattern:.3g} per pattern is implausible: {whose} "
                     f"running mean is {math.exp(mean):.3g} (at most {math.exp(allowed):.3g}x "
                     "that)"
                 )
+        if kind not in self._seen and len(self._seen) >= MAX_KINDS:  # a peer chooses its
+            least = min(self._seen, key=self._seen.__getitem__)  # codec, and so a new kind
+            for table in (self._log_mean, self._log_square, self._seen, self._by_worker,
+                          self._judged, self._restored):  # fmt: skip
+                table.pop(least, None)
         previous = self._log_mean.get(kind, log_norm)
         square = self._log_square.get(kind, log_norm * log_norm)  # both begin together
         weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))  # a plain mean while few are seen
@@ -190,8 +220,8 @@ class NormBounds:
         if cached is not None and seen - cached[0] < JUDGE_EVERY:  # medians move slowly: a
             return cached[1]  # pass over 256 workers' rows cost 61 us, more than the dot
         rows = [r for r in self._by_worker.get(kind, {}).values() if r[2] >= SETTLE_UPDATES]
-        judged = None
-        if len(rows) >= JUDGES:
+        judged = self._restored.get(kind)  # until JUDGES settle after a restart: the
+        if len(rows) >= JUDGES:  # restored mean, which every update fed, would judge
             mean = statistics.median(r[0] for r in rows)
             spread = statistics.median(math.sqrt(max(r[1] - r[0] * r[0], 0.0)) for r in rows)
             judged = mean, self._factor(spread)
@@ -207,6 +237,8 @@ class NormBounds:
                 "log_mean": mean,
                 "seen": self._seen[kind],
                 "log_square": self._log_square[kind],
+                "median_worker": (self._judged.get(kind) or (0, None))[1]
+                or self._restored.get(kind),
             }
             for kind, mean in self._log_mean.items()
         ]
@@ -226,6 +258,9 @@ class NormBounds:
             kind = tuple(parts) if len(parts) > 1 else parts[0]
             self._log_mean[kind], self._seen[kind] = float(mean), int(seen)
             self._log_square[kind] = square
+            judged = row.get("median_worker") if isinstance(row, dict) else None
+            if judged:
+                self._restored[kind] = (float(judged[0]), float(judged[1]))
 
     def figures(self) -> dict[str, float]:
         """The running mean norm per pattern of each kind, for /status."""

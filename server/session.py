@@ -53,7 +53,7 @@ class WorkerSession:
     warn: Callable[..., None] = log_warning
     joined_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
-    read_again_at: float = 0.0  # the server paused reading it (its pool dry), till then
+    unread_seconds: float = 0.0  # since last_seen, the server did not read it (pool dry)
     last_seen_wall: float = field(default_factory=time.time)
     state: str = "training"
     left_reason: str = ""
@@ -101,19 +101,21 @@ class WorkerSession:
         server's (an update codec such as ``topk``; protocol 8.8)."""
         return self.ledger is not None and self.ledger.momentum_corrected
 
-    def read_again(self) -> None:
-        """The server reads its connection again after a pause (its pool dry): the time
-        not read is not the worker's silence, which counts from now (``quiet``)."""
-        self.read_again_at = time.monotonic()
+    def not_read_for(self, seconds: float) -> None:
+        """The server did not read its connection for ``seconds`` (its pool dry): not the
+        worker's silence (``quiet``); only that time, not the silence before it (a pause
+        of a millisecond forgave a dead worker's hour)."""
+        self.unread_seconds += seconds
 
     def quiet(self, now: float) -> float:
-        """Seconds of this worker's silence: since its last message, or since the server
-        read its connection again, whichever is later."""
-        return now - max(self.last_seen, self.read_again_at)
+        """Seconds of this worker's silence since its last message, less the time the
+        server did not read it."""
+        return now - self.last_seen - self.unread_seconds
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
         self.last_seen_wall = time.time()
+        self.unread_seconds = 0.0
 
     def wants_weights(self, holders: Container[int]) -> bool:
         """After a step: whether it is sent the new weights. It computes (it is among the

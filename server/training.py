@@ -14,10 +14,10 @@ coordinator routes a worker's mode-dependent events there and never asks which m
 
 Between steps the parts' ``checkpoint_state()`` make one consistent snapshot, the weights
 of ``version`` and exactly the ledger they include (server/resume.py, checkpointer.py). It
-routes the events (a worker joins, sends an update or a CV result, is late, leaves) to
-them and carries out what they decide, on the event loop: it publishes each step's
-weights (to local workers through the board, transport/shared_board.py), sends them to
-the workers that compute, starts epochs; only the ``StepRunner`` computes.
+routes the events (a worker joins, sends an update or a CV result, is late, leaves) to them
+and does what they decide, on the event loop: it publishes each step's weights (to local
+workers through transport/shared_board.py), sends them to the workers that compute,
+starts epochs; only the ``StepRunner`` computes.
 """
 
 from __future__ import annotations
@@ -184,6 +184,7 @@ class Coordinator:
         if self.sessions.pop(session.worker_id, None) is None:
             return
         self.rule.set_workers(len(self.sessions))
+        self.runner.bounds.forget(session.worker_id)  # its norms vote no more
         session.left(reason)
         self.departed.add(session)
         returned = self.desk.worker_gone(session)
@@ -224,7 +225,6 @@ class Coordinator:
 
     def _take_update(self, session: WorkerSession, received: Received) -> None:
         """Check an update; queue it for the next step or refuse it (raises RejectedUpdate).
-
         A queued update's element is the step queue's from here (``Received.keep``); the
         connection gives back what was not kept (server/pool.py)."""
         if not self.intake.arrived(session, received):
@@ -380,9 +380,8 @@ class Coordinator:
             self.digest = weights_digest(self.rule.snapshot)
             for session in self.sessions.values():
                 self.send_weights(session)
-        self.hooks.call(
-            "after_epoch", self.stats.mark_kept(result.epoch, decision.kept, self.version)
-        )
+        kept = self.stats.mark_kept(result.epoch, decision.kept, self.version)
+        self.hooks.call("after_epoch", kept)
         if decision.next_epoch is not None:
             self._start_epoch(decision.next_epoch)
         if decision.finish:

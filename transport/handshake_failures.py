@@ -50,8 +50,9 @@ class TlsFailures:
 
     def __init__(self) -> None:
         self.counts = {WORKER_PORT: 0, HTTP_PORT: 0}
-        self._unlogged = {WORKER_PORT: 0, HTTP_PORT: 0}  # since the port's last line
-        self._logged_at = {WORKER_PORT: -LOG_EVERY_SECONDS, HTTP_PORT: -LOG_EVERY_SECONDS}
+        # by port and reason: a scanner's must not hide a worker's refused certificate
+        self._unlogged: dict[tuple[str, str], int] = {}
+        self._logged_at: dict[tuple[str, str], float] = {}
 
     def watch(self, context: ssl.SSLContext, port: str) -> None:
         """Count and say the handshakes that fail in ``context`` (of ``port``: one of
@@ -73,17 +74,18 @@ class TlsFailures:
     def failed(self, port: str, error: ssl.SSLError) -> None:
         """A handshake on ``port`` failed with ``error``."""
         self.counts[port] = self.counts.get(port, 0) + 1
-        unlogged = self._unlogged[port] = self._unlogged.get(port, 0) + 1
-        now = time.monotonic()
-        if now - self._logged_at.get(port, -LOG_EVERY_SECONDS) < LOG_EVERY_SECONDS:
-            return
         reason = str(error.reason or "")
+        key = (port, reason if reason in HINTS else "")  # a bounded set of keys
+        unlogged = self._unlogged[key] = self._unlogged.get(key, 0) + 1
+        now = time.monotonic()
+        if now - self._logged_at.get(key, -LOG_EVERY_SECONDS) < LOG_EVERY_SECONDS:
+            return
         said = getattr(error, "verify_message", None) or reason.lower().replace("_", " ")
         hint = HINTS.get(reason)
         more = f"; {unlogged - 1} more since the last such line" if unlogged > 1 else ""
         log.warning("TLS handshake failed on the %s: %s%s%s", port, said or error,
                     f" ({hint})" if hint else "", more)  # fmt: skip
-        self._logged_at[port], self._unlogged[port] = now, 0
+        self._logged_at[key], self._unlogged[key] = now, 0
 
     def figures(self) -> dict[str, Any]:
         """The counts /status and /metrics show."""
