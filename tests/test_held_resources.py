@@ -258,3 +258,17 @@ def test_the_connection_that_takes_the_last_element_is_not_paused_mid_payload() 
     assert isinstance(loan, ElementLoan)
     loan.release()  # refused, or abandoned, before it was whole
     assert not share.receiving and share.unfinished_past(1e12) == 0.0
+
+
+def test_time_not_read_is_not_silence_and_nothing_more() -> None:
+    """A worker's silence is counted less the time the server did not read it (its pool
+    dry), and only that time: restarting the count at each resume let a pause of a
+    millisecond forgive a dead worker's hour, so it was never timed out."""
+    session = WorkerSession(1, "w", "", "numpy", (), lambda _: None, lambda _: None)
+    now = session.last_seen + 3600.0  # silent for an hour
+    session.not_read_for(0.001)
+    assert session.quiet(now) == pytest.approx(3600.0, abs=0.01)
+    session.not_read_for(600.0)  # ten minutes of it not read: not its silence
+    assert session.quiet(now) == pytest.approx(3000.0, abs=0.01)
+    session.touch()  # a message: silence counts from it, afresh
+    assert session.unread_seconds == 0.0 and session.quiet(session.last_seen) == 0.0
