@@ -49,6 +49,15 @@ class StopSignals:
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``timeout``, ``docker stop``, Slurm, systemd): stopped as Ctrl-C stops."""
 
+    signal_name, exit_status = "SIGTERM", 143
+
+
+class HungUp(Terminated):
+    """SIGHUP (a terminal or SSH session closed): stopped as on SIGTERM (it ended
+    ``snet train`` at once, every trained epoch lost)."""
+
+    signal_name, exit_status = "SIGHUP", 129
+
 
 EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped before the end, as Ctrl-C's 130 says
 
@@ -67,11 +76,15 @@ def raised_on_stop() -> Iterator[None]:
             print(f"second signal ({signal.Signals(signum).name}): exiting now", file=sys.stderr)
             os._exit(1)
         if meaning is Meaning.STOP:
-            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+            stopped: type[KeyboardInterrupt] = KeyboardInterrupt
+            if signum in (signal.SIGTERM, signal.SIGHUP):
+                stopped = HungUp if signum == signal.SIGHUP else Terminated
+            raise stopped
 
     # A signal ignored when this process started stays ignored (a background job of a
     # shell, nohup): Python itself leaves SIGINT so.
-    taken = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    taken = [s for s in stops if signal.getsignal(s) != signal.SIG_IGN]
     previous = {signum: signal.signal(signum, stop) for signum in taken}
     try:
         yield
@@ -105,7 +118,9 @@ def stopped_unhandled(command: str, interrupt: KeyboardInterrupt) -> int:
     exit status. It printed a traceback of whatever import it fell in, and exited 1."""
     from .progress_bar import EXIT_INTERRUPTED, say
 
-    terminated = isinstance(interrupt, Terminated)
     who = f"snet {command}" if command else "snet"  # before its command was known
-    say(f"{who}: stopped by {'SIGTERM' if terminated else 'Ctrl-C'}")
-    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    if isinstance(interrupt, Terminated):
+        say(f"{who}: stopped by {interrupt.signal_name}")
+        return interrupt.exit_status
+    say(f"{who}: stopped by Ctrl-C")
+    return EXIT_INTERRUPTED

@@ -53,7 +53,7 @@ from .progress_bar import (
     say,
 )
 from .settings import build_job, decode, read_toml, say_unread_tables
-from .stop_signals import EXIT_TERMINATED, Terminated, raised_on_stop
+from .stop_signals import Terminated, raised_on_stop
 
 # What sequential training holds of a network's element (float32 weights and biases): the
 # weights, two velocity buffers (server/update_rule.py), the gradient and the fresh buffer
@@ -204,13 +204,12 @@ def _train(args: argparse.Namespace) -> int:
         # Ctrl-C, or the output gone (the reader left, ``| head``, or a full disk):
         # stopped either way, as a server stops on SIGINT, with what was trained kept
         gone = isinstance(exc, (BrokenPipeError, OutputNotWritten))
-        terminated = isinstance(exc, Terminated)
         if gone:
             detach_stdout()
         else:
             bar.clear()
         cause = "(its output's reader has gone)" if gone else "by Ctrl-C"
-        cause = "by SIGTERM" if terminated else cause
+        cause = f"by {exc.signal_name}" if isinstance(exc, Terminated) else cause
         if isinstance(exc, OutputNotWritten):
             cause = f"(its output cannot be written: {exc})"
         # An epoch's line is printed once the epoch is done: a failed print (or Ctrl-C
@@ -229,8 +228,8 @@ def _train(args: argparse.Namespace) -> int:
         else:
             path = _save(job, rule.weights, epochs_done, plan.norms, args.out_dir)
             say(f"{where}: the weights so far in {path}")
-        if terminated:
-            return EXIT_TERMINATED
+        if isinstance(exc, Terminated):
+            return exc.exit_status
         if isinstance(exc, OutputNotWritten):
             return 1  # a failure, where a reader that left is not
         return EXIT_READER_GONE if gone else EXIT_INTERRUPTED

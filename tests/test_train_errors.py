@@ -187,23 +187,29 @@ class Sigterm(Hook):
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
+        self.signum = signal.SIGTERM
 
     def after_bunch(self, event: BunchEvent) -> None:
         if event.epoch == self.epoch:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)
 
 
+@pytest.mark.parametrize(("name", "status"), [("SIGTERM", 143), ("SIGHUP", 129)])
 def test_sigterm_in_train_stops_as_ctrl_c_does_with_status_143(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    name: str, status: int,
+) -> None:  # fmt: skip
+    """And SIGHUP (a closed terminal) likewise, status 129: it ended the run at once."""
     import snet.cli.train as command
 
     out = tmp_path / "out"
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    monkeypatch.setattr(command, "standard_hooks", lambda: HookSet([Sigterm(1)]))
-    err = error(_train(tmp_path, "--out-dir", str(out), "--epochs", "3"), capsys, status=143)
+    stop = Sigterm(1)
+    stop.signum = signal.Signals[name]
+    monkeypatch.setattr(command, "standard_hooks", lambda: HookSet([stop]))
+    err = error(_train(tmp_path, "--out-dir", str(out), "--epochs", "3"), capsys, status=status)
     # it ended the process on the spot before: every trained epoch lost
-    where = "snet train: stopped by SIGTERM in epoch 2 of 3"
+    where = f"snet train: stopped by {name} in epoch 2 of 3"
     assert err == f"{where}: the weights so far in {out / 'weights.npz'}"
     with np.load(out / "weights.npz") as data:
         assert int(data["epoch"]) == 1
