@@ -312,7 +312,7 @@ async def _demo(
     workers_said = (
         "workers stopped: nothing to train"
         if already_trained
-        else f"worker process exit codes {workers.codes()}"  # one per process
+        else f"worker process exit codes {workers.said_codes()}"  # one per process
     )
     took = "in an earlier run" if already_trained else f"in {time.monotonic() - started:.1f} s"
     weights = (

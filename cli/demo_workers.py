@@ -123,6 +123,7 @@ def check_demo_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--spert-time-scale goes with --spert (the demo's boards)")
     if args.spert:
         board_time_scale(args)  # its bounds, checked (the flag's, or the boards' variable)
+    args.worker_priority = str(args.worker_priority).lower()  # any case, as every choice
     if problem := _priority_problem(args):  # its default comes from the environment
         raise ConfigError(f"--worker-priority (or {PRIORITY_VARIABLE}) {problem}")
 
@@ -262,6 +263,18 @@ class DemoWorkers:
     def codes(self) -> list[int | None]:
         """Each process's exit code (None: still running)."""
         return [process.returncode for process in self.processes]
+
+    def said_codes(self) -> str:
+        """The exit codes as the last line shows them: a process the demo stopped while it
+        was still starting is said so (its -15 read as a failure, in a run that exited 0)."""
+        by_sigterm = (EXIT_TERMINATED, -signal.SIGTERM)
+        said = [
+            "stopped while starting"
+            if process.returncode in by_sigterm and process.pid in self.terminated
+            else str(process.returncode)
+            for process in self.processes
+        ]
+        return f"[{', '.join(said)}]"
 
     def stopped_cleanly(self, interrupted: bool = False) -> bool:
         """Every process exited 0, or was stopped by the SIGTERM the demo sent it while

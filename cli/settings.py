@@ -212,6 +212,7 @@ def merge(
     kinds = _field_types(cls)
     chosen: dict[str, Any] = {}
     labels: dict[str, str] = {}  # where each chosen value came from, as the user wrote it
+    overridden: list[tuple[str, Any, str]] = []  # (field, value, label) a higher one beat
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name in extra:
             continue
@@ -231,15 +232,24 @@ def merge(
         # taken without a word, and refused once the flag was left out
         for value, label in reversed(given):
             chosen[f.name] = _setting(f, kinds[f.name], value, label)
+            if label != given[0][1]:
+                overridden.append((f.name, chosen[f.name], label))
         labels[f.name] = given[0][1]
     chosen.update(extra)
+    defaults = {f.name: flag_name(f) for f in fields(cls)}  # type: ignore[arg-type]
     try:
-        return cls(**chosen)
+        made = cls(**chosen)
     except TypeError as exc:
         raise ConfigError(f"bad settings for {cls.__name__}: {exc}") from exc
     except ConfigError as exc:  # a setting left at its default is named by its flag
-        defaults = {f.name: flag_name(f) for f in fields(cls)}  # type: ignore[arg-type]
         raise as_given(exc, {**defaults, **labels}) from exc
+    for name, value, label in overridden:  # and by its own checks ([job] threads = -1)
+        try:
+            cls(**{**chosen, name: value})
+        except ConfigError as exc:  # its own (named first), not another's it meets here
+            if str(exc).split(" ", 1)[0] == name:
+                raise as_given(exc, {**defaults, **labels, name: label}) from exc
+    return made
 
 
 def _setting(setting: Field[Any], kind: Any, value: Any, label: str) -> Any:

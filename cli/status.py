@@ -204,6 +204,8 @@ def _cannot_read(url: str, path: str, exc: Exception, token: str = "") -> str:
         # every snet server answers /status: this is another web service (or a path prefix)
         return (f"cannot read {url}{path}: {exc.code} {exc.reason}: not an snet server's "
                 "HTTP port (--http-port, default 7080)")  # fmt: skip
+    if isinstance(exc, json.JSONDecodeError):  # a page of another web service, say
+        return f"{url}{path} is not an snet server's status (not JSON: {exc.msg})"
     if isinstance(exc, http.client.HTTPException) and "server_hello" in repr(exc):
         # its first bytes were an snet frame: the frames themselves made an unreadable line
         return (

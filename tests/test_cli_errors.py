@@ -429,3 +429,31 @@ def test_the_demos_boards_read_their_time_scale_from_the_environment(
     monkeypatch.setenv("SNET_SPERT_TIME_SCALE", "abc")
     assert main(["demo", "--workers", "0", "--spert", "1"]) == 2
     assert "SNET_SPERT_TIME_SCALE: 'abc' is not a number" in capsys.readouterr().err
+
+
+def test_the_demos_last_line_says_a_worker_it_stopped_while_starting_as_such() -> None:
+    """A demo stopped 0.3 s after its start printed "worker process exit codes [-15]"
+    and exited 0: the code read as a failure the demo did not count as one."""
+    from types import SimpleNamespace
+
+    from snet.cli.demo_workers import DemoWorkers
+
+    stopped, failed = SimpleNamespace(pid=7, returncode=-15), SimpleNamespace(pid=8, returncode=1)
+    workers = DemoWorkers([stopped, failed], 2, terminated={7})  # type: ignore[list-item]
+    assert workers.said_codes() == "[stopped while starting, 1]"
+    assert not workers.stopped_cleanly()  # the one that failed still counts
+
+
+def test_the_demos_worker_priority_is_taken_in_any_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from snet.cli.demo_workers import check_demo_flags
+    from snet.cli.parser import parse_command
+
+    args = parse_command(["demo", "--worker-priority", "LOW"])
+    check_demo_flags(args)
+    assert args.worker_priority == "low"
+    monkeypatch.setenv("SNET_DEMO_WORKER_PRIORITY", "Idle")
+    args = parse_command(["demo"])
+    check_demo_flags(args)
+    assert args.worker_priority == "idle"

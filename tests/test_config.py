@@ -95,6 +95,20 @@ def test_a_bad_value_is_refused_where_a_flag_overrides_it(
         _config(["--mode", "async"])
     monkeypatch.setenv("SNET_JOB_MODE", "sync")  # a good one overridden stays overridden
     assert _config(["--mode", "async"]).job.mode == "async"
+    # and its own checks too, not only its type (a stranger's [worker] threads = -1,
+    # [job] learning_rates = [-1] and [server] max_connections = -5 beside good flags)
+    path.write_text("[job]\nlearning_rates = [-1]\n[server]\nmax_connections = -5\n")
+    with pytest.raises(ConfigError, match=r"\[job\] learning_rates must be positive"):
+        _config(["--config", str(path), "--learning-rates", "0.1"])
+    path.write_text("[server]\nmax_connections = -5\n")
+    with pytest.raises(ConfigError, match=r"\[server\] max_connections must be >= 1"):
+        _config(["--config", str(path), "--max-connections", "5"])
+    # a file of one mode with its staleness, both overridden by flags: not refused for
+    # the pair it makes with the flags' mode
+    monkeypatch.delenv("SNET_JOB_MODE")
+    path.write_text('[job]\nmode = "sync"\n')
+    job = _config(["--config", str(path), "--mode", "async", "--staleness", "bounded:2"]).job
+    assert (job.mode, job.staleness) == ("async", "bounded:2")
 
 
 def test_defaults_are_the_default_job() -> None:

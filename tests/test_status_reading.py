@@ -107,6 +107,17 @@ def test_another_web_service_without_a_status_is_said_so(
                     "server's HTTP port (--http-port, default 7080)")  # fmt: skip
 
 
+def test_a_page_that_is_not_json_is_said_to_be_no_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It printed the JSON decoder's "Expecting value: line 1 column 1 (char 0)"."""
+    with _http_answering(b"<html>hi</html>") as url:
+        assert main(["status", "--url", url]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"snet: {url}/status is not an snet server's status (not JSON: Expecting value)"
+    )
+
+
 @pytest.mark.parametrize("body", [b"{}", b"[]", b'{"state": "training"}', b"42"])
 def test_json_that_is_not_a_status_is_said_so(
     body: bytes, capsys: pytest.CaptureFixture[str]
