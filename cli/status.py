@@ -208,16 +208,11 @@ def _cannot_read(url: str, path: str, exc: Exception, token: str = "") -> str:
         return f"{url}{path} is not an snet server's status (not JSON: {exc.msg})"
     if isinstance(exc, http.client.HTTPException) and "server_hello" in repr(exc):
         # its first bytes were an snet frame: the frames themselves made an unreadable line
-        return (
-            f"cannot read {url}{path}: that is an snet server's worker port, not its HTTP "
-            "port (--http-port, default 7080)"
-        )
+        return (f"cannot read {url}{path}: that is an snet server's worker port, not its "
+                "HTTP port (--http-port, default 7080)")  # fmt: skip
     if isinstance(exc, http.client.HTTPException):  # not HTTP at all, or TLS asked in plain
-        hint = (
-            " (a server that serves TLS wants https:// and --tls-ca)"
-            if url.startswith("http://")
-            else ""
-        )
+        plain = url.startswith("http://")
+        hint = " (a server that serves TLS wants https:// and --tls-ca)" if plain else ""
         return f"cannot read {url}{path}: no HTTP answer ({exc!r}){hint}"
     return f"cannot read {url}{path}: {exc}"
 
