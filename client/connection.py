@@ -130,7 +130,7 @@ class ServerConnection:
                 # (a loaded demo printed twenty of them)
                 level = logging.INFO if isinstance(exc, SlotOverwritten) else logging.WARNING
                 log.log(level, "cannot use weights %d (%s); asking for a full copy",
-                        message.version, exc)  # fmt: skip
+                        message.version, str(exc))  # fmt: skip
                 self.send(Resync(str(exc)[:200]))
 
     def send(self, message: Message) -> None:
