@@ -157,14 +157,15 @@ class WorkerConnection:
     def stream_received(self, decoded: Decoded) -> None:
         message = decoded.message
         received = None
+        if isinstance(message, Update):
+            self._payload_done()  # whole: no longer an unfinished payload (pool.py, shares)
         if isinstance(message, Update) and message.slot >= 0:  # in its update board
             release_tokens([decoded.slot])  # one that carried an element too: refused below
             received = self._from_board(message)
         elif isinstance(message, Update):  # the pooled element is owned from here on
             loan = decoded.slot if isinstance(decoded.slot, ElementLoan) else None
             if loan is not None:
-                loan.received()  # whole: no longer an unfinished payload (pool.py, shares)
-                self._payload_done()
+                loan.received()
             received = Received(message, loan, decoded.slot is TURNED_AWAY)
         try:
             self.dispatch(message, received)
@@ -392,8 +393,7 @@ class WorkerConnection:
                 self.pause_reading()
 
     def resume_reading(self) -> None:
-        """Read again; the time the server did not read is not the worker's silence (an
-        honest worker was dropped as silent after a minute of the pool's pause)."""
+        """Read again; the time not read is not the worker's silence (session.py)."""
         self.stream.resume_reading()
         if self.paused_at and self.session is not None:
             self.session.not_read_for(time.monotonic() - self.paused_at)

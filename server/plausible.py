@@ -149,9 +149,10 @@ class NormBounds:
             return "update is all zeros: no training happened"
         seen = self._seen.get(kind, 0)
         log_norm = math.log(per_pattern)
+        if per_pattern > ABSOLUTE_NORM:  # always: a peer alone before the others settled
+            # fed the mean it was judged by up to 1.4e17 per pattern (a probe)
+            return f"update norm {per_pattern:.3g} per pattern is beyond {ABSOLUTE_NORM:g}"
         if seen < SETTLE_UPDATES:
-            if per_pattern > ABSOLUTE_NORM:
-                return f"update norm {per_pattern:.3g} per pattern is beyond {ABSOLUTE_NORM:g}"
             borrowed = self._borrowed(kind)
             if borrowed is not None and log_norm > borrowed[0]:
                 limit, other = borrowed

@@ -250,8 +250,9 @@ class ElementShare:
     def __init__(self, pool: ElementPool, proven: Callable[[], bool]) -> None:
         self.pool = pool
         self.proven = proven
-        # the payload being received into a pooled element: (its loan, since, bytes)
-        self.unfinished: tuple[ElementLoan, float, int] | None = None
+        # the update payload being received: (its loan, None for a buffer of its own past
+        # the newcomers' share, since, bytes)
+        self.unfinished: tuple[ElementLoan | None, float, int] | None = None
         self._acquiring = False  # taking an element: the pool's watch may pause it now
 
     @property
@@ -260,7 +261,10 @@ class ElementShare:
         pausing it would hold that element for as long as the pause lasts."""
         if self._acquiring:
             return True
-        return self.unfinished is not None and not self.unfinished[0].released
+        if self.unfinished is None:
+            return False
+        loan = self.unfinished[0]
+        return loan is None or not loan.released
 
     def unfinished_past(self, now: float) -> float:
         """Seconds its payload has been unfinished, if past what any honest link needs
@@ -286,9 +290,9 @@ class ElementShare:
             loan = self.element()
         finally:
             self._acquiring = False
-        if loan is None:
+        self.unfinished = (loan, time.monotonic(), payload_bytes)  # either: held 15 s+
+        if loan is None:  # (a buffer of its own is held too: closed alike, not at 60 s)
             return memoryview(bytearray(payload_bytes)), TURNED_AWAY
-        self.unfinished = (loan, time.monotonic(), payload_bytes)
         return loan.flat.data.cast("B"), loan
 
     def element(self) -> ElementLoan | None:

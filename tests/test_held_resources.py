@@ -272,3 +272,21 @@ def test_time_not_read_is_not_silence_and_nothing_more() -> None:
     assert session.quiet(now) == pytest.approx(3000.0, abs=0.01)
     session.touch()  # a message: silence counts from it, afresh
     assert session.unread_seconds == 0.0 and session.quiet(session.last_seen) == 0.0
+
+
+def test_a_newcomer_past_its_share_holding_its_own_buffer_is_timed_too() -> None:
+    """Past the newcomers' half of the pool a payload goes into a buffer of its own: such
+    holders were not closed at 15 s as the pooled ones were, and held an element's worth
+    of memory each until the silence timeout (a probe: 4 of 20)."""
+    from snet.protocol.framing import ArrayInfo
+    from snet.server.pool import TURNED_AWAY
+
+    pool = ElementPool(LAYOUT, 2)  # a newcomers' share of 1
+    shares = [ElementShare(pool, lambda: False) for _ in range(2)]
+    arrays = (ArrayInfo("<f4", (LAYOUT.size,), "none", 4 * LAYOUT.size),)
+    first = shares[0].payload_target("update", arrays, 4 * LAYOUT.size)
+    second = shares[1].payload_target("update", arrays, 4 * LAYOUT.size)
+    assert first is not None and isinstance(first[1], ElementLoan)
+    assert second is not None and second[1] is TURNED_AWAY
+    for share in shares:
+        assert share.receiving and share.unfinished_past(1e12) > 0
