@@ -15,6 +15,7 @@ hammered either.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -75,6 +76,7 @@ class RetryWindow:
             # the time it tried, not only its window: an attempt begun inside the window
             # ends past it (a port that accepts and never speaks holds one for seconds)
             tried = self.clock() - (self.deadline - self.retry_seconds)
+            tried = math.floor(tried * 10 + 1e-9) / 10  # to a tenth, down: not over what it took
             raise ServerUnreachable(
                 f"cannot join the server at {where} ({why}); gave up after {tried:.1f} s "
                 f"(--retry-seconds {self.retry_seconds:g})"
