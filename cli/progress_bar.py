@@ -29,7 +29,7 @@ def say(text: str) -> None:
     where a line about the stop must not stop the stop)."""
     try:
         print(text, file=sys.stderr, flush=True)
-    except BrokenPipeError:
+    except OSError:  # a dead pipe, or a terminal hung up (EIO): closed with its session
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stderr.fileno())
         os.close(devnull)
@@ -39,8 +39,12 @@ def detach_stdout() -> None:
     """The reader of standard output has gone (``snet train | head``): what is still
     printed goes nowhere, so that neither the next print nor the interpreter's flush at
     exit fails again (Python ignores SIGPIPE and raises BrokenPipeError instead)."""
+    try:
+        stdout = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (a capture): nothing to detach
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, stdout)
     os.close(devnull)
 
 

@@ -246,9 +246,13 @@ def merge(
     for name, value, label in overridden:  # and by its own checks ([job] threads = -1)
         try:
             cls(**{**chosen, name: value})
-        except ConfigError as exc:  # its own (named first), not another's it meets here
-            if str(exc).split(" ", 1)[0] == name:
+        except ConfigError as exc:  # its own check (named first, naming no other field),
+            text = str(exc)  # not one of a pair it meets only beside the winners
+            pairs = (o for o in defaults if o != name and re.search(rf"\b{o}\b", text))
+            if text.split(" ", 1)[0] == name and next(pairs, None) is None:
                 raise as_given(exc, {**defaults, **labels, name: label}) from exc
+        except (TypeError, ValueError):  # not a check of its own: the winner's stand
+            pass
     return made
 
 

@@ -53,7 +53,7 @@ from .progress_bar import (
     say,
 )
 from .settings import build_job, decode, read_toml, say_unread_tables
-from .stop_signals import Terminated, raised_on_stop
+from .stop_signals import HungUp, Terminated, raised_on_stop
 
 # What sequential training holds of a network's element (float32 weights and biases): the
 # weights, two velocity buffers (server/update_rule.py), the gradient and the fresh buffer
@@ -204,7 +204,7 @@ def _train(args: argparse.Namespace) -> int:
         # Ctrl-C, or the output gone (the reader left, ``| head``, or a full disk):
         # stopped either way, as a server stops on SIGINT, with what was trained kept
         gone = isinstance(exc, (BrokenPipeError, OutputNotWritten))
-        if gone:
+        if gone or isinstance(exc, HungUp):  # a hung-up terminal fails every write (EIO)
             detach_stdout()
         else:
             bar.clear()

@@ -167,8 +167,8 @@ class CheckpointStore:
     def write(self, state: dict[str, Any]) -> Path:
         """Write ``state`` as the next checkpoint, crash-consistently; drop all but the
         newest ``keep``. Runs in the checkpoint writer thread, never on the event loop."""
-        if self.lock is not None and not self.lock.holds():  # looked at every second too
-            raise OSError("the out-dir is not this server's: nothing is written there")
+        if self.lock is not None and self.lock.lost:  # (OutDirLock.keep, every second)
+            raise OSError("the out-dir was taken by another process: nothing is written there")
         payload = encode_checkpoint(state)
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path(self._next)

@@ -67,6 +67,7 @@ TRACKED_WORKERS = 256  # workers whose own running norms are kept, by kind
 JUDGES = 3  # settled workers of a kind from which the median worker's norms judge
 JUDGE_EVERY = 8  # accepted updates of a kind between two reckonings of the median worker
 MAX_KINDS = 32  # kinds whose norms are kept (a peer chooses its codec, each a kind)
+RESTORED_UPDATES = 200  # accepted updates of a kind a checkpoint's median worker judges
 REPORT_BYTES = 64 * 1024  # a worker report's JSON size
 REPORT_DEPTH = 8  # nesting of a worker report
 
@@ -89,7 +90,7 @@ class NormBounds:
         # by kind, the median worker's (log mean, allowed) as of the kind's nth update
         self._judged: dict[Hashable, tuple[int, tuple[float, float] | None]] = {}
         # by kind, the median worker's as checkpointed: it judges until JUDGES settle again
-        self._restored: dict[Hashable, tuple[float, float]] = {}
+        self._restored: dict[Hashable, tuple[float, float, int]] = {}  # and the seen then
         self._gone: deque[int] = deque()  # workers that left (the loop's; the step's to drop)
 
     def forget(self, worker: int) -> None:
@@ -221,8 +222,10 @@ class NormBounds:
         if cached is not None and seen - cached[0] < JUDGE_EVERY:  # medians move slowly: a
             return cached[1]  # pass over 256 workers' rows cost 61 us, more than the dot
         rows = [r for r in self._by_worker.get(kind, {}).values() if r[2] >= SETTLE_UPDATES]
-        judged = self._restored.get(kind)  # until JUDGES settle after a restart: the
-        if len(rows) >= JUDGES:  # restored mean, which every update fed, would judge
+        restored = self._restored.get(kind)  # until JUDGES settle after a restart (the
+        # restored mean, which every update fed, would judge), for a while: not for good
+        judged = restored[:2] if restored and seen - restored[2] < RESTORED_UPDATES else None
+        if len(rows) >= JUDGES:
             mean = statistics.median(r[0] for r in rows)
             spread = statistics.median(math.sqrt(max(r[1] - r[0] * r[0], 0.0)) for r in rows)
             judged = mean, self._factor(spread)
@@ -238,8 +241,7 @@ class NormBounds:
                 "log_mean": mean,
                 "seen": self._seen[kind],
                 "log_square": self._log_square[kind],
-                "median_worker": (self._judged.get(kind) or (0, None))[1]
-                or self._restored.get(kind),
+                "median_worker": (self._judged.get(kind) or (0, None))[1],
             }
             for kind, mean in self._log_mean.items()
         ]
@@ -261,7 +263,7 @@ class NormBounds:
             self._log_square[kind] = square
             judged = row.get("median_worker") if isinstance(row, dict) else None
             if judged:
-                self._restored[kind] = (float(judged[0]), float(judged[1]))
+                self._restored[kind] = (float(judged[0]), float(judged[1]), int(seen))
 
     def figures(self) -> dict[str, float]:
         """The running mean norm per pattern of each kind, for /status."""

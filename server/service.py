@@ -175,10 +175,6 @@ class OutDirLock:
                     self.holder)  # fmt: skip
         return ""
 
-    def holds(self) -> bool:
-        """Whether this process holds the out-dir's lock (its file, not one since made)."""
-        return self._handle is not None and not self.lost and self._still_ours(self._handle)
-
     def _still_ours(self, handle: int) -> bool:
         try:
             held, there = os.fstat(handle), os.stat(self.path)

@@ -103,6 +103,13 @@ def test_a_bad_value_is_refused_where_a_flag_overrides_it(
     path.write_text("[server]\nmax_connections = -5\n")
     with pytest.raises(ConfigError, match=r"\[server\] max_connections must be >= 1"):
         _config(["--config", str(path), "--max-connections", "5"])
+    # a pair of a file's values, both overridden by flags, is not refused for the pair an
+    # old value makes with a new one (a review's: 30 s beside --heartbeat-seconds 40)
+    path.write_text("[server]\nworker_timeout_seconds = 30\nheartbeat_seconds = 10\n"
+                    "port = 8000\nhttp_port = 8001\n")  # fmt: skip
+    flags = ["--heartbeat-seconds", "40", "--worker-timeout-seconds", "120", "--port", "9000"]
+    config = _config(["--config", str(path), *flags, "--http-port", "8000"])
+    assert (config.heartbeat_seconds, config.port, config.http_port) == (40, 9000, 8000)
     # a file of one mode with its staleness, both overridden by flags: not refused for
     # the pair it makes with the flags' mode
     monkeypatch.delenv("SNET_JOB_MODE")

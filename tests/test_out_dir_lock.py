@@ -113,7 +113,7 @@ def test_no_checkpoint_is_written_into_an_out_dir_another_process_took(tmp_path:
     other.acquire()
     try:
         assert lock.keep().startswith("out-dir taken by another process")
-        with pytest.raises(OSError, match="is not this server's: nothing is written there"):
+        with pytest.raises(OSError, match="taken by another process: nothing is written there"):
             store.write({"version": 2})
         assert not (out / "checkpoints").exists()
     finally:
