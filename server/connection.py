@@ -395,6 +395,6 @@ class WorkerConnection:
     def resume_reading(self) -> None:
         """Read again; the time not read is not the worker's silence (session.py)."""
         self.stream.resume_reading()
-        if self.paused_at and self.session is not None:
-            self.session.not_read_for(time.monotonic() - self.paused_at)
+        if self.paused_at and (session := self.session) is not None:  # since it was heard
+            session.not_read_for(time.monotonic() - max(self.paused_at, session.last_seen))
         self.paused_at = 0.0
