@@ -184,12 +184,11 @@ class NormBounds:
             for table in (self._log_mean, self._log_square, self._seen, self._by_worker,
                           self._judged, self._restored):  # fmt: skip
                 table.pop(least, None)
-        previous = self._log_mean.get(kind, log_norm)
-        square = self._log_square.get(kind, log_norm * log_norm)  # both begin together
-        weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))  # a plain mean while few are seen
-        self._log_mean[kind] = (1 - weight) * previous + weight * log_norm
-        self._log_square[kind] = (1 - weight) * square + weight * log_norm * log_norm
-        self._seen[kind] = seen + 1
+        start = (log_norm, log_norm * log_norm, 0)  # both begin together
+        previous = (self._log_mean.get(kind, start[0]), self._log_square.get(kind, start[1]))
+        self._log_mean[kind], self._log_square[kind], self._seen[kind] = _fed(
+            (*previous, seen), log_norm
+        )
         if worker is not None:
             self._learn(kind, worker, log_norm)
         return ""
@@ -198,10 +197,8 @@ class NormBounds:
         """``worker``'s own running mean and square of ``kind`` (the most recent
         ``TRACKED_WORKERS`` workers' are kept)."""
         workers = self._by_worker.setdefault(kind, {})
-        mean, square, seen = workers.pop(worker, (log_norm, log_norm * log_norm, 0))
-        weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))
-        mean = (1 - weight) * mean + weight * log_norm
-        workers[worker] = (mean, (1 - weight) * square + weight * log_norm**2, seen + 1)
+        start = (log_norm, log_norm * log_norm, 0)
+        workers[worker] = _fed(workers.pop(worker, start), log_norm)  # moved to the end
         if len(workers) > TRACKED_WORKERS:
             del workers[next(iter(workers))]  # the one heard from longest ago
 
@@ -268,6 +265,15 @@ class NormBounds:
     def figures(self) -> dict[str, float]:
         """The running mean norm per pattern of each kind, for /status."""
         return {str(kind): round(math.exp(value), 6) for kind, value in self._log_mean.items()}
+
+
+def _fed(running: tuple[float, float, int], log_norm: float) -> tuple[float, float, int]:
+    """A running (mean, mean square, count) of log norms with ``log_norm`` learnt: a plain
+    mean while few are seen, then each new one weighs ``MEAN_WEIGHT``."""
+    mean, square, seen = running
+    weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))
+    return ((1 - weight) * mean + weight * log_norm,
+            (1 - weight) * square + weight * log_norm * log_norm, seen + 1)  # fmt: skip
 
 
 def update_figures_problem(patterns: int, correct: int, loss_sum: float, seconds: float) -> str:
