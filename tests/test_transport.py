@@ -369,6 +369,31 @@ def test_a_cancel_that_races_a_failed_connect_is_not_lost(monkeypatch: Any) -> N
     asyncio.run(main())
 
 
+def test_connect_timeouts_of_a_tls_worker_are_no_refusal_of_its_certificate(
+    monkeypatch: Any,
+) -> None:
+    """A timeout has no strerror, as a cut handshake has: a TLS worker without a
+    certificate of its own took three timeouts (a host down, firewalled) for the server's
+    refusal of it and exited 4, where it should retry for its window (a review)."""
+    import ssl
+
+    from snet.protocol.errors import ServerUnreachable
+    from snet.transport.dial import connect_with_backoff
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def silent(*args: Any, **kwargs: Any) -> Any:
+            raise TimeoutError
+
+        monkeypatch.setattr(loop, "create_connection", silent)
+        context = ssl.create_default_context()
+        with pytest.raises(ServerUnreachable, match="no answer in"):
+            await connect_with_backoff("127.0.0.1", 9, object, 1.5, context, client_cert=False)
+
+    asyncio.run(main())
+
+
 def test_a_handler_that_raises_does_not_keep_the_rest_of_its_batch() -> None:
     """A bug in a handler raises out of the transport; the frames decoded after the one it
     was given never reach anyone, so their pooled elements go back (server/pool.py)."""

@@ -80,7 +80,10 @@ async def connect_with_backoff(
                 # its deadline (minutes) with the stop lost. The task still counts it.
                 raise asyncio.CancelledError from exc
             reason = exc.strerror or f"no answer in {timeout:.0f} s"
-            handshake_reset = ssl_context is not None and not exc.strerror  # TCP was fine
+            # TCP was fine and the handshake was cut (a timeout has no strerror either: a
+            # host down or firewalled is no refusal of this worker's certificate)
+            handshake_reset = (ssl_context is not None and not exc.strerror
+                               and not isinstance(exc, TimeoutError))  # fmt: skip
             resets = resets + 1 if handshake_reset else 0
             if handshake_reset:
                 reason = f"{type(exc).__name__} {exc}".strip() + (
