@@ -157,15 +157,13 @@ class WorkerConnection:
     def stream_received(self, decoded: Decoded) -> None:
         message = decoded.message
         received = None
+        loan = decoded.slot if isinstance(decoded.slot, ElementLoan) else None
         if isinstance(message, Update):
-            self._payload_done()  # whole: no longer an unfinished payload (pool.py, shares)
+            self._payload_done(loan)  # whole: no longer an unfinished payload (pool.py)
         if isinstance(message, Update) and message.slot >= 0:  # in its update board
             release_tokens([decoded.slot])  # one that carried an element too: refused below
             received = self._from_board(message)
         elif isinstance(message, Update):  # the pooled element is owned from here on
-            loan = decoded.slot if isinstance(decoded.slot, ElementLoan) else None
-            if loan is not None:
-                loan.received()
             received = Received(message, loan, decoded.slot is TURNED_AWAY)
         try:
             self.dispatch(message, received)
@@ -385,10 +383,10 @@ class WorkerConnection:
         self.stream.pause_reading()
         self.paused_at = self.paused_at or time.monotonic()
 
-    def _payload_done(self) -> None:
+    def _payload_done(self, loan: ElementLoan | None) -> None:
         share = self.stream.sink
         if isinstance(share, ElementShare):
-            share.unfinished = None
+            share.payload_done(loan)
             if not share.pool.free:  # dry: no more frames from it until elements come back
                 self.pause_reading()
 

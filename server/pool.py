@@ -253,14 +253,11 @@ class ElementShare:
         # the update payload being received: (its loan, None for a buffer of its own past
         # the newcomers' share, since, bytes)
         self.unfinished: tuple[ElementLoan | None, float, int] | None = None
-        self._acquiring = False  # taking an element: the pool's watch may pause it now
 
     @property
     def receiving(self) -> bool:
         """A payload is being received into a pooled element it holds (or is about to):
         pausing it would hold that element for as long as the pause lasts."""
-        if self._acquiring:
-            return True
         if self.unfinished is None:
             return False
         loan = self.unfinished[0]
@@ -285,15 +282,21 @@ class ElementShare:
         beyond it in a buffer of its own, with the ``TURNED_AWAY`` token."""
         if message_type != "update" or not self.pool.matches(arrays):
             return None
-        self._acquiring = True  # the last element's on_empty pauses every connection
-        try:  # but this one, whose payload it takes (it was paused mid-payload)
-            loan = self.element()
-        finally:
-            self._acquiring = False
-        self.unfinished = (loan, time.monotonic(), payload_bytes)  # either: held 15 s+
+        # receiving before the element is taken: the last one's on_empty pauses every
+        # connection but this one, whose payload it takes (it was paused mid-payload)
+        since = time.monotonic()
+        self.unfinished = (None, since, payload_bytes)
+        loan = self.element()
+        self.unfinished = (loan, since, payload_bytes)  # either: held 15 s+, closed
         if loan is None:  # (a buffer of its own is held too: closed alike, not at 60 s)
             return memoryview(bytearray(payload_bytes)), TURNED_AWAY
         return loan.flat.data.cast("B"), loan
+
+    def payload_done(self, loan: ElementLoan | None) -> None:
+        """The update payload is whole (or, ``loan`` None, came in no pooled element)."""
+        self.unfinished = None
+        if loan is not None:
+            loan.received()  # no longer a newcomer's unfinished payload
 
     def element(self) -> ElementLoan | None:
         """An element for one update, within the share (None: a newcomer's share of the
