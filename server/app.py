@@ -123,7 +123,7 @@ class SnetServer:
         self.out_lock.acquire()
         plan = await loop.run_in_executor(self.executor, plan_data, job, self.config.data_cache)
         checkpoints = Path(self.config.out_dir) / CHECKPOINTS_DIR
-        store = CheckpointStore(checkpoints, self.config.checkpoint_keep, self.out_lock)
+        store = CheckpointStore(checkpoints, self.config.checkpoint_keep, self.out_lock.gone)
         identity = job_identity(job.to_dict(), plan.fingerprint(), plan.labels)
         loaded = resume_point(self.config, store, identity)
         weights = None

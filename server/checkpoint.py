@@ -25,6 +25,7 @@ import json
 import logging
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,6 @@ import numpy as np
 
 from snet.protocol.errors import ConfigError
 from snet.transport.files import write_atomically
-
-from .service import OutDirLock
 
 log = logging.getLogger("snet.server")
 
@@ -143,14 +142,17 @@ class LoadedCheckpoint:
 class CheckpointStore:
     """The checkpoint files of one out-dir: write the next, read the newest whole one."""
 
-    def __init__(self, directory: Path, keep: int = 2, lock: OutDirLock | None = None) -> None:
-        """``lock``: the out-dir's; once another process has taken it (``lost``), nothing
-        is written there (its next restart resumed our run, and our pruning ate its)."""
+    def __init__(
+        self, directory: Path, keep: int = 2, lost: Callable[[], bool] = lambda: False
+    ) -> None:
+        """``lost``: whether another process has taken the out-dir (server/service.py's
+        lock); then nothing is written there (its next restart resumed our run, and our
+        pruning ate its checkpoints)."""
         if keep < 1:
             raise ConfigError(f"keep must be at least 1 checkpoint, got {keep}")
         self.directory = directory
         self.keep = keep
-        self.lock = lock
+        self.lost = lost
         self._unreadable: set[int] = set()  # numbers newest() could not read
         self._next = max(self.sequence_numbers(), default=0) + 1
 
@@ -167,7 +169,7 @@ class CheckpointStore:
     def write(self, state: dict[str, Any]) -> Path:
         """Write ``state`` as the next checkpoint, crash-consistently; drop all but the
         newest ``keep``. Runs in the checkpoint writer thread, never on the event loop."""
-        if self.lock is not None and self.lock.lost:  # (OutDirLock.keep, every second)
+        if self.lost():  # (OutDirLock.keep, every second)
             raise OSError("the out-dir was taken by another process: nothing is written there")
         payload = encode_checkpoint(state)
         self.directory.mkdir(parents=True, exist_ok=True)

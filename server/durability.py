@@ -22,7 +22,7 @@ from snet.protocol.job import JobSpec
 from snet.protocol.modes import in_use, shown
 
 from .checkpoint import CheckpointStore, LoadedCheckpoint
-from .export import STATUS_FILE, WEIGHTS_FILE
+from .export import STATUS_FILE, WEIGHTS_FILE, read_status
 
 if TYPE_CHECKING:
     from .config import ServerConfig
@@ -166,12 +166,8 @@ def _finished_run(config: ServerConfig, loaded: LoadedCheckpoint | None) -> str:
     coordinator = loaded.state.get("coordinator") if loaded is not None else None
     if loaded is not None and isinstance(coordinator, dict) and coordinator.get("finished"):
         return f"a finished run (checkpoint {loaded.path.name} of a completed training)"
-    status = Path(config.out_dir) / STATUS_FILE
-    try:
-        said = json.loads(status.read_text())
-        trained, applied = said.get("state") == "trained", bool(said.get("updates_applied"))
-    except (OSError, ValueError, AttributeError):
-        trained = applied = False
+    status, said = Path(config.out_dir) / STATUS_FILE, read_status(Path(config.out_dir))
+    trained, applied = said.get("state") == "trained", bool(said.get("updates_applied"))
     if trained:
         return f"a finished run ({status} says trained)"
     weights = Path(config.out_dir) / WEIGHTS_FILE

@@ -171,7 +171,7 @@ def write_final_files(
                  coordinator.version, coordinator.digest, path)  # fmt: skip
     write_norm_file(out_dir / "norms", coordinator.plan.norms)
     status = out_dir / STATUS_FILE
-    if untouched and _describes(status, coordinator):
+    if untouched and _describes(out_dir, coordinator):
         # trained nothing: the status.json of the run that trained these weights stays its
         # record (rewritten, its workers were "left (server restarted)", its checkpoint
         # and compression counts 0: this server's, not the run's)
@@ -184,15 +184,22 @@ def write_final_files(
     return path
 
 
-def _describes(status: Path, coordinator: Coordinator) -> bool:
-    """Whether ``status`` (a status.json) was written of the weights the coordinator
-    holds: their version and digest (not one a server killed later left behind)."""
+def read_status(out_dir: Path) -> dict[str, Any]:
+    """The status.json in ``out_dir`` as written ({} when there is none, or it is not a
+    JSON table)."""
     try:
-        said = json.loads(status.read_text())
-        return bool(said["weight_version"] == coordinator.version
-                    and said["weights_digest"] == coordinator.digest)  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+        said = json.loads((out_dir / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def _describes(out_dir: Path, coordinator: Coordinator) -> bool:
+    """Whether the status.json in ``out_dir`` was written of the weights the coordinator
+    holds: their version and digest (not one a server killed later left behind)."""
+    said = read_status(out_dir)
+    return bool(said.get("weight_version") == coordinator.version
+                and said.get("weights_digest") == coordinator.digest)  # fmt: skip
 
 
 def _holds(path: Path, coordinator: Coordinator) -> bool:

@@ -175,6 +175,10 @@ class OutDirLock:
                     self.holder)  # fmt: skip
         return ""
 
+    def gone(self) -> bool:
+        """Whether another process took the out-dir from this one (``keep``)."""
+        return self.lost
+
     def _still_ours(self, handle: int) -> bool:
         try:
             held, there = os.fstat(handle), os.stat(self.path)

@@ -106,7 +106,7 @@ def test_no_checkpoint_is_written_into_an_out_dir_another_process_took(tmp_path:
     out = tmp_path / "out"
     lock = OutDirLock(str(out))
     lock.acquire()
-    store = CheckpointStore(out / "checkpoints", 2, lock)
+    store = CheckpointStore(out / "checkpoints", 2, lock.gone)
     store.write({"version": 1})
     shutil.rmtree(out)
     other = OutDirLock(str(out))
