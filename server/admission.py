@@ -25,19 +25,18 @@ flood must not become a flood of log lines); so are failed TLS handshakes on bot
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from snet.protocol.framing import FrameLimits
 from snet.protocol.messages import TOO_MANY_CONNECTIONS, TOO_MANY_HANDSHAKES
 from snet.transport.handshake_failures import TlsFailures
+from snet.transport.log_throttle import LogThrottle
 
 if TYPE_CHECKING:
     from .config import ServerConfig
 
 log = logging.getLogger("snet.server")
 
-LOG_EVERY_SECONDS = 1.0
 ENCODED_SLACK_BYTES = 1 << 20  # an encoded element's part descriptors and padding
 
 
@@ -73,8 +72,7 @@ class Admission:
         self.handshakes_turned_away_per_address = 0  # over handshakes_per_address
         self.handshakes_timed_out = 0  # no hello within handshake_seconds
         self.tls = TlsFailures()  # failed TLS handshakes on both ports
-        self._logged_at = 0.0
-        self._unlogged = 0
+        self._throttle = LogThrottle()
 
     @classmethod
     def of(cls, config: ServerConfig) -> Admission:
@@ -148,9 +146,6 @@ class Admission:
         }
 
     def _log(self, code: str, text: str) -> None:
-        self._unlogged += 1
-        now = time.monotonic()
-        if now - self._logged_at >= LOG_EVERY_SECONDS:
+        if count := self._throttle.due():
             log.warning("turned away or timed out %d connection(s) since the last such "
-                        "line: %s: %s", self._unlogged, code, text)  # fmt: skip
-            self._logged_at, self._unlogged = now, 0
+                        "line: %s: %s", count, code, text)  # fmt: skip

@@ -92,7 +92,7 @@ def test_a_flood_of_failures_is_logged_once_a_second_with_its_count(
 ) -> None:
     failures = TlsFailures()
     now = [100.0]
-    monkeypatch.setattr("snet.transport.handshake_failures.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("snet.transport.log_throttle.time.monotonic", lambda: now[0])
     caplog.set_level(logging.WARNING, "snet.server")
     error = ssl.SSLError(1, "[SSL: HTTP_REQUEST] http request")
     error.reason = "HTTP_REQUEST"

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import ssl
-import time
 from typing import Any
+
+from .log_throttle import LogThrottle
 
 log = logging.getLogger("snet.server")
 
-LOG_EVERY_SECONDS = 1.0
 WORKER_PORT, HTTP_PORT = "worker port", "HTTP port"
 # OpenSSL's reason -> what usually causes it, in the terms of snet's own settings
 HINTS = {
@@ -51,8 +51,7 @@ class TlsFailures:
     def __init__(self) -> None:
         self.counts = {WORKER_PORT: 0, HTTP_PORT: 0}
         # by port and reason: a scanner's must not hide a worker's refused certificate
-        self._unlogged: dict[tuple[str, str], int] = {}
-        self._logged_at: dict[tuple[str, str], float] = {}
+        self._throttle = LogThrottle()
 
     def watch(self, context: ssl.SSLContext, port: str) -> None:
         """Count and say the handshakes that fail in ``context`` (of ``port``: one of
@@ -75,17 +74,14 @@ class TlsFailures:
         """A handshake on ``port`` failed with ``error``."""
         self.counts[port] = self.counts.get(port, 0) + 1
         reason = str(error.reason or "")
-        key = (port, reason if reason in HINTS else "")  # a bounded set of keys
-        unlogged = self._unlogged[key] = self._unlogged.get(key, 0) + 1
-        now = time.monotonic()
-        if now - self._logged_at.get(key, -LOG_EVERY_SECONDS) < LOG_EVERY_SECONDS:
+        count = self._throttle.due((port, reason if reason in HINTS else ""))  # keys: few
+        if not count:
             return
         said = getattr(error, "verify_message", None) or reason.lower().replace("_", " ")
         hint = HINTS.get(reason)
-        more = f"; {unlogged - 1} more since the last such line" if unlogged > 1 else ""
+        more = f"; {count - 1} more since the last such line" if count > 1 else ""
         log.warning("TLS handshake failed on the %s: %s%s%s", port, said or error,
                     f" ({hint})" if hint else "", more)  # fmt: skip
-        self._logged_at[key], self._unlogged[key] = now, 0
 
     def figures(self) -> dict[str, Any]:
         """The counts /status and /metrics show."""
