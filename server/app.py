@@ -42,7 +42,7 @@ from .connection import WorkerConnection
 from .connection_set import all_closed, say_goodbye, set_reading, tend_connections
 from .dataplan import plan_data
 from .durability import job_identity, resume_point
-from .export import read_weights, why_weights_kept, write_final_files
+from .export import read_weights, write_final_files
 from .footprint import check_fits_in_memory
 from .http import make_app
 from .http_guard import HttpListener, RequestErrors
@@ -311,9 +311,8 @@ class SnetServer:
         """Write weights.npz, the norms and status.json (``write_final_files``)."""
         coordinator, out_dir = self.coordinator, Path(self.config.out_dir)
         start = None if self.config.fresh else self._start_version
-        keep = why_weights_kept(coordinator.version, start, self._written_version)
-        path = write_final_files(out_dir, coordinator, keep, status_document(self),
-                                 untouched=coordinator.version == start)  # fmt: skip
+        path = write_final_files(out_dir, coordinator, status_document(self), start,
+                                 self._written_version)  # fmt: skip
         self._written_version = coordinator.version
         return path
 

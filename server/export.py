@@ -139,32 +139,25 @@ def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> Saved
     return SavedWeights(spec, flat, version, norms, context, data_spec)
 
 
-def why_weights_kept(version: int, start: int | None, written: int | None) -> str | None:
-    """Why a server at ``version`` leaves an existing weights.npz alone (None: it writes
-    it): it wrote them at this version already (at completion: nothing new to say at its
-    stop), or it resumed a run at ``start`` and trained nothing since (None: ``--fresh``)."""
-    if version == written:
-        return ""
-    return "trained nothing since it started" if version == start else None
-
-
 def write_final_files(
-    out_dir: Path, coordinator: Coordinator, keep: str | None, document: dict[str, Any],
-    untouched: bool = False,
+    out_dir: Path, coordinator: Coordinator, document: dict[str, Any], start: int | None,
+    written: int | None,
 ) -> Path:  # fmt: skip
     """Write ``out_dir``'s weights.npz, norms and status.json (``document``: /status's);
-    the weights' path. ``keep``: why an existing weights.npz is left alone, logged if not
-    empty (None: it is written): a server that resumed a run and trained nothing since
-    leaves the weights that run wrote (a ``--fresh`` run writes its own, or the directory
-    would hold one run's weights beside another's status), and one that wrote them at
-    completion does not write them again at its stop. ``untouched``: it resumed a run and
-    trained nothing since: that run's status.json stays too."""
+    the weights' path. Left as they are: the weights this server wrote at this version
+    already (at completion: said again at its stop for nothing), and, when it resumed a
+    run at ``start`` and trained nothing since (``start`` None: ``--fresh``), the weights
+    and the status.json that run wrote if they are of the weights held (a ``--fresh`` run
+    writes its own, or the directory would hold one run's weights beside another's
+    status)."""
+    again = coordinator.version == written  # said at its completion: not again at its stop
+    untouched = coordinator.version == start
     path = out_dir / WEIGHTS_FILE
     # what it resumed from is checked against the file: a server killed after a later
     # checkpoint left an older weights.npz (version 1100 beside a run trained to 1911)
-    if keep is not None and path.exists() and (keep == "" or _holds(path, coordinator)):
-        if keep:
-            log.info("%s: %s left as it is", keep, path)
+    if path.exists() and (again or (untouched and _holds(path, coordinator))):
+        if not again:
+            log.info("trained nothing since it started: %s left as it is", path)
     else:
         write_atomically(path, current_weights_npz(coordinator))
         log.info("final weights (version %d, digest %s) written to %s",
@@ -175,8 +168,8 @@ def write_final_files(
         # trained nothing: the status.json of the run that trained these weights stays its
         # record (rewritten, its workers were "left (server restarted)", its checkpoint
         # and compression counts 0: this server's, not the run's)
-        if keep:
-            log.info("%s: %s left as it is", keep, status)
+        if not again:
+            log.info("trained nothing since it started: %s left as it is", status)
         return path
     if coordinator.finished.is_set():  # not "stopping": what the run came to, and why
         document = {**document, "state": "trained", "stop_reason": "trained"}
