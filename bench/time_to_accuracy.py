@@ -15,6 +15,13 @@ train's seconds to the target / the demo's (above 1: the demo is faster), ``firs
 = the demo's first epoch / train's. Medians over the repeats are reported, and each
 repeat's speed (``speed_ratios``), since a median at 1.0 hides how often a run is slower.
 
+``--vary-seed`` runs repeat ``r`` (from 0) of every command at job seed ``1 + r`` (the
+weights' and the frame order's), paired: the same seed for ``snet train`` and the demos of
+a repeat. Without it every repeat is the default job (seed 1), whose ``snet train`` is one
+fixed run: at seed 1 it reaches 90 % CV in its fifth epoch, at seeds 2-8 in its third to
+fifth (the fourth at the median), so the default job's ratio says how the demo does
+against that one run, and the seeds' how it does against ``snet train`` in general.
+
 ``--baseline DIR`` adds the demo modes of a checkout of earlier code (its processes import
 ``snet`` from ``DIR/src``) to each repeat's rotation, as ``baseline:MODE``, against the same
 ``snet train`` runs::
@@ -43,9 +50,10 @@ KNOWN_MODES = (*MODES, "np", "bmuf-overlap")  # bmuf-overlap: bmuf with --block-
 
 
 def _run(
-    which: str, workdir: Path, baseline: Path | None
+    which: str, workdir: Path, baseline: Path | None, seed: int | None
 ) -> tuple[list[tuple[float, float]], list[float]]:
-    """``which``: train, a mode, or baseline:MODE (the demo of the ``baseline`` code)."""
+    """``which``: train, a mode, or baseline:MODE (the demo of the ``baseline`` code);
+    ``seed``: the job's seed, or None for the default job's."""
     out = tempfile.mkdtemp(prefix=f"{which.replace(':', '-')}-", dir=workdir)
     env = None
     if which.startswith("baseline:"):
@@ -59,6 +67,8 @@ def _run(
         args = ["demo", "--workers", "2", "--mode", mode, "--out-dir", out]
         if which.endswith("-overlap"):
             args += ["--block-overlap", "true"]
+    if seed is not None:
+        args += ["--seed", str(seed)]
     cpu: list[float] = []
     epochs, _ = timed_epochs(args, env, cpu)
     return epochs, cpu
@@ -77,6 +87,7 @@ def run_accuracy_bench(
     target: float = TARGET_CV,
     modes: tuple[str, ...] = MODES,
     baseline: Path | None = None,
+    vary_seed: bool = False,
 ) -> dict[str, Any]:
     """Per mode, the median ratios to ``snet train`` (see the module's notes)."""
     compiled(Path(snet.__file__).parent)  # as the baseline is (bench/arguments.py)
@@ -87,9 +98,10 @@ def run_accuracy_bench(
     with tempfile.TemporaryDirectory(prefix="snet-accuracy-") as tmp:
         for repeat in range(repeats):
             order = names[repeat % len(names) :] + names[: repeat % len(names)]
+            seed = 1 + repeat if vary_seed else None
             run: dict[str, Any] = {}
             for which in order:
-                epochs, cpu = _run(which, Path(tmp), baseline)
+                epochs, cpu = _run(which, Path(tmp), baseline, seed)
                 hit = next((i for i, (_, cv) in enumerate(epochs) if cv >= target - 1e-9), None)
                 run[which] = {
                     "first_epoch_s": round(epochs[0][0], 3) if epochs else None,
@@ -102,7 +114,8 @@ def run_accuracy_bench(
                 }
             runs.append(run)
             print(f"  time to accuracy, repeat {repeat + 1}/{repeats}: {run}", flush=True)
-    result: dict[str, Any] = {"target_cv": target, "repeats": repeats, "runs": runs}
+    seeds = [1 + repeat for repeat in range(repeats)] if vary_seed else None
+    result: dict[str, Any] = {"target_cv": target, "repeats": repeats, "seeds": seeds, "runs": runs}
     train = [r["train"] for r in runs]
     result["train_to_target_s"] = _median([t["to_target_s"] for t in train if t["to_target_s"]])
     result["train_first_epoch_s"] = _median([t["first_epoch_s"] for t in train])
@@ -155,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=TARGET_CV, help="CV accuracy, 0-1")
     said = f"of {', '.join(KNOWN_MODES)} (default {','.join(MODES)})"
     parser.add_argument("--modes", default=",".join(MODES), help=said)
+    parser.add_argument(
+        "--vary-seed", action="store_true", help="repeat r at job seed 1 + r (default: seed 1)"
+    )
     parser.add_argument("--baseline", type=checkout, help="a checkout of earlier code to run too")
     parser.add_argument("--json", type=output_path, help="write the result here too")
     args = parser.parse_args(argv)
@@ -164,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes {args.modes!r}: each of {', '.join(KNOWN_MODES)} at most once")
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target:g}: a CV accuracy above 0, at most 1")
-    result = run_accuracy_bench(args.repeats, args.target, modes, args.baseline)
+    result = run_accuracy_bench(args.repeats, args.target, modes, args.baseline, args.vary_seed)
     emit(json.dumps(result, indent=1), args.json)
     return 0
 

@@ -72,3 +72,27 @@ def test_the_averaged_rows_overhead_is_that_of_its_means() -> None:
          "worker_compute_ms": 0.4, "overhead_over_compute": 2.0},
     ]  # fmt: skip
     assert update_cost._mean_row(runs)["overhead_over_compute"] == 2.4
+
+
+def test_vary_seed_runs_each_repeat_at_its_own_seed_for_every_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Paired: ``snet train`` and the demo of repeat r at job seed 1 + r; without the flag
+    no ``--seed`` (the default job, as every earlier result)."""
+    launched: list[list[str]] = []
+
+    def timed(args: list[str], env: object, cpu: list[float]) -> tuple[list[object], str]:
+        launched.append(args)
+        cpu += [1.0, 2.0]
+        return [(1.0, 0.95)], ""
+
+    monkeypatch.setattr(time_to_accuracy, "timed_epochs", timed)
+    monkeypatch.setattr(time_to_accuracy, "compiled", lambda package: None)
+    result = time_to_accuracy.run_accuracy_bench(2, modes=("async",), vary_seed=True)
+    seeds = {(args[0], args[args.index("--seed") + 1]) for args in launched}
+    assert seeds == {("train", "1"), ("demo", "1"), ("train", "2"), ("demo", "2")}
+    assert len(launched) == 4 and result["seeds"] == [1, 2]
+    assert result["modes"]["async"]["speed_ratios"] == [1.0, 1.0]
+    launched.clear()
+    assert time_to_accuracy.run_accuracy_bench(1, modes=("async",))["seeds"] is None
+    assert len(launched) == 2 and not any("--seed" in args for args in launched)

@@ -31,11 +31,12 @@ def figures(numpy: float, torch: float, autograd: float, hand: float) -> dict[st
     }
 
 
-def target_rows(markdown: str) -> dict[str, list[str]]:
+def target_rows(markdown: str, labelled: str = "worker vs") -> dict[str, list[str]]:
+    """The targets table's rows whose label holds ``labelled``: label -> the other cells."""
     rows = {}
     for line in markdown.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 4 and cells[0].startswith("worker vs"):
+        if len(cells) == 4 and labelled in cells[0]:
             rows[cells[0]] = cells[1:]
     return rows
 
@@ -146,11 +147,7 @@ def test_update_and_accuracy_sections_render_with_their_targets() -> None:
     }  # fmt: skip
     markdown = render_markdown({"update": [update], "accuracy": accuracy})
     assert "| 262kB | this | 117:512:10 | 900.0 | 0.4 | 0.3 | 0.25 | 0.1 | 1.62 | - |" in markdown
-    rows = {}
-    for line in markdown.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 4 and "2 workers" in cells[0]:
-            rows[cells[0]] = cells[1:]
+    rows = target_rows(markdown, "2 workers")
     assert rows["async, 2 workers: time to CV target, snet train / demo"] == [
         "0.75", ">= 1.0", "False"]  # fmt: skip
     assert rows["async, 2 workers: first epoch's end, demo / snet train"] == [
@@ -161,6 +158,42 @@ def test_update_and_accuracy_sections_render_with_their_targets() -> None:
     # each repeat's speed beside the median: how often a run was slower (none kept: "-")
     assert "| async | 4.0 | 0.75 | 0.7-1.02 (1/3) | 1.4 | 1/1 |" in markdown
     assert "| bmuf | 2.0 | 1.5 | - | 1.6 | 1/1 |" in markdown
+
+
+def test_time_to_accuracy_at_other_seeds_gets_its_own_table_and_targets() -> None:
+    """The default job's ``snet train`` is one fixed run: the paired seeds say how the demo
+    does against it in general, in a table of their own and targets of their own."""
+    seeds = {
+        "target_cv": 0.9, "repeats": 2, "seeds": [1, 2], "train_to_target_s": 1.5,
+        "runs": [{"train": {"epochs_to_target": 5}}, {"train": {"epochs_to_target": None}}],
+        "modes": {
+            "async": {"to_target_s": 1.8, "speed_ratio": 0.84, "first_epoch_ratio": 1.2,
+                      "reached": "2/2", "speed_ratios": [0.8, 1.1]},
+            "bmuf": {"to_target_s": 1.1, "speed_ratio": 1.42, "first_epoch_ratio": 0.9,
+                     "reached": "2/2", "speed_ratios": [1.3, 1.5]},
+        },
+    }  # fmt: skip
+    default = {"target_cv": 0.9, "repeats": 1, "seeds": None, "modes": {
+        "async": {"to_target_s": 1.5, "speed_ratio": 1.04, "first_epoch_ratio": 1.2,
+                  "reached": "1/1", "speed_ratios": [1.04]}}}  # fmt: skip
+    markdown = render_markdown({"accuracy": {**default, "across_seeds": seeds}})
+    rows = target_rows(markdown, "2 workers")
+    assert rows["async, 2 workers: time to CV target, snet train / demo"] == [
+        "1.04", ">= 1.0", "True"]  # fmt: skip
+    assert rows["async, 2 workers, seeds 1-2: time to CV target, snet train / demo"] == [
+        "0.84", ">= 1.0", "False"]  # fmt: skip
+    assert rows["bmuf, 2 workers, seeds 1-2: time to CV target, snet train / demo"] == [
+        "1.42", ">= 1.5", "False"]  # fmt: skip
+    section = markdown[markdown.index("## Time to accuracy") :]
+    at_seeds = section[section.index("**At other seeds.**") :]
+    assert "| async | 1.5 | 1.04 | 1.04-1.04 (1/1) |" in section.split("**At other")[0]
+    assert "| async | 1.8 | 0.84 | 0.8-1.1 (1/2) | 1.2 | 2/2 |" in at_seeds
+    assert "| bmuf | 1.1 | 1.42 | 1.3-1.5 (2/2) | 0.9 | 2/2 |" in at_seeds
+    assert at_seeds.count("| mode | seconds to target |") == 1  # its own header
+    assert "took 1.5 s to the target at the median, and 5, - epochs to it" in at_seeds
+    # without the sweep (results of earlier runs), neither the paragraph nor its targets
+    plain = render_markdown({"accuracy": default})
+    assert "At other seeds" not in plain and "seeds 1-" not in plain
 
 
 def test_small_bunch_targets_take_the_fastest_backend_against_its_own_ceiling() -> None:
