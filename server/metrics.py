@@ -128,6 +128,8 @@ _WORKER_FIGURES = (
     ("worker_mcups", "gauge", "The worker's million connection updates per second.", "mcups"),
     ("worker_staleness_mean", "gauge", "Mean staleness of the worker's updates.",
      "staleness_mean"),
+    ("worker_update_norm_per_pattern", "gauge", "Running mean norm per pattern of the "
+     "worker's updates taken (its kind with the most).", "norm_per_pattern"),
 )  # fmt: skip
 
 
@@ -165,8 +167,16 @@ def metrics_text(server: SnetServer) -> str:
     rows = document["workers"]
     out.metric("worker_connected", "gauge", "1 while the worker is connected, 0 once it left.",
                [(worker_labels(r), float(r["state"] != "gone")) for r in rows])  # fmt: skip
-    for name, kind, text, key in _WORKER_FIGURES:
-        out.metric(name, kind, text, [(worker_labels(r), float(r[key])) for r in rows])
+    for name, kind, text, key in _WORKER_FIGURES:  # (a figure not known yet: no sample)
+        samples = [(worker_labels(r), float(r[key])) for r in rows if r[key] is not None]
+        out.metric(name, kind, text, samples)
+    norms = document["update_norms"]
+    out.metric("update_norm_per_pattern", "gauge", "Running mean norm per pattern of the "
+               "updates taken, by kind (codec).",
+               [({"kind": k["kind"]}, k["norm_per_pattern"]) for k in norms])  # fmt: skip
+    out.metric("update_norm_largest_per_pattern", "gauge", "The largest norm per pattern "
+               "an update of the kind is taken with now.",
+               [({"kind": k["kind"]}, k["largest_per_pattern"]) for k in norms])  # fmt: skip
     _compression(out, document)
     return out.text().rstrip("\n") + "\n" + "\n".join(staleness_metrics(document)) + "\n"
 

@@ -262,9 +262,46 @@ class NormBounds:
             if judged:
                 self._restored[kind] = (float(judged[0]), float(judged[1]), int(seen))
 
-    def figures(self) -> dict[str, float]:
-        """The running mean norm per pattern of each kind, for /status."""
-        return {str(kind): round(math.exp(value), 6) for kind, value in self._log_mean.items()}
+    def view(self) -> tuple[list[dict[str, Any]], dict[int, float]]:
+        """For /status, only between passes (the pass updates these tables): a row per
+        kind (its updates taken, running mean norm per pattern, the largest it takes
+        now and what sets it) and each tracked worker's own mean norm per pattern (of
+        its kind with the most updates), so that a worker far from the others shows."""
+        kinds = []
+        for kind, log_mean in self._log_mean.items():
+            seen = self._seen[kind]
+            judged = self._others(kind, -1)  # (the cached reckoning, most of the time)
+            if seen < SETTLE_UPDATES:
+                by, largest = "settling", ABSOLUTE_NORM  # (or another kind's bound, if lower)
+            elif judged is not None:
+                by, largest = "median worker", min(math.exp(sum(judged)), ABSOLUTE_NORM)
+            else:
+                by, largest = "running mean", math.exp(log_mean + self._allowed(kind))
+            kinds.append({
+                "kind": _kind_name(kind), "updates": seen, "judged_by": by,
+                "norm_per_pattern": _shown(math.exp(log_mean)),
+                "largest_per_pattern": _shown(min(largest, ABSOLUTE_NORM)),
+            })  # fmt: skip
+        workers: dict[int, tuple[int, float]] = {}
+        for rows in self._by_worker.values():
+            for worker, (log_mean, _, seen) in rows.items():
+                if seen >= workers.get(worker, (-1, 0.0))[0]:
+                    workers[worker] = (seen, log_mean)
+        return kinds, {w: _shown(math.exp(mean)) for w, (_, mean) in workers.items()}
+
+
+def _kind_name(kind: Hashable) -> str:
+    """A kind as /status names it: its codec, and whether it carries the worker's
+    momentum (``PendingUpdate.kind``); any other kind as it prints."""
+    parts = _as_tuple(kind)
+    if len(parts) == 2 and isinstance(parts[0], bool) and isinstance(parts[1], str):
+        return parts[1] + (" (momentum carried)" if parts[0] else "")
+    return str(kind)
+
+
+def _shown(value: float) -> float:
+    """Four significant digits: a norm's figure to read, not to compute with."""
+    return float(f"{value:.4g}")
 
 
 def _fed(running: tuple[float, float, int], log_norm: float) -> tuple[float, float, int]:

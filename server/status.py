@@ -58,6 +58,9 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
     connections = coordinator.connections
     workers = [s.row(connections) for s in coordinator.sessions.values()]
     workers += [s.row(connections) for s in coordinator.departed.recent]
+    kinds, worker_norms = coordinator.runner.norm_figures(coordinator.steps.between_steps)
+    for row in workers:  # a worker's own running mean: one far from the others shows
+        row["norm_per_pattern"] = worker_norms.get(row["id"])
     elapsed = _training_seconds(coordinator.finished.is_set(), stats)
     http = server.http_listener
     return {
@@ -78,6 +81,7 @@ def _status_document(server: SnetServer) -> dict[str, Any]:
         "step_seconds": round(stats.step_seconds, 6),
         "updates_applied": stats.updates_applied,
         "updates_rejected": stats.updates_rejected,
+        "update_norms": kinds,  # the norm check's figures by kind (server/plausible.py)
         **server.counters.figures(),  # refusals on the worker port (server/admission.py)
         "connections_open": len(server.connections),
         "http_connections_open": http.open_connections if http else 0,

@@ -56,6 +56,7 @@ from .update_rule import StepRule
 
 OVERFLOW = "the sum of these updates overflows float32"  # each finite, their step is not
 NOT_FINITE = "update contains NaN or infinite values"
+NORMS_EVERY = 1.0  # seconds between two copies of the norm bounds' figures for /status
 
 
 @dataclass
@@ -109,6 +110,10 @@ class StepRunner:
         self.inline = InlineChoice(inline_seconds)  # passes this short run on the loop
         # only ever used by the pass that runs (one at a time)
         self.bounds = NormBounds(momentum=momentum)
+        # their figures, copied between passes (a pass changes them in the step thread):
+        # what /status shows while a pass runs (``norm_figures``)
+        self._norms: tuple[list[dict[str, Any]], dict[int, float]] = ([], {})
+        self._norms_due = 0.0
         # The staleness policy's state, used by the running pass only (plain attributes).
         self.setting = StalenessSetting()
         self.version = 0  # the version the next applied group is applied to
@@ -145,6 +150,8 @@ class StepRunner:
                 self.executor, timed, self._screened_steps, groups, rate
             )
         self.inline.measured(cpu, updates)
+        if started >= self._norms_due:  # between passes, here (one runs at a time)
+            self._norms, self._norms_due = self.bounds.view(), started + NORMS_EVERY
         snapshot, digest, groups, outcome.refused = screened
         if snapshot is not None or not groups:
             outcome.snapshot, outcome.applied, outcome.digest = snapshot, list(groups), digest
@@ -159,6 +166,13 @@ class StepRunner:
                 )
         outcome.seconds = time.perf_counter() - started
         return outcome
+
+    def norm_figures(self, between_steps: bool) -> tuple[list[dict[str, Any]], dict[int, float]]:
+        """The norm check's figures (``NormBounds.view``): fresh ``between_steps``, else
+        the copy taken after a pass at most ``NORMS_EVERY`` seconds before this one."""
+        if between_steps:
+            self._norms = self.bounds.view()
+        return self._norms
 
     def forget_weights(self) -> None:
         """The weights were replaced (roll-back): old versions compare with nothing now."""

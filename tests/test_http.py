@@ -113,6 +113,14 @@ def _check_the_api(healthz: bytes, document: bytes, metrics_text: bytes, weights
         assert set(row) >= WORKER_KEYS
         assert row["address"].startswith("127.0.0.1:") and row["mcups"] > 0
     assert sum(row["updates_sent"] for row in status["workers"]) == status["updates_applied"]
+    # the norm check's figures: one kind (plain float32 updates), every update taken fed
+    # it, judged by the running mean (two workers: no median worker), each worker's own
+    [kind] = status["update_norms"]
+    assert (kind["kind"], kind["updates"]) == ("none", status["updates_applied"])
+    assert kind["judged_by"] == "running mean"
+    assert 0 < kind["norm_per_pattern"] < kind["largest_per_pattern"]
+    for row in status["workers"]:
+        assert kind["norm_per_pattern"] / 3 < row["norm_per_pattern"] < 3 * kind["norm_per_pattern"]
 
     metrics = metrics_text.decode()
     samples = [line for line in metrics.splitlines() if line and not line.startswith("#")]
@@ -124,6 +132,13 @@ def _check_the_api(healthz: bytes, document: bytes, metrics_text: bytes, weights
     assert values["snet_updates_applied_total"] == status["updates_applied"]
     assert values["snet_pool_elements_made"] == queues["pool_made"]
     assert "# TYPE snet_updates_applied_total counter" in metrics
+    assert values['snet_update_norm_per_pattern{kind="none"}'] == kind["norm_per_pattern"]
+    largest = values['snet_update_norm_largest_per_pattern{kind="none"}']
+    assert largest == kind["largest_per_pattern"]
+    for row in status["workers"]:
+        labels = f'worker_id="{row["id"]}",worker="{row["name"]}",backend="{row["backend"]}"'
+        got = values["snet_worker_update_norm_per_pattern{" + labels + "}"]
+        assert got == row["norm_per_pattern"]
 
     with np.load(io.BytesIO(weights)) as npz:
         assert list(npz["sizes"]) == [117, 64, 10]

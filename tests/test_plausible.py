@@ -14,6 +14,7 @@ from snet.protocol.worker_name import name_problem
 from snet.server.departures import Departures
 from snet.server.plausible import (
     ABSOLUTE_NORM,
+    JUDGE_EVERY,
     MAX_FACTOR,
     NORM_FACTOR,
     REPORT_DEPTH,
@@ -141,10 +142,10 @@ def test_a_refused_update_does_not_move_the_mean() -> None:
     kind = (False, "none")
     for _ in range(SETTLE_UPDATES):
         bounds.problem(kind, _gradient(1.0), 1)
-    before = bounds.figures()
+    before = bounds.view()
     for _ in range(50):
         assert bounds.problem(kind, _gradient(1e4), 1)
-    assert bounds.figures() == before
+    assert bounds.view() == before
 
 
 def test_reported_figures_are_bounded_by_the_patterns() -> None:
@@ -300,3 +301,35 @@ def test_a_peer_of_a_codec_of_its_own_is_held_to_the_other_kinds() -> None:
     bounds = NormBounds(momentum=0.9)
     largest, refused = _attack(bounds, (True, "topk:0.0137"), reconnect=False, tiny=False)
     assert refused == 0 and largest < 20 * NORM_FACTOR  # 1/(1 - 0.9) x 100, and the drift
+
+
+def test_the_norm_checks_figures_say_what_judges_each_kind_and_each_workers_norm() -> None:
+    """/status shows them (``update_norms``, and each worker row's ``norm_per_pattern``):
+    what a kind's updates are taken up to and what sets it, and which worker is far from
+    the others; they were kept and read by nothing."""
+    bounds, kind = NormBounds(), (False, "none")
+    assert bounds.view() == ([], {})
+    for _ in range(SETTLE_UPDATES - 1):
+        assert bounds.problem(kind, _norm(0.5), 64, 1) == ""
+    [row], workers = bounds.view()
+    assert row["kind"] == "none" and row["updates"] == SETTLE_UPDATES - 1
+    assert (row["judged_by"], row["largest_per_pattern"]) == ("settling", ABSOLUTE_NORM)
+    assert row["norm_per_pattern"] == pytest.approx(0.5, rel=1e-3) and workers == {1: row[
+        "norm_per_pattern"]}  # fmt: skip
+    assert bounds.problem(kind, _norm(0.5), 64, 1) == ""
+    [row], _ = bounds.view()  # settled, judged by the running mean of every update taken
+    assert row["judged_by"] == "running mean"
+    assert row["largest_per_pattern"] == pytest.approx(0.5 * NORM_FACTOR, rel=1e-3)
+    for _ in range(SETTLE_UPDATES):  # two more workers settle: the median worker judges
+        for worker, norm in ((2, 0.4), (3, 30.0)):
+            assert bounds.problem(kind, _norm(norm), 64, worker) == ""
+    for _ in range(JUDGE_EVERY):  # (once the median worker is reckoned again)
+        assert bounds.problem(kind, _norm(0.5), 64, 1) == ""
+    [row], workers = bounds.view()
+    assert row["judged_by"] == "median worker"
+    assert row["updates"] == 3 * SETTLE_UPDATES + JUDGE_EVERY
+    assert row["largest_per_pattern"] == pytest.approx(0.5 * NORM_FACTOR, rel=1e-3)
+    assert workers == pytest.approx({1: 0.5, 2: 0.4, 3: 30.0}, rel=1e-3)  # worker 3 stands out
+    assert "implausible" in bounds.problem(kind, _norm(0.5 * NORM_FACTOR * 1.5), 64, 3)
+    bounds.problem((True, "topk:0.01"), _norm(4.0), 64, 4)  # a kind carrying momentum
+    assert [row["kind"] for row in bounds.view()[0]] == ["none", "topk:0.01 (momentum carried)"]
