@@ -281,6 +281,12 @@ class ServerConfig:
                 f"heartbeat every {every:g} s), got {got:g}"
             )
         FaultSwitch.from_text(self.faults, Role.SERVER)  # refuses a bad rule with a clear error
+        # here, not when the ports open: refused before anything starts, named by its flag
+        if self.tls_client_ca and not (self.tls_cert or self.tls_key):
+            raise ConfigError("tls_client_ca needs tls_cert and tls_key: the server's own")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: the server's certificate "
+                              "and its key")  # fmt: skip
 
     @property
     def http_bind_host(self) -> str:

@@ -88,12 +88,8 @@ def tls_contexts(
 ) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
     """The worker port's and the HTTP port's TLS contexts (None, None: plain TCP), their
     failed handshakes counted and said by ``failures``."""
-    if not (config.tls_cert or config.tls_key):
-        if config.tls_client_ca:
-            raise ConfigError("tls_client_ca needs tls_cert and tls_key: the server's own")
+    if not config.tls_cert:  # (ServerConfig refuses a certificate without its key)
         return None, None
-    if not (config.tls_cert and config.tls_key):
-        raise ConfigError("TLS needs both tls_cert and tls_key")
     workers, http = server_contexts(config.tls_cert, config.tls_key, config.tls_client_ca)
     failures.watch(workers, WORKER_PORT)
     failures.watch(http, HTTP_PORT)

@@ -91,6 +91,14 @@ def test_a_settings_own_check_names_it_as_the_user_gave_it(
     assert error(["worker", "--tls-ca", "ca.pem", "--tls-key", "w.key"], capsys) == (
         "snet: --tls-cert and --tls-key go together: this worker's certificate and its key"
     )
+    # the server's pairs too, refused before anything starts (they were said once the
+    # ports opened, by their keys: "TLS needs both tls_cert and tls_key")
+    assert error(["server", "--tls-cert", "s.pem"], capsys) == (
+        "snet: --tls-cert and --tls-key go together: the server's certificate and its key"
+    )
+    assert error(["server", "--tls-client-ca", "ca.pem"], capsys) == (
+        "snet: --tls-client-ca needs --tls-cert and --tls-key: the server's own"
+    )
     assert error(["server", "--worker-timeout-seconds", "1"], capsys).startswith(
         "snet: --worker-timeout-seconds must exceed --heartbeat-seconds ("
     )
