@@ -219,7 +219,7 @@ class SnetServer:
                  len(plan.train_frames), self.config.host or "every address", self.port,
                  self.config.http_bind_host or "every address", self.http_port, guard)  # fmt: skip
         if self.coordinator.finished.is_set() and self._results_task is None:
-            await self._save_results()  # resumed a run that had completed: "trained" once ready
+            await self._save_results(True)  # resumed a run that had completed: "trained"
         if self.ready_file is not None:
             self.ready_file.write(self.port, self.http_port)
         notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on port {self.port}")
@@ -348,37 +348,36 @@ class SnetServer:
         log.info("training complete after %d epochs", self.coordinator.stats.epochs_done)
         self._results_task = asyncio.get_running_loop().create_task(self._save_results())
 
-    async def _save_results(self) -> None:
-        """Training is complete: the last checkpoint and the results, now (not at exit).
-        Only then are the workers sent home: a server killed before its last checkpoint
-        is on disk resumes short of the end, and needs them back."""
+    async def _save_results(self, finished_before: bool = False) -> None:
+        """Training is complete (``finished_before`` this server started): the last
+        checkpoint and the results, now (not at exit). Only then are the workers sent
+        home: a server killed before its last checkpoint is on disk resumes short of the
+        end, and needs them back."""
         path = await self._write_results()
         if path is None:
             return  # stopping: shutdown says goodbye to the workers
         log.info("results in %s", path.parent)
         self.state = "trained"  # as the workers are sent home: /status never shows one trained
         say_goodbye(self.connections, TRAINING_COMPLETE, "server trained")  # any still there
-        self._test_task = asyncio.get_running_loop().create_task(self._finish_trained())
+        linger = self.config.linger_after(finished_before)
+        self._test_task = asyncio.get_running_loop().create_task(self._finish_trained(linger))
 
-    async def _finish_trained(self) -> None:
+    async def _finish_trained(self, linger: float) -> None:
         """Score the job's test file (if any) with the final weights, then linger."""
         plan, coordinator = self.coordinator.plan, self.coordinator
-        if plan.test is not None:
+        if plan.test is not None:  # with the weights saved (bmuf: not the snapshot sent)
             job = coordinator.job
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor,
-                score_test_set,
-                job.network,
-                coordinator.rule.model,  # the weights saved (bmuf: not the snapshot sent)
-                plan.test,
-                plan.norms,
-                job.data.context,
-            )
+                self.executor, score_test_set, job.network, coordinator.rule.model, plan.test,
+                plan.norms, job.data.context,
+            )  # fmt: skip
             self.test_result = result
             log.info("%s", describe_test_result(result))
-        if self.config.linger_seconds >= 0:  # negative: serve the results until stopped
-            loop = asyncio.get_running_loop()
-            loop.call_later(self.config.linger_seconds, self.request_stop, "trained")
+        if linger != self.config.linger_seconds:  # config.linger_after
+            log.info("the run had completed before this server started: workers that come "
+                     "back are told so for %g s", linger)  # fmt: skip
+        if linger >= 0:  # negative: serve the results until stopped
+            asyncio.get_running_loop().call_later(linger, self.request_stop, "trained")
 
     async def _housekeeping(self) -> None:
         """Heartbeats to quiet workers; drop workers silent past the timeout."""

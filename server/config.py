@@ -19,7 +19,12 @@ from snet.protocol.job import JobSpec
 from snet.protocol.messages import HEARTBEAT_FLOOR
 from snet.protocol.modes import trace_problem, whole_element_bytes
 from snet.protocol.process_settings import log_format_field, log_level_field
+from snet.transport.dial import MAX_BACKOFF_SECONDS
 from snet.transport.faults import FaultSwitch
+
+# A run completed before this server started is served at least this long: every worker
+# still trying to reach it tries again within MAX_BACKOFF_SECONDS (``linger_after``).
+RESUMED_LINGER_SECONDS = 2 * MAX_BACKOFF_SECONDS + 1
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,17 @@ class ServerConfig:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together: the server's certificate "
                               "and its key")  # fmt: skip
+
+    def linger_after(self, finished_before: bool) -> float:
+        """Seconds to serve the results once trained (< 0: until stopped). A server
+        killed between its last checkpoint and telling its workers resumes a completed
+        run: its workers, retrying, were never told and waited out their retry window
+        (exit 3, restarted for ever by their units); so a run ``finished_before`` this
+        server started is served ``RESUMED_LINGER_SECONDS`` at least, and a worker that
+        comes back hears that training is complete."""
+        if self.linger_seconds < 0 or not finished_before:
+            return self.linger_seconds
+        return max(self.linger_seconds, RESUMED_LINGER_SECONDS)
 
     @property
     def http_bind_host(self) -> str:
