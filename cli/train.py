@@ -23,6 +23,7 @@ from snet.data.corpus import corpus_from_source
 from snet.data.norms import Norms
 from snet.protocol.errors import (
     ConfigError,
+    OutDirUnwritable,
     OutputNotWritten,
     ResultsNotWritten,
     TrainingDiverged,
@@ -36,7 +37,7 @@ from snet.protocol.schedule import stopped_early
 from snet.server.checkpoint import CHECKPOINTS_DIR
 from snet.server.dataplan import plan_data
 from snet.server.export import STATUS_FILE, WEIGHTS_FILE, read_weights, weights_npz
-from snet.server.service import OutDirLock
+from snet.server.service import OutDirLock, check_places
 from snet.server.testset import describe_test_result, score_test_set
 from snet.server.update_rule import UpdateRule
 from snet.transport.files import write_atomically
@@ -156,7 +157,8 @@ def _train(args: argparse.Namespace) -> int:
     lock.acquire()  # first: a server still running there is named as the holder
     try:
         refuse_a_server_run(args.out_dir)
-    except ConfigError:
+        check_places(args.out_dir, (WEIGHTS_FILE,))  # (a directory there: trained, then lost)
+    except (ConfigError, OutDirUnwritable):
         lock.release()
         raise
     epochs_done = 0

@@ -42,7 +42,7 @@ from .connection import WorkerConnection
 from .connection_set import all_closed, say_goodbye, set_reading, tend_connections
 from .dataplan import plan_data
 from .durability import job_identity, resume_point
-from .export import read_weights, write_final_files
+from .export import NORMS_FILE, STATUS_FILE, WEIGHTS_FILE, read_weights, write_final_files
 from .footprint import check_fits_in_memory
 from .http import make_app
 from .http_guard import HttpListener, RequestErrors
@@ -51,7 +51,7 @@ from .lateness import check_progress
 from .progress import ProgressWatch
 from .resume import TraceFile, resume_from
 from .security import over_tls, resolve_token, tls_contexts
-from .service import OutDirLock, PidFile, ReadyFile, check_output_files, notify
+from .service import OutDirLock, PidFile, ReadyFile, check_output_files, check_places, notify
 from .status import status_document
 from .testset import describe_test_result, score_test_set
 from .training import Coordinator
@@ -121,6 +121,8 @@ class SnetServer:
         if self.pid_file is not None:
             self.pid_file.claim()
         self.out_lock.acquire()
+        results = (WEIGHTS_FILE, STATUS_FILE, NORMS_FILE)  # a run trained, then lost, else
+        check_places(self.config.out_dir, results, (CHECKPOINTS_DIR,))
         plan = await loop.run_in_executor(self.executor, plan_data, job, self.config.data_cache)
         checkpoints = Path(self.config.out_dir) / CHECKPOINTS_DIR
         store = CheckpointStore(checkpoints, self.config.checkpoint_keep, self.out_lock.gone)

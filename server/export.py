@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("snet.server")
 STATUS_FILE = "status.json"  # the results document beside weights.npz in the out-dir
 WEIGHTS_FILE = "weights.npz"  # a run's results: the final weights (snet train's too)
+NORMS_FILE = "norms"  # the normalisation beside them, in Quicknet's norm-file format
 
 
 def weights_npz(
@@ -162,7 +163,7 @@ def write_final_files(
         write_atomically(path, current_weights_npz(coordinator))
         log.info("final weights (version %d, digest %s) written to %s",
                  coordinator.version, coordinator.digest, path)  # fmt: skip
-    write_norm_file(out_dir / "norms", coordinator.plan.norms)
+    write_norm_file(out_dir / NORMS_FILE, coordinator.plan.norms)
     status = out_dir / STATUS_FILE
     if untouched and _describes(out_dir, coordinator):
         # trained nothing: the status.json of the run that trained these weights stays its

@@ -192,6 +192,29 @@ class OutDirLock:
             self._handle = None
 
 
+def check_places(out_dir: str, files: tuple[str, ...], directories: tuple[str, ...] = ()) -> None:
+    """Refuse, at start, an out-dir where the results or the checkpoints could never be
+    written: with a file named ``checkpoints`` there a run trained to its end, then
+    failed (the last checkpoint, and so the results, not written) and started over when
+    restarted (a probe). ``files`` must not be directories; ``directories`` are made and
+    written into once."""
+    where = Path(out_dir)
+    for name in files:
+        if (where / name).is_dir():
+            raise ConfigError(f"cannot use out-dir {where}: {where / name} is a directory, "
+                              "where the results go")  # fmt: skip
+    for name in directories:
+        folder = where / name
+        try:
+            folder.mkdir(exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            why = "is not a directory" if folder.exists() and not folder.is_dir() else ""
+            said = f"cannot use out-dir {where}: {folder} {why or 'cannot be written: '}"
+            raise _unusable(said + ("" if why else str(exc.strerror)), exc) from exc
+
+
 def _unusable(text: str, exc: OSError) -> SnetError:
     """A full disk or an I/O error: ``OutDirUnwritable`` (exit 1, retried: a crash followed
     by a moment's full disk ended a systemd unit's run for good); else ``ConfigError``."""

@@ -7,13 +7,14 @@ import errno
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from snet.cli.main import main
 from snet.protocol.errors import OutDirInUse, OutDirUnwritable
-from snet.server.service import OutDirLock
+from snet.server.service import OutDirLock, check_places
 
 from inprocess import Lab
 from inprocess import wait_until as wait_in_lab
@@ -119,3 +120,49 @@ def test_no_checkpoint_is_written_into_an_out_dir_another_process_took(tmp_path:
     finally:
         other.release()
         lock.release()
+
+
+@pytest.mark.parametrize(
+    ("command", "made", "said"),
+    [
+        ("server", "checkpoints", "cannot use out-dir {out}: {out}/checkpoints is not a directory"),
+        ("server", "status.json/", "{out}/status.json is a directory, where the results go"),
+        ("server", "weights.npz/", "{out}/weights.npz is a directory, where the results go"),
+        ("server", "norms/", "{out}/norms is a directory, where the results go"),
+        ("train", "weights.npz/", "{out}/weights.npz is a directory, where the results go"),
+    ],
+)
+def test_an_out_dir_where_results_could_never_be_written_is_refused_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, made: str, said: str
+) -> None:
+    """A file named ``checkpoints`` in the out-dir: the whole run was trained, then failed
+    at its end (the last checkpoint, and so the results, not written: exit 1), and a
+    restart started over (a probe). A weights.npz that is a directory, the same."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if made.endswith("/"):
+        (out / made).mkdir()
+    else:
+        (out / made).write_text("not a directory")
+    flags = ["--port", "0", "--http-port", "0"] if command == "server" else []
+    assert main([command, *flags, "--out-dir", str(out), *short_job()]) == 2
+    err = capsys.readouterr().err
+    assert said.format(out=out) in err and "Traceback" not in err
+    assert not (out / "weights.npz").is_file()  # nothing trained, nothing written
+
+
+def test_a_checkpoints_directory_on_a_full_disk_is_an_error_to_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written into once at start: a full disk there is said then (exit 1, retried), not
+    after the whole run."""
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", full)
+    said = "checkpoints cannot be written: No space left on device"
+    with pytest.raises(OutDirUnwritable, match=said):
+        check_places(str(tmp_path), (), ("checkpoints",))
+    assert (tmp_path / "checkpoints").is_dir()  # made; nothing else left there
+    assert not list((tmp_path / "checkpoints").iterdir())
