@@ -23,7 +23,8 @@ mean and standard deviation it computes at every start take a pass over all trai
 frames (for the bundled digits, decompressing 2.6 MB: 30 ms; for a corpus, its whole
 size), which a restart on the same files and split skips. That file's name covers the
 same identity of the data files and the training frames themselves, and holds the exact
-float64 values, so a server that reads it sends its workers the very normalisation it
+float64 values and their checksum (one changed since, by a hand or the disk, is computed
+again, not taken), so a server that reads it sends its workers the very normalisation it
 would have computed.
 """
 
@@ -54,6 +55,7 @@ log = logging.getLogger("snet.data")
 ABANDONED_SECONDS = 3600.0  # a temporary unchanged this long, its writer gone: removed
 
 FORMAT_VERSION = 1  # bump when the file's layout or the normalisation arithmetic changes
+NORMS_LAYOUT = 2  # the kept normalisation's rows: means, standard deviations, checksum
 KINDS = ("frames", "norms", "checked")  # what the cache keeps, each file named KIND-DIGEST
 BLOCK_BYTES = 32 << 20  # the writer's working memory, not the data set's size
 
@@ -249,7 +251,7 @@ def cached_norms(
     cannot be read (a DataError at start, not a failure in every worker)."""
     if directory is None or not _cacheable(source):
         return compute_norms(source, train, checked)
-    path = _kept_path(directory, "norms", source, train, ".npy")
+    path = _kept_path(directory, f"norms v{NORMS_LAYOUT}", source, train, ".npy", "norms")
     try:
         return _read_norms(path, source.features)
     except (FileNotFoundError, NotADirectoryError):
@@ -257,7 +259,8 @@ def cached_norms(
     except Exception as exc:  # whatever the file holds (or fails to), it is computed again
         log.warning("the data cache's %s cannot be read (%s): computed again", path, exc)
     norms = compute_norms(source, train, checked)
-    _keep(path, source, lambda temporary: _save(temporary, norms.as_array()), "the normalisation")
+    _keep(path, source, lambda temporary: _save(temporary, _with_checksum(norms.as_array())),
+          "the normalisation")  # fmt: skip
     return norms
 
 
@@ -285,13 +288,14 @@ def _cacheable(source: JoinedSource) -> bool:
 
 
 def _kept_path(
-    directory: Path, kind: str, source: JoinedSource, frames: np.ndarray, suffix: str
-) -> Path:
-    """Where ``kind`` (one of ``KINDS``) of ``source``'s ``frames`` is kept: named by the
-    data files' identity and the frames themselves."""
-    digest = _source_digest(kind, source)
+    directory: Path, what: str, source: JoinedSource, frames: np.ndarray, suffix: str,
+    kind: str = "",
+) -> Path:  # fmt: skip
+    """Where ``what`` of ``source``'s ``frames`` is kept: named by the data files' identity
+    and the frames themselves, and ``kind`` (one of ``KINDS``; default ``what``)."""
+    digest = _source_digest(what, source)
     digest.update(np.ascontiguousarray(frames, dtype=np.int64).data)  # in place, no copy
-    return directory / f"{kind}-{digest.hexdigest()[:32]}{suffix}"
+    return directory / f"{kind or what}-{digest.hexdigest()[:32]}{suffix}"
 
 
 def _keep(path: Path, source: JoinedSource, fill: Callable[[Path], None], what: str) -> None:
@@ -314,17 +318,35 @@ def _save(path: Path, array: np.ndarray) -> None:
         np.save(out, array)
 
 
+def _checksum(values: np.ndarray) -> float:
+    """48 bits of the SHA-256 of ``values``' bytes, exact as a float64."""
+    return float(int.from_bytes(hashlib.sha256(values.tobytes()).digest()[:6], "little"))
+
+
+def _with_checksum(values: np.ndarray) -> np.ndarray:
+    """The normalisation's 2 rows and a third: their checksum, then zeros."""
+    row = np.zeros((1, values.shape[1]), np.float64)
+    row[0, 0] = _checksum(values)
+    return np.concatenate([values, row])
+
+
 def _read_norms(path: Path, features: int) -> Norms:
-    """The kept normalisation, only as ``compute_norms`` writes it: this user's file,
-    2 x ``features`` little-endian float64, finite, standard deviations of at least the
-    floor ``compute_norms`` applies. Its header is read before its values (mapped), so a
-    header claiming a huge array allocates nothing."""
+    """The kept normalisation, only as ``cached_norms`` writes it: this user's file,
+    3 x ``features`` little-endian float64 whose third row holds the checksum of the
+    first two (a value changed since, by a hand or the disk, was taken without a word,
+    and a checkpoint of the run then said to be of other data: a probe), finite,
+    standard deviations of at least the floor ``compute_norms`` applies. Its header is
+    read before its values (mapped), so a header claiming a huge array allocates
+    nothing."""
     if path.stat().st_uid != os.getuid():
         raise DataError("written by another user")  # another user's file is not trusted
     kept = np.load(path, mmap_mode="r", allow_pickle=False)
-    if kept.dtype != np.dtype("<f8") or kept.shape != (2, features):
-        raise DataError(f"holds {kept.dtype} {kept.shape}, not <f8 (2, {features})")
-    norms = Norms.from_array(np.array(kept), features)
+    if kept.dtype != np.dtype("<f8") or kept.shape != (3, features):
+        raise DataError(f"holds {kept.dtype} {kept.shape}, not <f8 (3, {features})")
+    values, check = np.array(kept[:2]), np.array(kept[2])
+    if check[0] != _checksum(values) or check[1:].any():
+        raise DataError("its values do not match their checksum: changed since written")
+    norms = Norms.from_array(values, features)
     if (norms.std < STD_FLOOR).any():
         raise DataError(f"a standard deviation is below {STD_FLOOR}")
     return norms

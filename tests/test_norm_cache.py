@@ -15,6 +15,7 @@ import pytest
 
 from snet.data.cache import (
     ABANDONED_SECONDS,
+    _with_checksum,
     cache_directory,
     cached_norms,
     default_cache_directory,
@@ -122,18 +123,24 @@ def test_without_a_usable_cache_it_is_computed(
     kept.write_bytes(b"not an array")
     assert np.array_equal(cached_norms(source, train, damaged).as_array(), computed)
     assert "cannot be read" in caplog.text
-    assert np.array_equal(np.load(kept), computed)  # written again
+    assert np.array_equal(np.load(kept)[:2], computed)  # written again
 
 
 def _planted(path: Path, kind: str) -> None:
     """A file under the kept normalisation's name that ``compute_norms`` never writes."""
-    good = np.load(path)
-    if kind == "one column":  # would broadcast: one mean and std for every feature
+    kept = np.load(path)
+    good = kept[:2]  # the third row: their checksum (_with_checksum)
+    if kind == "changed value":  # by a hand or the disk: a probe's +0.5 was taken
+        kept[0, 0] += 0.5
+        np.save(path, kept)
+    elif kind == "old layout":  # (2, F), as before the checksum
+        np.save(path, good)
+    elif kind == "one column":  # would broadcast: one mean and std for every feature
         np.save(path, good[:, :1])
     elif kind == "wider":
         np.save(path, np.concatenate([good, good[:, :1]], axis=1))
     elif kind == "tiny std":  # below the floor: the frames would be infinite
-        np.save(path, np.stack([good[0], np.full(good.shape[1], 1e-300)]))
+        np.save(path, _with_checksum(np.stack([good[0], np.full(good.shape[1], 1e-300)])))
     elif kind == "complex":
         np.save(path, good.astype(np.complex128))
     elif kind == "float32":
@@ -150,8 +157,8 @@ def _planted(path: Path, kind: str) -> None:
 
 @pytest.mark.parametrize(
     "kind",
-    ["one column", "wider", "tiny std", "complex", "float32", "structured", "huge header",
-     "another user's"],
+    ["changed value", "old layout", "one column", "wider", "tiny std", "complex", "float32",
+     "structured", "huge header", "another user's"],
 )  # fmt: skip
 def test_a_kept_normalisation_that_compute_norms_never_wrote_is_computed_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
@@ -169,7 +176,9 @@ def test_a_kept_normalisation_that_compute_norms_never_wrote_is_computed_again(
     caplog.set_level(logging.WARNING, "snet.data")
     assert np.array_equal(cached_norms(source, train, cache).as_array(), computed)
     assert "cannot be read" in caplog.text
-    assert np.array_equal(np.load(kept), computed) and kept.stat().st_uid == os.getuid()
+    if kind == "changed value":
+        assert "its values do not match their checksum: changed since written" in caplog.text
+    assert np.array_equal(np.load(kept)[:2], computed) and kept.stat().st_uid == os.getuid()
 
 
 def test_the_data_cache_setting_names_the_directory() -> None:
