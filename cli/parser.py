@@ -176,6 +176,9 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--init-weights", dest="init_weights", help="an snet weights .npz to continue from"
     )
+    train.add_argument(
+        "--force", action="store_true", help="replace the weights an earlier run left there"
+    )
     add_config_flag(train, "a [job] table (as the server reads it)")
     add_job_flags(train, parallel=False)
     train.add_argument(

@@ -96,6 +96,23 @@ def refuse_a_server_run(out_dir: str) -> None:
         )
 
 
+def refuse_earlier_weights(out_dir: str, init_weights: str, force: bool) -> None:
+    """ConfigError when ``out_dir`` holds an earlier run's weights.npz that this run would
+    replace (a rerun started again at epoch 1 and, stopped, replaced a stopped run's 7
+    epochs with its 1, without a word: a probe), unless ``force``, or unless this run
+    continues from them (``--init-weights`` that very file)."""
+    path = Path(out_dir) / WEIGHTS_FILE
+    if force or not path.is_file():
+        return
+    if init_weights and Path(init_weights).resolve() == path.resolve():
+        return  # continued: replaced by their own continuation
+    raise ConfigError(
+        f"{path} holds the weights of an earlier run, which this one would replace: add "
+        f"--force to replace them, --init-weights {path} to continue from them, or give "
+        "another --out-dir"
+    )
+
+
 def train_threads(args: argparse.Namespace) -> int:
     """--threads, else SNET_TRAIN_THREADS, else 1, checked as a worker's threads are (the
     BLAS limit itself was set before numpy was imported: cli/main.py)."""
@@ -158,6 +175,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         refuse_a_server_run(args.out_dir)
         check_places(args.out_dir, (WEIGHTS_FILE,))  # (a directory there: trained, then lost)
+        refuse_earlier_weights(args.out_dir, args.init_weights or "", args.force)
     except (ConfigError, OutDirUnwritable):
         lock.release()
         raise

@@ -167,7 +167,9 @@ def test_ctrl_c_in_train_is_one_line_status_130_and_saves_what_was_trained(
     out.mkdir()
     (out / "weights.npz").write_bytes(b"an earlier run's")
     monkeypatch.setattr(command, "standard_hooks", lambda: HookSet([CtrlC(epoch, mid)]))
-    err = error(_train(tmp_path, "--out-dir", str(out), "--epochs", "3"), capsys, status=130)
+    # --force: the earlier weights are to be replaced (refused without: below)
+    argv = _train(tmp_path, "--out-dir", str(out), "--epochs", "3", "--force")
+    err = error(argv, capsys, status=130)
     where = f"snet train: stopped by Ctrl-C in epoch {epoch + 1} of 3"
     if not mid:  # before the first step: nothing to save, the earlier file left alone
         assert err == f"{where}: nothing trained, no weights written"
@@ -392,3 +394,26 @@ def test_snet_train_names_the_tables_of_its_config_it_does_not_read(
     assert capsys.readouterr().err.splitlines() == [
         f"snet train: reads the [job] table of {config} only: [server], [worker] not used"
     ]
+
+
+def test_an_earlier_runs_weights_are_not_replaced_without_a_word(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rerun started again at epoch 1 and, stopped, replaced a stopped run's 7 epochs of
+    weights with its 1 (a probe): refused, unless --force, or continued from them."""
+    out = tmp_path / "out"
+    assert main(_train(tmp_path, "--out-dir", str(out), "--epochs", "1")) == 0
+    first = (out / "weights.npz").read_bytes()
+    err = error(_train(tmp_path, "--out-dir", str(out), "--epochs", "1"), capsys)
+    weights = out / "weights.npz"
+    assert err == (
+        f"snet: {weights} holds the weights of an earlier run, which this one would replace: "
+        f"add --force to replace them, --init-weights {weights} to continue from them, or "
+        "give another --out-dir"
+    )
+    assert weights.read_bytes() == first
+    continued = ["--out-dir", str(out), "--epochs", "1", "--init-weights", str(weights)]
+    assert main(_train(tmp_path, *continued)) == 0  # continued from them: replaced by it
+    assert weights.read_bytes() != first
+    assert main(_train(tmp_path, "--out-dir", str(out), "--epochs", "1", "--force")) == 0
+    OutDirLock(str(out)).acquire()  # each refusal let the lock go
