@@ -122,8 +122,10 @@ class OutDirLock:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise _unusable(f"cannot use out-dir {self.path.parent}: {exc.strerror}", exc) from exc
+        except OSError as exc:  # (a file there: "File exists", said plainly)
+            why = "not a directory" if exc.errno == errno.EEXIST else ""
+            said = f"cannot use out-dir {self.path.parent}: {why or exc.strerror}"
+            raise _unusable(said, exc) from exc
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

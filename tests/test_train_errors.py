@@ -41,7 +41,8 @@ def test_train_refuses_an_unusable_out_dir_before_training(
     if kind == "unmakeable":
         out = out / "below"  # a directory under a file cannot be made
     err, printed = refused(_train(tmp_path, "--out-dir", str(out)), capsys)
-    reason = "File exists" if kind == "file" else "Not a directory"
+    # (a file there: "File exists" was said, which it does, but is not why: a probe)
+    reason = "not a directory" if kind == "file" else "Not a directory"
     assert err == f"snet: cannot use out-dir {out}: {reason}"
     assert printed == ""  # refused before the first epoch
 
