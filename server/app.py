@@ -42,7 +42,14 @@ from .connection import WorkerConnection
 from .connection_set import all_closed, say_goodbye, set_reading, tend_connections
 from .dataplan import plan_data
 from .durability import job_identity, resume_point
-from .export import NORMS_FILE, STATUS_FILE, WEIGHTS_FILE, read_weights, write_final_files
+from .export import (
+    NORMS_FILE,
+    STATUS_FILE,
+    WEIGHTS_FILE,
+    read_weights,
+    score_test_file,
+    write_final_files,
+)
 from .footprint import check_fits_in_memory
 from .http import make_app
 from .http_guard import HttpListener, RequestErrors
@@ -53,7 +60,6 @@ from .resume import TraceFile, resume_from
 from .security import over_tls, resolve_token, tls_contexts
 from .service import OutDirLock, PidFile, ReadyFile, check_output_files, check_places, notify
 from .status import status_document
-from .testset import describe_test_result, score_test_set
 from .training import Coordinator
 
 log = logging.getLogger("snet.server")
@@ -366,15 +372,9 @@ class SnetServer:
 
     async def _finish_trained(self, linger: float) -> None:
         """Score the job's test file (if any) with the final weights, then linger."""
-        plan, coordinator = self.coordinator.plan, self.coordinator
-        if plan.test is not None:  # with the weights saved (bmuf: not the snapshot sent)
-            job = coordinator.job
-            result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, score_test_set, job.network, coordinator.rule.model, plan.test,
-                plan.norms, job.data.context,
-            )  # fmt: skip
-            self.test_result = result
-            log.info("%s", describe_test_result(result))
+        if self.coordinator.plan.test is not None:  # into status.json too, unless lost
+            out_dir = None if self.out_lock.lost else Path(self.config.out_dir)
+            self.test_result = await score_test_file(self.coordinator, self.executor, out_dir)
         if linger != self.config.linger_seconds:  # config.linger_after
             log.info("the run had completed before this server started: workers that come "
                      "back are told so for %g s", linger)  # fmt: skip

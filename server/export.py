@@ -9,9 +9,11 @@ without being told the split, and ``snet server --init-weights`` can continue fr
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,8 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.job import DataSpec
 from snet.protocol.network import ElementLayout, NetworkSpec
 from snet.transport.files import write_atomically
+
+from .testset import describe_test_result, score_test_set
 
 if TYPE_CHECKING:
     from .training import Coordinator
@@ -176,6 +180,40 @@ def write_final_files(
         document = {**document, "state": "trained", "stop_reason": "trained"}
     write_atomically(status, json.dumps(document, indent=1).encode())
     return path
+
+
+async def score_test_file(
+    coordinator: Coordinator, executor: Executor, out_dir: Path | None
+) -> dict[str, Any]:
+    """The job's test file scored with the final weights (the model's: bmuf's block filter
+    keeps them apart from the snapshot sent), said in the log and added to the
+    status.json in ``out_dir`` (None: nothing written there)."""
+    plan, job = coordinator.plan, coordinator.job
+    assert plan.test is not None
+    result: dict[str, Any] = await asyncio.get_running_loop().run_in_executor(
+        executor, score_test_set, job.network, coordinator.rule.model, plan.test, plan.norms,
+        job.data.context,
+    )  # fmt: skip
+    log.info("%s", describe_test_result(result))
+    if out_dir is not None:
+        _add_test_result(out_dir, coordinator, result)
+    return result
+
+
+def _add_test_result(out_dir: Path, coordinator: Coordinator, result: dict[str, Any]) -> None:
+    """The test file's score into the status.json of the weights held, once scored: it is
+    scored after the results are written, and reached the file only at a graceful stop
+    (a kill while serving the results lost it, and a restart scored it again for /status
+    alone: a probe). A failure to write is said, and the run goes on."""
+    said = read_status(out_dir)
+    if not _describes(out_dir, coordinator) or said.get("test") == result:
+        return
+    try:
+        write_atomically(
+            out_dir / STATUS_FILE, json.dumps({**said, "test": result}, indent=1).encode()
+        )
+    except OSError as exc:
+        log.warning("cannot add the test file's score to %s: %s", out_dir / STATUS_FILE, exc)
 
 
 def read_status(out_dir: Path) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""A server killed between its last checkpoint and telling its workers that training is
-complete resumes a completed run. It exited 5 ms after resuming (a probe), so the
+"""What a completed run leaves where a kill can catch it. A server killed between its
+last checkpoint and telling its workers that training is complete resumes a completed
+run. It exited 5 ms after resuming (a probe), so the
 workers, retrying, were never told: they waited out their retry window and exited 3, and
 their systemd units restarted them for ever. Now it serves a while for them."""
 
@@ -12,7 +13,8 @@ import pytest
 from snet.server.config import RESUMED_LINGER_SECONDS, ServerConfig
 
 from inprocess import Lab
-from short_data import short_job
+from inprocess import wait_until as wait_in_lab
+from short_data import short_job, tiny_data
 
 
 def test_a_completed_run_resumed_is_served_long_enough_for_retrying_workers() -> None:
@@ -41,3 +43,28 @@ async def test_a_resumed_completed_run_tells_the_workers_that_come_back(lab: Lab
     again.stop("signal SIGTERM")
     assert await again.wait(30) == "trained"
     assert again.final_status()["stop_reason"] == "trained"
+
+
+@pytest.mark.parametrize("lab", ["uvloop"], indirect=True)
+async def test_the_test_files_score_reaches_status_json_while_the_results_are_served(
+    lab: Lab,
+) -> None:
+    """status.json is written as training completes, before the test file is scored: the
+    score reached it only at a graceful stop, so a kill while serving the results (the
+    Kubernetes manifest's --linger-seconds=-1) lost it for good (a probe)."""
+    test = tiny_data()  # (of the training data: its score is the subject, not its value)
+    server = await lab.server("--epochs", "1", *short_job(), "--test-data", str(test),
+                              "--linger-seconds", "-1")  # fmt: skip
+    worker = lab.worker(server, "w1")
+    assert await worker.wait(60) == 0
+
+    async def scored() -> object:
+        return (await server.status())["test"]
+
+    said = await wait_in_lab(scored, 30, "the test file scored")
+    on_disk = server.final_status()  # before any stop: as a kill would leave it
+    assert on_disk["test"] == said and said["data"] == test
+    assert (on_disk["state"], on_disk["stop_reason"]) == ("trained", "trained")
+    server.stop("signal SIGTERM")
+    assert await server.wait(30) == "trained"
+    assert server.final_status()["test"] == said
