@@ -78,8 +78,13 @@ def resolve_token(config: ServerConfig) -> str | None:
             "token: anyone who reaches the ports could change or read the weights. Give "
             "--token-file FILE (or SNET_TOKEN), or --insecure to allow it"
         )
-    if exposed and not token:
+    if exposed and not token and config.insecure:
         log.warning("listening beyond loopback with no token (--insecure): the ports are open")
+    elif exposed and not token:  # --tls-client-ca: certificates guard the worker port only
+        log.warning("listening beyond loopback with no token: the worker port takes only "
+                    "workers with a certificate --tls-client-ca signed, but the HTTP port "
+                    "asks for none: anyone who reaches it can read /status and /weights "
+                    "(give --token-file to require a token there)")  # fmt: skip
     return token or None
 
 

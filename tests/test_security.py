@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import os
 import socket
 import sys
@@ -303,3 +305,23 @@ async def test_a_token_from_a_file_made_secret_is_the_files_token(
     worker.stop("test over")
     assert await worker.wait(10) == 0
     assert WorkerConfig(token=" sesame\n").token == "sesame"
+
+
+def test_client_certificates_alone_say_the_http_port_is_open(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """--tls-client-ca guards the worker port only: without a token the HTTP port serves
+    /status and /weights to anyone, and the warning said "(--insecure): the ports are
+    open", a flag not given (a probe)."""
+    certified = ServerConfig(host="0.0.0.0", tls_cert="s.pem", tls_key="s.key",
+                             tls_client_ca="ca.pem")  # fmt: skip
+    caplog.set_level(logging.WARNING, "snet.server")
+    assert resolve_token(certified) is None
+    assert "the HTTP port asks for none: anyone who reaches it can read /status" in caplog.text
+    assert "--insecure" not in caplog.text
+    caplog.clear()
+    assert resolve_token(ServerConfig(host="0.0.0.0", insecure=True)) is None
+    assert "no token (--insecure): the ports are open" in caplog.text
+    caplog.clear()
+    assert resolve_token(dataclasses.replace(certified, token="abc")) == "abc"
+    assert "HTTP port" not in caplog.text
