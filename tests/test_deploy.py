@@ -222,11 +222,18 @@ def test_slurm_script_dry_run_puts_server_first_and_workers_elsewhere(tmp_path: 
         "SLURM_JOB_ID": "42",
         "SLURM_JOB_NODELIST": "node[1-4]",
         "SLURM_CPUS_PER_TASK": "4",
+        "SNET_CONFIG": str(DEPLOY / "snet.toml"),
     }
     env.pop("SNET_TOKEN", None)
-    done = run_process(["bash", str(DEPLOY / "slurm/snet.sbatch")], env=env, cwd=DEPLOY.parent)
+    done = run_process(["bash", str(DEPLOY / "slurm/snet.sbatch")], env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "dashboard http://node1:7080/" in done.stdout
+    # the token it made is kept for the dashboard and snet status (it was said nowhere:
+    # the dashboard it printed answered 401, a probe), readable by this user alone
+    kept = tmp_path / "snet-out-42" / "token"
+    assert "dashboard http://node1:7080/?token=TOKEN, with the token in snet-out-42/token" in (
+        done.stdout
+    )
+    assert kept.stat().st_mode & 0o777 == 0o600
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     sruns = [c["argv"] for c in calls if c["argv"][0] == "srun"]
     snets = {c["argv"][1]: c for c in calls if c["argv"][0] == "snet"}
@@ -239,7 +246,8 @@ def test_slurm_script_dry_run_puts_server_first_and_workers_elsewhere(tmp_path: 
     assert worker.address() == ("node1", server.port)
     assert server.out_dir == "snet-out-42"
     tokens = {c["token"] for c in calls if c["argv"][0] == "snet"}
-    assert len(tokens) == 1 and len(tokens.pop()) == 32  # one fresh secret, shared
+    assert len(tokens) == 1 and len(token := tokens.pop()) == 32  # one fresh secret, shared
+    assert kept.read_text() == token + "\n"
 
 
 # ---------------------------------------------------------------- documentation
