@@ -59,8 +59,11 @@ def run_server(args: argparse.Namespace) -> int:
     return status
 
 
-def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfig:
-    """Flags > SNET_WORKER_* environment > SNET_TOKEN > TOML [worker] > defaults."""
+def worker_config(
+    args: argparse.Namespace, document: ConfigFile, read_token: bool = True
+) -> WorkerConfig:
+    """Flags > SNET_WORKER_* environment > SNET_TOKEN > TOML [worker] > defaults; the
+    token file read (``with_token``) unless not ``read_token``."""
     from snet.client.config import WorkerConfig  # nor the server the worker's
 
     flags = given(args, WorkerConfig)
@@ -73,10 +76,22 @@ def worker_config(args: argparse.Namespace, document: ConfigFile) -> WorkerConfi
     # every SNET_WORKER_* variable is a field's: a misspelt one was ignored without a word
     refuse_unknown_fields("SNET_WORKER_", WorkerConfig, "worker")
     config = merge(WorkerConfig, values, "SNET_WORKER_", flags, where)
-    if config.token_file:  # read here, once, as the server reads its own at start
+    return with_token(config) if read_token else config
+
+
+def with_token(config: WorkerConfig) -> WorkerConfig:
+    """``config`` with the token of its ``token_file`` (read here, once, as the server
+    reads its own at start); a token given as a flag or in the config file is said, as
+    the server says it (it joined without a word, from a file others could read)."""
+    if config.token_file:
         from snet.transport.tls import read_token_file
 
         return dataclasses.replace(config, token=read_token_file(config.token_file))
+    if config.token and not (os.environ.get("SNET_WORKER_TOKEN") or os.environ.get("SNET_TOKEN")):
+        logging.getLogger("snet.worker").warning(
+            "the token was given as a flag or in the config file; prefer --token-file or "
+            "SNET_WORKER_TOKEN (a flag shows in ps)"
+        )
     return config
 
 
@@ -84,9 +99,9 @@ def run_worker(args: argparse.Namespace) -> int:
     """Exit status: see ``Worker.run`` (0 done or stopped, 3 unreachable, 4 refused)."""
     from .worker_group import run_worker_group
 
-    config = worker_config(args, read_toml(getattr(args, "config", None)))
-    setup_logging(config.log_level, config.log_format)
-    return run_worker_group(config)
+    config = worker_config(args, read_toml(getattr(args, "config", None)), read_token=False)
+    setup_logging(config.log_level, config.log_format)  # first: what reading the token says
+    return run_worker_group(with_token(config))
 
 
 def run_worker_process(config: WorkerConfig, backend: ComputeBackend | None = None) -> int:

@@ -27,22 +27,25 @@ def board_config(args: argparse.Namespace, document: ConfigFile) -> BoardConfig:
     return merge(BoardConfig, values, "SNET_SPERT_", given(args, BoardConfig), where)
 
 
-def spert_configs(args: argparse.Namespace) -> tuple[WorkerConfig, BoardConfig]:
-    """The board's worker settings (backend spert) and the board's own."""
+def spert_configs(
+    args: argparse.Namespace, read_token: bool = True
+) -> tuple[WorkerConfig, BoardConfig]:
+    """The board's worker settings (backend spert; its token file read unless not
+    ``read_token``) and the board's own."""
     from .commands import worker_config
 
     args.backend = "spert"
     document = read_toml(getattr(args, "config", None))
-    return worker_config(args, document), board_config(args, document)
+    return worker_config(args, document, read_token), board_config(args, document)
 
 
 def run_spert(args: argparse.Namespace) -> int:
     # imported here so that building the parser stays light for every other command
     from snet.client.spert.backend import SpertBackend
 
-    from .commands import run_worker_process
+    from .commands import run_worker_process, with_token
     from .runtime import setup_logging
 
-    config, board = spert_configs(args)
-    setup_logging(config.log_level, config.log_format)
-    return run_worker_process(config, SpertBackend(board))
+    config, board = spert_configs(args, read_token=False)
+    setup_logging(config.log_level, config.log_format)  # first: what reading the token says
+    return run_worker_process(with_token(config), SpertBackend(board))

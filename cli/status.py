@@ -1,8 +1,7 @@
 """``snet status``: a server's /status as a readable table, or as JSON; ``--watch`` follows
 the server's /events, showing a reading at most every ``--interval`` seconds, until the run
-ends (and shows how it ended: the stream's last document).
-
-Epochs arrive numbered from 1, as /status gives them. Ctrl-C ends a watch with status 0
+ends (and shows how it ended: the stream's last document). Epochs arrive numbered from 1,
+as /status gives them. Ctrl-C ends a watch with status 0
 (SIGTERM: one line, 143, as any command's); a reader that goes away (``snet status | head
 -3``) ends it quietly. On a terminal each reading replaces the last (the screen is
 cleared); in a pipe or a file they follow one another, a blank line between, no escapes.
@@ -16,6 +15,7 @@ import http.client
 import json
 import math
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -23,6 +23,7 @@ import urllib.request
 from typing import Any
 
 from snet.protocol.worker_name import printable
+from snet.transport.tls import refusal
 
 from .event_stream import https_context, open_events, open_page, status_events
 from .progress_bar import clock, detach_stdout, on_terminal
@@ -182,8 +183,7 @@ def _board_lines(workers: list[dict[str, Any]]) -> list[str]:
 
 
 ENDED = ("trained", "stopping", "stopped")  # states after which a watch ends
-# what reading a URL may raise (HTTPError is a URLError, URLError an OSError)
-READ_ERRORS = (OSError, http.client.HTTPException, ValueError)
+READ_ERRORS = (OSError, http.client.HTTPException, ValueError)  # (URLError: an OSError)
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
@@ -200,10 +200,11 @@ def _cannot_read(url: str, path: str, exc: Exception, token: str = "") -> str:
             why = exc.read(512).decode(errors="replace").strip().splitlines()
             if why:
                 return f"cannot read {url}{path}: refused: {why[0]}"
-    if isinstance(exc, urllib.error.HTTPError) and exc.code == 404:
-        # every snet server answers /status: this is another web service (or a path prefix)
+    if isinstance(exc, urllib.error.HTTPError) and exc.code == 404:  # another web service
         return (f"cannot read {url}{path}: {exc.code} {exc.reason}: not an snet server's "
                 "HTTP port (--http-port, default 7080)")  # fmt: skip
+    if isinstance(cause := getattr(exc, "reason", None), ssl.SSLCertVerificationError):
+        return f"cannot read {url}{path}: {refusal(cause)} (--tls-ca: the CA that signed it)"
     if isinstance(exc, json.JSONDecodeError):  # a page of another web service, say
         return f"{url}{path} is not an snet server's status (not JSON: {exc.msg})"
     if isinstance(exc, http.client.HTTPException) and "server_hello" in repr(exc):

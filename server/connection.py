@@ -208,7 +208,8 @@ class WorkerConnection:
         name, unlogged = self._unlogged
         if unlogged:
             log.warning("%s: %d more warnings about what it sent were not logged", name, unlogged)
-        reason = "closed" if self.stream.closing else f"connection lost ({error or 'eof'})"
+        # (the error says "connection lost: WHY" itself: said once)
+        reason = "closed" if self.stream.closing else str(error or "connection lost (eof)")
         self._leave(reason)
 
     def stream_drained(self) -> None:

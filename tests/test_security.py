@@ -325,3 +325,25 @@ def test_client_certificates_alone_say_the_http_port_is_open(
     caplog.clear()
     assert resolve_token(dataclasses.replace(certified, token="abc")) == "abc"
     assert "HTTP port" not in caplog.text
+
+
+def test_a_workers_token_in_its_config_file_is_said_as_the_servers_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose token sat in a file others could read joined without a word, where
+    the server says it of its own (a probe)."""
+    from snet.cli.commands import with_token
+
+    monkeypatch.delenv("SNET_TOKEN", raising=False)
+    monkeypatch.delenv("SNET_WORKER_TOKEN", raising=False)
+    caplog.set_level(logging.WARNING)
+    assert with_token(WorkerConfig(token="abc")).token == "abc"
+    assert "the token was given as a flag or in the config file" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("SNET_WORKER_TOKEN", "abc")  # the advised way: nothing said
+    assert with_token(WorkerConfig(token="abc")).token == "abc" and caplog.text == ""
+    secret = tmp_path / "token"
+    secret.write_text("from-the-file\n")
+    secret.chmod(0o644)
+    assert with_token(WorkerConfig(token_file=str(secret))).token == "from-the-file"
+    assert "can be read by other users of this machine (mode 644)" in caplog.text
