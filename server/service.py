@@ -37,13 +37,20 @@ log = logging.getLogger("snet.server")
 
 
 def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (killed, not yet reaped by its parent) does
+    not (a server restarted at once after a kill -9 was refused by its own corpse)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+        pass
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # gone since; or no /proc here to look in: running, as said above
+        return not Path("/proc/self").exists()
+    return not any(line.split()[1:2] == ["Z"] for line in status.splitlines()
+                   if line.startswith("State:"))  # fmt: skip
 
 
 class ReadyFile:

@@ -7,14 +7,16 @@ import errno
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from snet.cli.main import main
 from snet.protocol.errors import OutDirInUse, OutDirUnwritable
-from snet.server.service import OutDirLock, check_places
+from snet.server.service import OutDirLock, PidFile, check_places
 
 from inprocess import Lab
 from inprocess import wait_until as wait_in_lab
@@ -166,3 +168,25 @@ def test_a_checkpoints_directory_on_a_full_disk_is_an_error_to_retry(
         check_places(str(tmp_path), (), ("checkpoints",))
     assert (tmp_path / "checkpoints").is_dir()  # made; nothing else left there
     assert not list((tmp_path / "checkpoints").iterdir())
+
+
+def test_a_pid_file_naming_a_zombie_is_taken_over(tmp_path: Path) -> None:
+    """A server restarted within half a second of a kill -9 was refused by its own corpse
+    (pid file names process N, "which is still running": N was a zombie its parent had
+    not reaped yet; a probe)."""
+    corpse = subprocess.Popen(["true"])  # exits at once; not reaped until waited for
+    status = Path(f"/proc/{corpse.pid}/status")
+    deadline = time.monotonic() + 10
+    while "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        assert "State:\tZ" in status.read_text()
+        path = tmp_path / "server.pid"
+        path.write_text(f"{corpse.pid}\n")
+        PidFile(str(path)).claim()  # not refused
+        assert path.read_text().strip() == str(os.getpid())
+        path.write_text(f"{os.getppid()}\n")  # a live one (this one's parent) still refuses
+        with pytest.raises(OutDirInUse, match="which is still running"):
+            PidFile(str(path)).claim()
+    finally:
+        corpse.wait()
