@@ -231,6 +231,7 @@ async def _demo(
             name="snet-demo",
             log_level="warning",
             min_workers=args.workers + args.spert,  # all start together: repeatable runs
+            resumed_linger_seconds=0,  # a completed run's workers are its own, stopped
         )
     except ConfigError as exc:  # its checks name fields: said with the demo's flags
         raise as_given(exc, DEMO_FLAGS) from None

@@ -19,12 +19,13 @@ from snet.protocol.job import JobSpec
 from snet.protocol.messages import HEARTBEAT_FLOOR
 from snet.protocol.modes import trace_problem, whole_element_bytes
 from snet.protocol.process_settings import log_format_field, log_level_field
-from snet.transport.dial import MAX_BACKOFF_SECONDS
 from snet.transport.faults import FaultSwitch
 
-# A run completed before this server started is served at least this long: every worker
-# still trying to reach it tries again within MAX_BACKOFF_SECONDS (``linger_after``).
-RESUMED_LINGER_SECONDS = 2 * MAX_BACKOFF_SECONDS + 1
+# A run completed before this server started is served at least this long by default
+# (``linger_after``): a worker still trying to reach it tries again within
+# MAX_BACKOFF_SECONDS (5 s), and one that gave up is restarted by its systemd unit 10 s
+# later (RestartSec) and needs a few seconds to start.
+RESUMED_LINGER_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,13 @@ class ServerConfig:
         default=0.0,
         metadata={"help": "keep serving HTTP this long after training (< 0: until stopped)"},
     )
+    resumed_linger_seconds: float = field(
+        default=RESUMED_LINGER_SECONDS,
+        metadata={
+            "help": "serve a run found completed at start (its server killed before "
+            "it told its workers) at least this long, so that its workers hear it"
+        },
+    )
     log_level: str = log_level_field()
     log_format: str = log_format_field()
     init_weights: str = field(
@@ -276,6 +284,9 @@ class ServerConfig:
                 )
         if not 0.05 <= self.event_seconds <= 60:  # a floor: each push builds the document
             raise ConfigError("event_seconds must be between 0.05 and 60")
+        if not self.resumed_linger_seconds >= 0:  # nan too
+            raise ConfigError(f"resumed_linger_seconds must be >= 0, got "
+                              f"{self.resumed_linger_seconds:g}")  # fmt: skip
         if not self.heartbeat_seconds >= HEARTBEAT_FLOOR:  # nan too
             raise ConfigError(f"heartbeat_seconds must be at least {HEARTBEAT_FLOOR:g}, "
                               f"got {self.heartbeat_seconds:g}")  # fmt: skip
@@ -298,11 +309,12 @@ class ServerConfig:
         killed between its last checkpoint and telling its workers resumes a completed
         run: its workers, retrying, were never told and waited out their retry window
         (exit 3, restarted for ever by their units); so a run ``finished_before`` this
-        server started is served ``RESUMED_LINGER_SECONDS`` at least, and a worker that
-        comes back hears that training is complete."""
+        server started is served ``resumed_linger_seconds`` at least, and a worker that
+        comes back hears that training is complete (the demo's, whose workers are its
+        own, not: 0)."""
         if self.linger_seconds < 0 or not finished_before:
             return self.linger_seconds
-        return max(self.linger_seconds, RESUMED_LINGER_SECONDS)
+        return max(self.linger_seconds, self.resumed_linger_seconds)
 
     @property
     def http_bind_host(self) -> str:
