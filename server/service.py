@@ -20,6 +20,7 @@ stale lock behind. An out-dir removed while its server runs took the lock file w
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -202,26 +203,39 @@ class OutDirLock:
 
 
 def check_places(out_dir: str, files: tuple[str, ...], directories: tuple[str, ...] = ()) -> None:
-    """Refuse, at start, an out-dir where the results or the checkpoints could never be
+    """Refuse, at start, an out-dir where the checkpoints or the results could never be
     written: with a file named ``checkpoints`` there a run trained to its end, then
     failed (the last checkpoint, and so the results, not written) and started over when
-    restarted (a probe). ``files`` must not be directories; ``directories`` are made and
-    written into once."""
+    restarted (a probe). ``files`` must not be directories; the out-dir (where each is
+    written, through a temporary file) and its ``directories`` must take a new file. A
+    directory made for the check is removed again: the run makes it when it writes
+    there (an empty ``checkpoints`` left by a server that then failed on its data made
+    the out-dir a server's run to ``snet train``: a review)."""
     where = Path(out_dir)
     for name in files:
         if (where / name).is_dir():
             raise ConfigError(f"cannot use out-dir {where}: {where / name} is a directory, "
                               "where the results go")  # fmt: skip
-    for name in directories:
-        folder = where / name
+    for folder in (where, *(where / name for name in directories)):
+        made = not folder.exists() and not folder.is_symlink()
         try:
             folder.mkdir(exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
+            _probe(folder)
         except OSError as exc:
             why = "is not a directory" if folder.exists() and not folder.is_dir() else ""
             said = f"cannot use out-dir {where}: {folder} {why or 'cannot be written: '}"
             raise _unusable(said + ("" if why else str(exc.strerror)), exc) from exc
+        finally:
+            if made:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def _probe(folder: Path) -> None:
+    """Make a new file in ``folder`` and remove it (OSError if it cannot be made):
+    ``os.access`` says yes to root, even in /proc."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".snet-check-"):
+        pass
 
 
 def _unusable(text: str, exc: OSError) -> SnetError:
@@ -249,9 +263,8 @@ def check_output_files(paths: dict[str, str]) -> None:
         if Path(path).is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             problem = "it is a directory" if Path(path).is_dir() else "its folder is not writable"
             raise ConfigError(f"cannot write the {what} {path}: {problem}")
-        try:  # a new file, made and removed: access() says yes to root, even in /proc
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".snet-check-"):
-                pass
+        try:
+            _probe(folder)
         except OSError as exc:
             raise ConfigError(f"cannot write the {what} {path}: {exc.strerror}") from None
 

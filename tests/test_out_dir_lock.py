@@ -11,11 +11,12 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from snet.cli.main import main
-from snet.protocol.errors import OutDirInUse, OutDirUnwritable
+from snet.protocol.errors import ConfigError, OutDirInUse, OutDirUnwritable
 from snet.server.service import OutDirLock, PidFile, check_places
 
 from inprocess import Lab
@@ -156,18 +157,43 @@ def test_an_out_dir_where_results_could_never_be_written_is_refused_at_start(
 def test_a_checkpoints_directory_on_a_full_disk_is_an_error_to_retry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Written into once at start: a full disk there is said then (exit 1, retried), not
-    after the whole run."""
+    """Each place is written into once at start: a full disk there is said then (exit 1,
+    retried), not after the whole run; and what the check made it removes (an empty
+    checkpoints/ left by a server that then failed on its data made the out-dir a
+    server's run to snet train: a review)."""
+    real = tempfile.NamedTemporaryFile
 
-    def full(*args: object, **kwargs: object) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full_in_checkpoints(*args: Any, **kwargs: Any) -> Any:
+        if Path(kwargs["dir"]).name == "checkpoints":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(tempfile, "TemporaryFile", full)
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", full_in_checkpoints)
     said = "checkpoints cannot be written: No space left on device"
     with pytest.raises(OutDirUnwritable, match=said):
         check_places(str(tmp_path), (), ("checkpoints",))
-    assert (tmp_path / "checkpoints").is_dir()  # made; nothing else left there
-    assert not list((tmp_path / "checkpoints").iterdir())
+    assert list(tmp_path.iterdir()) == []  # made for the check, and removed
+    monkeypatch.undo()
+    check_places(str(tmp_path), (), ("checkpoints",))
+    assert list(tmp_path.iterdir()) == []  # a check leaves nothing behind
+    (tmp_path / "checkpoints").mkdir()
+    check_places(str(tmp_path), (), ("checkpoints",))
+    assert (tmp_path / "checkpoints").is_dir()  # one that was there stays
+
+
+def test_an_out_dir_that_takes_no_new_file_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The results are written through a temporary file in the out-dir itself: one that
+    takes none (its lock file kept from an earlier run) trained to the end before (a
+    review)."""
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refused)
+    with pytest.raises(ConfigError, match=f"{tmp_path} cannot be written: Permission denied"):
+        check_places(str(tmp_path), ("weights.npz",), ("checkpoints",))
 
 
 def test_a_pid_file_naming_a_zombie_is_taken_over(tmp_path: Path) -> None:
