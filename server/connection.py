@@ -57,8 +57,8 @@ from snet.transport.stream import FrameStream, release_tokens
 
 from .admission import Admission
 from .ledger import CompressionLedger
-from .plausible import checked_report
 from .pool import TURNED_AWAY, ElementLoan, ElementShare, Received
+from .reported import checked_report
 from .security import is_loopback
 from .session import WorkerSession, unique_name
 from .training import Coordinator

@@ -32,8 +32,8 @@ from snet.protocol.errors import RejectedUpdate
 from snet.protocol.messages import EvalResult
 from snet.protocol.numbering import shown_epoch
 
-from .plausible import eval_figures_problem
 from .progress import far_slower, quickest
+from .reported import eval_figures_problem
 from .session import WorkerSession
 
 log = logging.getLogger("snet.server")

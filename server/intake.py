@@ -22,9 +22,9 @@ from snet.protocol.network import ElementLayout
 
 from .decoding import UpdateDecoder
 from .leases import LeaseBook
-from .plausible import update_figures_problem
 from .policies import StepPolicy
 from .pool import ElementLoan, ElementPool, Received
+from .reported import update_figures_problem
 from .session import WorkerSession
 from .stepping import PendingUpdate
 

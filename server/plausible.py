@@ -35,24 +35,20 @@ second; accuracy counts of 7.8e15 and a NaN loss reached /status. So:
   against a momentum-carrying mean get nothing more. Only while no kind has settled does
   the absolute bound stand alone. It runs in the step thread (server/stepping.py): one
   BLAS dot per update.
-- ``update_figures_problem`` and ``eval_figures_problem``: the counts an update or a CV
-  result reports are bounded by its patterns, and its loss is finite.
-- ``checked_report``: a worker's report is small, shallow, plain JSON.
-- ``finite``: every figure in /status is finite JSON (a NaN would make it not JSON).
+
+The figures a peer reports with an update, a CV result or a report: server/reported.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from snet.protocol.errors import RejectedUpdate
 
 NORM_FACTOR = 100.0  # accepted: within this factor of the running mean norm per pattern
 SPREAD_SIGMAS = 5.0  # or within this many running standard deviations of its log, if wider
@@ -62,14 +58,11 @@ MAX_FACTOR = 1e6
 ABSOLUTE_NORM = 1e6  # per pattern, while the running mean settles (or has no history)
 SETTLE_UPDATES = 8  # accepted updates of a kind before its running mean is trusted
 MEAN_WEIGHT = 0.05  # of the newest accepted update in the running mean of log norms
-MAX_LOSS_PER_PATTERN = 1e4  # cross-entropy of a float32 softmax stays far below this
 TRACKED_WORKERS = 256  # workers whose own running norms are kept, by kind
 JUDGES = 3  # settled workers of a kind from which the median worker's norms judge
 JUDGE_EVERY = 8  # accepted updates of a kind between two reckonings of the median worker
 MAX_KINDS = 32  # kinds whose norms are kept (a peer chooses its codec, each a kind)
 RESTORED_UPDATES = 200  # accepted updates of a kind a checkpoint's median worker judges
-REPORT_BYTES = 64 * 1024  # a worker report's JSON size
-REPORT_DEPTH = 8  # nesting of a worker report
 
 
 class NormBounds:
@@ -153,32 +146,19 @@ class NormBounds:
         if per_pattern > ABSOLUTE_NORM:  # always: a peer alone before the others settled
             # fed the mean it was judged by up to 1.4e17 per pattern (a probe)
             return f"update norm {per_pattern:.3g} per pattern is beyond {ABSOLUTE_NORM:g}"
-        if seen < SETTLE_UPDATES:
-            borrowed = self._borrowed(kind)
-            if borrowed is not None and log_norm > borrowed[0]:
-                limit, other = borrowed
-                mean = math.exp(self._log_mean[other])
+        judge = self._judge(kind, worker)
+        if judge is not None and log_norm > judge.mean + judge.allowed:
+            mean, factor = math.exp(judge.mean), math.exp(judge.allowed)
+            if judge.by.startswith("settling"):
                 return (
                     f"update norm {per_pattern:.3g} per pattern is implausible: few updates of "
-                    f"its kind yet, and those of kind {other} have a running mean of "
-                    f"{mean:.3g} (at most {math.exp(limit) / mean:.3g}x that)"
+                    f"its kind yet, and those of {judge.whose} have a running mean of "
+                    f"{mean:.3g} (at most {factor:.3g}x that)"
                 )
-        else:
-            others = self._others(kind, worker)
-            mean, allowed = others or (self._log_mean[kind], self._allowed(kind))
-            whose = "the median worker's accepted updates'" if others else "the accepted updates'"
-            strictest = self._borrowed(kind, strictest=True) if others is None else None
-            if strictest is not None and strictest[0] < mean + allowed:
-                # a kind of few workers (a codec of its own, which a peer chooses) is held
-                # to the other kinds' too: else its own mean, which it feeds, judged it
-                mean, whose = self._log_mean[strictest[1]], f"kind {strictest[1]}'s"
-                allowed = strictest[0] - mean
-            if log_norm > mean + allowed:
-                return (
-                    f"update norm {per_pattern:.3g} per pattern is implausible: {whose} "
-                    f"running mean is {math.exp(mean):.3g} (at most {math.exp(allowed):.3g}x "
-                    "that)"
-                )
+            return (
+                f"update norm {per_pattern:.3g} per pattern is implausible: {judge.whose} "
+                f"running mean is {mean:.3g} (at most {factor:.3g}x that)"
+            )
         if kind not in self._seen and len(self._seen) >= MAX_KINDS:  # a peer chooses its
             least = min(self._seen, key=self._seen.__getitem__)  # codec, and so a new kind
             for table in (self._log_mean, self._log_square, self._seen, self._by_worker,
@@ -202,7 +182,36 @@ class NormBounds:
         if len(workers) > TRACKED_WORKERS:
             del workers[next(iter(workers))]  # the one heard from longest ago
 
-    def _others(self, kind: Hashable, worker: int | None) -> tuple[float, float] | None:
+    def _judge(self, kind: Hashable, worker: int | None, store: bool = True) -> _Judge | None:
+        """What an update of ``kind`` from ``worker`` is held to beyond the absolute bound
+        (None: nothing else). Before its kind settles, the most lenient settled kind's
+        bound; then the median worker's (``_others``), or the running mean of every update
+        taken, and a kind of few workers (a codec of its own, which a peer chooses) the
+        strictest other kind's too: else its own mean, which it feeds, judged it.
+        ``store``: the median worker reckoned now is kept for the next ones (/status's
+        view keeps nothing: what it showed changed what was taken, a review)."""
+        if self._seen.get(kind, 0) < SETTLE_UPDATES:
+            borrowed = self._borrowed(kind)
+            if borrowed is None:
+                return None
+            mean, other = self._log_mean[borrowed[1]], borrowed[1]
+            by = f"settling: {_kind_name(other)}'s bound"
+            return _Judge(mean, borrowed[0] - mean, f"kind {other}", by)
+        others = self._others(kind, worker, store)
+        if others is not None:
+            return _Judge(*others, "the median worker's accepted updates'", "median worker")
+        mean, allowed = self._log_mean[kind], self._allowed(kind)
+        strictest = self._borrowed(kind, strictest=True)
+        if strictest is not None and strictest[0] < mean + allowed:
+            mean, other = self._log_mean[strictest[1]], strictest[1]
+            return _Judge(
+                mean, strictest[0] - mean, f"kind {other}'s", f"{_kind_name(other)}'s bound"
+            )
+        return _Judge(mean, allowed, "the accepted updates'", "running mean")
+
+    def _others(
+        self, kind: Hashable, worker: int | None, store: bool = True
+    ) -> tuple[float, float] | None:
         """The log mean and allowed log factor of ``kind`` as the median worker has them,
         once ``JUDGES`` workers or more have settled: a worker's own accepted updates fed
         the mean and spread it was judged against, so one that grew its norms by half
@@ -218,7 +227,8 @@ class NormBounds:
         cached = self._judged.get(kind)
         if cached is not None and seen - cached[0] < JUDGE_EVERY:  # medians move slowly: a
             return cached[1]  # pass over 256 workers' rows cost 61 us, more than the dot
-        rows = [r for r in self._by_worker.get(kind, {}).values() if r[2] >= SETTLE_UPDATES]
+        rows = [r for w, r in self._by_worker.get(kind, {}).items()
+                if r[2] >= SETTLE_UPDATES and w not in self._gone]  # fmt: skip
         restored = self._restored.get(kind)  # until JUDGES settle after a restart (the
         # restored mean, which every update fed, would judge), for a while: not for good
         judged = restored[:2] if restored and seen - restored[2] < RESTORED_UPDATES else None
@@ -226,7 +236,8 @@ class NormBounds:
             mean = statistics.median(r[0] for r in rows)
             spread = statistics.median(math.sqrt(max(r[1] - r[0] * r[0], 0.0)) for r in rows)
             judged = mean, self._factor(spread)
-        self._judged[kind] = (seen, judged)
+        if store:
+            self._judged[kind] = (seen, judged)
         return judged
 
     def checkpoint_state(self) -> list[dict[str, Any]]:
@@ -263,31 +274,44 @@ class NormBounds:
                 self._restored[kind] = (float(judged[0]), float(judged[1]), int(seen))
 
     def view(self) -> tuple[list[dict[str, Any]], dict[int, float]]:
-        """For /status, only between passes (the pass updates these tables): a row per
-        kind (its updates taken, running mean norm per pattern, the largest it takes
-        now and what sets it) and each tracked worker's own mean norm per pattern (of
-        its kind with the most updates), so that a worker far from the others shows."""
+        """For /status, only between passes (a pass updates these tables), changing
+        nothing: a row per kind (its updates taken, running mean norm per pattern, the
+        largest it takes now from a worker and what sets it, as ``problem`` judges) and
+        each tracked worker's own mean norm per pattern (of its kind with the most
+        updates), so that a worker far from the others shows."""
         kinds = []
         for kind, log_mean in self._log_mean.items():
-            seen = self._seen[kind]
-            judged = self._others(kind, -1)  # (the cached reckoning, most of the time)
-            if seen < SETTLE_UPDATES:
-                by, largest = "settling", ABSOLUTE_NORM  # (or another kind's bound, if lower)
-            elif judged is not None:
-                by, largest = "median worker", min(math.exp(sum(judged)), ABSOLUTE_NORM)
-            else:
-                by, largest = "running mean", math.exp(log_mean + self._allowed(kind))
+            judge = self._judge(kind, -1, store=False)  # (None: the absolute bound alone)
+            largest = ABSOLUTE_NORM if judge is None else _exp(judge.mean + judge.allowed)
             kinds.append({
-                "kind": _kind_name(kind), "updates": seen, "judged_by": by,
-                "norm_per_pattern": _shown(math.exp(log_mean)),
+                "kind": _kind_name(kind), "updates": self._seen[kind],
+                "judged_by": "settling" if judge is None else judge.by,
+                "norm_per_pattern": _shown(_exp(log_mean)),
                 "largest_per_pattern": _shown(min(largest, ABSOLUTE_NORM)),
             })  # fmt: skip
         workers: dict[int, tuple[int, float]] = {}
         for rows in self._by_worker.values():
             for worker, (log_mean, _, seen) in rows.items():
-                if seen >= workers.get(worker, (-1, 0.0))[0]:
+                if seen >= workers.get(worker, (-1, 0.0))[0]:  # (one gone too: its last)
                     workers[worker] = (seen, log_mean)
-        return kinds, {w: _shown(math.exp(mean)) for w, (_, mean) in workers.items()}
+        return kinds, {w: _shown(_exp(mean)) for w, (_, mean) in workers.items()}
+
+
+@dataclass(frozen=True)
+class _Judge:
+    """What an update is held to (``NormBounds._judge``): log mean, allowed log factor
+    above it, whose running mean it is (as a refusal says it), and what sets it (as
+    /status says it: "median worker", "running mean", "KIND's bound", "settling: ...")."""
+
+    mean: float
+    allowed: float
+    whose: str
+    by: str
+
+
+def _exp(value: float) -> float:
+    """``math.exp`` that cannot overflow (a restored mean is whatever a checkpoint held)."""
+    return math.exp(min(value, 700.0))
 
 
 def _kind_name(kind: Hashable) -> str:
@@ -311,66 +335,6 @@ def _fed(running: tuple[float, float, int], log_norm: float) -> tuple[float, flo
     weight = max(MEAN_WEIGHT, 1.0 / (seen + 1))
     return ((1 - weight) * mean + weight * log_norm,
             (1 - weight) * square + weight * log_norm * log_norm, seen + 1)  # fmt: skip
-
-
-def update_figures_problem(patterns: int, correct: int, loss_sum: float, seconds: float) -> str:
-    """Why an update's reported figures are implausible ("" if they are not)."""
-    if patterns < 1:
-        return f"update claims {patterns} patterns"
-    if not 0 <= correct <= patterns:
-        return f"update claims {correct} correct of {patterns} patterns"
-    if not (math.isfinite(loss_sum) and 0.0 <= loss_sum <= MAX_LOSS_PER_PATTERN * patterns):
-        return f"update claims a loss of {loss_sum!r} over {patterns} patterns"
-    if not (math.isfinite(seconds) and seconds >= 0.0):
-        return f"update claims {seconds!r} seconds of compute"
-    return ""
-
-
-def eval_figures_problem(frames: int, correct: int, loss_sum: float, cv_frames: int) -> str:
-    """Why a CV result's figures are implausible ("" if they are not)."""
-    if frames != cv_frames:
-        return f"evaluation scored {frames} frames, the CV set has {cv_frames}"
-    if not 0 <= correct <= frames:
-        return f"evaluation claims {correct} correct of {frames} frames"
-    if not (math.isfinite(loss_sum) and 0.0 <= loss_sum <= MAX_LOSS_PER_PATTERN * max(frames, 1)):
-        return f"evaluation claims a loss of {loss_sum!r}"
-    return ""
-
-
-def checked_report(report: Any) -> dict[str, Any]:
-    """A worker report as /status can show it: a map of plain JSON values, at most
-    ``REPORT_DEPTH`` deep and ``REPORT_BYTES`` long (``RejectedUpdate`` otherwise). The
-    depth is measured without recursion, so a report nested a thousand deep is refused,
-    not a RecursionError."""
-    if not isinstance(report, dict):
-        raise RejectedUpdate("worker report is not a map")
-    stack: list[tuple[Any, int]] = [(report, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict | list):
-            if depth > REPORT_DEPTH:
-                raise RejectedUpdate(f"worker report is nested deeper than {REPORT_DEPTH}")
-            children = value.values() if isinstance(value, dict) else value
-            stack.extend((child, depth + 1) for child in children)
-    try:
-        text = json.dumps(report, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise RejectedUpdate(f"worker report is not plain JSON data: {exc}") from exc
-    if len(text) > REPORT_BYTES:
-        raise RejectedUpdate(f"worker report is {len(text)} bytes, over {REPORT_BYTES}")
-    safe: dict[str, Any] = json.loads(text)
-    return safe
-
-
-def finite(document: Any) -> Any:
-    """``document`` with every NaN or infinite float replaced by None (JSON has neither)."""
-    if isinstance(document, float):
-        return document if math.isfinite(document) else None
-    if isinstance(document, dict):
-        return {key: finite(value) for key, value in document.items()}
-    if isinstance(document, list | tuple):
-        return [finite(value) for value in document]
-    return document
 
 
 def _carries_momentum(kind: Hashable) -> bool:

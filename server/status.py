@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from snet.protocol.numbering import shown_epoch
 
 from .ledger import ledger_totals
-from .plausible import finite
+from .reported import finite
 from .staleness_report import staleness_status
 
 if TYPE_CHECKING:

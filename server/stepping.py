@@ -56,7 +56,6 @@ from .update_rule import StepRule
 
 OVERFLOW = "the sum of these updates overflows float32"  # each finite, their step is not
 NOT_FINITE = "update contains NaN or infinite values"
-NORMS_EVERY = 1.0  # seconds between two copies of the norm bounds' figures for /status
 
 
 @dataclass
@@ -110,10 +109,9 @@ class StepRunner:
         self.inline = InlineChoice(inline_seconds)  # passes this short run on the loop
         # only ever used by the pass that runs (one at a time)
         self.bounds = NormBounds(momentum=momentum)
-        # their figures, copied between passes (a pass changes them in the step thread):
-        # what /status shows while a pass runs (``norm_figures``)
+        # their figures as /status last read them between passes (a pass changes them in
+        # the step thread): what it shows while one runs (``norm_figures``)
         self._norms: tuple[list[dict[str, Any]], dict[int, float]] = ([], {})
-        self._norms_due = 0.0
         # The staleness policy's state, used by the running pass only (plain attributes).
         self.setting = StalenessSetting()
         self.version = 0  # the version the next applied group is applied to
@@ -150,8 +148,6 @@ class StepRunner:
                 self.executor, timed, self._screened_steps, groups, rate
             )
         self.inline.measured(cpu, updates)
-        if started >= self._norms_due:  # between passes, here (one runs at a time)
-            self._norms, self._norms_due = self.bounds.view(), started + NORMS_EVERY
         snapshot, digest, groups, outcome.refused = screened
         if snapshot is not None or not groups:
             outcome.snapshot, outcome.applied, outcome.digest = snapshot, list(groups), digest
@@ -169,7 +165,8 @@ class StepRunner:
 
     def norm_figures(self, between_steps: bool) -> tuple[list[dict[str, Any]], dict[int, float]]:
         """The norm check's figures (``NormBounds.view``): fresh ``between_steps``, else
-        the copy taken after a pass at most ``NORMS_EVERY`` seconds before this one."""
+        those of the last call between steps (a pass is short: most calls come between
+        two). Never computed in a pass: a figure for /status cannot stop a step."""
         if between_steps:
             self._norms = self.bounds.view()
         return self._norms

@@ -21,7 +21,7 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.hooks import BunchEvent, EpochEvent, Hook, HookSet, McupsHook, RunInfo, load_hook
 from snet.server.app import SnetServer
 from snet.server.checkpoint import CheckpointStore
-from snet.server.plausible import finite
+from snet.server.reported import finite
 
 from inprocess import Lab, wait_until
 from short_data import short_job
@@ -264,8 +264,10 @@ async def test_a_last_checkpoint_that_failed_is_written_again_at_the_end(
     worker = lab.worker(server, "w1")
     assert await server.wait(60) == "trained" and failed == [1]
     assert await worker.wait(30) == 0
-    again = await lab.server("--epochs", "1", *short_job())
-    assert await again.wait(30) == "trained"  # a completed run: nothing to wait for
+    # a completed run: no worker to wait for (and, asked to, none to tell it ended:
+    # that wait is tests/test_resumed_completed.py's)
+    again = await lab.server("--epochs", "1", *short_job(), "--resumed-linger-seconds", "0")
+    assert await again.wait(30) == "trained"
 
 
 @pytest.mark.parametrize("lab", ["uvloop"], indirect=True)

@@ -17,9 +17,11 @@ from snet.server.plausible import (
     JUDGE_EVERY,
     MAX_FACTOR,
     NORM_FACTOR,
-    REPORT_DEPTH,
     SETTLE_UPDATES,
     NormBounds,
+)
+from snet.server.reported import (
+    REPORT_DEPTH,
     checked_report,
     eval_figures_problem,
     finite,
@@ -333,3 +335,61 @@ def test_the_norm_checks_figures_say_what_judges_each_kind_and_each_workers_norm
     assert "implausible" in bounds.problem(kind, _norm(0.5 * NORM_FACTOR * 1.5), 64, 3)
     bounds.problem((True, "topk:0.01"), _norm(4.0), 64, 4)  # a kind carrying momentum
     assert [row["kind"] for row in bounds.view()[0]] == ["none", "topk:0.01 (momentum carried)"]
+
+
+def test_the_figures_change_nothing_the_check_decides() -> None:
+    """/status's view reckoned the median worker and kept it: polling /status moved when
+    it was reckoned again, and an update near the bound was taken by one server and
+    refused by another fed the same (a review)."""
+    rng = np.random.default_rng(5)
+    looked, unlooked, kind = NormBounds(), NormBounds(), (False, "none")
+    for turn in range(600):
+        update = _gradient(64.0 * float(np.exp(rng.normal(0, 0.3))))
+        for bounds in (looked, unlooked):
+            assert bounds.problem(kind, update, 64, turn % 3) == ""
+        if turn % 3 == 0:
+            looked.view()
+    assert looked.checkpoint_state() == unlooked.checkpoint_state()
+    for scale in np.geomspace(10, 1000, 40):  # near the bound: the same answers
+        update = _gradient(64.0 * float(scale))
+        assert looked.problem(kind, update, 64, 1) == unlooked.problem(kind, update, 64, 1)
+
+
+def test_the_figures_say_what_the_check_holds_a_kind_to() -> None:
+    """A kind still settling is held to the settled kinds' bound, not the absolute one
+    alone; a kind of few workers to the strictest other kind's (a review: both were
+    shown as their own)."""
+    bounds = NormBounds()
+    for _ in range(SETTLE_UPDATES):
+        assert bounds.problem((False, "none"), _norm(0.5), 64, 1) == ""
+    assert bounds.problem((False, "fp16"), _norm(0.5), 64, 2) == ""
+    rows = {row["kind"]: row for row in bounds.view()[0]}
+    assert rows["fp16"]["judged_by"] == "settling: none's bound"
+    assert rows["fp16"]["largest_per_pattern"] == pytest.approx(0.5 * NORM_FACTOR, rel=1e-3)
+    for _ in range(SETTLE_UPDATES):
+        assert bounds.problem((False, "fp16"), _norm(5.0), 64, 2) == ""
+    rows = {row["kind"]: row for row in bounds.view()[0]}  # its own would allow 500
+    assert rows["fp16"]["judged_by"] == "none's bound"
+    assert rows["fp16"]["largest_per_pattern"] == pytest.approx(0.5 * NORM_FACTOR, rel=1e-3)
+    assert "kind (False, 'none')'s running mean" in bounds.problem(
+        (False, "fp16"), _norm(0.5 * NORM_FACTOR * 1.5), 64, 2)  # fmt: skip
+
+
+def test_while_a_pass_runs_the_status_shows_the_last_figures_read_between_passes() -> None:
+    """The pass changes the bounds' tables in the step thread: /status reads them only
+    between steps, and while one runs gets the figures it read last (it never computes
+    them in the pass either, where a failure would have stopped the step)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from snet.server.stepping import StepRunner
+    from snet.server.update_rule import UpdateRule
+
+    with ThreadPoolExecutor(1) as executor:
+        runner = StepRunner(UpdateRule(np.zeros(10, np.float32), 0.9), executor)
+        kind = (False, "none")
+        assert runner.bounds.problem(kind, _norm(0.5), 64, 1) == ""
+        between = runner.norm_figures(between_steps=True)
+        assert between[0][0]["updates"] == 1
+        assert runner.bounds.problem(kind, _norm(0.5), 64, 1) == ""  # a pass, say
+        assert runner.norm_figures(between_steps=False) is between  # not read meanwhile
+        assert runner.norm_figures(between_steps=True)[0][0]["updates"] == 2

@@ -398,7 +398,7 @@ def test_snet_train_names_the_tables_of_its_config_it_does_not_read(
 
 
 def test_an_earlier_runs_weights_are_not_replaced_without_a_word(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A rerun started again at epoch 1 and, stopped, replaced a stopped run's 7 epochs of
     weights with its 1 (a probe): refused, unless --force, or continued from them."""
@@ -416,5 +416,10 @@ def test_an_earlier_runs_weights_are_not_replaced_without_a_word(
     continued = ["--out-dir", str(out), "--epochs", "1", "--init-weights", str(weights)]
     assert main(_train(tmp_path, *continued)) == 0  # continued from them: replaced by it
     assert weights.read_bytes() != first
+    monkeypatch.chdir(tmp_path)  # the same file named from elsewhere: continued too
+    relative = ["--out-dir", str(out), "--epochs", "1", "--init-weights", "out/weights.npz"]
+    assert main(_train(tmp_path, *relative)) == 0
     assert main(_train(tmp_path, "--out-dir", str(out), "--epochs", "1", "--force")) == 0
-    OutDirLock(str(out)).acquire()  # each refusal let the lock go
+    lock = OutDirLock(str(out))
+    lock.acquire()  # each refusal let the lock go
+    lock.release()
