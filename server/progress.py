@@ -154,7 +154,27 @@ class ProgressWatch:
         allowed = max(self.stall_seconds, STALL_FACTOR * typical if typical else 0.0)
         if patient and not clock.delivered:
             allowed += self.join_seconds
-        if cv_frames:
-            per_pattern = clock.seconds_per_pattern
+        if cv_frames:  # its pace as seen, at most STALL_FACTOR times the others'
+            own, typical = _seen_pace(clock), _median_seen_pace(others)
+            per_pattern = min(own, STALL_FACTOR * typical) if own and typical else own or typical
             allowed += STALL_FACTOR * cv_frames * per_pattern if per_pattern else self.join_seconds
         return allowed
+
+
+def _seen_pace(clock: DeliveryClock) -> float | None:
+    """Seconds a pattern takes the worker as the server saw it (between its updates, or
+    its first one's time, never more than the server saw it take), not as it says: a
+    scorer that claimed 1000 s of compute once (in an update refused) was given a CV
+    deadline of hours, and held it and its leases while the run stood still (a probe).
+    What it is seen to take it can stretch too (by sending late): the deadline holds it
+    to the others' pace as well."""
+    if clock.interval and clock.patterns:
+        return clock.interval / clock.patterns
+    if clock.first_compute and clock.patterns:
+        return clock.first_compute / clock.patterns
+    return None
+
+
+def _median_seen_pace(others: list[DeliveryClock]) -> float | None:
+    seen = [pace for pace in map(_seen_pace, others) if pace]
+    return statistics.median(seen) if seen else None

@@ -17,6 +17,7 @@ from typing import Any
 from snet.protocol.errors import RejectedUpdate
 
 MAX_LOSS_PER_PATTERN = 1e4  # cross-entropy of a float32 softmax stays far below this
+MAX_COMPUTE_SECONDS = 1e6  # an update's compute time (11 days: no bunch takes that)
 REPORT_BYTES = 64 * 1024  # a worker report's JSON size
 REPORT_DEPTH = 8  # nesting of a worker report
 
@@ -29,8 +30,8 @@ def update_figures_problem(patterns: int, correct: int, loss_sum: float, seconds
         return f"update claims {correct} correct of {patterns} patterns"
     if not (math.isfinite(loss_sum) and 0.0 <= loss_sum <= MAX_LOSS_PER_PATTERN * patterns):
         return f"update claims a loss of {loss_sum!r} over {patterns} patterns"
-    if not (math.isfinite(seconds) and seconds >= 0.0):
-        return f"update claims {seconds!r} seconds of compute"
+    if not (math.isfinite(seconds) and 0.0 <= seconds <= MAX_COMPUTE_SECONDS):
+        return f"update claims {seconds:.3g} seconds of compute"  # (1e300 was taken)
     return ""
 
 

@@ -158,6 +158,9 @@ def test_reported_figures_are_bounded_by_the_patterns() -> None:
     assert "loss" in update_figures_problem(64, 1, -1.0, 0.0)
     assert "0 patterns" in update_figures_problem(0, 0, 0.0, 0.0)
     assert "seconds" in update_figures_problem(64, 1, 1.0, math.inf)
+    # (1e300 was taken, and a deadline then printed as a 300-digit number: a probe)
+    assert "claims 1e+300 seconds of compute" in update_figures_problem(64, 1, 1.0, 1e300)
+    assert update_figures_problem(64, 1, 1.0, 3600.0) == ""  # an emulated board's, say
     assert eval_figures_problem(500, 450, 100.0, 500) == ""
     assert "the CV set has 500" in eval_figures_problem(499, 450, 100.0, 500)
     assert "correct" in eval_figures_problem(500, 501, 100.0, 500)

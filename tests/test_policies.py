@@ -231,17 +231,25 @@ def test_frames_taken_back_still_let_the_update_sent_for_them_measure_the_pace()
 
 
 def test_a_newcomer_is_judged_by_the_others_intervals_and_a_scorer_by_its_rate() -> None:
+    """A scorer's CV time is judged by the rate the server saw it train at (between its
+    updates), held to the others' too: by the rate it claimed, one that claimed 1000 s
+    of compute once was given hours, and stood the run still for as long as it stayed
+    (a probe)."""
     watch = ProgressWatch(stall_seconds=0.1, join_seconds=0.0)
     others = []
     for interval in (0.2, 0.3, 0.4):
-        other = DeliveryClock(0.0, interval=interval)
+        other = DeliveryClock(0.0, interval=interval, patterns=500)
         others.append(other)
     newcomer = DeliveryClock(0.0)
     assert watch.deadline(newcomer, others) == pytest.approx(STALL_FACTOR * 0.3)
-    scorer = DeliveryClock(0.0, interval=0.05, seconds_per_pattern=1e-4)
+    scorer = DeliveryClock(0.0, interval=0.05, patterns=500, seconds_per_pattern=1e-3)
     assert watch.deadline(scorer, others, cv_frames=1000) == pytest.approx(
-        STALL_FACTOR * 0.05 + STALL_FACTOR * 1000 * 1e-4
+        STALL_FACTOR * 0.05 + STALL_FACTOR * 1000 * 1e-4  # seen: 0.05 s / 500 patterns
     )
+    liar = DeliveryClock(0.0, interval=60.0, patterns=128, seconds_per_pattern=1000 / 128)
+    assert watch.deadline(liar, others, cv_frames=5520) == pytest.approx(
+        STALL_FACTOR * 60.0 + STALL_FACTOR * 5520 * STALL_FACTOR * 0.3 / 500
+    )  # its own seen pace (0.47 s a pattern) held to 10x the others' (6e-4)
 
 
 def _mode_comparisons(path: Path) -> list[int]:
