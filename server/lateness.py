@@ -188,7 +188,9 @@ def _revoke(coordinator: Coordinator, session: WorkerSession, now: float) -> Non
 
 def _reassign_evaluations(coordinator: Coordinator, now: float) -> None:
     def allowed(session: WorkerSession) -> float:
-        return deadline(coordinator, session)
+        others = [s.clock for s in coordinator.sessions.values() if s is not session]
+        cv_frames = len(coordinator.plan.cv_frames)
+        return coordinator.progress.scoring_deadline(session.clock, others, cv_frames)
 
     for session, job in coordinator.evaluations.overdue(now, allowed, coordinator.sessions):
         log.warning("worker %s did not score epoch %d in %.1f s; asking another",

@@ -154,11 +154,22 @@ class ProgressWatch:
         allowed = max(self.stall_seconds, STALL_FACTOR * typical if typical else 0.0)
         if patient and not clock.delivered:
             allowed += self.join_seconds
-        if cv_frames:  # its pace as seen, at most STALL_FACTOR times the others'
-            own, typical = _seen_pace(clock), _median_seen_pace(others)
-            per_pattern = min(own, STALL_FACTOR * typical) if own and typical else own or typical
+        if cv_frames:
+            per_pattern = _held_pace(clock, others)
             allowed += STALL_FACTOR * cv_frames * per_pattern if per_pattern else self.join_seconds
         return allowed
+
+    def scoring_deadline(
+        self, clock: DeliveryClock, others: list[DeliveryClock], cv_frames: int
+    ) -> float:
+        """Seconds a worker may take to score the CV set from when it was asked: the bunch
+        it may be computing and the CV frames, at its pace as the server saw it, held to
+        the others' (``_held_pace``). Not its deadline for updates, which its own interval
+        sets: a peer stretched that by sending late, and held the run's end 34 s."""
+        per_pattern = _held_pace(clock, others)
+        if per_pattern is None:
+            return self.stall_seconds + self.join_seconds
+        return max(self.stall_seconds, STALL_FACTOR * (clock.patterns + cv_frames) * per_pattern)
 
 
 def _seen_pace(clock: DeliveryClock) -> float | None:
@@ -175,6 +186,8 @@ def _seen_pace(clock: DeliveryClock) -> float | None:
     return None
 
 
-def _median_seen_pace(others: list[DeliveryClock]) -> float | None:
+def _held_pace(clock: DeliveryClock, others: list[DeliveryClock]) -> float | None:
+    """``_seen_pace``, at most STALL_FACTOR times the others' median (or theirs alone)."""
     seen = [pace for pace in map(_seen_pace, others) if pace]
-    return statistics.median(seen) if seen else None
+    own, typical = _seen_pace(clock), statistics.median(seen) if seen else None
+    return min(own, STALL_FACTOR * typical) if own and typical else own or typical

@@ -363,3 +363,22 @@ def test_each_mode_s_worker_policy_chooses_its_turn() -> None:
     job = JobSpec(mode="np")
     turn = make_compute_policy(job).make_turn(job, None, None, updates, slices)  # type: ignore[arg-type]
     assert isinstance(turn, SliceWork) and turn.job == job
+
+
+def test_a_scorers_time_for_the_cv_set_is_held_to_the_others_pace() -> None:
+    """A peer with no leases left, asked to score, stretched its own interval by sending a
+    refused update late (3.1 s for 128 patterns beside the others' 2 ms): the deadline
+    for its updates, which its interval sets, held the run's end 34 s. Scoring has a
+    deadline of its own: the CV frames at its seen pace, at most 10x the others'."""
+    watch = ProgressWatch(stall_seconds=2.0, join_seconds=10.0)
+    others = [DeliveryClock(0.0, interval=0.002, patterns=128) for _ in range(2)]
+    stretched = DeliveryClock(0.0, interval=3.1, patterns=128, seconds_per_pattern=1000 / 128)
+    assert watch.deadline(stretched, others, cv_frames=5520) > 30  # its leases: its own pace
+    held = STALL_FACTOR * (128 + 5520) * STALL_FACTOR * 0.002 / 128
+    assert watch.scoring_deadline(stretched, others, 5520) == pytest.approx(max(2.0, held))
+    assert watch.scoring_deadline(stretched, others, 5520) < 10
+    honest = DeliveryClock(0.0, interval=0.003, patterns=128)
+    assert watch.scoring_deadline(honest, others, 5520) == pytest.approx(
+        max(2.0, STALL_FACTOR * (128 + 5520) * 0.003 / 128))  # fmt: skip
+    unknown = DeliveryClock(0.0)  # nothing seen yet, of it or the others: the allowance
+    assert watch.scoring_deadline(unknown, [], 5520) == 12.0
