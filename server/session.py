@@ -252,7 +252,12 @@ class WorkerSession:
         self.report = report
 
     def left(self, reason: str) -> None:
+        """It left: its row stays for /status a while (``Departures``), the copy of its
+        weights a delta encoder kept does not (an element each: 250 such peers, come and
+        gone, held 330 MB more, a probe)."""
         self.state, self.left_reason = "gone", reason
+        if self.ledger is not None:
+            self.ledger.weights.release()
 
     def settle_applied(self, staleness: int, now: float) -> None:
         """One of its updates was applied ``staleness`` versions after its base, at ``now``."""

@@ -219,6 +219,13 @@ def test_a_worker_that_missed_a_publish_on_a_lossy_delta_gets_a_full_copy() -> N
     coordinator.version = 204
     connection._refresh_weights()
     assert sent == [session]
+    # once it left, the mirror of its copy goes (an element a peer: 250 delta peers, come
+    # and gone, held 330 MB more, a probe); a copy written after that would go whole
+    assert encoder._mirror is not None
+    session.left("connection lost")
+    assert encoder._mirror is None
+    late = encoder.prepare(Weights(205, 0, 0.1, 0, np.ones(layout.size, np.float32)))
+    assert late.encoded is None and late.element.size == layout.size
 
 
 def test_a_peer_refused_for_its_numbers_is_held_to_a_newcomers_share_of_the_pool() -> None:

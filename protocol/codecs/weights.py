@@ -92,6 +92,11 @@ class WeightsEncoder:
         self.payload_bytes = 0  # the element's bytes as sent in frames (encoded or not)
         self.raw_bytes = 0  # the same copies as float32
 
+    def release(self) -> None:
+        """Its worker left: the mirror of the worker's copy goes (the counts stay; a copy
+        written after this, none should be, goes whole)."""
+        self._mirror, self._codec, self._full_next = None, None, True
+
     def request_full(self) -> None:
         """The next copy goes as full float32 in the frame (a new connection, or the
         worker asked)."""
