@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -38,12 +37,13 @@ from .control import Control
 from .export import current_weights_npz
 from .metrics import metrics_text
 from .security import bearer_middleware, browser_middleware, is_loopback
-from .status import status_document
+from .status import StatusText
 
 if TYPE_CHECKING:
     from .app import SnetServer
 
 SERVER_KEY: web.AppKey[SnetServer] = web.AppKey("snet_server")
+STATUS_KEY: web.AppKey[StatusText] = web.AppKey("snet_status_text")
 # /events is never silent longer (a comment between documents pushed further apart), so
 # a reader tells a live server from a hung one in seconds, whatever --event-seconds says
 # (snet status --watch gives up after 5 s: cli/event_stream.py), and proxies keep it open
@@ -85,7 +85,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
     with contextlib.suppress(ConnectionError):
         await response.write(b"retry: 2000\n\n")
         while True:
-            document = json.dumps(status_document(server), separators=(",", ":"))
+            document = request.app[STATUS_KEY].text()
             await response.write(f"event: status\ndata: {document}\n\n".encode())
             if server.stopping.is_set():
                 break
@@ -99,7 +99,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
 
 
 async def _status(request: web.Request) -> web.Response:
-    return web.json_response(status_document(request.app[SERVER_KEY]))
+    return web.Response(text=request.app[STATUS_KEY].text(), content_type="application/json")
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -137,6 +137,7 @@ def make_app(server: SnetServer, token: str | None = None) -> web.Application:
         middlewares = [browser_middleware(check_host=is_loopback(server.config.http_bind_host))]
     app = web.Application(middlewares=middlewares)
     app[SERVER_KEY] = server
+    app[STATUS_KEY] = StatusText(server)
     control = Control(server, token_required=bool(token))
     app.router.add_get("/", _dashboard)
     app.router.add_get("/events", _events)

@@ -18,7 +18,9 @@ from snet.protocol.errors import RejectedUpdate
 
 MAX_LOSS_PER_PATTERN = 1e4  # cross-entropy of a float32 softmax stays far below this
 MAX_COMPUTE_SECONDS = 1e6  # an update's compute time (11 days: no bunch takes that)
-REPORT_BYTES = 64 * 1024  # a worker report's JSON size
+# a worker report's JSON size: an emulated board's is 360 bytes; at 64 KiB, 254 peers'
+# reports made /status 15 MB (a probe), at 8 KiB 256 workers' make 2 MB at most
+REPORT_BYTES = 8 * 1024
 REPORT_DEPTH = 8  # nesting of a worker report
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,25 @@ def _state(server: SnetServer) -> str:
     coordinator = server.coordinator
     waiting = coordinator.traffic.holding_back()  # each mode waits for workers its way
     return "waiting_for_workers" if server.state == "training" and waiting else server.state
+
+
+class StatusText:
+    """The /status document as compact JSON, built at most once every ``reuse``
+    seconds (and again when the state changes) and shared by /status and every /events
+    reader: each built its own, and 254 peers' reports in a 15 MB document, read by 14
+    event streams, took the server's memory to 640 MB and its steps to a thirtieth (a
+    probe)."""
+
+    def __init__(self, server: SnetServer, reuse: float = 0.05) -> None:
+        self.server, self.reuse = server, reuse
+        self._built: tuple[str, float, str] | None = None
+
+    def text(self) -> str:
+        now, state = time.monotonic(), self.server.state
+        if self._built is None or self._built[0] != state or now - self._built[1] > self.reuse:
+            document = json.dumps(status_document(self.server), separators=(",", ":"))
+            self._built = (state, now, document)
+        return self._built[2]
 
 
 def status_document(server: SnetServer) -> dict[str, Any]:
