@@ -227,6 +227,14 @@ def test_departed_workers_are_summed_and_only_the_latest_kept() -> None:
     assert summary["patterns"] == 128_000 and summary["rows_kept"] == 3
     assert summary["reasons"]["timeout"] == 500
     assert len(summary["reasons"]) <= 17  # distinct reasons are bounded too
+    # an update a worker left queued is refused after it left: the totals say so (it
+    # was summed as it stood at its leaving: 7 refusals where 1,893 were made, a probe)
+    departures.recent[-1].updates_rejected += 1
+    assert departures.summary()["updates_rejected"] == 1
+    for i in range(3):  # once its row goes, its figures stay in the totals
+        departures.add(WorkerSession(2000 + i, "later", "addr", "numpy", (), print, print))
+    assert departures.summary()["updates_rejected"] == 1
+    assert departures.summary()["updates"] == 2000 and departures.summary()["workers"] == 1003
 
 
 def test_a_worker_cannot_raise_the_norms_it_is_judged_against() -> None:
