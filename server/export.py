@@ -9,11 +9,9 @@ without being told the split, and ``snet server --init-weights`` can continue fr
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
-from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +28,8 @@ from snet.transport.files import write_atomically
 from .testset import describe_test_result, score_test_set
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from .training import Coordinator
 
 log = logging.getLogger("snet.server")
@@ -188,6 +188,8 @@ async def score_test_file(
     """The job's test file scored with the final weights (the model's: bmuf's block filter
     keeps them apart from the snapshot sent), said in the log and added to the
     status.json in ``out_dir`` (None: nothing written there)."""
+    import asyncio  # (here: snet train reads weights with this module, and no event loop)
+
     plan, job = coordinator.plan, coordinator.job
     assert plan.test is not None
     result: dict[str, Any] = await asyncio.get_running_loop().run_in_executor(

@@ -37,7 +37,7 @@ from .control import Control
 from .export import current_weights_npz
 from .metrics import metrics_text
 from .security import bearer_middleware, browser_middleware, is_loopback
-from .status import StatusText
+from .status import StatusText, status_document
 
 if TYPE_CHECKING:
     from .app import SnetServer
@@ -99,7 +99,8 @@ async def _events(request: web.Request) -> web.StreamResponse:
 
 
 async def _status(request: web.Request) -> web.Response:
-    return web.Response(text=request.app[STATUS_KEY].text(), content_type="application/json")
+    # built for each request: a client that acted, then asks, is owed what it did
+    return web.json_response(status_document(request.app[SERVER_KEY]))
 
 
 async def _metrics(request: web.Request) -> web.Response:

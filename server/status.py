@@ -48,11 +48,11 @@ def _state(server: SnetServer) -> str:
 
 
 class StatusText:
-    """The /status document as compact JSON, built at most once every ``reuse``
-    seconds (and again when the state changes) and shared by /status and every /events
-    reader: each built its own, and 254 peers' reports in a 15 MB document, read by 14
-    event streams, took the server's memory to 640 MB and its steps to a thirtieth (a
-    probe)."""
+    """The /status document as compact JSON for /events, built at most once every
+    ``reuse`` seconds (and again when the state changes) and shared by every reader:
+    each built its own, and 254 peers' reports in a 15 MB document, read by 14 event
+    streams, took the server's memory to 640 MB and its steps to a thirtieth (a probe).
+    (GET /status builds its own: a client that acted and then asks is owed the result.)"""
 
     def __init__(self, server: SnetServer, reuse: float = 0.05) -> None:
         self.server, self.reuse = server, reuse

@@ -123,7 +123,8 @@ def test_a_split_that_leaves_less_than_a_bunch_to_train_on_is_said(
     assert "the split leaves " in caplog.text and "fewer than one bunch (16)" in caplog.text
     assert "a lower --cv-fraction (now 0.9999) or more data trains on more" in caplog.text
     caplog.clear()
-    assert main([*argv, "--cv-fraction", "0.5"]) == 0
+    # (--force: the first run's weights are there, and are to be replaced)
+    assert main([*argv, "--cv-fraction", "0.5", "--force"]) == 0
     assert "the split leaves" not in caplog.text
 
 

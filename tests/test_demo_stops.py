@@ -410,12 +410,14 @@ def test_workers_a_terminals_ctrl_c_stopped_while_starting_stopped_cleanly() -> 
 
 
 def test_results_it_cannot_write_are_said_and_its_workers_stopped_at_once(tmp_path: Path) -> None:
-    """A demo whose server could not write its results (a full disk; here weights.npz is
-    a directory) ended "weights in out/weights.npz", a file that was not there. Its
-    workers, told the failure (not "training complete") so that a restarted server finds
-    them, are stopped at once, not after the time given to workers leaving by themselves."""
-    (tmp_path / "out" / "weights.npz" / "taken").mkdir(parents=True)
-    with demo(tmp_path, "--epochs", "1", "--workers", "1", "--bunch-size", "512") as run:
+    """A demo whose server could not write its results (a full disk; here weights.npz
+    becomes a directory once it trains: one there at start is refused then) ended
+    "weights in out/weights.npz", a file that was not there. Its workers, told the
+    failure (not "training complete") so that a restarted server finds them, are
+    stopped at once, not after the time given to workers leaving by themselves."""
+    with demo(tmp_path, "--epochs", "4", "--workers", "1", "--bunch-size", "512") as run:
+        wait_until(lambda: "\nepoch  1/4 " in run.stdout(), EXIT_SECONDS, "the first epoch")
+        (tmp_path / "out" / "weights.npz" / "taken").mkdir(parents=True)
         assert run.wait() == 1
     printed = run.stdout()
     assert "done (failed: results not written: IsADirectoryError: " in printed

@@ -7,7 +7,6 @@ import errno
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from snet.cli.main import main
 from snet.protocol.errors import ConfigError, OutDirInUse, OutDirUnwritable
 from snet.server.service import OutDirLock, PidFile, check_places
 
+from helpers import DrivenProcess
 from inprocess import Lab
 from inprocess import wait_until as wait_in_lab
 from short_data import short_job
@@ -196,16 +196,16 @@ def test_an_out_dir_that_takes_no_new_file_is_refused_at_start(
         check_places(str(tmp_path), ("weights.npz",), ("checkpoints",))
 
 
+@pytest.mark.system
 def test_a_pid_file_naming_a_zombie_is_taken_over(tmp_path: Path) -> None:
     """A server restarted within half a second of a kill -9 was refused by its own corpse
     (pid file names process N, "which is still running": N was a zombie its parent had
     not reaped yet; a probe)."""
-    corpse = subprocess.Popen(["true"])  # exits at once; not reaped until waited for
-    status = Path(f"/proc/{corpse.pid}/status")
-    deadline = time.monotonic() + 10
-    while "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
+    with DrivenProcess(["true"]) as corpse:  # exits at once; reaped when the block ends
+        status = Path(f"/proc/{corpse.pid}/status")
+        deadline = time.monotonic() + 10
+        while "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert "State:\tZ" in status.read_text()
         path = tmp_path / "server.pid"
         path.write_text(f"{corpse.pid}\n")
@@ -214,5 +214,3 @@ def test_a_pid_file_naming_a_zombie_is_taken_over(tmp_path: Path) -> None:
         path.write_text(f"{os.getppid()}\n")  # a live one (this one's parent) still refuses
         with pytest.raises(OutDirInUse, match="which is still running"):
             PidFile(str(path)).claim()
-    finally:
-        corpse.wait()
