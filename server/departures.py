@@ -27,7 +27,8 @@ class Departures:
         # what the workers no longer among the recent delivered (while a row is kept, its
         # figures are read from it: an update a worker left queued is applied or refused
         # after it left, and was counted as it stood at its leaving: 7 refusals summed
-        # where 1,893 were made, a probe's churned NaN peers)
+        # where 1,893 were made, a probe's churned NaN peers; one refused after its row
+        # went, 64 departures later, is missed still)
         self._folded: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
         self.compression_sums: Counter[str] = Counter()

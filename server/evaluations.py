@@ -3,8 +3,9 @@
 After each epoch the weights it ended with are scored on the CV frames by one worker while
 the others train on. A job goes to a worker that has delivered updates (a newcomer may
 never compute), preferring the one with the fewest frames left to train on. A job not
-returned in time (server/progress.py's deadline with the CV set's size at the worker's
-measured rate) is asked of another worker; a result is accepted only from the worker that
+returned in time (``ProgressWatch.scoring_deadline``: the CV set at the rate the server
+saw the worker train at, at most 10x the others') is asked of another worker, if another
+may take it (else it stays with its holder); a result is accepted only from the worker that
 was asked, for the version it was sent. A result with implausible figures (another count
 of CV frames, say: a worker that cut the CV set otherwise) is refused, and that job is not
 asked of that worker again: it would answer the same, and when it was the only worker the
@@ -238,14 +239,20 @@ class Evaluations:
         allowed: Callable[[WorkerSession], float],
         sessions: dict[int, WorkerSession],
     ) -> list[tuple[WorkerSession, EvalJob]]:
-        """Jobs held longer than ``allowed(worker)`` seconds (while another worker could
-        take them over): unassigned, and returned with the worker that sat on them."""
+        """Jobs held longer than ``allowed(worker)`` seconds, while another worker could
+        take them over (``assign`` would pick it: not one that refused the job, nor
+        another scorer of its epoch): unassigned, and returned with the worker that sat on
+        them. A job nobody else could take stays with its holder: an emulated board, the
+        only worker ``--verify-cv`` left to score, was asked the same job again at each
+        deadline, 27 times in 4 epochs, and computed every copy (a review)."""
         late: list[tuple[WorkerSession, EvalJob]] = []
-        if len(sessions) < 2:
-            return late
         for job in self._jobs.values():
             session = sessions.get(job.worker_id) if job.worker_id is not None else None
-            if session is not None and now - job.assigned_at > allowed(session):
-                job.worker_id = None
-                late.append((session, job))
+            if session is None or now - job.assigned_at <= allowed(session):
+                continue
+            barred = self._scorers(job.epoch) | job.refused_by
+            if all(worker in barred for worker in sessions):  # the holder is a scorer
+                continue
+            job.worker_id = None
+            late.append((session, job))
         return late

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -89,7 +90,10 @@ async def _events(request: web.Request) -> web.StreamResponse:
             await response.write(f"event: status\ndata: {document}\n\n".encode())
             if server.stopping.is_set():
                 break
-            due = loop.time() + server.config.event_seconds
+            # the next tick of a clock every reader shares: readers that came at other
+            # moments wake together and share one build of the document (StatusText)
+            every = server.config.event_seconds
+            due = (math.floor(loop.time() / every) + 1) * every
             while (left := due - loop.time()) > 0 and not server.stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(server.stopping.wait(), min(left, KEEPALIVE_SECONDS))

@@ -224,7 +224,7 @@ class NormBounds:
         if worker is None:
             return None
         seen = self._seen.get(kind, 0)
-        cached = self._judged.get(kind)
+        cached = None if self._gone else self._judged.get(kind)  # (a vote ended: again)
         if cached is not None and seen - cached[0] < JUDGE_EVERY:  # medians move slowly: a
             return cached[1]  # pass over 256 workers' rows cost 61 us, more than the dot
         rows = [r for w, r in self._by_worker.get(kind, {}).items()

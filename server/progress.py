@@ -12,7 +12,9 @@ Its clock starts when it last delivered an update or, if later, when it was last
 frames while it held none, so waiting for a lease never counts against it.
 Where being late costs the worker its connection (sync mode), its first update on a
 connection gets ``join_seconds`` more (it may still be loading the data); a worker scoring
-a CV set gets the time that takes at its measured rate. Its ``pace`` (its compute time
+a CV set gets the time that takes at the rate the server saw it train at, held to ten
+times the others' (``scoring_deadline``: a peer's own claim of its compute time once held
+the run for as long as it stayed). Its ``pace`` (its compute time
 per pattern, never less than its interval shows) decides who gets an async epoch's last
 frames and the CV set. Frames taken back from a late worker (async) leave their start
 behind: the update it still sends for them, refused, measures its pace as an applied one
@@ -187,7 +189,7 @@ def _seen_pace(clock: DeliveryClock) -> float | None:
 
 
 def _held_pace(clock: DeliveryClock, others: list[DeliveryClock]) -> float | None:
-    """``_seen_pace``, at most STALL_FACTOR times the others' median (or theirs alone)."""
+    """``_seen_pace``, at most STALL_FACTOR times the others' median (unseen: that)."""
     seen = [pace for pace in map(_seen_pace, others) if pace]
-    own, typical = _seen_pace(clock), statistics.median(seen) if seen else None
-    return min(own, STALL_FACTOR * typical) if own and typical else own or typical
+    own, typical = _seen_pace(clock), STALL_FACTOR * statistics.median(seen) if seen else None
+    return min(own, typical) if own and typical else own or typical

@@ -56,6 +56,7 @@ from .update_rule import StepRule
 
 OVERFLOW = "the sum of these updates overflows float32"  # each finite, their step is not
 NOT_FINITE = "update contains NaN or infinite values"
+NORMS_EVERY = 1.0  # seconds between two copies of the norm figures taken after a pass
 
 
 @dataclass
@@ -112,6 +113,7 @@ class StepRunner:
         # their figures as /status last read them between passes (a pass changes them in
         # the step thread): what it shows while one runs (``norm_figures``)
         self._norms: tuple[list[dict[str, Any]], dict[int, float]] = ([], {})
+        self._norms_due = 0.0
         # The staleness policy's state, used by the running pass only (plain attributes).
         self.setting = StalenessSetting()
         self.version = 0  # the version the next applied group is applied to
@@ -148,6 +150,9 @@ class StepRunner:
                 self.executor, timed, self._screened_steps, groups, rate
             )
         self.inline.measured(cpu, updates)
+        if started >= self._norms_due:  # here, on the loop, no pass runs: a busy server's
+            self._norms, self._norms_due = self.bounds.view(), started + NORMS_EVERY  # (a
+            # /status read rarely falls between two of its passes: figures stayed empty)
         snapshot, digest, groups, outcome.refused = screened
         if snapshot is not None or not groups:
             outcome.snapshot, outcome.applied, outcome.digest = snapshot, list(groups), digest
@@ -164,9 +169,9 @@ class StepRunner:
         return outcome
 
     def norm_figures(self, between_steps: bool) -> tuple[list[dict[str, Any]], dict[int, float]]:
-        """The norm check's figures (``NormBounds.view``): fresh ``between_steps``, else
-        those of the last call between steps (a pass is short: most calls come between
-        two). Never computed in a pass: a figure for /status cannot stop a step."""
+        """The norm check's figures (``NormBounds.view``, which changes nothing): fresh
+        ``between_steps``, else the copy taken between passes (at most ``NORMS_EVERY``
+        seconds old while steps run). Never computed in a pass: the pass changes them."""
         if between_steps:
             self._norms = self.bounds.view()
         return self._norms

@@ -382,3 +382,7 @@ def test_a_scorers_time_for_the_cv_set_is_held_to_the_others_pace() -> None:
         max(2.0, STALL_FACTOR * (128 + 5520) * 0.003 / 128))  # fmt: skip
     unknown = DeliveryClock(0.0)  # nothing seen yet, of it or the others: the allowance
     assert watch.scoring_deadline(unknown, [], 5520) == 12.0
+    # nothing seen of it: the most it could have been given, 10x the others' (a review:
+    # it had the others' pace itself, 10x less than a worker seen at its own)
+    assert watch.scoring_deadline(unknown, others, 5520) == pytest.approx(
+        STALL_FACTOR * 5520 * STALL_FACTOR * 0.002 / 128)  # fmt: skip

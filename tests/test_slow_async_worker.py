@@ -200,6 +200,36 @@ def test_the_cv_set_goes_to_a_worker_not_far_slower_than_the_quickest() -> None:
     assert chosen.name == "board"  # when none else can
 
 
+def test_a_scorer_past_its_deadline_keeps_a_job_nobody_else_may_take() -> None:
+    """An emulated board, the only worker --verify-cv left to score an epoch (the other
+    had scored it), overran its scoring deadline: the job was taken back and given to it
+    again at each deadline, 27 times in 4 epochs, and it computed every copy (a review).
+    A job is taken back only for another worker to have."""
+    from snet.server.evaluations import Evaluations
+
+    def worker(worker_id: int, name: str) -> WorkerSession:
+        session = WorkerSession(worker_id, name, "", "numpy", (), lambda _: None, lambda _: None)
+        session.clock.got_work(0.0)
+        session.clock.update_arrived(1.0, 64, 0.01)
+        return session
+
+    board, fast = worker(1, "board"), worker(2, "numpy")
+    sessions = {1: board, 2: fast}
+    evaluations = Evaluations(copies=2)  # --verify-cv: two scorers an epoch
+    evaluations.add(0, 5, np.zeros(3, np.float32))
+    assert len(evaluations.assign([board, fast], lambda _: 0, 1.0)) == 2  # one each
+    overdue = evaluations.overdue(100.0, lambda _: 3.6, sessions)
+    assert overdue == []  # neither may take the other's: both keep theirs
+    third = worker(3, "third")
+    sessions[3] = third
+    late = evaluations.overdue(100.0, lambda _: 3.6, sessions)
+    assert sorted(s.name for s, _ in late) == ["board", "numpy"]  # a third one may
+    for session, _ in late:
+        session.hold_scoring()  # as lateness.py does: not asked again before it delivers
+    ((chosen, _), (again, _)) = evaluations.assign([board, fast, third], lambda _: 0, 100.0)
+    assert third in (chosen, again)
+
+
 def test_a_pace_is_never_quicker_than_the_server_sees() -> None:
     """Who gets an epoch's last frames and the CV set follows a worker's pace: from its own
     compute_seconds alone, a peer claiming 1e-9 s a pattern had every other worker's last
