@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from snet.protocol.network import ELEMENT_DTYPE, ElementLayout, NetworkSpec
+from snet.protocol.network import ELEMENT_DTYPE, SOFTMAX_FLOOR, ElementLayout, NetworkSpec
 
 from . import kernels
 from .layer_scales import layer_scales
 from .network import ElementViews
-
-_SOFTMAX_FLOOR = -30.0  # as client/network.py: exponents >= -30 keep deltas normal
 
 
 class FusedSteps:
@@ -80,7 +78,7 @@ class FusedSteps:
             self._activate(layer - 1, self._outputs[layer - 1][:n])
             self._forward_layer(views, layer, n)
         labels = labels.astype(np.int64, copy=False)  # one compiled variant for all
-        loss, correct = kernels.softmax_delta(self._outputs[-1], n, labels, _SOFTMAX_FLOOR, False)
+        loss, correct = kernels.softmax_delta(self._outputs[-1], n, labels, SOFTMAX_FLOOR, False)
         return float(loss), int(correct)
 
     def _forward_layer(self, views: list[np.ndarray], layer: int, n: int) -> None:
@@ -121,7 +119,7 @@ class FusedSteps:
         top = len(self._kinds) - 1
         kernels.matmul(self._inputs, views[0], self._outputs[0], n, 1.0)  # pre * (x W + b)
         if top == 0:  # no hidden layer: the softmax layer is the first
-            loss, correct = kernels.softmax_delta(self._outputs[0], n, labels, _SOFTMAX_FLOOR, True)
+            loss, correct = kernels.softmax_delta(self._outputs[0], n, labels, SOFTMAX_FLOOR, True)
             kernels.matmul_at(self._inputs, self._outputs[0], grads[0], n, 1.0)
             return float(loss), int(correct)
         for layer in range(1, top):
@@ -143,7 +141,7 @@ class FusedSteps:
             scales.back,
             self._biases[top],
             labels,
-            _SOFTMAX_FLOOR,
+            SOFTMAX_FLOOR,
             grads[2 * top - 1],
             grads[2 * top],
             self._deltas[top - 1],

@@ -34,12 +34,11 @@ from typing import ParamSpec, TypeVar
 import numpy as np
 
 from snet.data.corpus import Corpus, DenseStore
-from snet.protocol.network import ELEMENT_DTYPE, ElementLayout, NetworkSpec
+from snet.protocol.network import ELEMENT_DTYPE, SOFTMAX_FLOOR, ElementLayout, NetworkSpec
 
 from .kernel_choice import fused_steps
 from .layer_scales import layer_scales
 
-_SOFTMAX_FLOOR = -30.0
 # Rows per block of the derivative's passes: ~256 kB per array, so the three arrays a
 # block touches stay in the core's 2 MB L2 cache between passes.
 _BLOCK_FLOATS = 65536
@@ -270,7 +269,7 @@ class BunchNetwork:
         # The label's logit is the pattern's maximum exactly when it is 0 now (a tie with
         # another class also counts as correct; argmax would pick the first).
         correct = int(np.count_nonzero(self._flat_logits.take(picks) == 0.0))
-        np.maximum(z, _SOFTMAX_FLOOR, out=z)
+        np.maximum(z, SOFTMAX_FLOOR, out=z)
         np.exp(z, out=z)
         total = self._total[:n]
         np.add.reduce(z, axis=0, out=total)

@@ -18,6 +18,12 @@ import numpy as np
 from .errors import ConfigError
 
 HIDDEN_ACTIVATIONS = ("sigmoid", "tanh", "relu")
+# Softmax exponents (logits minus their maximum) are clipped to at least this before they
+# are exponentiated: a probability never underflows, so deltas stay normal and a frame's
+# loss is at most about 30. The workers' float backends and the server's scoring (the
+# test file, a CV referee) use the same floor, so their losses agree: the server's exact
+# loss refused honest workers' CV results under --verify-cv (a probe: 7185 against 6369).
+SOFTMAX_FLOOR = -30.0
 ELEMENT_DTYPE = np.dtype("<f4")
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from snet.data.norms import Norms
 from snet.data.sources import FrameSource, total_frames
 from snet.data.windows import UtteranceBounds
-from snet.protocol.network import ElementLayout, NetworkSpec
+from snet.protocol.network import SOFTMAX_FLOOR, ElementLayout, NetworkSpec
 
 BLOCK_FRAMES = 4096
 
@@ -43,8 +43,8 @@ def score_patterns(
     for layer in range(layers):
         z = below @ views[2 * layer] + views[2 * layer + 1]
         below = z if layer == layers - 1 else _hidden(network.activations[layer], z)
-    shifted = below - below.max(axis=1, keepdims=True)
-    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    shifted = np.maximum(below - below.max(axis=1, keepdims=True), SOFTMAX_FLOOR)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))  # as the workers
     rows = np.arange(len(labels))
     correct = int((below.argmax(axis=1) == labels).sum())
     return correct, float(-log_p[rows, labels].sum())

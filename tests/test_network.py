@@ -297,3 +297,25 @@ def test_layer_scales_of_a_sigmoid_network() -> None:
     assert softmax == LayerScales(pre=1.0, in_mul=0.5, in_add=0.5, back=0.5)
     tanh_first, tanh_softmax = layer_scales(NetworkSpec.parse("5:4:3", activation="tanh"))
     assert tanh_first.pre == 1.0 and tanh_softmax == LayerScales(1.0, 1.0, 0.0, 1.0)
+
+
+def test_the_servers_score_has_the_workers_loss_where_the_network_is_sure() -> None:
+    """The workers clip softmax exponents at -30 (a probability never underflows); the
+    server's score did not, so where a frame's label was less likely than e^-30 the two
+    losses parted (the server's 7185 against a worker's 6369 at epoch 1 of the default
+    job) and --verify-cv refused honest workers' results (a probe). Same floor now."""
+    from snet.client.network import BunchNetwork
+    from snet.protocol.network import ElementLayout, NetworkSpec
+    from snet.server.evaluations import CV_LOSS_TOLERANCE
+    from snet.server.testset import score_patterns
+
+    spec = NetworkSpec.parse("13:8:3")
+    rng = np.random.default_rng(4)
+    weights = (rng.standard_normal(ElementLayout.for_network(spec).size) * 40).astype(np.float32)
+    x = rng.standard_normal((300, 13)).astype(np.float32)
+    labels = rng.integers(0, 3, 300)
+    loss, correct = BunchNetwork(spec, 64, kernels="numpy").evaluate(weights, x, labels)
+    served_correct, served_loss = score_patterns(spec, weights, x, labels)
+    assert loss > 300 * 5  # saturated: many frames' labels far below e^-30
+    assert served_correct == correct
+    assert abs(served_loss - loss) <= CV_LOSS_TOLERANCE * loss
