@@ -87,8 +87,12 @@ def refuse_a_server_run(out_dir: str) -> None:
     """ConfigError when ``out_dir`` holds a server's (or the demo's) run: its weights.npz
     would be replaced by this run's, while its status and checkpoints, which a server or
     the demo shows and resumes, went on describing the other network."""
-    # what a server's (or the demo's) run keeps beside its weights
-    found = [name for name in (STATUS_FILE, CHECKPOINTS_DIR) if (Path(out_dir) / name).exists()]
+    # what a server's (or the demo's) run keeps beside its weights (a file named
+    # checkpoints, or a directory named status.json, is none: snet train writes neither)
+    where = Path(out_dir)
+    found = [name for name, there in ((STATUS_FILE, (where / STATUS_FILE).is_file()),
+                                      (CHECKPOINTS_DIR, (where / CHECKPOINTS_DIR).is_dir()))
+             if there]  # fmt: skip
     if found:
         raise ConfigError(
             f"{out_dir} holds a server's run ({', '.join(found)}): snet train would replace "

@@ -85,6 +85,11 @@ class NormBounds:
         # by kind, the median worker's as checkpointed: it judges until JUDGES settle again
         self._restored: dict[Hashable, tuple[float, float, int]] = {}  # and the seen then
         self._gone: deque[int] = deque()  # workers that left (the loop's; the step's to drop)
+        # the last TRACKED_WORKERS that left: an update of one still queued is judged, but
+        # makes it no row again (it came back with a fresh running mean, and 8 such would
+        # have given it a vote again: a probe)
+        self._departed: deque[int] = deque(maxlen=TRACKED_WORKERS)
+        self._departed_ids: set[int] = set()  # the same, to look in
 
     def forget(self, worker: int) -> None:
         """``worker`` left: its running norms vote no more (a peer that came back under a
@@ -128,6 +133,10 @@ class NormBounds:
         settled."""
         while self._gone:
             gone = self._gone.popleft()
+            if len(self._departed) == self._departed.maxlen:
+                self._departed_ids.discard(self._departed[0])
+            self._departed.append(gone)
+            self._departed_ids.add(gone)
             for rows in self._by_worker.values():
                 rows.pop(gone, None)
             self._judged.clear()
@@ -169,7 +178,7 @@ class NormBounds:
         self._log_mean[kind], self._log_square[kind], self._seen[kind] = _fed(
             (*previous, seen), log_norm
         )
-        if worker is not None:
+        if worker is not None and worker not in self._departed_ids:
             self._learn(kind, worker, log_norm)
         return ""
 

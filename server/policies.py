@@ -252,7 +252,7 @@ class SyncSteps(StepPolicy):
     def refusal(self, base_version: int, version: int) -> str:
         reason = super().refusal(base_version, version)
         if not reason and base_version != version:
-            reason = f"sync mode: update on version {base_version}, round is {version}"
+            reason = f"a synchronous round: update on version {base_version}, round is {version}"
         return reason
 
 

@@ -404,3 +404,18 @@ def test_while_a_pass_runs_the_status_shows_the_last_figures_read_between_passes
         assert runner.bounds.problem(kind, _norm(0.5), 64, 1) == ""  # a pass, say
         assert runner.norm_figures(between_steps=False) is between  # not read meanwhile
         assert runner.norm_figures(between_steps=True)[0][0]["updates"] == 2
+
+
+def test_a_departed_workers_queued_update_makes_it_no_row_again() -> None:
+    """An update of a worker that left, still queued, came back as a fresh row with a
+    running mean of its own (shown in /status for good, and 8 such would have given it a
+    vote again: a probe). It is judged, and taken, but makes no row."""
+    bounds, kind = NormBounds(), (False, "none")
+    for _ in range(SETTLE_UPDATES * 5):
+        for worker in (1, 2, 3):
+            assert bounds.problem(kind, _norm(0.5), 64, worker) == ""
+    bounds.forget(1)
+    assert bounds.problem(kind, _norm(0.5), 64, 2) == ""  # the loop's forget is taken up
+    for _ in range(SETTLE_UPDATES + 1):
+        assert bounds.problem(kind, _norm(0.5), 64, 1) == ""  # judged, and taken
+    assert set(bounds.view()[1]) == {2, 3}

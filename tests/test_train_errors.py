@@ -423,3 +423,21 @@ def test_an_earlier_runs_weights_are_not_replaced_without_a_word(
     lock = OutDirLock(str(out))
     lock.acquire()  # each refusal let the lock go
     lock.release()
+
+
+def test_a_file_named_checkpoints_is_no_servers_run_to_snet_train(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was said to hold "a server's run (checkpoints)" (a probe): a server's run keeps
+    a directory of checkpoints and a status.json file; snet train writes neither."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoints").write_text("not a directory")
+    (out / "status.json").mkdir()
+    assert main(_train(tmp_path, "--out-dir", str(out), "--epochs", "1")) == 0
+    assert (out / "weights.npz").is_file()
+    (out / "weights.npz").unlink()
+    (out / "status.json").rmdir()
+    (out / "status.json").write_text("{}")  # a server's record: refused
+    err = error(_train(tmp_path, "--out-dir", str(out), "--epochs", "1"), capsys)
+    assert "holds a server's run (status.json)" in err
