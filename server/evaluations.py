@@ -4,10 +4,11 @@ After each epoch the weights it ended with are scored on the CV frames by one wo
 the others train on. A job goes to a worker that has delivered updates (a newcomer may
 never compute), preferring the one with the fewest frames left to train on. A job not
 returned in time (``ProgressWatch.scoring_deadline``: the CV set at the rate the server
-saw the worker train at, at most 10x the others') is asked of another worker, if another
-may take it (else it stays with its holder); a result is accepted only from the worker that
-was asked, for the version it was sent. A result with implausible figures (another count
-of CV frames, say: a worker that cut the CV set otherwise) is refused, and that job is not
+saw the worker train at, at most 10x the others') is asked of another worker, never again
+of the late one (``overdue``: with none to ask, the server scores it in the end); a
+result is accepted only from the worker that was asked, for the version it was sent. A
+result with implausible figures (another count of CV frames, say: a worker that cut the
+CV set otherwise) is refused, and that job is not
 asked of that worker again: it would answer the same, and when it was the only worker the
 job went back to it ten times a second and the epoch never ended. When every connected
 worker has had its result for a job refused, the server scores the job itself.
@@ -41,6 +42,7 @@ log = logging.getLogger("snet.server")
 
 CV_CORRECT_TOLERANCE = 1e-3  # two scores of the same weights: correct counts this close
 CV_LOSS_TOLERANCE = 1e-3  # and summed losses (relative)
+SELF_SCORE_FACTOR = 4  # deadlines a job nobody else may take waits before the server scores it
 
 
 @dataclass
@@ -54,6 +56,7 @@ class EvalJob:
     assigned_at: float = 0.0  # monotonic
     copy: int = 0
     refused_by: set[int] = field(default_factory=set)  # workers whose result was refused
+    taken_from: set[int] = field(default_factory=set)  # workers it was late with
 
 
 @dataclass
@@ -140,11 +143,8 @@ class Evaluations:
         sent: list[tuple[WorkerSession, EvalJob]] = []
         for job in self._jobs.values():
             others = self._scorers(job.epoch)  # a second opinion is another worker's
-            eligible = [
-                s
-                for s in candidates
-                if s.worker_id not in others and s.worker_id not in job.refused_by
-            ]
+            barred = others | job.refused_by | job.taken_from
+            eligible = [s for s in candidates if s.worker_id not in barred]
             if job.worker_id is not None or not eligible:
                 continue
             session = min(eligible, key=choice)
@@ -196,14 +196,17 @@ class Evaluations:
 
     def refused_everywhere(self, sessions: Iterable[WorkerSession]) -> list[EvalJob]:
         """Jobs no connected worker may take because each has had its result for them
-        refused (or scored the epoch's other copy): the server scores them itself."""
+        refused, or was late with them (``overdue``), or scored the epoch's other copy: the
+        server scores them itself."""
         present = {s.worker_id for s in sessions}
         stranded: list[EvalJob] = []
         for epoch in sorted({j.epoch for j in self._jobs.values()}):
             waiting = [j for j in self._jobs.values() if j.epoch == epoch]
             answered = set(self._answers.get(epoch, {}))
             if present and all(
-                j.worker_id is None and j.refused_by and present <= j.refused_by | answered
+                j.worker_id is None
+                and (j.refused_by or j.taken_from)
+                and present <= j.refused_by | j.taken_from | answered
                 for j in waiting
             ):
                 for j in waiting:
@@ -239,20 +242,31 @@ class Evaluations:
         allowed: Callable[[WorkerSession], float],
         sessions: dict[int, WorkerSession],
     ) -> list[tuple[WorkerSession, EvalJob]]:
-        """Jobs held longer than ``allowed(worker)`` seconds, while another worker could
-        take them over (``assign`` would pick it: not one that refused the job, nor
-        another scorer of its epoch): unassigned, and returned with the worker that sat on
-        them. A job nobody else could take stays with its holder: an emulated board, the
-        only worker ``--verify-cv`` left to score, was asked the same job again at each
-        deadline, 27 times in 4 epochs, and computed every copy (a review)."""
-        late: list[tuple[WorkerSession, EvalJob]] = []
-        for job in self._jobs.values():
+        """Jobs held longer than ``allowed(worker)`` seconds, taken back (returned with the
+        worker that sat on them) for a worker ``assign`` will give them to: a proven one
+        not held from scoring, not barred from the job, one per job; the holder is barred
+        from it. Before, a job went back to its holder when it was the only one, or the
+        others were newcomers: an emulated board under --verify-cv was asked the same job
+        27 times in 4 epochs (a review). A job nobody else should take stays with its
+        holder until ``SELF_SCORE_FACTOR`` deadlines have passed; then it is taken back
+        all the same, and, nobody left to ask, the server scores it itself
+        (``refused_everywhere``): a scorer that never answers held a newbob run."""
+        overrun = []  # (job, its holder, how many of its deadlines it has waited)
+        for job in sorted(self._jobs.values(), key=lambda j: j.assigned_at):
             session = sessions.get(job.worker_id) if job.worker_id is not None else None
-            if session is None or now - job.assigned_at <= allowed(session):
+            if session is not None and now - job.assigned_at > (limit := allowed(session)):
+                overrun.append((job, session, (now - job.assigned_at) / limit))
+        holders = {session.worker_id for _, session, _ in overrun}  # late: no takers
+        takers = {w for w, s in sessions.items()
+                  if s.proven and not s.scoring_held and w not in holders}  # fmt: skip
+        late: list[tuple[WorkerSession, EvalJob]] = []
+        for job, session, deadlines in overrun:
+            free = takers - self._scorers(job.epoch) - job.refused_by - job.taken_from
+            if free:
+                takers.discard(min(free))  # (assign picks among them: one fewer for the rest)
+            elif deadlines <= SELF_SCORE_FACTOR:
                 continue
-            barred = self._scorers(job.epoch) | job.refused_by
-            if all(worker in barred for worker in sessions):  # the holder is a scorer
-                continue
+            job.taken_from.add(session.worker_id)
             job.worker_id = None
             late.append((session, job))
         return late

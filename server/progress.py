@@ -189,7 +189,8 @@ def _seen_pace(clock: DeliveryClock) -> float | None:
 
 
 def _held_pace(clock: DeliveryClock, others: list[DeliveryClock]) -> float | None:
-    """``_seen_pace``, at most STALL_FACTOR times the others' median (unseen: that)."""
+    """``_seen_pace``, at most STALL_FACTOR times the others' median; unseen, their
+    median (a newcomer that never computes held a CV job 10x longer than before)."""
     seen = [pace for pace in map(_seen_pace, others) if pace]
-    own, typical = _seen_pace(clock), STALL_FACTOR * statistics.median(seen) if seen else None
-    return min(own, typical) if own and typical else own or typical
+    own, typical = _seen_pace(clock), statistics.median(seen) if seen else None
+    return min(own, STALL_FACTOR * typical) if own and typical else own or typical

@@ -26,7 +26,7 @@ import numpy as np
 
 from snet.protocol.errors import ConfigError, RejectedUpdate
 from snet.protocol.job import JobSpec
-from snet.protocol.network import ELEMENT_DTYPE, NetworkSpec
+from snet.protocol.network import ELEMENT_DTYPE, SOFTMAX_FLOOR, NetworkSpec
 from snet.protocol.slices import (
     HiddenSlice,
     cut_slice,
@@ -39,7 +39,6 @@ from snet.protocol.slices import (
 from .update_rule import UpdateRule
 
 COLLECT_EVERY = 64  # bunches between slice reports (bounds what a lost worker costs)
-SOFTMAX_FLOOR = -30.0  # as the workers' network (client/network.py): p >= e^-30
 
 
 @dataclass(frozen=True)

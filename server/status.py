@@ -62,7 +62,9 @@ class StatusText:
         now, state = time.monotonic(), self.server.state
         if self._built is None or self._built[0] != state or now - self._built[1] > self.reuse:
             document = json.dumps(status_document(self.server), separators=(",", ":"))
-            self._built = (state, now, document)
+            # stamped once built: a build longer than ``reuse`` (the large documents this
+            # is for) had every reader of the tick build its own again (a review)
+            self._built = (state, time.monotonic(), document)
         return self._built[2]
 
 

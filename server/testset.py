@@ -6,8 +6,10 @@ and the data plan, and one forward pass over a test set is small beside training
 result goes into /status (``test``), status.json and the log.
 
 The forward pass is the plain one (``x W + b`` per layer, the hidden activation, a
-log-softmax at the output), in float64 so that the loss is not rounded twice; it reads
-the test frames a block at a time and cuts their context windows like the workers do.
+log-softmax at the output whose exponents are clipped at the workers' SOFTMAX_FLOOR, so
+that a frame's loss is at most about 30 + ln K, as theirs), in float64 so that the loss
+is not rounded twice; it reads the test frames a block at a time and cuts their context
+windows like the workers do. A CV referee scores with it too (server/cv_referee.py).
 """
 
 from __future__ import annotations

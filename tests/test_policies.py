@@ -382,7 +382,10 @@ def test_a_scorers_time_for_the_cv_set_is_held_to_the_others_pace() -> None:
         max(2.0, STALL_FACTOR * (128 + 5520) * 0.003 / 128))  # fmt: skip
     unknown = DeliveryClock(0.0)  # nothing seen yet, of it or the others: the allowance
     assert watch.scoring_deadline(unknown, [], 5520) == 12.0
-    # nothing seen of it: the most it could have been given, 10x the others' (a review:
-    # it had the others' pace itself, 10x less than a worker seen at its own)
+    # nothing seen of it: the others' pace (10x that let a newcomer that never computes
+    # hold the epoch's score for minutes: a review)
     assert watch.scoring_deadline(unknown, others, 5520) == pytest.approx(
-        STALL_FACTOR * 5520 * STALL_FACTOR * 0.002 / 128)  # fmt: skip
+        max(2.0, STALL_FACTOR * 5520 * 0.002 / 128))  # fmt: skip
+    slow_others = [DeliveryClock(0.0, interval=0.2, patterns=128) for _ in range(2)]
+    assert watch.scoring_deadline(unknown, slow_others, 5520) == pytest.approx(
+        STALL_FACTOR * 5520 * 0.2 / 128)  # fmt: skip

@@ -204,13 +204,17 @@ def test_a_scorer_past_its_deadline_keeps_a_job_nobody_else_may_take() -> None:
     """An emulated board, the only worker --verify-cv left to score an epoch (the other
     had scored it), overran its scoring deadline: the job was taken back and given to it
     again at each deadline, 27 times in 4 epochs, and it computed every copy (a review).
-    A job is taken back only for another worker to have."""
-    from snet.server.evaluations import Evaluations
+    A job is taken back only for a proven worker to have, never for the late one again;
+    one nobody else may take waits four deadlines, and then the server scores it (a
+    scorer that never answered held a newbob run: a review)."""
+    from snet.server.evaluations import SELF_SCORE_FACTOR, Evaluations
 
-    def worker(worker_id: int, name: str) -> WorkerSession:
+    def worker(worker_id: int, name: str, proven: bool = True) -> WorkerSession:
         session = WorkerSession(worker_id, name, "", "numpy", (), lambda _: None, lambda _: None)
-        session.clock.got_work(0.0)
-        session.clock.update_arrived(1.0, 64, 0.01)
+        if proven:
+            session.clock.got_work(0.0)
+            session.clock.update_arrived(1.0, 64, 0.01)
+            session.settle_applied(0, 1.0)  # an update of its applied: proven
         return session
 
     board, fast = worker(1, "board"), worker(2, "numpy")
@@ -218,16 +222,32 @@ def test_a_scorer_past_its_deadline_keeps_a_job_nobody_else_may_take() -> None:
     evaluations = Evaluations(copies=2)  # --verify-cv: two scorers an epoch
     evaluations.add(0, 5, np.zeros(3, np.float32))
     assert len(evaluations.assign([board, fast], lambda _: 0, 1.0)) == 2  # one each
-    overdue = evaluations.overdue(100.0, lambda _: 3.6, sessions)
-    assert overdue == []  # neither may take the other's: both keep theirs
-    third = worker(3, "third")
-    sessions[3] = third
-    late = evaluations.overdue(100.0, lambda _: 3.6, sessions)
-    assert sorted(s.name for s, _ in late) == ["board", "numpy"]  # a third one may
-    for session, _ in late:
-        session.hold_scoring()  # as lateness.py does: not asked again before it delivers
-    ((chosen, _), (again, _)) = evaluations.assign([board, fast, third], lambda _: 0, 100.0)
-    assert third in (chosen, again)
+    assert evaluations.overdue(10.0, lambda _: 3.6, sessions) == []  # both keep theirs
+    newcomer = worker(3, "newcomer", proven=False)  # a newcomer is no one to give it to
+    sessions[3] = newcomer
+    assert evaluations.overdue(10.0, lambda _: 3.6, sessions) == []
+    third = worker(4, "third")
+    sessions[4] = third
+    ((late, job),) = evaluations.overdue(10.0, lambda _: 3.6, sessions)  # one taker: one
+    late.hold_scoring()  # as lateness.py does
+    ((chosen, again),) = evaluations.assign(sessions.values(), lambda _: 0, 10.0)
+    assert chosen is third and again is job and late.worker_id in job.taken_from
+    # nobody answers from now on: the jobs go round the workers, never back to one that
+    # was late with them, and when none is left the server scores the epoch itself
+    given = {(s.worker_id, j.copy) for s in sessions.values() for j in evaluations.held_by(
+        s.worker_id)}  # fmt: skip
+    now, stranded = 10.0, []
+    for _ in range(20):
+        now += SELF_SCORE_FACTOR * 3.6 + 1
+        for session, _ in evaluations.overdue(now, lambda _: 3.6, sessions):
+            session.hold_scoring()
+        for session, job in evaluations.assign(sessions.values(), lambda _: 0, now):
+            assert session.worker_id not in job.taken_from
+            given.add((session.worker_id, job.copy))
+        if stranded := evaluations.refused_everywhere(sessions.values()):
+            break
+    assert [job.epoch for job in stranded] == [0]
+    assert len(given) <= 2 * len(sessions)  # each copy at most once to each worker
 
 
 def test_a_pace_is_never_quicker_than_the_server_sees() -> None:
