@@ -122,12 +122,14 @@ class OutDirLock:
         self.path = Path(out_dir) / ".lock"
         self.holder = holder  # what a refused process is told holds it (snet train, too)
         self._handle: int | None = None
+        self._made = False  # the out-dir did not exist before this process locked it
         self.lost = False  # another process took the out-dir from this one (``keep``)
         self._unusable_said = False
 
     def acquire(self) -> None:
         """Take the lock, or raise ``OutDirInUse`` naming the server that holds it."""
         try:
+            self._made = self._made or not self.path.parent.exists()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:  # (a file there: "File exists", said plainly)
@@ -197,9 +199,17 @@ class OutDirLock:
         return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
     def release(self) -> None:
+        """Drop the lock; an out-dir this process made and left with nothing but its lock
+        (a start refused after the lock: data not found, a port in use) is removed, as if
+        never made (a probe found such empty out-dirs left by every refused start)."""
         if self._handle is not None:
             os.close(self._handle)  # closing the descriptor drops the lock
             self._handle = None
+            if self._made and not self.lost:
+                with contextlib.suppress(OSError):  # (anything else there: it stays)
+                    if [p.name for p in self.path.parent.iterdir()] == [self.path.name]:
+                        self.path.unlink()
+                        self.path.parent.rmdir()
 
 
 def check_places(out_dir: str, files: tuple[str, ...], directories: tuple[str, ...] = ()) -> None:

@@ -214,3 +214,29 @@ def test_a_pid_file_naming_a_zombie_is_taken_over(tmp_path: Path) -> None:
         path.write_text(f"{os.getppid()}\n")  # a live one (this one's parent) still refuses
         with pytest.raises(OutDirInUse, match="which is still running"):
             PidFile(str(path)).claim()
+
+
+def test_an_out_dir_made_for_a_start_that_was_refused_is_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every refused start (data not found, a port in use) left the out-dir it made,
+    empty but for its lock (a probe). One this process made and left with its lock alone
+    goes at release; one that holds anything else, or was there before, stays."""
+    made = OutDirLock(str(tmp_path / "made"))
+    made.acquire()
+    made.release()
+    assert not (tmp_path / "made").exists()
+    kept = OutDirLock(str(tmp_path / "kept"))
+    kept.acquire()
+    (tmp_path / "kept" / "weights.npz").write_bytes(b"results")
+    kept.release()
+    assert (tmp_path / "kept" / "weights.npz").exists()
+    (tmp_path / "there").mkdir()
+    there = OutDirLock(str(tmp_path / "there"))
+    there.acquire()
+    there.release()
+    assert (tmp_path / "there").is_dir()
+    argv = ["server", "--port", "0", "--http-port", "0", "--out-dir", str(tmp_path / "new")]
+    assert main([*argv, "--data", str(tmp_path / "nonexistent.npz")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
