@@ -193,7 +193,7 @@ def _reassign_evaluations(coordinator: Coordinator, now: float) -> None:
         return coordinator.progress.scoring_deadline(session.clock, others, cv_frames)
 
     for session, job in coordinator.evaluations.overdue(now, allowed, coordinator.sessions):
-        log.warning("worker %s did not score epoch %d in %.1f s; asking another",
+        log.warning("worker %s did not score epoch %d in %.1f s: taken back from it",
                     session.name, shown_epoch(job.epoch), now - job.assigned_at)  # fmt: skip
         session.hold_scoring()  # not asked again before it delivers something
     coordinator.assign_evaluations()
