@@ -138,7 +138,7 @@ def _score(args: argparse.Namespace, saved: SavedWeights, spec: DataSpec) -> dic
     if args.subset == "test":
         if not spec.test_source:
             raise ConfigError(f"{args.weights}'s job has no test file: name one with --test-data")
-        test = open_source(spec.part("test"))
+        test = open_source(spec.part("test"), "test")
         check_against_network(
             test, spec.window, network.input_size, network.output_size, every_class=False
         )

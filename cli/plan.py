@@ -182,6 +182,7 @@ def run_plan(args: argparse.Namespace) -> int:
         require_matplotlib()  # before any work, so that nothing is printed in vain
         output_file(args.png, (".png",), "--png")  # matplotlib draws the format it names
     network = NetworkSpec.parse(args.network)
+    args.compress = canonical(args.compress)  # in any case, as a job's (--compress FP16)
     if not 1 <= args.bunch <= MAX_BUNCH:
         raise ConfigError(f"--bunch must be 1 to {MAX_BUNCH:,}, got {args.bunch}")
     workers = _counts(args.workers, "--workers")

@@ -338,8 +338,8 @@ def _poll(url: str, token: str, tls_ca: str, as_json: bool, interval: float) -> 
 def server_url(given: str, tls: bool = False) -> str:
     """The server's URL from what a user gives: a bare HOST:PORT is http://, or https://
     with ``tls`` (``--tls-ca`` given: it was read as http:// and failed); a URL of one of
-    the server's pages that snet prints (the dashboard's ``/``, ``/status``) or of its
-    ``/events`` names the server too, with or without a trailing slash. An IPv6 address
+    the server's pages (the dashboard's ``/``, ``/status``, ``/events``, ``/metrics``...)
+    names the server too, with or without a trailing slash. An IPv6 address
     is taken as the server logs it and a worker's ``--server`` takes it (``::1:7080``).
     ``ConfigError`` for a scheme or a port no server has (``ftp://`` had waited 5 s for
     a reply, port 99999 was "connection refused")."""
@@ -366,8 +366,8 @@ def server_url(given: str, tls: bool = False) -> str:
         raise ConfigError(f"--url {given}: a server's address is http:// or https://")
     if checked == 0 or not parts.hostname:
         raise ConfigError(f"--url {given}: no server listens without a host or on port 0")
-    for page in ("/status", "/events"):
-        if url.endswith(page):
+    for page in ("/status", "/events", "/metrics", "/healthz", "/weights", "/control"):
+        if url.endswith(page):  # any of its pages names it (…/metrics: a 404, "not snet")
             return url.removesuffix(page).rstrip("/")
     return url
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from snet.client.footprint import activations
 from snet.data.corpus import corpus_from_source
-from snet.data.norms import Norms
+from snet.data.norms import Norms, write_norm_file
 from snet.protocol.errors import (
     ConfigError,
     OutDirUnwritable,
@@ -36,7 +36,7 @@ from snet.protocol.process_settings import check_threads
 from snet.protocol.schedule import stopped_early
 from snet.server.checkpoint import CHECKPOINTS_DIR
 from snet.server.dataplan import plan_data
-from snet.server.export import STATUS_FILE, WEIGHTS_FILE, read_weights, weights_npz
+from snet.server.export import NORMS_FILE, STATUS_FILE, WEIGHTS_FILE, read_weights, weights_npz
 from snet.server.service import OutDirLock, check_places
 from snet.server.testset import describe_test_result, score_test_set
 from snet.server.update_rule import UpdateRule
@@ -132,6 +132,7 @@ def _save(job: JobSpec, weights: np.ndarray, epochs: int, norms: Norms, out_dir:
     payload = weights_npz(job.network, weights, 0, epochs, norms, spec.context, spec)
     try:
         write_atomically(path, payload)
+        write_norm_file(Path(out_dir) / NORMS_FILE, norms)  # as a server's, for Quicknet
     except OSError as exc:  # a full disk: a traceback said so, after the whole training
         raise ResultsNotWritten(
             f"cannot write the trained weights to {path}: {exc.strerror or exc}"
@@ -178,7 +179,7 @@ def _train(args: argparse.Namespace) -> int:
     lock.acquire()  # first: a server still running there is named as the holder
     try:
         refuse_a_server_run(args.out_dir)
-        check_places(args.out_dir, (WEIGHTS_FILE,))  # (a directory there: trained, then lost)
+        check_places(args.out_dir, (WEIGHTS_FILE, NORMS_FILE))  # (a directory: trained, lost)
         refuse_earlier_weights(args.out_dir, args.init_weights or "", args.force)
     except (ConfigError, OutDirUnwritable):
         lock.release()
@@ -197,10 +198,13 @@ def _train(args: argparse.Namespace) -> int:
         )
 
     rule: UpdateRule | None = None
+    before = 0  # the epochs the --init-weights held
     first: np.ndarray | None = None  # the weights before the first step
     saved: Path | None = None  # the final weights, once written
     try:
-        weights = read_weights(args.init_weights, job.network).flat if args.init_weights else None
+        earlier = read_weights(args.init_weights, job.network) if args.init_weights else None
+        weights = earlier.flat if earlier is not None else None
+        before = earlier.epoch if earlier is not None else 0  # counted on in weights.npz
         plan = plan_data(job)  # the server's checks of the data and the test file
         hooks = standard_hooks()
         hooks.hooks.append(BarHook(bar))
@@ -212,7 +216,7 @@ def _train(args: argparse.Namespace) -> int:
         corpus = corpus_from_source(job.data, plan.source, plan.norms)
         result = train_job(job, hooks, progress=show, rule=rule, corpus=corpus)
         bar.clear()
-        saved = _save(job, result.weights, len(result.epochs), plan.norms, args.out_dir)
+        saved = _save(job, result.weights, before + len(result.epochs), plan.norms, args.out_dir)
         if early := stopped_early(job, len(result.epochs)):
             print(early)
         print(f"weights in {saved}")
@@ -250,7 +254,7 @@ def _train(args: argparse.Namespace) -> int:
         elif rule is None or rule.weights is first:  # nothing trained: an old file stays
             say(f"{where}: nothing trained, no weights written")
         else:
-            path = _save(job, rule.weights, epochs_done, plan.norms, args.out_dir)
+            path = _save(job, rule.weights, before + epochs_done, plan.norms, args.out_dir)
             say(f"{where}: the weights so far in {path}")
         if isinstance(exc, Terminated):
             return exc.exit_status

@@ -61,7 +61,7 @@ class JoinedSource:
 def open_job_source(spec: DataSpec) -> JoinedSource:
     """The job's training data joined with its CV file, if it names one (else DataError)."""
     train = open_source(spec)
-    cv = open_source(spec.part("cv")) if spec.cv_source else None
+    cv = open_source(spec.part("cv"), "cv") if spec.cv_source else None
     return JoinedSource(train, cv)
 
 

@@ -52,11 +52,14 @@ def _load_table(path: str, what: str) -> Any:
 class KaldiSource:
     """Features from feats.scp/.ark and labels from an alignment archive."""
 
-    def __init__(self, features_path: str, labels_path: str) -> None:
+    def __init__(self, features_path: str, labels_path: str, setting: str = "labels") -> None:
+        """``setting``: the job's data field the labels come from (labels, cv_labels or
+        test_labels), named in a refusal."""
         if not labels_path:
+            flag = "--" + setting.replace("_", "-")
             raise DataError(
-                f"Kaldi features {features_path} need per-frame labels: "
-                "give --labels (labels in [job.data]) an alignment archive (ali.ark or ali.scp)"
+                f"Kaldi features {features_path} need per-frame labels: give {flag} "
+                f"({setting} in [job.data]) an alignment archive (ali.ark or ali.scp)"
             )
         self.description = features_path
         self._table = _load_table(features_path, "features")

@@ -226,13 +226,14 @@ def _npy_directory(path: Path) -> ArraySource:
     return ArraySource(str(path), frames, labels, lengths)
 
 
-def open_source(spec: DataSpec) -> FrameSource:
+def open_source(spec: DataSpec, part: str = "") -> FrameSource:
     """Open the job's data (raises DataError when it cannot be read, or cannot give the
-    windows its context asks for)."""
-    return _check_sequences(_opened(spec), spec.context)
+    windows its context asks for); ``part``: "cv" or "test" for the spec of that file
+    (``DataSpec.part``), whose labels setting a refusal names."""
+    return _check_sequences(_opened(spec, part), spec.context)
 
 
-def _opened(spec: DataSpec) -> FrameSource:
+def _opened(spec: DataSpec, part: str = "") -> FrameSource:
     path = resolve_source(spec.source)
     suffix = Path(path).suffix.lower()
     if spec.labels and suffix not in (".scp", ".ark"):
@@ -255,7 +256,8 @@ def _opened(spec: DataSpec) -> FrameSource:
     if suffix in (".scp", ".ark"):
         from .kaldi import KaldiSource
 
-        return KaldiSource(path, spec.labels)
+        # its labels are --cv-labels or --test-labels: --labels was named when given
+        return KaldiSource(path, spec.labels, f"{part}_labels" if part else "labels")
     raise DataError(
         f"unknown data format {path!r}: use .npz, a directory of .npy files, "
         ".pfile, or Kaldi .scp/.ark"

@@ -79,7 +79,7 @@ def plan_data(job: JobSpec, data_cache: str = "none") -> DataPlan:
     source = open_job_source(job.data)
     network = job.network
     check_against_network(source, job.data.window, network.input_size, network.output_size)
-    test = open_source(job.data.part("test")) if job.data.test_source else None
+    test = open_source(job.data.part("test"), "test") if job.data.test_source else None
     if test is not None and total_frames(test) == 0:  # it was scored: 0.00 % of 0 frames
         raise DataError(f"the test file {test.description} has no frames")
     if test is not None:

@@ -94,6 +94,7 @@ class SavedWeights:
     norms: Norms | None
     context: int | None
     data: DataSpec | None  # the job's data and split (None in files written before it)
+    epoch: int = 0  # the whole epochs trained into them (0 in files written without it)
 
 
 def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> SavedWeights:
@@ -127,6 +128,7 @@ def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> Saved
             )
             context = int(data["context"]) if "context" in data.files else None
             version = int(data["version"]) if "version" in data.files else 0
+            epoch = max(int(data["epoch"]), 0) if "epoch" in data.files else 0
             data_spec = (
                 DataSpec(**json.loads(str(data["data_spec"])))
                 if "data_spec" in data.files
@@ -141,7 +143,7 @@ def read_weights(path: str | Path, expected: NetworkSpec | None = None) -> Saved
             f"{path} holds a {spec.describe()} network ({', '.join(spec.activations)}), "
             f"the job trains {expected.describe()} ({', '.join(expected.activations)})"
         )
-    return SavedWeights(spec, flat, version, norms, context, data_spec)
+    return SavedWeights(spec, flat, version, norms, context, data_spec, epoch)
 
 
 def write_final_files(

@@ -145,8 +145,14 @@ def test_kaldi_needs_matching_alignments(tmp_path: Path) -> None:
     frames, labels, lengths = small_corpus()
     ark, scp, ali = (str(tmp_path / n) for n in ("feats.ark", "feats.scp", "ali.ark"))
     write_kaldi(ark, scp, ali, frames, labels, lengths)
-    with pytest.raises(DataError, match="need per-frame labels"):
+    with pytest.raises(DataError, match=r"need per-frame labels: give --labels \(labels in"):
         open_source(DataSpec(source=scp))
+    # a test or CV file's labels are its own setting's (it named --labels, given already)
+    unlabelled = DataSpec(source=scp)  # as part("test") or part("cv") makes it
+    with pytest.raises(DataError, match=r"give --test-labels \(test_labels in \[job.data\]\)"):
+        open_source(unlabelled, "test")
+    with pytest.raises(DataError, match=r"give --cv-labels \(cv_labels in \[job.data\]\)"):
+        open_source(unlabelled, "cv")
     short = tmp_path / "short.txt"
     short.write_text("utt000000 1 2\n")
     with pytest.raises(DataError, match="no alignment for 4 utterance"):

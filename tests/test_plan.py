@@ -222,6 +222,9 @@ def test_plan_refuses_bad_input_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "constant cu_seconds must be at least 1e-15" in capsys.readouterr().err
     assert main(["plan", "--compress", "topk:0.1"]) == 2
     assert "fixed size" in capsys.readouterr().err
+    # a codec in any case, as a job's setting takes it (FP16 was an unknown codec)
+    assert main(["plan", "--compress", "FP16", "--workers", "2", "--json"]) == 0
+    capsys.readouterr()
     for strategies in ("network", "pattern,network"):  # np mode refuses it: no np rows
         assert main(["plan", "--strategies", strategies, "--network", "117:64:32:10"]) == 2
         assert "np mode trains networks with one hidden layer" in capsys.readouterr().err

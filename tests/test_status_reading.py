@@ -291,6 +291,10 @@ def test_an_address_no_server_has_is_one_line_exit_2_and_ipv6_as_logged_is_read(
     assert server_url("::1:7080") == "http://[::1]:7080"
     assert server_url("[::1]:7080/status", tls=True) == "https://[::1]:7080"
     assert server_url("127.0.0.1:7080/status/") == "http://127.0.0.1:7080"
+    # any of its pages names the server (/metrics was read as /metrics/status: "404, not
+    # an snet server's HTTP port", a probe)
+    for page in ("metrics", "healthz", "weights", "events"):
+        assert server_url(f"http://127.0.0.1:7080/{page}") == "http://127.0.0.1:7080"
 
 
 def test_a_watch_ends_with_0_on_the_streams_last_state(

@@ -416,6 +416,10 @@ def test_an_earlier_runs_weights_are_not_replaced_without_a_word(
     continued = ["--out-dir", str(out), "--epochs", "1", "--init-weights", str(weights)]
     assert main(_train(tmp_path, *continued)) == 0  # continued from them: replaced by it
     assert weights.read_bytes() != first
+    # its epoch counts the epochs trained into the weights (it said this run's: 1, a
+    # probe), and the normalisation is beside them as a server leaves it (for Quicknet)
+    assert read_weights(weights).epoch == 2
+    assert (out / "norms").read_text().startswith("vec ")
     monkeypatch.chdir(tmp_path)  # the same file named from elsewhere: continued too
     relative = ["--out-dir", str(out), "--epochs", "1", "--init-weights", "out/weights.npz"]
     assert main(_train(tmp_path, *relative)) == 0
