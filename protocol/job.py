@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import canonical, carries_momentum
+from .codecs import bmuf_update_problem, canonical
 from .errors import ConfigError
 from .modes import MODES, ignored_problem, in_use
 from .network import NetworkSpec
@@ -338,11 +338,8 @@ class JobSpec:
         if self.block_momentum >= 1.0 or self.block_lr == 0.0:
             raise ConfigError("block_momentum must be < 1 and block_lr non-zero")
         object.__setattr__(self, "compress", canonical(self.compress))
-        if self.mode == "bmuf" and carries_momentum(self.compress):
-            raise ConfigError(
-                f"compress {self.compress} carries the worker's momentum for gradients; bmuf "
-                "workers send model deltas: use none, fp16, int8, sign or powersgd:R"
-            )
+        if self.mode == "bmuf" and (problem := bmuf_update_problem(self.compress, "compress")):
+            raise ConfigError(problem)
         object.__setattr__(self, "staleness", canonical_staleness(self.staleness))
         if self.mode == "np" and (problem := np_problem(self.network)):
             raise ConfigError(problem)

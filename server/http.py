@@ -90,10 +90,11 @@ async def _events(request: web.Request) -> web.StreamResponse:
             await response.write(f"event: status\ndata: {document}\n\n".encode())
             if server.stopping.is_set():
                 break
-            # the next tick of a clock every reader shares: readers that came at other
-            # moments wake together and share one build of the document (StatusText)
+            # the next tick of a clock every reader shares, at least half a period away:
+            # readers that came at other moments wake together and share one build of
+            # the document (StatusText); none gets two documents in a moment
             every = server.config.event_seconds
-            due = (math.floor(loop.time() / every) + 1) * every
+            due = (math.floor(loop.time() / every + 0.5) + 1) * every
             while (left := due - loop.time()) > 0 and not server.stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(server.stopping.wait(), min(left, KEEPALIVE_SECONDS))

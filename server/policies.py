@@ -41,7 +41,7 @@ from typing import Literal
 
 import numpy as np
 
-from snet.protocol.codecs import carries_momentum
+from snet.protocol.codecs import bmuf_update_problem
 from snet.protocol.codecs.handshake import agree_codecs
 from snet.protocol.errors import UnknownCodec
 from snet.protocol.job import JobSpec
@@ -139,13 +139,7 @@ class BlockDeltas(Combination):
         return BlockFilter(weights, job)
 
     def codec_problem(self, update_codec: str) -> str:
-        # A codec that folds the worker's momentum into gradients (topk) would distort them.
-        if carries_momentum(update_codec):
-            return (
-                f"update codec {update_codec} carries a worker's momentum for gradients; bmuf "
-                "workers send model deltas: use none, fp16, int8, sign or powersgd:R"
-            )
-        return ""
+        return bmuf_update_problem(update_codec, "update codec")
 
     def weights_problem(self, weights_form: str) -> str:
         # A block starts from the weights a worker holds, sent once per block: a delta

@@ -63,3 +63,26 @@ def carries_momentum(update_codec: str) -> bool:
     """Whether updates in ``update_codec`` carry the worker's momentum (``topk``): the
     server then applies them as they are, without its own momentum (protocol 8.8)."""
     return parse_codec(update_codec).momentum_corrected
+
+
+BMUF_MIN_RANK = 16  # the fewest powersgd factors a bmuf block's delta trains well in
+
+
+def bmuf_update_problem(codec: str, what: str) -> str:
+    """Why bmuf workers may not send their blocks' model deltas in ``codec`` ("" if they
+    may; ``what``: how a refusal names it). Not a codec that folds the worker's momentum
+    into gradients (topk); not powersgd of few factors: a block's delta is large, there
+    are few of them, and what the factors leave out waits long in the residual (a probe's
+    demo ended at 78 % CV at rank 2, where int8 reached 92 %; docs/compression.md: 46 %
+    after 3 epochs at rank 4, 89 % at 16, 90 % uncompressed)."""
+    if carries_momentum(codec):
+        return (f"{what} {codec} carries a worker's momentum for gradients; bmuf workers "
+                f"send model deltas: use none, fp16, int8, sign or powersgd:{BMUF_MIN_RANK} "
+                "or more")  # fmt: skip
+    parsed = parse_codec(codec)
+    if isinstance(parsed, PowerSgdCodec) and parsed.rank < BMUF_MIN_RANK:
+        return (f"{what} {codec}: a bmuf block's model delta in {parsed.rank} factors "
+                "leaves most of it waiting in the residual and undertrains (docs/"
+                f"compression.md); use powersgd:{BMUF_MIN_RANK} or more, none, fp16, int8 "
+                "or sign")  # fmt: skip
+    return ""
