@@ -235,7 +235,8 @@ class JobSpec:
     block_seconds: float = field(
         default=0.0,
         metadata={"help": "bmuf: end a block after this much compute instead (0: after "
-                  "block_bunches)", "parallel": True},
+                  "block_bunches); a block also ends with its lease: raise chunk_frames "
+                  "for longer ones", "parallel": True},
     )  # fmt: skip
     block_filter: str = field(
         default="cbm",
