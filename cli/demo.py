@@ -151,7 +151,9 @@ def _print_start(
     print(
         f"snet demo: {job.mode} mode{blocks}, {counted(args.workers, 'worker')}{boards}, "
         f"network {job.network.describe()}, {counted(job.epochs, 'epoch')}, "
-        f"bunch {job.bunch_size} per worker, updates {job.compress}, "
+        # np: every worker computes its slice of each whole bunch
+        f"bunch {job.bunch_size} {'split by units' if job.mode == 'np' else 'per worker'}, "
+        f"updates {job.compress}, "
         # np's workers hold slices of the weights: no whole copies to send any way
         f"{'' if job.mode == 'np' else f'weights {weights}, '}{loop_name()} loop"
         # a finished run shown again: its workers are stopped at once, at no priority
