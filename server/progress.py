@@ -70,15 +70,31 @@ class DeliveryClock:
     patterns: int = 0  # in its latest update
 
     @property
+    def seen_pace(self) -> float | None:
+        """Seconds a pattern takes it as the server saw it, not as it says: between its
+        updates, or its first one's time (never more than the server saw it take). A
+        scorer that claimed 1000 s of compute once (in an update refused) was given a CV
+        deadline of hours, and held it and its leases while the run stood still (a
+        probe); what it is seen to take it can stretch too, by sending late, so a
+        scoring deadline holds it to the others' as well (``_held_pace``)."""
+        if self._between or not (self.first_compute and self.patterns):
+            return self._between
+        return self.first_compute / self.patterns
+
+    @property
     def pace(self) -> float | None:
         """Seconds a pattern takes it: its reported compute time per pattern, but never
         less than the server sees it take between updates (None before either is known).
         Who gets an epoch's last frames and the CV set follows it (server/lateness.py,
         server/evaluations.py): a peer's own figure alone, a claim of 1e-9 s, had every
         other worker's last leases handed to it."""
-        seen = self.interval / self.patterns if self.interval and self.patterns else None
-        known = [pace for pace in (self.seconds_per_pattern, seen) if pace]
+        known = [pace for pace in (self.seconds_per_pattern, self._between) if pace]
         return max(known) if known else None
+
+    @property
+    def _between(self) -> float | None:
+        """Seconds a pattern takes it between its updates (None until measured)."""
+        return self.interval / self.patterns if self.interval and self.patterns else None
 
     @property
     def delivered(self) -> bool:
@@ -174,23 +190,9 @@ class ProgressWatch:
         return max(self.stall_seconds, STALL_FACTOR * (clock.patterns + cv_frames) * per_pattern)
 
 
-def _seen_pace(clock: DeliveryClock) -> float | None:
-    """Seconds a pattern takes the worker as the server saw it (between its updates, or
-    its first one's time, never more than the server saw it take), not as it says: a
-    scorer that claimed 1000 s of compute once (in an update refused) was given a CV
-    deadline of hours, and held it and its leases while the run stood still (a probe).
-    What it is seen to take it can stretch too (by sending late): the deadline holds it
-    to the others' pace as well."""
-    if clock.interval and clock.patterns:
-        return clock.interval / clock.patterns
-    if clock.first_compute and clock.patterns:
-        return clock.first_compute / clock.patterns
-    return None
-
-
 def _held_pace(clock: DeliveryClock, others: list[DeliveryClock]) -> float | None:
-    """``_seen_pace``, at most STALL_FACTOR times the others' median; unseen, their
+    """``clock.seen_pace``, at most STALL_FACTOR times the others' median; unseen, their
     median (a newcomer that never computes held a CV job 10x longer than before)."""
-    seen = [pace for pace in map(_seen_pace, others) if pace]
-    own, typical = _seen_pace(clock), statistics.median(seen) if seen else None
+    seen = [pace for pace in (other.seen_pace for other in others) if pace]
+    own, typical = clock.seen_pace, statistics.median(seen) if seen else None
     return min(own, STALL_FACTOR * typical) if own and typical else own or typical
