@@ -45,8 +45,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -306,8 +305,7 @@ class NormBounds:
         return kinds, {w: _shown(_exp(mean)) for w, (_, mean) in workers.items()}
 
 
-@dataclass(frozen=True)
-class _Judge:
+class _Judge(NamedTuple):  # (a tuple: one is made for every update checked)
     """What an update is held to (``NormBounds._judge``): log mean, allowed log factor
     above it, whose running mean it is (as a refusal says it), and what sets it (as
     /status says it: "median worker", "running mean", "KIND's bound", "settling: ...")."""
