@@ -199,8 +199,10 @@ async def score_test_file(
         job.data.context,
     )  # fmt: skip
     log.info("%s", describe_test_result(result))
-    if out_dir is not None:
-        _add_test_result(out_dir, coordinator, result)
+    if out_dir is not None:  # (two fsyncs: not on the event loop)
+        await asyncio.get_running_loop().run_in_executor(
+            executor, _add_test_result, out_dir, coordinator, result
+        )
     return result
 
 
