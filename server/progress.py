@@ -172,9 +172,8 @@ class ProgressWatch:
         allowed = max(self.stall_seconds, STALL_FACTOR * typical if typical else 0.0)
         if patient and not clock.delivered:
             allowed += self.join_seconds
-        if cv_frames:
-            per_pattern = _held_pace(clock, others)
-            allowed += STALL_FACTOR * cv_frames * per_pattern if per_pattern else self.join_seconds
+        if cv_frames:  # scoring first: its updates wait behind the CV set
+            allowed += self.scoring_deadline(clock, others, cv_frames)
         return allowed
 
     def scoring_deadline(

@@ -245,11 +245,13 @@ def test_a_newcomer_is_judged_by_the_others_intervals_and_a_scorer_by_its_rate()
     assert watch.deadline(newcomer, others) == pytest.approx(STALL_FACTOR * 0.3)
     scorer = DeliveryClock(0.0, interval=0.05, patterns=500, seconds_per_pattern=1e-3)
     assert watch.deadline(scorer, others, cv_frames=1000) == pytest.approx(
-        STALL_FACTOR * 0.05 + STALL_FACTOR * 1000 * 1e-4  # seen: 0.05 s / 500 patterns
-    )
+        STALL_FACTOR * 0.05 + STALL_FACTOR * (500 + 1000) * 1e-4  # seen: 0.05 s / 500
+    )  # (its bunch and the CV set: the scoring deadline, one formula for both)
+    assert watch.deadline(scorer, others, 1000) - watch.deadline(scorer, others) == (
+        pytest.approx(watch.scoring_deadline(scorer, others, 1000)))  # fmt: skip
     liar = DeliveryClock(0.0, interval=60.0, patterns=128, seconds_per_pattern=1000 / 128)
     assert watch.deadline(liar, others, cv_frames=5520) == pytest.approx(
-        STALL_FACTOR * 60.0 + STALL_FACTOR * 5520 * STALL_FACTOR * 0.3 / 500
+        STALL_FACTOR * 60.0 + STALL_FACTOR * (128 + 5520) * STALL_FACTOR * 0.3 / 500
     )  # its own seen pace (0.47 s a pattern) held to 10x the others' (6e-4)
 
 
