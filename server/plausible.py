@@ -157,7 +157,7 @@ class NormBounds:
         judge = self._judge(kind, worker)
         if judge is not None and log_norm > judge.mean + judge.allowed:
             mean, factor = math.exp(judge.mean), math.exp(judge.allowed)
-            if judge.by.startswith("settling"):
+            if judge.settling:
                 return (
                     f"update norm {per_pattern:.3g} per pattern is implausible: few updates of "
                     f"its kind yet, and those of {judge.whose} have a running mean of "
@@ -204,7 +204,7 @@ class NormBounds:
                 return None
             mean, other = self._log_mean[borrowed[1]], borrowed[1]
             by = f"settling: {_kind_name(other)}'s bound"
-            return _Judge(mean, borrowed[0] - mean, f"kind {other}", by)
+            return _Judge(mean, borrowed[0] - mean, f"kind {other}", by, settling=True)
         others = self._others(kind, worker, store)
         if others is not None:
             return _Judge(*others, "the median worker's accepted updates'", "median worker")
@@ -314,6 +314,7 @@ class _Judge(NamedTuple):  # (a tuple: one is made for every update checked)
     allowed: float
     whose: str
     by: str
+    settling: bool = False  # its kind is held to another kind's until its own settles
 
 
 def _exp(value: float) -> float:
