@@ -367,15 +367,16 @@ class SnetServer:
         log.info("results in %s", path.parent)
         self.state = "trained"  # as the workers are sent home: /status never shows one trained
         say_goodbye(self.connections, TRAINING_COMPLETE, "server trained")  # any still there
-        linger = self.config.linger_after(finished_before)
-        self._test_task = asyncio.get_running_loop().create_task(self._finish_trained(linger))
+        finishing = self._finish_trained(finished_before)
+        self._test_task = asyncio.get_running_loop().create_task(finishing)
 
-    async def _finish_trained(self, linger: float) -> None:
+    async def _finish_trained(self, finished_before: bool) -> None:
         """Score the job's test file (if any) with the final weights, then linger."""
         if self.coordinator.plan.test is not None:  # into status.json too, unless lost
             out_dir = None if self.out_lock.lost else Path(self.config.out_dir)
             self.test_result = await score_test_file(self.coordinator, self.executor, out_dir)
-        if linger != self.config.linger_seconds:  # config.linger_after
+        linger = self.config.linger_after(finished_before)
+        if finished_before and linger != self.config.linger_seconds:
             log.info("the run had completed before this server started: workers that come "
                      "back are told so for %g s", linger)  # fmt: skip
         if linger >= 0:  # negative: serve the results until stopped

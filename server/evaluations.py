@@ -58,6 +58,11 @@ class EvalJob:
     refused_by: set[int] = field(default_factory=set)  # workers whose result was refused
     taken_from: set[int] = field(default_factory=set)  # workers it was late with
 
+    @property
+    def barred(self) -> set[int]:
+        """Workers it may not go to (again): its result refused, or late with it."""
+        return self.refused_by | self.taken_from
+
 
 @dataclass
 class Verdict:
@@ -143,8 +148,7 @@ class Evaluations:
         sent: list[tuple[WorkerSession, EvalJob]] = []
         for job in self._jobs.values():
             others = self._scorers(job.epoch)  # a second opinion is another worker's
-            barred = others | job.refused_by | job.taken_from
-            eligible = [s for s in candidates if s.worker_id not in barred]
+            eligible = [s for s in candidates if s.worker_id not in others | job.barred]
             if job.worker_id is not None or not eligible:
                 continue
             session = min(eligible, key=choice)
@@ -204,10 +208,7 @@ class Evaluations:
             waiting = [j for j in self._jobs.values() if j.epoch == epoch]
             answered = set(self._answers.get(epoch, {}))
             if present and all(
-                j.worker_id is None
-                and (j.refused_by or j.taken_from)
-                and present <= j.refused_by | j.taken_from | answered
-                for j in waiting
+                j.worker_id is None and j.barred and present <= j.barred | answered for j in waiting
             ):
                 for j in waiting:
                     del self._jobs[epoch, j.copy]
@@ -261,7 +262,7 @@ class Evaluations:
                   if s.proven and not s.scoring_held and w not in holders}  # fmt: skip
         late: list[tuple[WorkerSession, EvalJob]] = []
         for job, session, deadlines in overrun:
-            free = takers - self._scorers(job.epoch) - job.refused_by - job.taken_from
+            free = takers - self._scorers(job.epoch) - job.barred
             if free:
                 takers.discard(min(free))  # (assign picks among them: one fewer for the rest)
             elif deadlines <= SELF_SCORE_FACTOR:

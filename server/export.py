@@ -171,7 +171,7 @@ def write_final_files(
                  coordinator.version, coordinator.digest, path)  # fmt: skip
     write_norm_file(out_dir / NORMS_FILE, coordinator.plan.norms)
     status = out_dir / STATUS_FILE
-    if untouched and _describes(out_dir, coordinator):
+    if untouched and _describes(read_status(out_dir), coordinator):
         # trained nothing: the status.json of the run that trained these weights stays its
         # record (rewritten, its workers were "left (server restarted)", its checkpoint
         # and compression counts 0: this server's, not the run's)
@@ -212,7 +212,7 @@ def _add_test_result(out_dir: Path, coordinator: Coordinator, result: dict[str, 
     (a kill while serving the results lost it, and a restart scored it again for /status
     alone: a probe). A failure to write is said, and the run goes on."""
     said = read_status(out_dir)
-    if not _describes(out_dir, coordinator) or said.get("test") == result:
+    if not _describes(said, coordinator) or said.get("test") == result:
         return
     try:
         write_atomically(
@@ -232,10 +232,9 @@ def read_status(out_dir: Path) -> dict[str, Any]:
     return said if isinstance(said, dict) else {}
 
 
-def _describes(out_dir: Path, coordinator: Coordinator) -> bool:
-    """Whether the status.json in ``out_dir`` was written of the weights the coordinator
-    holds: their version and digest (not one a server killed later left behind)."""
-    said = read_status(out_dir)
+def _describes(said: dict[str, Any], coordinator: Coordinator) -> bool:
+    """Whether ``said`` (a status.json, ``read_status``) was written of the weights the
+    coordinator holds: their version and digest (not one a server killed later left)."""
     return bool(said.get("weight_version") == coordinator.version
                 and said.get("weights_digest") == coordinator.digest)  # fmt: skip
 
