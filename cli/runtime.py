@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from .blas import BLAS_VARIABLES as BLAS_VARIABLES
 from .blas import blas_thread_env as blas_thread_env
 from .blas import limit_blas_threads as limit_blas_threads
-from .stop_signals import Meaning, StopSignals
+from .stop_signals import Meaning, StopSignals, hangup_taken
 
 T = TypeVar("T")
 
@@ -93,6 +93,5 @@ def install_stop_signals(stop: Callable[[str], None], log: logging.Logger) -> No
 
     # SIGHUP too (a closed terminal or SSH session): it ended a server at once, with no
     # checkpoint, no results and no goodbye (exit 129); unless ignored (nohup): then left so
-    hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else []
-    for signum in (signal.SIGTERM, signal.SIGINT, *hangup):
+    for signum in (signal.SIGTERM, signal.SIGINT, *hangup_taken()):
         loop.add_signal_handler(signum, handle, signum)

@@ -46,20 +46,27 @@ class StopSignals:
         return Meaning.INSIST
 
 
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143: stopped before the end, as Ctrl-C's 130
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``timeout``, ``docker stop``, Slurm, systemd): stopped as Ctrl-C stops."""
 
-    signal_name, exit_status = "SIGTERM", 143
+    signal_name, exit_status = "SIGTERM", EXIT_TERMINATED
 
 
 class HungUp(Terminated):
     """SIGHUP (a terminal or SSH session closed): stopped as on SIGTERM (it ended
     ``snet train`` at once, every trained epoch lost)."""
 
-    signal_name, exit_status = "SIGHUP", 129
+    signal_name, exit_status = "SIGHUP", 128 + signal.SIGHUP
 
 
-EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped before the end, as Ctrl-C's 130 says
+def hangup_taken() -> list[signal.Signals]:
+    """[SIGHUP], unless this process started with it ignored (nohup, a shell's background
+    job): then it stays so. The daemons, the worker group and ``snet train`` take it as a
+    graceful stop (it ended them at once, with no checkpoint and no goodbye)."""
+    return [] if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else [signal.SIGHUP]
 
 
 @contextmanager
@@ -76,15 +83,14 @@ def raised_on_stop() -> Iterator[None]:
             print(f"second signal ({signal.Signals(signum).name}): exiting now", file=sys.stderr)
             os._exit(1)
         if meaning is Meaning.STOP:
-            stopped: type[KeyboardInterrupt] = KeyboardInterrupt
-            if signum in (signal.SIGTERM, signal.SIGHUP):
-                stopped = HungUp if signum == signal.SIGHUP else Terminated
-            raise stopped
+            raise {signal.SIGTERM: Terminated, signal.SIGHUP: HungUp}.get(
+                signal.Signals(signum), KeyboardInterrupt
+            )
 
     # A signal ignored when this process started stays ignored (a background job of a
     # shell, nohup): Python itself leaves SIGINT so.
-    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    taken = [s for s in stops if signal.getsignal(s) != signal.SIG_IGN]
+    stops = (signal.SIGINT, signal.SIGTERM)
+    taken = [s for s in stops if signal.getsignal(s) != signal.SIG_IGN] + hangup_taken()
     previous = {signum: signal.signal(signum, stop) for signum in taken}
     try:
         yield

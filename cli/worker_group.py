@@ -114,7 +114,7 @@ def _child(config: WorkerConfig, backend: ComputeBackend | None, parent: int) ->
 
 
 def _supervise(children: list[int]) -> NoReturn:
-    from .stop_signals import EXIT_TERMINATED
+    from .stop_signals import EXIT_TERMINATED, hangup_taken
 
     forwarded: set[int] = set()
 
@@ -124,9 +124,8 @@ def _supervise(children: list[int]) -> NoReturn:
             with contextlib.suppress(ProcessLookupError):  # that one has exited already
                 os.kill(pid, signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # a graceful stop, as theirs
-        signal.signal(signal.SIGHUP, forward)
+    for signum in (signal.SIGTERM, *hangup_taken()):  # SIGHUP: a graceful stop, as theirs
+        signal.signal(signum, forward)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the workers directly
     worst = 0
     for pid in children:
