@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from snet.protocol.numbering import shown_epoch
+from snet.transport.log_throttle import LogThrottle
 
 from .checkpoint import CheckpointStore
 from .resume import coordinator_state
@@ -62,7 +63,7 @@ class Checkpointer:
         self._written_mark = self._taken_mark  # the state on disk (or, fresh, nothing lost)
         self._write_error: OSError | None = None
         self._failing_since = 0  # failed writes since the last one written
-        self._failure_said, self._failure_text = 0.0, ""  # when one was last logged, and what
+        self._failures = LogThrottle(FAILURE_LOG_SECONDS)  # a run of them's lines, by cause
         # write_now()'s callers while a step runs: the step's end takes their checkpoint
         self._waiting: list[asyncio.Future[Future[str | None] | None]] = []
         # figures for /status and the benchmarks
@@ -184,6 +185,7 @@ class Checkpointer:
             log.warning("checkpoint %s written, after %d that could not be", path.name,
                         self._failing_since)  # fmt: skip
             self._failing_since = 0
+            self._failures = LogThrottle(FAILURE_LOG_SECONDS)  # the next run is said anew
         return None
 
     def _said_failure(self, exc: OSError) -> None:
@@ -192,10 +194,7 @@ class Checkpointer:
         self._failing_since += 1
         # another cause (no permission) is said at once; the same one again is not, whatever
         # temporary file it named (53 lines in 5 s of a directory made immutable)
-        now, said = time.monotonic(), f"{exc.errno} {exc.strerror}" if exc.errno else str(exc)
-        due = self._failing_since == 1 or now - self._failure_said >= FAILURE_LOG_SECONDS
-        if due or said != self._failure_text:
-            self._failure_said, self._failure_text = now, said
+        if self._failures.due(f"{exc.errno} {exc.strerror}" if exc.errno else str(exc)):
             log.error("cannot write a checkpoint (%d in a row): %s", self._failing_since, exc)
 
     async def run_timer(self) -> None:

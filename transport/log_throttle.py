@@ -1,8 +1,9 @@
 """``LogThrottle``: at most one log line a second for a flood of like events, each line
 with the number of them since the last (a flood must not become a flood of log lines).
 
-The worker port's refusals (server/admission.py) and failed TLS handshakes
-(transport/handshake_failures.py, one throttle a port and reason) are said so.
+The worker port's refusals (server/admission.py), failed TLS handshakes
+(transport/handshake_failures.py, one throttle a port and reason) and a run of failed
+checkpoint writes (server/checkpointer.py, a line a minute, by cause) are said so.
 """
 
 from __future__ import annotations
