@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from snet.protocol.errors import ConfigError
-from snet.transport.files import write_atomically
+from snet.transport.files import unfinished_writes, write_atomically
 
 log = logging.getLogger("snet.server")
 
@@ -238,7 +238,6 @@ class CheckpointStore:
 
     def remove_leftovers(self) -> None:
         """Temporary files of writes a crash interrupted: never renamed, never read."""
-        if self.directory.is_dir():
-            for path in self.directory.glob(".ckpt-*"):
-                log.info("removing %s: a checkpoint whose write was cut short", path.name)
-                path.unlink(missing_ok=True)
+        for path in unfinished_writes(self.directory, "ckpt-*"):
+            log.info("removing %s: a checkpoint whose write was cut short", path.name)
+            path.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from snet.protocol.errors import ConfigError
 from snet.protocol.job import JobSpec
 from snet.protocol.modes import in_use, shown
+from snet.transport.files import unfinished_writes
 
 from .checkpoint import CheckpointStore, LoadedCheckpoint
 from .export import STATUS_FILE, WEIGHTS_FILE, read_status
@@ -183,9 +184,7 @@ def _remove_unfinished_results(out_dir: Path) -> None:
     """The temporary files of results whose write a kill cut short (.weights.npz.XXXXXXXX,
     266 kB each, stayed for good: the checkpoints' were removed); the out-dir is this
     server's (locked) by now."""
-    if not out_dir.is_dir():
-        return
     for name in (WEIGHTS_FILE, STATUS_FILE):
-        for path in out_dir.glob(f".{name}.*"):
+        for path in unfinished_writes(out_dir, name):
             log.info("removing %s: results whose write was cut short", path.name)
             path.unlink(missing_ok=True)

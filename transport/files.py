@@ -22,6 +22,13 @@ from snet.protocol.errors import ConfigError
 from snet.protocol.numbering import amount
 
 
+def unfinished_writes(directory: Path, name: str) -> list[Path]:
+    """The temporaries ``write_atomically`` of files called ``name`` (a glob pattern) in
+    ``directory`` left behind when a kill cut the write short: never renamed, never
+    read, and for the caller to remove (none while no such write is under way)."""
+    return sorted(directory.glob(f".{name}.*")) if directory.is_dir() else []
+
+
 def write_atomically(path: Path, payload: bytes, mode: int = 0o644, replace: bool = True) -> None:
     """Write atomically: a reader never sees half a file, a crash never leaves one (a
     temporary file of a unique name in the same directory, fsync'd, renamed over ``path``,
@@ -35,6 +42,7 @@ def write_atomically(path: Path, payload: bytes, mode: int = 0o644, replace: boo
     leaves a moment in which another process's file is lost). On a file system without
     hard links it checks, then renames."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # (named as unfinished_writes finds it after a kill)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
