@@ -55,7 +55,9 @@ log = logging.getLogger("snet.data")
 ABANDONED_SECONDS = 3600.0  # a temporary unchanged this long, its writer gone: removed
 
 FORMAT_VERSION = 1  # bump when the file's layout or the normalisation arithmetic changes
-NORMS_LAYOUT = 2  # the kept normalisation's rows: means, standard deviations, checksum
+# a kind's own layout version beside FORMAT_VERSION (a bump of that would throw away every
+# frames cache too): the kept normalisation's rows became means, deviations, checksum
+LAYOUTS = {"norms": 2}
 KINDS = ("frames", "norms", "checked")  # what the cache keeps, each file named KIND-DIGEST
 BLOCK_BYTES = 32 << 20  # the writer's working memory, not the data set's size
 
@@ -92,7 +94,8 @@ def cache_directory(setting: str) -> Path | None:
 
 def _source_digest(kind: str, source: JoinedSource) -> hashlib._Hash:
     """A digest of ``kind`` (``frames``, ``norms``) begun with what identifies the data."""
-    digest = hashlib.sha256(f"snet {kind} v{FORMAT_VERSION}".encode())
+    layout = f".{LAYOUTS[kind]}" if kind in LAYOUTS else ""
+    digest = hashlib.sha256(f"snet {kind} v{FORMAT_VERSION}{layout}".encode())
     for part in source.parts:
         path = Path(part.description)  # every source's description is its path
         identity = _file_identity(path) if path.exists() else [part.description]
@@ -251,7 +254,7 @@ def cached_norms(
     cannot be read (a DataError at start, not a failure in every worker)."""
     if directory is None or not _cacheable(source):
         return compute_norms(source, train, checked)
-    path = _kept_path(directory, f"norms v{NORMS_LAYOUT}", source, train, ".npy", "norms")
+    path = _kept_path(directory, "norms", source, train, ".npy")
     try:
         return _read_norms(path, source.features)
     except (FileNotFoundError, NotADirectoryError):
@@ -288,14 +291,13 @@ def _cacheable(source: JoinedSource) -> bool:
 
 
 def _kept_path(
-    directory: Path, what: str, source: JoinedSource, frames: np.ndarray, suffix: str,
-    kind: str = "",
-) -> Path:  # fmt: skip
-    """Where ``what`` of ``source``'s ``frames`` is kept: named by the data files' identity
-    and the frames themselves, and ``kind`` (one of ``KINDS``; default ``what``)."""
-    digest = _source_digest(what, source)
+    directory: Path, kind: str, source: JoinedSource, frames: np.ndarray, suffix: str
+) -> Path:
+    """Where ``kind`` (one of ``KINDS``) of ``source``'s ``frames`` is kept: named by the
+    data files' identity and the frames themselves."""
+    digest = _source_digest(kind, source)
     digest.update(np.ascontiguousarray(frames, dtype=np.int64).data)  # in place, no copy
-    return directory / f"{kind or what}-{digest.hexdigest()[:32]}{suffix}"
+    return directory / f"{kind}-{digest.hexdigest()[:32]}{suffix}"
 
 
 def _keep(path: Path, source: JoinedSource, fill: Callable[[Path], None], what: str) -> None:
