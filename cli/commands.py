@@ -87,11 +87,11 @@ def with_token(config: WorkerConfig) -> WorkerConfig:
         from snet.transport.tls import read_token_file
 
         return dataclasses.replace(config, token=read_token_file(config.token_file))
-    if config.token and not (os.environ.get("SNET_WORKER_TOKEN") or os.environ.get("SNET_TOKEN")):
-        logging.getLogger("snet.worker").warning(
-            "the token was given as a flag or in the config file; prefer --token-file or "
-            "SNET_WORKER_TOKEN (a flag shows in ps)"
-        )
+    if config.token:
+        from snet.transport.tls import token_in_sight
+
+        if said := token_in_sight(("SNET_WORKER_TOKEN", "SNET_TOKEN")):
+            logging.getLogger("snet.worker").warning("%s", said)
     return config
 
 

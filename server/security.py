@@ -27,7 +27,6 @@ import asyncio
 import hmac
 import ipaddress
 import logging
-import os
 import socket
 import ssl
 import urllib.parse
@@ -38,7 +37,7 @@ from aiohttp.typedefs import Middleware
 
 from snet.protocol.errors import ConfigError
 from snet.transport.handshake_failures import HTTP_PORT, WORKER_PORT, TlsFailures
-from snet.transport.tls import CopyingProtocol, read_token_file, server_contexts
+from snet.transport.tls import CopyingProtocol, read_token_file, server_contexts, token_in_sight
 
 from .config import ServerConfig
 
@@ -68,9 +67,8 @@ def resolve_token(config: ServerConfig) -> str | None:
         if token:  # said: the token given beside it is not the one workers must prove
             log.warning("both a token and token_file were given: the file's token is used")
         token = read_token_file(config.token_file)
-    elif token and "SNET_TOKEN" not in os.environ:
-        log.warning("the token was given as a flag or in the config file; prefer "
-                    "--token-file or SNET_TOKEN (a flag shows in ps)")  # fmt: skip
+    elif token and (said := token_in_sight(("SNET_TOKEN",))):
+        log.warning("%s", said)
     exposed = [h for h in (config.host, config.http_bind_host) if not is_loopback(h)]
     if exposed and not token and not config.insecure and not config.tls_client_ca:
         raise ConfigError(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 import ssl
 from pathlib import Path
 
@@ -67,6 +68,15 @@ def warn_if_expiring(cert: str, what: str) -> None:
 
 
 TOKEN_FILE_BYTES = 4096  # a token is a few dozen characters
+
+
+def token_in_sight(variables: tuple[str, ...]) -> str:
+    """What to say of a token that came from neither its file nor one of the environment
+    ``variables``, the ways that keep it out of ps and config files ("" if it did)."""
+    if any(name in os.environ for name in variables):
+        return ""
+    return (f"the token was given as a flag or in the config file; prefer --token-file or "
+            f"{variables[0]} (a flag shows in ps)")  # fmt: skip
 
 
 def read_token_file(path: str) -> str:
