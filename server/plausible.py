@@ -87,8 +87,7 @@ class NormBounds:
         # the last TRACKED_WORKERS that left: an update of one still queued is judged, but
         # makes it no row again (it came back with a fresh running mean, and 8 such would
         # have given it a vote again: a probe)
-        self._departed: deque[int] = deque(maxlen=TRACKED_WORKERS)
-        self._departed_ids: set[int] = set()  # the same, to look in
+        self._departed: dict[int, None] = {}  # (an ordered set, oldest first)
 
     def forget(self, worker: int) -> None:
         """``worker`` left: its running norms vote no more (a peer that came back under a
@@ -132,10 +131,9 @@ class NormBounds:
         settled."""
         while self._gone:
             gone = self._gone.popleft()
-            if len(self._departed) == self._departed.maxlen:
-                self._departed_ids.discard(self._departed[0])
-            self._departed.append(gone)
-            self._departed_ids.add(gone)
+            self._departed[gone] = None
+            if len(self._departed) > TRACKED_WORKERS:
+                del self._departed[next(iter(self._departed))]
             for rows in self._by_worker.values():
                 rows.pop(gone, None)
             self._judged.clear()
@@ -177,7 +175,7 @@ class NormBounds:
         self._log_mean[kind], self._log_square[kind], self._seen[kind] = _fed(
             (*previous, seen), log_norm
         )
-        if worker is not None and worker not in self._departed_ids:
+        if worker is not None and worker not in self._departed:
             self._learn(kind, worker, log_norm)
         return ""
 

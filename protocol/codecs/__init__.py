@@ -75,14 +75,13 @@ def bmuf_update_problem(codec: str, what: str) -> str:
     are few of them, and what the factors leave out waits long in the residual (a probe's
     demo ended at 78 % CV at rank 2, where int8 reached 92 %; docs/compression.md: 46 %
     after 3 epochs at rank 4, 89 % at 16, 90 % uncompressed)."""
+    use = f"use none, fp16, int8, sign or powersgd:{BMUF_MIN_RANK} or more"
     if carries_momentum(codec):
         return (f"{what} {codec} carries a worker's momentum for gradients; bmuf workers "
-                f"send model deltas: use none, fp16, int8, sign or powersgd:{BMUF_MIN_RANK} "
-                "or more")  # fmt: skip
+                f"send model deltas: {use}")  # fmt: skip
     parsed = parse_codec(codec)
     if isinstance(parsed, PowerSgdCodec) and parsed.rank < BMUF_MIN_RANK:
         return (f"{what} {codec}: a bmuf block's model delta in {parsed.rank} factors "
-                "leaves most of it waiting in the residual and undertrains (docs/"
-                f"compression.md); use powersgd:{BMUF_MIN_RANK} or more, none, fp16, int8 "
-                "or sign")  # fmt: skip
+                f"leaves most of it waiting in the residual and undertrains (docs/"
+                f"compression.md); {use}")  # fmt: skip
     return ""
